@@ -1,0 +1,32 @@
+"""paratrain: distributed training for PyTorch, every mode behind one switch.
+
+    import paratrain
+    strategy = paratrain.AllReduceStrategy()          # or SingleDeviceStrategy(), ...
+    with strategy.scope():
+        model = make_model()
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+        trainer = paratrain.Trainer(model, "cross_entropy", optimizer)
+    trainer.fit((x, y), epochs=10, validation_data=(x_test, y_test))
+"""
+
+from paratrain.config import TrainConfig
+from paratrain.errors import ConfigError, DivergedError, ParatrainError, WorkerFailed
+from paratrain.launch.torchrun import launch
+from paratrain.strategies.allreduce import AllReduceStrategy
+from paratrain.strategies.base import StepOutput, Strategy, get_strategy
+from paratrain.strategies.single import SingleDeviceStrategy
+from paratrain.train.callbacks import Callback, EarlyStopping, LearningRateScheduler
+from paratrain.train.job import run as train
+from paratrain.train.schedules import Constant, ExponentialDecay, LinearScalingWarmup
+from paratrain.train.trainer import History, Trainer
+
+MirroredStrategy = AllReduceStrategy
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AllReduceStrategy", "Callback", "ConfigError", "Constant", "DivergedError", "EarlyStopping",
+    "ExponentialDecay", "History", "LearningRateScheduler", "LinearScalingWarmup", "MirroredStrategy",
+    "ParatrainError", "SingleDeviceStrategy", "StepOutput", "Strategy", "TrainConfig", "Trainer",
+    "WorkerFailed", "get_strategy", "launch", "train",
+]

@@ -1,0 +1,1 @@
+"""Communication: process groups and cluster discovery (codecs and hooks join here)."""

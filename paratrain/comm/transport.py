@@ -1,0 +1,148 @@
+"""Process groups over torch.distributed, and where a process finds its peers.
+
+A process learns its place in a run from, in order: torchrun's variables (``RANK``,
+``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``, ``LOCAL_RANK``), or a TensorFlow-style
+``TF_CONFIG``::
+
+    {"cluster": {"ps": ["h0:2222"], "chief": ["h1:2222"], "worker": ["h2:2222", "h3:2222"]},
+     "task": {"type": "worker", "index": 0}}
+
+In a TF_CONFIG the ranks follow the job order ps, chief, worker (parameter-server
+shards first, as in every paratrain run), and rank 0's address is the rendezvous point.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from paratrain.errors import ConfigError
+
+TF_JOB_ORDER = ("ps", "chief", "worker")
+
+
+@dataclass(frozen=True)
+class ClusterEnv:
+    rank: int
+    world_size: int
+    local_rank: int
+    master_addr: str
+    master_port: int
+    num_ps: int = 0
+    source: str = "torchrun"
+
+
+def cluster_from_env(environ: dict[str, str] | None = None) -> ClusterEnv | None:
+    """This process's place in a multi-process run, or None when it runs alone."""
+    env = os.environ if environ is None else environ
+    if "RANK" in env and "WORLD_SIZE" in env:
+        try:
+            return ClusterEnv(
+                rank=int(env["RANK"]),
+                world_size=int(env["WORLD_SIZE"]),
+                local_rank=int(env.get("LOCAL_RANK", "0")),
+                master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
+                master_port=int(env.get("MASTER_PORT", "29500")),
+                num_ps=int(env.get("PARATRAIN_PS_SHARDS", "0")),
+            )
+        except ValueError as error:
+            raise ConfigError(f"bad torchrun environment variable: {error}") from None
+    if env.get("TF_CONFIG"):
+        return parse_tf_config(env["TF_CONFIG"])
+    return None
+
+
+def parse_tf_config(text: str) -> ClusterEnv:
+    """Translate a TF_CONFIG JSON document into this process's ClusterEnv."""
+    try:
+        doc = json.loads(text)
+        cluster, task = doc["cluster"], doc["task"]
+        kind, index = task["type"], int(task["index"])
+    except (ValueError, KeyError, TypeError) as error:
+        raise ConfigError(
+            f"TF_CONFIG must be JSON with 'cluster' and 'task': {{'type', 'index'}} ({error})"
+        ) from None
+    unknown = set(cluster) - set(TF_JOB_ORDER)
+    if unknown or kind not in TF_JOB_ORDER:
+        raise ConfigError(
+            f"TF_CONFIG: unknown job {sorted(unknown) or kind!r}; valid jobs: {', '.join(TF_JOB_ORDER)}"
+        )
+    addresses = [(job, addr) for job in TF_JOB_ORDER for addr in cluster.get(job, [])]
+    if len(cluster.get("chief", [])) > 1:
+        raise ConfigError("TF_CONFIG: at most one chief task")
+    if not 0 <= index < len(cluster.get(kind, [])):
+        raise ConfigError(f"TF_CONFIG: task index {index} is not in job {kind!r} of the cluster")
+    rank = sum(len(cluster.get(job, [])) for job in TF_JOB_ORDER[: TF_JOB_ORDER.index(kind)]) + index
+    hosts = [_split_address(addr)[0] for _, addr in addresses]
+    master_host, master_port = _split_address(addresses[0][1])
+    return ClusterEnv(
+        rank=rank,
+        world_size=len(addresses),
+        local_rank=hosts[:rank].count(hosts[rank]),
+        master_addr=master_host,
+        master_port=master_port,
+        num_ps=len(cluster.get("ps", [])),
+        source="TF_CONFIG",
+    )
+
+
+def _split_address(address: str) -> tuple[str, int]:
+    host, _, port = str(address).rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigError(f"TF_CONFIG: address {address!r} must be host:port")
+    return host, int(port)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port that was free on ``host`` a moment ago."""
+    with socket.socket() as sock:
+        sock.bind((host, 0))
+        return sock.getsockname()[1]
+
+
+def ensure_process_group(backend: str, timeout: float) -> ClusterEnv:
+    """Join (or create) the default process group; returns this process's place in it.
+
+    With no cluster in the environment the process forms a group of one on loopback,
+    so a distributed strategy also runs, unchanged, in a plain single-process script.
+    """
+    cluster = cluster_from_env()
+    if dist.is_initialized():
+        return cluster or ClusterEnv(dist.get_rank(), dist.get_world_size(), 0, "127.0.0.1", 0)
+    wait = timedelta(seconds=timeout)
+    if cluster is None:
+        cluster = ClusterEnv(0, 1, 0, "127.0.0.1", free_port(), source="local")
+    # Under torchrun, env:// reuses the elastic agent's store; elsewhere rank 0 hosts one.
+    init = "env://" if cluster.source == "torchrun" else (
+        f"tcp://{_url_host(cluster.master_addr)}:{cluster.master_port}"
+    )
+    try:
+        dist.init_process_group(
+            backend, init_method=init, rank=cluster.rank, world_size=cluster.world_size, timeout=wait
+        )
+    except (RuntimeError, ValueError) as error:
+        raise RuntimeError(
+            f"rank {cluster.rank} could not join the process group at {init} "
+            f"({cluster.world_size} processes, backend {backend}): {error}"
+        ) from error
+    return cluster
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
+def destroy_process_group() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def default_backend(device: torch.device) -> str:
+    """NCCL between GPUs, Gloo on the CPU."""
+    return "nccl" if device.type == "cuda" else "gloo"

@@ -1,0 +1,171 @@
+"""Run configuration: one dataclass, loaded from TOML and the command line, validated once.
+
+Every field is one command-line flag (``batch_size`` <-> ``--batch-size``) and one key of
+a ``--config`` TOML file; the flag overrides the file. Each field's help text sits in
+its metadata, right under it, and is what ``paratrain train --help`` prints.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from paratrain.errors import ConfigError
+from paratrain.registry import DATASETS, MODELS, OPTIMIZERS, SCHEDULES, STRATEGIES
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on Python 3.10 only
+    import tomli as tomllib
+
+
+def _opt(default: Any, help: str, **extra: Any) -> Any:
+    return field(default=default, metadata={"help": help, **extra})
+
+
+@dataclass
+class TrainConfig:
+    """Everything one ``paratrain train`` run needs; the metrics file embeds it."""
+
+    model: str = _opt("mlp", "model to train", choices=MODELS)
+    dataset: str = _opt("digits", "data set (digits ships with scikit-learn, no download)", choices=DATASETS)
+    strategy: str = _opt("single", "how training is distributed", choices=STRATEGIES)
+    workers: int = _opt(1, "number of data-parallel replicas (processes)")
+    device: str = _opt("auto", "auto (CUDA when available), cpu or cuda", choices=("auto", "cpu", "cuda"))
+    epochs: int = _opt(10, "passes over the training data")
+    batch_size: int = _opt(32, "examples per replica per step; the global batch is batch_size x workers")
+    lr: float = _opt(0.05, "learning rate (the base rate when a schedule scales it)")
+    optimizer: str = _opt("sgd", "optimizer", choices=OPTIMIZERS)
+    momentum: float = _opt(0.9, "SGD momentum (0 for plain SGD)")
+    weight_decay: float = _opt(0.0, "L2 weight decay")
+    lr_schedule: str = _opt("constant", "learning-rate schedule", choices=SCHEDULES)
+    lr_decay_rate: float = _opt(0.1, "exponential schedule: factor applied every --lr-decay-steps")
+    lr_decay_steps: int = _opt(1000, "exponential schedule: steps between decays")
+    staircase: bool = _opt(True, "exponential schedule: decay in whole steps (the CIFAR-10 recipe)")
+    warmup_epochs: float = _opt(0.0, "linear-scaling schedule: epochs of gradual warm-up (Goyal et al. use 5)")
+    reference_batch: int = _opt(256, "linear-scaling schedule: global batch at which --lr applies unscaled")
+    early_stopping: int = _opt(0, "stop after this many epochs without test-loss improvement (0: off)")
+    seed: int = _opt(0, "random seed for model initialisation and data order")
+    log_every: int = _opt(50, "print the step log every this many steps (0: only per epoch)")
+    progress: bool = _opt(True, "show a progress bar on the chief when writing to a terminal")
+    timeout: float = _opt(300.0, "seconds any collective or rendezvous may wait before the run fails")
+    metrics_out: str | None = _opt(None, "write the run's metrics as one JSON object to this file")
+
+    def __post_init__(self) -> None:
+        self._check_types()
+        for name in ("model", "dataset", "strategy", "optimizer", "lr_schedule"):
+            registry = _field(name).metadata["choices"]
+            setattr(self, name, registry.canonical(getattr(self, name)))
+        _choice("device", self.device, ("auto", "cpu", "cuda"))
+        for name in ("workers", "epochs", "batch_size", "lr_decay_steps", "reference_batch"):
+            _at_least(name, getattr(self, name), 1)
+        for name in ("early_stopping", "log_every", "seed"):
+            _at_least(name, getattr(self, name), 0)
+        for name in ("lr", "timeout", "lr_decay_rate"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{_flag(name)} must be > 0, got {getattr(self, name)}")
+        for name in ("momentum", "weight_decay", "warmup_epochs"):
+            _at_least(name, getattr(self, name), 0)
+        if self.metrics_out is not None:
+            _check_writable("metrics_out", self.metrics_out)
+        STRATEGIES.get(self.strategy).check_config(self)
+
+    def _check_types(self) -> None:
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            expected = _base_type(f)
+            if value is None and "None" in str(f.type):
+                continue
+            if expected is float and isinstance(value, int) and not isinstance(value, bool):
+                setattr(self, f.name, float(value))
+                continue
+            if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
+                raise ConfigError(
+                    f"{_flag(f.name)} must be {expected.__name__}, got {value!r}"
+                )
+
+    @property
+    def global_batch(self) -> int:
+        return self.batch_size * self.workers
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def replace(self, **changes: Any) -> "TrainConfig":
+        return dataclasses.replace(self, **changes)
+
+
+def _field(name: str) -> dataclasses.Field:
+    return next(f for f in dataclasses.fields(TrainConfig) if f.name == name)
+
+
+def _base_type(f: dataclasses.Field) -> type:
+    text = str(f.type)
+    for t in (bool, int, float, str):
+        if text.startswith(t.__name__):
+            return t
+    raise TypeError(f"unsupported config type {f.type} for {f.name}")
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _choice(name: str, value: str, valid: tuple[str, ...]) -> None:
+    if value not in valid:
+        raise ConfigError(f"{_flag(name)} must be one of {', '.join(valid)}; got {value!r}")
+
+
+def _at_least(name: str, value: float, low: float) -> None:
+    if value < low:
+        raise ConfigError(f"{_flag(name)} must be >= {low}, got {value}")
+
+
+def _check_writable(name: str, path: str) -> None:
+    parent = Path(path).expanduser().resolve().parent
+    if not parent.is_dir():
+        raise ConfigError(f"{_flag(name)} {path}: directory {parent} does not exist")
+    if not os.access(parent, os.W_OK):
+        raise ConfigError(f"{_flag(name)} {path}: directory {parent} is not writable")
+    if Path(path).is_dir():
+        raise ConfigError(f"{_flag(name)} {path} is a directory; give a file name")
+
+
+def config_fields() -> list[dataclasses.Field]:
+    """The fields of TrainConfig, in order (the CLI builds its flags from them)."""
+    return list(dataclasses.fields(TrainConfig))
+
+
+def load_toml(path: str) -> dict[str, Any]:
+    """Read a ``--config`` file: a flat TOML table of TrainConfig keys (dashes allowed)."""
+    try:
+        with open(path, "rb") as handle:
+            raw = tomllib.load(handle)
+    except FileNotFoundError:
+        raise ConfigError(f"--config {path}: no such file") from None
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(f"--config {path}: not valid TOML ({error})") from None
+    except OSError as error:
+        raise ConfigError(f"--config {path}: cannot read ({error.strerror})") from None
+    raw = raw.get("train", raw)
+    known = {f.name for f in config_fields()}
+    values = {}
+    for key, value in raw.items():
+        name = key.replace("-", "_")
+        if name not in known:
+            valid = ", ".join(sorted(k.replace("_", "-") for k in known))
+            raise ConfigError(f"--config {path}: unknown key {key!r}; valid keys: {valid}")
+        values[name] = value
+    return values
+
+
+def make_config(file_values: dict[str, Any], overrides: dict[str, Any]) -> TrainConfig:
+    """A validated TrainConfig from a config file's values and the flags given on top."""
+    try:
+        return TrainConfig(**{**file_values, **overrides})
+    except TypeError as error:  # a key TrainConfig does not take
+        raise ConfigError(str(error)) from None

@@ -1,0 +1,45 @@
+"""Errors a user can cause, each mapped to one exit code of the command line.
+
+| error            | exit code | meaning                                              |
+| ---------------- | --------- | ---------------------------------------------------- |
+| ``ConfigError``  | 2         | bad input: a flag, config file, data file, checkpoint |
+| ``DivergedError``| 3         | the loss became NaN or infinite                      |
+| ``WorkerFailed`` | the worker's | a process of a multi-process run failed           |
+
+Anything else is a bug or an environment failure and exits with 1.
+"""
+
+from __future__ import annotations
+
+
+class ParatrainError(Exception):
+    """Base class of the errors that end a run with a one-line message."""
+
+    exit_code = 1
+
+
+class ConfigError(ParatrainError, ValueError):
+    """Bad input. The message names what is wrong and what would be valid."""
+
+    exit_code = 2
+
+
+class DivergedError(ParatrainError, ArithmeticError):
+    """The training loss or a gradient became NaN or infinite."""
+
+    exit_code = 3
+
+    def __init__(self, loss: float, step: int):
+        self.loss = loss
+        self.step = step
+        super().__init__(f"model diverged with loss = {loss} at step {step}")
+
+
+class WorkerFailed(ParatrainError):
+    """A process of a multi-process run failed; the run was stopped."""
+
+    def __init__(self, rank: int, exit_code: int, message: str):
+        self.rank = rank
+        self.exit_code = exit_code if exit_code in (2, 3) else 1
+        self.worker_exit_code = exit_code
+        super().__init__(f"worker {rank} failed (exit code {exit_code}): {message}")

@@ -1,0 +1,1 @@
+"""Starting runs: the command line and local multi-process launch."""

@@ -1,0 +1,130 @@
+"""The ``paratrain`` command line.
+
+Exit codes: 0 done; 2 bad input (one line on stderr, no traceback); 3 the model
+diverged; 1 anything else.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any, NoReturn
+
+from paratrain.errors import ConfigError, DivergedError, ParatrainError, WorkerFailed
+
+EPILOG = (
+    "--batch-size is per replica: the global batch is batch-size x workers. "
+    "Under torchrun (or with TF_CONFIG set) the command joins that cluster instead of "
+    "starting processes itself."
+)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:  # one line, exit 2
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from paratrain.config import config_fields
+
+    parser = _Parser(prog="paratrain", description="Distributed training for PyTorch.")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    train = commands.add_parser("train", help="train a model", description="Train a model.", epilog=EPILOG)
+    train.add_argument("--config", metavar="FILE.toml", help="read options from a TOML file (flags override it)")
+    for f in config_fields():
+        flag = "--" + f.name.replace("_", "-")
+        help_text = f.metadata["help"]
+        choices = f.metadata.get("choices")
+        if choices is not None:
+            names = choices.names() if hasattr(choices, "names") else choices
+            help_text += f" ({'|'.join(names)}; default {f.default})"
+        elif f.default is not None:
+            help_text += f" (default {f.default})"
+        if f.type == "bool":
+            train.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
+        else:
+            kind = {"int": int, "float": float}.get(str(f.type), str)
+            train.add_argument(flag, type=kind, default=None, metavar=f.name.upper(), help=help_text)
+    train.set_defaults(handler=train_command)
+    return parser
+
+
+def train_command(args: argparse.Namespace) -> int:
+    from paratrain.comm.transport import cluster_from_env
+    from paratrain.config import config_fields, load_toml, make_config
+    from paratrain.registry import STRATEGIES
+    from paratrain.train import job
+
+    file_values = load_toml(args.config) if args.config else {}
+    overrides = {f.name: getattr(args, f.name) for f in config_fields() if getattr(args, f.name) is not None}
+    cluster = cluster_from_env()
+    if cluster is not None and "workers" not in overrides and "workers" not in file_values:
+        overrides["workers"] = cluster.world_size - cluster.num_ps
+    config = make_config(file_values, overrides)
+    processes = STRATEGIES.get(config.strategy).num_processes(config)
+    if cluster is not None:
+        if cluster.world_size != processes:
+            raise ConfigError(
+                f"the cluster has {cluster.world_size} processes but --strategy {config.strategy} "
+                f"with --workers {config.workers} needs {processes}"
+            )
+        metrics = job.run(config)
+        is_chief = cluster.rank == cluster.num_ps
+    elif processes > 1:
+        preflight(config)
+        from paratrain.launch.torchrun import launch
+
+        metrics = launch(job.run, config, num_processes=processes)[0]
+        is_chief = True
+    else:
+        metrics = job.run(config)
+        is_chief = True
+    if is_chief:
+        print_summary(metrics, config.metrics_out)
+    return 0
+
+
+def preflight(config: Any) -> None:
+    """Catch bad data or a model that does not fit it here, before starting N processes."""
+    from paratrain.data.datasets import load_dataset
+    from paratrain.models import build_model
+
+    build_model(config.model, load_dataset(config).spec)
+
+
+def print_summary(metrics: dict[str, Any], metrics_out: str | None) -> None:
+    from paratrain.train.callbacks import console
+
+    console.print(
+        f"done: test_accuracy {metrics['test_accuracy']:.4f}, test_loss {metrics['test_loss']:.4f}, "
+        f"{metrics['global_steps']} steps in {metrics['wall_seconds']:.1f} s, "
+        f"{metrics['examples_per_second']:.0f} examples/sec "
+        f"({metrics['strategy']}, {metrics['workers']} worker{'s' if metrics['workers'] != 1 else ''})"
+    )
+    if metrics_out:
+        console.print(f"metrics written to {metrics_out}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.handler(args)
+    except WorkerFailed as error:
+        prefix = "error: " if error.exit_code == 2 else ""
+        detail = str(error) if error.exit_code == 1 else str(error).split(": ", 1)[1]
+        print(f"paratrain: {prefix}{detail}", file=sys.stderr)
+        return error.exit_code
+    except DivergedError as error:
+        print(f"paratrain: {error}", file=sys.stderr)
+        return error.exit_code
+    except ParatrainError as error:
+        print(f"paratrain: error: {error}", file=sys.stderr)
+        return error.exit_code
+    except KeyboardInterrupt:
+        print("paratrain: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

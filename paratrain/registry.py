@@ -1,0 +1,91 @@
+"""Name -> implementation tables: strategies, models, data sets, optimizers, schedules.
+
+Every mode of paratrain is one object looked up here by the name the user gives;
+nothing branches on mode names elsewhere. Entries are ``"module:attribute"`` strings
+imported on first use, so that this table can list everything without importing it
+(and so that ``registry`` depends on nothing).
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+from paratrain.errors import ConfigError
+
+
+class Registry:
+    """A table of named implementations of one kind (``"strategy"``, ``"model"``...)."""
+
+    def __init__(self, kind: str, entries: dict[str, str], aliases: dict[str, str] | None = None):
+        self.kind = kind
+        self._entries = dict(entries)
+        self._aliases = dict(aliases or {})
+
+    def names(self, with_aliases: bool = True) -> list[str]:
+        names = list(self._entries)
+        if with_aliases:
+            names += list(self._aliases)
+        return sorted(names)
+
+    def canonical(self, name: str) -> str:
+        """The table's own name for ``name`` (resolves aliases); ConfigError if unknown."""
+        name = self._aliases.get(name, name)
+        if name not in self._entries:
+            valid = ", ".join(self.names())
+            raise ConfigError(f"unknown {self.kind} {name!r}; valid: {valid}")
+        return name
+
+    def __contains__(self, name: str) -> bool:
+        return self._aliases.get(name, name) in self._entries
+
+    def get(self, name: str) -> Any:
+        module_name, _, attribute = self._entries[self.canonical(name)].partition(":")
+        return getattr(importlib.import_module(module_name), attribute)
+
+    def register(self, name: str, target: str) -> None:
+        """Add an implementation (``"package.module:attribute"``), e.g. from a plugin."""
+        self._entries[name] = target
+
+
+STRATEGIES = Registry(
+    "strategy",
+    {
+        "single": "paratrain.strategies.single:SingleDeviceStrategy",
+        "allreduce": "paratrain.strategies.allreduce:AllReduceStrategy",
+    },
+    aliases={"mirrored": "allreduce"},
+)
+
+MODELS = Registry(
+    "model",
+    {
+        "mlp": "paratrain.models.mlp:build_mlp",
+        "cifar_cnn": "paratrain.models.cifar_cnn:build_cifar_cnn",
+        "lstm": "paratrain.models.lstm_classifier:build_lstm",
+    },
+)
+
+DATASETS = Registry(
+    "dataset",
+    {
+        "digits": "paratrain.data.datasets:load_digits",
+    },
+)
+
+OPTIMIZERS = Registry(
+    "optimizer",
+    {
+        "sgd": "paratrain.train.optimizers:make_sgd",
+        "adam": "paratrain.train.optimizers:make_adam",
+    },
+)
+
+SCHEDULES = Registry(
+    "learning-rate schedule",
+    {
+        "constant": "paratrain.train.schedules:Constant",
+        "exponential": "paratrain.train.schedules:ExponentialDecay",
+        "linear-scaling": "paratrain.train.schedules:LinearScalingWarmup",
+    },
+)

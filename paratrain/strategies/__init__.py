@@ -1,0 +1,1 @@
+"""Training modes, one class each, chosen by name from registry.STRATEGIES."""

@@ -1,0 +1,98 @@
+"""``allreduce`` (alias ``mirrored``): synchronous data parallelism.
+
+Every replica holds the whole model, computes gradients on its own slice of the
+global batch, and DistributedDataParallel averages them with an all-reduce (bucketed
+and overlapped with the backward pass), so every replica applies the same update.
+With per-replica batch ``b`` on ``N`` replicas this is one step of batch ``N*b``: the
+"towers" of the classic multi-GPU recipes. NCCL between GPUs, Gloo on the CPU.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+from paratrain.comm.transport import (
+    cluster_from_env,
+    default_backend,
+    destroy_process_group,
+    ensure_process_group,
+)
+from paratrain.errors import ConfigError
+from paratrain.strategies.base import Strategy, resolve_device, staleness_summary
+
+
+class AllReduceStrategy(Strategy):
+    name = "allreduce"
+
+    def __init__(self, device: str = "auto", timeout: float = 300.0, bucket_cap_mb: float = 25.0):
+        super().__init__(device=device, timeout=timeout)
+        self.bucket_cap_mb = bucket_cap_mb
+        self._rank = 0
+        self._world_size = 1
+        self._owns_group = False
+        self._grad_bytes = 0
+
+    def setup(self) -> None:
+        if self._ready:
+            return
+        already = dist.is_initialized()
+        # The local rank decides the device, and the device decides the backend.
+        cluster = cluster_from_env()
+        if cluster is not None and cluster.num_ps:
+            raise ConfigError(
+                f"the cluster lists {cluster.num_ps} parameter-server tasks; "
+                "strategy allreduce has none (use a ps-* strategy, or drop the ps job)"
+            )
+        self.device = resolve_device(self.device_preference, cluster.local_rank if cluster else 0)
+        ensure_process_group(default_backend(self.device), self.timeout)
+        self._owns_group = not already
+        self._rank, self._world_size = dist.get_rank(), dist.get_world_size()
+        super().setup()
+
+    @property
+    def rank(self) -> int:
+        return self._rank
+
+    @property
+    def num_replicas(self) -> int:
+        return self._world_size
+
+    def prepare(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[nn.Module, torch.optim.Optimizer]:
+        model, optimizer = super().prepare(model, optimizer)
+        self._grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+        ddp = DistributedDataParallel(
+            model,
+            device_ids=[self.device.index] if self.device.type == "cuda" else None,
+            bucket_cap_mb=self.bucket_cap_mb,
+            # Gradients live in DDP's buckets: one copy fewer per step.
+            gradient_as_bucket_view=True,
+        )
+        return ddp, optimizer
+
+    def unwrap(self, model: nn.Module) -> nn.Module:
+        return model.module if isinstance(model, DistributedDataParallel) else model
+
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        return tensor
+
+    def stats(self) -> dict[str, Any]:
+        # Each rank hands its whole gradient to the all-reduce every step; the
+        # algorithm's own traffic (ring: 2(n-1)/n of it) is the backend's business.
+        total_steps = self._steps * self._world_size
+        return {
+            "bytes_sent": self._grad_bytes * total_steps,
+            "dropped_gradients": 0,
+            "staleness": staleness_summary({0: total_steps}),
+        }
+
+    def teardown(self) -> None:
+        if self._owns_group:
+            destroy_process_group()
+            self._owns_group = False
+        super().teardown()

@@ -1,0 +1,225 @@
+"""The Strategy protocol: what every training mode implements.
+
+A strategy owns everything that differs between modes of training, and nothing else:
+
+- the process: joining a process group, this process's role and rank (``setup``,
+  ``role``, ``rank``, ``num_replicas``, ``is_chief``, ``teardown``);
+- the model: wrapping it and its optimizer (``prepare``, ``unwrap``) and one training
+  step (``train_step``), which is where modes really differ;
+- the data: which slice of every global batch this replica reads (``distribute``);
+- reductions for metrics (``all_reduce_sum``), accounting (``stats``), and state for
+  checkpoints (``state_dict``).
+
+The Trainer's loop calls only these, so a new mode is a new class in the STRATEGIES
+table, never a branch in the loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+from torch import nn
+
+from paratrain.data.sharding import ShardedBatches
+from paratrain.errors import ConfigError
+
+if TYPE_CHECKING:
+    from paratrain.config import TrainConfig
+
+LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+_CURRENT: ContextVar["Strategy | None"] = ContextVar("paratrain_strategy", default=None)
+
+
+def get_strategy() -> "Strategy":
+    """The strategy of the innermost ``with strategy.scope():``, else a single-device one."""
+    current = _CURRENT.get()
+    if current is None:
+        from paratrain.strategies.single import SingleDeviceStrategy
+
+        current = SingleDeviceStrategy()
+    return current
+
+
+@dataclass
+class StepOutput:
+    """What one training step returns, detached from the graph."""
+
+    loss: torch.Tensor
+    """Mean loss over this replica's batch (a 0-d tensor on the device)."""
+    logits: torch.Tensor
+    """Model outputs for this replica's batch."""
+
+
+def resolve_device(preference: str, local_rank: int = 0) -> torch.device:
+    """``auto`` takes this process's GPU when there is one, else the CPU."""
+    if preference == "cpu":
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        if preference == "cuda":
+            raise ConfigError("--device cuda: no CUDA device is available; use --device cpu or auto")
+        return torch.device("cpu")
+    device = torch.device("cuda", local_rank % torch.cuda.device_count())
+    torch.cuda.set_device(device)
+    return device
+
+
+class Strategy:
+    """Base of every training mode; the default methods are those of one plain replica."""
+
+    name: ClassVar[str] = "base"
+
+    def __init__(self, device: str = "auto", timeout: float = 300.0):
+        self.device_preference = device
+        self.timeout = timeout
+        self.device = torch.device("cpu")
+        self._ready = False
+        self._steps = 0
+
+    # ----- configuration ---------------------------------------------------------------
+    @classmethod
+    def check_config(cls, config: "TrainConfig") -> None:
+        """Raise ConfigError for settings this mode cannot run (called at validation)."""
+
+    @classmethod
+    def num_processes(cls, config: "TrainConfig") -> int:
+        """Processes a local launch starts for ``config``."""
+        return config.workers
+
+    @classmethod
+    def from_config(cls, config: "TrainConfig") -> "Strategy":
+        return cls(device=config.device, timeout=config.timeout)
+
+    def describe(self) -> dict[str, Any]:
+        """The metrics file's description of this mode."""
+        return {
+            "strategy": self.name,
+            "workers": self.num_replicas,
+            "ps_shards": 0,
+            "backup_workers": 0,
+            "compression": "none",
+        }
+
+    # ----- process -----------------------------------------------------------------------
+    def setup(self) -> None:
+        """Join the run (idempotent). Subclasses call ``super().setup()`` last."""
+        self._ready = True
+
+    @property
+    def role(self) -> str:
+        """``"worker"`` for processes that train; parameter-server shards say ``"ps"``."""
+        return "worker"
+
+    @property
+    def rank(self) -> int:
+        """This replica's index among the replicas, 0..num_replicas-1."""
+        return 0
+
+    @property
+    def num_replicas(self) -> int:
+        return 1
+
+    @property
+    def is_chief(self) -> bool:
+        """The chief (replica 0) prints, evaluates for the log, and writes files."""
+        return self.rank == 0
+
+    @contextlib.contextmanager
+    def scope(self) -> Iterator["Strategy"]:
+        """``with strategy.scope():`` models and tensors made inside land on its device,
+        and a Trainer made inside uses this strategy."""
+        self.setup()
+        token = _CURRENT.set(self)
+        try:
+            with torch.device(self.device):
+                yield self
+        finally:
+            _CURRENT.reset(token)
+
+    def teardown(self) -> None:
+        self._ready = False
+
+    # ----- model -------------------------------------------------------------------------
+    def prepare(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[nn.Module, torch.optim.Optimizer]:
+        """Move the model to this replica's device and wrap it for this mode."""
+        self.setup()
+        return model.to(self.device), optimizer
+
+    def unwrap(self, model: nn.Module) -> nn.Module:
+        """The user's own module inside whatever ``prepare`` wrapped it in."""
+        return model
+
+    def train_step(
+        self,
+        model: nn.Module,
+        loss_fn: LossFn,
+        optimizer: torch.optim.Optimizer,
+        inputs: torch.Tensor,
+        targets: torch.Tensor,
+    ) -> StepOutput:
+        """Forward, backward and update on this replica's batch."""
+        optimizer.zero_grad(set_to_none=True)
+        logits = model(inputs)
+        loss = loss_fn(logits, targets)
+        loss.backward()
+        optimizer.step()
+        self._steps += 1
+        return StepOutput(loss.detach(), logits.detach())
+
+    def set_learning_rate(self, optimizer: torch.optim.Optimizer, lr: float) -> None:
+        for group in optimizer.param_groups:
+            group["lr"] = lr
+
+    # ----- data --------------------------------------------------------------------------
+    def distribute(
+        self, dataset: object, batch_size: int, *, shuffle: bool = True, drop_last: bool = True, seed: int = 0
+    ) -> ShardedBatches:
+        """This replica's batches of ``dataset`` (``batch_size`` is per replica)."""
+        self.setup()
+        return ShardedBatches(
+            dataset,
+            batch_size,
+            num_replicas=self.num_replicas,
+            rank=self.rank,
+            shuffle=shuffle,
+            drop_last=drop_last,
+            seed=seed,
+            device=self.device,
+        )
+
+    # ----- reductions, accounting, state ---------------------------------------------------
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Sum ``tensor`` over replicas, in place; returns it."""
+        return tensor
+
+    def stats(self) -> dict[str, Any]:
+        """Communication and staleness counters, summed over ranks (call on every rank)."""
+        return {
+            "bytes_sent": 0,
+            "dropped_gradients": 0,
+            "staleness": staleness_summary({0: self._steps * self.num_replicas}),
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "steps": self._steps}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("name") != self.name:
+            raise ConfigError(f"checkpoint was written by strategy {state.get('name')!r}, this run uses {self.name!r}")
+        self._steps = int(state["steps"])
+
+
+def staleness_summary(histogram: dict[int, int]) -> dict[str, Any]:
+    """``{"mean", "max", "histogram"}`` from counts of gradients by staleness."""
+    total = sum(histogram.values())
+    used = {s: c for s, c in sorted(histogram.items()) if c}
+    return {
+        "mean": (sum(s * c for s, c in used.items()) / total) if total else 0.0,
+        "max": max(used, default=0),
+        "histogram": {str(s): c for s, c in used.items()},
+    }

@@ -1,0 +1,1 @@
+"""The training loop, its callbacks, schedules and metrics."""

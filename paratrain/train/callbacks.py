@@ -1,0 +1,165 @@
+"""Callbacks: hooks around the Trainer's loop, Keras-style.
+
+The loop calls, in order: ``on_train_begin``, then per epoch ``on_epoch_begin``, per
+step ``on_batch_begin`` and ``on_batch_end``, then ``on_epoch_end``; finally
+``on_train_end``. ``self.trainer`` is set before the first call. Callbacks that print
+do so on the chief only.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+if TYPE_CHECKING:
+    from paratrain.train.trainer import Trainer
+
+console = Console(highlight=False, soft_wrap=True)
+
+
+class Callback:
+    trainer: "Trainer"
+
+    def on_train_begin(self, logs: dict[str, Any]) -> None: ...
+    def on_epoch_begin(self, epoch: int, logs: dict[str, Any]) -> None: ...
+    def on_batch_begin(self, step: int, logs: dict[str, Any]) -> None: ...
+    def on_batch_end(self, step: int, logs: dict[str, Any]) -> None: ...
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any]) -> None: ...
+    def on_train_end(self, logs: dict[str, Any]) -> None: ...
+
+
+class CallbackList:
+    def __init__(self, callbacks: list[Callback], trainer: "Trainer"):
+        self.callbacks = callbacks
+        for callback in callbacks:
+            callback.trainer = trainer
+
+    def __getattr__(self, hook: str):
+        def call(*args: Any) -> None:
+            for callback in self.callbacks:
+                getattr(callback, hook)(*args)
+
+        return call
+
+
+class LearningRateScheduler(Callback):
+    """Sets the learning rate from ``schedule(global_step)`` before every step."""
+
+    def __init__(self, schedule):
+        self.schedule = schedule
+
+    def on_batch_begin(self, step: int, logs: dict[str, Any]) -> None:
+        lr = self.schedule(step)
+        if lr != self.trainer.learning_rate:
+            self.trainer.set_learning_rate(lr)
+
+
+class EarlyStopping(Callback):
+    """Stops training when ``monitor`` has not improved by ``min_delta`` for ``patience`` epochs.
+
+    Every replica sees the same (reduced) validation metrics, so all stop together."""
+
+    def __init__(self, monitor: str = "test_loss", patience: int = 3, min_delta: float = 0.0):
+        self.monitor, self.patience, self.min_delta = monitor, patience, min_delta
+        self.sign = 1.0 if "loss" in monitor else -1.0  # minimise losses, maximise the rest
+        self.best = float("inf")
+        self.wait = 0
+        self.stopped_epoch: int | None = None
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any]) -> None:
+        if self.monitor not in logs:
+            raise KeyError(f"EarlyStopping monitors {self.monitor!r}, epoch logs have {sorted(logs)}")
+        value = self.sign * logs[self.monitor]
+        if value < self.best - self.min_delta:
+            self.best, self.wait = value, 0
+            return
+        self.wait += 1
+        if self.wait >= self.patience:
+            self.trainer.stop_training = True
+            self.stopped_epoch = epoch
+            if self.trainer.strategy.is_chief:
+                console.print(f"early stopping: {self.monitor} has not improved for {self.patience} epochs")
+
+
+class StepLog(Callback):
+    """The classic step log: ``step 120, loss = 0.41 (5230.1 examples/sec; 0.012 sec/batch)``.
+
+    Printed at the steps where the Trainer reduces the loss across replicas
+    (every ``log_every`` steps); examples/sec counts the global batch."""
+
+    def on_train_begin(self, logs: dict[str, Any]) -> None:
+        self._last = (time.perf_counter(), 0)
+
+    def on_batch_end(self, step: int, logs: dict[str, Any]) -> None:
+        if "loss" not in logs or not self.trainer.strategy.is_chief:
+            return
+        now = time.perf_counter()
+        then, then_step = self._last
+        steps = max(step - then_step, 1)
+        seconds = (now - then) / steps
+        rate = logs["global_batch"] / seconds if seconds > 0 else float("inf")
+        console.print(f"step {step}, loss = {logs['loss']:.4f} ({rate:.1f} examples/sec; {seconds:.4f} sec/batch)")
+        self._last = (now, step)
+
+
+class EpochLog(Callback):
+    """One line per epoch on the chief: losses, accuracy, throughput."""
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any]) -> None:
+        if not self.trainer.strategy.is_chief:
+            return
+        parts = [f"epoch {epoch + 1}/{logs['epochs']}", f"train_loss {logs['train_loss']:.4f}"]
+        if "test_loss" in logs:
+            parts += [f"test_loss {logs['test_loss']:.4f}", f"test_accuracy {logs['test_accuracy']:.4f}"]
+        parts.append(f"{logs['examples_per_second']:.0f} examples/sec")
+        console.print(", ".join(parts))
+
+
+class ProgressBar(Callback):
+    """A rich progress bar on the chief (epoch, step, loss, examples/s, ETA), only in a terminal."""
+
+    def __init__(self, refresh_seconds: float = 0.2):
+        self.refresh_seconds = refresh_seconds
+        self.progress: Progress | None = None
+
+    def on_train_begin(self, logs: dict[str, Any]) -> None:
+        if not (self.trainer.strategy.is_chief and console.is_terminal):
+            return
+        self.progress = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("loss {task.fields[loss]}"),
+            TextColumn("{task.fields[rate]} ex/s"),
+            TimeRemainingColumn(),
+            console=console,
+            transient=True,
+        )
+        self.progress.start()
+        self.epochs = logs["epochs"]
+        self.task = self.progress.add_task("", total=logs["steps_per_epoch"], loss="-", rate="-")
+
+    def on_epoch_begin(self, epoch: int, logs: dict[str, Any]) -> None:
+        if self.progress:
+            self.progress.reset(self.task, description=f"epoch {epoch + 1}/{self.epochs}")
+            self._shown = (time.perf_counter(), 0)
+
+    def on_batch_end(self, step: int, logs: dict[str, Any]) -> None:
+        if not self.progress:
+            return
+        now = time.perf_counter()
+        then, seen = self._shown
+        fields = {}
+        if now - then >= self.refresh_seconds:
+            # One host sync per refresh, not per step.
+            fields = {"loss": f"{logs['local_loss'].item():.4f}", "rate": f"{logs['global_batch'] * (logs['batch'] - seen) / (now - then):.0f}"}
+            self._shown = (now, logs["batch"])
+        self.progress.update(self.task, completed=logs["batch"], **fields)
+
+    def on_train_end(self, logs: dict[str, Any]) -> None:
+        if self.progress:
+            self.progress.stop()
+            self.progress = None
