@@ -36,7 +36,7 @@ class TrainConfig:
     strategy: str = _opt("single", "how training is distributed", choices=STRATEGIES)
     workers: int = _opt(1, "number of data-parallel replicas (processes)")
     device: str = _opt("auto", "auto (CUDA when available), cpu or cuda", choices=("auto", "cpu", "cuda"))
-    epochs: int = _opt(10, "passes over the training data")
+    epochs: int = _opt(15, "passes over the training data")
     batch_size: int = _opt(32, "examples per replica per step; the global batch is batch_size x workers")
     lr: float = _opt(0.05, "learning rate (the base rate when a schedule scales it)")
     optimizer: str = _opt("sgd", "optimizer", choices=OPTIMIZERS)

@@ -51,7 +51,7 @@ def launch(fn: Callable[..., Any], *args: Any, num_processes: int, max_restarts:
     for logger, _ in quiet:
         logger.setLevel(logging.CRITICAL)
     try:
-        results = elastic_launch(config, _Entry(fn))(*args)
+        results = elastic_launch(config, _entry)(fn, *args)
     except ChildFailedError as error:
         raise _first_failure(error) from None
     finally:
@@ -60,32 +60,18 @@ def launch(fn: Callable[..., Any], *args: Any, num_processes: int, max_restarts:
     return [results[rank] for rank in sorted(results)]
 
 
-class _Entry:
-    """Runs in each spawned process: the user's function, with errors that the parent can read.
+def _entry(fn: Callable[..., Any], *args: Any) -> Any:
+    """Runs in each spawned process: ``fn(*args)``, with errors the parent can read.
 
-    A ParatrainError is recorded (message only) in the agent's error file and ends the
-    process with its exit code; anything else is recorded with its traceback, exit 1.
+    A ParatrainError is recorded (its message only) in the agent's error file and ends
+    the process with its exit code; anything else propagates with its traceback, which
+    the agent records, and exits 1.
     """
-
-    def __init__(self, fn: Callable[..., Any]):
-        self.fn = fn
-        self.__name__ = getattr(fn, "__name__", "entry")
-
-    def __call__(self, *args: Any) -> Any:
-        from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
-
-        handler = ErrorHandler()
-        handler.initialize()
-        try:
-            return self.fn(*args)
-        except ParatrainError as error:
-            _record(error)
-            sys.exit(error.exit_code)
-        except BaseException as error:
-            if isinstance(error, SystemExit) and not error.code:
-                raise
-            handler.record_exception(error)
-            raise
+    try:
+        return fn(*args)
+    except ParatrainError as error:
+        _record(error)
+        sys.exit(error.exit_code)
 
 
 def _record(error: ParatrainError) -> None:
