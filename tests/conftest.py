@@ -1,0 +1,26 @@
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Distributed tests run Gloo on loopback with one thread per process.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+
+
+def run_cli(*args: str, env: dict | None = None, timeout: float = 240, cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """``paratrain ARGS`` in a fresh interpreter; returns the finished process."""
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "paratrain", *args],
+        capture_output=True, text=True, timeout=timeout, env=full_env, cwd=cwd or REPO,
+    )
+
+
+@pytest.fixture
+def cli():
+    return run_cli

@@ -1,0 +1,84 @@
+"""The command line as a user meets it: the default run, bad input, divergence."""
+
+import json
+import time
+
+import pytest
+
+from paratrain.train.metrics import METRICS_KEYS
+
+
+def test_default_run_reaches_95_percent_in_under_30_seconds(cli, tmp_path):
+    out = tmp_path / "metrics.json"
+    start = time.perf_counter()
+    result = cli("train", "--metrics-out", str(out))
+    elapsed = time.perf_counter() - start
+    assert result.returncode == 0, result.stderr
+    assert elapsed < 30
+    metrics = json.loads(out.read_text())
+    assert set(METRICS_KEYS) <= set(metrics)
+    assert metrics["test_accuracy"] >= 0.95
+    assert (metrics["strategy"], metrics["workers"], metrics["model"], metrics["dataset"]) == ("single", 1, "mlp", "digits")
+    assert metrics["global_steps"] == 15 * (1437 // 32)
+    assert len(metrics["history"]) == 15
+    assert set(metrics["history"][0]) == {"epoch", "train_loss", "test_accuracy", "test_loss", "wall_seconds"}
+    assert metrics["staleness"] == {"mean": 0.0, "max": 0, "histogram": {"0": metrics["global_steps"]}}
+    assert metrics["config"]["lr"] == 0.05
+    assert "done: test_accuracy" in result.stdout
+    assert "epoch 15/15" in result.stdout
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--workers", "0"], ["--workers must be >= 1"]),
+        (["--workers", "two"], ["--workers", "invalid int value"]),
+        (["--strategy", "magic"], ["unknown strategy 'magic'", "allreduce"]),
+        (["--model", "resnet"], ["unknown model 'resnet'", "cifar_cnn, lstm, mlp"]),
+        (["--strategy", "single", "--workers", "3"], ["--strategy single", "--workers 3"]),
+        (["--batch-size", "5000"], ["larger than the data set"]),
+        (["--metrics-out", "/nonexistent/dir/m.json"], ["--metrics-out", "does not exist"]),
+        (["--config", "/nonexistent.toml"], ["--config /nonexistent.toml: no such file"]),
+        (["--frobnicate"], ["unrecognized arguments: --frobnicate"]),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_2(cli, args, words):
+    result = cli("train", "--epochs", "1", *args)
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert "Traceback" not in result.stderr
+    for word in words:
+        assert word in lines[0]
+
+
+def test_metrics_path_that_is_a_directory_keeps_the_directory(cli, tmp_path):
+    result = cli("train", "--epochs", "1", "--metrics-out", str(tmp_path))
+    assert result.returncode == 2
+    assert "is a directory" in result.stderr
+    assert tmp_path.is_dir()
+
+
+def test_divergence_exits_3_and_names_the_step(cli):
+    result = cli("train", "--epochs", "1", "--lr", "1e30", "--log-every", "5")
+    assert result.returncode == 3, result.stderr
+    assert result.stderr.strip().startswith("paratrain: model diverged with loss = ")
+    assert " at step " in result.stderr
+
+
+def test_config_file_with_flag_override(cli, tmp_path):
+    config = tmp_path / "run.toml"
+    config.write_text('epochs = 1\nbatch-size = 64\noptimizer = "adam"\nlr = 0.002\n')
+    out = tmp_path / "m.json"
+    result = cli("train", "--config", str(config), "--epochs", "2", "--metrics-out", str(out))
+    assert result.returncode == 0, result.stderr
+    metrics = json.loads(out.read_text())
+    assert metrics["epochs"] == 2 and metrics["config"]["optimizer"] == "adam"
+    assert metrics["global_steps"] == 2 * (1437 // 64)
+
+
+def test_help_lists_every_option(cli):
+    result = cli("train", "--help")
+    assert result.returncode == 0
+    for flag in ("--strategy", "--workers", "--batch-size", "--lr-schedule", "--metrics-out", "--config"):
+        assert flag in result.stdout

@@ -1,0 +1,75 @@
+import pytest
+
+from paratrain.config import TrainConfig, load_toml, make_config
+from paratrain.errors import ConfigError
+
+
+def test_defaults_are_the_documented_run():
+    config = TrainConfig()
+    assert (config.model, config.dataset, config.strategy, config.workers) == ("mlp", "digits", "single", 1)
+    assert config.global_batch == config.batch_size
+
+
+def test_alias_resolves_to_canonical_name():
+    assert TrainConfig(strategy="mirrored", workers=2).strategy == "allreduce"
+
+
+@pytest.mark.parametrize(
+    "changes, words",
+    [
+        ({"workers": 0}, ["--workers", ">= 1"]),
+        ({"strategy": "nope"}, ["strategy 'nope'", "allreduce", "single"]),
+        ({"model": "resnet"}, ["model 'resnet'", "mlp"]),
+        ({"dataset": "imagenet"}, ["dataset 'imagenet'", "digits"]),
+        ({"optimizer": "lbfgs"}, ["optimizer 'lbfgs'", "adam", "sgd"]),
+        ({"lr": -1.0}, ["--lr", "> 0"]),
+        ({"batch_size": 0}, ["--batch-size"]),
+        ({"device": "tpu"}, ["--device", "auto, cpu, cuda"]),
+        ({"workers": 2}, ["--strategy single", "--workers 2", "allreduce"]),
+        ({"epochs": "3"}, ["--epochs must be int"]),
+        ({"metrics_out": "/no/such/dir/m.json"}, ["--metrics-out", "does not exist"]),
+    ],
+)
+def test_bad_values_name_the_flag_and_what_is_valid(changes, words):
+    with pytest.raises(ConfigError) as error:
+        TrainConfig(**changes)
+    message = str(error.value)
+    assert "\n" not in message
+    for word in words:
+        assert word in message
+
+
+def test_toml_file_and_flags_on_top(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text('strategy = "allreduce"\nworkers = 2\nbatch-size = 16\nlr = 0.1\n')
+    config = make_config(load_toml(str(path)), {"lr": 0.2})
+    assert (config.strategy, config.workers, config.batch_size, config.lr) == ("allreduce", 2, 16, 0.2)
+    assert config.global_batch == 32
+
+
+def test_toml_accepts_a_train_table(tmp_path):
+    path = tmp_path / "run.toml"
+    path.write_text("[train]\nepochs = 3\n")
+    assert make_config(load_toml(str(path)), {}).epochs == 3
+
+
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("bogus = 1\n", ["unknown key 'bogus'", "batch-size"]),
+        ("epochs = \n", ["not valid TOML"]),
+        ('epochs = "ten"\n', ["--epochs must be int"]),
+    ],
+)
+def test_bad_toml_files(tmp_path, text, words):
+    path = tmp_path / "run.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as error:
+        make_config(load_toml(str(path)), {})
+    for word in words:
+        assert word in str(error.value)
+
+
+def test_missing_toml_file(tmp_path):
+    with pytest.raises(ConfigError, match="no such file"):
+        load_toml(str(tmp_path / "absent.toml"))

@@ -1,0 +1,49 @@
+import pytest
+import torch
+
+from paratrain.data.datasets import DataSpec, load_digits
+from paratrain.errors import ConfigError
+from paratrain.models import build_model
+
+DIGITS = DataSpec((1, 8, 8), 10)
+CIFAR = DataSpec((3, 32, 32), 10)
+CIFAR_CROP = DataSpec((3, 24, 24), 10)
+TEXT = DataSpec((40,), 2, input_kind="tokens", vocab_size=500)
+
+
+@pytest.mark.parametrize(
+    "name, spec",
+    [("mlp", DIGITS), ("mlp", CIFAR), ("cifar_cnn", DIGITS), ("cifar_cnn", CIFAR), ("cifar_cnn", CIFAR_CROP),
+     ("lstm", DIGITS), ("lstm", TEXT)],
+)
+def test_models_fit_their_data(name, spec):
+    model = build_model(name, spec)
+    dtype = torch.long if spec.input_kind == "tokens" else torch.float32
+    out = model(torch.zeros((3, *spec.input_shape), dtype=dtype))
+    assert out.shape == (3, spec.num_classes)
+
+
+def test_mlp_is_the_tutorial_model():
+    model = build_model("mlp", DataSpec((1, 28, 28), 10))
+    assert [p.shape for p in model.parameters()] == [(256, 784), (256,), (10, 256), (10,)]
+
+
+def test_cifar_cnn_is_the_tutorial_network():
+    model = build_model("cifar_cnn", CIFAR_CROP)
+    linear = [m for m in model if isinstance(m, torch.nn.Linear)]
+    assert [(m.in_features, m.out_features) for m in linear] == [(6 * 6 * 64, 384), (384, 192), (192, 10)]
+    assert sum(isinstance(m, torch.nn.LocalResponseNorm) for m in model) == 2
+
+
+def test_a_model_that_does_not_fit_the_data_is_bad_input():
+    with pytest.raises(ConfigError, match="model mlp needs image-like"):
+        build_model("mlp", TEXT)
+
+
+def test_digits_split_is_fixed_and_stratified():
+    a, b = load_digits(), load_digits()
+    assert len(a.train) == 1437 and len(a.test) == 360
+    assert torch.equal(a.test.tensors[1], b.test.tensors[1])
+    counts = torch.bincount(a.test.tensors[1], minlength=10)
+    assert counts.min() >= 35
+    assert 0.0 <= float(a.train.tensors[0].min()) and float(a.train.tensors[0].max()) <= 1.0

@@ -1,0 +1,59 @@
+import pytest
+import torch
+
+from paratrain.data.sharding import ShardedBatches
+from paratrain.errors import ConfigError
+
+
+def _data(n=103):
+    return torch.arange(n, dtype=torch.float32).unsqueeze(1), torch.arange(n)
+
+
+@pytest.mark.parametrize("replicas", [2, 3, 4])
+def test_replica_batches_are_disjoint_and_form_the_single_process_batch(replicas):
+    data, batch = _data(), 5
+    single = ShardedBatches(data, batch * replicas, seed=7)
+    shards = [ShardedBatches(data, batch, num_replicas=replicas, rank=r, seed=7) for r in range(replicas)]
+    for epoch in (0, 1):
+        single.set_epoch(epoch)
+        for shard in shards:
+            shard.set_epoch(epoch)
+        assert all(len(s) == len(single) for s in shards)
+        for step, (_, targets) in enumerate(single):
+            parts = [list(shard)[step][1] for shard in shards]
+            joined = torch.cat(parts)
+            assert joined.tolist() == targets.tolist()
+            assert len(set(joined.tolist())) == len(joined)
+
+
+def test_epochs_reshuffle_and_seed_repeats():
+    a = ShardedBatches(_data(), 10, seed=1)
+    first = [t.tolist() for _, t in a]
+    a.set_epoch(1)
+    assert [t.tolist() for _, t in a] != first
+    assert [t.tolist() for _, t in ShardedBatches(_data(), 10, seed=1)] == first
+
+
+def test_evaluation_split_covers_every_example_once():
+    seen = []
+    for rank in range(3):
+        seen += [t for _, y in ShardedBatches(_data(), 8, num_replicas=3, rank=rank, shuffle=False, drop_last=False) for t in y.tolist()]
+    assert sorted(seen) == list(range(103))
+
+
+def test_global_batch_larger_than_data_is_bad_input():
+    with pytest.raises(ConfigError, match="larger than the data set"):
+        ShardedBatches(_data(10), 8, num_replicas=2)
+
+
+def test_generic_dataset_goes_through_a_dataloader():
+    class Squares(torch.utils.data.Dataset):
+        def __len__(self):
+            return 20
+
+        def __getitem__(self, i):
+            return torch.tensor([float(i)]), i * i
+
+    batches = list(ShardedBatches(Squares(), 4, shuffle=False))
+    assert len(batches) == 5
+    assert batches[1][1].tolist() == [16, 25, 36, 49]
