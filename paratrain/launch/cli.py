@@ -10,7 +10,7 @@ import argparse
 import sys
 from typing import Any, NoReturn
 
-from paratrain.errors import ConfigError, DivergedError, ParatrainError, WorkerFailed
+from paratrain.errors import DivergedError, ParatrainError, WorkerFailed
 
 EPILOG = (
     "--batch-size is per replica: the global batch is batch-size x workers. "
@@ -61,13 +61,10 @@ def train_command(args: argparse.Namespace) -> int:
     if cluster is not None and "workers" not in overrides and "workers" not in file_values:
         overrides["workers"] = cluster.world_size - cluster.num_ps
     config = make_config(file_values, overrides)
-    processes = STRATEGIES.get(config.strategy).num_processes(config)
+    strategy = STRATEGIES.get(config.strategy)
+    processes = strategy.num_processes(config)
     if cluster is not None:
-        if cluster.world_size != processes:
-            raise ConfigError(
-                f"the cluster has {cluster.world_size} processes but --strategy {config.strategy} "
-                f"with --workers {config.workers} needs {processes}"
-            )
+        strategy.check_cluster(cluster, config)
         metrics = job.run(config)
         is_chief = cluster.rank == cluster.num_ps
     elif processes > 1:

@@ -22,7 +22,6 @@ from paratrain.comm.transport import (
     destroy_process_group,
     ensure_process_group,
 )
-from paratrain.errors import ConfigError
 from paratrain.strategies.base import Strategy, resolve_device, staleness_summary
 
 
@@ -43,11 +42,6 @@ class AllReduceStrategy(Strategy):
         already = dist.is_initialized()
         # The local rank decides the device, and the device decides the backend.
         cluster = cluster_from_env()
-        if cluster is not None and cluster.num_ps:
-            raise ConfigError(
-                f"the cluster lists {cluster.num_ps} parameter-server tasks; "
-                "strategy allreduce has none (use a ps-* strategy, or drop the ps job)"
-            )
         self.device = resolve_device(self.device_preference, cluster.local_rank if cluster else 0)
         ensure_process_group(default_backend(self.device), self.timeout)
         self._owns_group = not already

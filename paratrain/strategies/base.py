@@ -29,6 +29,7 @@ from paratrain.data.sharding import ShardedBatches
 from paratrain.errors import ConfigError
 
 if TYPE_CHECKING:
+    from paratrain.comm.transport import ClusterEnv
     from paratrain.config import TrainConfig
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -90,6 +91,21 @@ class Strategy:
     def num_processes(cls, config: "TrainConfig") -> int:
         """Processes a local launch starts for ``config``."""
         return config.workers
+
+    @classmethod
+    def check_cluster(cls, cluster: "ClusterEnv", config: "TrainConfig") -> None:
+        """Raise ConfigError when a cluster started elsewhere (torchrun, TF_CONFIG) does not fit."""
+        if cluster.num_ps:
+            raise ConfigError(
+                f"the cluster lists {cluster.num_ps} parameter-server tasks; strategy "
+                f"{config.strategy} has none (use a ps-* strategy, or drop the ps job)"
+            )
+        needed = cls.num_processes(config)
+        if cluster.world_size != needed:
+            raise ConfigError(
+                f"the cluster has {cluster.world_size} processes but --strategy {config.strategy} "
+                f"with --workers {config.workers} needs {needed}"
+            )
 
     @classmethod
     def from_config(cls, config: "TrainConfig") -> "Strategy":

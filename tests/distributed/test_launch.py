@@ -1,0 +1,74 @@
+"""Joining a cluster started by someone else: torchrun, and a TF_CONFIG description."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from paratrain.comm.transport import free_port, parse_tf_config
+from paratrain.errors import ConfigError
+
+pytestmark = pytest.mark.distributed
+
+TRAIN = ["train", "--strategy", "allreduce", "--epochs", "2", "--no-progress"]
+
+
+def test_torchrun_runs_the_same_command(tmp_path):
+    out = tmp_path / "m.json"
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
+        "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "--local-addr", "127.0.0.1",
+        "-m", "paratrain", *TRAIN, "--metrics-out", str(out),
+    ]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=240)
+    assert result.returncode == 0, result.stderr[-3000:]
+    metrics = json.loads(out.read_text())
+    assert metrics["workers"] == 2  # taken from torchrun's WORLD_SIZE
+    assert metrics["global_steps"] == 2 * (1437 // 64)
+
+
+def test_tf_config_cluster(tmp_path):
+    port = free_port()
+    cluster = {"worker": [f"127.0.0.1:{port}", f"127.0.0.1:{free_port()}"]}
+    out = tmp_path / "m.json"
+    processes = []
+    for index in range(2):
+        env = {**os.environ, "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})}
+        processes.append(subprocess.Popen(
+            [sys.executable, "-m", "paratrain", *TRAIN, "--metrics-out", str(out)],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        ))
+    outputs = [p.communicate(timeout=240) for p in processes]
+    for process, (stdout, stderr) in zip(processes, outputs):
+        assert process.returncode == 0, stderr[-3000:]
+    assert "done:" in outputs[0][0] and "done:" not in outputs[1][0]
+    assert json.loads(out.read_text())["workers"] == 2
+
+
+def test_tf_config_ranks_follow_ps_chief_worker_order():
+    doc = {"cluster": {"worker": ["w0:1", "w1:1"], "chief": ["c:7"], "ps": ["p:9"]}, "task": {"type": "worker", "index": 1}}
+    env = parse_tf_config(json.dumps(doc))
+    assert (env.rank, env.world_size, env.num_ps, env.master_addr, env.master_port) == (3, 4, 1, "p", 9)
+
+
+@pytest.mark.parametrize(
+    "doc, words",
+    [
+        ("not json", "TF_CONFIG must be JSON"),
+        (json.dumps({"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": 3}}), "task index 3"),
+        (json.dumps({"cluster": {"evaluator": ["a:1"]}, "task": {"type": "evaluator", "index": 0}}), "unknown job"),
+        (json.dumps({"cluster": {"worker": ["nohost"]}, "task": {"type": "worker", "index": 0}}), "host:port"),
+    ],
+)
+def test_bad_tf_config(doc, words):
+    with pytest.raises(ConfigError, match=words):
+        parse_tf_config(doc)
+
+
+def test_ps_tasks_with_allreduce_are_bad_input(cli):
+    doc = {"cluster": {"ps": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"]}, "task": {"type": "worker", "index": 0}}
+    result = cli(*TRAIN, "--workers", "1", env={"TF_CONFIG": json.dumps(doc)})
+    assert result.returncode == 2
+    assert "parameter-server" in result.stderr.strip().splitlines()[-1]
