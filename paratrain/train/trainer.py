@@ -118,7 +118,7 @@ class Trainer:
             for batch, (inputs, targets) in enumerate(batches, start=1):
                 hooks.on_batch_begin(self.global_step, {})
                 out = strategy.train_step(self.model, self.loss_fn, self.optimizer, inputs, targets)
-                window.add(out.loss, out.logits, targets)
+                window.add(out.loss, len(targets))
                 self.global_step += 1
                 logs: dict[str, Any] = {"batch": batch, "global_batch": global_batch, "local_loss": out.loss}
                 if log_every and self.global_step % log_every == 0:
