@@ -36,6 +36,15 @@ class TrainConfig:
     strategy: str = _opt("single", "how training is distributed", choices=STRATEGIES)
     workers: int = _opt(1, "number of data-parallel replicas (processes)")
     device: str = _opt("auto", "auto (CUDA when available), cpu or cuda", choices=("auto", "cpu", "cuda"))
+    ps_shards: int | None = _opt(None, "parameter-server shards (ps-* strategies; default 1): ranks 0..P-1 serve parameters")
+    backup_workers: int = _opt(0, "ps-backup: extra workers K; each update takes the first --workers gradients")
+    staleness_bound: int | None = _opt(None, "ps-async: a worker more than S steps ahead of the slowest live one waits")
+    stale_policy: str = _opt("none", "ps-async: none, scale-lr (step / staleness) or drop (staler than --max-staleness)", choices=("none", "scale-lr", "drop"))
+    max_staleness: int = _opt(4, "ps-async with --stale-policy drop: the largest staleness still applied")
+    warmup_steps: int = _opt(0, "ps-async: the first W updates come from worker 0 alone, then the others join")
+    heartbeat_timeout: float = _opt(5.0, "parameter server: seconds without a heartbeat before a worker counts as dead")
+    fail: str | None = _opt(None, "fault injection: WORKER@STEP makes that worker's process die at that step")
+    straggler: str | None = _opt(None, "fault injection: WORKER:FACTOR makes that worker's steps FACTOR times slower")
     epochs: int = _opt(15, "passes over the training data")
     batch_size: int = _opt(32, "examples per replica per step; the global batch is batch_size x workers")
     lr: float = _opt(0.05, "learning rate (the base rate when a schedule scales it)")
@@ -61,17 +70,25 @@ class TrainConfig:
             registry = _field(name).metadata["choices"]
             setattr(self, name, registry.canonical(getattr(self, name)))
         _choice("device", self.device, ("auto", "cpu", "cuda"))
+        _choice("stale_policy", self.stale_policy, ("none", "scale-lr", "drop"))
         for name in ("workers", "epochs", "batch_size", "lr_decay_steps", "reference_batch"):
             _at_least(name, getattr(self, name), 1)
-        for name in ("early_stopping", "log_every", "seed"):
+        for name in ("early_stopping", "log_every", "seed", "backup_workers", "max_staleness", "warmup_steps"):
             _at_least(name, getattr(self, name), 0)
-        for name in ("lr", "timeout", "lr_decay_rate"):
+        for name in ("ps_shards", "staleness_bound"):
+            if getattr(self, name) is not None:
+                _at_least(name, getattr(self, name), 1 if name == "ps_shards" else 0)
+        for name in ("lr", "timeout", "lr_decay_rate", "heartbeat_timeout"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{_flag(name)} must be > 0, got {getattr(self, name)}")
         for name in ("momentum", "weight_decay", "warmup_epochs"):
             _at_least(name, getattr(self, name), 0)
         if self.metrics_out is not None:
             _check_writable("metrics_out", self.metrics_out)
+        self.fail_at = _parse_fault("fail", self.fail, "@", int, "WORKER@STEP, e.g. 1@40")
+        self.straggler_factor = _parse_fault("straggler", self.straggler, ":", float, "WORKER:FACTOR, e.g. 2:3.0")
+        if self.straggler_factor and self.straggler_factor[1] < 1:
+            raise ConfigError(f"--straggler factor must be >= 1, got {self.straggler_factor[1]}")
         STRATEGIES.get(self.strategy).check_config(self)
 
     def _check_types(self) -> None:
@@ -92,11 +109,32 @@ class TrainConfig:
     def global_batch(self) -> int:
         return self.batch_size * self.workers
 
+    @property
+    def num_worker_processes(self) -> int:
+        """Processes that train: the workers plus ps-backup's backup workers."""
+        return self.workers + self.backup_workers
+
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     def replace(self, **changes: Any) -> "TrainConfig":
         return dataclasses.replace(self, **changes)
+
+
+def _parse_fault(name: str, text: str | None, sep: str, kind: type, form: str) -> tuple[int, Any] | None:
+    """``"1@40"`` -> (1, 40) for --fail, ``"2:3.0"`` -> (2, 3.0) for --straggler."""
+    if text is None:
+        return None
+    worker, found, value = text.partition(sep)
+    try:
+        if not found:
+            raise ValueError
+        parsed = (int(worker), kind(value))
+    except ValueError:
+        raise ConfigError(f"{_flag(name)} must be {form}, got {text!r}") from None
+    if parsed[0] < 0:
+        raise ConfigError(f"{_flag(name)}: worker index must be >= 0, got {parsed[0]}")
+    return parsed
 
 
 def _field(name: str) -> dataclasses.Field:

@@ -35,11 +35,16 @@ class DivergedError(ParatrainError, ArithmeticError):
         super().__init__(f"model diverged with loss = {loss} at step {step}")
 
 
+class WorkerLost(ParatrainError):
+    """A worker that the run cannot do without stopped answering."""
+
+
 class WorkerFailed(ParatrainError):
     """A process of a multi-process run failed; the run was stopped."""
 
-    def __init__(self, rank: int, exit_code: int, message: str):
+    def __init__(self, rank: int, exit_code: int, message: str, name: str | None = None):
         self.rank = rank
         self.exit_code = exit_code if exit_code in (2, 3) else 1
         self.worker_exit_code = exit_code
-        super().__init__(f"worker {rank} failed (exit code {exit_code}): {message}")
+        self.message = message
+        super().__init__(f"{name or f'worker {rank}'} failed (exit code {exit_code}): {message}")

@@ -53,6 +53,9 @@ STRATEGIES = Registry(
     {
         "single": "paratrain.strategies.single:SingleDeviceStrategy",
         "allreduce": "paratrain.strategies.allreduce:AllReduceStrategy",
+        "ps-sync": "paratrain.strategies.ps_worker:ParameterServerStrategy",
+        "ps-backup": "paratrain.strategies.ps_worker:ParameterServerStrategy",
+        "ps-async": "paratrain.strategies.ps_worker:ParameterServerStrategy",
     },
     aliases={"mirrored": "allreduce"},
 )

@@ -66,12 +66,18 @@ def train_command(args: argparse.Namespace) -> int:
     if cluster is not None:
         strategy.check_cluster(cluster, config)
         metrics = job.run(config)
-        is_chief = cluster.rank == cluster.num_ps
+        is_chief = cluster.rank == strategy.chief_rank(config)
     elif processes > 1:
         preflight(config)
         from paratrain.launch.torchrun import launch
 
-        metrics = launch(job.run, config, num_processes=processes)[0]
+        results = launch(
+            job.run, config,
+            num_processes=processes,
+            expendable=strategy.expendable_ranks(config),
+            rank_names=[strategy.rank_name(rank, config) for rank in range(processes)],
+        )
+        metrics = results[strategy.chief_rank(config)]
         is_chief = True
     else:
         metrics = job.run(config)

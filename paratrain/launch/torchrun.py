@@ -9,9 +9,12 @@ naming the rank, its exit code and its error.
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
+import time
+import traceback
 import uuid
 from collections.abc import Callable
 from typing import Any
@@ -22,18 +25,38 @@ from paratrain.errors import ParatrainError, WorkerFailed
 _ELASTIC_LOGGERS = ("torch.distributed.elastic", "torch.distributed.launcher", "torch.multiprocessing")
 
 
-def launch(fn: Callable[..., Any], *args: Any, num_processes: int, max_restarts: int = 0) -> list[Any]:
+def launch(
+    fn: Callable[..., Any],
+    *args: Any,
+    num_processes: int,
+    max_restarts: int = 0,
+    expendable: frozenset[int] = frozenset(),
+    rank_names: list[str] | None = None,
+) -> list[Any]:
     """Run ``fn(*args)`` on ``num_processes`` local processes; their return values by rank.
 
     ``fn`` must be importable (a module-level function): processes are spawned fresh.
+    Ranks in ``expendable`` may die without ending the run (parameter-server workers in
+    ps-async and ps-backup); the elastic agent stops every process on any failure, so
+    such runs are supervised by ``launch.supervisor`` instead. Their results are None.
+    ``rank_names`` name ranks in failure messages ("ps shard 0", "worker 1").
     """
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
-
     # Traffic stays on loopback: Gloo binds to the interface named here, not to
     # whatever the host name resolves to.
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    names = rank_names or [f"worker {rank}" for rank in range(num_processes)]
+    if expendable:
+        from paratrain.launch.supervisor import supervise
+
+        return supervise(fn, args, num_processes, expendable, names)
+    return _elastic(fn, args, num_processes, max_restarts, names)
+
+
+def _elastic(fn: Callable[..., Any], args: tuple, num_processes: int, max_restarts: int, names: list[str]) -> list[Any]:
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
     config = LaunchConfig(
         min_nodes=1,
         max_nodes=1,
@@ -53,7 +76,7 @@ def launch(fn: Callable[..., Any], *args: Any, num_processes: int, max_restarts:
     try:
         results = elastic_launch(config, _entry)(fn, *args)
     except ChildFailedError as error:
-        raise _first_failure(error) from None
+        raise first_failure({rank: (f.exitcode, f.timestamp, _message(f)) for rank, f in error.failures.items()}, names) from None
     finally:
         for logger, level in quiet:
             logger.setLevel(level)
@@ -64,35 +87,43 @@ def _entry(fn: Callable[..., Any], *args: Any) -> Any:
     """Runs in each spawned process: ``fn(*args)``, with errors the parent can read.
 
     A ParatrainError is recorded (its message only) in the agent's error file and ends
-    the process with its exit code; anything else propagates with its traceback, which
-    the agent records, and exits 1.
+    the process with its exit code; anything else is recorded with its traceback, exit 1.
+    The process ends with ``os._exit`` on errors: a parameter-server thread may still be
+    blocked in a receive that would hold up a normal interpreter shutdown.
     """
     try:
         return fn(*args)
     except ParatrainError as error:
-        _record(error)
-        sys.exit(error.exit_code)
+        record_error(str(error), "")
+        _exit(error.exit_code)
+    except Exception as error:
+        record_error(f"{type(error).__name__}: {error}", traceback.format_exc())
+        _exit(1)
 
 
-def _record(error: ParatrainError) -> None:
-    import json
-    import time
+def _exit(code: int) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
 
+
+def record_error(message: str, callstack: str) -> None:
+    """Write the agent's error file (``TORCHELASTIC_ERROR_FILE``), read back by the parent."""
     path = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if not path:
         return
-    message = {"message": {"message": str(error), "extraInfo": {"py_callstack": "", "timestamp": str(int(time.time()))}}}
+    document = {"message": {"message": message, "extraInfo": {"py_callstack": callstack, "timestamp": str(int(time.time()))}}}
     with open(path, "w") as handle:
-        json.dump(message, handle)
+        json.dump(document, handle)
 
 
-def _first_failure(error: Any) -> WorkerFailed:
-    """The failure that explains the run: a bad-input or divergence exit first, else the earliest."""
-    failures = error.failures
-    known = [rank for rank, f in failures.items() if f.exitcode in (2, 3)]
-    rank = min(known) if known else min(failures, key=lambda r: (failures[r].timestamp, r))
-    failure = failures[rank]
-    return WorkerFailed(rank, failure.exitcode, _message(failure))
+def first_failure(failures: dict[int, tuple[int, float, str]], names: list[str]) -> WorkerFailed:
+    """The failure that explains the run, from ``{rank: (exit code, time, message)}``:
+    a bad-input or divergence exit first, else the earliest."""
+    known = [rank for rank, (code, _, _) in failures.items() if code in (2, 3)]
+    rank = min(known) if known else min(failures, key=lambda r: (failures[r][1], r))
+    code, _, message = failures[rank]
+    return WorkerFailed(rank, code, message, name=names[rank] if rank < len(names) else None)
 
 
 def _message(failure: Any) -> str:

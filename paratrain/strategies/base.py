@@ -83,9 +83,44 @@ class Strategy:
         self._steps = 0
 
     # ----- configuration ---------------------------------------------------------------
+    #: Options that only parameter-server strategies take, with their neutral values.
+    PS_OPTIONS: ClassVar[dict[str, Any]] = {
+        "ps_shards": None, "backup_workers": 0, "staleness_bound": None,
+        "stale_policy": "none", "warmup_steps": 0,
+    }
+
     @classmethod
     def check_config(cls, config: "TrainConfig") -> None:
         """Raise ConfigError for settings this mode cannot run (called at validation)."""
+        for name, neutral in cls.PS_OPTIONS.items():
+            if getattr(config, name) != neutral:
+                flag = "--" + name.replace("_", "-")
+                raise ConfigError(f"{flag} applies to the ps-* strategies, not to --strategy {config.strategy}")
+        cls.check_faults(config)
+
+    @classmethod
+    def check_faults(cls, config: "TrainConfig") -> None:
+        """--fail and --straggler must name a worker that exists (0..workers-1)."""
+        for flag, parsed in (("--fail", config.fail_at), ("--straggler", config.straggler_factor)):
+            if parsed and parsed[0] >= config.num_worker_processes:
+                raise ConfigError(
+                    f"{flag} names worker {parsed[0]}, but the run has workers 0..{config.num_worker_processes - 1}"
+                )
+
+    @classmethod
+    def chief_rank(cls, config: "TrainConfig") -> int:
+        """The global rank of the chief (worker 0)."""
+        return 0
+
+    @classmethod
+    def rank_name(cls, rank: int, config: "TrainConfig") -> str:
+        """How failure messages name a rank."""
+        return f"worker {rank}"
+
+    @classmethod
+    def expendable_ranks(cls, config: "TrainConfig") -> frozenset[int]:
+        """Ranks whose death the run survives (the rest must all finish)."""
+        return frozenset()
 
     @classmethod
     def num_processes(cls, config: "TrainConfig") -> int:
@@ -190,6 +225,21 @@ class Strategy:
     def set_learning_rate(self, optimizer: torch.optim.Optimizer, lr: float) -> None:
         for group in optimizer.param_groups:
             group["lr"] = lr
+
+    def refresh(self, model: nn.Module) -> None:
+        """Bring this replica's parameters up to date before evaluating (parameter servers pull)."""
+
+    def finish(self, model: nn.Module) -> None:
+        """End of training on this process (parameter-server workers report done)."""
+
+    def serve(self) -> Any:
+        """On a process whose role is not ``worker``: serve until training ends."""
+        raise NotImplementedError(f"{self.name} has no serving role")
+
+    @property
+    def evaluates(self) -> bool:
+        """Whether this process takes part in evaluation (all replicas, unless a mode says not)."""
+        return True
 
     # ----- data --------------------------------------------------------------------------
     def distribute(

@@ -16,6 +16,7 @@ class SingleDeviceStrategy(Strategy):
 
     @classmethod
     def check_config(cls, config: "TrainConfig") -> None:
+        super().check_config(config)
         if config.workers != 1:
             raise ConfigError(
                 f"--strategy single trains one replica, got --workers {config.workers}; "

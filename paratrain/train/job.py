@@ -17,6 +17,7 @@ from paratrain.data.datasets import load_dataset
 from paratrain.models import build_model
 from paratrain.registry import OPTIMIZERS, SCHEDULES, STRATEGIES
 from paratrain.train.callbacks import Callback, EarlyStopping, LearningRateScheduler
+from paratrain.train.faults import fault_callbacks
 from paratrain.train.metrics import metrics_document, write_json_atomic
 from paratrain.train.trainer import Trainer
 
@@ -36,6 +37,7 @@ def run(config: TrainConfig) -> dict[str, Any]:
         callbacks: list[Callback] = [LearningRateScheduler(schedule)]
         if config.early_stopping:
             callbacks.append(EarlyStopping("test_loss", patience=config.early_stopping))
+        callbacks += fault_callbacks(config)
         history = trainer.fit(
             splits.train,
             epochs=config.epochs,
@@ -46,20 +48,28 @@ def run(config: TrainConfig) -> dict[str, Any]:
             verbose=1 if config.progress else 0,
             log_every=config.log_every,
         )
-        last = history.epochs[-1]
+        if strategy.role != "worker":
+            return {"role": strategy.role, "rank": strategy.rank}
+        # The final model, after every process's updates (asynchronous ones too).
+        final = trainer.evaluate(splits.test)
+        stats = strategy.stats()  # on every worker: it may reduce across them
+        if not strategy.is_chief:
+            return {"role": "worker", "rank": strategy.rank}
+        examples = stats.pop("examples_processed", trainer.examples_seen)
+        global_steps = stats.pop("global_steps", trainer.global_step)
         document = metrics_document(
             strategy.describe(),
-            strategy.stats(),
+            stats,
             {
                 "model": config.model,
                 "dataset": config.dataset,
                 "epochs": len(history.epochs),
-                "global_steps": trainer.global_step,
-                "test_accuracy": last["test_accuracy"],
-                "test_loss": last["test_loss"],
-                "train_loss": last["train_loss"],
+                "global_steps": global_steps,
+                "test_accuracy": final["accuracy"],
+                "test_loss": final["loss"],
+                "train_loss": history.epochs[-1]["train_loss"],
                 "wall_seconds": time.perf_counter() - started,
-                "examples_per_second": trainer.examples_seen / trainer.train_seconds if trainer.train_seconds else 0.0,
+                "examples_per_second": examples / trainer.train_seconds if trainer.train_seconds else 0.0,
                 "history": [
                     {k: entry[k] for k in ("epoch", "train_loss", "test_accuracy", "test_loss", "wall_seconds")}
                     for entry in history.epochs
@@ -67,7 +77,7 @@ def run(config: TrainConfig) -> dict[str, Any]:
                 "config": config.to_dict(),
             },
         )
-        if strategy.is_chief and config.metrics_out:
+        if config.metrics_out:
             write_json_atomic(config.metrics_out, document)
         return document
     finally:

@@ -96,6 +96,10 @@ class Trainer:
         this many steps (0: once per epoch). Divergence is detected at these points.
         """
         strategy = self.strategy
+        if strategy.role == "ps":
+            # A parameter-server shard serves until training ends, like `server.join()`.
+            strategy.serve()
+            return History()
         batches = strategy.distribute(train_data, batch_size, shuffle=True, drop_last=True, seed=seed)
         global_batch = batch_size * strategy.num_replicas
         defaults: list[Callback] = [ProgressBar(), EpochLog()] if verbose else []
@@ -141,7 +145,7 @@ class Trainer:
                 "examples_per_second": epoch_examples / seconds if seconds > 0 else 0.0,
                 "learning_rate": self.learning_rate,
             }
-            if validation_data is not None:
+            if validation_data is not None and strategy.evaluates:
                 logs.update({f"test_{k}": v for k, v in self.evaluate(validation_data).items()})
             logs["wall_seconds"] = time.perf_counter() - start
             history.epochs.append({k: v for k, v in logs.items() if k != "epochs"})
@@ -149,12 +153,18 @@ class Trainer:
             self.epoch = epoch + 1
             if self.stop_training:
                 break
+        strategy.finish(self.model)
         hooks.on_train_end({"history": history})
         return history
 
     @torch.no_grad()
     def evaluate(self, data: object, batch_size: int = 256) -> dict[str, float]:
-        """Loss and accuracy on ``data``, each replica on its own part, summed across replicas."""
+        """Loss and accuracy on ``data``, each replica on its own part, summed across replicas.
+
+        Empty on a process that does not evaluate (parameter-server workers other than the chief)."""
+        if not self.strategy.evaluates:
+            return {}
+        self.strategy.refresh(self.model)
         model = self.module
         was_training = model.training
         model.eval()

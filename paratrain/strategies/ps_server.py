@@ -1,0 +1,226 @@
+"""One parameter-server shard: holds a slice of the parameters and its optimizer, and serves.
+
+Three threads share the shard's state under one lock:
+
+- the receiver takes headers from any worker in arrival order (``recv(src=None)``),
+  then that worker's payload, and handles each message at once (no hand-off, so a
+  round trip costs one wake-up);
+- the monitor watches the workers' heartbeats in the TCPStore; a worker that stops
+  beating is lost: in ps-sync that ends the run with an error naming it, otherwise the
+  run goes on without it;
+- the main thread waits until every worker is done or lost, publishes the shard's
+  statistics, and returns when the chief says the run is over.
+
+Gloo any-source receives keep working when a peer dies (only sends to the dead peer
+fail), which is what lets a shard outlive a worker.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import Counter
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from paratrain.errors import WorkerLost
+from paratrain.strategies.ps_layout import (
+    DONE, HEADER_SIZE, PULL, PUSH, SHUTDOWN, TAG_HEADER, TAG_PAYLOAD, TAG_REPLY, TAG_REPLY_HEADER, ShardLayout,
+)
+from paratrain.strategies.ps_policies import Gradient
+
+
+class ShardServer:
+    def __init__(
+        self,
+        shard: int,
+        num_shards: int,
+        num_workers: int,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        rule: Any,
+        store: Any,
+        heartbeat_timeout: float,
+        tolerate_loss: bool,
+        wait_timeout: float,
+    ):
+        self.shard, self.num_shards, self.num_workers = shard, num_shards, num_workers
+        self.rule, self.store = rule, store
+        self.heartbeat_timeout, self.tolerate_loss, self.wait_timeout = heartbeat_timeout, tolerate_loss, wait_timeout
+        self.layout = ShardLayout.of(model, num_shards)
+        params = [p for p in model.parameters() if p.requires_grad]
+        flat = torch.cat([p.detach().reshape(-1).cpu() for p in params])
+        self.params = flat[self.layout.shard_range(shard)].clone()
+        self.grad = torch.zeros_like(self.params)
+        self.held = torch.zeros_like(self.params)
+        self.incoming = torch.zeros_like(self.params)
+        self.optimizer = self._shard_optimizer(optimizer, params)
+        self.base_lrs = [group["lr"] for group in self.optimizer.param_groups]
+        self.version = 0
+        self._held: list[Gradient] = []
+        self._waiting: list[tuple[int, int]] = []  # pulls not yet answerable: (worker, wanted)
+        self._clocks = dict.fromkeys(range(num_workers), 0)
+        self.done: set[int] = set()
+        self.lost: set[int] = set()
+        self.staleness: Counter[int] = Counter()
+        self.dropped = self.dropped_samples = self.samples = 0
+        self.bytes_sent = 0
+        self.max_clock_gap = 0
+        self.lock = threading.Lock()
+        self.finished = threading.Event()
+        self.fatal: str | None = None
+
+    def _shard_optimizer(self, optimizer: torch.optim.Optimizer, params: list[nn.Parameter]) -> torch.optim.Optimizer:
+        """The user's optimizer class and hyper-parameters, over this shard's pieces."""
+        group_of = {id(p): g for g, group in enumerate(optimizer.param_groups) for p in group["params"]}
+        groups: list[dict[str, Any]] = [
+            {**{k: v for k, v in group.items() if k != "params"}, "params": []} for group in optimizer.param_groups
+        ]
+        for piece in self.layout.pieces[self.shard]:
+            data = self.params[piece.offset : piece.offset + piece.numel]
+            param = nn.Parameter(data)  # shares storage: the optimizer updates self.params
+            param.grad = self.grad[piece.offset : piece.offset + piece.numel]
+            groups[group_of[id(params[piece.index])]]["params"].append(param)
+        return type(optimizer)([g for g in groups if g["params"]], **optimizer.defaults)
+
+    # ----- state the rules read ---------------------------------------------------------
+    def active_workers(self) -> set[int]:
+        """Workers that may still send gradients."""
+        return set(range(self.num_workers)) - self.done - self.lost
+
+    def clocks(self) -> dict[int, int]:
+        return self._clocks
+
+    # ----- serving ------------------------------------------------------------------------
+    def serve(self) -> dict[str, Any]:
+        """Serve until every worker is done or lost; returns this shard's statistics."""
+        receiver = threading.Thread(target=self._receive_loop, name="ps-receiver", daemon=True)
+        monitor = threading.Thread(target=self._monitor_loop, name="ps-monitor", daemon=True)
+        receiver.start()
+        monitor.start()
+        self.finished.wait()
+        if self.fatal:
+            raise WorkerLost(self.fatal)
+        stats = self.statistics()
+        self.store.set(f"stats/{self.shard}", json.dumps(stats))
+        # Keep answering pulls (the chief's final one) until the chief says the run is over.
+        receiver.join(timeout=self.wait_timeout)
+        return stats
+
+    def _receive_loop(self) -> None:
+        header = torch.zeros(HEADER_SIZE, dtype=torch.float64)
+        while True:
+            rank = dist.recv(header, src=None, tag=TAG_HEADER)
+            worker = rank - self.num_shards
+            kind, version, samples, lr_scale = header.tolist()
+            if kind == PUSH:
+                dist.recv(self.incoming, src=rank, tag=TAG_PAYLOAD)
+            with self.lock:
+                if kind == PULL:
+                    self._waiting.append((worker, int(version)))
+                elif kind == PUSH:
+                    self._on_push(Gradient(worker, int(version), int(samples), lr_scale))
+                elif kind == DONE:
+                    self.done.add(worker)
+                elif kind == SHUTDOWN:
+                    return
+                self._progress()
+
+    def _on_push(self, grad: Gradient) -> None:
+        self._clocks[grad.worker] += 1
+        self.samples += grad.samples
+        verdict = self.rule.accept(grad, self)
+        if verdict == "drop":
+            self.dropped += 1
+            self.dropped_samples += grad.samples
+        elif verdict == "apply":
+            self.staleness[self.version - grad.version] += 1
+            self.grad.copy_(self.incoming)
+            self._apply(grad.lr_scale)
+        else:  # hold for this version's average, weighted by samples
+            self.held.add_(self.incoming, alpha=grad.samples)
+            self._held.append(grad)
+
+    def _progress(self) -> None:
+        """Publish a version if the held gradients make one; answer the pulls that may go."""
+        if self._held and self.rule.ready(len(self._held), self):
+            total = sum(g.samples for g in self._held)
+            self.grad.copy_(self.held).div_(total)
+            self.staleness[0] += len(self._held)
+            self._apply(self._held[0].lr_scale)
+            self.held.zero_()
+            self._held.clear()
+        still_waiting = []
+        for worker, wanted in self._waiting:
+            if self.rule.may_pull(worker, wanted, self):
+                self._reply(worker)
+            else:
+                still_waiting.append((worker, wanted))
+        self._waiting = still_waiting
+        if not self.active_workers():
+            self.finished.set()
+
+    def _apply(self, lr_scale: float) -> None:
+        for group, base in zip(self.optimizer.param_groups, self.base_lrs):
+            group["lr"] = base * lr_scale
+        self.optimizer.step()
+        self.version += 1
+
+    def _reply(self, worker: int) -> None:
+        live = [self._clocks[w] for w in self.active_workers()]
+        if live:
+            self.max_clock_gap = max(self.max_clock_gap, self._clocks[worker] - min(live))
+        rank = worker + self.num_shards
+        try:
+            dist.send(torch.tensor([float(self.version)], dtype=torch.float64), dst=rank, tag=TAG_REPLY_HEADER)
+            dist.send(self.params, dst=rank, tag=TAG_REPLY)
+            self.bytes_sent += 8 + self.params.numel() * self.params.element_size()
+        except RuntimeError:
+            self._lose(worker, "its connection closed")
+
+    # ----- liveness -----------------------------------------------------------------------
+    def _monitor_loop(self) -> None:
+        seen: dict[int, tuple[int, float]] = {}
+        interval = min(0.5, self.heartbeat_timeout / 5)
+        while not self.finished.wait(interval):
+            now = time.monotonic()
+            for worker in sorted(self.active_workers()):
+                beats = self.store.add(f"hb/{worker}", 0)
+                if worker not in seen or seen[worker][0] != beats:
+                    seen[worker] = (beats, now)
+                elif now - seen[worker][1] > self.heartbeat_timeout:
+                    with self.lock:
+                        if worker in self.active_workers():
+                            self._lose(worker, f"no heartbeat for {self.heartbeat_timeout:g} s")
+                            self._progress()
+
+    def _lose(self, worker: int, why: str) -> None:
+        self.lost.add(worker)
+        if not self.tolerate_loss:
+            self.fatal = (
+                f"worker {worker} (rank {worker + self.num_shards}) was lost ({why}) at version "
+                f"{self.version}; {self.rule_name} needs every worker"
+            )
+            self.finished.set()
+
+    @property
+    def rule_name(self) -> str:
+        return getattr(self.rule, "name", type(self.rule).__name__)
+
+    def statistics(self) -> dict[str, Any]:
+        return {
+            "shard": self.shard,
+            "version": self.version,
+            "bytes": self.layout.shard_bytes()[self.shard],
+            "bytes_sent": self.bytes_sent,
+            "samples": self.samples,
+            "dropped_gradients": self.dropped,
+            "dropped_samples": self.dropped_samples,
+            "staleness": {str(k): v for k, v in sorted(self.staleness.items())},
+            "workers_lost": sorted(self.lost),
+            "max_clock_gap": self.max_clock_gap,
+        }

@@ -1,0 +1,387 @@
+"""``ps-sync``, ``ps-backup``, ``ps-async``: parameter-server training.
+
+Ranks ``0..P-1`` are parameter-server shards (``--ps-shards P``), the rest are workers;
+worker 0 is the chief. Each step a worker pulls the parameters from every shard,
+computes gradients on its own slice of the global batch, and pushes each shard its
+slice of the gradient; the shard's update rule (ps_policies.py) decides what happens
+to it. Transport is c10d point-to-point over Gloo (parameter-server state lives in host
+memory, as in the classic design); the control plane (heartbeats, final statistics) is
+a TCPStore.
+
+The worker's parameters and gradients are views into two flat buffers, so a pull is
+one receive per shard straight into the model, and a push sends slices of the
+gradient buffer without a copy (on a GPU, through a host buffer).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from paratrain.comm.transport import cluster_from_env, destroy_process_group, ensure_process_group
+from paratrain.data.sharding import ShardedBatches
+from paratrain.errors import ConfigError
+from paratrain.strategies.base import LossFn, StepOutput, Strategy, resolve_device, staleness_summary
+from paratrain.strategies.ps_layout import (
+    DONE, HEADER_SIZE, PULL, PUSH, SHUTDOWN, TAG_HEADER, TAG_PAYLOAD, TAG_REPLY, TAG_REPLY_HEADER, ShardLayout,
+)
+from paratrain.strategies.ps_policies import AsyncRule, StalePolicy, SyncRule
+from paratrain.strategies.ps_server import ShardServer
+
+if TYPE_CHECKING:
+    from paratrain.comm.transport import ClusterEnv
+    from paratrain.config import TrainConfig
+
+HEADER_BYTES = HEADER_SIZE * 8
+
+
+class ParameterServerStrategy(Strategy):
+    """Parameter-server training; ``mode`` is ``"sync"``, ``"backup"`` or ``"async"``."""
+
+    MODES = ("sync", "backup", "async")
+
+    def __init__(
+        self,
+        mode: str = "sync",
+        num_shards: int = 1,
+        backup_workers: int = 0,
+        staleness_bound: int | None = None,
+        stale_policy: str = "none",
+        max_staleness: int = 4,
+        warmup_steps: int = 0,
+        heartbeat_timeout: float = 5.0,
+        device: str = "auto",
+        timeout: float = 300.0,
+    ):
+        super().__init__(device=device, timeout=timeout)
+        if mode not in self.MODES:
+            raise ConfigError(f"parameter-server mode must be one of {', '.join(self.MODES)}, got {mode!r}")
+        self.mode, self.num_shards, self.backup_workers = mode, num_shards, backup_workers
+        self.name = f"ps-{mode}"
+        self.staleness_bound, self.stale_policy, self.max_staleness = staleness_bound, stale_policy, max_staleness
+        self.warmup_steps, self.heartbeat_timeout = warmup_steps, heartbeat_timeout
+        self._rank = 0
+        self._world = 0
+        self._store: Any = None
+        self._heartbeat: threading.Thread | None = None
+        self._stop = threading.Event()
+        self._base_lr = 1.0
+        self._lr_scale = 1.0
+        self._wanted = 0
+        self._versions: list[int] = []
+        self._bytes_sent = 0
+        self._samples = 0
+        self._finished = False
+        self._server_stats: list[dict[str, Any]] = []
+        self._serve_args: tuple[nn.Module, torch.optim.Optimizer] | None = None
+
+    # ----- configuration ---------------------------------------------------------------
+    @classmethod
+    def mode_of(cls, name: str) -> str:
+        return name.removeprefix("ps-")
+
+    @classmethod
+    def check_config(cls, config: "TrainConfig") -> None:
+        mode = cls.mode_of(config.strategy)
+        if mode == "backup" and config.backup_workers < 1:
+            raise ConfigError("--strategy ps-backup needs --backup-workers K >= 1 (K = 0 is ps-sync)")
+        if mode != "backup" and config.backup_workers:
+            raise ConfigError(f"--backup-workers applies to --strategy ps-backup, not {config.strategy}")
+        if mode != "async":
+            for name, neutral in (("staleness_bound", None), ("stale_policy", "none"), ("warmup_steps", 0)):
+                if getattr(config, name) != neutral:
+                    flag = "--" + name.replace("_", "-")
+                    raise ConfigError(f"{flag} applies to --strategy ps-async, not {config.strategy}")
+        if config.early_stopping:
+            raise ConfigError(f"--early-stopping is not available with --strategy {config.strategy}")
+        cls.check_faults(config)
+        fail = config.fail_at
+        if fail and fail[0] == 0 and cls.expendable_ranks(config):
+            raise ConfigError("--fail names worker 0, the chief (it evaluates and writes the metrics); name another worker")
+
+    @classmethod
+    def num_processes(cls, config: "TrainConfig") -> int:
+        return (config.ps_shards or 1) + config.num_worker_processes
+
+    @classmethod
+    def check_cluster(cls, cluster: "ClusterEnv", config: "TrainConfig") -> None:
+        shards = config.ps_shards or 1
+        if cluster.source == "TF_CONFIG" and cluster.num_ps != shards:
+            raise ConfigError(f"TF_CONFIG lists {cluster.num_ps} ps tasks but --ps-shards is {shards}")
+        needed = cls.num_processes(config)
+        if cluster.world_size != needed:
+            raise ConfigError(
+                f"the cluster has {cluster.world_size} processes but --strategy {config.strategy} needs "
+                f"{needed} ({shards} ps shards + {config.num_worker_processes} workers)"
+            )
+
+    @classmethod
+    def chief_rank(cls, config: "TrainConfig") -> int:
+        return config.ps_shards or 1
+
+    @classmethod
+    def rank_name(cls, rank: int, config: "TrainConfig") -> str:
+        shards = config.ps_shards or 1
+        return f"ps shard {rank}" if rank < shards else f"worker {rank - shards}"
+
+    @classmethod
+    def expendable_ranks(cls, config: "TrainConfig") -> frozenset[int]:
+        """ps-async and ps-backup go on without a lost worker (never the chief)."""
+        mode = cls.mode_of(config.strategy)
+        if mode == "async" or (mode == "backup" and config.backup_workers >= 1):
+            shards = config.ps_shards or 1
+            return frozenset(range(shards + 1, shards + config.num_worker_processes))
+        return frozenset()
+
+    @classmethod
+    def from_config(cls, config: "TrainConfig") -> "ParameterServerStrategy":
+        return cls(
+            mode=cls.mode_of(config.strategy),
+            num_shards=config.ps_shards or 1,
+            backup_workers=config.backup_workers,
+            staleness_bound=config.staleness_bound,
+            stale_policy=config.stale_policy,
+            max_staleness=config.max_staleness,
+            warmup_steps=config.warmup_steps,
+            heartbeat_timeout=config.heartbeat_timeout,
+            device=config.device,
+            timeout=config.timeout,
+        )
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "strategy": self.name,
+            "workers": self.num_replicas - self.backup_workers,
+            "ps_shards": self.num_shards,
+            "backup_workers": self.backup_workers,
+            "compression": "none",
+        }
+
+    # ----- process -----------------------------------------------------------------------
+    def setup(self) -> None:
+        if self._ready:
+            return
+        cluster = cluster_from_env()
+        if cluster is None or cluster.world_size < self.num_shards + 1:
+            raise ConfigError(
+                f"{self.name} needs {self.num_shards} ps shard(s) and at least one worker: run "
+                "`paratrain train --strategy ps-... --workers N`, or under torchrun / TF_CONFIG"
+            )
+        self._rank, self._world = cluster.rank, cluster.world_size
+        if self.role == "worker":
+            self.device = resolve_device(self.device_preference, cluster.local_rank)
+        # Parameter-server traffic is host memory over Gloo, on GPUs too.
+        ensure_process_group("gloo", self.timeout)
+        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        self._store = dist.PrefixStore(
+            f"paratrain/{restart}/ps/",
+            dist.TCPStore(cluster.master_addr, cluster.master_port, is_master=False, timeout=timedelta(seconds=self.timeout)),
+        )
+        if self.role == "worker":
+            self._heartbeat = threading.Thread(target=self._beat, name="ps-heartbeat", daemon=True)
+            self._heartbeat.start()
+        super().setup()
+
+    def _beat(self) -> None:
+        interval = self.heartbeat_timeout / 5
+        while not self._stop.wait(interval):
+            try:
+                self._store.add(f"hb/{self.rank}", 1)
+            except RuntimeError:
+                return  # the store (on shard 0) is gone; the main thread will hear of it
+
+    @property
+    def role(self) -> str:
+        return "ps" if self._rank < self.num_shards else "worker"
+
+    @property
+    def rank(self) -> int:
+        """Worker index (0..workers-1) on workers; shard index on shards."""
+        return self._rank - self.num_shards if self.role == "worker" else self._rank
+
+    @property
+    def num_replicas(self) -> int:
+        return self._world - self.num_shards
+
+    @property
+    def is_chief(self) -> bool:
+        return self.role == "worker" and self.rank == 0
+
+    @property
+    def evaluates(self) -> bool:
+        return self.is_chief
+
+    # ----- model -------------------------------------------------------------------------
+    def prepare(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[nn.Module, torch.optim.Optimizer]:
+        self.setup()
+        if self.role == "ps":
+            self._serve_args = (model, optimizer)
+            return model, optimizer
+        model = model.to(self.device)
+        params = [p for p in model.parameters() if p.requires_grad]
+        self.layout = ShardLayout.of(model, self.num_shards)
+        # Parameters and gradients become views of two flat buffers (DDP's bucket-view idea).
+        self._flat = torch.cat([p.detach().reshape(-1) for p in params])
+        self._flat_grad = torch.zeros_like(self._flat)
+        offset = 0
+        for p in params:
+            n = p.numel()
+            p.data = self._flat[offset : offset + n].view_as(p)
+            p.grad = self._flat_grad[offset : offset + n].view_as(p)
+            offset += n
+        on_host = self.device.type == "cpu"
+        self._host = self._flat if on_host else torch.empty_like(self._flat, device="cpu").pin_memory()
+        self._host_grad = self._flat_grad if on_host else torch.empty_like(self._flat, device="cpu").pin_memory()
+        self._base_lr = optimizer.param_groups[0]["lr"]
+        self._versions = [0] * self.num_shards
+        self._pull(wanted=0)
+        return model, optimizer
+
+    def serve(self) -> dict[str, Any]:
+        """On a shard: serve until training ends (the classic ``server.join()``)."""
+        if self._serve_args is None:
+            raise RuntimeError("serve() needs prepare(model, optimizer) first")
+        model, optimizer = self._serve_args
+        if self.mode == "async":
+            rule: Any = AsyncRule(StalePolicy(self.stale_policy, self.max_staleness), self.staleness_bound, self.warmup_steps)
+        else:
+            rule = SyncRule(required=self.num_replicas - self.backup_workers)
+        rule.name = self.name
+        server = ShardServer(
+            self.rank, self.num_shards, self.num_replicas, model, optimizer, rule, self._store,
+            heartbeat_timeout=self.heartbeat_timeout,
+            tolerate_loss=self.mode == "async" or self.backup_workers > 0,
+            wait_timeout=self.timeout,
+        )
+        stats = server.serve()
+        self._finished = True
+        return stats
+
+    def train_step(
+        self, model: nn.Module, loss_fn: LossFn, optimizer: torch.optim.Optimizer, inputs: torch.Tensor, targets: torch.Tensor
+    ) -> StepOutput:
+        """Pull, compute, push. The optimizer runs on the shards, not here."""
+        if self._steps:  # the first step's parameters came with prepare()
+            self._pull(self._wanted)
+        self._flat_grad.zero_()
+        logits = model(inputs)
+        loss = loss_fn(logits, targets)
+        loss.backward()
+        self._push(len(targets))
+        self._steps += 1
+        return StepOutput(loss.detach(), logits.detach())
+
+    def set_learning_rate(self, optimizer: torch.optim.Optimizer, lr: float) -> None:
+        # Shards scale each parameter group's rate by this factor (sent with every push).
+        self._lr_scale = lr / self._base_lr
+
+    def refresh(self, model: nn.Module) -> None:
+        """Bring this replica up to the shards' current parameters (before evaluating)."""
+        if self.role == "worker":
+            self._pull(wanted=0)
+
+    # ----- transport -----------------------------------------------------------------------
+    def _pull(self, wanted: int) -> None:
+        header = torch.tensor([PULL, wanted, 0, 0], dtype=torch.float64)
+        replies = [torch.zeros(1, dtype=torch.float64) for _ in range(self.num_shards)]
+        works = []
+        for shard in range(self.num_shards):
+            works.append(dist.irecv(replies[shard], src=shard, tag=TAG_REPLY_HEADER))
+            works.append(dist.irecv(self._host[self.layout.shard_range(shard)], src=shard, tag=TAG_REPLY))
+        works += [dist.isend(header, dst=shard, tag=TAG_HEADER) for shard in range(self.num_shards)]
+        self._wait(works, "pull")
+        self._bytes_sent += HEADER_BYTES * self.num_shards
+        self._versions = [int(r.item()) for r in replies]
+        if self._host is not self._flat:
+            self._flat.copy_(self._host, non_blocking=True)
+
+    def _push(self, samples: int) -> None:
+        if self._host_grad is not self._flat_grad:
+            self._host_grad.copy_(self._flat_grad)
+        works = []
+        for shard in range(self.num_shards):
+            header = torch.tensor([PUSH, self._versions[shard], samples, self._lr_scale], dtype=torch.float64)
+            payload = self._host_grad[self.layout.shard_range(shard)]
+            works += [dist.isend(header, dst=shard, tag=TAG_HEADER), dist.isend(payload, dst=shard, tag=TAG_PAYLOAD)]
+            self._bytes_sent += HEADER_BYTES + payload.numel() * payload.element_size()
+        self._wait(works, "push")
+        self._samples += samples
+        # Synchronous rules answer the next pull only once this round's version is out.
+        self._wanted = self._versions[0] + 1 if self.mode != "async" else 0
+
+    def _send_all(self, kind: int) -> None:
+        header = torch.tensor([kind, 0, 0, 0], dtype=torch.float64)
+        self._wait([dist.isend(header, dst=shard, tag=TAG_HEADER) for shard in range(self.num_shards)], "message")
+        self._bytes_sent += HEADER_BYTES * self.num_shards
+
+    def _wait(self, works: list[Any], what: str) -> None:
+        try:
+            for work in works:
+                work.wait()
+        except RuntimeError as error:
+            raise RuntimeError(
+                f"worker {self.rank}: {what} failed, a parameter-server shard stopped answering: "
+                f"{str(error).splitlines()[0]}"
+            ) from None
+
+    # ----- end of training -------------------------------------------------------------------
+    def finish(self, model: nn.Module) -> None:
+        """Workers: say done. The chief then waits for every shard to finish and takes the
+        final parameters, so the final evaluation sees every update (async ones too)."""
+        if self.role != "worker" or self._finished:
+            return
+        self._store.set(f"worker/{self.rank}", json.dumps({"bytes_sent": self._bytes_sent + HEADER_BYTES * self.num_shards}))
+        self._send_all(DONE)
+        self._finished = True
+        if self.is_chief:
+            keys = [f"stats/{s}" for s in range(self.num_shards)]
+            self._store.wait(keys, timedelta(seconds=self.timeout))
+            self._server_stats = [json.loads(self._store.get(k)) for k in keys]
+            self._pull(wanted=0)
+
+    def distribute(
+        self, dataset: object, batch_size: int, *, shuffle: bool = True, drop_last: bool = True, seed: int = 0
+    ) -> ShardedBatches:
+        if drop_last:
+            return super().distribute(dataset, batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed)
+        # Evaluation: the chief alone, on all of it (workers never wait for each other here).
+        return ShardedBatches(dataset, batch_size, shuffle=False, drop_last=False, device=self.device)
+
+    def stats(self) -> dict[str, Any]:
+        """On the chief after finish(): totals over every shard and worker."""
+        if not self._server_stats:
+            return {"bytes_sent": self._bytes_sent, "dropped_gradients": 0, "staleness": staleness_summary({})}
+        first = self._server_stats[0]
+        lost = first["workers_lost"]
+        others = sum(
+            json.loads(self._store.get(f"worker/{w}"))["bytes_sent"] for w in range(1, self.num_replicas) if w not in lost
+        )
+        # The chief's own count is live (its final pull and the coming shutdown included);
+        # the shards published theirs before answering that final pull.
+        final_replies = sum(s["bytes"] + 8 for s in self._server_stats)
+        chief = self._bytes_sent + HEADER_BYTES * self.num_shards
+        return {
+            "bytes_sent": others + chief + final_replies + sum(s["bytes_sent"] for s in self._server_stats),
+            "dropped_gradients": first["dropped_gradients"],
+            "dropped_samples": first["dropped_samples"],
+            "staleness": staleness_summary({int(k): v for k, v in first["staleness"].items()}),
+            "workers_lost": lost,
+            "bytes_per_shard": [s["bytes"] for s in self._server_stats],
+            "max_clock_gap": max(s["max_clock_gap"] for s in self._server_stats),
+            "global_steps": first["version"],
+            "examples_processed": first["samples"],
+        }
+
+    def teardown(self) -> None:
+        if self._ready and self.is_chief and self._finished:
+            self._send_all(SHUTDOWN)
+        self._stop.set()
+        destroy_process_group()
+        super().teardown()
