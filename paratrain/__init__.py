@@ -16,7 +16,7 @@ from paratrain.strategies.allreduce import AllReduceStrategy
 from paratrain.strategies.base import StepOutput, Strategy, get_strategy
 from paratrain.strategies.single import SingleDeviceStrategy
 from paratrain.train.callbacks import Callback, EarlyStopping, LearningRateScheduler
-from paratrain.train.job import run as train
+from paratrain.train.job import run as run_training
 from paratrain.train.schedules import Constant, ExponentialDecay, LinearScalingWarmup
 from paratrain.train.trainer import History, Trainer
 
@@ -28,5 +28,5 @@ __all__ = [
     "AllReduceStrategy", "Callback", "ConfigError", "Constant", "DivergedError", "EarlyStopping",
     "ExponentialDecay", "History", "LearningRateScheduler", "LinearScalingWarmup", "MirroredStrategy",
     "ParatrainError", "SingleDeviceStrategy", "StepOutput", "Strategy", "TrainConfig", "Trainer",
-    "WorkerFailed", "get_strategy", "launch", "train",
+    "WorkerFailed", "get_strategy", "launch", "run_training",
 ]

@@ -42,7 +42,7 @@ class TrainConfig:
     stale_policy: str = _opt("none", "ps-async: none, scale-lr (step / staleness) or drop (staler than --max-staleness)", choices=("none", "scale-lr", "drop"))
     max_staleness: int = _opt(4, "ps-async with --stale-policy drop: the largest staleness still applied")
     warmup_steps: int = _opt(0, "ps-async: the first W updates come from worker 0 alone, then the others join")
-    heartbeat_timeout: float = _opt(5.0, "parameter server: seconds without a heartbeat before a worker counts as dead")
+    heartbeat_timeout: float = _opt(10.0, "parameter server: seconds without a heartbeat before a worker counts as dead")
     fail: str | None = _opt(None, "fault injection: WORKER@STEP makes that worker's process die at that step")
     straggler: str | None = _opt(None, "fault injection: WORKER:FACTOR makes that worker's steps FACTOR times slower")
     epochs: int = _opt(15, "passes over the training data")

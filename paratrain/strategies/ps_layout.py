@@ -16,14 +16,26 @@ from torch import nn
 
 from paratrain.errors import ConfigError
 
-# Message kinds, in the first field of every header.
+# Message kinds, in the first field of every message to a shard.
 PULL, PUSH, DONE, SHUTDOWN = 1, 2, 3, 4
-# Tags keep the kinds of message apart, so a shard's any-source receive of a header
-# can never match a gradient payload in flight from another worker.
-TAG_HEADER, TAG_PAYLOAD, TAG_REPLY_HEADER, TAG_REPLY = 11, 12, 13, 14
-# Header: [kind, version (pushed on) or wanted (pull), samples, lr_scale] as float64.
-HEADER_SIZE = 4
-REPLY_HEADER_SIZE = 1
+# Every message to a shard is one float32 tensor: an 8-field header, then the shard's
+# slice of the gradient. One message per step (a push that also asks for the next
+# parameters) means one wake-up of the shard per step; Gloo only moves a message once
+# the receiver has posted its buffer, so fewer messages is most of the latency. The
+# rare control messages (pull, done, shutdown) carry an unused payload so that a
+# shard's single any-source receive always matches.
+TAG_MESSAGE, TAG_REPLY_HEADER, TAG_REPLY = 11, 13, 14
+HEADER_SIZE = 8
+KIND, VERSION_HI, VERSION_LO, SAMPLES, LR_SCALE, WANTS_REPLY, WANTED_HI, WANTED_LO = range(HEADER_SIZE)
+_SPLIT = 1 << 20  # versions travel as two float32 fields, each exact below 2**24
+
+
+def encode_version(version: int) -> tuple[float, float]:
+    return float(version // _SPLIT), float(version % _SPLIT)
+
+
+def decode_version(hi: float, lo: float) -> int:
+    return int(hi) * _SPLIT + int(lo)
 
 
 @dataclass(frozen=True)

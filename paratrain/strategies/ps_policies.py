@@ -75,6 +75,10 @@ class SyncRule:
     def may_pull(self, worker: int, wanted: int, server: ServerView) -> bool:
         return server.version >= wanted
 
+    def wanted_after(self, grad: Gradient) -> int:
+        """The version a worker waits for after this push: the round it took part in."""
+        return grad.version + 1
+
 
 class AsyncRule:
     """Every gradient applied on arrival; optional staleness bound on pulls."""
@@ -93,6 +97,9 @@ class AsyncRule:
 
     def ready(self, held: int, server: ServerView) -> bool:
         return False
+
+    def wanted_after(self, grad: Gradient) -> int:
+        return 0  # whatever is current (the shard applied this push before answering)
 
     def may_pull(self, worker: int, wanted: int, server: ServerView) -> bool:
         if worker != 0 and server.version < self.warmup_steps:

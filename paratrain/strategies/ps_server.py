@@ -29,7 +29,8 @@ from torch import nn
 
 from paratrain.errors import WorkerLost
 from paratrain.strategies.ps_layout import (
-    DONE, HEADER_SIZE, PULL, PUSH, SHUTDOWN, TAG_HEADER, TAG_PAYLOAD, TAG_REPLY, TAG_REPLY_HEADER, ShardLayout,
+    DONE, HEADER_SIZE, KIND, LR_SCALE, PULL, PUSH, SAMPLES, SHUTDOWN, TAG_MESSAGE, TAG_REPLY, TAG_REPLY_HEADER,
+    VERSION_HI, VERSION_LO, WANTED_HI, WANTED_LO, WANTS_REPLY, ShardLayout, decode_version,
 )
 from paratrain.strategies.ps_policies import Gradient
 
@@ -57,13 +58,17 @@ class ShardServer:
         self.params = flat[self.layout.shard_range(shard)].clone()
         self.grad = torch.zeros_like(self.params)
         self.held = torch.zeros_like(self.params)
-        self.incoming = torch.zeros_like(self.params)
+        # Two message buffers: the next receive is posted before this message is handled.
+        self.messages = [torch.zeros(HEADER_SIZE + self.params.numel(), dtype=self.params.dtype) for _ in range(2)]
+        self.incoming = self.messages[0][HEADER_SIZE:]
+        self._sending: list[Any] = []  # replies in flight, read from self.params
         self.optimizer = self._shard_optimizer(optimizer, params)
         self.base_lrs = [group["lr"] for group in self.optimizer.param_groups]
         self.version = 0
         self._held: list[Gradient] = []
         self._waiting: list[tuple[int, int]] = []  # pulls not yet answerable: (worker, wanted)
         self._clocks = dict.fromkeys(range(num_workers), 0)
+        self._last_message = dict.fromkeys(range(num_workers), 0.0)
         self.done: set[int] = set()
         self.lost: set[int] = set()
         self.staleness: Counter[int] = Counter()
@@ -105,25 +110,37 @@ class ShardServer:
         self.finished.wait()
         if self.fatal:
             raise WorkerLost(self.fatal)
-        stats = self.statistics()
+        with self.lock:
+            self._flush_replies()
+            stats = self.statistics()
         self.store.set(f"stats/{self.shard}", json.dumps(stats))
         # Keep answering pulls (the chief's final one) until the chief says the run is over.
         receiver.join(timeout=self.wait_timeout)
         return stats
 
     def _receive_loop(self) -> None:
-        header = torch.zeros(HEADER_SIZE, dtype=torch.float64)
+        current = 0
+        work = dist.irecv(self.messages[current], src=None, tag=TAG_MESSAGE)
         while True:
-            rank = dist.recv(header, src=None, tag=TAG_HEADER)
+            work.wait()
+            rank = work._source_rank()
+            message = self.messages[current]
+            current = 1 - current
+            work = dist.irecv(self.messages[current], src=None, tag=TAG_MESSAGE)
             worker = rank - self.num_shards
-            kind, version, samples, lr_scale = header.tolist()
-            if kind == PUSH:
-                dist.recv(self.incoming, src=rank, tag=TAG_PAYLOAD)
+            self._last_message[worker] = time.monotonic()  # a message is a sign of life too
+            self.incoming = message[HEADER_SIZE:]
+            header = message[:HEADER_SIZE].tolist()
+            kind = int(header[KIND])
             with self.lock:
-                if kind == PULL:
-                    self._waiting.append((worker, int(version)))
-                elif kind == PUSH:
-                    self._on_push(Gradient(worker, int(version), int(samples), lr_scale))
+                if kind == PUSH:
+                    version = decode_version(header[VERSION_HI], header[VERSION_LO])
+                    grad = Gradient(worker, version, int(header[SAMPLES]), header[LR_SCALE])
+                    self._on_push(grad)
+                    if header[WANTS_REPLY]:
+                        self._waiting.append((worker, self.rule.wanted_after(grad)))
+                elif kind == PULL:
+                    self._waiting.append((worker, decode_version(header[WANTED_HI], header[WANTED_LO])))
                 elif kind == DONE:
                     self.done.add(worker)
                 elif kind == SHUTDOWN:
@@ -156,7 +173,8 @@ class ShardServer:
             self._held.clear()
         still_waiting = []
         for worker, wanted in self._waiting:
-            if self.rule.may_pull(worker, wanted, self):
+            # A worker that is done gets what there is: nothing more will come for it.
+            if worker in self.done or self.rule.may_pull(worker, wanted, self):
                 self._reply(worker)
             else:
                 still_waiting.append((worker, wanted))
@@ -165,6 +183,7 @@ class ShardServer:
             self.finished.set()
 
     def _apply(self, lr_scale: float) -> None:
+        self._flush_replies()  # their bytes are read from self.params, about to change
         for group, base in zip(self.optimizer.param_groups, self.base_lrs):
             group["lr"] = base * lr_scale
         self.optimizer.step()
@@ -175,12 +194,18 @@ class ShardServer:
         if live:
             self.max_clock_gap = max(self.max_clock_gap, self._clocks[worker] - min(live))
         rank = worker + self.num_shards
-        try:
-            dist.send(torch.tensor([float(self.version)], dtype=torch.float64), dst=rank, tag=TAG_REPLY_HEADER)
-            dist.send(self.params, dst=rank, tag=TAG_REPLY)
-            self.bytes_sent += 8 + self.params.numel() * self.params.element_size()
-        except RuntimeError:
-            self._lose(worker, "its connection closed")
+        version = torch.tensor([float(self.version)], dtype=torch.float64)
+        self._sending.append((worker, dist.isend(version, dst=rank, tag=TAG_REPLY_HEADER), version))
+        self._sending.append((worker, dist.isend(self.params, dst=rank, tag=TAG_REPLY), None))
+        self.bytes_sent += 8 + self.params.numel() * self.params.element_size()
+
+    def _flush_replies(self) -> None:
+        for worker, work, _ in self._sending:
+            try:
+                work.wait()
+            except RuntimeError:
+                self._lose(worker, "its connection closed")
+        self._sending.clear()
 
     # ----- liveness -----------------------------------------------------------------------
     def _monitor_loop(self) -> None:
@@ -192,7 +217,8 @@ class ShardServer:
                 beats = self.store.add(f"hb/{worker}", 0)
                 if worker not in seen or seen[worker][0] != beats:
                     seen[worker] = (beats, now)
-                elif now - seen[worker][1] > self.heartbeat_timeout:
+                silent = now - max(seen[worker][1], self._last_message[worker])
+                if silent > self.heartbeat_timeout:
                     with self.lock:
                         if worker in self.active_workers():
                             self._lose(worker, f"no heartbeat for {self.heartbeat_timeout:g} s")

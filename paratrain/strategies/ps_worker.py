@@ -30,7 +30,8 @@ from paratrain.data.sharding import ShardedBatches
 from paratrain.errors import ConfigError
 from paratrain.strategies.base import LossFn, StepOutput, Strategy, resolve_device, staleness_summary
 from paratrain.strategies.ps_layout import (
-    DONE, HEADER_SIZE, PULL, PUSH, SHUTDOWN, TAG_HEADER, TAG_PAYLOAD, TAG_REPLY, TAG_REPLY_HEADER, ShardLayout,
+    DONE, HEADER_SIZE, KIND, LR_SCALE, PULL, PUSH, SAMPLES, SHUTDOWN, TAG_MESSAGE, TAG_REPLY, TAG_REPLY_HEADER,
+    VERSION_HI, VERSION_LO, WANTED_HI, WANTED_LO, WANTS_REPLY, ShardLayout, encode_version,
 )
 from paratrain.strategies.ps_policies import AsyncRule, StalePolicy, SyncRule
 from paratrain.strategies.ps_server import ShardServer
@@ -38,8 +39,6 @@ from paratrain.strategies.ps_server import ShardServer
 if TYPE_CHECKING:
     from paratrain.comm.transport import ClusterEnv
     from paratrain.config import TrainConfig
-
-HEADER_BYTES = HEADER_SIZE * 8
 
 
 class ParameterServerStrategy(Strategy):
@@ -56,7 +55,7 @@ class ParameterServerStrategy(Strategy):
         stale_policy: str = "none",
         max_staleness: int = 4,
         warmup_steps: int = 0,
-        heartbeat_timeout: float = 5.0,
+        heartbeat_timeout: float = 10.0,
         device: str = "auto",
         timeout: float = 300.0,
     ):
@@ -74,7 +73,6 @@ class ParameterServerStrategy(Strategy):
         self._stop = threading.Event()
         self._base_lr = 1.0
         self._lr_scale = 1.0
-        self._wanted = 0
         self._versions: list[int] = []
         self._bytes_sent = 0
         self._samples = 0
@@ -239,6 +237,11 @@ class ParameterServerStrategy(Strategy):
         on_host = self.device.type == "cpu"
         self._host = self._flat if on_host else torch.empty_like(self._flat, device="cpu").pin_memory()
         self._host_grad = self._flat_grad if on_host else torch.empty_like(self._flat, device="cpu").pin_memory()
+        self._messages = [
+            torch.zeros(HEADER_SIZE + self.layout.shard_numel(s), dtype=self._flat.dtype) for s in range(self.num_shards)
+        ]
+        self._reply_works: list[Any] = []
+        self._sends: list[Any] = []
         self._base_lr = optimizer.param_groups[0]["lr"]
         self._versions = [0] * self.num_shards
         self._pull(wanted=0)
@@ -267,14 +270,16 @@ class ParameterServerStrategy(Strategy):
     def train_step(
         self, model: nn.Module, loss_fn: LossFn, optimizer: torch.optim.Optimizer, inputs: torch.Tensor, targets: torch.Tensor
     ) -> StepOutput:
-        """Pull, compute, push. The optimizer runs on the shards, not here."""
-        if self._steps:  # the first step's parameters came with prepare()
-            self._pull(self._wanted)
+        """Compute on the parameters the last push asked for, then push the gradient and ask
+        for the next parameters in the same message. The optimizer runs on the shards."""
+        self._await_reply()
         self._flat_grad.zero_()
         logits = model(inputs)
         loss = loss_fn(logits, targets)
         loss.backward()
-        self._push(len(targets))
+        self._post_reply()
+        self._send(PUSH, samples=len(targets), wants_reply=True)
+        self._samples += len(targets)
         self._steps += 1
         return StepOutput(loss.detach(), logits.detach())
 
@@ -288,38 +293,51 @@ class ParameterServerStrategy(Strategy):
             self._pull(wanted=0)
 
     # ----- transport -----------------------------------------------------------------------
-    def _pull(self, wanted: int) -> None:
-        header = torch.tensor([PULL, wanted, 0, 0], dtype=torch.float64)
-        replies = [torch.zeros(1, dtype=torch.float64) for _ in range(self.num_shards)]
-        works = []
+    def _post_reply(self) -> None:
+        """Post the receives of every shard's next reply (version, then parameters straight
+        into the model's buffer): Gloo moves a message only once its receive is posted."""
+        self._replies = [torch.zeros(1, dtype=torch.float64) for _ in range(self.num_shards)]
+        self._reply_works = []
         for shard in range(self.num_shards):
-            works.append(dist.irecv(replies[shard], src=shard, tag=TAG_REPLY_HEADER))
-            works.append(dist.irecv(self._host[self.layout.shard_range(shard)], src=shard, tag=TAG_REPLY))
-        works += [dist.isend(header, dst=shard, tag=TAG_HEADER) for shard in range(self.num_shards)]
-        self._wait(works, "pull")
-        self._bytes_sent += HEADER_BYTES * self.num_shards
-        self._versions = [int(r.item()) for r in replies]
+            self._reply_works.append(dist.irecv(self._replies[shard], src=shard, tag=TAG_REPLY_HEADER))
+            self._reply_works.append(dist.irecv(self._host[self.layout.shard_range(shard)], src=shard, tag=TAG_REPLY))
+
+    def _await_reply(self) -> None:
+        if not self._reply_works:
+            return
+        self._wait(self._reply_works, "pull")
+        self._reply_works = []
+        self._versions = [int(r.item()) for r in self._replies]
         if self._host is not self._flat:
             self._flat.copy_(self._host, non_blocking=True)
 
-    def _push(self, samples: int) -> None:
-        if self._host_grad is not self._flat_grad:
+    def _send(self, kind: int, *, samples: int = 0, wants_reply: bool = False, wanted: int = 0) -> None:
+        """One message to every shard: header, then (for a push) that shard's gradient slice."""
+        # The previous message's buffers are reused now; its sends finished long ago in
+        # practice, so waiting for them here keeps the wait off the step's critical path.
+        self._wait(self._sends, "send")
+        if kind == PUSH and self._host_grad is not self._flat_grad:
             self._host_grad.copy_(self._flat_grad)
         works = []
         for shard in range(self.num_shards):
-            header = torch.tensor([PUSH, self._versions[shard], samples, self._lr_scale], dtype=torch.float64)
-            payload = self._host_grad[self.layout.shard_range(shard)]
-            works += [dist.isend(header, dst=shard, tag=TAG_HEADER), dist.isend(payload, dst=shard, tag=TAG_PAYLOAD)]
-            self._bytes_sent += HEADER_BYTES + payload.numel() * payload.element_size()
-        self._wait(works, "push")
-        self._samples += samples
-        # Synchronous rules answer the next pull only once this round's version is out.
-        self._wanted = self._versions[0] + 1 if self.mode != "async" else 0
+            message = self._messages[shard]
+            header = message[:HEADER_SIZE]
+            header.zero_()
+            header[KIND] = kind
+            header[VERSION_HI], header[VERSION_LO] = encode_version(self._versions[shard])
+            header[SAMPLES], header[LR_SCALE], header[WANTS_REPLY] = samples, self._lr_scale, float(wants_reply)
+            header[WANTED_HI], header[WANTED_LO] = encode_version(wanted)
+            if kind == PUSH:
+                message[HEADER_SIZE:].copy_(self._host_grad[self.layout.shard_range(shard)])
+            works.append(dist.isend(message, dst=shard, tag=TAG_MESSAGE))
+            self._bytes_sent += message.numel() * message.element_size()
+        self._sends = works
 
-    def _send_all(self, kind: int) -> None:
-        header = torch.tensor([kind, 0, 0, 0], dtype=torch.float64)
-        self._wait([dist.isend(header, dst=shard, tag=TAG_HEADER) for shard in range(self.num_shards)], "message")
-        self._bytes_sent += HEADER_BYTES * self.num_shards
+    def _pull(self, wanted: int) -> None:
+        self._await_reply()
+        self._post_reply()
+        self._send(PULL, wanted=wanted)
+        self._await_reply()
 
     def _wait(self, works: list[Any], what: str) -> None:
         try:
@@ -337,8 +355,11 @@ class ParameterServerStrategy(Strategy):
         final parameters, so the final evaluation sees every update (async ones too)."""
         if self.role != "worker" or self._finished:
             return
-        self._store.set(f"worker/{self.rank}", json.dumps({"bytes_sent": self._bytes_sent + HEADER_BYTES * self.num_shards}))
-        self._send_all(DONE)
+        message_bytes = sum(m.numel() * m.element_size() for m in self._messages)
+        self._store.set(f"worker/{self.rank}", json.dumps({"bytes_sent": self._bytes_sent + message_bytes}))
+        # Done first: a shard answers a done worker's last pull at once, whatever the rule.
+        self._send(DONE)
+        self._await_reply()
         self._finished = True
         if self.is_chief:
             keys = [f"stats/{s}" for s in range(self.num_shards)]
@@ -366,7 +387,7 @@ class ParameterServerStrategy(Strategy):
         # The chief's own count is live (its final pull and the coming shutdown included);
         # the shards published theirs before answering that final pull.
         final_replies = sum(s["bytes"] + 8 for s in self._server_stats)
-        chief = self._bytes_sent + HEADER_BYTES * self.num_shards
+        chief = self._bytes_sent + sum(m.numel() * m.element_size() for m in self._messages)
         return {
             "bytes_sent": others + chief + final_replies + sum(s["bytes_sent"] for s in self._server_stats),
             "dropped_gradients": first["dropped_gradients"],
@@ -381,7 +402,8 @@ class ParameterServerStrategy(Strategy):
 
     def teardown(self) -> None:
         if self._ready and self.is_chief and self._finished:
-            self._send_all(SHUTDOWN)
+            self._send(SHUTDOWN)
+            self._wait(self._sends, "send")
         self._stop.set()
         destroy_process_group()
         super().teardown()

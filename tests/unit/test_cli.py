@@ -19,7 +19,7 @@ def test_default_run_reaches_95_percent_in_under_30_seconds(cli, tmp_path):
     assert set(METRICS_KEYS) <= set(metrics)
     assert metrics["test_accuracy"] >= 0.95
     assert (metrics["strategy"], metrics["workers"], metrics["model"], metrics["dataset"]) == ("single", 1, "mlp", "digits")
-    assert metrics["global_steps"] == 15 * (1437 // 32)
+    assert metrics["global_steps"] == 15 * (1433 // 32)
     assert len(metrics["history"]) == 15
     assert set(metrics["history"][0]) == {"epoch", "train_loss", "test_accuracy", "test_loss", "wall_seconds"}
     assert metrics["staleness"] == {"mean": 0.0, "max": 0, "histogram": {"0": metrics["global_steps"]}}
@@ -74,7 +74,7 @@ def test_config_file_with_flag_override(cli, tmp_path):
     assert result.returncode == 0, result.stderr
     metrics = json.loads(out.read_text())
     assert metrics["epochs"] == 2 and metrics["config"]["optimizer"] == "adam"
-    assert metrics["global_steps"] == 2 * (1437 // 64)
+    assert metrics["global_steps"] == 2 * (1433 // 64)
 
 
 def test_help_lists_every_option(cli):

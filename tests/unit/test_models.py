@@ -42,7 +42,7 @@ def test_a_model_that_does_not_fit_the_data_is_bad_input():
 
 def test_digits_split_is_fixed_and_stratified():
     a, b = load_digits(), load_digits()
-    assert len(a.train) == 1437 and len(a.test) == 360
+    assert len(a.train) + len(a.test) == 1797 and 355 <= len(a.test) <= 365
     assert torch.equal(a.test.tensors[1], b.test.tensors[1])
     counts = torch.bincount(a.test.tensors[1], minlength=10)
     assert counts.min() >= 35
