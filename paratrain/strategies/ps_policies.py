@@ -67,10 +67,11 @@ class SyncRule:
         """``"hold"`` (add to this version's sum) or ``"drop"`` (late: a version was published since)."""
         return "hold" if grad.version == server.version else "drop"
 
-    def ready(self, held: int, server: ServerView) -> bool:
-        """Whether the held gradients make a version: N of them, or all that can still come."""
-        needed = min(self.required, len(server.active_workers()))
-        return held > 0 and held >= needed
+    def ready(self, held: set[int], server: ServerView) -> bool:
+        """Whether the gradients held (from these workers) make a version: N of them, or
+        all that can still come (no active worker that has not sent one is left)."""
+        could_still_come = server.active_workers() - held
+        return bool(held) and (len(held) >= self.required or not could_still_come)
 
     def may_pull(self, worker: int, wanted: int, server: ServerView) -> bool:
         return server.version >= wanted
@@ -95,7 +96,7 @@ class AsyncRule:
         grad.lr_scale *= factor
         return "apply"
 
-    def ready(self, held: int, server: ServerView) -> bool:
+    def ready(self, held: set[int], server: ServerView) -> bool:
         return False
 
     def wanted_after(self, grad: Gradient) -> int:

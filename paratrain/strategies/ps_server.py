@@ -119,10 +119,28 @@ class ShardServer:
         return stats
 
     def _receive_loop(self) -> None:
-        current = 0
+        try:
+            self._receive()
+        except BaseException as error:  # never die silently: the shard would wait forever
+            with self.lock:
+                self.fatal = f"ps shard {self.shard}: receiving failed: {str(error).splitlines()[0]}"
+                self.finished.set()
+
+    def _receive(self) -> None:
+        current, broken = 0, 0
         work = dist.irecv(self.messages[current], src=None, tag=TAG_MESSAGE)
         while True:
-            work.wait()
+            try:
+                work.wait()
+                broken = 0
+            except RuntimeError:
+                # A worker died in the middle of a message. Its loss is the monitor's to
+                # judge (heartbeats); keep serving the others, unless the link itself is gone.
+                broken += 1
+                if broken > 100:
+                    raise
+                work = dist.irecv(self.messages[current], src=None, tag=TAG_MESSAGE)
+                continue
             rank = work._source_rank()
             message = self.messages[current]
             current = 1 - current
@@ -164,7 +182,7 @@ class ShardServer:
 
     def _progress(self) -> None:
         """Publish a version if the held gradients make one; answer the pulls that may go."""
-        if self._held and self.rule.ready(len(self._held), self):
+        if self._held and self.rule.ready({g.worker for g in self._held}, self):
             total = sum(g.samples for g in self._held)
             self.grad.copy_(self.held).div_(total)
             self.staleness[0] += len(self._held)

@@ -315,7 +315,7 @@ class ParameterServerStrategy(Strategy):
         """One message to every shard: header, then (for a push) that shard's gradient slice."""
         # The previous message's buffers are reused now; its sends finished long ago in
         # practice, so waiting for them here keeps the wait off the step's critical path.
-        self._wait(self._sends, "send")
+        self._drain_sends()
         if kind == PUSH and self._host_grad is not self._flat_grad:
             self._host_grad.copy_(self._flat_grad)
         works = []
@@ -332,6 +332,11 @@ class ParameterServerStrategy(Strategy):
             works.append(dist.isend(message, dst=shard, tag=TAG_MESSAGE))
             self._bytes_sent += message.numel() * message.element_size()
         self._sends = works
+
+    def _drain_sends(self) -> None:
+        # Each c10d/Gloo work may be waited on once: a second wait blocks for ever.
+        sends, self._sends = self._sends, []
+        self._wait(sends, "send")
 
     def _pull(self, wanted: int) -> None:
         self._await_reply()
@@ -360,6 +365,7 @@ class ParameterServerStrategy(Strategy):
         # Done first: a shard answers a done worker's last pull at once, whatever the rule.
         self._send(DONE)
         self._await_reply()
+        self._drain_sends()  # the shard must have all of it before this process may go
         self._finished = True
         if self.is_chief:
             keys = [f"stats/{s}" for s in range(self.num_shards)]
@@ -403,7 +409,7 @@ class ParameterServerStrategy(Strategy):
     def teardown(self) -> None:
         if self._ready and self.is_chief and self._finished:
             self._send(SHUTDOWN)
-            self._wait(self._sends, "send")
+            self._drain_sends()
         self._stop.set()
         destroy_process_group()
         super().teardown()

@@ -1,0 +1,136 @@
+"""Parameter-server training on Gloo processes against the single-process reference."""
+
+import json
+
+import pytest
+import torch
+
+import paratrain
+from paratrain.data.datasets import load_digits
+from paratrain.models import build_model
+from paratrain.strategies.ps_worker import ParameterServerStrategy
+from paratrain.testing import flat_parameters, relative_difference, run_distributed
+
+pytestmark = pytest.mark.distributed
+
+FAST = ["--epochs", "2", "--no-progress", "--log-every", "0"]
+
+
+def _fit(strategy, batch_size, steps, momentum=0.0):
+    torch.manual_seed(0)
+    splits = load_digits()
+    model = build_model("mlp", splits.spec)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=momentum)
+    trainer = paratrain.Trainer(model, "cross_entropy", optimizer, strategy=strategy)
+    x, y = splits.train.tensors
+    n = steps * batch_size * max(strategy.num_replicas, 1)
+    trainer.fit((x[:n], y[:n]), epochs=1, batch_size=batch_size, verbose=0)
+    return trainer
+
+
+def _ps_params(shards, batch_size, steps, momentum):
+    strategy = ParameterServerStrategy("sync", num_shards=shards, device="cpu")
+    trainer = _fit(strategy, batch_size, steps, momentum)
+    result = flat_parameters(trainer.module) if strategy.is_chief else None
+    strategy.teardown()
+    return result
+
+
+@pytest.mark.parametrize("shards, momentum", [(1, 0.0), (2, 0.9)])
+def test_ps_sync_equals_single_with_the_global_batch(shards, momentum):
+    """Two workers of batch b through 1 or 2 shards == one process of batch 2b.
+    With 2 shards the parameters (and SGD's momentum) are split mid-tensor."""
+    b, k = 16, 10
+    reference = flat_parameters(_fit(paratrain.SingleDeviceStrategy(device="cpu"), 2 * b, k, momentum).module)
+    results = run_distributed(_ps_params, shards, b, k, momentum, world_size=shards + 2)
+    chief = results[shards]
+    assert relative_difference(chief, reference) < 1e-5
+
+
+def _metrics(cli, tmp_path, *args):
+    out = tmp_path / "m.json"
+    result = cli("train", "--metrics-out", str(out), *args)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(out.read_text()), result
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--strategy", "ps-sync", "--workers", "3"],
+        ["--strategy", "ps-backup", "--workers", "3", "--backup-workers", "1"],
+        ["--strategy", "ps-async", "--workers", "3"],
+    ],
+    ids=["sync", "backup", "async"],
+)
+def test_three_workers_reach_95_percent(cli, tmp_path, args):
+    metrics, _ = _metrics(cli, tmp_path, *args, "--no-progress", "--log-every", "0")
+    assert metrics["test_accuracy"] >= 0.95
+    assert metrics["workers"] == 3 and metrics["ps_shards"] == 1
+    staleness = metrics["staleness"]
+    applied = sum(staleness["histogram"].values())
+    pushes = 15 * (1433 // (32 * (3 + metrics["backup_workers"]))) * (3 + metrics["backup_workers"])
+    # Every gradient is accounted for: applied or dropped (and the drops' samples counted).
+    assert applied + metrics["dropped_gradients"] == pushes
+    assert metrics["dropped_samples"] == 32 * metrics["dropped_gradients"]
+    if metrics["strategy"] == "ps-sync":
+        assert metrics["dropped_gradients"] == 0 and staleness["max"] == 0
+        assert metrics["global_steps"] == pushes // 3
+    if metrics["strategy"] == "ps-backup":
+        assert metrics["dropped_gradients"] > 0 and staleness["max"] == 0
+    if metrics["strategy"] == "ps-async":
+        assert staleness["max"] >= 1 and metrics["global_steps"] == pushes
+
+
+def test_backup_workers_drop_the_straggler(cli, tmp_path):
+    metrics, _ = _metrics(
+        cli, tmp_path, "--strategy", "ps-backup", "--workers", "2", "--backup-workers", "1",
+        "--straggler", "2:4", *FAST,
+    )
+    steps_each = 2 * (1433 // (32 * 3))
+    # Rounds take the first 2 gradients; the straggler's come late and are dropped.
+    assert metrics["dropped_gradients"] >= steps_each // 2
+    assert metrics["global_steps"] * 2 >= 2 * steps_each
+
+
+def test_staleness_bound_is_never_exceeded(cli, tmp_path):
+    bounded, _ = _metrics(cli, tmp_path, "--strategy", "ps-async", "--workers", "2",
+                          "--staleness-bound", "1", "--straggler", "1:4", *FAST)
+    assert bounded["max_clock_gap"] <= 1
+    free, _ = _metrics(cli, tmp_path, "--strategy", "ps-async", "--workers", "2", "--straggler", "1:4", *FAST)
+    assert free["max_clock_gap"] > 1  # without the bound the fast worker runs ahead
+
+
+@pytest.mark.parametrize("mode", [["ps-async"], ["ps-backup", "--backup-workers", "1"]])
+def test_a_killed_worker_does_not_stop_async_or_backup(cli, tmp_path, mode):
+    metrics, result = _metrics(
+        cli, tmp_path, "--strategy", *mode, "--workers", "2", "--fail", "1@5",
+        "--heartbeat-timeout", "2", *FAST,
+    )
+    assert metrics["workers_lost"] == [1]
+    assert "worker 1 was lost" in result.stderr
+    assert metrics["test_accuracy"] > 0.8
+
+
+def test_a_killed_worker_stops_ps_sync_with_its_name(cli):
+    result = cli("train", "--strategy", "ps-sync", "--workers", "2", "--fail", "1@5", *FAST)
+    assert result.returncode == 1
+    last = result.stderr.strip().splitlines()[-1]
+    assert last.startswith("paratrain: worker 1 failed (exit code 17)")
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--strategy", "ps-backup"], "needs --backup-workers K >= 1"),
+        (["--strategy", "ps-sync", "--staleness-bound", "2"], "--staleness-bound applies to --strategy ps-async"),
+        (["--strategy", "allreduce", "--ps-shards", "2"], "--ps-shards applies to the ps-* strategies"),
+        (["--strategy", "ps-async", "--fail", "0@3"], "names worker 0, the chief"),
+        (["--strategy", "ps-async", "--fail", "5@3"], "workers 0..0"),
+        (["--strategy", "ps-async", "--straggler", "0"], "--straggler must be WORKER:FACTOR"),
+    ],
+)
+def test_bad_parameter_server_flags(cli, args, words):
+    result = cli("train", *args)
+    assert result.returncode == 2
+    assert words in result.stderr and len(result.stderr.strip().splitlines()) == 1
