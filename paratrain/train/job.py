@@ -47,6 +47,9 @@ def run(config: TrainConfig) -> dict[str, Any]:
             log_every=config.log_every,
         )
         last = history.epochs[-1]
+        # Every replica reads its own shard; report the mean of their waits.
+        wait = torch.tensor([trainer.loader_wait_seconds], dtype=torch.float64, device=strategy.device)
+        loader_wait = strategy.all_reduce_sum(wait).item() / strategy.num_replicas
         document = metrics_document(
             strategy.describe(),
             strategy.stats(),
@@ -60,6 +63,7 @@ def run(config: TrainConfig) -> dict[str, Any]:
                 "train_loss": last["train_loss"],
                 "wall_seconds": time.perf_counter() - started,
                 "examples_per_second": trainer.examples_seen / trainer.train_seconds if trainer.train_seconds else 0.0,
+                "loader_wait_seconds": loader_wait,
                 "history": [
                     {k: entry[k] for k in ("epoch", "train_loss", "test_accuracy", "test_loss", "wall_seconds")}
                     for entry in history.epochs
