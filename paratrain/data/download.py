@@ -156,7 +156,8 @@ def ensure_files(
                     if not (directory / remote.name).is_file():
                         fetch(remote, directory, progress)
         except DownloadFailed as error:
-            raise offline_error(dataset, directory, expected, remotes, f"cannot download ({error})") from None
+            names = ", ".join(r.name for r in remotes)
+            raise offline_error(dataset, directory, expected, remotes, f"cannot download {names} ({error})") from None
         if unpack is not None:
             unpack()
 

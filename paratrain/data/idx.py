@@ -123,7 +123,7 @@ def load_fashion_mnist(config: "TrainConfig | None" = None) -> Splits:
         directory,
         lambda: [r for r in FASHION_MNIST_REMOTES if find_file(directory, r.name.removesuffix(".gz")) is None],
         dataset="fashion-mnist",
-        expected=", ".join(r.name for r in FASHION_MNIST_REMOTES) + " (gzip or plain)",
+        expected="these IDX files (gzip or plain)",
         allowed=config.download if config is not None else True,
     )
     train_x, train_y = read_split(directory, "train", len(FASHION_MNIST_CLASSES))

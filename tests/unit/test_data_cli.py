@@ -71,7 +71,9 @@ def _missing_class(tmp_path):
 
 def _no_files_no_download(tmp_path):
     return ["--dataset", "fashion-mnist", "--data-dir", str(tmp_path / "empty"), "--no-download"], [
-        "not found and --no-download is set", f"in {tmp_path / 'empty'} (or pass --data-dir)"]
+        "fashion-mnist: train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz, t10k-images-idx3-ubyte.gz, "
+        "t10k-labels-idx1-ubyte.gz not found and --no-download is set",
+        f"put these IDX files (gzip or plain) in {tmp_path / 'empty'} (or pass --data-dir)"]
 
 
 def _text_without_data_dir(tmp_path):
@@ -104,8 +106,8 @@ def test_offline_download_says_which_files_to_put_where(cli, tmp_path):
     result = cli("train", "--dataset", "cifar10", "--model", "cifar_cnn", "--epochs", "1", env=env)
     assert result.returncode == 2, result.stderr
     line = result.stderr.strip().splitlines()[-1]
-    assert line.startswith("paratrain: error: cifar10: cannot download (https://www.cs.toronto.edu/~kriz/")
-    assert f"put cifar-10-batches-bin/ with data_batch_1.bin" in line and f"in {tmp_path / 'cifar10'}" in line
+    assert line.startswith("paratrain: error: cifar10: cannot download cifar-10-binary.tar.gz (https://www.cs.toronto.edu/~kriz/")
+    assert "put cifar-10-batches-bin/ with data_batch_1.bin" in line and f"in {tmp_path / 'cifar10'}" in line
 
 
 def test_help_lists_the_data_options(cli):

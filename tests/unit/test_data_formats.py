@@ -102,8 +102,7 @@ def test_missing_files_offline_say_which_files_go_where(tmp_path):
     (tmp_path / "t10k-labels-idx1-ubyte.gz").unlink()
     message = _error(load_fashion_mnist, _config("fashion-mnist", tmp_path))
     assert message.startswith("fashion-mnist: t10k-labels-idx1-ubyte.gz not found and --no-download is set")
-    assert f"in {tmp_path} (or pass --data-dir)" in message
-    assert "train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz" in message
+    assert f"put these IDX files (gzip or plain) in {tmp_path} (or pass --data-dir)" in message
     assert "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/" in message
 
 

@@ -113,7 +113,7 @@ def test_unreachable_server_is_the_offline_error(tmp_path):
     with pytest.raises(ConfigError) as error:
         ensure_files(tmp_path / "d", lambda: [remote], dataset="demo", expected="f.bin (the demo file)")
     message = str(error.value)
-    assert message.startswith("demo: cannot download (http://127.0.0.1:")
+    assert message.startswith("demo: cannot download f.bin (http://127.0.0.1:")
     assert f"put f.bin (the demo file) in {tmp_path / 'd'} (or pass --data-dir)" in message
     assert "\n" not in message
 
