@@ -171,15 +171,37 @@ def offline_error(dataset: str, directory: Path, expected: str, remotes: Sequenc
     )
 
 
-@contextlib.contextmanager
-def _progress() -> Iterator[object]:
-    from rich.console import Console
-    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
+class _Bars:
+    """A rich progress bar on stderr (like curl and pip: stdout stays the run's log),
+    started by the first byte that arrives, so that a download that never starts
+    prints nothing besides its error line."""
 
-    # On stderr, like curl and pip: stdout stays the run's log.
-    progress = Progress(
-        TextColumn("[bold]{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-        TimeRemainingColumn(), console=Console(stderr=True),
-    )
-    with progress:
-        yield progress
+    def __init__(self) -> None:
+        self.progress = None
+
+    def add_task(self, description: str, total: int, completed: int = 0) -> int:
+        if self.progress is None:
+            from rich.console import Console
+            from rich.progress import (
+                BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn,
+            )
+
+            self.progress = Progress(
+                TextColumn("[bold]{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                TimeRemainingColumn(), console=Console(stderr=True),
+            )
+            self.progress.start()
+        return self.progress.add_task(description, total=total, completed=completed)
+
+    def advance(self, task: int, amount: int) -> None:
+        self.progress.advance(task, amount)
+
+
+@contextlib.contextmanager
+def _progress() -> Iterator[_Bars]:
+    bars = _Bars()
+    try:
+        yield bars
+    finally:
+        if bars.progress is not None:
+            bars.progress.stop()

@@ -105,7 +105,9 @@ def test_offline_download_says_which_files_to_put_where(cli, tmp_path):
     env = {"PARATRAIN_DATA": str(tmp_path), "http_proxy": proxy, "https_proxy": proxy, "no_proxy": ""}
     result = cli("train", "--dataset", "cifar10", "--model", "cifar_cnn", "--epochs", "1", env=env)
     assert result.returncode == 2, result.stderr
-    line = result.stderr.strip().splitlines()[-1]
+    lines = result.stderr.splitlines()
+    assert len(lines) == 1, result.stderr  # no empty progress bar before the error
+    line = lines[0]
     assert line.startswith("paratrain: error: cifar10: cannot download cifar-10-binary.tar.gz (https://www.cs.toronto.edu/~kriz/")
     assert "put cifar-10-batches-bin/ with data_batch_1.bin" in line and f"in {tmp_path / 'cifar10'}" in line
 
