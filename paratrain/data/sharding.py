@@ -136,8 +136,9 @@ class ShardedBatches:
         indices = self.batch_indices()
         tensors = isinstance(self.dataset, TensorDataset)
         batches = self._tensor_batches(indices) if tensors else self._loader_batches(indices)
-        # Plain in-memory tensors are one index_select away from a batch: a thread
-        # would only add a hand-off (digits runs at tens of thousands of examples/s).
+        # Plain in-memory tensors are one index_select away from a batch: a thread would
+        # only add a hand-off, which cost digits a fifth to a third of its throughput
+        # (benchmarks/input_pipeline.py, docs/data.md).
         if self.prefetch > 0 and (self.transform is not None or not tensors):
             batches = prefetched(batches, self.prefetch)
         return self._timed(batches)
