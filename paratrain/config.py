@@ -32,7 +32,16 @@ class TrainConfig:
     """Everything one ``paratrain train`` run needs; the metrics file embeds it."""
 
     model: str = _opt("mlp", "model to train", choices=MODELS)
-    dataset: str = _opt("digits", "data set (digits ships with scikit-learn, no download)", choices=DATASETS)
+    dataset: str = _opt(
+        "digits", "data set (digits ships with scikit-learn; fashion-mnist and cifar10 are downloaded to "
+        "--data-dir when absent; text reads --data-dir)", choices=DATASETS,
+    )
+    data_dir: str | None = _opt(
+        None, "folder of the data set's files (default ~/.cache/paratrain/<dataset>, or $PARATRAIN_DATA/<dataset>)"
+    )
+    download: bool = _opt(True, "download a missing data set from its publisher (SHA-256 checked)")
+    max_len: int = _opt(200, "text: tokens per document, cut or padded at the front")
+    vocab_size: int = _opt(20000, "text: vocabulary size (the most frequent training words, plus padding and unknown)")
     strategy: str = _opt("single", "how training is distributed", choices=STRATEGIES)
     workers: int = _opt(1, "number of data-parallel replicas (processes)")
     device: str = _opt("auto", "auto (CUDA when available), cpu or cuda", choices=("auto", "cpu", "cuda"))
@@ -71,8 +80,9 @@ class TrainConfig:
             setattr(self, name, registry.canonical(getattr(self, name)))
         _choice("device", self.device, ("auto", "cpu", "cuda"))
         _choice("stale_policy", self.stale_policy, ("none", "scale-lr", "drop"))
-        for name in ("workers", "epochs", "batch_size", "lr_decay_steps", "reference_batch"):
+        for name in ("workers", "epochs", "batch_size", "lr_decay_steps", "reference_batch", "max_len"):
             _at_least(name, getattr(self, name), 1)
+        _at_least("vocab_size", self.vocab_size, 3)  # padding, unknown, and one word
         for name in ("early_stopping", "log_every", "seed", "backup_workers", "max_staleness", "warmup_steps"):
             _at_least(name, getattr(self, name), 0)
         for name in ("ps_shards", "staleness_bound"):

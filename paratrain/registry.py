@@ -73,7 +73,11 @@ DATASETS = Registry(
     "dataset",
     {
         "digits": "paratrain.data.datasets:load_digits",
+        "fashion-mnist": "paratrain.data.idx:load_fashion_mnist",
+        "cifar10": "paratrain.data.cifar:load_cifar10",
+        "text": "paratrain.data.text:load_text",
     },
+    aliases={"fashion_mnist": "fashion-mnist", "cifar-10": "cifar10"},
 )
 
 OPTIMIZERS = Registry(

@@ -9,17 +9,25 @@
 
 The processes are started by the same elastic launcher as ``paratrain train --workers N``;
 a failure in any of them raises WorkerFailed instead of hanging the test.
+
+``write_fashion_mnist``, ``write_cifar10`` and ``write_text_folders`` write small data
+sets in the real file formats (IDX, CIFAR-10 binary records, IMDB-style folders), so
+that tests and first tries of the examples need no download.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Callable
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from paratrain.launch.torchrun import launch
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 def run_distributed(fn: Callable[..., Any], *args: Any, world_size: int = 2) -> list[Any]:
@@ -36,3 +44,87 @@ def flat_parameters(module: torch.nn.Module) -> torch.Tensor:
 def relative_difference(a: torch.Tensor, b: torch.Tensor) -> float:
     """``|a - b| / |b|`` in the 2-norm."""
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+# ----- small data sets in the real file formats ------------------------------------------
+# Each class gets its own pattern plus noise, so that a few epochs learn something.
+
+
+def write_idx(path: str | os.PathLike, array: "np.ndarray", compress: bool = True) -> Path:
+    """``array`` (uint8) as an IDX file: magic ``0x08 << 8 | ndim``, big-endian sizes, data."""
+    import gzip
+
+    import numpy as np
+
+    array = np.ascontiguousarray(array, dtype=np.uint8)
+    header = bytes([0, 0, 0x08, array.ndim]) + b"".join(int(n).to_bytes(4, "big") for n in array.shape)
+    data = header + array.tobytes()
+    path = Path(path)
+    path.write_bytes(gzip.compress(data) if compress else data)
+    return path
+
+
+def _class_images(num: int, shape: tuple[int, ...], num_classes: int, seed: int) -> tuple["np.ndarray", "np.ndarray"]:
+    import numpy as np
+
+    rng = np.random.default_rng(seed)
+    templates = np.random.default_rng(1234).integers(0, 256, size=(num_classes, *shape))
+    labels = np.arange(num) % num_classes
+    rng.shuffle(labels)
+    noise = rng.integers(-40, 41, size=(num, *shape))
+    images = np.clip(templates[labels] + noise, 0, 255).astype(np.uint8)
+    return images, labels.astype(np.uint8)
+
+
+def write_fashion_mnist(directory: str | os.PathLike, num_train: int = 200, num_test: int = 100,
+                        compress: bool = True, seed: int = 0) -> Path:
+    """The four Fashion-MNIST IDX files (28x28, 10 classes) with ``num_train``/``num_test`` images."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    suffix = ".gz" if compress else ""
+    for prefix, num, offset in (("train", num_train, 0), ("t10k", num_test, 1)):
+        images, labels = _class_images(num, (28, 28), 10, seed + offset)
+        write_idx(directory / f"{prefix}-images-idx3-ubyte{suffix}", images, compress)
+        write_idx(directory / f"{prefix}-labels-idx1-ubyte{suffix}", labels, compress)
+    return directory
+
+
+def write_cifar10(directory: str | os.PathLike, per_batch: int = 40, num_test: int = 40, seed: int = 0) -> Path:
+    """``directory/cifar-10-batches-bin`` with five training files of ``per_batch`` records
+    and a test file of ``num_test``, in the binary version's 3073-byte records."""
+    import numpy as np
+
+    folder = Path(directory) / "cifar-10-batches-bin"
+    folder.mkdir(parents=True, exist_ok=True)
+    names = [f"data_batch_{i}.bin" for i in range(1, 6)] + ["test_batch.bin"]
+    for i, name in enumerate(names):
+        images, labels = _class_images(num_test if name == "test_batch.bin" else per_batch, (3, 32, 32), 10, seed + i)
+        records = np.concatenate([labels[:, None], images.reshape(len(images), -1)], axis=1)
+        (folder / name).write_bytes(records.astype(np.uint8).tobytes())
+    return folder
+
+
+POSITIVE_WORDS = ("good", "great", "excellent", "wonderful", "fun", "loved")
+NEGATIVE_WORDS = ("bad", "awful", "boring", "terrible", "poor", "hated")
+FILLER_WORDS = ("the", "movie", "film", "was", "a", "and", "plot", "actors", "it's", "i", "story", "scene")
+
+
+def write_text_folders(directory: str | os.PathLike, docs_per_class: int = 30, num_test: int = 10,
+                       classes: tuple[str, ...] = ("neg", "pos"), seed: int = 0) -> Path:
+    """``directory/{train,test}/<class>/N.txt`` in the IMDB layout, with HTML line breaks."""
+    import random
+
+    rng = random.Random(seed)
+    cue = {name: (NEGATIVE_WORDS, POSITIVE_WORDS)[i % 2] for i, name in enumerate(classes)}
+    root = Path(directory)
+    for split, count in (("train", docs_per_class), ("test", num_test)):
+        for name in classes:
+            folder = root / split / name
+            folder.mkdir(parents=True, exist_ok=True)
+            for n in range(count):
+                words = [rng.choice(FILLER_WORDS) for _ in range(rng.randint(5, 30))]
+                for _ in range(3):
+                    words.insert(rng.randrange(len(words) + 1), rng.choice(cue[name]))
+                text = " ".join(words).capitalize() + ".<br /><br />" + rng.choice(FILLER_WORDS).upper() + "!"
+                (folder / f"{n}_{rng.randint(1, 10)}.txt").write_text(text, encoding="utf-8")
+    return root

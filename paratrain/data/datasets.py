@@ -1,9 +1,23 @@
-"""Data sets, each a loader function in the DATASETS table returning train/test splits."""
+"""Data sets, each a loader function in the DATASETS table returning train/test splits.
+
+| name            | reader                 | files                                                   |
+| --------------- | ---------------------- | ------------------------------------------------------- |
+| ``digits``      | this module            | none: ships with scikit-learn                           |
+| ``fashion-mnist`` | ``data/idx.py``      | the four IDX files (gzip or plain), downloaded if absent |
+| ``cifar10``     | ``data/cifar.py``      | ``cifar-10-batches-bin``: 3073-byte records, downloaded if absent |
+| ``text``        | ``data/text.py``       | ``train/`` and ``test/``, one folder of .txt files per class |
+
+Files live in ``--data-dir``, by default ``~/.cache/paratrain/<name>`` (the root can be
+moved with ``PARATRAIN_DATA``). A file that is missing, truncated or not in its format
+is a ConfigError naming the file and what was expected.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -51,11 +65,28 @@ class Splits:
     train: Dataset
     test: Dataset
     spec: DataSpec
+    classes: tuple[str, ...] = ()
+    """Class names, by label."""
+    vocabulary: Any = field(default=None, repr=False)
+    """Token data: the ``Vocabulary`` the ids come from (``data/text.py``)."""
 
 
-def load_dataset(config: "TrainConfig") -> Splits:
-    """The train/test splits named by ``config.dataset``."""
+def load_dataset(config: "TrainConfig | str", **options: Any) -> Splits:
+    """The train/test splits named by ``config.dataset``, or by name with TrainConfig
+    options: ``load_dataset("cifar10", data_dir="data/cifar10")``."""
+    if isinstance(config, str):
+        from paratrain.config import TrainConfig
+
+        config = TrainConfig(dataset=config, **options)
     return DATASETS.get(config.dataset)(config)
+
+
+def data_dir(config: "TrainConfig | None", name: str) -> Path:
+    """Where data set ``name`` lives: ``--data-dir``, else ``$PARATRAIN_DATA/<name>``,
+    else ``~/.cache/paratrain/<name>``."""
+    if config is not None and config.data_dir:
+        return Path(config.data_dir).expanduser()
+    return Path(os.environ.get("PARATRAIN_DATA") or "~/.cache/paratrain").expanduser() / name
 
 
 def load_digits(config: "TrainConfig | None" = None) -> Splits:
@@ -77,4 +108,5 @@ def load_digits(config: "TrainConfig | None" = None) -> Splits:
         train=TensorDataset(images[train_idx], labels[train_idx]),
         test=TensorDataset(images[test_idx], labels[test_idx]),
         spec=DataSpec(input_shape=(1, 8, 8), num_classes=10),
+        classes=tuple(str(d) for d in range(10)),
     )

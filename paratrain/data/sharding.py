@@ -9,17 +9,45 @@ at step ``s`` is exactly the batch a single process with batch ``B*R`` reads at 
 
 In-memory tensor data sets are indexed directly (no per-example collation); any other
 map-style Dataset goes through a DataLoader with the same index lists.
+
+A data set may store its examples compactly (uint8 pixels) and carry a per-batch
+``batch_transform`` that turns a batch of stored inputs into model inputs: scaling,
+or the random distortions of the CIFAR-10 recipe (``paratrain/data/augment.py``). The
+transform draws its randomness from a generator seeded by (seed, epoch, rank), so a
+run is reproducible. When a batch needs such work, or comes through a DataLoader, a
+background thread prepares the next batches while the step runs (``prefetch``), and
+``wait_seconds`` counts the time the consumer spent waiting for a batch anyway.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from paratrain.errors import ConfigError
+
+BatchTransform = Callable[[torch.Tensor, torch.Generator], torch.Tensor]
+"""``transform(stored_inputs, generator) -> model_inputs`` for one batch; random
+transforms draw from ``generator`` (on the CPU) and nothing else."""
+
+
+class TransformedTensors(TensorDataset):
+    """In-memory ``(inputs, targets)`` whose batches pass through ``batch_transform``.
+
+    Indexing gives the stored examples; ShardedBatches (and so ``Trainer.fit``,
+    ``evaluate`` and ``predict``) applies the transform to every batch it reads.
+    """
+
+    def __init__(self, inputs: torch.Tensor, targets: torch.Tensor, batch_transform: BatchTransform):
+        super().__init__(inputs, targets)
+        self.batch_transform = batch_transform
 
 
 def as_tensor_dataset(data: object) -> Dataset:
@@ -51,8 +79,14 @@ class ShardedBatches:
         seed: int = 0,
         device: torch.device | str = "cpu",
         num_workers: int = 0,
+        transform: BatchTransform | None = None,
+        prefetch: int = 2,
     ):
         self.dataset = as_tensor_dataset(dataset)
+        self.transform = transform if transform is not None else getattr(self.dataset, "batch_transform", None)
+        self.prefetch = prefetch
+        self.wait_seconds = 0.0
+        """Seconds spent waiting for batches of this object, over all its iterations."""
         self.batch_size = batch_size
         self.num_replicas = num_replicas
         self.rank = rank
@@ -93,21 +127,47 @@ class ShardedBatches:
         generator = torch.Generator().manual_seed(self.seed + self.epoch)
         return torch.randperm(self.num_examples, generator=generator)
 
+    def transform_generator(self) -> torch.Generator:
+        """The generator of this epoch's random transforms: one stream per (seed, epoch, rank)."""
+        state = np.random.SeedSequence([self.seed, self.epoch, self.rank]).generate_state(2)
+        return torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
+
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         indices = self.batch_indices()
-        if isinstance(self.dataset, TensorDataset):
-            return self._tensor_batches(indices)
-        return self._loader_batches(indices)
+        tensors = isinstance(self.dataset, TensorDataset)
+        batches = self._tensor_batches(indices) if tensors else self._loader_batches(indices)
+        # Plain in-memory tensors are one index_select away from a batch: a thread would
+        # only add a hand-off, which cost digits a fifth to a third of its throughput
+        # (benchmarks/input_pipeline.py, docs/data.md).
+        if self.prefetch > 0 and (self.transform is not None or not tensors):
+            batches = prefetched(batches, self.prefetch)
+        return self._timed(batches)
+
+    def _timed(self, batches: Iterator[Any]) -> Iterator[Any]:
+        while True:
+            start = time.perf_counter()
+            try:
+                batch = next(batches)
+            except StopIteration:
+                return
+            finally:
+                self.wait_seconds += time.perf_counter() - start
+            yield batch
 
     def _tensor_batches(self, indices: Sequence[torch.Tensor]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         inputs, targets = self.dataset.tensors[:2]
         if inputs.device != self.device:
-            # Move the whole (in-memory) data set once instead of every batch.
+            # Move the whole (in-memory) data set once instead of every batch; stored
+            # compactly (uint8) it is a quarter of its float size.
             inputs, targets = inputs.to(self.device), targets.to(self.device)
             self.dataset = TensorDataset(inputs, targets)
+        generator = self.transform_generator()
         for idx in indices:
             idx = idx.to(self.device)
-            yield inputs.index_select(0, idx), targets.index_select(0, idx)
+            batch = inputs.index_select(0, idx)
+            if self.transform is not None:
+                batch = self.transform(batch, generator)
+            yield batch, targets.index_select(0, idx)
 
     def _loader_batches(self, indices: Sequence[torch.Tensor]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         loader = DataLoader(
@@ -116,5 +176,63 @@ class ShardedBatches:
             num_workers=self.num_workers,
             pin_memory=self.device.type == "cuda",
         )
+        generator = self.transform_generator()
         for inputs, targets in loader:
+            if self.transform is not None:
+                inputs = self.transform(inputs, generator)
             yield inputs.to(self.device, non_blocking=True), targets.to(self.device, non_blocking=True)
+
+
+class _Failed:
+    def __init__(self, error: BaseException):
+        self.error = error
+
+
+_END = object()
+
+
+def prefetched(items: Iterator[Any], depth: int = 2) -> Iterator[Any]:
+    """``items``, produced by a background thread up to ``depth`` ahead of the consumer.
+
+    PyTorch kernels release the GIL, so indexing and transforming the next batch runs
+    while the training step computes. An error in the producer is raised in the
+    consumer; a consumer that stops early stops the producer.
+    """
+    ready: queue.Queue[Any] = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+
+    def put(item: Any) -> bool:
+        while not stop.is_set():
+            try:
+                ready.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def produce() -> None:
+        try:
+            for item in items:
+                if not put(item):
+                    return
+            put(_END)
+        except BaseException as error:  # handed to the consumer, which re-raises it
+            put(_Failed(error))
+        finally:
+            close = getattr(items, "close", None)
+            if close is not None:
+                close()
+
+    thread = threading.Thread(target=produce, name="paratrain-prefetch", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = ready.get()
+            if item is _END:
+                return
+            if isinstance(item, _Failed):
+                raise item.error
+            yield item
+    finally:
+        stop.set()
+        thread.join()

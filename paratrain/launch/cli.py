@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from typing import Any, NoReturn
 
 from paratrain.errors import DivergedError, ParatrainError, WorkerFailed
@@ -111,21 +112,28 @@ def print_summary(metrics: dict[str, Any], metrics_out: str | None) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    return report_errors(args.handler, args)
+
+
+def report_errors(fn: Callable[..., Any], *args: Any, prog: str = "paratrain") -> int:
+    """``fn(*args)``, turned into this command line's exit code: paratrain errors end in
+    one line on stderr (2 bad input, 3 diverged), as the examples' scripts do too."""
     try:
-        return args.handler(args)
+        result = fn(*args)
+        return result if isinstance(result, int) else 0
     except WorkerFailed as error:
         prefix = "error: " if error.exit_code == 2 else ""
         detail = str(error) if error.exit_code == 1 else str(error).split(": ", 1)[1]
-        print(f"paratrain: {prefix}{detail}", file=sys.stderr)
+        print(f"{prog}: {prefix}{detail}", file=sys.stderr)
         return error.exit_code
     except DivergedError as error:
-        print(f"paratrain: {error}", file=sys.stderr)
+        print(f"{prog}: {error}", file=sys.stderr)
         return error.exit_code
     except ParatrainError as error:
-        print(f"paratrain: error: {error}", file=sys.stderr)
+        print(f"{prog}: error: {error}", file=sys.stderr)
         return error.exit_code
     except KeyboardInterrupt:
-        print("paratrain: interrupted", file=sys.stderr)
+        print(f"{prog}: interrupted", file=sys.stderr)
         return 130
 
 

@@ -53,6 +53,10 @@ def run(config: TrainConfig) -> dict[str, Any]:
         # The final model, after every process's updates (asynchronous ones too).
         final = trainer.evaluate(splits.test)
         stats = strategy.stats()  # on every worker: it may reduce across them
+        # Every replica reads its own shard; report the mean of the waits of those reduced.
+        wait = torch.tensor([trainer.loader_wait_seconds, 1.0], dtype=torch.float64, device=strategy.device)
+        total, count = strategy.all_reduce_sum(wait).tolist()
+        loader_wait = total / count
         if not strategy.is_chief:
             return {"role": "worker", "rank": strategy.rank}
         examples = stats.pop("examples_processed", trainer.examples_seen)
@@ -70,6 +74,7 @@ def run(config: TrainConfig) -> dict[str, Any]:
                 "train_loss": history.epochs[-1]["train_loss"],
                 "wall_seconds": time.perf_counter() - started,
                 "examples_per_second": examples / trainer.train_seconds if trainer.train_seconds else 0.0,
+                "loader_wait_seconds": loader_wait,
                 "history": [
                     {k: entry[k] for k in ("epoch", "train_loss", "test_accuracy", "test_loss", "wall_seconds")}
                     for entry in history.epochs

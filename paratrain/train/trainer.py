@@ -68,6 +68,8 @@ class Trainer:
         self.stop_training = False
         self.train_seconds = 0.0
         self.examples_seen = 0
+        self.loader_wait_seconds = 0.0
+        """Seconds the training loop waited for input batches (this replica)."""
 
     @property
     def module(self) -> nn.Module:
@@ -118,6 +120,7 @@ class Trainer:
             hooks.on_epoch_begin(epoch, {})
             self.module.train()
             epoch_start = time.perf_counter()
+            waited = batches.wait_seconds
             epoch_loss = epoch_examples = 0.0
             for batch, (inputs, targets) in enumerate(batches, start=1):
                 hooks.on_batch_begin(self.global_step, {})
@@ -131,6 +134,8 @@ class Trainer:
                     epoch_loss += reduced["loss"] * reduced["examples"]
                     epoch_examples += reduced["examples"]
                 hooks.on_batch_end(self.global_step, logs)
+                if self.stop_training:  # a callback ends training mid-epoch (e.g. at a step count)
+                    break
             if len(window):
                 reduced = window.reduce(strategy)
                 epoch_loss += reduced["loss"] * reduced["examples"]
@@ -138,12 +143,14 @@ class Trainer:
             seconds = time.perf_counter() - epoch_start
             self.train_seconds += seconds
             self.examples_seen += int(epoch_examples)
+            self.loader_wait_seconds += batches.wait_seconds - waited
             logs = {
                 "epoch": epoch + 1,
                 "epochs": epochs,
                 "train_loss": epoch_loss / max(epoch_examples, 1),
                 "examples_per_second": epoch_examples / seconds if seconds > 0 else 0.0,
                 "learning_rate": self.learning_rate,
+                "loader_wait_seconds": batches.wait_seconds - waited,
             }
             if validation_data is not None and strategy.evaluates:
                 logs.update({f"test_{k}": v for k, v in self.evaluate(validation_data).items()})
