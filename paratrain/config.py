@@ -104,7 +104,7 @@ class TrainConfig:
     def _check_types(self) -> None:
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            expected = _base_type(f)
+            expected = field_type(f)
             if value is None and "None" in str(f.type):
                 continue
             if expected is float and isinstance(value, int) and not isinstance(value, bool):
@@ -151,7 +151,7 @@ def _field(name: str) -> dataclasses.Field:
     return next(f for f in dataclasses.fields(TrainConfig) if f.name == name)
 
 
-def _base_type(f: dataclasses.Field) -> type:
+def field_type(f: dataclasses.Field) -> type:
     text = str(f.type)
     for t in (bool, int, float, str):
         if text.startswith(t.__name__):

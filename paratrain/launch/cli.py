@@ -26,7 +26,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from paratrain.config import config_fields
+    from paratrain.config import config_fields, field_type
 
     parser = _Parser(prog="paratrain", description="Distributed training for PyTorch.")
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -41,10 +41,10 @@ def build_parser() -> argparse.ArgumentParser:
             help_text += f" ({'|'.join(names)}; default {f.default})"
         elif f.default is not None:
             help_text += f" (default {f.default})"
-        if f.type == "bool":
+        kind = field_type(f)
+        if kind is bool:
             train.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
         else:
-            kind = {"int": int, "float": float}.get(str(f.type), str)
             train.add_argument(flag, type=kind, default=None, metavar=f.name.upper(), help=help_text)
     train.set_defaults(handler=train_command)
     return parser

@@ -48,7 +48,7 @@ def supervise(
                 code = process.exitcode
                 if code in (None, 0) or rank in lost:
                     continue
-                failure = (code, time.time(), _message(folder, rank, code))
+                failure = (code, _failed_at(folder, rank), _message(folder, rank, code))
                 if rank not in expendable:
                     raise first_failure({rank: failure}, names)
                 lost[rank] = failure
@@ -77,6 +77,15 @@ def _result(folder: Path, rank: int) -> Any:
         return None
     with open(path, "rb") as handle:  # written by this run's own processes
         return pickle.load(handle)
+
+
+def _failed_at(folder: Path, rank: int) -> float:
+    import json
+
+    path = folder / f"error-{rank}.json"
+    if path.exists():
+        return float(json.loads(path.read_text())["message"]["extraInfo"].get("paratrain_time", time.time()))
+    return time.time()
 
 
 def _message(folder: Path, rank: int, code: int) -> str:

@@ -16,6 +16,7 @@ import sys
 import time
 import traceback
 import uuid
+from pathlib import Path
 from collections.abc import Callable
 from typing import Any
 
@@ -76,7 +77,8 @@ def _elastic(fn: Callable[..., Any], args: tuple, num_processes: int, max_restar
     try:
         results = elastic_launch(config, _entry)(fn, *args)
     except ChildFailedError as error:
-        raise first_failure({rank: (f.exitcode, f.timestamp, _message(f)) for rank, f in error.failures.items()}, names) from None
+        failures = {rank: (f.exitcode, _time(f), _message(f)) for rank, f in error.failures.items()}
+        raise first_failure({**_recorded_failures(error.failures), **failures}, names) from None
     finally:
         for logger, level in quiet:
             logger.setLevel(level)
@@ -94,10 +96,10 @@ def _entry(fn: Callable[..., Any], *args: Any) -> Any:
     try:
         return fn(*args)
     except ParatrainError as error:
-        record_error(str(error), "")
+        record_error(str(error), "", error.exit_code)
         _exit(error.exit_code)
     except Exception as error:
-        record_error(f"{type(error).__name__}: {error}", traceback.format_exc())
+        record_error(f"{type(error).__name__}: {error}", traceback.format_exc(), 1)
         _exit(1)
 
 
@@ -107,12 +109,16 @@ def _exit(code: int) -> None:
     os._exit(code)
 
 
-def record_error(message: str, callstack: str) -> None:
+def record_error(message: str, callstack: str, exit_code: int) -> None:
     """Write the agent's error file (``TORCHELASTIC_ERROR_FILE``), read back by the parent."""
     path = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if not path:
         return
-    document = {"message": {"message": message, "extraInfo": {"py_callstack": callstack, "timestamp": str(int(time.time()))}}}
+    now = time.time()
+    # The agent reads whole seconds; paratrain_time orders failures within one second
+    # (a crash, then its peers' broken connections a millisecond later).
+    extra = {"py_callstack": callstack, "timestamp": str(int(now)), "paratrain_time": repr(now), "exit_code": exit_code}
+    document = {"message": {"message": message, "extraInfo": extra}}
     with open(path, "w") as handle:
         json.dump(document, handle)
 
@@ -124,6 +130,35 @@ def first_failure(failures: dict[int, tuple[int, float, str]], names: list[str])
     rank = min(known) if known else min(failures, key=lambda r: (failures[r][1], r))
     code, _, message = failures[rank]
     return WorkerFailed(rank, code, message, name=names[rank] if rank < len(names) else None)
+
+
+def _recorded_failures(reported: dict[int, Any]) -> dict[int, tuple[int, float, str]]:
+    """Failures recorded by every rank of the attempt, not only the one the agent saw first
+    (when one process crashes, its peers fail a moment later on the broken connection,
+    and the agent may report one of those)."""
+    found: dict[int, tuple[int, float, str]] = {}
+    files = [f.error_file for f in reported.values() if f.error_file and os.path.isfile(f.error_file)]
+    if not files:
+        return found
+    attempt = Path(files[0]).parent.parent  # .../attempt_N/<local rank>/error.json
+    for path in attempt.glob("*/error.json"):
+        try:
+            message = json.loads(path.read_text())["message"]
+            extra = message["extraInfo"]
+            code = int(extra.get("exit_code", 1))
+            stack = extra.get("py_callstack", "")
+            text = f"{message['message']}\n{stack.rstrip()}" if stack and code not in (2, 3) else message["message"]
+            found[int(path.parent.name)] = (code, float(extra.get("paratrain_time", extra["timestamp"])), text)
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return found
+
+
+def _time(failure: Any) -> float:
+    message = failure.message
+    if isinstance(message, dict):
+        return float(message.get("extraInfo", {}).get("paratrain_time", failure.timestamp))
+    return float(failure.timestamp)
 
 
 def _message(failure: Any) -> str:

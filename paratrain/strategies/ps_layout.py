@@ -25,8 +25,13 @@ PULL, PUSH, DONE, SHUTDOWN = 1, 2, 3, 4
 # rare control messages (pull, done, shutdown) carry an unused payload so that a
 # shard's single any-source receive always matches.
 TAG_MESSAGE, TAG_REPLY_HEADER, TAG_REPLY = 11, 13, 14
-HEADER_SIZE = 8
-KIND, VERSION_HI, VERSION_LO, SAMPLES, LR_SCALE, WANTS_REPLY, WANTED_HI, WANTED_LO = range(HEADER_SIZE)
+HEADER_SIZE = 11
+(KIND, VERSION_HI, VERSION_LO, SAMPLES, LR_SCALE, WANTS_REPLY, WANTED_HI, WANTED_LO,
+ WANTS_BATCH, EPOCH, NUM_BATCHES) = range(HEADER_SIZE)
+# A reply: the shard's version, then (from shard 0, when asked) the next batch of the
+# epoch for this worker: its index, or NO_MORE_BATCHES; the other shards say NOT_ASSIGNED.
+REPLY_HEADER_SIZE = 2
+NO_MORE_BATCHES, NOT_ASSIGNED = -1, -2
 _SPLIT = 1 << 20  # versions travel as two float32 fields, each exact below 2**24
 
 

@@ -29,8 +29,9 @@ from torch import nn
 
 from paratrain.errors import WorkerLost
 from paratrain.strategies.ps_layout import (
-    DONE, HEADER_SIZE, KIND, LR_SCALE, PULL, PUSH, SAMPLES, SHUTDOWN, TAG_MESSAGE, TAG_REPLY, TAG_REPLY_HEADER,
-    VERSION_HI, VERSION_LO, WANTED_HI, WANTED_LO, WANTS_REPLY, ShardLayout, decode_version,
+    DONE, EPOCH, HEADER_SIZE, KIND, LR_SCALE, NO_MORE_BATCHES, NOT_ASSIGNED, NUM_BATCHES, PULL, PUSH, SAMPLES,
+    SHUTDOWN, TAG_MESSAGE, TAG_REPLY, TAG_REPLY_HEADER, VERSION_HI, VERSION_LO, WANTED_HI, WANTED_LO, WANTS_BATCH,
+    WANTS_REPLY, ShardLayout, decode_version,
 )
 from paratrain.strategies.ps_policies import Gradient
 
@@ -66,7 +67,8 @@ class ShardServer:
         self.base_lrs = [group["lr"] for group in self.optimizer.param_groups]
         self.version = 0
         self._held: list[Gradient] = []
-        self._waiting: list[tuple[int, int]] = []  # pulls not yet answerable: (worker, wanted)
+        self._waiting: list[tuple[int, int, tuple[int, int] | None]] = []  # (worker, wanted, (epoch, batches))
+        self._next_batch: dict[int, int] = {}  # shard 0 hands out each epoch's batches in turn
         self._clocks = dict.fromkeys(range(num_workers), 0)
         self._last_message = dict.fromkeys(range(num_workers), 0.0)
         self.done: set[int] = set()
@@ -150,15 +152,16 @@ class ShardServer:
             self.incoming = message[HEADER_SIZE:]
             header = message[:HEADER_SIZE].tolist()
             kind = int(header[KIND])
+            batch = (int(header[EPOCH]), int(header[NUM_BATCHES])) if header[WANTS_BATCH] else None
             with self.lock:
                 if kind == PUSH:
                     version = decode_version(header[VERSION_HI], header[VERSION_LO])
                     grad = Gradient(worker, version, int(header[SAMPLES]), header[LR_SCALE])
                     self._on_push(grad)
                     if header[WANTS_REPLY]:
-                        self._waiting.append((worker, self.rule.wanted_after(grad)))
+                        self._waiting.append((worker, self.rule.wanted_after(grad), batch))
                 elif kind == PULL:
-                    self._waiting.append((worker, decode_version(header[WANTED_HI], header[WANTED_LO])))
+                    self._waiting.append((worker, decode_version(header[WANTED_HI], header[WANTED_LO]), batch))
                 elif kind == DONE:
                     self.done.add(worker)
                 elif kind == SHUTDOWN:
@@ -190,12 +193,12 @@ class ShardServer:
             self.held.zero_()
             self._held.clear()
         still_waiting = []
-        for worker, wanted in self._waiting:
+        for worker, wanted, batch in self._waiting:
             # A worker that is done gets what there is: nothing more will come for it.
             if worker in self.done or self.rule.may_pull(worker, wanted, self):
-                self._reply(worker)
+                self._reply(worker, self._assign(batch))
             else:
-                still_waiting.append((worker, wanted))
+                still_waiting.append((worker, wanted, batch))
         self._waiting = still_waiting
         if not self.active_workers():
             self.finished.set()
@@ -207,15 +210,27 @@ class ShardServer:
         self.optimizer.step()
         self.version += 1
 
-    def _reply(self, worker: int) -> None:
+    def _assign(self, batch: tuple[int, int] | None) -> int:
+        """The next batch of the epoch for whoever asks first (dynamic sharding: a fast
+        worker takes more of each epoch than a slow one). Shard 0 alone keeps count."""
+        if batch is None or self.shard != 0:
+            return NOT_ASSIGNED
+        epoch, num_batches = batch
+        index = self._next_batch.get(epoch, 0)
+        if index >= num_batches:
+            return NO_MORE_BATCHES
+        self._next_batch[epoch] = index + 1
+        return index
+
+    def _reply(self, worker: int, batch: int = NOT_ASSIGNED) -> None:
         live = [self._clocks[w] for w in self.active_workers()]
         if live:
             self.max_clock_gap = max(self.max_clock_gap, self._clocks[worker] - min(live))
         rank = worker + self.num_shards
-        version = torch.tensor([float(self.version)], dtype=torch.float64)
+        version = torch.tensor([float(self.version), float(batch)], dtype=torch.float64)
         self._sending.append((worker, dist.isend(version, dst=rank, tag=TAG_REPLY_HEADER), version))
         self._sending.append((worker, dist.isend(self.params, dst=rank, tag=TAG_REPLY), None))
-        self.bytes_sent += 8 + self.params.numel() * self.params.element_size()
+        self.bytes_sent += version.numel() * 8 + self.params.numel() * self.params.element_size()
 
     def _flush_replies(self) -> None:
         for worker, work, _ in self._sending:

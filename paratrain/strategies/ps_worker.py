@@ -19,6 +19,7 @@ import json
 import os
 import threading
 from datetime import timedelta
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -30,8 +31,9 @@ from paratrain.data.sharding import ShardedBatches
 from paratrain.errors import ConfigError
 from paratrain.strategies.base import LossFn, StepOutput, Strategy, resolve_device, staleness_summary
 from paratrain.strategies.ps_layout import (
-    DONE, HEADER_SIZE, KIND, LR_SCALE, PULL, PUSH, SAMPLES, SHUTDOWN, TAG_MESSAGE, TAG_REPLY, TAG_REPLY_HEADER,
-    VERSION_HI, VERSION_LO, WANTED_HI, WANTED_LO, WANTS_REPLY, ShardLayout, encode_version,
+    DONE, EPOCH, HEADER_SIZE, KIND, LR_SCALE, NUM_BATCHES, PULL, PUSH, REPLY_HEADER_SIZE, SAMPLES, SHUTDOWN,
+    TAG_MESSAGE, TAG_REPLY, TAG_REPLY_HEADER, VERSION_HI, VERSION_LO, WANTED_HI, WANTED_LO, WANTS_BATCH, WANTS_REPLY,
+    ShardLayout, encode_version,
 )
 from paratrain.strategies.ps_policies import AsyncRule, StalePolicy, SyncRule
 from paratrain.strategies.ps_server import ShardServer
@@ -101,7 +103,7 @@ class ParameterServerStrategy(Strategy):
             raise ConfigError(f"--early-stopping is not available with --strategy {config.strategy}")
         cls.check_faults(config)
         fail = config.fail_at
-        if fail and fail[0] == 0 and cls.expendable_ranks(config):
+        if fail and fail[0] == 0 and (mode == "async" or mode == "backup"):
             raise ConfigError("--fail names worker 0, the chief (it evaluates and writes the metrics); name another worker")
 
     @classmethod
@@ -242,6 +244,8 @@ class ParameterServerStrategy(Strategy):
         ]
         self._reply_works: list[Any] = []
         self._sends: list[Any] = []
+        self._epoch_asking: tuple[int, int] | None = None
+        self._assigned = -1
         self._base_lr = optimizer.param_groups[0]["lr"]
         self._versions = [0] * self.num_shards
         self._pull(wanted=0)
@@ -296,7 +300,7 @@ class ParameterServerStrategy(Strategy):
     def _post_reply(self) -> None:
         """Post the receives of every shard's next reply (version, then parameters straight
         into the model's buffer): Gloo moves a message only once its receive is posted."""
-        self._replies = [torch.zeros(1, dtype=torch.float64) for _ in range(self.num_shards)]
+        self._replies = [torch.zeros(REPLY_HEADER_SIZE, dtype=torch.float64) for _ in range(self.num_shards)]
         self._reply_works = []
         for shard in range(self.num_shards):
             self._reply_works.append(dist.irecv(self._replies[shard], src=shard, tag=TAG_REPLY_HEADER))
@@ -307,11 +311,14 @@ class ParameterServerStrategy(Strategy):
             return
         self._wait(self._reply_works, "pull")
         self._reply_works = []
-        self._versions = [int(r.item()) for r in self._replies]
+        self._versions = [int(r[0].item()) for r in self._replies]
+        self._assigned = int(self._replies[0][1].item())
         if self._host is not self._flat:
             self._flat.copy_(self._host, non_blocking=True)
 
     def _send(self, kind: int, *, samples: int = 0, wants_reply: bool = False, wanted: int = 0) -> None:
+        # A message that asks for a reply during an epoch of assigned batches also asks for a batch.
+        epoch = self._epoch_asking if wants_reply else None
         """One message to every shard: header, then (for a push) that shard's gradient slice."""
         # The previous message's buffers are reused now; its sends finished long ago in
         # practice, so waiting for them here keeps the wait off the step's critical path.
@@ -327,6 +334,8 @@ class ParameterServerStrategy(Strategy):
             header[VERSION_HI], header[VERSION_LO] = encode_version(self._versions[shard])
             header[SAMPLES], header[LR_SCALE], header[WANTS_REPLY] = samples, self._lr_scale, float(wants_reply)
             header[WANTED_HI], header[WANTED_LO] = encode_version(wanted)
+            if epoch is not None:
+                header[WANTS_BATCH], header[EPOCH], header[NUM_BATCHES] = 1.0, epoch[0], epoch[1]
             if kind == PUSH:
                 message[HEADER_SIZE:].copy_(self._host_grad[self.layout.shard_range(shard)])
             works.append(dist.isend(message, dst=shard, tag=TAG_MESSAGE))
@@ -341,8 +350,21 @@ class ParameterServerStrategy(Strategy):
     def _pull(self, wanted: int) -> None:
         self._await_reply()
         self._post_reply()
-        self._send(PULL, wanted=wanted)
+        self._send(PULL, wanted=wanted, wants_reply=True)
         self._await_reply()
+
+    # ----- dynamically sharded data --------------------------------------------------------
+    def assigned_batches(self, epoch: int, num_batches: int) -> Iterator[int]:
+        """Indices of the batches of ``epoch`` that shard 0 hands this worker, one per step:
+        each comes with the parameters of the reply to the previous push."""
+        self._epoch_asking = (epoch, num_batches)
+        try:
+            self._pull(wanted=self._versions[0])  # the epoch's first batch
+            while self._assigned >= 0:
+                yield self._assigned
+                self._await_reply()  # the reply to this step's push: parameters and next batch
+        finally:
+            self._epoch_asking = None
 
     def _wait(self, works: list[Any], what: str) -> None:
         try:
@@ -376,8 +398,12 @@ class ParameterServerStrategy(Strategy):
     def distribute(
         self, dataset: object, batch_size: int, *, shuffle: bool = True, drop_last: bool = True, seed: int = 0
     ) -> ShardedBatches:
+        self.setup()
         if drop_last:
-            return super().distribute(dataset, batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed)
+            # Synchronous rounds take N batches: whole rounds per epoch keep ps-sync equal to
+            # one process with the global batch. Backup and async workers take what they can.
+            group = self.num_replicas if self.mode == "sync" else 1
+            return AssignedBatches(self, dataset, batch_size, group=group, shuffle=shuffle, seed=seed)
         # Evaluation: the chief alone, on all of it (workers never wait for each other here).
         return ShardedBatches(dataset, batch_size, shuffle=False, drop_last=False, device=self.device)
 
@@ -392,7 +418,7 @@ class ParameterServerStrategy(Strategy):
         )
         # The chief's own count is live (its final pull and the coming shutdown included);
         # the shards published theirs before answering that final pull.
-        final_replies = sum(s["bytes"] + 8 for s in self._server_stats)
+        final_replies = sum(s["bytes"] + 8 * REPLY_HEADER_SIZE for s in self._server_stats)
         chief = self._bytes_sent + sum(m.numel() * m.element_size() for m in self._messages)
         return {
             "bytes_sent": others + chief + final_replies + sum(s["bytes_sent"] for s in self._server_stats),
@@ -413,3 +439,29 @@ class ParameterServerStrategy(Strategy):
         self._stop.set()
         destroy_process_group()
         super().teardown()
+
+
+class AssignedBatches(ShardedBatches):
+    """One epoch's batches of the whole data set (one permutation, the same on every
+    worker), handed out one at a time by shard 0 in the order workers ask: dynamic
+    sharding. A straggler takes fewer batches instead of holding the others back, which
+    is what asynchronous and backup-worker training need to gain from it."""
+
+    def __init__(self, strategy: ParameterServerStrategy, dataset: object, batch_size: int, *, group: int, shuffle: bool, seed: int):
+        self.strategy = strategy
+        self.group = group
+        super().__init__(dataset, batch_size, shuffle=shuffle, drop_last=True, seed=seed, device=strategy.device, prefetch=0)
+        self.rank = strategy.rank  # each worker its own stream of random transforms
+
+    @property
+    def num_batches(self) -> int:
+        return self.num_examples // self.batch_size // self.group * self.group
+
+    def __len__(self) -> int:
+        """This worker's expected share of an epoch (the progress bar's total)."""
+        return -(-self.num_batches // max(self.strategy.num_replicas, 1))
+
+    def batch_indices(self) -> Iterator[torch.Tensor]:  # type: ignore[override]
+        order = self._order()
+        for k in self.strategy.assigned_batches(self.epoch, self.num_batches):
+            yield order[k * self.batch_size : (k + 1) * self.batch_size]

@@ -69,17 +69,21 @@ def test_three_workers_reach_95_percent(cli, tmp_path, args):
     assert metrics["workers"] == 3 and metrics["ps_shards"] == 1
     staleness = metrics["staleness"]
     applied = sum(staleness["histogram"].values())
-    pushes = 15 * (1433 // (32 * (3 + metrics["backup_workers"]))) * (3 + metrics["backup_workers"])
-    # Every gradient is accounted for: applied or dropped (and the drops' samples counted).
-    assert applied + metrics["dropped_gradients"] == pushes
+    batches = 1433 // 32  # per epoch, handed out to whichever worker asks first
+    if metrics["strategy"] == "ps-sync":
+        batches = batches // 3 * 3  # whole rounds of 3
+    # Every batch of every epoch made one gradient, applied or dropped (samples counted too).
+    assert applied + metrics["dropped_gradients"] == 15 * batches
     assert metrics["dropped_samples"] == 32 * metrics["dropped_gradients"]
     if metrics["strategy"] == "ps-sync":
         assert metrics["dropped_gradients"] == 0 and staleness["max"] == 0
-        assert metrics["global_steps"] == pushes // 3
+        assert metrics["global_steps"] == 15 * batches // 3
     if metrics["strategy"] == "ps-backup":
+        # Rounds of the first 3 of 4 gradients: about one in four arrives late.
         assert metrics["dropped_gradients"] > 0 and staleness["max"] == 0
+        assert 0 <= applied - 3 * metrics["global_steps"] <= 3 * 3  # only the last rounds may be short
     if metrics["strategy"] == "ps-async":
-        assert staleness["max"] >= 1 and metrics["global_steps"] == pushes
+        assert staleness["max"] >= 1 and metrics["global_steps"] == applied
 
 
 def test_backup_workers_drop_the_straggler(cli, tmp_path):
@@ -87,10 +91,12 @@ def test_backup_workers_drop_the_straggler(cli, tmp_path):
         cli, tmp_path, "--strategy", "ps-backup", "--workers", "2", "--backup-workers", "1",
         "--straggler", "2:4", *FAST,
     )
-    steps_each = 2 * (1433 // (32 * 3))
-    # Rounds take the first 2 gradients; the straggler's come late and are dropped.
-    assert metrics["dropped_gradients"] >= steps_each // 2
-    assert metrics["global_steps"] * 2 >= 2 * steps_each
+    applied = sum(metrics["staleness"]["histogram"].values())
+    assert applied + metrics["dropped_gradients"] == 2 * (1433 // 32)
+    # Rounds take the first 2 gradients; the straggler's come late and are dropped, and
+    # being slow it takes few batches: the two fast workers make nearly every round.
+    assert metrics["dropped_gradients"] >= 3
+    assert metrics["global_steps"] >= 0.8 * (applied // 2)
 
 
 def test_staleness_bound_is_never_exceeded(cli, tmp_path):
