@@ -14,6 +14,7 @@ from paratrain.errors import ConfigError, DivergedError, ParatrainError, WorkerF
 from paratrain.launch.torchrun import launch
 from paratrain.strategies.allreduce import AllReduceStrategy
 from paratrain.strategies.base import StepOutput, Strategy, get_strategy
+from paratrain.strategies.ps_worker import ParameterServerStrategy
 from paratrain.strategies.single import SingleDeviceStrategy
 from paratrain.train.callbacks import Callback, EarlyStopping, LearningRateScheduler
 from paratrain.train.job import run as run_training
@@ -27,6 +28,6 @@ __version__ = "0.1.0"
 __all__ = [
     "AllReduceStrategy", "Callback", "ConfigError", "Constant", "DivergedError", "EarlyStopping",
     "ExponentialDecay", "History", "LearningRateScheduler", "LinearScalingWarmup", "MirroredStrategy",
-    "ParatrainError", "SingleDeviceStrategy", "StepOutput", "Strategy", "TrainConfig", "Trainer",
+    "ParameterServerStrategy", "ParatrainError", "SingleDeviceStrategy", "StepOutput", "Strategy", "TrainConfig", "Trainer",
     "WorkerFailed", "get_strategy", "launch", "run_training",
 ]

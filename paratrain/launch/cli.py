@@ -123,7 +123,7 @@ def report_errors(fn: Callable[..., Any], *args: Any, prog: str = "paratrain") -
         return result if isinstance(result, int) else 0
     except WorkerFailed as error:
         prefix = "error: " if error.exit_code == 2 else ""
-        detail = str(error) if error.exit_code == 1 else str(error).split(": ", 1)[1]
+        detail = str(error) if error.exit_code == 1 else error.message
         print(f"{prog}: {prefix}{detail}", file=sys.stderr)
         return error.exit_code
     except DivergedError as error:

@@ -79,3 +79,10 @@ def test_examples_report_bad_data_in_one_line(tmp_path):
         f"text_lstm: error: --data-dir {tmp_path / 'absent'}: no such directory; "
         "expected a folder with train/ and test/, each with one folder of .txt files per class"
     )
+
+
+def test_parameter_server_async():
+    result = run_example("parameter_server_async.py", "--workers", "2", "--epochs", "1", "--slowdown", "2")
+    assert result.returncode == 0, result.stderr[-3000:]
+    for mode in ("ps-sync", "ps-backup", "ps-async"):
+        assert re.search(rf"{mode}\s.*\d+\s.*0\.\d{{4}}", result.stdout), result.stdout
