@@ -31,6 +31,7 @@ The table CODECS in ``registry.py`` names the builders at the bottom of this fil
 from __future__ import annotations
 
 import math
+import zlib
 from collections.abc import Hashable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -59,6 +60,14 @@ def _numel(shape: tuple[int, ...]) -> int:
 
 def _itemsize(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
+
+
+def _stream_generator(seed: int, key: Hashable, count: int, device: torch.device) -> torch.Generator:
+    """A generator for draw ``count`` of stream ``key``: the same numbers whatever order
+    the keys come in (DDP's buckets change order after the first step) and after a
+    resume, with only a counter per key as state."""
+    mixed = (seed * 1_000_003 + zlib.crc32(repr(key).encode())) * 1_000_033 + count
+    return torch.Generator(device=device).manual_seed(mixed % 2**63)
 
 
 class Codec:
@@ -166,8 +175,8 @@ class Int8Codec(Codec):
     chunk_size: int = 256
     stochastic_rounding: bool = False
     seed: int = 0
-    # state: the generator of the rounding noise (made on first use, on the data's device)
-    generator: torch.Generator | None = field(default=None, repr=False, compare=False)
+    # state: how many tensors of each key were rounded stochastically (seeds the noise)
+    counts: dict[Hashable, int] = field(default_factory=dict, repr=False)
 
     name = "int8"
 
@@ -191,7 +200,10 @@ class Int8Codec(Codec):
         scale = chunks.abs().amax(dim=1) / 127.0
         scaled = chunks / torch.where(scale > 0, scale, torch.ones_like(scale))[:, None]
         if self.stochastic_rounding:
-            noise = torch.rand(scaled.shape, generator=self._generator(scaled.device), device=scaled.device)
+            count = self.counts.get(key, 0)
+            self.counts[key] = count + 1
+            generator = _stream_generator(self.seed, key, count, scaled.device)
+            noise = torch.rand(scaled.shape, generator=generator, device=scaled.device)
             codes = torch.floor(scaled + noise)
         else:
             codes = torch.round(scaled)
@@ -207,18 +219,11 @@ class Int8Codec(Codec):
         n = _numel(shape)
         return n + 4 * math.ceil(n / self.chunk_size)
 
-    def _generator(self, device: torch.device) -> torch.Generator:
-        if self.generator is None or self.generator.device != device:
-            self.generator = torch.Generator(device=device).manual_seed(self.seed)
-        return self.generator
-
     def state_dict(self) -> dict[str, Any]:
-        return {} if self.generator is None else {"generator": self.generator.get_state()}
+        return {"counts": dict(self.counts)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        if "generator" in state:
-            self.generator = torch.Generator().manual_seed(self.seed)
-            self.generator.set_state(state["generator"])
+        self.counts = dict(state.get("counts", {}))
 
 
 @dataclass(eq=False)
@@ -279,9 +284,8 @@ class PowerSGDCodec(Codec):
     rank: int = 2
     min_compression_rate: float = 2.0
     seed: int = 0
-    # state: the warm-start Q of each key, and the generator of the first Qs
-    q: dict[Hashable, torch.Tensor] = field(default_factory=dict, repr=False, compare=False)
-    generator: torch.Generator | None = field(default=None, repr=False, compare=False)
+    # state: the warm-start Q of each key (a key's first Q is drawn from seed and key)
+    q: dict[Hashable, torch.Tensor] = field(default_factory=dict, repr=False)
 
     name = "powersgd"
 
@@ -307,9 +311,8 @@ class PowerSGDCodec(Codec):
         matrix = tensor.detach().reshape(n, m)
         q = self.q.get(key)
         if q is None or q.shape != (m, r):
-            if self.generator is None:
-                self.generator = torch.Generator().manual_seed(self.seed)
-            q = torch.randn(m, r, generator=self.generator, dtype=matrix.dtype)
+            generator = _stream_generator(self.seed, key, 0, torch.device("cpu"))
+            q = torch.randn(m, r, generator=generator, dtype=matrix.dtype)
         q = q.to(matrix.device)
         p = torch.linalg.qr(matrix @ q).Q
         q = matrix.T @ p
@@ -334,16 +337,10 @@ class PowerSGDCodec(Codec):
         return (n + m) * r * _itemsize(dtype)
 
     def state_dict(self) -> dict[str, Any]:
-        state: dict[str, Any] = {"q": dict(self.q)}
-        if self.generator is not None:
-            state["generator"] = self.generator.get_state()
-        return state
+        return {"q": dict(self.q)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.q = dict(state.get("q", {}))
-        if "generator" in state:
-            self.generator = torch.Generator().manual_seed(self.seed)
-            self.generator.set_state(state["generator"])
 
 
 # ----- the builders of registry.CODECS -------------------------------------------------
