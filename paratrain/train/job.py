@@ -47,10 +47,13 @@ def run(config: TrainConfig) -> dict[str, Any]:
             log_every=config.log_every,
         )
         last = history.epochs[-1]
+        stats = strategy.stats()
         document = metrics_document(
             strategy.describe(),
-            strategy.stats(),
+            stats,
             {
+                # beyond the DESIGN's keys: the communication cost of one global step
+                "bytes_per_step": stats["bytes_sent"] / trainer.global_step if trainer.global_step else 0.0,
                 "model": config.model,
                 "dataset": config.dataset,
                 "epochs": len(history.epochs),
