@@ -64,6 +64,8 @@ def run_all(jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for settings in jobs:
         config = TrainConfig(**settings)
         metrics = job.run(config)
+        if "test_accuracy" not in metrics:  # only the chief gets the metrics document
+            continue
         rows.append({
             "model": config.model,
             "compression": metrics["compression"],
@@ -105,6 +107,14 @@ def table(rows: list[dict[str, Any]], columns: list[tuple[str, str, str]]) -> st
     return "\n".join([head, rule, *body])
 
 
+def _setting(item: str) -> tuple[str, Any]:
+    key, _, text = item.partition("=")
+    try:
+        return key.replace("-", "_"), json.loads(text)
+    except ValueError:
+        return key.replace("-", "_"), text
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default=",".join(MODELS))
@@ -116,6 +126,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--compression-ratio", type=float, default=0.01, help="top-k's R")
     parser.add_argument("--powersgd-rank", type=int, default=2)
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="any other run setting, e.g. --set lr_schedule=exponential --set lr_decay_steps=250")
     parser.add_argument("--out", default="benchmarks/results/compression.json")
     parser.add_argument("--formulas", action="store_true", help="print bytes per step from the formulas; train nothing")
     args = parser.parse_args(argv)
@@ -138,7 +150,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from paratrain.launch.torchrun import launch
 
-    jobs = [dict(model=model, compression=codec, strategy="allreduce", workers=args.workers, epochs=args.epochs,
+    extra = dict(_setting(item) for item in args.set)
+    jobs = [dict(**extra, model=model, compression=codec, strategy="allreduce", workers=args.workers, epochs=args.epochs,
                  seed=args.seed, optimizer=args.optimizer, lr=args.lr, compression_ratio=args.compression_ratio, powersgd_rank=args.powersgd_rank,
                  progress=False, log_every=0)
             for model in models for codec in codecs]

@@ -156,15 +156,15 @@ def _train_every_codec(names):
     results = {}
     for name in names:
         metrics = job.run(TrainConfig(compression=name, **RECIPE))
-        results[name] = {k: metrics[k] for k in ("test_accuracy", "bytes_sent", "bytes_per_step", "global_steps", "compression")}
+        if "test_accuracy" in metrics:  # the chief's metrics document
+            keys = ("test_accuracy", "bytes_sent", "bytes_per_step", "global_steps", "compression")
+            results[name] = {k: metrics[k] for k in keys}
     destroy_process_group()
     return results
 
 
 def test_every_codec_reaches_the_uncompressed_accuracy():
-    ranks = run_distributed(_train_every_codec, CODECS, world_size=2)
-    assert ranks[0] == ranks[1]  # stats are reduced over ranks: every rank agrees
-    results = ranks[0]
+    results = run_distributed(_train_every_codec, CODECS, world_size=2)[0]
     baseline = results["none"]["test_accuracy"]
     assert baseline >= 0.95
     steps = results["none"]["global_steps"]
@@ -198,7 +198,7 @@ def _resume(names, directory):
     for index, label in enumerate(names):
         # "powersgd@cifar_cnn": DDP puts all of a model's gradients in one bucket for
         # the first step, then rebuilds its buckets; the CNN's 1.1 MB of gradients with
-        # 0.1 MB buckets make 5, so the saved state must be laid out anew twice.
+        # 0.1 MB buckets make 4, so the saved state must be laid out anew twice.
         name, _, model_name = label.partition("@")
 
         def build():
