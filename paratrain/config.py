@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from paratrain.errors import ConfigError
-from paratrain.registry import DATASETS, MODELS, OPTIMIZERS, SCHEDULES, STRATEGIES
+from paratrain.registry import CODECS, DATASETS, MODELS, OPTIMIZERS, SCHEDULES, STRATEGIES
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -66,6 +66,10 @@ class TrainConfig:
     staircase: bool = _opt(True, "exponential schedule: decay in whole steps (the CIFAR-10 recipe)")
     warmup_epochs: float = _opt(0.0, "linear-scaling schedule: epochs of gradual warm-up (Goyal et al. use 5)")
     reference_batch: int = _opt(256, "linear-scaling schedule: global batch at which --lr applies unscaled")
+    compression: str = _opt("none", "gradient codec on the wire (allreduce: as a DDP communication hook)", choices=CODECS)
+    compression_ratio: float = _opt(0.01, "topk: fraction R of each gradient's entries sent, 0 < R <= 1 (the rest is carried by error feedback)")
+    powersgd_rank: int = _opt(2, "powersgd: rank r of the low-rank approximation (Vogels et al. 2019 use 1-4)")
+    stochastic_rounding: bool = _opt(False, "int8: round stochastically (unbiased) instead of to nearest")
     early_stopping: int = _opt(0, "stop after this many epochs without test-loss improvement (0: off)")
     seed: int = _opt(0, "random seed for model initialisation and data order")
     log_every: int = _opt(50, "print the step log every this many steps (0: only per epoch)")
@@ -75,12 +79,12 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         self._check_types()
-        for name in ("model", "dataset", "strategy", "optimizer", "lr_schedule"):
+        for name in ("model", "dataset", "strategy", "optimizer", "lr_schedule", "compression"):
             registry = _field(name).metadata["choices"]
             setattr(self, name, registry.canonical(getattr(self, name)))
         _choice("device", self.device, ("auto", "cpu", "cuda"))
         _choice("stale_policy", self.stale_policy, ("none", "scale-lr", "drop"))
-        for name in ("workers", "epochs", "batch_size", "lr_decay_steps", "reference_batch", "max_len"):
+        for name in ("workers", "epochs", "batch_size", "lr_decay_steps", "reference_batch", "max_len", "powersgd_rank"):
             _at_least(name, getattr(self, name), 1)
         _at_least("vocab_size", self.vocab_size, 3)  # padding, unknown, and one word
         for name in ("early_stopping", "log_every", "seed", "backup_workers", "max_staleness", "warmup_steps"):
@@ -93,6 +97,12 @@ class TrainConfig:
                 raise ConfigError(f"{_flag(name)} must be > 0, got {getattr(self, name)}")
         for name in ("momentum", "weight_decay", "warmup_epochs"):
             _at_least(name, getattr(self, name), 0)
+        if not 0 < self.compression_ratio <= 1:
+            raise ConfigError(f"--compression-ratio must be in (0, 1], got {self.compression_ratio}")
+        if self.stochastic_rounding and self.compression != "int8":
+            raise ConfigError(
+                f"--stochastic-rounding applies to --compression int8, this run uses --compression {self.compression}"
+            )
         if self.metrics_out is not None:
             _check_writable("metrics_out", self.metrics_out)
         self.fail_at = _parse_fault("fail", self.fail, "@", int, "WORKER@STEP, e.g. 1@40")

@@ -1,4 +1,4 @@
-"""Name -> implementation tables: strategies, models, data sets, optimizers, schedules.
+"""Name -> implementation tables: strategies, codecs, models, data sets, optimizers, schedules.
 
 Every mode of paratrain is one object looked up here by the name the user gives;
 nothing branches on mode names elsewhere. Entries are ``"module:attribute"`` strings
@@ -58,6 +58,19 @@ STRATEGIES = Registry(
         "ps-async": "paratrain.strategies.ps_worker:ParameterServerStrategy",
     },
     aliases={"mirrored": "allreduce"},
+)
+
+# Gradient codecs (paratrain/comm/codecs.py): builders ``(CodecOptions) -> Codec``.
+CODECS = Registry(
+    "codec",
+    {
+        "none": "paratrain.comm.codecs:make_none",
+        "fp16": "paratrain.comm.codecs:make_fp16",
+        "bf16": "paratrain.comm.codecs:make_bf16",
+        "int8": "paratrain.comm.codecs:make_int8",
+        "topk": "paratrain.comm.codecs:make_topk",
+        "powersgd": "paratrain.comm.codecs:make_powersgd",
+    },
 )
 
 MODELS = Registry(

@@ -5,36 +5,67 @@ global batch, and DistributedDataParallel averages them with an all-reduce (buck
 and overlapped with the backward pass), so every replica applies the same update.
 With per-replica batch ``b`` on ``N`` replicas this is one step of batch ``N*b``: the
 "towers" of the classic multi-GPU recipes. NCCL between GPUs, Gloo on the CPU.
+
+``compression=`` (a CODECS name or a Codec) puts a gradient codec on the wire as a DDP
+communication hook (``comm/hooks.py``); ``none`` keeps DDP's own all-reduce.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from paratrain.comm.codecs import Codec, CodecOptions, make_codec
+from paratrain.comm.hooks import CommHook, make_hook
 from paratrain.comm.transport import (
     cluster_from_env,
     default_backend,
     destroy_process_group,
     ensure_process_group,
 )
+from paratrain.errors import ConfigError
 from paratrain.strategies.base import Strategy, resolve_device, staleness_summary
+
+if TYPE_CHECKING:
+    from paratrain.config import TrainConfig
 
 
 class AllReduceStrategy(Strategy):
     name = "allreduce"
+    takes_compression = True
 
-    def __init__(self, device: str = "auto", timeout: float = 300.0, bucket_cap_mb: float = 25.0):
+    def __init__(
+        self,
+        device: str = "auto",
+        timeout: float = 300.0,
+        bucket_cap_mb: float = 25.0,
+        compression: str | Codec = "none",
+    ):
         super().__init__(device=device, timeout=timeout)
         self.bucket_cap_mb = bucket_cap_mb
+        self.codec = make_codec(compression) if isinstance(compression, str) else compression
+        self.hook: CommHook | None = None
+        self._hook_state: dict[str, Any] | None = None  # loaded before prepare() made the hook
         self._rank = 0
         self._world_size = 1
         self._owns_group = False
         self._grad_bytes = 0
+
+    @classmethod
+    def from_config(cls, config: "TrainConfig") -> "AllReduceStrategy":
+        options = CodecOptions(
+            compression_ratio=config.compression_ratio,
+            powersgd_rank=config.powersgd_rank,
+            stochastic_rounding=config.stochastic_rounding,
+        )
+        return cls(device=config.device, timeout=config.timeout, compression=make_codec(config.compression, options))
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "compression": self.codec.name}
 
     def setup(self) -> None:
         if self._ready:
@@ -66,6 +97,12 @@ class AllReduceStrategy(Strategy):
             # Gradients live in DDP's buckets: one copy fewer per step.
             gradient_as_bucket_view=True,
         )
+        self.hook = make_hook(self.codec)
+        if self.hook is not None:
+            self.hook.register(ddp)
+            if self._hook_state is not None:
+                self.hook.load_state_dict(self._hook_state)
+                self._hook_state = None
         return ddp, optimizer
 
     def unwrap(self, model: nn.Module) -> nn.Module:
@@ -78,12 +115,37 @@ class AllReduceStrategy(Strategy):
     def stats(self) -> dict[str, Any]:
         # Each rank hands its whole gradient to the all-reduce every step; the
         # algorithm's own traffic (ring: 2(n-1)/n of it) is the backend's business.
+        # A codec's hook counts what this rank handed to its collectives, exactly.
         total_steps = self._steps * self._world_size
+        if self.hook is None:
+            bytes_sent = self._grad_bytes * total_steps
+        else:
+            counter = torch.tensor([self.hook.bytes_sent], dtype=torch.int64, device=self.device)
+            bytes_sent = int(self.all_reduce_sum(counter).item())
         return {
-            "bytes_sent": self._grad_bytes * total_steps,
+            "bytes_sent": bytes_sent,
             "dropped_gradients": 0,
             "staleness": staleness_summary({0: total_steps}),
         }
+
+    def state_dict(self) -> dict[str, Any]:
+        """Adds the codec's name and this rank's hook state (error-feedback residuals and
+        PowerSGD's P and Q are per rank: save every rank's, or lose them on resume)."""
+        hook_state = self.hook.state_dict() if self.hook is not None else self._hook_state
+        return {**super().state_dict(), "compression": self.codec.name, "hook": hook_state or {}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        written = state.get("compression", "none")
+        if written != self.codec.name:
+            raise ConfigError(
+                f"checkpoint was written with --compression {written}, this run uses "
+                f"--compression {self.codec.name}"
+            )
+        if self.hook is not None:
+            self.hook.load_state_dict(state.get("hook", {}))
+        else:
+            self._hook_state = state.get("hook") or None
 
     def teardown(self) -> None:
         if self._owns_group:

@@ -74,6 +74,8 @@ class Strategy:
     """Base of every training mode; the default methods are those of one plain replica."""
 
     name: ClassVar[str] = "base"
+    takes_compression: ClassVar[bool] = False
+    """Whether the mode sends gradients that a codec (``--compression``) can compress."""
 
     def __init__(self, device: str = "auto", timeout: float = 300.0):
         self.device_preference = device

@@ -65,6 +65,8 @@ def run(config: TrainConfig) -> dict[str, Any]:
             strategy.describe(),
             stats,
             {
+                # beyond the DESIGN's keys: the communication cost of one global step
+                "bytes_per_step": stats["bytes_sent"] / global_steps if global_steps else 0.0,
                 "model": config.model,
                 "dataset": config.dataset,
                 "epochs": len(history.epochs),

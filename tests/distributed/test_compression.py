@@ -1,0 +1,283 @@
+"""Gradient codecs with allreduce on 2 Gloo processes, against the uncompressed reference."""
+
+import copy
+import json
+import math
+
+import pytest
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+import paratrain
+from paratrain.comm.codecs import CodecOptions, Int8Codec, TopKCodec, make_codec
+from paratrain.comm.error_feedback import ErrorFeedback
+from paratrain.comm.hooks import make_hook
+from paratrain.comm.transport import destroy_process_group, ensure_process_group
+from paratrain.config import TrainConfig
+from paratrain.data.datasets import load_digits
+from paratrain.models import build_model
+from paratrain.testing import flat_parameters, run_distributed
+from paratrain.train import job
+
+pytestmark = pytest.mark.distributed
+
+CODECS = ["none", "fp16", "bf16", "int8", "topk", "powersgd"]
+MLP_PARAMETERS = 64 * 256 + 256 + 256 * 10 + 10
+
+
+def _mlp(name="mlp"):
+    torch.manual_seed(0)
+    return build_model(name, load_digits().spec)
+
+
+def _step_bytes(name):
+    """Bytes one rank sends per step for the MLP, from the codecs' formulas."""
+    hook = make_hook(make_codec(name))
+    return 4 * MLP_PARAMETERS if hook is None else hook.step_bytes(_mlp())
+
+
+# ----- the hooked averaged gradient against the unhooked one ------------------------------
+
+
+def _hooked_and_reference_gradients(names, steps):
+    """Per codec and step: this rank's local gradient, the hooked DDP's averaged one and
+    the unhooked DDP's, on the same model and this rank's own 32 examples."""
+    ensure_process_group("gloo", 60)
+    rank = dist.get_rank()
+    x, y = load_digits().train.tensors
+    x, y = x[32 * rank : 32 * (rank + 1)], y[32 * rank : 32 * (rank + 1)]
+    base, loss_fn = _mlp(), nn.CrossEntropyLoss()
+    reference, local = DistributedDataParallel(copy.deepcopy(base)), copy.deepcopy(base)
+    results = {}
+    for name in names:
+        strategy = paratrain.AllReduceStrategy(device="cpu", compression=name)
+        model = copy.deepcopy(base)
+        hooked, _ = strategy.prepare(model, torch.optim.SGD(model.parameters(), lr=0.0))
+        records = []
+        for _ in range(steps):
+            record = {}
+            for label, model in (("hooked", hooked), ("reference", reference), ("local", local)):
+                model.zero_grad()
+                loss_fn(model(x), y).backward()
+                record[label] = {n: p.grad.clone() for n, p in strategy.unwrap(model).named_parameters()}
+            records.append(record)
+        results[name] = {"steps": records, "bytes_sent": strategy.hook.bytes_sent if strategy.hook else None}
+    destroy_process_group()
+    return results
+
+
+@pytest.fixture(scope="module")
+def gradients():
+    return run_distributed(_hooked_and_reference_gradients, CODECS, 3, world_size=2)
+
+
+def _each_step(gradients, name):
+    """(hooked, reference, [local of rank 0, local of rank 1]) per step, per parameter."""
+    for step, (r0, r1) in enumerate(zip(gradients[0][name]["steps"], gradients[1][name]["steps"])):
+        for p in r0["hooked"]:
+            # the replicas must apply the very same update
+            assert torch.equal(r0["hooked"][p], r1["hooked"][p]), (name, step, p)
+            yield step, p, r0["hooked"][p], r0["reference"][p], [r0["local"][p], r1["local"][p]]
+
+
+def test_none_is_ddps_own_all_reduce(gradients):
+    assert gradients[0]["none"]["bytes_sent"] is None  # no hook at all
+    for _, _, hooked, reference, _ in _each_step(gradients, "none"):
+        assert torch.equal(hooked, reference)
+
+
+@pytest.mark.parametrize("name, unit, smallest", [("fp16", 2.0**-11, 2.0**-24), ("bf16", 2.0**-8, 0.0)])
+def test_half_precision_hook_matches_the_uncompressed_average(gradients, name, unit, smallest):
+    for _, p, hooked, reference, (g0, g1) in _each_step(gradients, name):
+        # two roundings (each half-gradient, then their sum), relative to the halves'
+        # magnitudes, plus the spacing of fp16's subnormals near zero
+        bound = 2 * unit * (g0.abs() + g1.abs()) / 2 * 1.01 + smallest + 1e-7 * reference.abs()
+        assert bool(((hooked - reference).abs() <= bound).all()), p
+    assert gradients[0][name]["bytes_sent"] == 3 * 2 * MLP_PARAMETERS
+
+
+def _decode_then_average(codecs, locals_, key):
+    """What the all-gather hook must compute: every rank's payload decoded, in rank order."""
+    total = torch.zeros_like(locals_[0])
+    for codec, g in zip(codecs, locals_):
+        total.add_(codec.decompress(*codec.compress(g, key)))
+    return total.div_(len(locals_))
+
+
+@pytest.mark.parametrize("name, make", [("int8", Int8Codec), ("topk", lambda: ErrorFeedback(TopKCodec(0.01)))])
+def test_all_gather_hook_decodes_then_averages(gradients, name, make):
+    codecs = [make(), make()]  # one per rank: error feedback keeps each rank's own residual
+    for step, p, hooked, reference, locals_ in _each_step(gradients, name):
+        assert torch.equal(hooked, _decode_then_average(codecs, locals_, p)), (step, p)
+        if name == "int8":  # half a quantization step per rank, at most
+            assert (hooked - reference).norm() <= 0.01 * reference.norm()
+    assert gradients[0][name]["bytes_sent"] == 3 * _step_bytes(name)
+
+
+def test_topk_error_feedback_sends_everything_eventually(gradients):
+    """Three steps of the same gradient: what was averaged plus the ranks' mean residual
+    is three times the uncompressed average."""
+    sent = {}
+    for _, p, hooked, reference, _ in _each_step(gradients, "topk"):
+        sent[p] = sent.get(p, 0) + hooked
+    residuals = [ErrorFeedback(TopKCodec(0.01)) for _ in range(2)]
+    for step in range(3):
+        for rank, codec in enumerate(residuals):
+            for p, g in gradients[rank]["topk"]["steps"][step]["local"].items():
+                codec.compress(g, p)
+    for p, total in sent.items():
+        owed = (residuals[0].residuals[p] + residuals[1].residuals[p]) / 2
+        reference = gradients[0]["topk"]["steps"][0]["reference"][p]
+        torch.testing.assert_close(total + owed, 3 * reference, rtol=1e-5, atol=1e-6)
+
+
+def test_powersgd_hook_is_exact_until_it_starts_then_low_rank(gradients):
+    for step, p, hooked, reference, _ in _each_step(gradients, "powersgd"):
+        if step < 2 or hooked.dim() == 1:  # plain all-reduce; vectors are never compressed
+            torch.testing.assert_close(hooked, reference, rtol=1e-6, atol=1e-7)
+        else:  # a projection of the (error-corrected) average: never larger an error than it
+            assert 0 < (hooked - reference).norm() < reference.norm()
+    assert gradients[0]["powersgd"]["bytes_sent"] == 2 * 4 * MLP_PARAMETERS + _step_bytes("powersgd")
+
+
+# ----- every codec trains to the uncompressed accuracy --------------------------------------
+
+# Long enough for top-k at 1% to converge (it sends each entry about once per 100
+# steps), with the learning rate decayed 10x twice so that the final accuracy is a
+# settled value rather than one noisy epoch: 30 epochs of 22 steps, decay every 250.
+RECIPE = dict(strategy="allreduce", workers=2, epochs=30, lr_schedule="exponential", lr_decay_steps=250,
+              seed=0, progress=False, log_every=0)
+
+
+def _train_every_codec(names):
+    ensure_process_group("gloo", 60)
+    results = {}
+    for name in names:
+        metrics = job.run(TrainConfig(compression=name, **RECIPE))
+        if "test_accuracy" in metrics:  # the chief's metrics document
+            keys = ("test_accuracy", "bytes_sent", "bytes_per_step", "global_steps", "compression")
+            results[name] = {k: metrics[k] for k in keys}
+    destroy_process_group()
+    return results
+
+
+def test_every_codec_reaches_the_uncompressed_accuracy():
+    results = run_distributed(_train_every_codec, CODECS, world_size=2)[0]
+    baseline = results["none"]["test_accuracy"]
+    assert baseline >= 0.95
+    steps = results["none"]["global_steps"]
+    assert steps == 30 * (1437 // 64)
+    for name in CODECS:
+        assert results[name]["compression"] == name
+        assert results[name]["test_accuracy"] >= baseline - 0.01, (name, results[name], baseline)
+        # exact accounting: both ranks, every step, the formula's bytes
+        full_steps = 2 if name == "powersgd" else 0  # PowerSGD's plain all-reduce steps
+        expected = 2 * (full_steps * 4 * MLP_PARAMETERS + (steps - full_steps) * _step_bytes(name))
+        assert results[name]["bytes_sent"] == expected, name
+        assert results[name]["bytes_per_step"] == pytest.approx(expected / steps)
+    ratio = {n: results["none"]["bytes_sent"] / results[n]["bytes_sent"] for n in CODECS}
+    assert ratio["fp16"] == ratio["bf16"] == 2.0
+    assert ratio["int8"] >= 3.9 and ratio["topk"] >= 30
+
+
+# ----- compressed state survives a checkpoint ----------------------------------------------
+
+
+def _resume(names, directory):
+    """Train 6 steps straight, and 3 steps then a checkpoint and 3 more in a fresh
+    strategy, model and optimizer that load it; the parameters must be identical."""
+    ensure_process_group("gloo", 60)
+    rank = dist.get_rank()
+    x, y = load_digits().train.tensors
+    batches = [(x[64 * s + 32 * rank :][:32], y[64 * s + 32 * rank :][:32]) for s in range(6)]
+    loss_fn = nn.CrossEntropyLoss()
+    options = CodecOptions(compression_ratio=0.05, stochastic_rounding=True)
+    results = {}
+    for index, label in enumerate(names):
+        # "powersgd@cifar_cnn": DDP puts all of a model's gradients in one bucket for
+        # the first step, then rebuilds its buckets; the CNN's 1.1 MB of gradients with
+        # 0.1 MB buckets make 4, so the saved state must be laid out anew twice.
+        name, _, model_name = label.partition("@")
+
+        def build():
+            model = _mlp(model_name or "mlp")
+            optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+            strategy = paratrain.AllReduceStrategy(
+                device="cpu", compression=make_codec(name, options), bucket_cap_mb=0.1 if model_name else 25.0
+            )
+            return strategy, model, optimizer
+
+        strategy, model, optimizer = build()
+        model, optimizer = strategy.prepare(model, optimizer)
+        for inputs, targets in batches[:3]:
+            strategy.train_step(model, loss_fn, optimizer, inputs, targets)
+        path = f"{directory}/{label}-rank{rank}.pt"
+        torch.save({"strategy": strategy.state_dict(), "model": strategy.unwrap(model).state_dict(),
+                    "optimizer": optimizer.state_dict()}, path)
+        for inputs, targets in batches[3:]:
+            strategy.train_step(model, loss_fn, optimizer, inputs, targets)
+
+        checkpoint = torch.load(path, weights_only=True)
+        resumed, model_b, optimizer_b = build()
+        model_b.load_state_dict(checkpoint["model"])
+        optimizer_b.load_state_dict(checkpoint["optimizer"])
+        if index % 2:  # the strategy's state may be loaded before or after prepare()
+            resumed.load_state_dict(checkpoint["strategy"])
+        model_b, optimizer_b = resumed.prepare(model_b, optimizer_b)
+        if not index % 2:
+            resumed.load_state_dict(checkpoint["strategy"])
+        for inputs, targets in batches[3:]:
+            resumed.train_step(model_b, loss_fn, optimizer_b, inputs, targets)
+        results[label] = {
+            "identical": torch.equal(flat_parameters(strategy.unwrap(model)), flat_parameters(resumed.unwrap(model_b))),
+            "saved": sorted(checkpoint["strategy"]["hook"]),
+            "buckets": len(getattr(strategy.hook, "layouts", {})),
+            "codec": checkpoint["strategy"]["hook"].get("codec", {}),
+            "q": checkpoint["strategy"]["hook"].get("q", {}),
+            "bytes": (strategy.stats()["bytes_sent"], resumed.stats()["bytes_sent"]),
+        }
+    destroy_process_group()
+    return results
+
+
+def test_compressed_state_survives_a_checkpoint(tmp_path):
+    names = ["int8", "topk", "powersgd", "fp16", "powersgd@cifar_cnn"]
+    ranks = run_distributed(_resume, names, str(tmp_path), world_size=2)
+    for results in ranks:
+        for name in names:
+            assert results[name]["identical"], name
+            assert results[name]["bytes"][0] == results[name]["bytes"][1], name
+        assert results["int8"]["codec"]["counts"]  # stochastic rounding: draws per parameter
+        assert set(results["topk"]["codec"]["residuals"]) == {"1.weight", "1.bias", "3.weight", "3.bias"}
+        assert set(results["powersgd"]["q"]) == {"1.weight", "3.weight"}  # per parameter
+        assert set(results["powersgd@cifar_cnn"]["q"]) == {"0.weight", "4.weight", "9.weight", "11.weight", "13.weight"}
+        assert results["powersgd@cifar_cnn"]["buckets"] > 1
+        assert "error" in results["powersgd"]["saved"]
+    # residuals are each rank's own
+    r0, r1 = (r["topk"]["codec"]["residuals"]["3.weight"] for r in ranks)
+    assert not torch.equal(r0, r1)
+
+
+def test_a_checkpoint_of_another_codec_is_bad_input():
+    strategy = paratrain.AllReduceStrategy(device="cpu", compression="topk")
+    state = {"name": "allreduce", "steps": 3, "compression": "int8", "hook": {}}
+    with pytest.raises(paratrain.ConfigError, match="written with --compression int8, this run uses --compression topk"):
+        strategy.load_state_dict(state)
+
+
+# ----- the command line ----------------------------------------------------------------------
+
+
+def test_cli_int8_two_workers(cli, tmp_path):
+    out = tmp_path / "m.json"
+    result = cli("train", "--strategy", "allreduce", "--workers", "2", "--compression", "int8",
+                 "--epochs", "2", "--no-progress", "--metrics-out", str(out))
+    assert result.returncode == 0, result.stderr
+    metrics = json.loads(out.read_text())
+    assert metrics["compression"] == "int8" and metrics["config"]["compression"] == "int8"
+    steps = metrics["global_steps"]
+    per_rank = MLP_PARAMETERS + 4 * sum(math.ceil(n / 256) for n in (64 * 256, 256, 256 * 10, 10))
+    assert metrics["bytes_sent"] == 2 * steps * per_rank
+    assert metrics["bytes_per_step"] == 2 * per_rank
