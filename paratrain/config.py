@@ -109,7 +109,14 @@ class TrainConfig:
         self.straggler_factor = _parse_fault("straggler", self.straggler, ":", float, "WORKER:FACTOR, e.g. 2:3.0")
         if self.straggler_factor and self.straggler_factor[1] < 1:
             raise ConfigError(f"--straggler factor must be >= 1, got {self.straggler_factor[1]}")
-        STRATEGIES.get(self.strategy).check_config(self)
+        strategy = STRATEGIES.get(self.strategy)
+        strategy.check_config(self)
+        if self.compression != "none" and not strategy.takes_compression:
+            takers = [n for n in STRATEGIES.names(with_aliases=False) if STRATEGIES.get(n).takes_compression]
+            raise ConfigError(
+                f"--compression {self.compression}: --strategy {self.strategy} sends no gradients to compress; "
+                f"strategies that take it: {', '.join(takers)}"
+            )
 
     def _check_types(self) -> None:
         for f in dataclasses.fields(self):
