@@ -51,6 +51,7 @@ class TrainConfig:
     stale_policy: str = _opt("none", "ps-async: none, scale-lr (step / staleness) or drop (staler than --max-staleness)", choices=("none", "scale-lr", "drop"))
     max_staleness: int = _opt(4, "ps-async with --stale-policy drop: the largest staleness still applied")
     warmup_steps: int = _opt(0, "ps-async: the first W updates come from worker 0 alone, then the others join")
+    pull_compression: str = _opt("none", "parameter server: parameters sent to workers in none (fp32), fp16 or bf16", choices=("none", "fp16", "bf16"))
     heartbeat_timeout: float = _opt(10.0, "parameter server: seconds without a heartbeat before a worker counts as dead")
     fail: str | None = _opt(None, "fault injection: WORKER@STEP makes that worker's process die at that step")
     straggler: str | None = _opt(None, "fault injection: WORKER:FACTOR makes that worker's steps FACTOR times slower")
@@ -84,6 +85,7 @@ class TrainConfig:
             setattr(self, name, registry.canonical(getattr(self, name)))
         _choice("device", self.device, ("auto", "cpu", "cuda"))
         _choice("stale_policy", self.stale_policy, ("none", "scale-lr", "drop"))
+        _choice("pull_compression", self.pull_compression, ("none", "fp16", "bf16"))
         for name in ("workers", "epochs", "batch_size", "lr_decay_steps", "reference_batch", "max_len", "powersgd_rank"):
             _at_least(name, getattr(self, name), 1)
         _at_least("vocab_size", self.vocab_size, 3)  # padding, unknown, and one word

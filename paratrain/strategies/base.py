@@ -88,7 +88,7 @@ class Strategy:
     #: Options that only parameter-server strategies take, with their neutral values.
     PS_OPTIONS: ClassVar[dict[str, Any]] = {
         "ps_shards": None, "backup_workers": 0, "staleness_bound": None,
-        "stale_policy": "none", "warmup_steps": 0,
+        "stale_policy": "none", "warmup_steps": 0, "pull_compression": "none",
     }
 
     @classmethod

@@ -30,6 +30,7 @@ HEADER_SIZE = 11
  WANTS_BATCH, EPOCH, NUM_BATCHES) = range(HEADER_SIZE)
 # A reply: the shard's version, then (from shard 0, when asked) the next batch of the
 # epoch for this worker: its index, or NO_MORE_BATCHES; the other shards say NOT_ASSIGNED.
+HEADER_BYTES = HEADER_SIZE * 4  # the header travels as float32 at the front of a byte message
 REPLY_HEADER_SIZE = 2
 NO_MORE_BATCHES, NOT_ASSIGNED = -1, -2
 _SPLIT = 1 << 20  # versions travel as two float32 fields, each exact below 2**24
@@ -96,6 +97,16 @@ class ShardLayout:
 
     def shard_numel(self, shard: int) -> int:
         return self.bounds[shard + 1] - self.bounds[shard]
+
+    def piece_shapes(self, shard: int) -> list[tuple[str, tuple[int, ...]]]:
+        """(key, shape) of each piece of a shard, for codecs: a whole tensor keeps its
+        shape (PowerSGD compresses matrices), a piece of a cut tensor is 1-D."""
+        shapes = []
+        for piece in self.pieces[shard]:
+            whole = piece.start == 0 and piece.stop == self.numels[piece.index]
+            shape = tuple(self.shapes[piece.index]) if whole else (piece.numel,)
+            shapes.append((f"{piece.index}.{piece.start}", shape))
+        return shapes
 
     def shard_bytes(self) -> list[int]:
         return [self.shard_numel(s) * self.element_size for s in range(self.num_shards)]

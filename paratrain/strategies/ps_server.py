@@ -27,9 +27,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from paratrain.comm.codecs import make_codec
+from paratrain.comm.packing import PackedGradient
 from paratrain.errors import WorkerLost
 from paratrain.strategies.ps_layout import (
-    DONE, EPOCH, HEADER_SIZE, KIND, LR_SCALE, NO_MORE_BATCHES, NOT_ASSIGNED, NUM_BATCHES, PULL, PUSH, SAMPLES,
+    DONE, EPOCH, HEADER_BYTES, KIND, LR_SCALE, NO_MORE_BATCHES, NOT_ASSIGNED, NUM_BATCHES, PULL, PUSH, SAMPLES,
     SHUTDOWN, TAG_MESSAGE, TAG_REPLY, TAG_REPLY_HEADER, VERSION_HI, VERSION_LO, WANTED_HI, WANTED_LO, WANTS_BATCH,
     WANTS_REPLY, ShardLayout, decode_version,
 )
@@ -49,6 +51,8 @@ class ShardServer:
         heartbeat_timeout: float,
         tolerate_loss: bool,
         wait_timeout: float,
+        codec_factory: Any = None,
+        pull_dtype: torch.dtype = torch.float32,
     ):
         self.shard, self.num_shards, self.num_workers = shard, num_shards, num_workers
         self.rule, self.store = rule, store
@@ -59,9 +63,15 @@ class ShardServer:
         self.params = flat[self.layout.shard_range(shard)].clone()
         self.grad = torch.zeros_like(self.params)
         self.held = torch.zeros_like(self.params)
+        # Gradients arrive compressed by the workers' codec (identity by default).
+        fresh = codec_factory or (lambda: make_codec("none"))
+        self.packer = PackedGradient(fresh(), fresh, self.layout.piece_shapes(shard))
         # Two message buffers: the next receive is posted before this message is handled.
-        self.messages = [torch.zeros(HEADER_SIZE + self.params.numel(), dtype=self.params.dtype) for _ in range(2)]
-        self.incoming = self.messages[0][HEADER_SIZE:]
+        self.messages = [torch.zeros(HEADER_BYTES + self.packer.nbytes, dtype=torch.uint8) for _ in range(2)]
+        self.incoming = torch.zeros_like(self.params)
+        # Replies may carry the parameters in 16 bits (--pull-compression); cast once per version.
+        self.pull_dtype = pull_dtype
+        self._cast: tuple[int, torch.Tensor] | None = None
         self._sending: list[Any] = []  # replies in flight, read from self.params
         self.optimizer = self._shard_optimizer(optimizer, params)
         self.base_lrs = [group["lr"] for group in self.optimizer.param_groups]
@@ -110,6 +120,8 @@ class ShardServer:
         receiver.start()
         monitor.start()
         self.finished.wait()
+        # The monitor uses the store; it must be out of it before this process may exit.
+        monitor.join()
         if self.fatal:
             raise WorkerLost(self.fatal)
         with self.lock:
@@ -145,16 +157,17 @@ class ShardServer:
                 continue
             rank = work._source_rank()
             message = self.messages[current]
-            current = 1 - current
-            work = dist.irecv(self.messages[current], src=None, tag=TAG_MESSAGE)
+            header = message[:HEADER_BYTES].view(torch.float32).tolist()
+            kind = int(header[KIND])
+            if kind != SHUTDOWN:  # a receive left posted would take a later run's message
+                current = 1 - current
+                work = dist.irecv(self.messages[current], src=None, tag=TAG_MESSAGE)
             worker = rank - self.num_shards
             self._last_message[worker] = time.monotonic()  # a message is a sign of life too
-            self.incoming = message[HEADER_SIZE:]
-            header = message[:HEADER_SIZE].tolist()
-            kind = int(header[KIND])
             batch = (int(header[EPOCH]), int(header[NUM_BATCHES])) if header[WANTS_BATCH] else None
             with self.lock:
                 if kind == PUSH:
+                    self.packer.decompress_into(message[HEADER_BYTES:], self.incoming)
                     version = decode_version(header[VERSION_HI], header[VERSION_LO])
                     grad = Gradient(worker, version, int(header[SAMPLES]), header[LR_SCALE])
                     self._on_push(grad)
@@ -228,9 +241,17 @@ class ShardServer:
             self.max_clock_gap = max(self.max_clock_gap, self._clocks[worker] - min(live))
         rank = worker + self.num_shards
         version = torch.tensor([float(self.version), float(batch)], dtype=torch.float64)
+        params = self._pull_payload()
         self._sending.append((worker, dist.isend(version, dst=rank, tag=TAG_REPLY_HEADER), version))
-        self._sending.append((worker, dist.isend(self.params, dst=rank, tag=TAG_REPLY), None))
-        self.bytes_sent += version.numel() * 8 + self.params.numel() * self.params.element_size()
+        self._sending.append((worker, dist.isend(params, dst=rank, tag=TAG_REPLY), None))
+        self.bytes_sent += version.numel() * 8 + params.numel() * params.element_size()
+
+    def _pull_payload(self) -> torch.Tensor:
+        if self.pull_dtype == self.params.dtype:
+            return self.params
+        if self._cast is None or self._cast[0] != self.version:
+            self._cast = (self.version, self.params.to(self.pull_dtype))
+        return self._cast[1]
 
     def _flush_replies(self) -> None:
         for worker, work, _ in self._sending:

@@ -26,12 +26,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from paratrain.comm.codecs import CodecOptions, make_codec
+from paratrain.comm.packing import PackedGradient
 from paratrain.comm.transport import cluster_from_env, destroy_process_group, ensure_process_group
 from paratrain.data.sharding import ShardedBatches
 from paratrain.errors import ConfigError
 from paratrain.strategies.base import LossFn, StepOutput, Strategy, resolve_device, staleness_summary
 from paratrain.strategies.ps_layout import (
-    DONE, EPOCH, HEADER_SIZE, KIND, LR_SCALE, NUM_BATCHES, PULL, PUSH, REPLY_HEADER_SIZE, SAMPLES, SHUTDOWN,
+    DONE, EPOCH, HEADER_BYTES, KIND, LR_SCALE, NUM_BATCHES, PULL, PUSH, REPLY_HEADER_SIZE, SAMPLES, SHUTDOWN,
     TAG_MESSAGE, TAG_REPLY, TAG_REPLY_HEADER, VERSION_HI, VERSION_LO, WANTED_HI, WANTED_LO, WANTS_BATCH, WANTS_REPLY,
     ShardLayout, encode_version,
 )
@@ -47,6 +49,9 @@ class ParameterServerStrategy(Strategy):
     """Parameter-server training; ``mode`` is ``"sync"``, ``"backup"`` or ``"async"``."""
 
     MODES = ("sync", "backup", "async")
+    _runs = 0
+    takes_compression = True
+    PULL_DTYPES = {"none": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
     def __init__(
         self,
@@ -60,8 +65,16 @@ class ParameterServerStrategy(Strategy):
         heartbeat_timeout: float = 10.0,
         device: str = "auto",
         timeout: float = 300.0,
+        compression: str = "none",
+        codec_options: Any = None,
+        pull_compression: str = "none",
     ):
         super().__init__(device=device, timeout=timeout)
+        if pull_compression not in self.PULL_DTYPES:
+            raise ConfigError(f"--pull-compression must be one of {', '.join(self.PULL_DTYPES)}, got {pull_compression!r}")
+        # Workers compress each push with `compression`; shards decode with a fresh codec.
+        self.compression, self.codec_options, self.pull_compression = compression, codec_options, pull_compression
+        self.codec = make_codec(compression, codec_options)
         if mode not in self.MODES:
             raise ConfigError(f"parameter-server mode must be one of {', '.join(self.MODES)}, got {mode!r}")
         self.mode, self.num_shards, self.backup_workers = mode, num_shards, backup_workers
@@ -81,6 +94,7 @@ class ParameterServerStrategy(Strategy):
         self._finished = False
         self._server_stats: list[dict[str, Any]] = []
         self._serve_args: tuple[nn.Module, torch.optim.Optimizer] | None = None
+        self._owns_group = False
 
     # ----- configuration ---------------------------------------------------------------
     @classmethod
@@ -153,6 +167,13 @@ class ParameterServerStrategy(Strategy):
             heartbeat_timeout=config.heartbeat_timeout,
             device=config.device,
             timeout=config.timeout,
+            compression=config.compression,
+            codec_options=CodecOptions(
+                compression_ratio=config.compression_ratio,
+                powersgd_rank=config.powersgd_rank,
+                stochastic_rounding=config.stochastic_rounding,
+            ),
+            pull_compression=config.pull_compression,
         )
 
     def describe(self) -> dict[str, Any]:
@@ -161,7 +182,8 @@ class ParameterServerStrategy(Strategy):
             "workers": self.num_replicas - self.backup_workers,
             "ps_shards": self.num_shards,
             "backup_workers": self.backup_workers,
-            "compression": "none",
+            "compression": self.codec.name,
+            "pull_compression": self.pull_compression,
         }
 
     # ----- process -----------------------------------------------------------------------
@@ -178,10 +200,14 @@ class ParameterServerStrategy(Strategy):
         if self.role == "worker":
             self.device = resolve_device(self.device_preference, cluster.local_rank)
         # Parameter-server traffic is host memory over Gloo, on GPUs too.
+        self._owns_group = not dist.is_initialized()
         ensure_process_group("gloo", self.timeout)
         restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        # Every process makes its strategies in the same order, so a run's number names it
+        # in the store even when several runs share one process group.
+        ParameterServerStrategy._runs += 1
         self._store = dist.PrefixStore(
-            f"paratrain/{restart}/ps/",
+            f"paratrain/{restart}/ps{ParameterServerStrategy._runs}/",
             dist.TCPStore(cluster.master_addr, cluster.master_port, is_master=False, timeout=timedelta(seconds=self.timeout)),
         )
         if self.role == "worker":
@@ -239,9 +265,12 @@ class ParameterServerStrategy(Strategy):
         on_host = self.device.type == "cpu"
         self._host = self._flat if on_host else torch.empty_like(self._flat, device="cpu").pin_memory()
         self._host_grad = self._flat_grad if on_host else torch.empty_like(self._flat, device="cpu").pin_memory()
-        self._messages = [
-            torch.zeros(HEADER_SIZE + self.layout.shard_numel(s), dtype=self._flat.dtype) for s in range(self.num_shards)
-        ]
+        fresh = self._fresh_codec
+        self._packers = [PackedGradient(self.codec, fresh, self.layout.piece_shapes(s)) for s in range(self.num_shards)]
+        self._messages = [torch.zeros(HEADER_BYTES + p.nbytes, dtype=torch.uint8) for p in self._packers]
+        pull_dtype = self.PULL_DTYPES[self.pull_compression]
+        # Parameters arrive in the pull dtype; with 16 bits they land in their own buffer first.
+        self._pulled = self._host if pull_dtype == self._flat.dtype else torch.zeros_like(self._host, dtype=pull_dtype)
         self._reply_works: list[Any] = []
         self._sends: list[Any] = []
         self._epoch_asking: tuple[int, int] | None = None
@@ -266,10 +295,15 @@ class ParameterServerStrategy(Strategy):
             heartbeat_timeout=self.heartbeat_timeout,
             tolerate_loss=self.mode == "async" or self.backup_workers > 0,
             wait_timeout=self.timeout,
+            codec_factory=self._fresh_codec,
+            pull_dtype=self.PULL_DTYPES[self.pull_compression],
         )
         stats = server.serve()
         self._finished = True
         return stats
+
+    def _fresh_codec(self) -> Any:
+        return make_codec(self.compression, self.codec_options)
 
     def train_step(
         self, model: nn.Module, loss_fn: LossFn, optimizer: torch.optim.Optimizer, inputs: torch.Tensor, targets: torch.Tensor
@@ -304,7 +338,7 @@ class ParameterServerStrategy(Strategy):
         self._reply_works = []
         for shard in range(self.num_shards):
             self._reply_works.append(dist.irecv(self._replies[shard], src=shard, tag=TAG_REPLY_HEADER))
-            self._reply_works.append(dist.irecv(self._host[self.layout.shard_range(shard)], src=shard, tag=TAG_REPLY))
+            self._reply_works.append(dist.irecv(self._pulled[self.layout.shard_range(shard)], src=shard, tag=TAG_REPLY))
 
     def _await_reply(self) -> None:
         if not self._reply_works:
@@ -313,6 +347,8 @@ class ParameterServerStrategy(Strategy):
         self._reply_works = []
         self._versions = [int(r[0].item()) for r in self._replies]
         self._assigned = int(self._replies[0][1].item())
+        if self._pulled is not self._host:
+            self._host.copy_(self._pulled)
         if self._host is not self._flat:
             self._flat.copy_(self._host, non_blocking=True)
 
@@ -328,7 +364,7 @@ class ParameterServerStrategy(Strategy):
         works = []
         for shard in range(self.num_shards):
             message = self._messages[shard]
-            header = message[:HEADER_SIZE]
+            header = message[:HEADER_BYTES].view(torch.float32)
             header.zero_()
             header[KIND] = kind
             header[VERSION_HI], header[VERSION_LO] = encode_version(self._versions[shard])
@@ -337,7 +373,7 @@ class ParameterServerStrategy(Strategy):
             if epoch is not None:
                 header[WANTS_BATCH], header[EPOCH], header[NUM_BATCHES] = 1.0, epoch[0], epoch[1]
             if kind == PUSH:
-                message[HEADER_SIZE:].copy_(self._host_grad[self.layout.shard_range(shard)])
+                self._packers[shard].compress_into(self._host_grad[self.layout.shard_range(shard)], message[HEADER_BYTES:])
             works.append(dist.isend(message, dst=shard, tag=TAG_MESSAGE))
             self._bytes_sent += message.numel() * message.element_size()
         self._sends = works
@@ -418,7 +454,8 @@ class ParameterServerStrategy(Strategy):
         )
         # The chief's own count is live (its final pull and the coming shutdown included);
         # the shards published theirs before answering that final pull.
-        final_replies = sum(s["bytes"] + 8 * REPLY_HEADER_SIZE for s in self._server_stats)
+        pulled = self._pulled.element_size() / self._flat.element_size()
+        final_replies = sum(int(s["bytes"] * pulled) + 8 * REPLY_HEADER_SIZE for s in self._server_stats)
         chief = self._bytes_sent + sum(m.numel() * m.element_size() for m in self._messages)
         return {
             "bytes_sent": others + chief + final_replies + sum(s["bytes_sent"] for s in self._server_stats),
@@ -437,7 +474,11 @@ class ParameterServerStrategy(Strategy):
             self._send(SHUTDOWN)
             self._drain_sends()
         self._stop.set()
-        destroy_process_group()
+        if self._heartbeat is not None:
+            self._heartbeat.join()  # out of the store before it goes
+            self._heartbeat = None
+        if self._owns_group:
+            destroy_process_group()
         super().teardown()
 
 

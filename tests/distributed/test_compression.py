@@ -281,3 +281,36 @@ def test_cli_int8_two_workers(cli, tmp_path):
     per_rank = MLP_PARAMETERS + 4 * sum(math.ceil(n / 256) for n in (64 * 256, 256, 256 * 10, 10))
     assert metrics["bytes_sent"] == 2 * steps * per_rank
     assert metrics["bytes_per_step"] == 2 * per_rank
+
+
+# ----- with the parameter server: compressed pushes (and 16-bit pulls) -----------------------
+
+PS_RECIPE = {**RECIPE, "strategy": "ps-sync"}
+
+
+def _train_ps_every_codec(names):
+    from paratrain.strategies.ps_worker import ParameterServerStrategy  # noqa: F401
+
+    ensure_process_group("gloo", 60)
+    results = {}
+    for name, pull in names:
+        metrics = job.run(TrainConfig(compression=name, pull_compression=pull, **PS_RECIPE))
+        if "test_accuracy" in metrics:
+            keys = ("test_accuracy", "bytes_sent", "global_steps", "compression", "pull_compression")
+            results[f"{name}/{pull}"] = {k: metrics[k] for k in keys}
+    destroy_process_group()
+    return results
+
+
+def test_every_codec_on_ps_sync_reaches_the_uncompressed_accuracy():
+    runs = [(name, "none") for name in CODECS] + [("fp16", "fp16"), ("bf16", "bf16")]
+    results = next(r for r in run_distributed(_train_ps_every_codec, runs, world_size=3) if r)
+    baseline = results["none/none"]
+    assert baseline["test_accuracy"] >= 0.95
+    for key, result in results.items():
+        assert result["test_accuracy"] >= baseline["test_accuracy"] - 0.01, (key, result, baseline)
+        assert result["global_steps"] == baseline["global_steps"]
+        if key != "none/none":
+            assert result["bytes_sent"] < baseline["bytes_sent"], key
+    # 16-bit pulls halve the parameter traffic too
+    assert results["fp16/fp16"]["bytes_sent"] < 0.6 * baseline["bytes_sent"]
