@@ -25,6 +25,7 @@ PULL, PUSH, DONE, SHUTDOWN = 1, 2, 3, 4
 # rare control messages (pull, done, shutdown) carry an unused payload so that a
 # shard's single any-source receive always matches.
 TAG_MESSAGE, TAG_REPLY_HEADER, TAG_REPLY = 11, 13, 14
+RUN_TAG_STRIDE = 16  # each run in a process group adds a multiple of this to its tags
 HEADER_SIZE = 11
 (KIND, VERSION_HI, VERSION_LO, SAMPLES, LR_SCALE, WANTS_REPLY, WANTED_HI, WANTED_LO,
  WANTS_BATCH, EPOCH, NUM_BATCHES) = range(HEADER_SIZE)

@@ -53,7 +53,9 @@ class ShardServer:
         wait_timeout: float,
         codec_factory: Any = None,
         pull_dtype: torch.dtype = torch.float32,
+        tags: int = 0,
     ):
+        self.tags = tags  # this run's offset of the message tags
         self.shard, self.num_shards, self.num_workers = shard, num_shards, num_workers
         self.rule, self.store = rule, store
         self.heartbeat_timeout, self.tolerate_loss, self.wait_timeout = heartbeat_timeout, tolerate_loss, wait_timeout
@@ -142,7 +144,7 @@ class ShardServer:
 
     def _receive(self) -> None:
         current, broken = 0, 0
-        work = dist.irecv(self.messages[current], src=None, tag=TAG_MESSAGE)
+        work = dist.irecv(self.messages[current], src=None, tag=TAG_MESSAGE + self.tags)
         while True:
             try:
                 work.wait()
@@ -153,7 +155,7 @@ class ShardServer:
                 broken += 1
                 if broken > 100:
                     raise
-                work = dist.irecv(self.messages[current], src=None, tag=TAG_MESSAGE)
+                work = dist.irecv(self.messages[current], src=None, tag=TAG_MESSAGE + self.tags)
                 continue
             rank = work._source_rank()
             message = self.messages[current]
@@ -161,7 +163,7 @@ class ShardServer:
             kind = int(header[KIND])
             if kind != SHUTDOWN:  # a receive left posted would take a later run's message
                 current = 1 - current
-                work = dist.irecv(self.messages[current], src=None, tag=TAG_MESSAGE)
+                work = dist.irecv(self.messages[current], src=None, tag=TAG_MESSAGE + self.tags)
             worker = rank - self.num_shards
             self._last_message[worker] = time.monotonic()  # a message is a sign of life too
             batch = (int(header[EPOCH]), int(header[NUM_BATCHES])) if header[WANTS_BATCH] else None
@@ -242,8 +244,8 @@ class ShardServer:
         rank = worker + self.num_shards
         version = torch.tensor([float(self.version), float(batch)], dtype=torch.float64)
         params = self._pull_payload()
-        self._sending.append((worker, dist.isend(version, dst=rank, tag=TAG_REPLY_HEADER), version))
-        self._sending.append((worker, dist.isend(params, dst=rank, tag=TAG_REPLY), None))
+        self._sending.append((worker, dist.isend(version, dst=rank, tag=TAG_REPLY_HEADER + self.tags), version))
+        self._sending.append((worker, dist.isend(params, dst=rank, tag=TAG_REPLY + self.tags), None))
         self.bytes_sent += version.numel() * 8 + params.numel() * params.element_size()
 
     def _pull_payload(self) -> torch.Tensor:

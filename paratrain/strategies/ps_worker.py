@@ -34,7 +34,7 @@ from paratrain.errors import ConfigError
 from paratrain.strategies.base import LossFn, StepOutput, Strategy, resolve_device, staleness_summary
 from paratrain.strategies.ps_layout import (
     DONE, EPOCH, HEADER_BYTES, KIND, LR_SCALE, NUM_BATCHES, PULL, PUSH, REPLY_HEADER_SIZE, SAMPLES, SHUTDOWN,
-    TAG_MESSAGE, TAG_REPLY, TAG_REPLY_HEADER, VERSION_HI, VERSION_LO, WANTED_HI, WANTED_LO, WANTS_BATCH, WANTS_REPLY,
+    RUN_TAG_STRIDE, TAG_MESSAGE, TAG_REPLY, TAG_REPLY_HEADER, VERSION_HI, VERSION_LO, WANTED_HI, WANTED_LO, WANTS_BATCH, WANTS_REPLY,
     ShardLayout, encode_version,
 )
 from paratrain.strategies.ps_policies import AsyncRule, StalePolicy, SyncRule
@@ -95,6 +95,7 @@ class ParameterServerStrategy(Strategy):
         self._server_stats: list[dict[str, Any]] = []
         self._serve_args: tuple[nn.Module, torch.optim.Optimizer] | None = None
         self._owns_group = False
+        self._tags = 0
 
     # ----- configuration ---------------------------------------------------------------
     @classmethod
@@ -206,6 +207,9 @@ class ParameterServerStrategy(Strategy):
         # Every process makes its strategies in the same order, so a run's number names it
         # in the store even when several runs share one process group.
         ParameterServerStrategy._runs += 1
+        # ...and its own message tags: a process that moved on to the next run must not
+        # reach the previous run's shard, still serving until its chief says it is over.
+        self._tags = RUN_TAG_STRIDE * ParameterServerStrategy._runs
         self._store = dist.PrefixStore(
             f"paratrain/{restart}/ps{ParameterServerStrategy._runs}/",
             dist.TCPStore(cluster.master_addr, cluster.master_port, is_master=False, timeout=timedelta(seconds=self.timeout)),
@@ -296,6 +300,7 @@ class ParameterServerStrategy(Strategy):
             tolerate_loss=self.mode == "async" or self.backup_workers > 0,
             wait_timeout=self.timeout,
             codec_factory=self._fresh_codec,
+            tags=self._tags,
             pull_dtype=self.PULL_DTYPES[self.pull_compression],
         )
         stats = server.serve()
@@ -337,8 +342,8 @@ class ParameterServerStrategy(Strategy):
         self._replies = [torch.zeros(REPLY_HEADER_SIZE, dtype=torch.float64) for _ in range(self.num_shards)]
         self._reply_works = []
         for shard in range(self.num_shards):
-            self._reply_works.append(dist.irecv(self._replies[shard], src=shard, tag=TAG_REPLY_HEADER))
-            self._reply_works.append(dist.irecv(self._pulled[self.layout.shard_range(shard)], src=shard, tag=TAG_REPLY))
+            self._reply_works.append(dist.irecv(self._replies[shard], src=shard, tag=TAG_REPLY_HEADER + self._tags))
+            self._reply_works.append(dist.irecv(self._pulled[self.layout.shard_range(shard)], src=shard, tag=TAG_REPLY + self._tags))
 
     def _await_reply(self) -> None:
         if not self._reply_works:
@@ -374,7 +379,7 @@ class ParameterServerStrategy(Strategy):
                 header[WANTS_BATCH], header[EPOCH], header[NUM_BATCHES] = 1.0, epoch[0], epoch[1]
             if kind == PUSH:
                 self._packers[shard].compress_into(self._host_grad[self.layout.shard_range(shard)], message[HEADER_BYTES:])
-            works.append(dist.isend(message, dst=shard, tag=TAG_MESSAGE))
+            works.append(dist.isend(message, dst=shard, tag=TAG_MESSAGE + self._tags))
             self._bytes_sent += message.numel() * message.element_size()
         self._sends = works
 
