@@ -76,15 +76,17 @@ def parse_straggler(text: str | None):
     if text in (None, "", "none"):
         return NoStragglers()
     name, _, rest = text.partition(":")
+    worker, _, factor = rest.partition(":")
     try:
         if name == "lognormal":
-            return LognormalStragglers(float(rest))
-        if name == "fixed":
-            worker, _, factor = rest.partition(":")
-            return FixedStraggler(int(worker), float(factor))
+            sigma = float(rest)
+        elif name == "fixed":
+            worker_index, slowdown = int(worker), float(factor)
+        else:
+            raise ValueError
     except ValueError:
-        pass
-    raise ConfigError(f"--straggler must be {STRAGGLER_FORMS}; got {text!r}")
+        raise ConfigError(f"--straggler must be {STRAGGLER_FORMS}; got {text!r}") from None
+    return LognormalStragglers(sigma) if name == "lognormal" else FixedStraggler(worker_index, slowdown)
 
 
 # ----- codecs ---------------------------------------------------------------------------------
