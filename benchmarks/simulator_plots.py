@@ -1,7 +1,7 @@
 """The figures and numbers of docs/simulator.md, from the cluster simulator.
 
-Everything here is simulated (nothing is timed on this machine), so the output is the
-same on every machine for the same seed. It runs in a few seconds.
+Everything but item 4 is simulated, so it is the same on every machine for the same
+seed. It runs in about 20 seconds.
 
 1. Strategies against workers: a 100 MB model (about ResNet-50's 25 M fp32
    parameters), 100 ms of compute per step, 10 Gb/s links, 10 us latency, lognormal
@@ -13,6 +13,8 @@ same on every machine for the same seed. It runs in a few seconds.
    0.5), 10 epochs, 10 ms of compute per step: test accuracy against simulated seconds
    for ps-sync, ps-backup (K=2) and ps-async with SGD momentum 0.9, and ps-async with
    momentum 0 (asynchrony adds implicit momentum, Mitliagkas et al. 2016).
+4. Seconds to simulate 1024 workers x 300 steps of figure 1's cluster, per strategy
+   (the only machine-dependent numbers here).
 
 Run (from the repository root):
 
@@ -133,6 +135,22 @@ def training_figure(path: Path) -> list[dict]:
     return results
 
 
+def timings() -> dict[str, float]:
+    """Seconds this machine takes to simulate 1024 workers x 300 steps (figure 1's cluster)."""
+    import time
+
+    from paratrain.simulate.cluster import Cluster, parse_straggler
+    from paratrain.simulate.simulator import simulate
+
+    out = {}
+    for strategy in ("allreduce", "ps-sync", "ps-backup", "ps-async", "local-sgd"):
+        cluster = Cluster(workers=1024, compute_s=0.1, model_bytes=100e6, ps_shards=8, straggler=parse_straggler("lognormal:0.3"))
+        start = time.perf_counter()
+        simulate(strategy, cluster, 300, backup=2)
+        out[strategy] = round(time.perf_counter() - start, 3)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out-dir", default=str(REPO / "docs" / "img"))
@@ -144,6 +162,7 @@ def main() -> None:
         "strategies": strategies_figure(out / "simulator_strategies.png"),
         "allreduce": bandwidth_figure(out / "simulator_allreduce.png"),
         "training": training_figure(out / "simulator_training.png"),
+        "seconds_for_1024_workers_x_300_steps": timings(),
     }
     Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
     for r in results["strategies"]:
@@ -154,6 +173,7 @@ def main() -> None:
     for r in results["allreduce"]:
         if r["workers"] in (8, 64, 1024):
             print(f"allreduce {r['bandwidth_gbps']:5g} Gb/s {r['model_mb']:6g} MB {r['workers']:5d} workers  efficiency {r['scaling_efficiency']:.3f}")
+    print("seconds to simulate 1024 workers x 300 steps:", results["seconds_for_1024_workers_x_300_steps"])
     for r in results["training"]:
         print(f"{r['strategy']:10s} momentum {r['momentum']:g} test_accuracy {r['test_accuracy']:.4f} at {r['sim_seconds']:.3f} simulated s, "
               f"staleness {r['staleness']['mean']:.1f}/{r['staleness']['max']}, dropped {r['dropped_gradients']}")
