@@ -37,7 +37,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from paratrain.launch.cli import build_parser  # noqa: E402
-from paratrain.simulate.cli import _check, _model_and_data, sweep  # noqa: E402
+from paratrain.simulate.cli import check_arguments, model_and_data, sweep  # noqa: E402
 
 WORKERS = "1,2,4,8,16,32,64,128,256,512,1024"
 
@@ -52,7 +52,7 @@ def strategies_figure(path: Path) -> list[dict]:
         "--model-mb", "100", "--straggler", "lognormal:0.3", "--ps-shards", "8", "--backup-workers", "2",
         "--steps", "200",
     )
-    strategies, workers = _check(args)
+    strategies, workers = check_arguments(args)
     rows = sweep(args, strategies, workers, None, 0.1)
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     for strategy in strategies:
@@ -83,7 +83,7 @@ def bandwidth_figure(path: Path) -> list[dict]:
     ):
         for label, gbps, mb in cases:
             args = args_for("--workers", WORKERS, "--compute-ms", "100", "--model-mb", mb, "--bandwidth-gbps", gbps, "--steps", "50")
-            strategies, workers = _check(args)
+            strategies, workers = check_arguments(args)
             mine = sweep(args, strategies, workers, None, 0.1)
             for r in mine:
                 r.update(bandwidth_gbps=float(gbps), model_mb=float(mb))
@@ -116,8 +116,8 @@ def training_figure(path: Path) -> list[dict]:
             "--train", "--strategy", strategy, "--workers", "8", "--epochs", "10", "--compute-ms", "10",
             "--straggler", "lognormal:0.5", *extra,
         )
-        _check(args)
-        model, splits = _model_and_data(args, True)
+        check_arguments(args)
+        model, splits = model_and_data(args)
         cluster = build_cluster(args, 8, model, 0.01)
         result = train_virtual(args, strategy, cluster, model, splits, options(args))
         result["momentum"] = args.momentum

@@ -57,7 +57,7 @@ def _positive(name: str, value: float | None, allow_zero: bool = False) -> None:
         raise ConfigError(f"--{name} must be {'>= 0' if allow_zero else '> 0'}, got {value}")
 
 
-def _check(args: argparse.Namespace) -> tuple[list[str], list[int]]:
+def check_arguments(args: argparse.Namespace) -> tuple[list[str], list[int]]:
     from paratrain.config import _check_writable
     from paratrain.simulate.simulator import STRATEGIES
 
@@ -92,7 +92,8 @@ def _check(args: argparse.Namespace) -> tuple[list[str], list[int]]:
     return strategies, workers
 
 
-def _model_and_data(args: argparse.Namespace, need_data: bool) -> tuple[Any, Any]:
+def model_and_data(args: argparse.Namespace) -> tuple[Any, Any]:
+    """--model built (seeded) for --dataset, and the data set's splits."""
     from paratrain.config import TrainConfig
     from paratrain.data.datasets import load_dataset
     from paratrain.models import build_model
@@ -166,11 +167,11 @@ def sweep(args: argparse.Namespace, strategies: list[str], workers: list[int], m
 
 
 def simulate_command(args: argparse.Namespace) -> int:
-    strategies, workers = _check(args)
+    strategies, workers = check_arguments(args)
     need_data = args.profile or args.train or args.compute_ms is None
     model = splits = None
     if need_data or args.model_mb is None:
-        model, splits = _model_and_data(args, need_data)
+        model, splits = model_and_data(args)
     compute_s = args.compute_ms / 1e3 if args.compute_ms and not args.profile else profile_compute_s(model, splits, args.batch_size)
     if args.train:
         from paratrain.simulate.virtual import train_virtual

@@ -131,3 +131,19 @@ def test_bad_input_is_one_line_and_exit_2(args, words, capsys):
     assert "Traceback" not in err
     for word in words:
         assert word in err
+
+
+def test_example_backup_workers_runs_as_written():
+    import os
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": str(repo)}
+    result = subprocess.run([sys.executable, "examples/simulate_backup_workers.py", "--epochs", "2"],
+                            capture_output=True, text=True, timeout=120, env=env, cwd=repo)
+    assert result.returncode == 0, result.stderr[-2000:]
+    rates = [float(x) for x in re.findall(r"(\d+) examples/s", result.stdout)]
+    assert len(rates) == 2 and rates[1] > rates[0]  # backup workers beat the stragglers
