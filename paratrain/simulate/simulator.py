@@ -75,11 +75,14 @@ class Outcome:
 
 
 def _fifo(arrivals: np.ndarray, service: float, own: float) -> np.ndarray:
-    """Finish times of messages queued at one link, arrivals sorted along the last axis:
-    d_k = max(d_{k-1} + service, a_k + max(service, own)), in closed form
-    d_k = k service + max_{j<=k} (a_j + max(service, own) - j service)."""
+    """Finish times of messages through one shard's link (FIFO, ``service`` s each), sent
+    from workers' own links (``own`` s each, in parallel); arrivals sorted along the last
+    axis. The shard link is done with message k at l_k = max(l_{k-1}, a_k) + service,
+    in closed form l_k = (k + 1) service + max_{j<=k} (a_j - j service); the message is
+    complete at max(l_k, a_k + own)."""
     k = np.arange(arrivals.shape[-1]) * service
-    return k + np.maximum.accumulate(arrivals + max(service, own) - k, axis=-1)
+    link = k + service + np.maximum.accumulate(arrivals - k, axis=-1)
+    return np.maximum(link, arrivals + own)
 
 
 class AllReduceModel:
@@ -120,13 +123,15 @@ class SyncPSModel:
         arrive = np.take_along_axis(compute, order, axis=1) + codec_s  # encode before the push
         own, shard = cluster.push_times()
         pushed = _fifo(arrive, shard, own) + cluster.latency
-        update = pushed[:, n - 1] + codec_s  # the N-th gradient closes the round; decode
+        first = np.argsort(pushed, axis=1, kind="stable")[:, :n]  # the first N to arrive
+        update = np.take_along_axis(pushed, first[:, -1:], axis=1)[:, 0] + codec_s  # the N-th closes it; decode
         # Every worker pulls the new version at once: the shard's link sends `total` slices.
         pull_own, pull_shard = cluster.pull_times()
-        step = update + cluster.latency + max(pull_own, pull_shard) + (total - 1) * pull_shard
-        waited = np.take_along_axis(compute, order[:, n - 1 : n], axis=1)[:, 0]
+        step = update + cluster.latency + max(pull_own, total * pull_shard)
+        contributors = np.take_along_axis(order, first, axis=1)
+        waited = np.take_along_axis(compute, contributors, axis=1).max(axis=1)
         ends = np.cumsum(step)
-        trace = [Update(float(t), order[r, :n].tolist(), [r] * n) for r, t in enumerate(ends)] if record else []
+        trace = [Update(float(t), contributors[r].tolist(), [r] * n) for r, t in enumerate(ends)] if record else []
         return Outcome(
             self.name, n, steps, float(ends[-1]), steps * n, float((step - waited).sum()),
             dropped=steps * backup, staleness={0: steps * n}, trace=trace,
@@ -134,7 +139,7 @@ class SyncPSModel:
 
 
 class AsyncPSModel:
-    """ps-async: a heap of events, one push and one pull per worker step."""
+    """ps-async: a heap of events, one per push (and the pull that answers it)."""
 
     name = "ps-async"
 
@@ -153,37 +158,42 @@ class AsyncPSModel:
         own, shard = cluster.push_times()
         pull_own, pull_shard = cluster.pull_times()
         lat = cluster.latency
+        own_push = codec_s + own  # a push can go no faster than the worker's own link
+        pull = max(pull_shard, pull_own)
+        check_policy = stale_policy != "none"
         free = 0.0  # when the shards' links are next free (the shards are symmetric)
         version = 0
         pulled = [0] * n  # the version each worker computes on
         clock = [0] * n  # steps each worker has pushed
-        at_clock = {0: n}  # how many workers have each clock (for the slowest one, O(1))
+        at_clock = [0] * (pushes + 2)  # how many workers have each clock (for the slowest one, O(1))
+        at_clock[0] = n
         slowest = 0
         waiting: list[int] = []
         ready_at = [0.0] * n  # when each worker has its reply
-        heap: list[tuple[float, int, int, int]] = []  # (time, seq, kind, worker); kind 0 computed, 1 arrived
-        seq = 0
+        # One event per push: (time its compute ends, seq, worker). The shards' links serve
+        # a push and then its reply, as ShardServer handles one message at a time; so
+        # arrivals come in the order computes end, and the version can be bumped here.
+        heap: list[tuple[float, int, int]] = []
+        times = compute.T.tolist()  # times[w][k]: plain floats, the loop's hot path
         for w in range(n):
-            heapq.heappush(heap, (float(compute[0, w]), seq, 0, w))
-            seq += 1
-        issued = n
+            heap.append((times[w][0], w, w))
+        heapq.heapify(heap)
+        seq = issued = n
         staleness: dict[int, int] = {}
         dropped = applied = 0
         trace: list[Update] = []
         busy = 0.0  # summed compute seconds (for the communication share)
         now = 0.0
         while heap:
-            now, _, kind, w = heapq.heappop(heap)
-            if kind == 0:  # computed: encode and push through the shard links
-                start = max(now + codec_s, free)
-                done = max(start + shard, now + codec_s + max(shard, own))
-                free = done
-                heapq.heappush(heap, (done + lat + codec_s, seq, 1, w))
-                seq += 1
-                continue
-            # arrived: the shard applies it at once, or drops it
+            computed, _, w = heapq.heappop(heap)
+            start = computed + codec_s  # encode, then queue at the shard links
+            if free > start:
+                start = free
+            free = start + shard  # the shard's link is busy with this slice
+            done = free if free > computed + own_push else computed + own_push
+            now = done + lat + codec_s  # arrived and decoded: applied at once, or dropped
             s = version - pulled[w]
-            factor = policy.factor(s)
+            factor = policy.factor(s) if check_policy else 1.0
             staleness[s] = staleness.get(s, 0) + 1
             if factor is None:
                 dropped += 1
@@ -194,15 +204,22 @@ class AsyncPSModel:
                 version += 1
             at_clock[clock[w]] -= 1
             clock[w] += 1
-            at_clock[clock[w]] = at_clock.get(clock[w], 0) + 1
-            while at_clock.get(slowest, 0) == 0:
+            at_clock[clock[w]] += 1
+            while at_clock[slowest] == 0:
                 slowest += 1
-            # the reply: current parameters through the shard links
-            start = max(now, free)
-            ready = max(start + pull_shard, now + max(pull_shard, pull_own)) + lat
-            free = ready - lat
+            # the reply: current parameters through the same links
+            ready = now + pull + lat
+            free = now + pull_shard
             pulled[w] = version
             ready_at[w] = ready
+            if staleness_bound is None:  # no one ever waits: start the next step at once
+                if issued < pushes:
+                    c = times[w][clock[w] % rows]
+                    busy += c
+                    heapq.heappush(heap, (ready + c, seq, w))
+                    seq += 1
+                    issued += 1
+                continue
             waiting.append(w)
             still = []
             for v in waiting:
@@ -211,9 +228,9 @@ class AsyncPSModel:
                 if staleness_bound is not None and clock[v] - slowest > staleness_bound:
                     still.append(v)  # stale-synchronous parallel: wait for the slowest
                     continue
-                c = float(compute[clock[v] % rows, v])
+                c = times[v][clock[v] % rows]
                 busy += c
-                heapq.heappush(heap, (max(now, ready_at[v]) + c, seq, 0, v))
+                heapq.heappush(heap, ((now if now > ready_at[v] else ready_at[v]) + c, seq, v))
                 seq += 1
                 issued += 1
             waiting = still

@@ -67,7 +67,8 @@ def test_ps_sync_without_stragglers_queues_every_push_at_the_shard():
     c = cluster(n, ps_shards=shards, bandwidth=1e9, latency=1e-5)
     slice_s = c.model_bytes / shards / c.bandwidth
     own = c.model_bytes / c.bandwidth
-    push = max(slice_s, own) + (n - 1) * slice_s
+    # The shard's link takes n slices one after another; each worker's link sends its own.
+    push = max(n * slice_s, own)
     expected = C + push + c.latency + c.latency + push
     assert step_s("ps-sync", c) == pytest.approx(expected, rel=1e-12)
 
