@@ -7,7 +7,7 @@ because there every push changes what the next pull sees.
 
 | ``--strategy`` | one round / event |
 | --- | --- |
-| ``allreduce`` | slowest worker's backward fills 25 MB buckets; each bucket is ring-all-reduced as soon as it is full and the link is free (DDP's overlap, Li et al. 2020) |
+| ``allreduce`` | slowest worker's backward fills 25 MiB buckets; each bucket is ring-all-reduced as soon as it is full and the link is free (DDP's overlap, Li et al. 2020) |
 | ``ps-sync`` | all N push to the P shards (FIFO at each shard's link), the shards average, all N pull |
 | ``ps-backup`` | N+K workers compute, the first N pushes make the update, K are dropped (Chen et al. 2016) |
 | ``ps-async`` | each push is applied on arrival; staleness = versions since its pull; ``--staleness-bound S`` holds a worker S steps ahead of the slowest (Ho et al. 2013) |
