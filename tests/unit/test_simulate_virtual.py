@@ -73,6 +73,24 @@ def test_virtual_async_uses_stale_versions_and_is_deterministic(digits):
     torch.testing.assert_close(result["params"], reference, rtol=1e-5, atol=1e-6)
 
 
+def test_virtual_local_sgd_on_one_worker_is_plain_sgd_and_averages_replicas(digits):
+    one = simulate("local-sgd", Cluster(workers=1, compute_s=0.01, model_bytes=1e5), 24, record=True, period=4)
+    model = fresh_model(digits)
+    reference = synchronous_reference(copy.deepcopy(model), digits.train, 1, 16, 0.05, 0.9, 24, seed=0)
+    result = replay(one, model, digits.train, digits.test, batch=16, lr=0.05, momentum=0.9, seed=0)
+    torch.testing.assert_close(result["params"], reference, rtol=1e-5, atol=1e-6)
+    four = simulate("local-sgd", Cluster(workers=4, compute_s=0.01, model_bytes=1e5), 40, record=True, period=8)
+    result = replay(four, fresh_model(digits), digits.train, digits.test, batch=16, lr=0.05, momentum=0.9, seed=0)
+    assert result["updates"] == 5 and result["test_accuracy"] > 0.7
+
+
+def test_profile_measures_the_compute_time(capsys):
+    assert main(["simulate", "--profile", "--workers", "1,2", "--steps", "10"]) == 0
+    out = capsys.readouterr().out
+    ms = float(out.split("simulated: ")[1].split(" ms")[0])
+    assert 0 < ms < 1000
+
+
 def test_simulate_train_reports_accuracy_against_simulated_time(tmp_path, capsys):
     out = tmp_path / "train.json"
     rc = main(["simulate", "--train", "--strategy", "ps-sync", "--workers", "2", "--epochs", "2",
