@@ -11,6 +11,6 @@ fi
 if ! .venv/bin/python -c "import torch" 2>/dev/null; then
     .venv/bin/python -m pip install -q --disable-pip-version-check "$TORCH_SPEC"
 fi
-if [ ! -x .venv/bin/paratrain ] || ! .venv/bin/python -c "import pytest" 2>/dev/null; then
-    .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test]"
+if [ ! -x .venv/bin/paratrain ] || ! .venv/bin/python -c "import pytest, matplotlib" 2>/dev/null; then
+    .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test,plot]"
 fi

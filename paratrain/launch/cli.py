@@ -47,6 +47,13 @@ def build_parser() -> argparse.ArgumentParser:
         else:
             train.add_argument(flag, type=kind, default=None, metavar=f.name.upper(), help=help_text)
     train.set_defaults(handler=train_command)
+    simulate = commands.add_parser(
+        "simulate", help="what-if simulation of a training cluster",
+        description="Discrete-event simulation of a training cluster (docs/simulator.md).",
+    )
+    from paratrain.simulate.cli import add_arguments  # light: numpy and torch load on use
+
+    add_arguments(simulate)
     return parser
 
 

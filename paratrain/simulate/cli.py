@@ -1,0 +1,228 @@
+"""``paratrain simulate``: flags, validation, and the table / JSON / plot it writes.
+
+This module imports nothing heavy at import time: launch/cli.py builds the parser from
+``add_arguments`` on every ``paratrain`` call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import time
+from typing import Any
+
+from paratrain.errors import ConfigError
+
+DEFAULT_WORKERS = "1,2,4,8,16,32,64,128,256,512,1024"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    a = p.add_argument
+    a("--strategy", default="allreduce", help="allreduce, ps-sync, ps-backup, ps-async, local-sgd, or several comma-separated (default allreduce)")
+    a("--workers", default=DEFAULT_WORKERS, help=f"worker counts to simulate, comma-separated (default {DEFAULT_WORKERS}); with --train, one count")
+    a("--steps", type=int, default=200, help="global steps per run (ps-async: the same number of pushes, steps x workers) (default 200)")
+    a("--compute-ms", type=float, default=None, help="milliseconds of forward+backward per local batch (default: measured, as --profile)")
+    a("--profile", action="store_true", help="measure the compute time: a few real forward/backward steps of --model on --dataset here")
+    a("--model", default="mlp", help="model whose size (and, with --profile or --train, compute) is used (default mlp)")
+    a("--dataset", default="digits", help="data set for --profile and --train (default digits)")
+    a("--batch-size", type=int, default=32, help="examples per worker per step (default 32)")
+    a("--model-mb", type=float, default=None, help="gradient size in MB (10^6 bytes), instead of --model's own")
+    a("--bandwidth-gbps", type=float, default=10.0, help="every node's link, Gb/s each way; inf for an ideal network (default 10)")
+    a("--latency-us", type=float, default=10.0, help="microseconds per message on a link (default 10)")
+    a("--ps-shards", type=int, default=1, help="parameter-server shards P (ps-*) (default 1)")
+    a("--backup-workers", type=int, default=0, help="ps-backup: spare workers K whose late gradients are dropped (default 0)")
+    a("--staleness-bound", type=int, default=None, help="ps-async: a worker more than S steps ahead of the slowest waits")
+    a("--stale-policy", default="none", choices=("none", "scale-lr", "drop"), help="ps-async: stale-gradient policy (default none)")
+    a("--max-staleness", type=int, default=4, help="ps-async with --stale-policy drop: largest staleness applied (default 4)")
+    a("--period", type=int, default=8, help="local-sgd: local steps H between parameter averages (default 8)")
+    a("--compression", default="none", help="gradient codec: none, fp16, bf16, int8, topk, powersgd (default none)")
+    a("--topk-ratio", type=float, default=0.01, help="topk: share of gradient entries sent (default 0.01)")
+    a("--powersgd-rank", type=int, default=4, help="powersgd: rank of the low-rank factors (default 4)")
+    a("--straggler", default="none", help="none, lognormal:SIGMA, or fixed:WORKER:FACTOR (default none)")
+    a("--failure-rate", type=float, default=0.0, help="failures per worker per hour (default 0)")
+    a("--recovery-s", type=float, default=60.0, help="seconds a failed worker needs before it computes again (default 60)")
+    a("--seed", type=int, default=0, help="random seed: stragglers, failures, and with --train the model and data order (default 0)")
+    a("--json-out", metavar="FILE.json", default=None, help="write the results as one JSON object")
+    a("--plot", metavar="FILE.png", default=None, help="plot throughput and scaling efficiency (with --train: accuracy against simulated time)")
+    a("--train", action="store_true", help="virtual-cluster training: real SGD in this process, in the order and with the staleness the simulation gives")
+    a("--epochs", type=int, default=5, help="--train: passes over the training data (default 5)")
+    a("--lr", type=float, default=0.05, help="--train: learning rate (default 0.05)")
+    a("--momentum", type=float, default=0.9, help="--train: SGD momentum (default 0.9)")
+    p.set_defaults(handler=simulate_command)
+
+
+def _positive(name: str, value: float | None, allow_zero: bool = False) -> None:
+    if value is not None and not (value >= 0 if allow_zero else value > 0):
+        raise ConfigError(f"--{name} must be {'>= 0' if allow_zero else '> 0'}, got {value}")
+
+
+def check_arguments(args: argparse.Namespace) -> tuple[list[str], list[int]]:
+    from paratrain.config import _check_writable
+    from paratrain.simulate.simulator import STRATEGIES
+
+    strategies = [s.strip() for s in args.strategy.split(",") if s.strip()]
+    for s in strategies or [args.strategy]:
+        if s not in STRATEGIES:
+            raise ConfigError(f"--strategy must be one or more of {', '.join(STRATEGIES)}; got {s!r}")
+    try:
+        workers = [int(w) for w in args.workers.split(",")]
+        if not workers or min(workers) < 1:
+            raise ValueError
+    except ValueError:
+        raise ConfigError(f"--workers must be counts >= 1, comma-separated, e.g. 1,2,4; got {args.workers!r}") from None
+    for name in ("steps", "batch_size", "ps_shards", "period", "powersgd_rank", "epochs"):
+        if getattr(args, name) < 1:
+            raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    for name in ("compute_ms", "model_mb", "bandwidth_gbps", "lr"):
+        _positive(name.replace("_", "-"), getattr(args, name))
+    for name in ("latency_us", "failure_rate", "recovery_s", "momentum", "backup_workers", "max_staleness", "seed"):
+        _positive(name.replace("_", "-"), getattr(args, name), allow_zero=True)
+    if args.staleness_bound is not None:
+        _positive("staleness-bound", args.staleness_bound, allow_zero=True)
+    if "ps-backup" in strategies and args.backup_workers < 1:
+        raise ConfigError("--strategy ps-backup needs --backup-workers K >= 1 (K = 0 is ps-sync)")
+    if args.train and (len(strategies) != 1 or len(workers) != 1):
+        raise ConfigError("--train takes one --strategy and one --workers count, e.g. --strategy ps-async --workers 8")
+    for name in ("json_out", "plot"):
+        if getattr(args, name):
+            _check_writable(name, getattr(args, name))
+    if args.plot and not args.plot.lower().endswith((".png", ".svg", ".pdf")):
+        raise ConfigError(f"--plot must name a .png, .svg or .pdf file; got {args.plot!r}")
+    return strategies, workers
+
+
+def model_and_data(args: argparse.Namespace) -> tuple[Any, Any]:
+    """--model built (seeded) for --dataset, and the data set's splits."""
+    from paratrain.config import TrainConfig
+    from paratrain.data.datasets import load_dataset
+    from paratrain.models import build_model
+
+    config = TrainConfig(model=args.model, dataset=args.dataset, seed=args.seed, batch_size=args.batch_size)
+    splits = load_dataset(config)
+    import torch
+
+    torch.manual_seed(args.seed)
+    return build_model(config.model, splits.spec), splits
+
+
+def profile_compute_s(model: Any, splits: Any, batch_size: int, repeats: int = 5) -> float:
+    """Median seconds of one forward+backward on a local batch, measured here."""
+    import torch
+
+    loader = torch.utils.data.DataLoader(splits.train, batch_size=batch_size, shuffle=False)
+    inputs, targets = next(iter(loader))
+    loss_fn = torch.nn.CrossEntropyLoss()
+    times = []
+    for i in range(repeats + 2):
+        start = time.perf_counter()
+        model.zero_grad(set_to_none=True)
+        loss_fn(model(inputs), targets).backward()
+        if i >= 2:  # two warm-up steps
+            times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
+
+
+def build_cluster(args: argparse.Namespace, workers: int, model: Any | None, compute_s: float):
+    from paratrain.simulate.cluster import Cluster, make_codec, parse_straggler
+
+    if args.model_mb is not None:
+        model_bytes = args.model_mb * 1e6
+        side = int(math.sqrt(model_bytes / 4))
+        shapes = [(side, side)]
+    else:
+        shapes = [tuple(p.shape) for p in model.parameters() if p.requires_grad]
+        model_bytes = 4.0 * sum(math.prod(s) for s in shapes)
+    return Cluster(
+        workers=workers, compute_s=compute_s, model_bytes=model_bytes,
+        bandwidth=args.bandwidth_gbps * 1e9 / 8, latency=args.latency_us * 1e-6, ps_shards=args.ps_shards,
+        codec=make_codec(args.compression, shapes, args.topk_ratio, args.powersgd_rank),
+        straggler=parse_straggler(args.straggler), failure_rate=args.failure_rate, recovery_s=args.recovery_s,
+    )
+
+
+def options(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "backup": args.backup_workers, "staleness_bound": args.staleness_bound, "stale_policy": args.stale_policy,
+        "max_staleness": args.max_staleness, "period": args.period,
+    }
+
+
+def sweep(args: argparse.Namespace, strategies: list[str], workers: list[int], model: Any, compute_s: float) -> list[dict[str, Any]]:
+    """Every strategy at every worker count, with scaling efficiency against one worker."""
+    from paratrain.simulate.simulator import simulate
+
+    rows = []
+    for strategy in strategies:
+        baseline = None
+        for n in sorted(set(workers) | {1}):
+            cluster = build_cluster(args, n, model, compute_s)
+            summary = simulate(strategy, cluster, args.steps, seed=args.seed, **options(args)).summary(args.batch_size)
+            if n == 1:
+                baseline = summary["examples_per_second"]
+            summary["scaling_efficiency"] = summary["examples_per_second"] / (n * baseline)
+            if n in workers:
+                rows.append(summary)
+    return rows
+
+
+def simulate_command(args: argparse.Namespace) -> int:
+    strategies, workers = check_arguments(args)
+    need_data = args.profile or args.train or args.compute_ms is None
+    model = splits = None
+    if need_data or args.model_mb is None:
+        model, splits = model_and_data(args)
+    compute_s = args.compute_ms / 1e3 if args.compute_ms and not args.profile else profile_compute_s(model, splits, args.batch_size)
+    if args.train:
+        from paratrain.simulate.virtual import train_virtual
+
+        cluster = build_cluster(args, workers[0], model, compute_s)
+        result = train_virtual(args, strategies[0], cluster, model, splits, options(args))
+        _print_training(result)
+        payload: dict[str, Any] = {"compute_seconds": compute_s, **result}
+    else:
+        rows = sweep(args, strategies, workers, model, compute_s)
+        _print_table(rows, compute_s)
+        payload = {"compute_seconds": compute_s, "results": rows}
+    payload["arguments"] = {k: v for k, v in vars(args).items() if k != "handler"}
+    if args.json_out:
+        with open(args.json_out, "w") as handle:
+            json.dump(payload, handle, indent=1)
+    if args.plot:
+        from paratrain.simulate.plots import plot_sweep, plot_training
+
+        (plot_training if args.train else plot_sweep)(payload, args.plot)
+    return 0
+
+
+def _print_table(rows: list[dict[str, Any]], compute_s: float) -> None:
+    from rich.table import Table
+
+    from paratrain.train.callbacks import console
+
+    table = Table(title=f"simulated: {compute_s * 1e3:.3g} ms compute per step")
+    for name in ("strategy", "workers", "step ms", "examples/s", "scaling", "comm", "stale mean/max", "dropped"):
+        table.add_column(name, justify="left" if name == "strategy" else "right", no_wrap=True)
+    for r in rows:
+        table.add_row(
+            r["strategy"], str(r["workers"]), f"{r['step_seconds'] * 1e3:.3f}", f"{r['examples_per_second']:.0f}",
+            f"{r['scaling_efficiency']:.3f}", f"{r['comm_share']:.3f}",
+            f"{r['staleness']['mean']:.2f}/{r['staleness']['max']}", str(r["dropped_gradients"]),
+        )
+    import shutil
+
+    from rich.console import Console
+
+    Console(highlight=False, width=max(shutil.get_terminal_size().columns, 110)).print(table)
+    console.print("scaling: examples/s over workers x one worker's; comm: share of the step not computing")
+
+
+def _print_training(result: dict[str, Any]) -> None:
+    from paratrain.train.callbacks import console
+
+    for point in result["history"]:
+        console.print(f"simulated {point['sim_seconds']:.3f} s  update {point['updates']}  test_accuracy {point['test_accuracy']:.4f}")
+    console.print(
+        f"done: test_accuracy {result['test_accuracy']:.4f} after {result['updates']} updates, "
+        f"{result['sim_seconds']:.3f} simulated seconds ({result['strategy']}, {result['workers']} workers)"
+    )

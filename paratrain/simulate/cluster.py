@@ -1,0 +1,210 @@
+"""The simulated cluster: workers (compute time, stragglers, failures), links, codecs.
+
+Everything here is a cost model with the arithmetic in the open; simulator.py turns it
+into step times. Units: seconds and bytes throughout (flags take ms, us, Gb/s, MB).
+
+| piece | model |
+| --- | --- |
+| compute | every worker needs ``compute_s`` per step (one local batch), times its straggler factor |
+| straggler ``none`` | factor 1 |
+| straggler ``lognormal:SIGMA`` | factor exp(SIGMA z - SIGMA^2/2), z ~ N(0, 1), drawn per worker per step (mean 1) |
+| straggler ``fixed:WORKER:FACTOR`` | that worker is always FACTOR times slower (a slow machine) |
+| failures ``failure_rate`` | per worker, Poisson with this rate per hour; a step in which a worker fails costs it ``recovery_s`` more |
+| link | every node (worker or ps shard) has one full-duplex link of ``bandwidth`` bytes/s and ``latency`` s per message |
+| codec | gradient bytes divided by the codec's ratio, plus an encode/decode time per step |
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from paratrain.errors import ConfigError
+
+BUCKET_BYTES = 25 * 2**20
+"""DistributedDataParallel's default bucket size (bucket_cap_mb=25)."""
+BACKWARD_SHARE = 2 / 3
+"""Backward is about twice the forward pass (Kaplan et al. 2020: 2N vs 4N FLOPs per token)."""
+
+
+# ----- stragglers ----------------------------------------------------------------------------
+class NoStragglers:
+    spec = "none"
+
+    def factors(self, rng: np.random.Generator, steps: int, workers: int) -> np.ndarray:
+        return np.ones((steps, workers))
+
+
+class LognormalStragglers:
+    """Per-step slowdowns with a heavy right tail, as measured on shared clusters
+    (Dean & Barroso 2013, "The tail at scale"); mean 1, so the mean compute is kept."""
+
+    def __init__(self, sigma: float):
+        if not sigma >= 0:
+            raise ConfigError(f"--straggler lognormal:SIGMA needs SIGMA >= 0, got {sigma}")
+        self.sigma = sigma
+        self.spec = f"lognormal:{sigma:g}"
+
+    def factors(self, rng: np.random.Generator, steps: int, workers: int) -> np.ndarray:
+        z = rng.standard_normal((steps, workers))
+        return np.exp(self.sigma * z - self.sigma**2 / 2)
+
+
+class FixedStraggler:
+    """One worker always ``factor`` times slower (a slow or overloaded machine)."""
+
+    def __init__(self, worker: int, factor: float):
+        if worker < 0 or not factor >= 1:
+            raise ConfigError(f"--straggler fixed:WORKER:FACTOR needs WORKER >= 0 and FACTOR >= 1, got {worker}:{factor}")
+        self.worker, self.factor = worker, factor
+        self.spec = f"fixed:{worker}:{factor:g}"
+
+    def factors(self, rng: np.random.Generator, steps: int, workers: int) -> np.ndarray:
+        out = np.ones((steps, workers))
+        if self.worker < workers:
+            out[:, self.worker] = self.factor
+        return out
+
+
+STRAGGLER_FORMS = "none, lognormal:SIGMA (e.g. lognormal:0.3) or fixed:WORKER:FACTOR (e.g. fixed:0:3)"
+
+
+def parse_straggler(text: str | None):
+    """``--straggler`` text -> a straggler model; ConfigError naming the valid forms."""
+    if text in (None, "", "none"):
+        return NoStragglers()
+    name, _, rest = text.partition(":")
+    worker, _, factor = rest.partition(":")
+    try:
+        if name == "lognormal":
+            sigma = float(rest)
+        elif name == "fixed":
+            worker_index, slowdown = int(worker), float(factor)
+        else:
+            raise ValueError
+    except ValueError:
+        raise ConfigError(f"--straggler must be {STRAGGLER_FORMS}; got {text!r}") from None
+    return LognormalStragglers(sigma) if name == "lognormal" else FixedStraggler(worker_index, slowdown)
+
+
+# ----- codecs ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Codec:
+    """Bytes on the wire = dense fp32 bytes / ``ratio``; encode+decode at ``throughput``
+    bytes/s of dense gradient (an assumption of this model; 0 = free)."""
+
+    name: str
+    ratio: float
+    throughput: float
+
+    def wire_bytes(self, dense_bytes: float) -> float:
+        return dense_bytes / self.ratio
+
+    def cost_s(self, dense_bytes: float) -> float:
+        return dense_bytes / self.throughput if self.throughput else 0.0
+
+
+def make_codec(name: str, param_shapes: list[tuple[int, ...]], topk_ratio: float = 0.01, powersgd_rank: int = 4) -> Codec:
+    """The codec named ``--compression``; byte ratios as paratrain's codecs send them."""
+    if name not in CODECS:
+        raise ConfigError(f"--compression must be one of {', '.join(CODECS)}; got {name!r}")
+    return CODECS[name](param_shapes, topk_ratio, powersgd_rank)
+
+
+def _powersgd_ratio(shapes: list[tuple[int, ...]], rank: int) -> float:
+    # PowerSGD (Vogels et al. 2019) sends P (n x r) and Q (m x r) for every matrix
+    # reshaped to n x m, and 1-D tensors (biases) uncompressed.
+    dense = sent = 0
+    for shape in shapes:
+        numel = math.prod(shape)
+        dense += numel
+        if len(shape) >= 2:
+            n, m = shape[0], numel // shape[0]
+            sent += min((n + m) * rank, numel)
+        else:
+            sent += numel
+    return dense / max(sent, 1)
+
+
+def _check_topk(ratio: float) -> float:
+    if not 0 < ratio <= 0.5:
+        raise ConfigError(f"--topk-ratio must be in (0, 0.5], got {ratio}")
+    return ratio
+
+
+CODECS = {
+    "none": lambda shapes, k, r: Codec("none", 1.0, 0.0),
+    "fp16": lambda shapes, k, r: Codec("fp16", 2.0, 20e9),
+    "bf16": lambda shapes, k, r: Codec("bf16", 2.0, 20e9),
+    # int8 with one fp32 scale per 256 values: 4 / (1 + 4/256) = 3.94.
+    "int8": lambda shapes, k, r: Codec("int8", 4 / (1 + 4 / 256), 10e9),
+    # Top-k sends k values and k int32 indices: (4 + 4) k bytes for 4 n, ratio 1/(2 k/n).
+    "topk": lambda shapes, k, r: Codec("topk", 1 / (2 * _check_topk(k)), 2e9),
+    "powersgd": lambda shapes, k, r: Codec("powersgd", _powersgd_ratio(shapes, r), 5e9),
+}
+
+
+# ----- the cluster ---------------------------------------------------------------------------
+@dataclass
+class Cluster:
+    """One simulated cluster: ``workers`` identical nodes plus ``ps_shards`` server nodes."""
+
+    workers: int
+    compute_s: float
+    """Seconds of forward+backward for one local batch on one worker."""
+    model_bytes: float
+    """Dense fp32 gradient (= parameter) bytes."""
+    bandwidth: float = 10e9 / 8
+    """Bytes/s of every node's link (each direction)."""
+    latency: float = 10e-6
+    """Seconds per message on a link."""
+    ps_shards: int = 1
+    codec: Codec = Codec("none", 1.0, 0.0)
+    straggler: object = NoStragglers()
+    failure_rate: float = 0.0
+    """Failures per worker per hour."""
+    recovery_s: float = 60.0
+    """Seconds a failed worker needs before it computes again."""
+
+    def compute_times(self, rng: np.random.Generator, steps: int, workers: int | None = None) -> np.ndarray:
+        """(steps, workers) seconds of compute per step, stragglers and failures included."""
+        workers = self.workers if workers is None else workers
+        times = self.compute_s * self.straggler.factors(rng, steps, workers)
+        if self.failure_rate > 0:
+            # P(at least one failure during a step of duration t) = 1 - exp(-rate t).
+            p = 1 - np.exp(-self.failure_rate / 3600 * times)
+            times = times + self.recovery_s * (rng.random((steps, workers)) < p)
+        return times
+
+    # --- communication ---
+    def ring_allreduce_s(self, nbytes: float, n: int | None = None) -> float:
+        """Ring all-reduce of ``nbytes`` over n nodes: reduce-scatter then all-gather,
+        2(n-1) steps of nbytes/n each (Patarasuk & Yuan 2009)."""
+        n = self.workers if n is None else n
+        if n <= 1:
+            return 0.0
+        return 2 * (n - 1) / n * nbytes / self.bandwidth + 2 * (n - 1) * self.latency
+
+    def buckets(self) -> list[float]:
+        """Wire bytes of each all-reduce bucket, in the order backward fills them."""
+        wire = self.codec.wire_bytes(self.model_bytes)
+        dense_full = int(self.model_bytes // BUCKET_BYTES)
+        sizes = [BUCKET_BYTES] * dense_full
+        if self.model_bytes - dense_full * BUCKET_BYTES > 0 or not sizes:
+            sizes.append(self.model_bytes - dense_full * BUCKET_BYTES)
+        return [s / self.model_bytes * wire for s in sizes]
+
+    def shard_bytes(self) -> float:
+        return self.model_bytes / self.ps_shards
+
+    def push_times(self) -> tuple[float, float]:
+        """(own, shard): seconds a push needs on the worker's link (all shards' slices) and
+        on one shard's link (its slice), encoded by the codec."""
+        wire = self.codec.wire_bytes(self.model_bytes)
+        return wire / self.bandwidth, wire / self.ps_shards / self.bandwidth
+
+    def pull_times(self) -> tuple[float, float]:
+        """(own, shard) for a pull: parameters travel dense (codecs apply to pushes)."""
+        return self.model_bytes / self.bandwidth, self.shard_bytes() / self.bandwidth

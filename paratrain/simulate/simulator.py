@@ -1,0 +1,291 @@
+"""Discrete-event model of one training run on a simulated cluster.
+
+Synchronous strategies are rounds: every round is a function of the (steps, workers)
+matrix of compute times, so they are vectorised with numpy (a round ends at a max, or
+an order statistic, over workers). Only ``ps-async`` is a real event queue (a heap),
+because there every push changes what the next pull sees.
+
+| ``--strategy`` | one round / event |
+| --- | --- |
+| ``allreduce`` | slowest worker's backward fills 25 MiB buckets; each bucket is ring-all-reduced as soon as it is full and the link is free (DDP's overlap, Li et al. 2020) |
+| ``ps-sync`` | all N push to the P shards (FIFO at each shard's link), the shards average, all N pull |
+| ``ps-backup`` | N+K workers compute, the first N pushes make the update, K are dropped (Chen et al. 2016) |
+| ``ps-async`` | each push is applied on arrival; staleness = versions since its pull; ``--staleness-bound S`` holds a worker S steps ahead of the slowest (Ho et al. 2013) |
+| ``local-sgd`` | H local steps, then one ring all-reduce of the parameters (Lin et al. 2020) |
+
+Every strategy can record a trace (``record=True``): which worker's gradient, computed on
+which version, is applied at what time; virtual.py trains a real model on it.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from paratrain.errors import ConfigError
+from paratrain.simulate.cluster import BACKWARD_SHARE, Cluster
+
+
+@dataclass
+class Update:
+    """One parameter update of the trace: gradients of ``workers`` computed on ``versions``."""
+
+    time: float
+    workers: list[int]
+    versions: list[int]
+    lr_scale: float = 1.0
+
+
+@dataclass
+class Outcome:
+    strategy: str
+    workers: int
+    steps: int
+    """Global steps: rounds, or (async) pushes / workers."""
+    wall_s: float
+    examples: int
+    """Examples whose gradients were applied."""
+    comm_s: float
+    """Seconds of the wall time not spent waiting for compute (exposed communication)."""
+    dropped: int = 0
+    staleness: dict[int, int] = field(default_factory=dict)
+    trace: list[Update] = field(default_factory=list)
+    period: int = 1
+    """local-sgd: steps between averages (the trace holds one entry per average)."""
+
+    def summary(self, batch_size: int) -> dict[str, Any]:
+        total = sum(self.staleness.values())
+        return {
+            "strategy": self.strategy,
+            "workers": self.workers,
+            "steps": self.steps,
+            "wall_seconds": self.wall_s,
+            "step_seconds": self.wall_s / self.steps,
+            "examples_per_second": self.examples * batch_size / self.wall_s if self.wall_s > 0 else float("inf"),
+            "comm_share": self.comm_s / self.wall_s if self.wall_s > 0 else 0.0,
+            "dropped_gradients": self.dropped,
+            "staleness": {
+                "mean": sum(s * c for s, c in self.staleness.items()) / total if total else 0.0,
+                "max": max((s for s, c in self.staleness.items() if c), default=0),
+            },
+        }
+
+
+def _fifo(arrivals: np.ndarray, service: float, own: float) -> np.ndarray:
+    """Finish times of messages through one shard's link (FIFO, ``service`` s each), sent
+    from workers' own links (``own`` s each, in parallel); arrivals sorted along the last
+    axis. The shard link is done with message k at l_k = max(l_{k-1}, a_k) + service,
+    in closed form l_k = (k + 1) service + max_{j<=k} (a_j - j service); the message is
+    complete at max(l_k, a_k + own)."""
+    k = np.arange(arrivals.shape[-1]) * service
+    link = k + service + np.maximum.accumulate(arrivals - k, axis=-1)
+    return np.maximum(link, arrivals + own)
+
+
+class AllReduceModel:
+    name = "allreduce"
+
+    def run(self, cluster: Cluster, steps: int, rng: np.random.Generator, record: bool, **_: Any) -> Outcome:
+        n = cluster.workers
+        compute = cluster.compute_times(rng, steps)
+        slowest = compute.max(axis=1)
+        if n == 1:
+            step = slowest
+        else:
+            buckets = cluster.buckets()
+            finish = np.zeros(steps)
+            for i, wire in enumerate(buckets):
+                # Gradients appear evenly through backward; a bucket goes once full.
+                ready = slowest * (1 - BACKWARD_SHARE + BACKWARD_SHARE * (i + 1) / len(buckets))
+                cost = cluster.ring_allreduce_s(wire) + cluster.codec.cost_s(wire * cluster.codec.ratio)
+                finish = np.maximum(finish, ready) + cost
+            step = np.maximum(slowest, finish)
+        ends = np.cumsum(step)
+        trace = [Update(float(t), list(range(n)), [r] * n) for r, t in enumerate(ends)] if record else []
+        return Outcome(self.name, n, steps, float(ends[-1]), steps * n, float((step - slowest).sum()), trace=trace)
+
+
+class SyncPSModel:
+    """ps-sync and ps-backup: rounds of N (+K) pushes and pulls through the P shards."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def run(self, cluster: Cluster, steps: int, rng: np.random.Generator, record: bool, backup: int = 0, **_: Any) -> Outcome:
+        n = cluster.workers
+        total = n + backup
+        compute = cluster.compute_times(rng, steps, total)
+        codec_s = cluster.codec.cost_s(cluster.model_bytes)
+        order = np.argsort(compute, axis=1, kind="stable")
+        arrive = np.take_along_axis(compute, order, axis=1) + codec_s  # encode before the push
+        own, shard = cluster.push_times()
+        pushed = _fifo(arrive, shard, own) + cluster.latency
+        first = np.argsort(pushed, axis=1, kind="stable")[:, :n]  # the first N to arrive
+        update = np.take_along_axis(pushed, first[:, -1:], axis=1)[:, 0] + codec_s  # the N-th closes it; decode
+        # Every worker pulls the new version at once: the shard's link sends `total` slices.
+        pull_own, pull_shard = cluster.pull_times()
+        step = update + cluster.latency + max(pull_own, total * pull_shard)
+        contributors = np.take_along_axis(order, first, axis=1)
+        waited = np.take_along_axis(compute, contributors, axis=1).max(axis=1)
+        ends = np.cumsum(step)
+        trace = [Update(float(t), contributors[r].tolist(), [r] * n) for r, t in enumerate(ends)] if record else []
+        return Outcome(
+            self.name, n, steps, float(ends[-1]), steps * n, float((step - waited).sum()),
+            dropped=steps * backup, staleness={0: steps * n}, trace=trace,
+        )
+
+
+class AsyncPSModel:
+    """ps-async: a heap of events, one per push (and the pull that answers it)."""
+
+    name = "ps-async"
+
+    def run(
+        self, cluster: Cluster, steps: int, rng: np.random.Generator, record: bool,
+        staleness_bound: int | None = None, stale_policy: str = "none", max_staleness: int = 4, **_: Any,
+    ) -> Outcome:
+        from paratrain.strategies.ps_policies import StalePolicy
+
+        policy = StalePolicy(stale_policy, max_staleness)
+        n = cluster.workers
+        pushes = steps * n  # the same work as `steps` synchronous rounds
+        rows = 2 * steps + 2
+        compute = cluster.compute_times(rng, rows, n)
+        codec_s = cluster.codec.cost_s(cluster.model_bytes)
+        own, shard = cluster.push_times()
+        pull_own, pull_shard = cluster.pull_times()
+        lat = cluster.latency
+        own_push = codec_s + own  # a push can go no faster than the worker's own link
+        pull = max(pull_shard, pull_own)
+        check_policy = stale_policy != "none"
+        free = 0.0  # when the shards' links are next free (the shards are symmetric)
+        version = 0
+        pulled = [0] * n  # the version each worker computes on
+        clock = [0] * n  # steps each worker has pushed
+        at_clock = [0] * (pushes + 2)  # how many workers have each clock (for the slowest one, O(1))
+        at_clock[0] = n
+        slowest = 0
+        waiting: list[int] = []
+        ready_at = [0.0] * n  # when each worker has its reply
+        # One event per push: (time its compute ends, seq, worker). The shards' links serve
+        # a push and then its reply, as ShardServer handles one message at a time; so
+        # arrivals come in the order computes end, and the version can be bumped here.
+        heap: list[tuple[float, int, int]] = []
+        times = compute.T.tolist()  # times[w][k]: plain floats, the loop's hot path
+        for w in range(n):
+            heap.append((times[w][0], w, w))
+        heapq.heapify(heap)
+        seq = issued = n
+        staleness: dict[int, int] = {}
+        dropped = applied = 0
+        trace: list[Update] = []
+        busy = 0.0  # summed compute seconds (for the communication share)
+        now = 0.0
+        while heap:
+            computed, _, w = heapq.heappop(heap)
+            start = computed + codec_s  # encode, then queue at the shard links
+            if free > start:
+                start = free
+            free = start + shard  # the shard's link is busy with this slice
+            done = free if free > computed + own_push else computed + own_push
+            now = done + lat + codec_s  # arrived and decoded: applied at once, or dropped
+            s = version - pulled[w]
+            factor = policy.factor(s) if check_policy else 1.0
+            staleness[s] = staleness.get(s, 0) + 1
+            if factor is None:
+                dropped += 1
+            else:
+                applied += 1
+                if record:
+                    trace.append(Update(now, [w], [pulled[w]], factor))
+                version += 1
+            at_clock[clock[w]] -= 1
+            clock[w] += 1
+            at_clock[clock[w]] += 1
+            while at_clock[slowest] == 0:
+                slowest += 1
+            # the reply: current parameters through the same links
+            ready = now + pull + lat
+            free = now + pull_shard
+            pulled[w] = version
+            ready_at[w] = ready
+            if staleness_bound is None:  # no one ever waits: start the next step at once
+                if issued < pushes:
+                    c = times[w][clock[w] % rows]
+                    busy += c
+                    heapq.heappush(heap, (ready + c, seq, w))
+                    seq += 1
+                    issued += 1
+                continue
+            waiting.append(w)
+            still = []
+            for v in waiting:
+                if issued >= pushes:
+                    break
+                if staleness_bound is not None and clock[v] - slowest > staleness_bound:
+                    still.append(v)  # stale-synchronous parallel: wait for the slowest
+                    continue
+                c = times[v][clock[v] % rows]
+                busy += c
+                heapq.heappush(heap, ((now if now > ready_at[v] else ready_at[v]) + c, seq, v))
+                seq += 1
+                issued += 1
+            waiting = still
+        busy += float(compute[0].sum())
+        comm = max(now - busy / n, 0.0)
+        return Outcome(
+            self.name, n, steps, now, applied, comm, dropped=dropped, staleness=staleness, trace=trace,
+        )
+
+
+class LocalSGDModel:
+    """H local steps per worker, then the parameters are averaged by a ring all-reduce
+    (no overlap: averaging starts after the last local step)."""
+
+    name = "local-sgd"
+
+    def run(self, cluster: Cluster, steps: int, rng: np.random.Generator, record: bool, period: int = 8, **_: Any) -> Outcome:
+        n = cluster.workers
+        periods = -(-steps // period)
+        compute = cluster.compute_times(rng, periods * period).reshape(periods, period, n).sum(axis=1)
+        slowest = compute.max(axis=1)
+        average = cluster.ring_allreduce_s(cluster.codec.wire_bytes(cluster.model_bytes))
+        if n > 1:
+            average += cluster.codec.cost_s(cluster.model_bytes)
+        step = slowest + average
+        ends = np.cumsum(step)
+        trace = [Update(float(t), list(range(n)), [r] * n) for r, t in enumerate(ends)] if record else []
+        return Outcome(
+            self.name, n, periods * period, float(ends[-1]), periods * period * n, float((step - slowest).sum()),
+            trace=trace, period=period,
+        )
+
+
+STRATEGIES = {
+    "allreduce": AllReduceModel(),
+    "ps-sync": SyncPSModel("ps-sync"),
+    "ps-backup": SyncPSModel("ps-backup"),
+    "ps-async": AsyncPSModel(),
+    "local-sgd": LocalSGDModel(),
+}
+
+
+def simulate(
+    strategy: str, cluster: Cluster, steps: int, seed: int = 0, record: bool = False, **options: Any,
+) -> Outcome:
+    """One run of ``strategy`` on ``cluster`` for ``steps`` global steps; deterministic per seed.
+
+    options: ``backup`` (ps-backup K), ``staleness_bound``, ``stale_policy``,
+    ``max_staleness`` (ps-async), ``period`` (local-sgd H).
+    """
+    if strategy not in STRATEGIES:
+        raise ConfigError(f"--strategy must be one of {', '.join(STRATEGIES)}; got {strategy!r}")
+    if strategy == "ps-backup" and options.get("backup", 0) < 1:
+        raise ConfigError("--strategy ps-backup needs --backup-workers K >= 1 (K = 0 is ps-sync)")
+    if strategy != "ps-backup":
+        options["backup"] = 0
+    rng = np.random.default_rng(seed)
+    return STRATEGIES[strategy].run(cluster, steps, rng, record, **options)

@@ -1,0 +1,167 @@
+"""Virtual-cluster training: real SGD in one process on the schedule a simulation gives.
+
+The simulator's trace says, for every parameter update, whose gradients it applies,
+on which parameter version each was computed, and when (simulated time). Here the real
+model is trained in exactly that order: a ring of past parameter versions is kept (as
+deep as the largest staleness in the trace), and each gradient is computed on the
+version its worker pulled. So the accuracy of, say, ps-async with 64 workers and
+lognormal stragglers can be read against simulated wall time on a laptop.
+
+Data: one permutation of the training set per epoch (seeded), handed out b examples at
+a time in the order gradients are applied (dynamic sharding, as ps_worker.py does);
+synchronous strategies drop the tail of an epoch that does not fill a whole round, as
+the real ones do, so virtual ps-sync equals one process with the global batch.
+Gradients that the server drops are not computed (they take no batch here).
+
+The optimizer is SGD with momentum on flat parameter vectors, the same arithmetic as
+torch.optim.SGD (buf = m buf + g; p -= lr buf), applied where the real strategy applies
+it: on the server (ps-*), on every replica alike (allreduce), per replica (local-sgd).
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from paratrain.simulate.cluster import Cluster
+from paratrain.simulate.simulator import Outcome, simulate
+
+
+class BatchStream:
+    """Index batches of size ``batch`` from a seeded permutation per epoch; each epoch's
+    tail shorter than ``group`` batches is dropped."""
+
+    def __init__(self, num_examples: int, batch: int, group: int, seed: int):
+        self.n, self.batch, self.group, self.seed = num_examples, batch, group, seed
+        self.per_epoch = num_examples // (batch * group) * group
+        self._iter = self._batches()
+
+    def _batches(self) -> Iterator[torch.Tensor]:
+        epoch = 0
+        while True:
+            order = torch.randperm(self.n, generator=torch.Generator().manual_seed(self.seed + epoch))
+            for k in range(self.per_epoch):
+                yield order[k * self.batch : (k + 1) * self.batch]
+            epoch += 1
+
+    def next(self) -> torch.Tensor:
+        return next(self._iter)
+
+
+class FlatSGD:
+    """SGD with momentum on one flat parameter vector (torch.optim.SGD's arithmetic)."""
+
+    def __init__(self, params: torch.Tensor, lr: float, momentum: float):
+        self.params, self.lr, self.momentum = params, lr, momentum
+        self.buf: torch.Tensor | None = None
+
+    def step(self, grad: torch.Tensor, lr_scale: float = 1.0) -> None:
+        if self.momentum:
+            self.buf = grad.clone() if self.buf is None else self.buf.mul_(self.momentum).add_(grad)
+            grad = self.buf
+        self.params.add_(grad, alpha=-self.lr * lr_scale)
+
+
+class Replayer:
+    def __init__(self, model: nn.Module, train: Any, test: Any, batch: int, group: int, seed: int):
+        self.model = model
+        self.inputs, self.targets = train.tensors
+        self.test_inputs, self.test_targets = test.tensors
+        self.stream = BatchStream(len(self.targets), batch, group, seed)
+        self.loss_fn = nn.CrossEntropyLoss()
+        self.params = [p for p in model.parameters() if p.requires_grad]
+
+    def flat(self) -> torch.Tensor:
+        return torch.nn.utils.parameters_to_vector(self.params).detach().clone()
+
+    def gradient(self, flat: torch.Tensor) -> torch.Tensor:
+        """Gradient of the mean loss on the next batch, computed at parameters ``flat``."""
+        torch.nn.utils.vector_to_parameters(flat, self.params)
+        idx = self.stream.next()
+        self.model.zero_grad(set_to_none=True)
+        self.loss_fn(self.model(self.inputs[idx]), self.targets[idx]).backward()
+        return torch.cat([p.grad.reshape(-1) for p in self.params])
+
+    @torch.no_grad()
+    def evaluate(self, flat: torch.Tensor) -> dict[str, float]:
+        torch.nn.utils.vector_to_parameters(flat, self.params)
+        logits = self.model(self.test_inputs)
+        return {
+            "test_accuracy": float((logits.argmax(1) == self.test_targets).float().mean()),
+            "test_loss": float(self.loss_fn(logits, self.test_targets)),
+        }
+
+
+def replay(
+    outcome: Outcome, model: nn.Module, train: Any, test: Any, *, batch: int, lr: float, momentum: float,
+    seed: int = 0, evals: int = 10,
+) -> dict[str, Any]:
+    """Train ``model`` on the trace of ``outcome``; returns the final parameters, accuracy
+    against simulated time, and the run's statistics."""
+    trace = outcome.trace
+    sync = outcome.strategy != "ps-async"
+    rep = Replayer(model, train, test, batch, outcome.workers if sync else 1, seed)
+    current = rep.flat()
+    every = max(len(trace) // evals, 1)
+    history = []
+    if outcome.strategy == "local-sgd":
+        replicas = [FlatSGD(current.clone(), lr, momentum) for _ in range(outcome.workers)]
+        for i, update in enumerate(trace):
+            for _ in range(outcome.period):
+                for r in replicas:
+                    r.step(rep.gradient(r.params))
+            current = torch.stack([r.params for r in replicas]).mean(0)
+            for r in replicas:  # averaging (Lin et al. 2020): parameters, not momentum
+                r.params.copy_(current)
+            if (i + 1) % every == 0 or i == len(trace) - 1:
+                history.append({"updates": i + 1, "sim_seconds": update.time, **rep.evaluate(current)})
+    else:
+        opt = FlatSGD(current, lr, momentum)
+        # The ring of past versions: version v stays while a later update still needs it.
+        needed_after = [0] * (len(trace) + 1)
+        needed_after[-1] = len(trace)
+        for i in range(len(trace) - 1, -1, -1):
+            needed_after[i] = min(needed_after[i + 1], min(trace[i].versions))
+        versions = {0: current.clone()}
+        for i, update in enumerate(trace):
+            grads = [rep.gradient(versions[v]) for v in update.versions]
+            # Averaged as the server (or the all-reduce) does: sum, then divide by N.
+            opt.step(torch.stack(grads).sum(0) / len(grads), update.lr_scale)
+            versions[i + 1] = current.clone()
+            for v in [v for v in versions if v < needed_after[i + 1]]:
+                del versions[v]
+            if (i + 1) % every == 0 or i == len(trace) - 1:
+                history.append({"updates": i + 1, "sim_seconds": update.time, **rep.evaluate(current)})
+    final = history[-1] if history else {"sim_seconds": 0.0, **rep.evaluate(current)}
+    torch.nn.utils.vector_to_parameters(current, rep.params)
+    summary = outcome.summary(batch)
+    return {
+        "strategy": outcome.strategy,
+        "workers": outcome.workers,
+        "updates": len(trace),
+        "sim_seconds": final["sim_seconds"],
+        "test_accuracy": final["test_accuracy"],
+        "test_loss": final["test_loss"],
+        "dropped_gradients": outcome.dropped,
+        "staleness": summary["staleness"],
+        "history": history,
+        "params": current,
+    }
+
+
+def train_virtual(
+    args: argparse.Namespace, strategy: str, cluster: Cluster, model: nn.Module, splits: Any, options: dict[str, Any],
+) -> dict[str, Any]:
+    """``paratrain simulate --train``: simulate enough steps for ``--epochs``, then replay."""
+    n = cluster.workers
+    steps = max(args.epochs * (len(splits.train) // (args.batch_size * n)), 1)
+    outcome = simulate(strategy, cluster, steps, seed=args.seed, record=True, **options)
+    result = replay(
+        outcome, model, splits.train, splits.test, batch=args.batch_size, lr=args.lr, momentum=args.momentum, seed=args.seed,
+    )
+    result.pop("params")
+    return result
