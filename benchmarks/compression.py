@@ -5,7 +5,7 @@
     python benchmarks/compression.py --models mlp --codecs none,int8 --epochs 1 --out /tmp/c.json
 
 Every (model, codec) pair trains on digits with the same seed and settings through
-``paratrain.train`` (the code path of ``paratrain train``), all of them inside one
+``paratrain.train.job.run`` (the code path of ``paratrain train``), all of them inside one
 launch of ``--workers`` processes. Reported per pair:
 
 - bytes/step: ``bytes_sent`` of the metrics file (what every rank handed to the
