@@ -64,6 +64,7 @@ class PipelineStrategy(Strategy):
         self._schedule: Any = None
         self._loss_fn: LossFn | None = None
         self._bytes_sent = 0
+        self._microbatch_bytes = 0
         self._pending: tuple[nn.Module, torch.optim.Optimizer] | None = None
 
     # ----- configuration ---------------------------------------------------------------
@@ -123,6 +124,8 @@ class PipelineStrategy(Strategy):
     def describe(self) -> dict[str, Any]:
         return {
             **super().describe(),
+            "workers": self._world_size,  # processes, as --workers counts them
+            "replicas": self.num_replicas,
             "stages": self.num_stages,
             "microbatches": self.num_microbatches,
             "schedule": self.schedule_name,
@@ -266,6 +269,7 @@ class PipelineStrategy(Strategy):
             outputs = schedule.step(target=targets, losses=losses)
         else:
             outputs = schedule.step()
+        self._bytes_sent += self.num_microbatches * self._microbatch_bytes
         if self.num_replicas > 1:
             self._average_gradients()
         optimizer.step()
@@ -303,17 +307,18 @@ class PipelineStrategy(Strategy):
         )
 
     def _count_traffic(self, module: nn.Module) -> None:
-        """Bytes this stage sends per micro-batch: its outputs forward (all but the last
-        stage), the gradient of its inputs backward (all but the first)."""
+        """Remember the sizes of one micro-batch's traffic: this stage's outputs, sent forward
+        (all but the last stage), and the gradient of its inputs, sent backward (all but the
+        first). ``train_step`` counts ``num_microbatches`` of each per step."""
         first, last = self.stage == 0, self.is_last_stage
 
         def hook(_module: nn.Module, args: tuple, output: torch.Tensor) -> None:
-            if not torch.is_grad_enabled():
+            if not torch.is_grad_enabled():  # evaluation's forward passes are not training traffic
                 return
-            if not last:
-                self._bytes_sent += output.numel() * output.element_size()
+            sent = 0 if last else output.numel() * output.element_size()
             if not first:
-                self._bytes_sent += args[0].numel() * args[0].element_size()
+                sent += args[0].numel() * args[0].element_size()
+            self._microbatch_bytes = sent
 
         module.register_forward_hook(hook)
 

@@ -107,3 +107,31 @@ def test_two_stages_by_two_replicas_equal_single_with_the_global_batch(schedule)
         assert accuracy["loss"] == pytest.approx(reference_accuracy["loss"], rel=1e-5)
     assert [stage for _, stage, _ in ranks] == [0, 1, 0, 1]
     assert torch.equal(ranks[0][0], ranks[2][0]) and torch.equal(ranks[1][0], ranks[3][0])
+
+
+def test_cli_pipeline_reaches_the_accuracy_of_single(cli, tmp_path):
+    out = tmp_path / "m.json"
+    result = cli("train", "--strategy", "pipeline", "--stages", "2", "--microbatches", "4", "--metrics-out", str(out))
+    assert result.returncode == 0, result.stderr
+    metrics = json.loads(out.read_text())
+    assert (metrics["strategy"], metrics["workers"], metrics["stages"], metrics["split"]) == ("pipeline", 2, 2, [[0, 2], [2, 4]])
+    assert metrics["global_steps"] == 15 * (1433 // 32)
+    assert metrics["test_accuracy"] >= 0.95  # single: 0.9670 with these settings
+    # activations forward and their gradients back: 32 examples x 256 floats each way
+    assert metrics["bytes_sent"] == metrics["global_steps"] * 2 * 32 * 256 * 4
+    assert result.stdout.count("done: ") == 1  # only the chief (the last stage) prints
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--stages", "5"], "--stages 5 is more than the model's 4 layers"),
+        (["--stages", "2", "--split-points", "0"], "leaves a stage empty"),
+        (["--stages", "2", "--workers", "3"], "not a multiple of --stages 2"),
+    ],
+)
+def test_cli_bad_splits_exit_2_with_one_line(cli, args, words):
+    result = cli("train", "--strategy", "pipeline", "--epochs", "1", *args)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and words in lines[0] and lines[0].startswith("paratrain: error: ")
