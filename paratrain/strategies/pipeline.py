@@ -52,6 +52,9 @@ class PipelineStrategy(Strategy):
             raise ConfigError(f"--schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
         if balance not in ("params", "time"):
             raise ConfigError(f"--balance must be params or time, got {balance!r}")
+        if schedule == "1f1b" and num_microbatches < num_stages:
+            # PyTorch's Schedule1F1B needs its warm-up of num_stages micro-batches.
+            raise ConfigError(f"schedule 1f1b needs num_microbatches >= num_stages, got {num_microbatches} < {num_stages}")
         self.num_stages, self.num_microbatches = num_stages, num_microbatches
         self.schedule_name, self.balance, self.split_points = schedule, balance, split_points
         self._global_rank, self._world_size = 0, 1
@@ -84,6 +87,11 @@ class PipelineStrategy(Strategy):
             raise ConfigError(
                 f"--batch-size {config.batch_size} must be a multiple of --microbatches {config.microbatches} "
                 "(every micro-batch has the same size)"
+            )
+        if config.schedule == "1f1b" and config.microbatches < stages:
+            raise ConfigError(
+                f"--schedule 1f1b needs --microbatches >= --stages ({config.microbatches} < {stages}); "
+                "use more micro-batches or --schedule gpipe"
             )
         if config.split_points is not None:
             points = parse_split_points(config.split_points)

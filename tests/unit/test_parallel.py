@@ -71,6 +71,7 @@ def test_placed_model_equals_the_original_in_outputs_and_gradients():
         ({"split_points": "1,2"}, ["3 stages", "--stages is 2"]),
         ({"schedule": "zb"}, ["--schedule", "gpipe, 1f1b"]),
         ({"balance": "time", "split_points": "2"}, ["give one of them"]),
+        ({"microbatches": 1}, ["--schedule 1f1b needs --microbatches >= --stages"]),
     ],
 )
 def test_pipeline_config_errors_name_the_flag(changes, words):
