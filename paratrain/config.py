@@ -124,7 +124,8 @@ class TrainConfig:
 
     @property
     def global_batch(self) -> int:
-        return self.batch_size * self.workers
+        """Examples per step over all replicas (a pipeline replica is several processes)."""
+        return self.batch_size * STRATEGIES.get(self.strategy).num_replicas_for(self)
 
     @property
     def num_worker_processes(self) -> int:

@@ -141,6 +141,11 @@ class Strategy:
         return config.workers
 
     @classmethod
+    def num_replicas_for(cls, config: "TrainConfig") -> int:
+        """Replicas that each read their own slice of the global batch."""
+        return config.workers
+
+    @classmethod
     def check_cluster(cls, cluster: "ClusterEnv", config: "TrainConfig") -> None:
         """Raise ConfigError when a cluster started elsewhere (torchrun, TF_CONFIG) does not fit."""
         if cluster.num_ps:

@@ -113,6 +113,10 @@ class PipelineStrategy(Strategy):
         return config.workers if config.workers > 1 else config.stages
 
     @classmethod
+    def num_replicas_for(cls, config: "TrainConfig") -> int:
+        return cls.num_processes(config) // config.stages
+
+    @classmethod
     def chief_rank(cls, config: "TrainConfig") -> int:
         return config.stages - 1  # the last stage of replica 0: it holds the loss and logits
 

@@ -192,13 +192,16 @@ class Trainer:
 
     @torch.no_grad()
     def predict(self, data: object, batch_size: int = 256) -> torch.Tensor:
-        """Model outputs for every example of ``data``, in order, computed on this process."""
+        """Model outputs for every example of ``data``, in order, computed on this process
+        (with ``pipeline``: called on every stage, the outputs on the last, empty elsewhere)."""
         from paratrain.data.sharding import ShardedBatches
 
         model = self.module
         was_training = model.training
         model.eval()
         batches = ShardedBatches(data, batch_size, shuffle=False, drop_last=False, device=self.strategy.device)
-        outputs = [model(inputs) for inputs, _ in batches]
+        # Through the strategy: pipeline stages all take part, the last one holds the outputs.
+        outputs = [self.strategy.forward(model, inputs) for inputs, _ in batches]
+        outputs = [out for out in outputs if out is not None]
         model.train(was_training)
         return torch.cat(outputs) if outputs else torch.empty(0)

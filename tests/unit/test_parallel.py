@@ -94,4 +94,5 @@ def test_pipeline_processes_and_chief():
     assert PipelineStrategy.num_processes(config) == 2 and PipelineStrategy.chief_rank(config) == 1
     config = TrainConfig(strategy="pipeline", stages=2, workers=4)
     assert PipelineStrategy.num_processes(config) == 4
+    assert config.global_batch == 2 * config.batch_size  # 2 pipeline replicas read the batch
     assert PipelineStrategy.rank_name(3, config) == "stage 1 of replica 1"
