@@ -125,7 +125,7 @@ def test_cli_pipeline_reaches_the_accuracy_of_single(cli, tmp_path):
 @pytest.mark.parametrize(
     "args, words",
     [
-        (["--stages", "5"], "--stages 5 is more than the model's 4 layers"),
+        (["--stages", "5", "--schedule", "gpipe"], "--stages 5 is more than the model's 4 layers"),
         (["--stages", "2", "--split-points", "0"], "leaves a stage empty"),
         (["--stages", "2", "--workers", "3"], "not a multiple of --stages 2"),
     ],
