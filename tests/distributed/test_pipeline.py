@@ -27,14 +27,17 @@ def _batch(n=32):
     return x[:n], y[:n]
 
 
-def _one_step(schedule, stages, microbatches):
+def _one_step(schedule, stages, microbatches, balance="params"):
     """One pipelined step; this stage's gradients and (last stage) logits and loss."""
-    strategy = PipelineStrategy(num_stages=stages, num_microbatches=microbatches, schedule=schedule, device="cpu")
+    strategy = PipelineStrategy(
+        num_stages=stages, num_microbatches=microbatches, schedule=schedule, balance=balance, device="cpu"
+    )
     model = _deep_mlp()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
     stage, optimizer = strategy.prepare(model, optimizer)
     x, y = _batch()
     out = strategy.train_step(stage, torch.nn.CrossEntropyLoss(), optimizer, x, y)
+    stage = strategy.unwrap(stage)  # by time, the split is made at the first step
     with torch.no_grad():  # the evaluation path: a plain forward through the stages
         logits = strategy.forward(stage, x)
     result = {
@@ -46,10 +49,11 @@ def _one_step(schedule, stages, microbatches):
     return result
 
 
-@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
-def test_pipelined_outputs_and_gradients_equal_the_unsplit_model(schedule):
+@pytest.mark.parametrize("schedule, balance", [("gpipe", "params"), ("1f1b", "params"), ("gpipe", "time")])
+def test_pipelined_outputs_and_gradients_equal_the_unsplit_model(schedule, balance):
+    """By time, rank 0 measures the split and every rank takes it (asserted: same bounds)."""
     stages = 2
-    ranks = run_distributed(_one_step, schedule, stages, 4, world_size=stages)
+    ranks = run_distributed(_one_step, schedule, stages, 4, balance, world_size=stages)
     model = _deep_mlp()
     x, y = _batch()
     logits = model(x)
