@@ -225,8 +225,6 @@ class PipelineStrategy(Strategy):
         for group in optimizer.param_groups:
             group["params"] = [p for p in group["params"] if id(p) in own]
         self._optimizer = optimizer
-        # Stages past the first see activations that are plain data: their first layers'
-        # inputs need no gradient tracking beyond what PipelineStage does.
         self._pending = None
 
     def _agreed_bounds(self, layers: list[nn.Module], example: torch.Tensor | None) -> list[tuple[int, int]]:
