@@ -23,11 +23,21 @@ from paratrain.train.trainer import History, Trainer
 
 MirroredStrategy = AllReduceStrategy
 
+
+def __getattr__(name: str):
+    # torch.distributed.pipelining imports sympy (seconds): only when a pipeline is asked for.
+    if name == "PipelineStrategy":
+        from paratrain.strategies.pipeline import PipelineStrategy
+
+        return PipelineStrategy
+    raise AttributeError(f"module 'paratrain' has no attribute {name!r}")
+
 __version__ = "0.1.0"
 
 __all__ = [
     "AllReduceStrategy", "Callback", "ConfigError", "Constant", "DivergedError", "EarlyStopping",
     "ExponentialDecay", "History", "LearningRateScheduler", "LinearScalingWarmup", "MirroredStrategy",
-    "ParameterServerStrategy", "ParatrainError", "SingleDeviceStrategy", "StepOutput", "Strategy", "TrainConfig", "Trainer",
+    "ParameterServerStrategy", "ParatrainError", "PipelineStrategy", "SingleDeviceStrategy", "StepOutput", "Strategy",
+    "TrainConfig", "Trainer",
     "WorkerFailed", "get_strategy", "launch", "run_training",
 ]

@@ -53,6 +53,11 @@ class TrainConfig:
     warmup_steps: int = _opt(0, "ps-async: the first W updates come from worker 0 alone, then the others join")
     pull_compression: str = _opt("none", "parameter server: parameters sent to workers in none (fp32), fp16 or bf16", choices=("none", "fp16", "bf16"))
     heartbeat_timeout: float = _opt(10.0, "parameter server: seconds without a heartbeat before a worker counts as dead")
+    stages: int = _opt(2, "pipeline: stages the model is split into, one process each")
+    microbatches: int = _opt(4, "pipeline: micro-batches per batch (--batch-size must be a multiple)")
+    schedule: str = _opt("1f1b", "pipeline: micro-batch schedule", choices=("gpipe", "1f1b"))
+    balance: str = _opt("params", "pipeline: balance stages by parameter count or by measured time per layer", choices=("params", "time"))
+    split_points: str | None = _opt(None, "pipeline: layer indices where stages start, e.g. 3,7 (instead of --balance)")
     fail: str | None = _opt(None, "fault injection: WORKER@STEP makes that worker's process die at that step")
     straggler: str | None = _opt(None, "fault injection: WORKER:FACTOR makes that worker's steps FACTOR times slower")
     epochs: int = _opt(15, "passes over the training data")
@@ -86,7 +91,10 @@ class TrainConfig:
         _choice("device", self.device, ("auto", "cpu", "cuda"))
         _choice("stale_policy", self.stale_policy, ("none", "scale-lr", "drop"))
         _choice("pull_compression", self.pull_compression, ("none", "fp16", "bf16"))
-        for name in ("workers", "epochs", "batch_size", "lr_decay_steps", "reference_batch", "max_len", "powersgd_rank"):
+        _choice("schedule", self.schedule, ("gpipe", "1f1b"))
+        _choice("balance", self.balance, ("params", "time"))
+        for name in ("workers", "epochs", "batch_size", "lr_decay_steps", "reference_batch", "max_len", "powersgd_rank",
+                     "stages", "microbatches"):
             _at_least(name, getattr(self, name), 1)
         _at_least("vocab_size", self.vocab_size, 3)  # padding, unknown, and one word
         for name in ("early_stopping", "log_every", "seed", "backup_workers", "max_staleness", "warmup_steps"):
@@ -136,7 +144,8 @@ class TrainConfig:
 
     @property
     def global_batch(self) -> int:
-        return self.batch_size * self.workers
+        """Examples per step over all replicas (a pipeline replica is several processes)."""
+        return self.batch_size * STRATEGIES.get(self.strategy).num_replicas_for(self)
 
     @property
     def num_worker_processes(self) -> int:

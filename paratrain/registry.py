@@ -56,6 +56,7 @@ STRATEGIES = Registry(
         "ps-sync": "paratrain.strategies.ps_worker:ParameterServerStrategy",
         "ps-backup": "paratrain.strategies.ps_worker:ParameterServerStrategy",
         "ps-async": "paratrain.strategies.ps_worker:ParameterServerStrategy",
+        "pipeline": "paratrain.strategies.pipeline:PipelineStrategy",
     },
     aliases={"mirrored": "allreduce"},
 )

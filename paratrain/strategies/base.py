@@ -91,6 +91,11 @@ class Strategy:
         "stale_policy": "none", "warmup_steps": 0, "pull_compression": "none",
     }
 
+    #: Options that only the pipeline strategy takes, with their neutral (default) values.
+    PIPELINE_OPTIONS: ClassVar[dict[str, Any]] = {
+        "stages": 2, "microbatches": 4, "schedule": "1f1b", "balance": "params", "split_points": None,
+    }
+
     @classmethod
     def check_config(cls, config: "TrainConfig") -> None:
         """Raise ConfigError for settings this mode cannot run (called at validation)."""
@@ -98,7 +103,15 @@ class Strategy:
             if getattr(config, name) != neutral:
                 flag = "--" + name.replace("_", "-")
                 raise ConfigError(f"{flag} applies to the ps-* strategies, not to --strategy {config.strategy}")
+        cls.check_pipeline_options(config)
         cls.check_faults(config)
+
+    @classmethod
+    def check_pipeline_options(cls, config: "TrainConfig") -> None:
+        for name, neutral in cls.PIPELINE_OPTIONS.items():
+            if getattr(config, name) != neutral:
+                flag = "--" + name.replace("_", "-")
+                raise ConfigError(f"{flag} applies to --strategy pipeline, not to --strategy {config.strategy}")
 
     @classmethod
     def check_faults(cls, config: "TrainConfig") -> None:
@@ -127,6 +140,11 @@ class Strategy:
     @classmethod
     def num_processes(cls, config: "TrainConfig") -> int:
         """Processes a local launch starts for ``config``."""
+        return config.workers
+
+    @classmethod
+    def num_replicas_for(cls, config: "TrainConfig") -> int:
+        """Replicas that each read their own slice of the global batch."""
         return config.workers
 
     @classmethod
@@ -223,6 +241,11 @@ class Strategy:
         optimizer.step()
         self._steps += 1
         return StepOutput(loss.detach(), logits.detach())
+
+    def forward(self, model: nn.Module, inputs: torch.Tensor) -> torch.Tensor | None:
+        """Evaluation's forward pass on ``model`` (unwrapped): the logits, or None on a process
+        that holds none (pipeline stages before the last, which pass activations on)."""
+        return model(inputs)
 
     def set_learning_rate(self, optimizer: torch.optim.Optimizer, lr: float) -> None:
         for group in optimizer.param_groups:

@@ -116,6 +116,7 @@ class ParameterServerStrategy(Strategy):
                     raise ConfigError(f"{flag} applies to --strategy ps-async, not {config.strategy}")
         if config.early_stopping:
             raise ConfigError(f"--early-stopping is not available with --strategy {config.strategy}")
+        cls.check_pipeline_options(config)
         cls.check_faults(config)
         fail = config.fail_at
         if fail and fail[0] == 0 and (mode == "async" or mode == "backup"):

@@ -177,7 +177,9 @@ class Trainer:
         model.eval()
         sums = torch.zeros(3, dtype=torch.float64, device=self.strategy.device)
         for inputs, targets in self.strategy.distribute(data, batch_size, shuffle=False, drop_last=False):
-            logits = model(inputs)
+            logits = self.strategy.forward(model, inputs)
+            if logits is None:  # a pipeline stage before the last: it passed its activations on
+                continue
             sums[0] += self.loss_fn(logits, targets).double() * len(targets)
             sums[1] += (logits.argmax(dim=-1) == targets).sum()
             sums[2] += len(targets)
@@ -190,13 +192,16 @@ class Trainer:
 
     @torch.no_grad()
     def predict(self, data: object, batch_size: int = 256) -> torch.Tensor:
-        """Model outputs for every example of ``data``, in order, computed on this process."""
+        """Model outputs for every example of ``data``, in order, computed on this process
+        (with ``pipeline``: called on every stage, the outputs on the last, empty elsewhere)."""
         from paratrain.data.sharding import ShardedBatches
 
         model = self.module
         was_training = model.training
         model.eval()
         batches = ShardedBatches(data, batch_size, shuffle=False, drop_last=False, device=self.strategy.device)
-        outputs = [model(inputs) for inputs, _ in batches]
+        # Through the strategy: pipeline stages all take part, the last one holds the outputs.
+        outputs = [self.strategy.forward(model, inputs) for inputs, _ in batches]
+        outputs = [out for out in outputs if out is not None]
         model.train(was_training)
         return torch.cat(outputs) if outputs else torch.empty(0)

@@ -1,0 +1,94 @@
+"""Pipeline parallelism across processes: one stage of a sequential model per process,
+micro-batches flowing through the stages on ``torch.distributed.pipelining``.
+
+The split (which layers each stage holds) comes from ``split.py``; the schedule is
+PyTorch's own: GPipe (all forwards, then all backwards: Huang et al. 2019) or 1F1B
+(one forward, one backward in the steady state: PipeDream-Flush, Narayanan et al.
+2021), which bounds the activations a stage keeps to about ``num_stages`` micro-batches
+instead of all of them. Both split a batch into equal micro-batches along dimension 0
+and scale the gradients by ``1 / num_microbatches``, so a step's gradients equal those
+of the whole batch with a mean loss.
+
+Evaluation runs a plain forward pass through the stages (``forward_only``): its batches
+vary in size, and the schedules fix their buffers' shapes at the first step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+from paratrain.parallel.split import Bounds
+
+#: ``--schedule`` name -> torch.distributed.pipelining schedule class.
+SCHEDULES: dict[str, type] = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
+
+_DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32, torch.uint8]
+_MAX_DIMS = 8
+
+
+def stage_module(layers: list[nn.Module], bounds: Bounds, stage: int) -> nn.Sequential:
+    """The layers of ``stage`` as one module (the same layer objects, not copies)."""
+    start, stop = bounds[stage]
+    return nn.Sequential(*layers[start:stop])
+
+
+def make_schedule(
+    name: str,
+    module: nn.Module,
+    stage: int,
+    num_stages: int,
+    device: torch.device,
+    group: dist.ProcessGroup | None,
+    num_microbatches: int,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+):
+    """PyTorch's PipelineStage for ``module`` and the named schedule driving it.
+
+    The stage learns its input and output shapes at the first step (one exchange of
+    shapes between neighbours), so no example batch is needed here."""
+    pipeline_stage = PipelineStage(module, stage, num_stages, device, group=group)
+    return SCHEDULES[name](pipeline_stage, n_microbatches=num_microbatches, loss_fn=loss_fn)
+
+
+def forward_only(
+    module: nn.Module,
+    inputs: torch.Tensor,
+    stage: int,
+    num_stages: int,
+    previous_rank: int | None,
+    next_rank: int | None,
+    device: torch.device,
+    group: dist.ProcessGroup | None = None,
+) -> torch.Tensor | None:
+    """One forward pass of a whole batch through the stages, without a schedule.
+
+    Stage 0 reads ``inputs``; every other stage receives its input from the previous
+    stage (a small header with dtype and shape first, so batches may vary in size).
+    Returns the logits on the last stage, None on the others."""
+    if stage > 0:
+        header = torch.zeros(_MAX_DIMS + 2, dtype=torch.int64)
+        dist.recv(header, src=previous_rank, group=group)
+        ndim, dtype = int(header[0]), _DTYPES[int(header[1])]
+        buffer_device = torch.device("cpu") if _is_gloo(group) else device  # Gloo moves host memory
+        inputs = torch.empty(header[2 : 2 + ndim].tolist(), dtype=dtype, device=buffer_device)
+        dist.recv(inputs, src=previous_rank, group=group)
+        inputs = inputs.to(device)
+    outputs = module(inputs)
+    if stage == num_stages - 1:
+        return outputs
+    header = torch.zeros(_MAX_DIMS + 2, dtype=torch.int64)
+    header[0], header[1] = outputs.dim(), _DTYPES.index(outputs.dtype)
+    header[2 : 2 + outputs.dim()] = torch.tensor(outputs.shape)
+    dist.send(header, dst=next_rank, group=group)
+    payload = outputs.detach().cpu() if _is_gloo(group) else outputs.detach()
+    dist.send(payload.contiguous(), dst=next_rank, group=group)
+    return None
+
+
+def _is_gloo(group: dist.ProcessGroup | None) -> bool:
+    return dist.get_backend(group) == "gloo"

@@ -1,0 +1,368 @@
+"""``pipeline``: the layers of one model split into stages, one stage per process;
+micro-batches flow through them (GPipe or 1F1B, from ``torch.distributed.pipelining``).
+
+With ``--stages S`` and ``--workers N`` (N a multiple of S; the default 1 means one
+pipeline), the run has N processes in N/S pipeline replicas; global rank
+``replica * S + stage``. Every rank of a replica reads the same batch: stage 0 feeds
+the inputs, the last stage computes the loss. Replicas read different slices of the
+global batch, as in ``allreduce``, and after each step the gradients of each stage are
+averaged across replicas with one all-reduce in that stage's process group (one group
+per stage), so S stages x R replicas of batch b equals one process with batch R*b.
+
+The loss and the logits live on the last stage. Reductions for metrics count each
+replica once: the last stage speaks for its replica, the others add zeros. The chief
+(prints, writes the metrics file) is the last stage of replica 0.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from paratrain.comm.transport import cluster_from_env, default_backend, destroy_process_group, ensure_process_group
+from paratrain.errors import ConfigError
+from paratrain.parallel.pipeline import SCHEDULES, forward_only, make_schedule, stage_module
+from paratrain.parallel.split import (
+    balanced_bounds, bounds_from_split_points, check_num_parts, layer_costs, parse_split_points, sequential_layers,
+)
+from paratrain.strategies.base import LossFn, StepOutput, Strategy, resolve_device, staleness_summary
+
+if TYPE_CHECKING:
+    from paratrain.config import TrainConfig
+
+
+class PipelineStrategy(Strategy):
+    name = "pipeline"
+
+    def __init__(
+        self,
+        num_stages: int = 2,
+        num_microbatches: int = 4,
+        schedule: str = "1f1b",
+        balance: str = "params",
+        split_points: list[int] | None = None,
+        device: str = "auto",
+        timeout: float = 300.0,
+    ):
+        super().__init__(device=device, timeout=timeout)
+        if schedule not in SCHEDULES:
+            raise ConfigError(f"--schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
+        if balance not in ("params", "time"):
+            raise ConfigError(f"--balance must be params or time, got {balance!r}")
+        if schedule == "1f1b" and num_microbatches < num_stages:
+            # PyTorch's Schedule1F1B needs its warm-up of num_stages micro-batches.
+            raise ConfigError(f"schedule 1f1b needs num_microbatches >= num_stages, got {num_microbatches} < {num_stages}")
+        self.num_stages, self.num_microbatches = num_stages, num_microbatches
+        self.schedule_name, self.balance, self.split_points = schedule, balance, split_points
+        self._global_rank, self._world_size = 0, 1
+        self._owns_group = False
+        self._stage_group: Any = None  # this stage across replicas: gradients are averaged here
+        self._pipeline_group: Any = None  # the stages of this replica: activations flow here
+        self.bounds: list[tuple[int, int]] | None = None
+        self._module: nn.Module | None = None
+        self._optimizer: torch.optim.Optimizer | None = None
+        self._schedule: Any = None
+        self._loss_fn: LossFn | None = None
+        self._bytes_sent = 0
+        self._microbatch_bytes = 0
+        self._pending: tuple[nn.Module, torch.optim.Optimizer] | None = None
+
+    # ----- configuration ---------------------------------------------------------------
+    @classmethod
+    def check_config(cls, config: "TrainConfig") -> None:
+        cls.check_ps_options(config)
+        cls.check_faults(config)
+        stages, workers = config.stages, config.workers
+        if stages < 2:
+            raise ConfigError(f"--strategy pipeline needs --stages S >= 2, got {stages}")
+        if workers > 1 and workers % stages:
+            raise ConfigError(
+                f"--workers {workers} is not a multiple of --stages {stages}: the run has workers / stages "
+                f"pipeline replicas of {stages} processes each (e.g. --workers {2 * stages})"
+            )
+        if config.batch_size % config.microbatches:
+            raise ConfigError(
+                f"--batch-size {config.batch_size} must be a multiple of --microbatches {config.microbatches} "
+                "(every micro-batch has the same size)"
+            )
+        if config.schedule == "1f1b" and config.microbatches < stages:
+            raise ConfigError(
+                f"--schedule 1f1b needs --microbatches >= --stages ({config.microbatches} < {stages}); "
+                "use more micro-batches or --schedule gpipe"
+            )
+        if config.split_points is not None:
+            points = parse_split_points(config.split_points)
+            if len(points) != stages - 1:
+                raise ConfigError(
+                    f"--split-points {config.split_points} makes {len(points) + 1} stages, but --stages is {stages}"
+                )
+        if config.balance == "time" and config.split_points is not None:
+            raise ConfigError("--balance time and --split-points both choose the split; give one of them")
+
+    @classmethod
+    def check_ps_options(cls, config: "TrainConfig") -> None:
+        for name, neutral in cls.PS_OPTIONS.items():
+            if getattr(config, name) != neutral:
+                raise ConfigError(f"--{name.replace('_', '-')} applies to the ps-* strategies, not to --strategy pipeline")
+
+    @classmethod
+    def num_processes(cls, config: "TrainConfig") -> int:
+        return config.workers if config.workers > 1 else config.stages
+
+    @classmethod
+    def num_replicas_for(cls, config: "TrainConfig") -> int:
+        return cls.num_processes(config) // config.stages
+
+    @classmethod
+    def chief_rank(cls, config: "TrainConfig") -> int:
+        return config.stages - 1  # the last stage of replica 0: it holds the loss and logits
+
+    @classmethod
+    def rank_name(cls, rank: int, config: "TrainConfig") -> str:
+        replica, stage = divmod(rank, config.stages)
+        return f"stage {stage} of replica {replica}" if cls.num_processes(config) > config.stages else f"stage {stage}"
+
+    @classmethod
+    def from_config(cls, config: "TrainConfig") -> "PipelineStrategy":
+        points = parse_split_points(config.split_points) if config.split_points else None
+        return cls(
+            num_stages=config.stages, num_microbatches=config.microbatches, schedule=config.schedule,
+            balance=config.balance, split_points=points, device=config.device, timeout=config.timeout,
+        )
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            **super().describe(),
+            "workers": self._world_size,  # processes, as --workers counts them
+            "replicas": self.num_replicas,
+            "stages": self.num_stages,
+            "microbatches": self.num_microbatches,
+            "schedule": self.schedule_name,
+            "split": [list(b) for b in self.bounds] if self.bounds else None,
+        }
+
+    # ----- process -----------------------------------------------------------------------
+    def setup(self) -> None:
+        if self._ready:
+            return
+        already = dist.is_initialized()
+        cluster = cluster_from_env()
+        self.device = resolve_device(self.device_preference, cluster.local_rank if cluster else 0)
+        ensure_process_group(default_backend(self.device), self.timeout)
+        self._owns_group = not already
+        self._global_rank, self._world_size = dist.get_rank(), dist.get_world_size()
+        if self._world_size % self.num_stages:
+            raise ConfigError(
+                f"the run has {self._world_size} processes, not a multiple of --stages {self.num_stages}"
+            )
+        # Every rank creates every group, in the same order (new_group is collective).
+        replicas, stages = self._world_size // self.num_stages, self.num_stages
+        for replica in range(replicas):
+            group = dist.new_group([replica * stages + s for s in range(stages)])
+            if replica == self.rank:
+                self._pipeline_group = group
+        for stage in range(stages):
+            group = dist.new_group([r * stages + stage for r in range(replicas)])
+            if stage == self.stage:
+                self._stage_group = group
+        super().setup()
+
+    @property
+    def rank(self) -> int:
+        """This pipeline replica's index (every stage of a replica reads the same batches)."""
+        return self._global_rank // self.num_stages
+
+    @property
+    def stage(self) -> int:
+        return self._global_rank % self.num_stages
+
+    @property
+    def is_last_stage(self) -> bool:
+        return self.stage == self.num_stages - 1
+
+    @property
+    def num_replicas(self) -> int:
+        return self._world_size // self.num_stages
+
+    @property
+    def is_chief(self) -> bool:
+        return self.rank == 0 and self.is_last_stage
+
+    @property
+    def evaluates(self) -> bool:
+        return True  # every stage runs its part of the evaluation's forward pass
+
+    # ----- model -------------------------------------------------------------------------
+    def prepare(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[nn.Module, torch.optim.Optimizer]:
+        """This process's stage of ``model``; ``optimizer`` keeps only the stage's parameters.
+
+        With ``balance="time"`` the split waits for the first batch (to time the layers on)."""
+        self.setup()
+        layers = sequential_layers(model)
+        check_num_parts(len(layers), self.num_stages)
+        if self.split_points is not None:
+            bounds_from_split_points(self.split_points, len(layers), self.num_stages)
+        self._pending = (model, optimizer)
+        if self.balance != "time":
+            self._build(None)
+        return (self._module if self._module is not None else model), optimizer
+
+    def _build(self, example: torch.Tensor | None) -> None:
+        model, optimizer = self._pending  # type: ignore[misc]
+        layers = sequential_layers(model)
+        if self.split_points is not None:
+            bounds = bounds_from_split_points(self.split_points, len(layers), self.num_stages)
+        else:
+            bounds = self._agreed_bounds(layers, example)
+        self.bounds = bounds
+        self._module = stage_module(layers, bounds, self.stage).to(self.device)
+        # The optimizer was made for the whole model: keep this stage's parameters only
+        # (same class, same groups and hyperparameters).
+        own = {id(p) for p in self._module.parameters()}
+        for group in optimizer.param_groups:
+            group["params"] = [p for p in group["params"] if id(p) in own]
+        self._optimizer = optimizer
+        self._pending = None
+
+    def _agreed_bounds(self, layers: list[nn.Module], example: torch.Tensor | None) -> list[tuple[int, int]]:
+        """The balanced split; by time, measured on global rank 0 and sent to every rank
+        (timings differ between processes, the split must not)."""
+        if self.balance == "params":
+            return balanced_bounds(layer_costs(layers, "params"), self.num_stages)
+        edges = torch.zeros(self.num_stages + 1, dtype=torch.int64)
+        if self._global_rank == 0:
+            micro = example[: max(1, len(example) // self.num_microbatches)].to(self.device)
+            costs = layer_costs([layer.to(self.device) for layer in layers], "time", micro)
+            bounds = balanced_bounds(costs, self.num_stages)
+            edges = torch.tensor([a for a, _ in bounds] + [bounds[-1][1]], dtype=torch.int64)
+        backend_device = self.device if dist.get_backend() == "nccl" else torch.device("cpu")
+        edges = edges.to(backend_device)
+        dist.broadcast(edges, src=0)
+        e = edges.cpu().tolist()
+        return list(zip(e, e[1:]))
+
+    def unwrap(self, model: nn.Module) -> nn.Module:
+        """This process's stage (the whole model until a time-balanced split is made)."""
+        return self._module if self._module is not None else model
+
+    def _schedule_for(self, loss_fn: LossFn) -> Any:
+        if self._schedule is None or self._loss_fn is not loss_fn:
+            self._loss_fn = loss_fn
+            self._schedule = make_schedule(
+                self.schedule_name, self._module, self.stage, self.num_stages, self.device,
+                self._pipeline_group, self.num_microbatches, loss_fn,
+            )
+            self._count_traffic(self._module)
+        return self._schedule
+
+    def train_step(
+        self,
+        model: nn.Module,
+        loss_fn: LossFn,
+        optimizer: torch.optim.Optimizer,
+        inputs: torch.Tensor,
+        targets: torch.Tensor,
+    ) -> StepOutput:
+        """One step of the schedule on this stage; the loss (batch mean) and the logits on
+        the last stage, a zero loss and no logits on the others."""
+        if self._module is None:
+            self._build(inputs)
+        schedule = self._schedule_for(loss_fn)
+        optimizer.zero_grad(set_to_none=True)
+        losses: list[torch.Tensor] = []
+        if self.stage == 0:
+            outputs = schedule.step(inputs)
+        elif self.is_last_stage:
+            outputs = schedule.step(target=targets, losses=losses)
+        else:
+            outputs = schedule.step()
+        self._bytes_sent += self.num_microbatches * self._microbatch_bytes
+        if self.num_replicas > 1:
+            self._average_gradients()
+        optimizer.step()
+        self._steps += 1
+        if self.is_last_stage:
+            # Equal micro-batches: the mean of their mean losses is the batch's mean loss.
+            return StepOutput(torch.stack([l.detach() for l in losses]).mean(), outputs.detach())
+        return StepOutput(torch.zeros((), device=self.device), torch.empty(0, device=self.device))
+
+    def _average_gradients(self) -> None:
+        """Mean of this stage's gradients across replicas: one all-reduce of one flat buffer."""
+        params = [p for p in self._module.parameters() if p.grad is not None]
+        if not params:
+            return
+        flat = torch.cat([p.grad.reshape(-1) for p in params])
+        dist.all_reduce(flat, group=self._stage_group)
+        flat /= self.num_replicas
+        offset = 0
+        for p in params:
+            n = p.grad.numel()
+            p.grad.copy_(flat[offset : offset + n].view_as(p.grad))
+            offset += n
+        self._bytes_sent += flat.numel() * flat.element_size()
+
+    def forward(self, model: nn.Module, inputs: torch.Tensor) -> torch.Tensor | None:
+        """Evaluation's forward pass through every stage; logits on the last stage only."""
+        if self._module is None:
+            self._build(inputs)
+        base = self.rank * self.num_stages
+        return forward_only(
+            self._module, inputs, self.stage, self.num_stages,
+            base + self.stage - 1 if self.stage > 0 else None,
+            base + self.stage + 1 if not self.is_last_stage else None,
+            self.device,
+        )
+
+    def _count_traffic(self, module: nn.Module) -> None:
+        """Remember the sizes of one micro-batch's traffic: this stage's outputs, sent forward
+        (all but the last stage), and the gradient of its inputs, sent backward (all but the
+        first). ``train_step`` counts ``num_microbatches`` of each per step."""
+        first, last = self.stage == 0, self.is_last_stage
+
+        def hook(_module: nn.Module, args: tuple, output: torch.Tensor) -> None:
+            if not torch.is_grad_enabled():  # evaluation's forward passes are not training traffic
+                return
+            sent = 0 if last else output.numel() * output.element_size()
+            if not first:
+                sent += args[0].numel() * args[0].element_size()
+            self._microbatch_bytes = sent
+
+        module.register_forward_hook(hook)
+
+    # ----- reductions, accounting, state ---------------------------------------------------
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Sum over replicas: the last stage of each replica contributes, the others add zeros
+        (and receive the same sum)."""
+        if not self.is_last_stage:
+            tensor.zero_()
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        return tensor
+
+    def stats(self) -> dict[str, Any]:
+        sent = torch.tensor([float(self._bytes_sent)], dtype=torch.float64)
+        if dist.get_backend() == "nccl":
+            sent = sent.to(self.device)
+        dist.all_reduce(sent)
+        total_steps = self._steps * self.num_replicas
+        return {
+            "bytes_sent": int(sent.item()),
+            "dropped_gradients": 0,
+            "staleness": staleness_summary({0: total_steps}),
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "stage": self.stage, "bounds": [list(b) for b in self.bounds or []]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        if state.get("stage") != self.stage:
+            raise ConfigError(f"checkpoint holds stage {state.get('stage')}, this process runs stage {self.stage}")
+
+    def teardown(self) -> None:
+        if self._owns_group:
+            destroy_process_group()
+            self._owns_group = False
+        super().teardown()

@@ -1,0 +1,141 @@
+"""pipeline on 2-4 Gloo processes against the unsplit model in one process."""
+
+import json
+
+import pytest
+import torch
+
+import paratrain
+from paratrain.data.datasets import load_digits
+from paratrain.models import build_model
+from paratrain.strategies.pipeline import PipelineStrategy
+from paratrain.testing import flat_parameters, relative_difference, run_distributed
+
+pytestmark = pytest.mark.distributed
+
+
+def _deep_mlp():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Flatten(), torch.nn.Linear(64, 48), torch.nn.Tanh(), torch.nn.Linear(48, 32),
+        torch.nn.ReLU(), torch.nn.Linear(32, 24), torch.nn.Tanh(), torch.nn.Linear(24, 10),
+    )
+
+
+def _batch(n=32):
+    x, y = load_digits().train.tensors
+    return x[:n], y[:n]
+
+
+def _one_step(schedule, stages, microbatches, balance="params"):
+    """One pipelined step; this stage's gradients and (last stage) logits and loss."""
+    strategy = PipelineStrategy(
+        num_stages=stages, num_microbatches=microbatches, schedule=schedule, balance=balance, device="cpu"
+    )
+    model = _deep_mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)
+    stage, optimizer = strategy.prepare(model, optimizer)
+    x, y = _batch()
+    out = strategy.train_step(stage, torch.nn.CrossEntropyLoss(), optimizer, x, y)
+    stage = strategy.unwrap(stage)  # by time, the split is made at the first step
+    with torch.no_grad():  # the evaluation path: a plain forward through the stages
+        logits = strategy.forward(stage, x)
+    result = {
+        "stage": strategy.stage, "bounds": strategy.bounds,
+        "grads": [p.grad.clone() for p in stage.parameters()],
+        "loss": out.loss, "logits": out.logits, "eval_logits": logits,
+    }
+    strategy.teardown()
+    return result
+
+
+@pytest.mark.parametrize("schedule, balance", [("gpipe", "params"), ("1f1b", "params"), ("gpipe", "time")])
+def test_pipelined_outputs_and_gradients_equal_the_unsplit_model(schedule, balance):
+    """By time, rank 0 measures the split and every rank takes it (asserted: same bounds)."""
+    stages = 2
+    ranks = run_distributed(_one_step, schedule, stages, 4, balance, world_size=stages)
+    model = _deep_mlp()
+    x, y = _batch()
+    logits = model(x)
+    loss = torch.nn.functional.cross_entropy(logits, y)
+    loss.backward()
+    layers = list(model)
+    assert [r["stage"] for r in ranks] == list(range(stages))
+    assert ranks[0]["bounds"] == ranks[-1]["bounds"]
+    for r in ranks:
+        start, stop = r["bounds"][r["stage"]]
+        reference = [p.grad for layer in layers[start:stop] for p in layer.parameters()]
+        assert len(reference) == len(r["grads"]) > 0
+        for got, want in zip(r["grads"], reference):
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    last = ranks[-1]
+    torch.testing.assert_close(last["logits"], logits.detach(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(last["eval_logits"], logits.detach(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(last["loss"], loss.detach(), rtol=1e-5, atol=1e-6)
+    assert ranks[0]["eval_logits"] is None and float(ranks[0]["loss"]) == 0.0
+
+
+def _train_steps(strategy, batch_size, steps, seed=0):
+    """Plain SGD (no momentum, no randomness in the model) for ``steps`` steps."""
+    torch.manual_seed(seed)
+    splits = load_digits()
+    model = build_model("mlp", splits.spec)
+    trainer = paratrain.Trainer(model, "cross_entropy", torch.optim.SGD(model.parameters(), lr=0.1), strategy=strategy)
+    x, y = splits.train.tensors
+    n = steps * batch_size * strategy.num_replicas  # exactly `steps` global batches
+    trainer.fit((x[:n], y[:n]), epochs=1, batch_size=batch_size, seed=seed, verbose=0)
+    assert trainer.global_step == steps
+    accuracy = trainer.evaluate(splits.test)
+    result = (flat_parameters(trainer.module), getattr(strategy, "stage", 0), accuracy)
+    return result
+
+
+def _pipeline_params(batch_size, steps, schedule):
+    strategy = PipelineStrategy(num_stages=2, num_microbatches=4, schedule=schedule, device="cpu")
+    result = _train_steps(strategy, batch_size, steps)
+    strategy.teardown()
+    return result
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_two_stages_by_two_replicas_equal_single_with_the_global_batch(schedule):
+    b, k = 16, 8
+    reference, _, reference_accuracy = _train_steps(paratrain.SingleDeviceStrategy(device="cpu"), 2 * b, k)
+    ranks = run_distributed(_pipeline_params, b, k, schedule, world_size=4)
+    # mlp: Flatten, Linear, ReLU, Linear -> by parameter count [0, 2) and [2, 4)
+    first_size = 64 * 256 + 256
+    for params, stage, accuracy in ranks:
+        want = reference[:first_size] if stage == 0 else reference[first_size:]
+        assert relative_difference(params, want) < 1e-5
+        assert accuracy["accuracy"] == pytest.approx(reference_accuracy["accuracy"])
+        assert accuracy["loss"] == pytest.approx(reference_accuracy["loss"], rel=1e-5)
+    assert [stage for _, stage, _ in ranks] == [0, 1, 0, 1]
+    assert torch.equal(ranks[0][0], ranks[2][0]) and torch.equal(ranks[1][0], ranks[3][0])
+
+
+def test_cli_pipeline_reaches_the_accuracy_of_single(cli, tmp_path):
+    out = tmp_path / "m.json"
+    result = cli("train", "--strategy", "pipeline", "--stages", "2", "--microbatches", "4", "--metrics-out", str(out))
+    assert result.returncode == 0, result.stderr
+    metrics = json.loads(out.read_text())
+    assert (metrics["strategy"], metrics["workers"], metrics["stages"], metrics["split"]) == ("pipeline", 2, 2, [[0, 2], [2, 4]])
+    assert metrics["global_steps"] == 15 * (1433 // 32)
+    assert metrics["test_accuracy"] >= 0.95  # single: 0.9670 with these settings
+    # activations forward and their gradients back: 32 examples x 256 floats each way
+    assert metrics["bytes_sent"] == metrics["global_steps"] * 2 * 32 * 256 * 4
+    assert result.stdout.count("done: ") == 1  # only the chief (the last stage) prints
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--stages", "5", "--schedule", "gpipe"], "--stages 5 is more than the model's 4 layers"),
+        (["--stages", "2", "--split-points", "0"], "leaves a stage empty"),
+        (["--stages", "2", "--workers", "3"], "not a multiple of --stages 2"),
+    ],
+)
+def test_cli_bad_splits_exit_2_with_one_line(cli, args, words):
+    result = cli("train", "--strategy", "pipeline", "--epochs", "1", *args)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and words in lines[0] and lines[0].startswith("paratrain: error: ")
