@@ -81,7 +81,8 @@ def test_three_workers_reach_95_percent(cli, tmp_path, args):
     if metrics["strategy"] == "ps-backup":
         # Rounds of the first 3 of 4 gradients: about one in four arrives late.
         assert metrics["dropped_gradients"] > 0 and staleness["max"] == 0
-        assert 0 <= applied - 3 * metrics["global_steps"] <= 3 * 3  # only the last rounds may be short
+        # A round holds 3 gradients, except the last ones, closed short when workers finish.
+        assert 0 <= 3 * metrics["global_steps"] - applied <= 2 * 4
     if metrics["strategy"] == "ps-async":
         assert staleness["max"] >= 1 and metrics["global_steps"] == applied
 
