@@ -72,6 +72,8 @@ class TrainConfig:
     progress: bool = _opt(True, "show a progress bar on the chief when writing to a terminal")
     timeout: float = _opt(300.0, "seconds any collective or rendezvous may wait before the run fails")
     metrics_out: str | None = _opt(None, "write the run's metrics as one JSON object to this file")
+    logdir: str | None = _opt(None, "write TensorBoard scalars to this folder (run-level by the chief, per-rank timing in rank-N/)")
+    timeline: str | None = _opt(None, "write a Chrome/Perfetto trace of every rank's step phases to this JSON file")
 
     def __post_init__(self) -> None:
         self._check_types()
@@ -93,8 +95,11 @@ class TrainConfig:
                 raise ConfigError(f"{_flag(name)} must be > 0, got {getattr(self, name)}")
         for name in ("momentum", "weight_decay", "warmup_epochs"):
             _at_least(name, getattr(self, name), 0)
-        if self.metrics_out is not None:
-            _check_writable("metrics_out", self.metrics_out)
+        for name in ("metrics_out", "timeline"):
+            if getattr(self, name) is not None:
+                _check_writable(name, getattr(self, name))
+        if self.logdir is not None and Path(self.logdir).expanduser().is_file():
+            raise ConfigError(f"--logdir {self.logdir} is a file; give a folder")
         self.fail_at = _parse_fault("fail", self.fail, "@", int, "WORKER@STEP, e.g. 1@40")
         self.straggler_factor = _parse_fault("straggler", self.straggler, ":", float, "WORKER:FACTOR, e.g. 2:3.0")
         if self.straggler_factor and self.straggler_factor[1] < 1:
