@@ -216,6 +216,33 @@ def load_toml(path: str) -> dict[str, Any]:
     return values
 
 
+#: Where a run writes; a repeated run (--config-from) does not overwrite the first one's files.
+OUTPUT_FIELDS = ("metrics_out", "logdir", "timeline")
+
+
+def config_from_run(path: str) -> dict[str, Any]:
+    """The options of the run that wrote metrics file ``path`` (its embedded ``config``),
+    without its output paths."""
+    import json
+
+    try:
+        with open(path) as handle:
+            document = json.load(handle)
+    except FileNotFoundError:
+        raise ConfigError(f"--config-from {path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError(f"--config-from {path}: cannot read ({getattr(error, 'strerror', None) or error})") from None
+    except json.JSONDecodeError:
+        raise ConfigError(f"--config-from {path}: not JSON; give a metrics file (paratrain train --metrics-out)") from None
+    if not isinstance(document, dict) or not isinstance(document.get("config"), dict):
+        raise ConfigError(f"--config-from {path}: no embedded \"config\"; give a metrics file of paratrain train")
+    known = {f.name for f in config_fields()}
+    unknown = sorted(set(document["config"]) - known)
+    if unknown:
+        raise ConfigError(f"--config-from {path}: unknown option {unknown[0]!r} (written by another paratrain version?)")
+    return {k: v for k, v in document["config"].items() if k not in OUTPUT_FIELDS}
+
+
 def make_config(file_values: dict[str, Any], overrides: dict[str, Any]) -> TrainConfig:
     """A validated TrainConfig from a config file's values and the flags given on top."""
     try:
