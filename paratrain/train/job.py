@@ -95,6 +95,10 @@ def _run(config: TrainConfig, strategy: Any, started: float) -> dict[str, Any]:
         return {"role": "worker", "rank": strategy.rank}
     examples = stats.pop("examples_processed", trainer.examples_seen)
     global_steps = stats.pop("global_steps", trainer.global_step)
+    # examples_seen per epoch is what the loop counted: every replica's under all-reduce, the
+    # chief's own under a parameter server, where the shards count the total only at the end;
+    # scale the chief's counts to that total (its share is taken as constant across epochs).
+    share = examples / trainer.examples_seen if trainer.examples_seen else 1.0
     document = metrics_document(
         strategy.describe(),
         stats,
@@ -110,7 +114,10 @@ def _run(config: TrainConfig, strategy: Any, started: float) -> dict[str, Any]:
             "examples_per_second": examples / trainer.train_seconds if trainer.train_seconds else 0.0,
             "loader_wait_seconds": loader_wait,
             "history": [
-                {k: entry[k] for k in ("epoch", "train_loss", "test_accuracy", "test_loss", "wall_seconds", "examples_seen")}
+                {
+                    **{k: entry[k] for k in ("epoch", "train_loss", "test_accuracy", "test_loss", "wall_seconds")},
+                    "examples_seen": round(entry["examples_seen"] * share),
+                }
                 for entry in history.epochs
             ],
             "config": config.to_dict(),
