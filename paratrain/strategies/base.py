@@ -234,6 +234,12 @@ class Strategy:
         gradient as far as this process can see it (0 for synchronous modes)."""
         return {"bytes_sent": 0, "wait_seconds": self.wait_seconds, "staleness": 0}
 
+    def examples_applied(self) -> int | None:
+        """Examples in all the updates applied so far, where this process knows it without
+        communicating (parameter-server workers: from the shard's version); None where only
+        the loop's own count is known."""
+        return None
+
     def set_learning_rate(self, optimizer: torch.optim.Optimizer, lr: float) -> None:
         for group in optimizer.param_groups:
             group["lr"] = lr

@@ -85,6 +85,7 @@ class ParameterServerStrategy(Strategy):
         self._serve_args: tuple[nn.Module, torch.optim.Optimizer] | None = None
         self._pushed_on: int | None = None
         self._last_staleness = 0
+        self._samples_per_push = 0
 
     # ----- configuration ---------------------------------------------------------------
     @classmethod
@@ -293,11 +294,18 @@ class ParameterServerStrategy(Strategy):
             self._send(PUSH, samples=len(targets), wants_reply=True)
             self._pushed_on = self._versions[0]
         self._samples += len(targets)
+        self._samples_per_push = len(targets)
         self._steps += 1
         return StepOutput(loss.detach(), logits.detach())
 
     def step_counters(self) -> dict[str, float]:
         return {"bytes_sent": self._bytes_sent, "wait_seconds": self.wait_seconds, "staleness": self._last_staleness}
+
+    def examples_applied(self) -> int | None:
+        # Shard 0's version counts updates: one gradient each in async mode, a round of
+        # workers - backup_workers gradients in sync and backup mode (full batches: drop_last).
+        per_update = 1 if self.mode == "async" else self.num_replicas - self.backup_workers
+        return self._versions[0] * per_update * self._samples_per_push
 
     def set_learning_rate(self, optimizer: torch.optim.Optimizer, lr: float) -> None:
         # Shards scale each parameter group's rate by this factor (sent with every push).

@@ -23,7 +23,7 @@ from paratrain.train.callbacks import Callback, EarlyStopping, LearningRateSched
 from paratrain.train.faults import fault_callbacks
 from paratrain.train import timeline
 from paratrain.train.metrics import metrics_document, write_json_atomic
-from paratrain.train.observe import TensorBoardLogger, TimelineSpans
+from paratrain.train.observe import ExamplesApplied, TensorBoardLogger, TimelineSpans
 from paratrain.train.trainer import Trainer
 
 
@@ -66,6 +66,8 @@ def _run(config: TrainConfig, strategy: Any, started: float) -> dict[str, Any]:
     if config.early_stopping:
         callbacks.append(EarlyStopping("test_loss", patience=config.early_stopping))
     callbacks += fault_callbacks(config)
+    seen = ExamplesApplied()
+    callbacks.append(seen)
     tensorboard = TensorBoardLogger(config.logdir) if config.logdir else None
     if tensorboard:
         callbacks.append(tensorboard)
@@ -95,10 +97,6 @@ def _run(config: TrainConfig, strategy: Any, started: float) -> dict[str, Any]:
         return {"role": "worker", "rank": strategy.rank}
     examples = stats.pop("examples_processed", trainer.examples_seen)
     global_steps = stats.pop("global_steps", trainer.global_step)
-    # examples_seen per epoch is what the loop counted: every replica's under all-reduce, the
-    # chief's own under a parameter server, where the shards count the total only at the end;
-    # scale the chief's counts to that total (its share is taken as constant across epochs).
-    share = examples / trainer.examples_seen if trainer.examples_seen else 1.0
     document = metrics_document(
         strategy.describe(),
         stats,
@@ -116,9 +114,9 @@ def _run(config: TrainConfig, strategy: Any, started: float) -> dict[str, Any]:
             "history": [
                 {
                     **{k: entry[k] for k in ("epoch", "train_loss", "test_accuracy", "test_loss", "wall_seconds")},
-                    "examples_seen": round(entry["examples_seen"] * share),
+                    "examples_seen": applied if applied is not None else entry["examples_seen"],
                 }
-                for entry in history.epochs
+                for entry, applied in zip(history.epochs, seen.per_epoch)
             ],
             "config": config.to_dict(),
         },

@@ -138,3 +138,15 @@ class TimelineSpans(Callback):
         recorder = timeline.recorder()
         if recorder is not None:
             self._since = recorder.now_us()
+
+
+class ExamplesApplied(Callback):
+    """Examples seen at the end of every epoch, for the metrics file's history: the loop's
+    count (every replica's, reduced) unless the strategy knows the run-wide count of
+    examples in applied updates (a parameter-server worker sees only its own batches)."""
+
+    def __init__(self) -> None:
+        self.per_epoch: list[int | None] = []
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any]) -> None:
+        self.per_epoch.append(self.trainer.strategy.examples_applied())
