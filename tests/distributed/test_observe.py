@@ -71,7 +71,8 @@ def three_runs(tmp_path_factory):
     paths = []
     for recipe in ("digits_allreduce", "digits_ps_sync", "digits_ps_async"):
         path = folder / f"{recipe}.json"
-        done = run_cli("train", "--config", f"recipes/{recipe}.toml", "--epochs", "1", "--metrics-out", str(path))
+        extra = ["--timeline", str(folder / "ps_sync_trace.json")] if recipe == "digits_ps_sync" else []
+        done = run_cli("train", "--config", f"recipes/{recipe}.toml", "--epochs", "1", "--metrics-out", str(path), *extra)
         assert done.returncode == 0, done.stderr
         paths.append(path)
     return paths
@@ -113,3 +114,13 @@ def test_env_runs_a_two_process_gloo_check(cli):
     assert done.returncode == 0, done.stderr
     assert "gloo loopback run" in done.stdout and "works" in done.stdout
     assert "pytorch" in done.stdout
+
+
+def test_parameter_server_timeline_has_pull_and_push_on_every_worker(three_runs):
+    trace = json.loads((three_runs[1].parent / "ps_sync_trace.json").read_text())
+    spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert [e["name"] for e in spans if e["pid"] == 0] == ["serve"]  # the shard
+    for rank in (1, 2):  # the workers
+        names = {e["name"] for e in spans if e["pid"] == rank}
+        assert {"forward", "backward", "pull", "push"} <= names
+        assert {e["tid"] for e in spans if e["pid"] == rank and e["name"] in ("pull", "push")} == {1}

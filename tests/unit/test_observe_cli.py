@@ -105,3 +105,15 @@ def test_recorder_parts_merge_onto_one_clock(tmp_path):
     }
     assert min(e["ts"] for e in spans) == 0 and json.loads(path.read_text()) == trace
     assert timeline.recorder() is None and recorder is not None
+
+
+def test_every_recipe_is_a_valid_config():
+    from pathlib import Path
+
+    from paratrain.config import load_toml, make_config
+
+    recipes = sorted(Path(__file__).resolve().parents[2].glob("recipes/*.toml"))
+    assert len(recipes) >= 6
+    for recipe in recipes:
+        config = make_config(load_toml(str(recipe)), {"epochs": 1})
+        assert config.epochs == 1
