@@ -2,7 +2,9 @@
 
 Strategies and the loop mark their phases with ``with span("forward"):``. Without
 ``--timeline`` the recorder is a no-op: ``span`` returns one shared null context, so
-the cost of an uninstrumented run is a global lookup and a call per phase.
+the cost of an uninstrumented run is a global lookup and a call per phase (about
+0.35 us per ``with span(...)`` on a 2-core CPU VM, by ``timeit`` of an empty span: a
+thousandth of a digits step's 1 ms for its three spans).
 
 With ``--timeline FILE.json`` every process records its spans ("X" events of the
 chrome://tracing JSON format) on its own track (``pid`` = global rank), writes them to
