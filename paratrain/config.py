@@ -82,6 +82,8 @@ class TrainConfig:
     progress: bool = _opt(True, "show a progress bar on the chief when writing to a terminal")
     timeout: float = _opt(300.0, "seconds any collective or rendezvous may wait before the run fails")
     metrics_out: str | None = _opt(None, "write the run's metrics as one JSON object to this file")
+    logdir: str | None = _opt(None, "write TensorBoard scalars to this folder (run-level by the chief, per-rank timing in rank-N/)")
+    timeline: str | None = _opt(None, "write a Chrome/Perfetto trace of every rank's step phases to this JSON file")
 
     def __post_init__(self) -> None:
         self._check_types()
@@ -113,8 +115,11 @@ class TrainConfig:
             raise ConfigError(
                 f"--stochastic-rounding applies to --compression int8, this run uses --compression {self.compression}"
             )
-        if self.metrics_out is not None:
-            _check_writable("metrics_out", self.metrics_out)
+        for name in ("metrics_out", "timeline"):
+            if getattr(self, name) is not None:
+                _check_writable(name, getattr(self, name))
+        if self.logdir is not None and Path(self.logdir).expanduser().is_file():
+            raise ConfigError(f"--logdir {self.logdir} is a file; give a folder")
         self.fail_at = _parse_fault("fail", self.fail, "@", int, "WORKER@STEP, e.g. 1@40")
         self.straggler_factor = _parse_fault("straggler", self.straggler, ":", float, "WORKER:FACTOR, e.g. 2:3.0")
         if self.straggler_factor and self.straggler_factor[1] < 1:
@@ -237,6 +242,33 @@ def load_toml(path: str) -> dict[str, Any]:
             raise ConfigError(f"--config {path}: unknown key {key!r}; valid keys: {valid}")
         values[name] = value
     return values
+
+
+#: Where a run writes; a repeated run (--config-from) does not overwrite the first one's files.
+OUTPUT_FIELDS = ("metrics_out", "logdir", "timeline")
+
+
+def config_from_run(path: str) -> dict[str, Any]:
+    """The options of the run that wrote metrics file ``path`` (its embedded ``config``),
+    without its output paths."""
+    import json
+
+    try:
+        with open(path) as handle:
+            document = json.load(handle)
+    except FileNotFoundError:
+        raise ConfigError(f"--config-from {path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError(f"--config-from {path}: cannot read ({getattr(error, 'strerror', None) or error})") from None
+    except json.JSONDecodeError:
+        raise ConfigError(f"--config-from {path}: not JSON; give a metrics file (paratrain train --metrics-out)") from None
+    if not isinstance(document, dict) or not isinstance(document.get("config"), dict):
+        raise ConfigError(f"--config-from {path}: no embedded \"config\"; give a metrics file of paratrain train")
+    known = {f.name for f in config_fields()}
+    unknown = sorted(set(document["config"]) - known)
+    if unknown:
+        raise ConfigError(f"--config-from {path}: unknown option {unknown[0]!r} (written by another paratrain version?)")
+    return {k: v for k, v in document["config"].items() if k not in OUTPUT_FIELDS}
 
 
 def make_config(file_values: dict[str, Any], overrides: dict[str, Any]) -> TrainConfig:

@@ -32,6 +32,11 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
     train = commands.add_parser("train", help="train a model", description="Train a model.", epilog=EPILOG)
     train.add_argument("--config", metavar="FILE.toml", help="read options from a TOML file (flags override it)")
+    train.add_argument(
+        "--config-from", metavar="RUN.json",
+        help="repeat a run: read options from the config embedded in its metrics file (flags override them; "
+        "its output paths --metrics-out, --logdir, --timeline are not reused)",
+    )
     for f in config_fields():
         flag = "--" + f.name.replace("_", "-")
         help_text = f.metadata["help"]
@@ -54,16 +59,54 @@ def build_parser() -> argparse.ArgumentParser:
     from paratrain.simulate.cli import add_arguments  # light: numpy and torch load on use
 
     add_arguments(simulate)
+
+    report = commands.add_parser(
+        "report", help="plots and a table from metrics files",
+        description="PNG plots (accuracy and loss against time and examples, throughput, staleness, "
+        "bytes per step) and a Markdown table (DIR/report.md) comparing runs.",
+    )
+    report.add_argument("runs", nargs="+", metavar="RUN.json", help="metrics files (paratrain train --metrics-out)")
+    report.add_argument("--out", required=True, metavar="DIR", help="folder for the PNGs and report.md (made if absent)")
+    report.set_defaults(handler=report_command)
+
+    env = commands.add_parser(
+        "env", help="PyTorch, devices, distributed backends, and a 2-process Gloo check",
+        description="What this machine offers a run: PyTorch version, CUDA devices, torch.distributed backends, "
+        "and whether a 2-process Gloo all-reduce on loopback works.",
+    )
+    env.add_argument("--no-check", action="store_true", help="skip the 2-process Gloo run")
+    env.set_defaults(handler=env_command)
     return parser
+
+
+def report_command(args: argparse.Namespace) -> int:
+    from paratrain.launch.report import report
+    from paratrain.train.callbacks import console
+
+    written = report(args.runs, args.out)
+    console.print(f"report: {len(args.runs)} run{'s' if len(args.runs) != 1 else ''}, wrote "
+                  + ", ".join(str(p) for p in written))
+    return 0
+
+
+def env_command(args: argparse.Namespace) -> int:
+    from paratrain.launch.env import env_command as run_env
+
+    return run_env(args)
 
 
 def train_command(args: argparse.Namespace) -> int:
     from paratrain.comm.transport import cluster_from_env
-    from paratrain.config import config_fields, load_toml, make_config
+    from paratrain.config import config_fields, config_from_run, load_toml, make_config
+    from paratrain.errors import ConfigError
     from paratrain.registry import STRATEGIES
     from paratrain.train import job
 
+    if args.config and args.config_from:
+        raise ConfigError("give --config or --config-from, not both")
     file_values = load_toml(args.config) if args.config else {}
+    if args.config_from:
+        file_values = config_from_run(args.config_from)
     overrides = {f.name: getattr(args, f.name) for f in config_fields() if getattr(args, f.name) is not None}
     cluster = cluster_from_env()
     if cluster is not None and "workers" not in overrides and "workers" not in file_values:

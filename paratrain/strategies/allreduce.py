@@ -29,6 +29,7 @@ from paratrain.comm.transport import (
 )
 from paratrain.errors import ConfigError
 from paratrain.strategies.base import Strategy, resolve_device, staleness_summary
+from paratrain import timeline
 
 if TYPE_CHECKING:
     from paratrain.config import TrainConfig
@@ -98,6 +99,9 @@ class AllReduceStrategy(Strategy):
             gradient_as_bucket_view=True,
         )
         self.hook = make_hook(self.codec)
+        if self.hook is None and timeline.recorder() is not None:
+            # Only with --timeline: DDP's own all-reduce, timed per bucket on the comm track.
+            ddp.register_comm_hook(None, _timed_allreduce_hook)
         if self.hook is not None:
             self.hook.register(ddp)
             if self._hook_state is not None:
@@ -111,6 +115,9 @@ class AllReduceStrategy(Strategy):
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
         return tensor
+
+    def step_counters(self) -> dict[str, float]:
+        return {"bytes_sent": self._grad_bytes * self._steps, "wait_seconds": self.wait_seconds, "staleness": 0}
 
     def stats(self) -> dict[str, Any]:
         # Each rank hands its whole gradient to the all-reduce every step; the
@@ -152,3 +159,21 @@ class AllReduceStrategy(Strategy):
             destroy_process_group()
             self._owns_group = False
         super().teardown()
+
+
+def _timed_allreduce_hook(state, bucket):  # noqa: ANN001 - DDP checks the real annotations, not strings
+    """DDP's default all-reduce hook, with a span from the bucket's launch to its result."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    recorder = timeline.recorder()
+    future = allreduce_hook(state, bucket)
+    if recorder is None:
+        return future
+    start = recorder.now_us()
+    size = bucket.buffer().numel() * bucket.buffer().element_size()
+
+    def done(fut: Any) -> torch.Tensor:
+        recorder.add("allreduce", start, recorder.now_us(), timeline.COMM, bucket=bucket.index(), bytes=size)
+        return fut.value()
+
+    return future.then(done)

@@ -27,6 +27,7 @@ from torch import nn
 
 from paratrain.data.sharding import ShardedBatches
 from paratrain.errors import ConfigError
+from paratrain.timeline import span
 
 if TYPE_CHECKING:
     from paratrain.comm.transport import ClusterEnv
@@ -83,6 +84,8 @@ class Strategy:
         self.device = torch.device("cpu")
         self._ready = False
         self._steps = 0
+        self.wait_seconds = 0.0
+        """Seconds this process spent blocked on other processes (parameter-server pulls)."""
 
     # ----- configuration ---------------------------------------------------------------
     #: Options that only parameter-server strategies take, with their neutral values.
@@ -235,10 +238,13 @@ class Strategy:
     ) -> StepOutput:
         """Forward, backward and update on this replica's batch."""
         optimizer.zero_grad(set_to_none=True)
-        logits = model(inputs)
-        loss = loss_fn(logits, targets)
-        loss.backward()
-        optimizer.step()
+        with span("forward"):
+            logits = model(inputs)
+            loss = loss_fn(logits, targets)
+        with span("backward"):  # under DDP: including the wait for the last bucket's all-reduce
+            loss.backward()
+        with span("optimizer"):
+            optimizer.step()
         self._steps += 1
         return StepOutput(loss.detach(), logits.detach())
 
@@ -246,6 +252,18 @@ class Strategy:
         """Evaluation's forward pass on ``model`` (unwrapped): the logits, or None on a process
         that holds none (pipeline stages before the last, which pass activations on)."""
         return model(inputs)
+
+    def step_counters(self) -> dict[str, float]:
+        """This process's running totals, read after every step by the TensorBoard logger:
+        ``bytes_sent`` (its own sends), ``wait_seconds``, and ``staleness`` of its last
+        gradient as far as this process can see it (0 for synchronous modes)."""
+        return {"bytes_sent": 0, "wait_seconds": self.wait_seconds, "staleness": 0}
+
+    def examples_applied(self) -> int | None:
+        """Examples in all the updates applied so far, where this process knows it without
+        communicating (parameter-server workers: from the shard's version); None where only
+        the loop's own count is known."""
+        return None
 
     def set_learning_rate(self, optimizer: torch.optim.Optimizer, lr: float) -> None:
         for group in optimizer.param_groups:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import threading
+import time
 from datetime import timedelta
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
@@ -39,6 +40,7 @@ from paratrain.strategies.ps_layout import (
 )
 from paratrain.strategies.ps_policies import AsyncRule, StalePolicy, SyncRule
 from paratrain.strategies.ps_server import ShardServer
+from paratrain.timeline import COMM, span
 
 if TYPE_CHECKING:
     from paratrain.comm.transport import ClusterEnv
@@ -96,6 +98,9 @@ class ParameterServerStrategy(Strategy):
         self._serve_args: tuple[nn.Module, torch.optim.Optimizer] | None = None
         self._owns_group = False
         self._tags = 0
+        self._pushed_on: int | None = None
+        self._last_staleness = 0
+        self._samples_per_push = 0
 
     # ----- configuration ---------------------------------------------------------------
     @classmethod
@@ -316,16 +321,31 @@ class ParameterServerStrategy(Strategy):
     ) -> StepOutput:
         """Compute on the parameters the last push asked for, then push the gradient and ask
         for the next parameters in the same message. The optimizer runs on the shards."""
-        self._await_reply()
+        with span("pull", COMM):  # the reply to the last push: parameters (and staleness)
+            self._await_reply()
         self._flat_grad.zero_()
-        logits = model(inputs)
-        loss = loss_fn(logits, targets)
-        loss.backward()
-        self._post_reply()
-        self._send(PUSH, samples=len(targets), wants_reply=True)
+        with span("forward"):
+            logits = model(inputs)
+            loss = loss_fn(logits, targets)
+        with span("backward"):
+            loss.backward()
+        with span("push", COMM):
+            self._post_reply()
+            self._send(PUSH, samples=len(targets), wants_reply=True)
+            self._pushed_on = self._versions[0]
         self._samples += len(targets)
+        self._samples_per_push = len(targets)
         self._steps += 1
         return StepOutput(loss.detach(), logits.detach())
+
+    def step_counters(self) -> dict[str, float]:
+        return {"bytes_sent": self._bytes_sent, "wait_seconds": self.wait_seconds, "staleness": self._last_staleness}
+
+    def examples_applied(self) -> int | None:
+        # Shard 0's version counts updates: one gradient each in async mode, a round of
+        # workers - backup_workers gradients in sync and backup mode (full batches: drop_last).
+        per_update = 1 if self.mode == "async" else self.num_replicas - self.backup_workers
+        return self._versions[0] * per_update * self._samples_per_push
 
     def set_learning_rate(self, optimizer: torch.optim.Optimizer, lr: float) -> None:
         # Shards scale each parameter group's rate by this factor (sent with every push).
@@ -349,9 +369,16 @@ class ParameterServerStrategy(Strategy):
     def _await_reply(self) -> None:
         if not self._reply_works:
             return
+        started = time.perf_counter()
         self._wait(self._reply_works, "pull")
+        self.wait_seconds += time.perf_counter() - started
         self._reply_works = []
         self._versions = [int(r[0].item()) for r in self._replies]
+        if self._pushed_on is not None:
+            # The reply to a push comes once the shard applied it, at version v'; a gradient
+            # computed on v was then v' - 1 - v versions old (0 in synchronous rounds).
+            self._last_staleness = max(self._versions[0] - 1 - self._pushed_on, 0)
+            self._pushed_on = None
         self._assigned = int(self._replies[0][1].item())
         if self._pulled is not self._host:
             self._host.copy_(self._pulled)

@@ -20,6 +20,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from paratrain.errors import ConfigError
+from paratrain.timeline import span
 
 if TYPE_CHECKING:
     from paratrain.train.trainer import Trainer
@@ -213,6 +214,14 @@ class StepCheckpoint(Callback):
             "epoch": self.trainer.epoch,
         }
         path = self.directory / f"model.ckpt-{step}.pt"
+        with span("checkpoint"):
+            self._write(state, path)
+        self._last_saved = step
+        self.saved.append(path)
+        while len(self.saved) > self.keep:
+            self.saved.pop(0).unlink(missing_ok=True)
+
+    def _write(self, state: dict[str, Any], path: Path) -> None:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=self.directory)
         try:
             with os.fdopen(fd, "wb") as handle:
@@ -223,10 +232,6 @@ class StepCheckpoint(Callback):
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
-        self._last_saved = step
-        self.saved.append(path)
-        while len(self.saved) > self.keep:
-            self.saved.pop(0).unlink(missing_ok=True)
 
     @staticmethod
     def load(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict[str, Any]:

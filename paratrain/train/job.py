@@ -7,10 +7,13 @@ its role from its rank.
 
 from __future__ import annotations
 
+import contextlib
+import shutil
 import time
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from paratrain.config import TrainConfig
 from paratrain.data.datasets import load_dataset
@@ -18,7 +21,9 @@ from paratrain.models import build_model
 from paratrain.registry import OPTIMIZERS, SCHEDULES, STRATEGIES
 from paratrain.train.callbacks import Callback, EarlyStopping, LearningRateScheduler
 from paratrain.train.faults import fault_callbacks
+from paratrain import timeline
 from paratrain.train.metrics import metrics_document, write_json_atomic
+from paratrain.train.observe import ExamplesApplied, TensorBoardLogger, TimelineSpans
 from paratrain.train.trainer import Trainer
 
 
@@ -26,18 +31,49 @@ def run(config: TrainConfig) -> dict[str, Any]:
     started = time.perf_counter()
     strategy = STRATEGIES.get(config.strategy).from_config(config)
     strategy.setup()
+    # Global rank and process count, for the timeline's tracks (before the model is
+    # wrapped: DDP's comm hook for the timeline is registered in prepare).
+    global_rank = dist.get_rank() if dist.is_initialized() else 0
+    num_processes = dist.get_world_size() if dist.is_initialized() else 1
+    if config.timeline:
+        if strategy.is_chief:  # stale parts of an earlier run
+            shutil.rmtree(timeline.parts_dir(config.timeline), ignore_errors=True)
+        timeline.start(global_rank, f"{strategy.role} {strategy.rank}")
+    merge_timeline = False
     try:
-        torch.manual_seed(config.seed)
-        splits = load_dataset(config)
-        model = build_model(config.model, splits.spec)
-        optimizer = OPTIMIZERS.get(config.optimizer)(model.parameters(), config)
-        trainer = Trainer(model, "cross_entropy", optimizer, metrics=["accuracy"], strategy=strategy)
-        steps_per_epoch = len(splits.train) // (config.batch_size * strategy.num_replicas)
-        schedule = SCHEDULES.get(config.lr_schedule).from_config(config, steps_per_epoch)
-        callbacks: list[Callback] = [LearningRateScheduler(schedule)]
-        if config.early_stopping:
-            callbacks.append(EarlyStopping("test_loss", patience=config.early_stopping))
-        callbacks += fault_callbacks(config)
+        result = _run(config, strategy, started)
+        merge_timeline = config.timeline is not None and strategy.is_chief
+        return result
+    finally:
+        recorder = timeline.stop()
+        if recorder is not None:
+            recorder.write_part(config.timeline)
+        strategy.teardown()
+        if merge_timeline:
+            # After teardown: parameter-server shards finish (and write) once the chief lets them go.
+            timeline.merge(config.timeline, num_processes, timeout=min(config.timeout, 60.0))
+
+
+def _run(config: TrainConfig, strategy: Any, started: float) -> dict[str, Any]:
+    torch.manual_seed(config.seed)
+    splits = load_dataset(config)
+    model = build_model(config.model, splits.spec)
+    optimizer = OPTIMIZERS.get(config.optimizer)(model.parameters(), config)
+    trainer = Trainer(model, "cross_entropy", optimizer, metrics=["accuracy"], strategy=strategy)
+    steps_per_epoch = len(splits.train) // (config.batch_size * strategy.num_replicas)
+    schedule = SCHEDULES.get(config.lr_schedule).from_config(config, steps_per_epoch)
+    callbacks: list[Callback] = [LearningRateScheduler(schedule)]
+    if config.early_stopping:
+        callbacks.append(EarlyStopping("test_loss", patience=config.early_stopping))
+    callbacks += fault_callbacks(config)
+    seen = ExamplesApplied()
+    callbacks.append(seen)
+    tensorboard = TensorBoardLogger(config.logdir) if config.logdir else None
+    if tensorboard:
+        callbacks.append(tensorboard)
+    if config.timeline:
+        callbacks.append(TimelineSpans())
+    with timeline.span("serve") if strategy.role == "ps" else contextlib.nullcontext():
         history = trainer.fit(
             splits.train,
             epochs=config.epochs,
@@ -48,44 +84,47 @@ def run(config: TrainConfig) -> dict[str, Any]:
             verbose=1 if config.progress else 0,
             log_every=config.log_every,
         )
-        if strategy.role != "worker":
-            return {"role": strategy.role, "rank": strategy.rank}
-        # The final model, after every process's updates (asynchronous ones too).
-        final = trainer.evaluate(splits.test)
-        stats = strategy.stats()  # on every worker: it may reduce across them
-        # Every replica reads its own shard; report the mean of the waits of those reduced.
-        wait = torch.tensor([trainer.loader_wait_seconds, 1.0], dtype=torch.float64, device=strategy.device)
-        total, count = strategy.all_reduce_sum(wait).tolist()
-        loader_wait = total / count
-        if not strategy.is_chief:
-            return {"role": "worker", "rank": strategy.rank}
-        examples = stats.pop("examples_processed", trainer.examples_seen)
-        global_steps = stats.pop("global_steps", trainer.global_step)
-        document = metrics_document(
-            strategy.describe(),
-            stats,
-            {
-                # beyond the DESIGN's keys: the communication cost of one global step
-                "bytes_per_step": stats["bytes_sent"] / global_steps if global_steps else 0.0,
-                "model": config.model,
-                "dataset": config.dataset,
-                "epochs": len(history.epochs),
-                "global_steps": global_steps,
-                "test_accuracy": final["accuracy"],
-                "test_loss": final["loss"],
-                "train_loss": history.epochs[-1]["train_loss"],
-                "wall_seconds": time.perf_counter() - started,
-                "examples_per_second": examples / trainer.train_seconds if trainer.train_seconds else 0.0,
-                "loader_wait_seconds": loader_wait,
-                "history": [
-                    {k: entry[k] for k in ("epoch", "train_loss", "test_accuracy", "test_loss", "wall_seconds")}
-                    for entry in history.epochs
-                ],
-                "config": config.to_dict(),
-            },
-        )
-        if config.metrics_out:
-            write_json_atomic(config.metrics_out, document)
-        return document
-    finally:
-        strategy.teardown()
+    if strategy.role != "worker":
+        return {"role": strategy.role, "rank": strategy.rank}
+    # The final model, after every process's updates (asynchronous ones too).
+    final = trainer.evaluate(splits.test)
+    stats = strategy.stats()  # on every worker: it may reduce across them
+    # Every replica reads its own shard; report the mean of the waits of those reduced.
+    wait = torch.tensor([trainer.loader_wait_seconds, 1.0], dtype=torch.float64, device=strategy.device)
+    total, count = strategy.all_reduce_sum(wait).tolist()
+    loader_wait = total / count
+    if not strategy.is_chief:
+        return {"role": "worker", "rank": strategy.rank}
+    examples = stats.pop("examples_processed", trainer.examples_seen)
+    global_steps = stats.pop("global_steps", trainer.global_step)
+    document = metrics_document(
+        strategy.describe(),
+        stats,
+        {
+            # beyond the DESIGN's keys: the communication cost of one global step
+            "bytes_per_step": stats["bytes_sent"] / global_steps if global_steps else 0.0,
+            "model": config.model,
+            "dataset": config.dataset,
+            "epochs": len(history.epochs),
+            "global_steps": global_steps,
+            "test_accuracy": final["accuracy"],
+            "test_loss": final["loss"],
+            "train_loss": history.epochs[-1]["train_loss"],
+            "wall_seconds": time.perf_counter() - started,
+            "examples_per_second": examples / trainer.train_seconds if trainer.train_seconds else 0.0,
+            "loader_wait_seconds": loader_wait,
+            "history": [
+                {
+                    **{k: entry[k] for k in ("epoch", "train_loss", "test_accuracy", "test_loss", "wall_seconds")},
+                    "examples_seen": applied if applied is not None else entry["examples_seen"],
+                }
+                for entry, applied in zip(history.epochs, seen.per_epoch)
+            ],
+            "config": config.to_dict(),
+        },
+    )
+    if config.metrics_out:
+        write_json_atomic(config.metrics_out, document)
+    if tensorboard:
+        tensorboard.write_summary(document)
+    return document

@@ -20,6 +20,7 @@ from paratrain.errors import ConfigError
 from paratrain.strategies.base import Strategy, get_strategy
 from paratrain.train.callbacks import Callback, CallbackList, EpochLog, ProgressBar, StepLog
 from paratrain.train.metrics import StepWindow
+from paratrain.timeline import span
 
 LOSSES: dict[str, Callable[[], nn.Module]] = {"cross_entropy": nn.CrossEntropyLoss}
 METRICS = ("accuracy",)
@@ -151,6 +152,7 @@ class Trainer:
                 "examples_per_second": epoch_examples / seconds if seconds > 0 else 0.0,
                 "learning_rate": self.learning_rate,
                 "loader_wait_seconds": batches.wait_seconds - waited,
+                "examples_seen": self.examples_seen,
             }
             if validation_data is not None and strategy.evaluates:
                 logs.update({f"test_{k}": v for k, v in self.evaluate(validation_data).items()})
@@ -171,6 +173,10 @@ class Trainer:
         Empty on a process that does not evaluate (parameter-server workers other than the chief)."""
         if not self.strategy.evaluates:
             return {}
+        with span("evaluate"):
+            return self._evaluate(data, batch_size)
+
+    def _evaluate(self, data: object, batch_size: int) -> dict[str, float]:
         self.strategy.refresh(self.model)
         model = self.module
         was_training = model.training

@@ -1,0 +1,126 @@
+"""--logdir, --timeline, recipes, --config-from and paratrain report on real runs (Gloo, CPU)."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.distributed
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_allreduce_run_writes_tensorboard_scalars_and_a_merged_timeline(cli, tmp_path):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    logdir, trace = tmp_path / "tb", tmp_path / "trace.json"
+    done = cli("train", "--strategy", "allreduce", "--workers", "2", "--epochs", "2", "--log-every", "10",
+               "--logdir", str(logdir), "--timeline", str(trace), "--metrics-out", str(tmp_path / "m.json"))
+    assert done.returncode == 0, done.stderr
+    metrics = json.loads((tmp_path / "m.json").read_text())
+    steps = metrics["global_steps"]
+
+    run = EventAccumulator(str(logdir))
+    run.Reload()
+    tags = set(run.Tags()["scalars"])
+    for tag in ("step/loss", "step/learning_rate", "step/examples_per_second", "epoch/train_loss",
+                "epoch/test_accuracy", "epoch/test_loss", "run/bytes_per_step", "run/staleness_mean",
+                "run/staleness_max", "run/dropped_gradients"):
+        assert tag in tags, tag
+    assert [e.step for e in run.Scalars("step/loss")] == list(range(1, steps + 1))
+    accuracy = run.Scalars("epoch/test_accuracy")
+    assert [e.step for e in accuracy] == [1, 2]
+    assert accuracy[-1].value == pytest.approx(metrics["history"][-1]["test_accuracy"], rel=1e-6)
+    assert run.Scalars("step/learning_rate")[0].value == pytest.approx(0.05)
+    assert run.Scalars("run/bytes_per_step")[0].value == pytest.approx(metrics["bytes_sent"] / steps)
+
+    for rank in (0, 1):
+        timing = EventAccumulator(str(logdir / f"rank-{rank}"))
+        timing.Reload()
+        sent = timing.Scalars("rank/bytes_sent_per_step")
+        assert len(sent) == steps
+        # Each replica hands its whole gradient to the all-reduce every step.
+        assert {e.value for e in sent} == {metrics["bytes_sent"] / steps / 2}
+        assert all(e.value > 0 for e in timing.Scalars("rank/step_seconds"))
+        assert {e.value for e in timing.Scalars("rank/staleness")} == {0.0}
+
+    document = json.loads(trace.read_text())
+    spans = [e for e in document["traceEvents"] if e["ph"] == "X"]
+    assert not trace.with_name("trace.json.parts").exists()
+    for rank in (0, 1):
+        mine = [e for e in spans if e["pid"] == rank]
+        names = {e["name"] for e in mine}
+        assert {"data", "forward", "backward", "optimizer", "evaluate"} <= names
+        comm = [e for e in mine if e["name"] == "allreduce"]
+        assert len(comm) >= steps and all(e["tid"] == 1 and e["args"]["bytes"] > 0 for e in comm)
+        assert sum(e["name"] == "forward" for e in mine) == steps
+    # One clock: both ranks' first steps start within a second of each other, from 0.
+    assert min(e["ts"] for e in spans) == 0
+    firsts = [min(e["ts"] for e in spans if e["pid"] == r and e["name"] == "forward") for r in (0, 1)]
+    assert abs(firsts[0] - firsts[1]) < 1e6
+    named = {e["pid"]: e["args"]["name"] for e in document["traceEvents"] if e["name"] == "process_name"}
+    assert named == {0: "rank 0 (worker 0)", 1: "rank 1 (worker 1)"}
+
+
+@pytest.fixture(scope="module")
+def three_runs(tmp_path_factory):
+    """allreduce, ps-sync and ps-async on digits from the recipes, one epoch each."""
+    from tests.conftest import run_cli
+
+    folder = tmp_path_factory.mktemp("runs")
+    paths = []
+    for recipe in ("digits_allreduce", "digits_ps_sync", "digits_ps_async"):
+        path = folder / f"{recipe}.json"
+        extra = ["--timeline", str(folder / "ps_sync_trace.json")] if recipe == "digits_ps_sync" else []
+        done = run_cli("train", "--config", f"recipes/{recipe}.toml", "--epochs", "1", "--metrics-out", str(path), *extra)
+        assert done.returncode == 0, done.stderr
+        paths.append(path)
+    return paths
+
+
+def test_report_on_allreduce_ps_sync_and_ps_async_runs(cli, three_runs, tmp_path):
+    from matplotlib import image
+
+    from paratrain.launch.report import PLOTS
+
+    out = tmp_path / "report"
+    done = cli("report", *map(str, three_runs), "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    for name in PLOTS:
+        pixels = image.imread(out / name)
+        assert pixels.shape[0] >= 300 and pixels.shape[1] >= 500 and pixels.shape[2] in (3, 4), name
+    assert image.imread(out / "accuracy.png").shape[:2] == (400, 1000)
+    table = (out / "report.md").read_text()
+    rows = [line for line in table.splitlines() if line.startswith("| digits") or "x2 (digits" in line]
+    assert [r.split(" | ")[1] for r in rows] == ["allreduce", "ps-sync", "ps-async"]
+
+
+def test_recipe_run_repeats_from_its_metrics_file(cli, three_runs, tmp_path):
+    first = json.loads(three_runs[0].read_text())
+    assert first["config"]["strategy"] == "allreduce" and first["config"]["epochs"] == 1
+    again = tmp_path / "again.json"
+    done = cli("train", "--config-from", str(three_runs[0]), "--metrics-out", str(again))
+    assert done.returncode == 0, done.stderr
+    second = json.loads(again.read_text())
+    assert {k: v for k, v in second["config"].items() if k != "metrics_out"} == {
+        k: v for k, v in first["config"].items() if k != "metrics_out"
+    }
+    # Same seed, same data order, one process per replica: the same result.
+    assert second["test_accuracy"] == pytest.approx(first["test_accuracy"], abs=1e-6)
+
+
+def test_env_runs_a_two_process_gloo_check(cli):
+    done = cli("env")
+    assert done.returncode == 0, done.stderr
+    assert "gloo loopback run" in done.stdout and "works" in done.stdout
+    assert "pytorch" in done.stdout
+
+
+def test_parameter_server_timeline_has_pull_and_push_on_every_worker(three_runs):
+    trace = json.loads((three_runs[1].parent / "ps_sync_trace.json").read_text())
+    spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert [e["name"] for e in spans if e["pid"] == 0] == ["serve"]  # the shard
+    for rank in (1, 2):  # the workers
+        names = {e["name"] for e in spans if e["pid"] == rank}
+        assert {"forward", "backward", "pull", "push"} <= names
+        assert {e["tid"] for e in spans if e["pid"] == rank and e["name"] in ("pull", "push")} == {1}
