@@ -21,12 +21,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from paratrain.comm.codecs import Codec, CodecOptions, make_codec
 from paratrain.comm.hooks import CommHook, make_hook
-from paratrain.comm.transport import (
-    cluster_from_env,
-    default_backend,
-    destroy_process_group,
-    ensure_process_group,
-)
+from paratrain.comm.transport import cluster_from_env, default_backend
 from paratrain.errors import ConfigError
 from paratrain.strategies.base import Strategy, resolve_device, staleness_summary
 from paratrain import timeline
@@ -53,7 +48,6 @@ class AllReduceStrategy(Strategy):
         self._hook_state: dict[str, Any] | None = None  # loaded before prepare() made the hook
         self._rank = 0
         self._world_size = 1
-        self._owns_group = False
         self._grad_bytes = 0
 
     @classmethod
@@ -71,12 +65,10 @@ class AllReduceStrategy(Strategy):
     def setup(self) -> None:
         if self._ready:
             return
-        already = dist.is_initialized()
         # The local rank decides the device, and the device decides the backend.
         cluster = cluster_from_env()
         self.device = resolve_device(self.device_preference, cluster.local_rank if cluster else 0)
-        ensure_process_group(default_backend(self.device), self.timeout)
-        self._owns_group = not already
+        self._join_group(default_backend(self.device))
         self._rank, self._world_size = dist.get_rank(), dist.get_world_size()
         super().setup()
 
@@ -154,11 +146,6 @@ class AllReduceStrategy(Strategy):
         else:
             self._hook_state = state.get("hook") or None
 
-    def teardown(self) -> None:
-        if self._owns_group:
-            destroy_process_group()
-            self._owns_group = False
-        super().teardown()
 
 
 def _timed_allreduce_hook(state, bucket):  # noqa: ANN001 - DDP checks the real annotations, not strings

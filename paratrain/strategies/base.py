@@ -25,6 +25,9 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 from torch import nn
 
+import torch.distributed as dist
+
+from paratrain.comm.transport import destroy_process_group, ensure_process_group
 from paratrain.data.sharding import ShardedBatches
 from paratrain.errors import ConfigError
 from paratrain.timeline import span
@@ -83,6 +86,7 @@ class Strategy:
         self.timeout = timeout
         self.device = torch.device("cpu")
         self._ready = False
+        self._owns_group = False
         self._steps = 0
         self.wait_seconds = 0.0
         """Seconds this process spent blocked on other processes (parameter-server pulls)."""
@@ -215,7 +219,16 @@ class Strategy:
         finally:
             _CURRENT.reset(token)
 
+    def _join_group(self, backend: str) -> None:
+        """Join the default process group (or form it); the strategy that formed it
+        destroys it at teardown, one that joined an existing group leaves it be."""
+        self._owns_group = self._owns_group or not dist.is_initialized()
+        ensure_process_group(backend, self.timeout)
+
     def teardown(self) -> None:
+        if self._owns_group:
+            destroy_process_group()
+            self._owns_group = False
         self._ready = False
 
     # ----- model -------------------------------------------------------------------------

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from paratrain.comm.transport import cluster_from_env, default_backend, destroy_process_group, ensure_process_group
+from paratrain.comm.transport import cluster_from_env, default_backend
 from paratrain.errors import ConfigError
 from paratrain.parallel.pipeline import SCHEDULES, forward_only, make_schedule, stage_module
 from paratrain.parallel.split import (
@@ -58,7 +58,6 @@ class PipelineStrategy(Strategy):
         self.num_stages, self.num_microbatches = num_stages, num_microbatches
         self.schedule_name, self.balance, self.split_points = schedule, balance, split_points
         self._global_rank, self._world_size = 0, 1
-        self._owns_group = False
         self._stage_group: Any = None  # this stage across replicas: gradients are averaged here
         self._pipeline_group: Any = None  # the stages of this replica: activations flow here
         self.bounds: list[tuple[int, int]] | None = None
@@ -148,11 +147,9 @@ class PipelineStrategy(Strategy):
     def setup(self) -> None:
         if self._ready:
             return
-        already = dist.is_initialized()
         cluster = cluster_from_env()
         self.device = resolve_device(self.device_preference, cluster.local_rank if cluster else 0)
-        ensure_process_group(default_backend(self.device), self.timeout)
-        self._owns_group = not already
+        self._join_group(default_backend(self.device))
         self._global_rank, self._world_size = dist.get_rank(), dist.get_world_size()
         if self._world_size % self.num_stages:
             raise ConfigError(
@@ -361,8 +358,3 @@ class PipelineStrategy(Strategy):
         if state.get("stage") != self.stage:
             raise ConfigError(f"checkpoint holds stage {state.get('stage')}, this process runs stage {self.stage}")
 
-    def teardown(self) -> None:
-        if self._owns_group:
-            destroy_process_group()
-            self._owns_group = False
-        super().teardown()

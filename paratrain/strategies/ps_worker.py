@@ -29,7 +29,7 @@ from torch import nn
 
 from paratrain.comm.codecs import CodecOptions, make_codec
 from paratrain.comm.packing import PackedGradient
-from paratrain.comm.transport import cluster_from_env, destroy_process_group, ensure_process_group
+from paratrain.comm.transport import cluster_from_env
 from paratrain.data.sharding import ShardedBatches
 from paratrain.errors import ConfigError
 from paratrain.strategies.base import LossFn, StepOutput, Strategy, resolve_device, staleness_summary
@@ -96,7 +96,6 @@ class ParameterServerStrategy(Strategy):
         self._finished = False
         self._server_stats: list[dict[str, Any]] = []
         self._serve_args: tuple[nn.Module, torch.optim.Optimizer] | None = None
-        self._owns_group = False
         self._tags = 0
         self._pushed_on: int | None = None
         self._last_staleness = 0
@@ -207,8 +206,7 @@ class ParameterServerStrategy(Strategy):
         if self.role == "worker":
             self.device = resolve_device(self.device_preference, cluster.local_rank)
         # Parameter-server traffic is host memory over Gloo, on GPUs too.
-        self._owns_group = not dist.is_initialized()
-        ensure_process_group("gloo", self.timeout)
+        self._join_group("gloo")
         restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
         # Every process makes its strategies in the same order, so a run's number names it
         # in the store even when several runs share one process group.
@@ -510,8 +508,6 @@ class ParameterServerStrategy(Strategy):
         if self._heartbeat is not None:
             self._heartbeat.join()  # out of the store before it goes
             self._heartbeat = None
-        if self._owns_group:
-            destroy_process_group()
         super().teardown()
 
 
