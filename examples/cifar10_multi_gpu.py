@@ -9,7 +9,7 @@ What the recipe does, and what does it here:
 | distorted_inputs: crop 24x24, flip, brightness, contrast, standardization | data set cifar10's training transform |
 | GradientDescent, lr 0.1 x 0.1 every 350 epochs, staircase | SGD + ExponentialDecay(staircase=True)  |
 | step log every 10 steps: examples/sec, sec/batch         | Trainer's step log (log_every=10)       |
-| Saver every 1000 steps and at the last step              | StepCheckpoint(every_steps=1000)        |
+| Saver every 1000 steps and at the last step              | Checkpoint(train_dir, every_steps=1000) |
 | assert not np.isnan(loss_value), 'Model diverged...'     | DivergedError: exit code 3, step named  |
 | max_steps 1,000,000                                      | --max-steps                             |
 
@@ -34,7 +34,7 @@ from paratrain.comm.transport import cluster_from_env
 from paratrain.data.datasets import load_dataset
 from paratrain.launch.cli import report_errors
 from paratrain.models import build_model
-from paratrain.train.callbacks import Callback, StepCheckpoint
+from paratrain.train.callbacks import Callback
 
 # The constants of cifar10.py.
 INITIAL_LEARNING_RATE = 0.1
@@ -93,7 +93,7 @@ def train(args: argparse.Namespace) -> dict[str, float]:
         callbacks=[
             paratrain.LearningRateScheduler(schedule),
             StopAtStep(args.max_steps),
-            StepCheckpoint(args.train_dir, every_steps=args.checkpoint_every),
+            paratrain.Checkpoint(args.train_dir, every_steps=args.checkpoint_every),
         ],
     )
     # cifar10_eval.py: the test set's central crops, precision @ 1.

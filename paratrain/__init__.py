@@ -17,6 +17,7 @@ from paratrain.strategies.base import StepOutput, Strategy, get_strategy
 from paratrain.strategies.ps_worker import ParameterServerStrategy
 from paratrain.strategies.single import SingleDeviceStrategy
 from paratrain.train.callbacks import Callback, EarlyStopping, LearningRateScheduler
+from paratrain.train.checkpoint import Checkpoint, load_checkpoint
 from paratrain.train.job import run as run_training
 from paratrain.train.schedules import Constant, ExponentialDecay, LinearScalingWarmup
 from paratrain.train.trainer import History, Trainer
@@ -35,9 +36,9 @@ def __getattr__(name: str):
 __version__ = "0.1.0"
 
 __all__ = [
-    "AllReduceStrategy", "Callback", "ConfigError", "Constant", "DivergedError", "EarlyStopping",
+    "AllReduceStrategy", "Callback", "Checkpoint", "ConfigError", "Constant", "DivergedError", "EarlyStopping",
     "ExponentialDecay", "History", "LearningRateScheduler", "LinearScalingWarmup", "MirroredStrategy",
     "ParameterServerStrategy", "ParatrainError", "PipelineStrategy", "SingleDeviceStrategy", "StepOutput", "Strategy",
     "TrainConfig", "Trainer",
-    "WorkerFailed", "get_strategy", "launch", "run_training",
+    "WorkerFailed", "get_strategy", "launch", "load_checkpoint", "run_training",
 ]

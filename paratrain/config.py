@@ -59,6 +59,7 @@ class TrainConfig:
     balance: str = _opt("params", "pipeline: balance stages by parameter count or by measured time per layer", choices=("params", "time"))
     split_points: str | None = _opt(None, "pipeline: layer indices where stages start, e.g. 3,7 (instead of --balance)")
     fail: str | None = _opt(None, "fault injection: WORKER@STEP makes that worker's process die at that step")
+    hang: str | None = _opt(None, "fault injection: WORKER@STEP makes that worker stop answering at that step (for --timeout drills)")
     straggler: str | None = _opt(None, "fault injection: WORKER:FACTOR makes that worker's steps FACTOR times slower")
     epochs: int = _opt(15, "passes over the training data")
     batch_size: int = _opt(32, "examples per replica per step; the global batch is batch_size x workers")
@@ -80,6 +81,12 @@ class TrainConfig:
     seed: int = _opt(0, "random seed for model initialisation and data order")
     log_every: int = _opt(50, "print the step log every this many steps (0: only per epoch)")
     progress: bool = _opt(True, "show a progress bar on the chief when writing to a terminal")
+    checkpoint_dir: str | None = _opt(None, "save checkpoints to this folder (ckpt-STEP/ with a manifest; see docs/reliability.md)")
+    checkpoint_every: int = _opt(500, "with --checkpoint-dir: save every this many steps (and at the end)")
+    keep: int = _opt(3, "with --checkpoint-dir: complete checkpoints kept (older ones are removed)")
+    resume: bool = _opt(False, "go on from the newest complete checkpoint in --checkpoint-dir (from the start if there is none)")
+    max_restarts: int = _opt(0, "restart the whole run from its last checkpoint when a process dies, up to this many times")
+    on_nan: str = _opt("stop", "a NaN or Inf loss or gradient: stop (exit 3) or skip that update and count it", choices=("stop", "skip"))
     timeout: float = _opt(300.0, "seconds any collective or rendezvous may wait before the run fails")
     metrics_out: str | None = _opt(None, "write the run's metrics as one JSON object to this file")
     logdir: str | None = _opt(None, "write TensorBoard scalars to this folder (run-level by the chief, per-rank timing in rank-N/)")
@@ -95,11 +102,12 @@ class TrainConfig:
         _choice("pull_compression", self.pull_compression, ("none", "fp16", "bf16"))
         _choice("schedule", self.schedule, ("gpipe", "1f1b"))
         _choice("balance", self.balance, ("params", "time"))
+        _choice("on_nan", self.on_nan, ("stop", "skip"))
         for name in ("workers", "epochs", "batch_size", "lr_decay_steps", "reference_batch", "max_len", "powersgd_rank",
-                     "stages", "microbatches"):
+                     "stages", "microbatches", "checkpoint_every", "keep"):
             _at_least(name, getattr(self, name), 1)
         _at_least("vocab_size", self.vocab_size, 3)  # padding, unknown, and one word
-        for name in ("early_stopping", "log_every", "seed", "backup_workers", "max_staleness", "warmup_steps"):
+        for name in ("early_stopping", "log_every", "seed", "backup_workers", "max_staleness", "warmup_steps", "max_restarts"):
             _at_least(name, getattr(self, name), 0)
         for name in ("ps_shards", "staleness_bound"):
             if getattr(self, name) is not None:
@@ -118,9 +126,15 @@ class TrainConfig:
         for name in ("metrics_out", "timeline"):
             if getattr(self, name) is not None:
                 _check_writable(name, getattr(self, name))
+        if self.checkpoint_dir is not None and Path(self.checkpoint_dir).expanduser().is_file():
+            raise ConfigError(f"--checkpoint-dir {self.checkpoint_dir} is a file; give a folder")
+        if (self.resume or self.max_restarts) and self.checkpoint_dir is None:
+            flag = "--resume" if self.resume else "--max-restarts"
+            raise ConfigError(f"{flag} needs --checkpoint-dir (the folder to go on from)")
         if self.logdir is not None and Path(self.logdir).expanduser().is_file():
             raise ConfigError(f"--logdir {self.logdir} is a file; give a folder")
         self.fail_at = _parse_fault("fail", self.fail, "@", int, "WORKER@STEP, e.g. 1@40")
+        self.hang_at = _parse_fault("hang", self.hang, "@", int, "WORKER@STEP, e.g. 1@40")
         self.straggler_factor = _parse_fault("straggler", self.straggler, ":", float, "WORKER:FACTOR, e.g. 2:3.0")
         if self.straggler_factor and self.straggler_factor[1] < 1:
             raise ConfigError(f"--straggler factor must be >= 1, got {self.straggler_factor[1]}")
@@ -245,7 +259,7 @@ def load_toml(path: str) -> dict[str, Any]:
 
 
 #: Where a run writes; a repeated run (--config-from) does not overwrite the first one's files.
-OUTPUT_FIELDS = ("metrics_out", "logdir", "timeline")
+OUTPUT_FIELDS = ("metrics_out", "logdir", "timeline", "checkpoint_dir", "resume")
 
 
 def config_from_run(path: str) -> dict[str, Any]:

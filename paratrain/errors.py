@@ -47,4 +47,17 @@ class WorkerFailed(ParatrainError):
         self.exit_code = exit_code if exit_code in (2, 3) else 1
         self.worker_exit_code = exit_code
         self.message = message
-        super().__init__(f"{name or f'worker {rank}'} failed (exit code {exit_code}): {message}")
+        who = name or f"worker {rank}"
+        if exit_code < 0:  # killed by a signal: no message of its own
+            super().__init__(f"{who} was killed by {signal_name(-exit_code)}")
+        else:
+            super().__init__(f"{who} failed (exit code {exit_code}): {message}")
+
+
+def signal_name(number: int) -> str:
+    import signal
+
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"

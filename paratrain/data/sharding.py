@@ -13,7 +13,7 @@ map-style Dataset goes through a DataLoader with the same index lists.
 A data set may store its examples compactly (uint8 pixels) and carry a per-batch
 ``batch_transform`` that turns a batch of stored inputs into model inputs: scaling,
 or the random distortions of the CIFAR-10 recipe (``paratrain/data/augment.py``). The
-transform draws its randomness from a generator seeded by (seed, epoch, rank), so a
+transform draws its randomness from a generator seeded by (seed, epoch, rank, batch), so a
 run is reproducible. When a batch needs such work, or comes through a DataLoader, a
 background thread prepares the next batches while the step runs (``prefetch``), and
 ``wait_seconds`` counts the time the consumer spent waiting for a batch anyway.
@@ -21,10 +21,11 @@ background thread prepares the next batches while the step runs (``prefetch``), 
 
 from __future__ import annotations
 
+import itertools
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import numpy as np
@@ -96,6 +97,7 @@ class ShardedBatches:
         self.device = torch.device(device)
         self.num_workers = num_workers
         self.epoch = 0
+        self.start = 0
         self.num_examples = len(self.dataset)
         if drop_last and len(self) == 0:
             raise ConfigError(
@@ -104,8 +106,11 @@ class ShardedBatches:
                 f"({self.num_examples} examples); lower --batch-size or --workers"
             )
 
-    def set_epoch(self, epoch: int) -> None:
+    def set_epoch(self, epoch: int, start: int = 0) -> None:
+        """Iterate epoch ``epoch``'s batches from batch ``start`` on (a resumed run skips
+        those it trained on before its checkpoint)."""
         self.epoch = epoch
+        self.start = start
 
     def __len__(self) -> int:
         return len(self.batch_indices())
@@ -121,19 +126,24 @@ class ShardedBatches:
         block = torch.tensor_split(self._order(), r)[self.rank]
         return list(torch.split(block, b)) if len(block) else []
 
+    def numbered_batches(self) -> Iterator[tuple[int, torch.Tensor]]:
+        """``(batch number, indices)`` of this epoch's batches from ``start`` on."""
+        return itertools.islice(enumerate(self.batch_indices()), self.start, None)
+
     def _order(self) -> torch.Tensor:
         if not self.shuffle:
             return torch.arange(self.num_examples)
         generator = torch.Generator().manual_seed(self.seed + self.epoch)
         return torch.randperm(self.num_examples, generator=generator)
 
-    def transform_generator(self) -> torch.Generator:
-        """The generator of this epoch's random transforms: one stream per (seed, epoch, rank)."""
-        state = np.random.SeedSequence([self.seed, self.epoch, self.rank]).generate_state(2)
+    def transform_generator(self, batch: int) -> torch.Generator:
+        """The generator of one batch's random transforms, seeded by (seed, epoch, rank,
+        batch): a run that resumes mid-epoch draws exactly what it would have drawn."""
+        state = np.random.SeedSequence([self.seed, self.epoch, self.rank, batch]).generate_state(2)
         return torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        indices = self.batch_indices()
+        indices = self.numbered_batches()
         tensors = isinstance(self.dataset, TensorDataset)
         batches = self._tensor_batches(indices) if tensors else self._loader_batches(indices)
         # Plain in-memory tensors are one index_select away from a batch: a thread would
@@ -154,32 +164,31 @@ class ShardedBatches:
                 self.wait_seconds += time.perf_counter() - start
             yield batch
 
-    def _tensor_batches(self, indices: Sequence[torch.Tensor]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def _tensor_batches(self, indices: Iterable[tuple[int, torch.Tensor]]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         inputs, targets = self.dataset.tensors[:2]
         if inputs.device != self.device:
             # Move the whole (in-memory) data set once instead of every batch; stored
             # compactly (uint8) it is a quarter of its float size.
             inputs, targets = inputs.to(self.device), targets.to(self.device)
             self.dataset = TensorDataset(inputs, targets)
-        generator = self.transform_generator()
-        for idx in indices:
+        for number, idx in indices:
             idx = idx.to(self.device)
             batch = inputs.index_select(0, idx)
             if self.transform is not None:
-                batch = self.transform(batch, generator)
+                batch = self.transform(batch, self.transform_generator(number))
             yield batch, targets.index_select(0, idx)
 
-    def _loader_batches(self, indices: Sequence[torch.Tensor]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def _loader_batches(self, indices: Iterable[tuple[int, torch.Tensor]]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+        numbered = list(indices)
         loader = DataLoader(
             self.dataset,
-            batch_sampler=[idx.tolist() for idx in indices],
+            batch_sampler=[idx.tolist() for _, idx in numbered],
             num_workers=self.num_workers,
             pin_memory=self.device.type == "cuda",
         )
-        generator = self.transform_generator()
-        for inputs, targets in loader:
+        for (number, _), (inputs, targets) in zip(numbered, loader):
             if self.transform is not None:
-                inputs = self.transform(inputs, generator)
+                inputs = self.transform(inputs, self.transform_generator(number))
             yield inputs.to(self.device, non_blocking=True), targets.to(self.device, non_blocking=True)
 
 

@@ -35,7 +35,7 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument(
         "--config-from", metavar="RUN.json",
         help="repeat a run: read options from the config embedded in its metrics file (flags override them; "
-        "its output paths --metrics-out, --logdir, --timeline are not reused)",
+        "its output paths --metrics-out, --logdir, --timeline, --checkpoint-dir are not reused)",
     )
     for f in config_fields():
         flag = "--" + f.name.replace("_", "-")
@@ -118,7 +118,7 @@ def train_command(args: argparse.Namespace) -> int:
         strategy.check_cluster(cluster, config)
         metrics = job.run(config)
         is_chief = cluster.rank == strategy.chief_rank(config)
-    elif processes > 1:
+    elif processes > 1 or config.max_restarts:
         preflight(config)
         from paratrain.launch.torchrun import launch
 
@@ -126,6 +126,8 @@ def train_command(args: argparse.Namespace) -> int:
             job.run, config,
             num_processes=processes,
             expendable=strategy.expendable_ranks(config),
+            max_restarts=config.max_restarts,
+            checkpoint_dir=config.checkpoint_dir,
             rank_names=[strategy.rank_name(rank, config) for rank in range(processes)],
         )
         metrics = results[strategy.chief_rank(config)]

@@ -1,15 +1,23 @@
-"""Local launch for runs that survive the loss of some processes (ps-async, ps-backup).
+"""Local launch for runs that survive the loss of processes: some of them (ps-async,
+ps-backup), or any of them by starting over from the last checkpoint (--max-restarts).
 
 PyTorch's elastic agent treats any failed process as the failure of the whole group,
 which is right for synchronous modes and wrong for asynchronous ones: there a lost
 worker is a normal event that the parameter server absorbs. This supervisor starts the
 same processes with torchrun's environment, watches them, reports a lost expendable
 process in one line and lets the others finish; any other failure stops every process
-at once, as the agent would.
+at once, as the agent would, and then, while restarts are left, starts the group again
+(``TORCHELASTIC_RESTART_COUNT`` tells the processes to resume from their checkpoint)
+with one line saying who died, at which step, and how many steps are redone.
+
+Each process records the step it finished last in a shared file (``PARATRAIN_PROGRESS``,
+8 bytes a rank: ``train/faults.StepBeacon``), which is how the supervisor knows the
+steps of a process that was killed without a word.
 """
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import pickle
@@ -21,21 +29,61 @@ from pathlib import Path
 from typing import Any
 
 from paratrain.comm.transport import free_port
+from paratrain.errors import WorkerFailed, signal_name
 from paratrain.launch.torchrun import _entry, first_failure
+from paratrain.train.faults import read_progress
 
 
 def supervise(
-    fn: Callable[..., Any], args: tuple, num_processes: int, expendable: frozenset[int], names: list[str]
+    fn: Callable[..., Any],
+    args: tuple,
+    num_processes: int,
+    expendable: frozenset[int],
+    names: list[str],
+    max_restarts: int = 0,
+    checkpoint_dir: str | None = None,
+) -> list[Any]:
+    restart = 0
+    while True:
+        folder = Path(tempfile.mkdtemp(prefix="paratrain-"))
+        try:
+            return _attempt(fn, args, num_processes, expendable, names, folder, restart)
+        except WorkerFailed as failure:
+            if restart >= max_restarts or failure.worker_exit_code in (2, 3):
+                raise
+            restart += 1
+            print(_restart_line(failure, folder, num_processes, restart, max_restarts, checkpoint_dir), file=sys.stderr, flush=True)
+
+
+def _restart_line(failure: WorkerFailed, folder: Path, num_processes: int, restart: int, limit: int, checkpoint_dir: str | None) -> str:
+    from paratrain.train.checkpoint import CheckpointStore
+
+    progress = read_progress(folder / "progress", num_processes)
+    complete = CheckpointStore(checkpoint_dir).complete() if checkpoint_dir else []
+    resumed = complete[0][0] if complete else 0
+    reached = max(progress, default=0)
+    origin = f"the checkpoint of step {resumed}" if complete else "the start (no checkpoint yet)"
+    return (
+        f"paratrain: {str(failure).splitlines()[0]} after step {progress[failure.rank]}; restarting the run "
+        f"(restart {restart} of {limit}) from {origin}: {max(reached - resumed, 0)} steps redone"
+    )
+
+
+def _attempt(
+    fn: Callable[..., Any], args: tuple, num_processes: int, expendable: frozenset[int], names: list[str],
+    folder: Path, restart: int,
 ) -> list[Any]:
     context = multiprocessing.get_context("spawn")
     port = free_port()
-    folder = Path(tempfile.mkdtemp(prefix="paratrain-"))
+    (folder / "progress").write_bytes(bytes(8 * num_processes))
     processes = []
     for rank in range(num_processes):
         env = {
             "RANK": str(rank), "WORLD_SIZE": str(num_processes), "LOCAL_RANK": str(rank),
             "LOCAL_WORLD_SIZE": str(num_processes), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
             "TORCHELASTIC_ERROR_FILE": str(folder / f"error-{rank}.json"),
+            "TORCHELASTIC_RESTART_COUNT": str(restart),
+            "PARATRAIN_PROGRESS": str(folder / "progress"),
         }
         process = context.Process(target=_run, args=(env, str(folder / f"result-{rank}.pkl"), fn, args), daemon=False)
         process.start()
@@ -44,15 +92,17 @@ def supervise(
     try:
         while any(p.exitcode is None for p in processes):
             time.sleep(0.1)
-            for rank, process in enumerate(processes):
-                code = process.exitcode
-                if code in (None, 0) or rank in lost:
-                    continue
-                failure = (code, _failed_at(folder, rank), _message(folder, rank, code))
-                if rank not in expendable:
-                    raise first_failure({rank: failure}, names)
-                lost[rank] = failure
-                print(f"paratrain: {names[rank]} was lost (exit code {code}); the run goes on without it", file=sys.stderr, flush=True)
+            failed = {
+                rank: (p.exitcode, _failed_at(folder, rank, p.exitcode), _message(folder, rank, p.exitcode))
+                for rank, p in enumerate(processes) if p.exitcode not in (None, 0) and rank not in lost
+            }
+            fatal = {rank: failure for rank, failure in failed.items() if rank not in expendable}
+            if fatal:
+                raise first_failure(fatal, names)
+            for rank, (code, _, _) in failed.items():
+                lost[rank] = failed[rank]
+                how = f"exit code {code}" if code > 0 else f"killed by {signal_name(-code)}"
+                print(f"paratrain: {names[rank]} was lost ({how}); the run goes on without it", file=sys.stderr, flush=True)
         return [_result(folder, rank) for rank in range(num_processes)]
     finally:
         for process in processes:
@@ -79,18 +129,15 @@ def _result(folder: Path, rank: int) -> Any:
         return pickle.load(handle)
 
 
-def _failed_at(folder: Path, rank: int) -> float:
-    import json
-
+def _failed_at(folder: Path, rank: int, code: int) -> float:
     path = folder / f"error-{rank}.json"
     if path.exists():
         return float(json.loads(path.read_text())["message"]["extraInfo"].get("paratrain_time", time.time()))
-    return time.time()
+    # Killed without a word: the cause of its peers' failures, not one of them.
+    return 0.0 if code < 0 else time.time()
 
 
 def _message(folder: Path, rank: int, code: int) -> str:
-    import json
-
     path = folder / f"error-{rank}.json"
     if path.exists():
         message = json.loads(path.read_text())["message"]

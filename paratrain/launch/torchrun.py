@@ -33,28 +33,31 @@ def launch(
     max_restarts: int = 0,
     expendable: frozenset[int] = frozenset(),
     rank_names: list[str] | None = None,
+    checkpoint_dir: str | None = None,
 ) -> list[Any]:
     """Run ``fn(*args)`` on ``num_processes`` local processes; their return values by rank.
 
     ``fn`` must be importable (a module-level function): processes are spawned fresh.
     Ranks in ``expendable`` may die without ending the run (parameter-server workers in
-    ps-async and ps-backup); the elastic agent stops every process on any failure, so
-    such runs are supervised by ``launch.supervisor`` instead. Their results are None.
-    ``rank_names`` name ranks in failure messages ("ps shard 0", "worker 1").
+    ps-async and ps-backup); with ``max_restarts`` a failed run starts again, up to that
+    many times, and its processes resume from the newest checkpoint in ``checkpoint_dir``.
+    The elastic agent stops every process on any failure and restarts without saying who
+    died, so such runs are supervised by ``launch.supervisor`` instead. Results of lost
+    processes are None. ``rank_names`` name ranks in messages ("ps shard 0", "worker 1").
     """
     # Traffic stays on loopback: Gloo binds to the interface named here, not to
     # whatever the host name resolves to.
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     names = rank_names or [f"worker {rank}" for rank in range(num_processes)]
-    if expendable:
+    if expendable or max_restarts:
         from paratrain.launch.supervisor import supervise
 
-        return supervise(fn, args, num_processes, expendable, names)
-    return _elastic(fn, args, num_processes, max_restarts, names)
+        return supervise(fn, args, num_processes, expendable, names, max_restarts, checkpoint_dir)
+    return _elastic(fn, args, num_processes, names)
 
 
-def _elastic(fn: Callable[..., Any], args: tuple, num_processes: int, max_restarts: int, names: list[str]) -> list[Any]:
+def _elastic(fn: Callable[..., Any], args: tuple, num_processes: int, names: list[str]) -> list[Any]:
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
@@ -66,7 +69,7 @@ def _elastic(fn: Callable[..., Any], args: tuple, num_processes: int, max_restar
         rdzv_backend="static",
         rdzv_endpoint=f"127.0.0.1:{free_port()}",
         rdzv_configs={"rank": 0},
-        max_restarts=max_restarts,
+        max_restarts=0,
         monitor_interval=0.1,
         start_method="spawn",
         local_addr="127.0.0.1",

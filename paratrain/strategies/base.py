@@ -123,7 +123,7 @@ class Strategy:
     @classmethod
     def check_faults(cls, config: "TrainConfig") -> None:
         """--fail and --straggler must name a worker that exists (0..workers-1)."""
-        for flag, parsed in (("--fail", config.fail_at), ("--straggler", config.straggler_factor)):
+        for flag, parsed in (("--fail", config.fail_at), ("--hang", config.hang_at), ("--straggler", config.straggler_factor)):
             if parsed and parsed[0] >= config.num_worker_processes:
                 raise ConfigError(
                     f"{flag} names worker {parsed[0]}, but the run has workers 0..{config.num_worker_processes - 1}"
@@ -329,6 +329,35 @@ class Strategy:
 
     def state_dict(self) -> dict[str, Any]:
         return {"name": self.name, "steps": self._steps}
+
+    # ----- checkpoints (train/checkpoint.py) ------------------------------------------------
+    def _global_rank(self) -> int:
+        return dist.get_rank() if dist.is_initialized() else 0
+
+    def checkpoint_parts(self) -> list[str]:
+        """The parts of a complete checkpoint of this run: one per process by default."""
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        return [f"rank-{r}" for r in range(world)]
+
+    def checkpoint_part(self) -> str | None:
+        """The part this process writes at each checkpoint step (its position, random
+        generators, strategy state); None where it writes none at steps."""
+        return f"rank-{self._global_rank()}"
+
+    def model_part(self) -> str | None:
+        """The part holding this process's model and optimizer: replicas are identical, so
+        rank 0's by default; None where the model lives elsewhere (parameter servers)."""
+        return "rank-0"
+
+    def attach_checkpoint(self, checkpoint: Any, state: dict[str, Any] | None) -> None:
+        """On a serving process: save through ``checkpoint`` while serving, starting from
+        ``state`` (its part of the checkpoint resumed from, or None)."""
+        raise NotImplementedError(f"{self.name} has no serving role")
+
+    def resume_trainer(self, trainer: Any) -> None:
+        """On a process whose checkpoint state lives elsewhere: put ``trainer`` where the
+        run resumes."""
+        raise NotImplementedError(f"{self.name} keeps its state in its own checkpoint part")
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("name") != self.name:

@@ -350,6 +350,10 @@ class PipelineStrategy(Strategy):
             "staleness": staleness_summary({0: total_steps}),
         }
 
+    def model_part(self) -> str | None:
+        """Every stage holds its own layers: each process's part carries its model."""
+        return self.checkpoint_part()
+
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "stage": self.stage, "bounds": [list(b) for b in self.bounds or []]}
 

@@ -521,7 +521,7 @@ class AssignedBatches(ShardedBatches):
         self.strategy = strategy
         self.group = group
         super().__init__(dataset, batch_size, shuffle=shuffle, drop_last=True, seed=seed, device=strategy.device, prefetch=0)
-        self.rank = strategy.rank  # each worker its own stream of random transforms
+        self.rank = 0  # batch k of an epoch is distorted alike whichever worker takes it
 
     @property
     def num_batches(self) -> int:
@@ -531,7 +531,9 @@ class AssignedBatches(ShardedBatches):
         """This worker's expected share of an epoch (the progress bar's total)."""
         return -(-self.num_batches // max(self.strategy.num_replicas, 1))
 
-    def batch_indices(self) -> Iterator[torch.Tensor]:  # type: ignore[override]
+    def numbered_batches(self) -> Iterator[tuple[int, torch.Tensor]]:
+        """The batches shard 0 hands this worker, numbered in the epoch (their transforms'
+        seeds); shard 0 knows where a resumed epoch goes on."""
         order = self._order()
         for k in self.strategy.assigned_batches(self.epoch, self.num_batches):
-            yield order[k * self.batch_size : (k + 1) * self.batch_size]
+            yield k, order[k * self.batch_size : (k + 1) * self.batch_size]

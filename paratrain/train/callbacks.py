@@ -8,19 +8,12 @@ do so on the chief only.
 
 from __future__ import annotations
 
-import os
-import pickle
-import tempfile
 import time
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-from paratrain.errors import ConfigError
-from paratrain.timeline import span
 
 if TYPE_CHECKING:
     from paratrain.train.trainer import Trainer
@@ -37,6 +30,9 @@ class Callback:
     def on_batch_end(self, step: int, logs: dict[str, Any]) -> None: ...
     def on_epoch_end(self, epoch: int, logs: dict[str, Any]) -> None: ...
     def on_train_end(self, logs: dict[str, Any]) -> None: ...
+    def on_serve(self, strategy: Any) -> None:
+        """Instead of all the above, on a process that serves rather than trains (a
+        parameter-server shard), before it serves."""
 
 
 class CallbackList:
@@ -171,74 +167,3 @@ class ProgressBar(Callback):
         if self.progress:
             self.progress.stop()
             self.progress = None
-
-
-class StepCheckpoint(Callback):
-    """Saves the model and optimizer every ``every_steps`` steps and at the end, on the
-    chief, as ``DIR/model.ckpt-STEP.pt`` (the CIFAR-10 recipe's Saver: every 1000 steps,
-    the last ``keep`` files kept).
-
-    Each file is written to a temporary name and renamed, so a crash never leaves a
-    half-written checkpoint; it holds only tensors and numbers, so ``load`` reads it
-    with ``weights_only=True``, which never runs code from the file.
-    """
-
-    def __init__(self, directory: str | os.PathLike, every_steps: int = 1000, keep: int = 5):
-        self.directory = Path(directory).expanduser()
-        self.every_steps = every_steps
-        self.keep = keep
-        self.saved: list[Path] = []
-        self._last_saved = -1
-
-    def on_train_begin(self, logs: dict[str, Any]) -> None:
-        if self.trainer.strategy.is_chief:
-            try:
-                self.directory.mkdir(parents=True, exist_ok=True)
-            except OSError as error:
-                raise ConfigError(f"checkpoint directory {self.directory}: {error.strerror}") from None
-
-    def on_batch_end(self, step: int, logs: dict[str, Any]) -> None:
-        if step % self.every_steps == 0:
-            self.save(step)
-
-    def on_train_end(self, logs: dict[str, Any]) -> None:
-        self.save(self.trainer.global_step)
-
-    def save(self, step: int) -> None:
-        if not self.trainer.strategy.is_chief or step == self._last_saved:
-            return
-        state = {
-            "model": self.trainer.module.state_dict(),
-            "optimizer": self.trainer.optimizer.state_dict(),
-            "step": step,
-            "epoch": self.trainer.epoch,
-        }
-        path = self.directory / f"model.ckpt-{step}.pt"
-        with span("checkpoint"):
-            self._write(state, path)
-        self._last_saved = step
-        self.saved.append(path)
-        while len(self.saved) > self.keep:
-            self.saved.pop(0).unlink(missing_ok=True)
-
-    def _write(self, state: dict[str, Any], path: Path) -> None:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=self.directory)
-        try:
-            with os.fdopen(fd, "wb") as handle:
-                torch.save(state, handle)
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-
-    @staticmethod
-    def load(path: str | os.PathLike, map_location: str | torch.device = "cpu") -> dict[str, Any]:
-        """A checkpoint's ``{"model", "optimizer", "step", "epoch"}``; ConfigError if unreadable."""
-        try:
-            return torch.load(path, map_location=map_location, weights_only=True)
-        except FileNotFoundError:
-            raise ConfigError(f"checkpoint {path}: no such file") from None
-        except (RuntimeError, OSError, EOFError, ValueError, pickle.UnpicklingError) as error:
-            raise ConfigError(f"checkpoint {path}: not a readable checkpoint ({str(error).splitlines()[0]})") from None

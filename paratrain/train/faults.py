@@ -1,32 +1,39 @@
 """Fault injection for drills and tests, in every strategy: ``--fail`` and ``--straggler``.
 
 Both are callbacks keyed by the worker index (``strategy.rank``, 0..workers-1), so the
-same flags mean the same thing under allreduce and under a parameter server.
+same flags mean the same thing under allreduce and under a parameter server. A failure
+is injected in the first attempt of a run only: a run restarted by ``--max-restarts``
+goes through that step again and must get past it.
 """
 
 from __future__ import annotations
 
+import mmap
 import os
+import signal
+import struct
 import sys
 import time
 from typing import Any
 
 from paratrain.train.callbacks import Callback
 
-#: Exit code of a process killed by --fail (distinct from paratrain's own codes).
-INJECTED_FAILURE_EXIT = 17
+def restart_count() -> int:
+    """How many times this run was restarted (--max-restarts, or torchrun's), 0 at first."""
+    return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
 
 
 class FailAt(Callback):
-    """The process of worker ``worker`` dies at the end of step ``step`` (no cleanup, like a crash)."""
+    """The process of worker ``worker`` is killed (SIGKILL, as by ``kill -9``, the OOM
+    killer or a preempted machine: no cleanup) at the end of step ``step``."""
 
     def __init__(self, worker: int, step: int):
         self.worker, self.step = worker, step
 
     def on_batch_end(self, step: int, logs: dict[str, Any]) -> None:
-        if step == self.step and self.trainer.strategy.rank == self.worker:
+        if step == self.step and self.trainer.strategy.rank == self.worker and restart_count() == 0:
             print(f"paratrain: worker {self.worker}: injected failure at step {step}", file=sys.stderr, flush=True)
-            os._exit(INJECTED_FAILURE_EXIT)
+            os.kill(os.getpid(), signal.SIGKILL)
 
 
 class Straggler(Callback):
@@ -45,11 +52,55 @@ class Straggler(Callback):
             time.sleep((self.factor - 1.0) * (time.perf_counter() - self._start))
 
 
-def fault_callbacks(config: Any) -> list[Callback]:
-    """The callbacks that ``--fail`` and ``--straggler`` ask for."""
+def fault_callbacks(config: Any, global_rank: int = 0) -> list[Callback]:
+    """The callbacks that ``--fail``, ``--hang`` and ``--straggler`` ask for, and the
+    progress beacon when a supervisor watches this process."""
     callbacks: list[Callback] = []
+    if os.environ.get("PARATRAIN_PROGRESS"):
+        callbacks.append(StepBeacon(os.environ["PARATRAIN_PROGRESS"], global_rank))
     if config.fail_at:
         callbacks.append(FailAt(*config.fail_at))
+    if config.hang_at:
+        callbacks.append(HangAt(*config.hang_at))
     if config.straggler_factor:
         callbacks.append(Straggler(*config.straggler_factor))
     return callbacks
+
+
+class HangAt(Callback):
+    """Worker ``worker`` stops answering at the end of step ``step`` (it sleeps for good),
+    like a deadlocked or swapped-out process: the others must time out (``--timeout``)
+    and name it, never hang with it."""
+
+    def __init__(self, worker: int, step: int):
+        self.worker, self.step = worker, step
+
+    def on_batch_end(self, step: int, logs: dict[str, Any]) -> None:
+        if step == self.step and self.trainer.strategy.rank == self.worker and restart_count() == 0:
+            print(f"paratrain: worker {self.worker}: injected hang at step {step}", file=sys.stderr, flush=True)
+            while True:
+                time.sleep(3600)
+
+
+class StepBeacon(Callback):
+    """Records the last step this process finished in slot ``rank`` of the supervisor's
+    progress file (``PARATRAIN_PROGRESS``): one 8-byte store into shared memory a step,
+    read by the supervisor when a process dies without a word."""
+
+    def __init__(self, path: str, rank: int):
+        self._file = open(path, "r+b")
+        self._map = mmap.mmap(self._file.fileno(), 0)
+        self._slot = memoryview(self._map).cast("q")
+        self.rank = rank
+
+    def on_batch_end(self, step: int, logs: dict[str, Any]) -> None:
+        self._slot[self.rank] = step
+
+
+def read_progress(path: str | os.PathLike, num_processes: int) -> list[int]:
+    """The steps recorded by StepBeacon, by global rank (0 where none was)."""
+    try:
+        data = open(path, "rb").read()
+    except OSError:
+        return [0] * num_processes
+    return list(struct.unpack(f"{num_processes}q", data[: 8 * num_processes].ljust(8 * num_processes, b"\0")))

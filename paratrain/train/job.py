@@ -20,7 +20,8 @@ from paratrain.data.datasets import load_dataset
 from paratrain.models import build_model
 from paratrain.registry import OPTIMIZERS, SCHEDULES, STRATEGIES
 from paratrain.train.callbacks import Callback, EarlyStopping, LearningRateScheduler
-from paratrain.train.faults import fault_callbacks
+from paratrain.train.checkpoint import Checkpoint
+from paratrain.train.faults import fault_callbacks, restart_count
 from paratrain import timeline
 from paratrain.train.metrics import metrics_document, write_json_atomic
 from paratrain.train.observe import ExamplesApplied, TensorBoardLogger, TimelineSpans
@@ -65,7 +66,13 @@ def _run(config: TrainConfig, strategy: Any, started: float) -> dict[str, Any]:
     callbacks: list[Callback] = [LearningRateScheduler(schedule)]
     if config.early_stopping:
         callbacks.append(EarlyStopping("test_loss", patience=config.early_stopping))
-    callbacks += fault_callbacks(config)
+    checkpoint = None
+    if config.checkpoint_dir:
+        # Restarted by --max-restarts (or torchrun's): go on from the last checkpoint.
+        resume = config.resume or restart_count() > 0
+        checkpoint = Checkpoint(config.checkpoint_dir, config.checkpoint_every, config.keep, resume, config.model)
+        callbacks.append(checkpoint)
+    callbacks += fault_callbacks(config, dist.get_rank() if dist.is_initialized() else 0)
     seen = ExamplesApplied()
     callbacks.append(seen)
     tensorboard = TensorBoardLogger(config.logdir) if config.logdir else None
@@ -118,9 +125,13 @@ def _run(config: TrainConfig, strategy: Any, started: float) -> dict[str, Any]:
                     **{k: entry[k] for k in ("epoch", "train_loss", "test_accuracy", "test_loss", "wall_seconds")},
                     "examples_seen": applied if applied is not None else entry["examples_seen"],
                 }
-                for entry, applied in zip(history.epochs, seen.per_epoch)
+                # a resumed run saw only its own epochs' counts: the earlier ones are the loop's
+                for entry, applied in zip(history.epochs, [None] * (len(history.epochs) - len(seen.per_epoch)) + seen.per_epoch)
             ],
             "config": config.to_dict(),
+            "resumed_from_step": checkpoint.restored_step if checkpoint else None,
+            "restarts": restart_count(),
+            "skipped_updates": stats.get("skipped_updates", 0),
         },
     )
     if config.metrics_out:

@@ -43,6 +43,16 @@ class StepWindow:
     def __len__(self) -> int:
         return len(self._losses)
 
+    def state_dict(self) -> dict[str, Any]:
+        """The unreduced losses and their batch sizes (for a checkpoint)."""
+        losses = torch.stack(self._losses).cpu() if self._losses else torch.empty(0)
+        return {"losses": losses, "examples": list(self._examples), "first_step": self.first_step}
+
+    def load_state_dict(self, state: dict[str, Any], device: torch.device | str = "cpu") -> None:
+        self._losses = [loss.to(device) for loss in state["losses"]]
+        self._examples = [int(n) for n in state["examples"]]
+        self.first_step = int(state["first_step"])
+
     def reduce(self, strategy: Any) -> dict[str, float]:
         """Replica-averaged ``loss`` over the window's examples; resets the window.
 

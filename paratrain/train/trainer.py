@@ -8,11 +8,13 @@ and ``strategy.train_step`` are the same pieces this loop uses.
 
 from __future__ import annotations
 
+import random
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -21,6 +23,33 @@ from paratrain.strategies.base import Strategy, get_strategy
 from paratrain.train.callbacks import Callback, CallbackList, EpochLog, ProgressBar, StepLog
 from paratrain.train.metrics import StepWindow
 from paratrain.timeline import span
+
+def rng_state() -> dict[str, Any]:
+    """This process's random-number generators: Python's, NumPy's, torch's CPU and CUDA ones."""
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": _numpy_state(),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _numpy_state() -> tuple[Any, ...]:
+    # As a tensor: a checkpoint holds tensors and plain values only (weights_only loads).
+    kind, keys, position, has_gauss, cached = np.random.get_state()
+    return kind, torch.from_numpy(keys.copy()), position, has_gauss, cached
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    kind, keys, position, has_gauss, cached = state["numpy"]
+    np.random.set_state((kind, keys.numpy(), position, has_gauss, cached))
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
 
 LOSSES: dict[str, Callable[[], nn.Module]] = {"cross_entropy": nn.CrossEntropyLoss}
 METRICS = ("accuracy",)
@@ -71,6 +100,14 @@ class Trainer:
         self.examples_seen = 0
         self.loader_wait_seconds = 0.0
         """Seconds the training loop waited for input batches (this replica)."""
+        self.batch = 0
+        """Batches of the current epoch done (where a resumed run goes on)."""
+        self.history = History()
+        self._window = StepWindow()
+        self._epoch_sums = [0.0, 0.0]  # loss x examples, examples: of the epoch's reduced windows
+        self._resumed = False
+        self._epoch_start = 0.0
+        self._epoch_elapsed = 0.0  # seconds of the current epoch before the checkpoint resumed from
 
     @property
     def module(self) -> nn.Module:
@@ -101,6 +138,7 @@ class Trainer:
         strategy = self.strategy
         if strategy.role == "ps":
             # A parameter-server shard serves until training ends, like `server.join()`.
+            CallbackList(list(callbacks), self).on_serve(strategy)
             strategy.serve()
             return History()
         batches = strategy.distribute(train_data, batch_size, shuffle=True, drop_last=True, seed=seed)
@@ -109,38 +147,39 @@ class Trainer:
         if verbose and log_every:
             defaults.append(StepLog())
         hooks = CallbackList(list(callbacks) + defaults, self)
-        history = History()
         self.stop_training = False
         start = time.perf_counter()
+        # A callback may restore a checkpoint here: the loop goes on from the position it set.
         hooks.on_train_begin({"epochs": epochs, "steps_per_epoch": len(batches), "global_batch": global_batch})
-        window = StepWindow()
-        window.first_step = self.global_step + 1
+        if not self._resumed:
+            self.history, self._window, self._epoch_sums, self.batch = History(), StepWindow(), [0.0, 0.0], 0
+            self._window.first_step = self.global_step + 1
+        self._resumed = False
+        history, window = self.history, self._window
         for epoch in range(self.epoch, epochs):
             self.epoch = epoch
-            batches.set_epoch(epoch)
+            batches.set_epoch(epoch, start=self.batch)
             hooks.on_epoch_begin(epoch, {})
             self.module.train()
-            epoch_start = time.perf_counter()
+            # A resumed epoch counts the time it ran before its checkpoint too.
+            epoch_start = self._epoch_start = time.perf_counter() - self._epoch_elapsed
+            self._epoch_elapsed = 0.0
             waited = batches.wait_seconds
-            epoch_loss = epoch_examples = 0.0
-            for batch, (inputs, targets) in enumerate(batches, start=1):
+            for self.batch, (inputs, targets) in enumerate(batches, start=self.batch + 1):
                 hooks.on_batch_begin(self.global_step, {})
                 out = strategy.train_step(self.model, self.loss_fn, self.optimizer, inputs, targets)
                 window.add(out.loss, len(targets))
                 self.global_step += 1
-                logs: dict[str, Any] = {"batch": batch, "global_batch": global_batch, "local_loss": out.loss}
+                logs: dict[str, Any] = {"batch": self.batch, "global_batch": global_batch, "local_loss": out.loss}
                 if log_every and self.global_step % log_every == 0:
-                    reduced = window.reduce(strategy)
-                    logs["loss"] = reduced["loss"]
-                    epoch_loss += reduced["loss"] * reduced["examples"]
-                    epoch_examples += reduced["examples"]
+                    logs["loss"] = self._reduce_window()
                 hooks.on_batch_end(self.global_step, logs)
                 if self.stop_training:  # a callback ends training mid-epoch (e.g. at a step count)
                     break
             if len(window):
-                reduced = window.reduce(strategy)
-                epoch_loss += reduced["loss"] * reduced["examples"]
-                epoch_examples += reduced["examples"]
+                self._reduce_window()
+            epoch_loss, epoch_examples = self._epoch_sums
+            self._epoch_sums, self.batch = [0.0, 0.0], 0
             seconds = time.perf_counter() - epoch_start
             self.train_seconds += seconds
             self.examples_seen += int(epoch_examples)
@@ -165,6 +204,49 @@ class Trainer:
         strategy.finish(self.model)
         hooks.on_train_end({"history": history})
         return history
+
+    def _reduce_window(self) -> float:
+        """Reduce the steps' losses since the last reduction across replicas (raising
+        DivergedError at a NaN or Inf); adds them to the epoch's sums, returns their mean."""
+        reduced = self._window.reduce(self.strategy)
+        self._epoch_sums[0] += reduced["loss"] * reduced["examples"]
+        self._epoch_sums[1] += reduced["examples"]
+        return reduced["loss"]
+
+    # ----- state for checkpoints ------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Where the loop stands (epoch, batch, step), what it has logged, the losses it has
+        not reduced yet, and this process's random-number generators: with the model,
+        optimizer and strategy state, all a checkpoint needs to go on exactly."""
+        return {
+            "global_step": self.global_step,
+            "epoch": self.epoch,
+            "batch": self.batch,
+            "examples_seen": self.examples_seen,
+            "train_seconds": self.train_seconds,
+            "epoch_seconds": time.perf_counter() - self._epoch_start if self.batch else 0.0,
+            "loader_wait_seconds": self.loader_wait_seconds,
+            "learning_rate": self.learning_rate,
+            "history": [dict(entry) for entry in self.history.epochs],
+            "epoch_sums": list(self._epoch_sums),
+            "window": self._window.state_dict(),
+            "rng": rng_state(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Go on from ``state`` at the next ``fit`` (with the model and optimizer restored)."""
+        self.global_step, self.epoch, self.batch = int(state["global_step"]), int(state["epoch"]), int(state["batch"])
+        self.examples_seen = int(state["examples_seen"])
+        self.train_seconds = float(state["train_seconds"])
+        self._epoch_elapsed = float(state["epoch_seconds"])
+        self.loader_wait_seconds = float(state["loader_wait_seconds"])
+        self.set_learning_rate(float(state["learning_rate"]))
+        self.history = History([dict(entry) for entry in state["history"]])
+        self._epoch_sums = [float(v) for v in state["epoch_sums"]]
+        self._window = StepWindow()
+        self._window.load_state_dict(state["window"], self.strategy.device)
+        set_rng_state(state["rng"])
+        self._resumed = True
 
     @torch.no_grad()
     def evaluate(self, data: object, batch_size: int = 256) -> dict[str, float]:

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from paratrain.testing import write_cifar10, write_fashion_mnist, write_text_folders
-from paratrain.train.callbacks import StepCheckpoint
+from paratrain.train.checkpoint import load_checkpoint
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -46,9 +46,9 @@ def test_cifar10_multi_gpu(tmp_path):
                        result.stdout, re.MULTILINE)
     assert steps == ["2", "4", "6", "8"]  # stops at --max-steps, in the middle of epoch 2
     assert re.search(r"step 8: precision @ 1 = \d\.\d{3}", result.stdout)
-    assert sorted(p.name for p in train_dir.iterdir()) == ["model.ckpt-5.pt", "model.ckpt-8.pt"]
-    state = StepCheckpoint.load(train_dir / "model.ckpt-8.pt")
-    assert state["step"] == 8 and "0.weight" in state["model"] and "state" in state["optimizer"]
+    assert sorted(p.name for p in train_dir.iterdir()) == ["ckpt-000000005", "ckpt-000000008"]
+    state = load_checkpoint(train_dir)  # the newest: rank 0's part
+    assert state["trainer"]["global_step"] == 8 and "0.weight" in state["model"] and "state" in state["optimizer"]
     groups = state["optimizer"]["param_groups"]
     assert [g["weight_decay"] for g in groups] == [0.004, 0.0]  # local3 and local4 weights only
 

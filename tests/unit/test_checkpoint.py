@@ -1,0 +1,192 @@
+"""Checkpoints: parts and manifest, exact resume, and every way a checkpoint can be bad."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import paratrain
+from paratrain.data.datasets import load_digits
+from paratrain.errors import ConfigError
+from paratrain.models import build_model
+from paratrain.train.callbacks import Callback
+from paratrain.train.checkpoint import Checkpoint, CheckpointStore, load_checkpoint
+
+
+class Losses(Callback):
+    """Every step's loss, and a stop after ``stop_at`` steps (a run cut short)."""
+
+    def __init__(self, stop_at=None):
+        self.losses, self.stop_at = [], stop_at
+
+    def on_batch_end(self, step, logs):
+        self.losses.append(logs["local_loss"].item())
+        if step == self.stop_at:
+            self.trainer.stop_training = True
+
+
+def _trainer(seed=0, model="mlp"):
+    torch.manual_seed(seed)
+    splits = load_digits()
+    net = build_model(model, splits.spec)
+    optimizer = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+    strategy = paratrain.SingleDeviceStrategy(device="cpu")
+    return paratrain.Trainer(net, "cross_entropy", optimizer, strategy=strategy), splits
+
+
+def _fit(trainer, splits, *callbacks, epochs=2):
+    return trainer.fit(splits.train, epochs=epochs, validation_data=splits.test, verbose=0, log_every=7,
+                       callbacks=list(callbacks))
+
+
+def test_saves_every_n_steps_and_at_the_end_keeping_the_newest(tmp_path):
+    trainer, splits = _trainer()
+    _fit(trainer, splits, Checkpoint(tmp_path, every_steps=10, keep=2), epochs=1)  # 44 steps
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["ckpt-000000040", "ckpt-000000044"]
+    manifest = json.loads((tmp_path / "ckpt-000000044" / "manifest.json").read_text())
+    assert manifest["step"] == 44 and manifest["strategy"] == "single" and list(manifest["parts"]) == ["rank-0"]
+    state = load_checkpoint(tmp_path)
+    assert state["trainer"]["global_step"] == 44
+    for name, tensor in trainer.module.state_dict().items():
+        assert torch.equal(state["model"][name], tensor)
+    assert state["optimizer"]["state"]  # momentum buffers
+
+
+def test_resume_goes_on_bit_for_bit(tmp_path):
+    trainer, splits = _trainer()
+    whole = Losses()
+    full = _fit(trainer, splits, whole)
+    # Cut at step 25 (mid-epoch, between two loss reductions), resume from step 20.
+    cut, splits = _trainer()
+    _fit(cut, splits, Checkpoint(tmp_path, every_steps=10), Losses(stop_at=25))
+    (tmp_path / "ckpt-000000025").rename(tmp_path / "ignored")  # the end-of-run save: go back to 20
+    resumed, splits = _trainer(seed=1)  # other initial weights: all must come from the checkpoint
+    after = Losses()
+    checkpoint = Checkpoint(tmp_path, every_steps=10, resume=True)
+    history = _fit(resumed, splits, checkpoint, after)
+    assert checkpoint.restored_step == 20
+    assert after.losses == whole.losses[20:]
+    assert history.history["train_loss"] == full.history["train_loss"]
+    assert history.history["test_loss"] == full.history["test_loss"]
+    for a, b in zip(trainer.module.parameters(), resumed.module.parameters()):
+        assert torch.equal(a, b)
+
+
+def test_resume_with_nothing_to_resume_starts_from_the_beginning(tmp_path):
+    trainer, splits = _trainer()
+    checkpoint = Checkpoint(tmp_path / "new", every_steps=100, resume=True)
+    _fit(trainer, splits, checkpoint, epochs=1)
+    assert checkpoint.restored_step is None and trainer.global_step == 44
+
+
+@pytest.fixture
+def saved(tmp_path):
+    trainer, splits = _trainer()
+    _fit(trainer, splits, Checkpoint(tmp_path, every_steps=20, model_name="mlp"), epochs=1)  # 20, 40, 44
+    return tmp_path
+
+
+def _resume(folder, model="mlp"):
+    trainer, splits = _trainer(model=model)
+    _fit(trainer, splits, Checkpoint(folder, every_steps=20, resume=True, model_name=model), epochs=1)
+
+
+def test_a_corrupt_or_truncated_part_is_named(saved):
+    part = saved / "ckpt-000000044" / "rank-0.pt"
+    data = bytearray(part.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    part.write_bytes(bytes(data))
+    with pytest.raises(ConfigError, match=r"rank-0.pt: corrupt or truncated"):
+        load_checkpoint(saved / "ckpt-000000044")
+    part.write_bytes(bytes(data[:100]))
+    with pytest.raises(ConfigError, match="corrupt or truncated"):
+        load_checkpoint(saved / "ckpt-000000044")
+    # A part that no longer matches its manifest makes the checkpoint incomplete: resume takes the one before.
+    assert CheckpointStore(saved).latest().name == "ckpt-000000040"
+
+
+class Custom:
+    """Any class: loading it would run the pickle's code, which weights_only refuses."""
+
+
+def test_foreign_files_and_code_in_a_checkpoint_are_refused(saved):
+    folder = saved / "ckpt-000000044"
+    (folder / "manifest.json").write_text(json.dumps({"format": "something-else"}))
+    with pytest.raises(ConfigError, match="not a paratrain checkpoint"):
+        load_checkpoint(folder)
+    (folder / "manifest.json").write_text("{not json")
+    with pytest.raises(ConfigError, match="unreadable manifest.json"):
+        load_checkpoint(folder)
+    evil = saved / "ckpt-000000050"
+    evil.mkdir()
+    torch.save({"model": Custom()}, evil / "rank-0.pt")
+    store = CheckpointStore(saved)
+    store.commit(50, ["rank-0"], {}, timeout=1)
+    with pytest.raises(ConfigError, match="not a readable checkpoint"):
+        load_checkpoint(evil)
+
+
+def test_a_checkpoint_of_another_model_or_run_is_refused(saved):
+    with pytest.raises(ConfigError, match=r"written by a run with model=mlp; this run has model=cifar_cnn"):
+        _resume(saved, model="cifar_cnn")
+    manifest_path = saved / "ckpt-000000044" / "manifest.json"
+    manifest = json.loads(manifest_path.read_text())
+    manifest["model"] = "MLP"  # same name, other shapes: caught at load
+    manifest_path.write_text(json.dumps(manifest))
+    trainer, splits = _trainer()
+    trainer.module.fc = torch.nn.Linear(3, 3)  # another architecture under the same name
+    with pytest.raises(ConfigError, match="holds another model"):
+        _fit(trainer, splits, Checkpoint(saved, resume=True, model_name="MLP"), epochs=1)
+
+
+def test_refusals_leave_every_checkpoint_in_place(saved):
+    before = sorted(p.name for p in saved.iterdir())
+    with pytest.raises(ConfigError):
+        _resume(saved, model="cifar_cnn")
+    assert sorted(p.name for p in saved.iterdir()) == before
+
+
+CRASH_MID_WRITE = """
+import os, sys, torch
+import paratrain.train.checkpoint as ckpt
+def dying_fsync(fd):
+    os.ftruncate(fd, os.fstat(fd).st_size // 2)
+    os._exit(9)  # the machine goes down half-way through writing a part
+os.fsync = dying_fsync
+ckpt.CheckpointStore(sys.argv[1]).write_part(60, "rank-0", {"x": torch.zeros(1000)})
+"""
+
+
+def test_a_crash_while_writing_leaves_the_previous_checkpoint_loadable(saved):
+    crashed = subprocess.run([sys.executable, "-c", CRASH_MID_WRITE, str(saved)], capture_output=True)
+    assert crashed.returncode == 9
+    assert [p.name for p in (saved / "ckpt-000000060").iterdir()][0].startswith(".rank-0.pt.")  # only a temporary
+    assert CheckpointStore(saved).latest().name == "ckpt-000000044"
+    assert load_checkpoint(saved)["trainer"]["global_step"] == 44
+    _resume(saved)  # goes on from 44, and its saves clear the debris
+    assert not (saved / "ckpt-000000060").exists()
+
+
+def test_a_full_disk_while_saving_is_one_line_exit_2_and_keeps_the_checkpoints(saved, tmp_path):
+    import resource
+    import signal
+
+    before = {p.name: p.stat().st_mtime for p in saved.iterdir()}
+
+    def small_disk():  # writes past 100 kB fail with EFBIG, as on a full disk
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))
+
+    result = subprocess.run(
+        [sys.executable, "-m", "paratrain", "train", "--epochs", "2", "--checkpoint-dir", str(saved),
+         "--checkpoint-every", "50", "--resume", "--no-progress"],
+        capture_output=True, text=True, preexec_fn=small_disk, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert result.returncode == 2, result.stderr
+    last = result.stderr.strip().splitlines()[-1]
+    assert "cannot write (File too large); the earlier checkpoints are kept" in last
+    assert {p.name: p.stat().st_mtime for p in saved.iterdir() if p.name in before} == before
+    assert CheckpointStore(saved).latest().name == "ckpt-000000044"
