@@ -90,8 +90,18 @@ def _attempt(
         processes.append(process)
     lost: dict[int, tuple[int, float, str]] = {}
     try:
+        # Until the processes the run needs are done; an expendable one that is stuck (the
+        # run counted it lost) gets a grace period, then is stopped.
+        grace_until = None
         while any(p.exitcode is None for p in processes):
             time.sleep(0.1)
+            if grace_until is None and all(p.exitcode is not None for r, p in enumerate(processes) if r not in expendable):
+                grace_until = time.monotonic() + 10.0
+            if grace_until is not None and time.monotonic() > grace_until:
+                for rank, process in enumerate(processes):
+                    if process.exitcode is None:
+                        print(f"paratrain: {names[rank]} did not finish with the run; stopped", file=sys.stderr, flush=True)
+                break
             failed = {
                 rank: (p.exitcode, _failed_at(folder, rank, p.exitcode), _message(folder, rank, p.exitcode))
                 for rank, p in enumerate(processes) if p.exitcode not in (None, 0) and rank not in lost

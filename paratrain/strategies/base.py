@@ -17,6 +17,7 @@ table, never a branch in the loop.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -29,7 +30,7 @@ import torch.distributed as dist
 
 from paratrain.comm.transport import destroy_process_group, ensure_process_group
 from paratrain.data.sharding import ShardedBatches
-from paratrain.errors import ConfigError
+from paratrain.errors import ConfigError, DivergedError, WorkerLost
 from paratrain.timeline import span
 
 if TYPE_CHECKING:
@@ -59,6 +60,8 @@ class StepOutput:
     """Mean loss over this replica's batch (a 0-d tensor on the device)."""
     logits: torch.Tensor
     """Model outputs for this replica's batch."""
+    skipped: bool = False
+    """The update was skipped: a NaN or Inf loss or gradient, with ``on_nan = "skip"``."""
 
 
 def resolve_device(preference: str, local_rank: int = 0) -> torch.device:
@@ -88,6 +91,10 @@ class Strategy:
         self._ready = False
         self._owns_group = False
         self._steps = 0
+        self.on_nan = "stop"
+        """``"stop"``: a NaN or Inf loss ends the run (DivergedError, exit 3); ``"skip"``: an
+        update whose gradient holds one is skipped and counted (``skipped_updates``)."""
+        self.skipped_updates = 0
         self.wait_seconds = 0.0
         """Seconds this process spent blocked on other processes (parameter-server pulls)."""
 
@@ -112,6 +119,7 @@ class Strategy:
                 raise ConfigError(f"{flag} applies to the ps-* strategies, not to --strategy {config.strategy}")
         cls.check_pipeline_options(config)
         cls.check_faults(config)
+        cls.check_on_nan(config)
 
     @classmethod
     def check_pipeline_options(cls, config: "TrainConfig") -> None:
@@ -119,6 +127,14 @@ class Strategy:
             if getattr(config, name) != neutral:
                 flag = "--" + name.replace("_", "-")
                 raise ConfigError(f"{flag} applies to --strategy pipeline, not to --strategy {config.strategy}")
+
+    #: Whether the mode can skip an update with a NaN or Inf gradient (--on-nan skip).
+    skips_nonfinite: ClassVar[bool] = True
+
+    @classmethod
+    def check_on_nan(cls, config: "TrainConfig") -> None:
+        if config.on_nan == "skip" and not cls.skips_nonfinite:
+            raise ConfigError(f"--on-nan skip is not available with --strategy {config.strategy}; use --on-nan stop")
 
     @classmethod
     def check_faults(cls, config: "TrainConfig") -> None:
@@ -256,10 +272,39 @@ class Strategy:
             loss = loss_fn(logits, targets)
         with span("backward"):  # under DDP: including the wait for the last bucket's all-reduce
             loss.backward()
+        if self.on_nan == "skip" and not finite_gradients(optimizer):
+            # Gradients are already averaged: every replica sees the same and skips alike.
+            self.skipped_updates += 1
+            if not finite_parameters(model):  # nothing left to skip back to
+                raise DivergedError(loss.item(), self._steps + self.skipped_updates)
+            return StepOutput(loss.detach(), logits.detach(), skipped=True)
         with span("optimizer"):
             optimizer.step()
         self._steps += 1
         return StepOutput(loss.detach(), logits.detach())
+
+    def diagnose(self, error: RuntimeError, step: int) -> Exception | None:
+        """A clearer error for ``error``, raised by a collective at ``step``: on a timeout,
+        which ranks did not answer (each rank still alive says so in the store; the silent
+        ones are named). None to let ``error`` stand."""
+        text = str(error)
+        if not dist.is_initialized() or not ("imed out" in text or "timeout" in text.lower()):
+            return None
+        store = dist.distributed_c10d._get_default_store()
+        me, world = dist.get_rank(), dist.get_world_size()
+        store.set(f"paratrain/answer/{step}/{me}", "1")
+        deadline = time.monotonic() + min(self.timeout, 5.0)
+        silent = [r for r in range(world) if r != me]
+        while silent and time.monotonic() < deadline:
+            silent = [r for r in silent if not store.check([f"paratrain/answer/{step}/{r}"])]
+            time.sleep(0.05)
+        if not silent:
+            return None
+        names = ", ".join(self.describe_rank(r) for r in silent)
+        return WorkerLost(f"{names} did not answer within --timeout {self.timeout:g} s at step {step}")
+
+    def describe_rank(self, global_rank: int) -> str:
+        return f"worker {global_rank}"
 
     def forward(self, model: nn.Module, inputs: torch.Tensor) -> torch.Tensor | None:
         """Evaluation's forward pass on ``model`` (unwrapped): the logits, or None on a process
@@ -328,7 +373,7 @@ class Strategy:
         }
 
     def state_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "steps": self._steps}
+        return {"name": self.name, "steps": self._steps, "skipped_updates": self.skipped_updates}
 
     # ----- checkpoints (train/checkpoint.py) ------------------------------------------------
     def _global_rank(self) -> int:
@@ -363,6 +408,19 @@ class Strategy:
         if state.get("name") != self.name:
             raise ConfigError(f"checkpoint was written by strategy {state.get('name')!r}, this run uses {self.name!r}")
         self._steps = int(state["steps"])
+        self.skipped_updates = int(state.get("skipped_updates", 0))
+
+
+def finite_parameters(model: nn.Module) -> bool:
+    return bool(torch.isfinite(torch.stack(torch._foreach_norm([p.detach() for p in model.parameters()])).sum()))
+
+
+def finite_gradients(optimizer: torch.optim.Optimizer) -> bool:
+    """Whether every gradient the optimizer would apply is finite (one host sync)."""
+    grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
+    if not grads:
+        return True
+    return bool(torch.isfinite(torch.stack(torch._foreach_norm(grads)).sum()))
 
 
 def staleness_summary(histogram: dict[int, int]) -> dict[str, Any]:

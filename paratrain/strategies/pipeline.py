@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
 
 class PipelineStrategy(Strategy):
+    skips_nonfinite = False  # each stage sees only its own gradients
     name = "pipeline"
 
     def __init__(
@@ -74,6 +75,7 @@ class PipelineStrategy(Strategy):
     def check_config(cls, config: "TrainConfig") -> None:
         cls.check_ps_options(config)
         cls.check_faults(config)
+        cls.check_on_nan(config)
         stages, workers = config.stages, config.workers
         if stages < 2:
             raise ConfigError(f"--strategy pipeline needs --stages S >= 2, got {stages}")
@@ -349,6 +351,10 @@ class PipelineStrategy(Strategy):
             "dropped_gradients": 0,
             "staleness": staleness_summary({0: total_steps}),
         }
+
+    def describe_rank(self, global_rank: int) -> str:
+        replica, stage = divmod(global_rank, self.num_stages)
+        return f"stage {stage} of replica {replica}"
 
     def model_part(self) -> str | None:
         """Every stage holds its own layers: each process's part carries its model."""

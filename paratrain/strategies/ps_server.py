@@ -29,7 +29,7 @@ from torch import nn
 
 from paratrain.comm.codecs import make_codec
 from paratrain.comm.packing import PackedGradient
-from paratrain.errors import WorkerLost
+from paratrain.errors import ConfigError, WorkerLost
 from paratrain.strategies.ps_layout import (
     DONE, EPOCH, HEADER_BYTES, KIND, LR_SCALE, NO_MORE_BATCHES, NOT_ASSIGNED, NUM_BATCHES, PULL, PUSH, SAMPLES,
     SHUTDOWN, TAG_MESSAGE, TAG_REPLY, TAG_REPLY_HEADER, VERSION_HI, VERSION_LO, WANTED_HI, WANTED_LO, WANTS_BATCH,
@@ -81,6 +81,10 @@ class ShardServer:
         self._held: list[Gradient] = []
         self._waiting: list[tuple[int, int, tuple[int, int] | None]] = []  # (worker, wanted, (epoch, batches))
         self._next_batch: dict[int, int] = {}  # shard 0 hands out each epoch's batches in turn
+        self._num_batches: dict[int, int] = {}
+        self.checkpoint_every = 0
+        self.save_checkpoint: Any = None  # (version, state) -> None, every checkpoint_every versions
+        self._saved_version = -1
         self._clocks = dict.fromkeys(range(num_workers), 0)
         self._last_message = dict.fromkeys(range(num_workers), 0.0)
         self.done: set[int] = set()
@@ -117,6 +121,8 @@ class ShardServer:
     # ----- serving ------------------------------------------------------------------------
     def serve(self) -> dict[str, Any]:
         """Serve until every worker is done or lost; returns this shard's statistics."""
+        now = time.monotonic()
+        self._last_message = dict.fromkeys(range(self.num_workers), now)
         receiver = threading.Thread(target=self._receive_loop, name="ps-receiver", daemon=True)
         monitor = threading.Thread(target=self._monitor_loop, name="ps-monitor", daemon=True)
         receiver.start()
@@ -128,6 +134,8 @@ class ShardServer:
             raise WorkerLost(self.fatal)
         with self.lock:
             self._flush_replies()
+            if self.save_checkpoint is not None and self.version != self._saved_version:
+                self._save()  # the end of training
             stats = self.statistics()
         self.store.set(f"stats/{self.shard}", json.dumps(stats))
         # Keep answering pulls (the chief's final one) until the chief says the run is over.
@@ -224,6 +232,14 @@ class ShardServer:
             group["lr"] = base * lr_scale
         self.optimizer.step()
         self.version += 1
+        if self.save_checkpoint is not None and self.version % self.checkpoint_every == 0:
+            self._save()
+
+    def _save(self) -> None:
+        # Before this version's pulls are answered: the batches handed out are exactly
+        # those of the gradients applied (in synchronous rounds).
+        self.save_checkpoint(self.version, self.state_dict())
+        self._saved_version = self.version
 
     def _assign(self, batch: tuple[int, int] | None) -> int:
         """The next batch of the epoch for whoever asks first (dynamic sharding: a fast
@@ -231,6 +247,7 @@ class ShardServer:
         if batch is None or self.shard != 0:
             return NOT_ASSIGNED
         epoch, num_batches = batch
+        self._num_batches[epoch] = num_batches
         index = self._next_batch.get(epoch, 0)
         if index >= num_batches:
             return NO_MORE_BATCHES
@@ -274,10 +291,17 @@ class ShardServer:
                 if worker not in seen or seen[worker][0] != beats:
                     seen[worker] = (beats, now)
                 silent = now - max(seen[worker][1], self._last_message[worker])
-                if silent > self.heartbeat_timeout:
+                # A process may beat (its heartbeat thread) and yet be stuck: no message for
+                # half of --timeout counts as lost too. Half: the shard must name the stuck
+                # worker before the others' waits (--timeout) blame the shard.
+                quiet = now - self._last_message[worker]
+                why = (f"no heartbeat for {self.heartbeat_timeout:g} s" if silent > self.heartbeat_timeout
+                       else f"no message for {self.wait_timeout / 2:g} s, half of --timeout"
+                       if quiet > self.wait_timeout / 2 else None)
+                if why:
                     with self.lock:
                         if worker in self.active_workers():
-                            self._lose(worker, f"no heartbeat for {self.heartbeat_timeout:g} s")
+                            self._lose(worker, why)
                             self._progress()
 
     def _lose(self, worker: int, why: str) -> None:
@@ -288,6 +312,40 @@ class ShardServer:
                 f"{self.version}; {self.rule_name} needs every worker"
             )
             self.finished.set()
+
+    # ----- checkpoints --------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "params": self.params.clone(),
+            "optimizer": self.optimizer.state_dict(),
+            "version": self.version,
+            "next_batch": dict(self._next_batch),
+            "num_batches": dict(self._num_batches),
+            "staleness": dict(self.staleness),
+            "dropped": self.dropped,
+            "dropped_samples": self.dropped_samples,
+            "samples": self.samples,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state["params"].shape != self.params.shape:
+            raise ConfigError(
+                f"checkpoint shard {self.shard} holds {state['params'].numel()} parameters, this shard {self.params.numel()}"
+            )
+        self.params.copy_(state["params"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.version = self._saved_version = int(state["version"])
+        self._next_batch = {int(k): int(v) for k, v in state["next_batch"].items()}
+        self._num_batches = {int(k): int(v) for k, v in state["num_batches"].items()}
+        self.staleness = Counter({int(k): int(v) for k, v in state["staleness"].items()})
+        self.dropped, self.dropped_samples, self.samples = state["dropped"], state["dropped_samples"], state["samples"]
+
+    def position(self) -> dict[str, int]:
+        """Where a resumed run goes on: the version, and the first epoch with batches left."""
+        epoch = max(self._next_batch, default=0)
+        if epoch in self._next_batch and self._next_batch[epoch] >= self._num_batches.get(epoch, 0):
+            epoch += 1
+        return {"version": self.version, "epoch": epoch}
 
     @property
     def rule_name(self) -> str:

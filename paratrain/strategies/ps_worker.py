@@ -31,7 +31,7 @@ from paratrain.comm.codecs import CodecOptions, make_codec
 from paratrain.comm.packing import PackedGradient
 from paratrain.comm.transport import cluster_from_env
 from paratrain.data.sharding import ShardedBatches
-from paratrain.errors import ConfigError
+from paratrain.errors import ConfigError, WorkerLost
 from paratrain.strategies.base import LossFn, StepOutput, Strategy, resolve_device, staleness_summary
 from paratrain.strategies.ps_layout import (
     DONE, EPOCH, HEADER_BYTES, KIND, LR_SCALE, NUM_BATCHES, PULL, PUSH, REPLY_HEADER_SIZE, SAMPLES, SHUTDOWN,
@@ -48,6 +48,7 @@ if TYPE_CHECKING:
 
 
 class ParameterServerStrategy(Strategy):
+    skips_nonfinite = False  # the shards apply the gradients; a NaN loss stops the run
     """Parameter-server training; ``mode`` is ``"sync"``, ``"backup"`` or ``"async"``."""
 
     MODES = ("sync", "backup", "async")
@@ -100,6 +101,8 @@ class ParameterServerStrategy(Strategy):
         self._pushed_on: int | None = None
         self._last_staleness = 0
         self._samples_per_push = 0
+        self._checkpoint: Any = None
+        self._restore: dict[str, Any] | None = None
 
     # ----- configuration ---------------------------------------------------------------
     @classmethod
@@ -122,6 +125,7 @@ class ParameterServerStrategy(Strategy):
             raise ConfigError(f"--early-stopping is not available with --strategy {config.strategy}")
         cls.check_pipeline_options(config)
         cls.check_faults(config)
+        cls.check_on_nan(config)
         fail = config.fail_at
         if fail and fail[0] == 0 and (mode == "async" or mode == "backup"):
             raise ConfigError("--fail names worker 0, the chief (it evaluates and writes the metrics); name another worker")
@@ -307,9 +311,43 @@ class ParameterServerStrategy(Strategy):
             tags=self._tags,
             pull_dtype=self.PULL_DTYPES[self.pull_compression],
         )
+        if self._restore is not None:
+            server.load_state_dict(self._restore)
+            if self.rank == 0:  # where the workers go on: shard 0 hands out the batches
+                self._store.set("resume", json.dumps(server.position()))
+        if self._checkpoint is not None:
+            checkpoint, shard = self._checkpoint, self.rank
+            server.checkpoint_every = checkpoint.every_steps
+            server.save_checkpoint = lambda version, state: checkpoint.save_part(version, f"shard-{shard}", state, shard == 0)
         stats = server.serve()
+        if self._checkpoint is not None:
+            self._checkpoint.finish_saving()
         self._finished = True
         return stats
+
+    # ----- checkpoints: the shards hold the state -----------------------------------------------
+    def checkpoint_parts(self) -> list[str]:
+        return [f"shard-{k}" for k in range(self.num_shards)]
+
+    def checkpoint_part(self) -> str | None:
+        """Shards save their slice, optimizer, version and the data position at every
+        --checkpoint-every versions; workers hold nothing the shards do not."""
+        return f"shard-{self.rank}" if self.role == "ps" else None
+
+    def model_part(self) -> str | None:
+        return None
+
+    def attach_checkpoint(self, checkpoint: Any, state: dict[str, Any] | None) -> None:
+        self._checkpoint, self._restore = checkpoint, state
+
+    def resume_trainer(self, trainer: Any) -> None:
+        """A worker goes on at the epoch and step shard 0 restored (its parameters came with
+        its first pull); the shards' state is the run's, so the epochs' logs start anew."""
+        self._store.wait(["resume"], timedelta(seconds=self.timeout))
+        position = json.loads(self._store.get("resume"))
+        per_worker = self.num_replicas if self.mode == "async" else 1
+        trainer.global_step = position["version"] // per_worker
+        trainer.epoch = position["epoch"]
 
     def _fresh_codec(self) -> Any:
         return make_codec(self.compression, self.codec_options)
@@ -434,14 +472,17 @@ class ParameterServerStrategy(Strategy):
             self._epoch_asking = None
 
     def _wait(self, works: list[Any], what: str) -> None:
-        try:
-            for work in works:
+        """Wait for one operation per shard, or two (a reply's header and parameters)."""
+        per_shard = max(len(works) // max(self.num_shards, 1), 1)
+        for index, work in enumerate(works):
+            try:
                 work.wait()
-        except RuntimeError as error:
-            raise RuntimeError(
-                f"worker {self.rank}: {what} failed, a parameter-server shard stopped answering: "
-                f"{str(error).splitlines()[0]}"
-            ) from None
+            except RuntimeError as error:
+                # Every wait ends within --timeout (the process group's); say whom it waited for.
+                raise WorkerLost(
+                    f"worker {self.rank}: {what} failed, ps shard {index // per_shard} stopped answering "
+                    f"(within --timeout {self.timeout:g} s): {str(error).splitlines()[0]}"
+                ) from None
 
     # ----- end of training -------------------------------------------------------------------
     def finish(self, model: nn.Module) -> None:

@@ -322,6 +322,7 @@ class Checkpoint(Callback):
         if part is None or step == self._last_saved:
             return
         trainer = self.trainer
+        trainer.check_finite()  # never save a model that has diverged
         state: dict[str, Any] = {"trainer": trainer.state_dict(), "strategy": self.strategy.state_dict()}
         if self.strategy.model_part() == part:
             state["model"] = trainer.module.state_dict()
@@ -344,6 +345,12 @@ class Checkpoint(Callback):
                 target=self._commit_quietly, args=(step, signature), name="checkpoint-commit", daemon=True
             )
             self._committing.start()
+
+    def finish_saving(self, timeout: float = 60.0) -> None:
+        """Wait for a background commit (a serving process, before it exits)."""
+        if self._committing is not None:
+            self._committing.join(timeout)
+            self._committing = None
 
     def _commit_quietly(self, step: int, signature: dict[str, Any]) -> None:
         try:

@@ -31,6 +31,7 @@ from paratrain.train.trainer import Trainer
 def run(config: TrainConfig) -> dict[str, Any]:
     started = time.perf_counter()
     strategy = STRATEGIES.get(config.strategy).from_config(config)
+    strategy.on_nan = config.on_nan
     strategy.setup()
     # Global rank and process count, for the timeline's tracks (before the model is
     # wrapped: DDP's comm hook for the timeline is registered in prepare).
@@ -131,7 +132,7 @@ def _run(config: TrainConfig, strategy: Any, started: float) -> dict[str, Any]:
             "config": config.to_dict(),
             "resumed_from_step": checkpoint.restored_step if checkpoint else None,
             "restarts": restart_count(),
-            "skipped_updates": stats.get("skipped_updates", 0),
+            "skipped_updates": strategy.skipped_updates,  # every replica skips alike
         },
     )
     if config.metrics_out:

@@ -20,7 +20,7 @@ from torch import nn
 
 from paratrain.errors import ConfigError
 from paratrain.strategies.base import Strategy, get_strategy
-from paratrain.train.callbacks import Callback, CallbackList, EpochLog, ProgressBar, StepLog
+from paratrain.train.callbacks import Callback, CallbackList, EpochLog, ProgressBar, StepLog, console
 from paratrain.train.metrics import StepWindow
 from paratrain.timeline import span
 
@@ -167,11 +167,17 @@ class Trainer:
             waited = batches.wait_seconds
             for self.batch, (inputs, targets) in enumerate(batches, start=self.batch + 1):
                 hooks.on_batch_begin(self.global_step, {})
-                out = strategy.train_step(self.model, self.loss_fn, self.optimizer, inputs, targets)
-                window.add(out.loss, len(targets))
+                try:
+                    out = strategy.train_step(self.model, self.loss_fn, self.optimizer, inputs, targets)
+                except RuntimeError as error:
+                    raise strategy.diagnose(error, self.global_step + 1) or error
+                if out.skipped:
+                    self._report_skip(self.global_step + 1, out.loss)
+                else:
+                    window.add(out.loss, len(targets))
                 self.global_step += 1
                 logs: dict[str, Any] = {"batch": self.batch, "global_batch": global_batch, "local_loss": out.loss}
-                if log_every and self.global_step % log_every == 0:
+                if log_every and self.global_step % log_every == 0 and len(window):
                     logs["loss"] = self._reduce_window()
                 hooks.on_batch_end(self.global_step, logs)
                 if self.stop_training:  # a callback ends training mid-epoch (e.g. at a step count)
@@ -205,10 +211,26 @@ class Trainer:
         hooks.on_train_end({"history": history})
         return history
 
+    def _report_skip(self, step: int, loss: torch.Tensor) -> None:
+        if self.strategy.is_chief:
+            console.print(
+                f"step {step}: loss = {loss.item()}, a NaN or Inf gradient: update skipped "
+                f"({self.strategy.skipped_updates} so far)"
+            )
+
+    def check_finite(self) -> None:
+        """Reduce the losses not yet reduced: DivergedError if one is NaN or Inf (before a
+        checkpoint is written, so that a diverged model is never saved)."""
+        if len(self._window):
+            self._reduce_window()
+
     def _reduce_window(self) -> float:
         """Reduce the steps' losses since the last reduction across replicas (raising
         DivergedError at a NaN or Inf); adds them to the epoch's sums, returns their mean."""
-        reduced = self._window.reduce(self.strategy)
+        try:
+            reduced = self._window.reduce(self.strategy)
+        except RuntimeError as error:
+            raise self.strategy.diagnose(error, self.global_step) or error
         self._epoch_sums[0] += reduced["loss"] * reduced["examples"]
         self._epoch_sums[1] += reduced["examples"]
         return reduced["loss"]
