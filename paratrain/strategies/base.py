@@ -376,7 +376,7 @@ class Strategy:
         return {"name": self.name, "steps": self._steps, "skipped_updates": self.skipped_updates}
 
     # ----- checkpoints (train/checkpoint.py) ------------------------------------------------
-    def _global_rank(self) -> int:
+    def _process_rank(self) -> int:
         return dist.get_rank() if dist.is_initialized() else 0
 
     def checkpoint_parts(self) -> list[str]:
@@ -387,7 +387,7 @@ class Strategy:
     def checkpoint_part(self) -> str | None:
         """The part this process writes at each checkpoint step (its position, random
         generators, strategy state); None where it writes none at steps."""
-        return f"rank-{self._global_rank()}"
+        return f"rank-{self._process_rank()}"
 
     def model_part(self) -> str | None:
         """The part holding this process's model and optimizer: replicas are identical, so

@@ -190,3 +190,40 @@ def test_a_full_disk_while_saving_is_one_line_exit_2_and_keeps_the_checkpoints(s
     assert "cannot write (File too large); the earlier checkpoints are kept" in last
     assert {p.name: p.stat().st_mtime for p in saved.iterdir() if p.name in before} == before
     assert CheckpointStore(saved).latest().name == "ckpt-000000044"
+
+
+def _nan_at(call):
+    """Cross-entropy whose ``call``-th evaluation is NaN (one bad batch)."""
+    calls = {"n": 0}
+
+    def loss(logits, targets):
+        calls["n"] += 1
+        value = torch.nn.functional.cross_entropy(logits, targets)
+        return value * float("nan") if calls["n"] == call else value
+
+    return loss
+
+
+def test_on_nan_skip_skips_that_update_and_counts_it():
+    torch.manual_seed(0)
+    splits = load_digits()
+    net = build_model("mlp", splits.spec)
+    strategy = paratrain.SingleDeviceStrategy(device="cpu")
+    strategy.on_nan = "skip"
+    trainer = paratrain.Trainer(net, _nan_at(5), torch.optim.SGD(net.parameters(), lr=0.05), strategy=strategy)
+    history = trainer.fit(splits.train, epochs=1, verbose=0, log_every=2)
+    assert strategy.skipped_updates == 1 and trainer.global_step == 44
+    assert all(torch.isfinite(p).all() for p in net.parameters())
+    assert 0 < history.history["train_loss"][0] < float("inf")  # the NaN step is left out of the epoch loss
+
+
+def test_a_nan_loss_stops_the_run_and_the_last_good_checkpoint_stays(tmp_path):
+    torch.manual_seed(0)
+    splits = load_digits()
+    net = build_model("mlp", splits.spec)
+    strategy = paratrain.SingleDeviceStrategy(device="cpu")
+    trainer = paratrain.Trainer(net, _nan_at(25), torch.optim.SGD(net.parameters(), lr=0.05), strategy=strategy)
+    with pytest.raises(paratrain.DivergedError, match="model diverged with loss = nan at step 25"):
+        trainer.fit(splits.train, epochs=1, verbose=0, callbacks=[Checkpoint(tmp_path, every_steps=10)])
+    # The save at step 30 found the NaN first: 10 and 20 stay, nothing diverged was written.
+    assert [step for step, _ in CheckpointStore(tmp_path).complete()] == [20, 10]
