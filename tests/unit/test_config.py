@@ -28,6 +28,15 @@ def test_alias_resolves_to_canonical_name():
         ({"workers": 2}, ["--strategy single", "--workers 2", "allreduce"]),
         ({"epochs": "3"}, ["--epochs must be int"]),
         ({"metrics_out": "/no/such/dir/m.json"}, ["--metrics-out", "does not exist"]),
+        ({"resume": True}, ["--resume needs --checkpoint-dir"]),
+        ({"max_restarts": 2}, ["--max-restarts needs --checkpoint-dir"]),
+        ({"max_restarts": -1}, ["--max-restarts", ">= 0"]),
+        ({"checkpoint_dir": "d", "checkpoint_every": 0}, ["--checkpoint-every", ">= 1"]),
+        ({"checkpoint_dir": "d", "keep": 0}, ["--keep", ">= 1"]),
+        ({"on_nan": "ignore"}, ["--on-nan", "stop, skip"]),
+        ({"on_nan": "skip", "strategy": "ps-sync", "workers": 2}, ["--on-nan skip is not available", "ps-sync"]),
+        ({"hang": "1@x"}, ["--hang", "WORKER@STEP"]),
+        ({"hang": "3@5", "strategy": "allreduce", "workers": 2}, ["--hang names worker 3", "0..1"]),
     ],
 )
 def test_bad_values_name_the_flag_and_what_is_valid(changes, words):
