@@ -1,14 +1,14 @@
-"""Local launch for runs that survive the loss of processes: some of them (ps-async,
-ps-backup), or any of them by starting over from the last checkpoint (--max-restarts).
+"""The local launcher: starts a run's processes with torchrun's environment, watches
+them, and decides what a failure means.
 
-PyTorch's elastic agent treats any failed process as the failure of the whole group,
-which is right for synchronous modes and wrong for asynchronous ones: there a lost
-worker is a normal event that the parameter server absorbs. This supervisor starts the
-same processes with torchrun's environment, watches them, reports a lost expendable
-process in one line and lets the others finish; any other failure stops every process
-at once, as the agent would, and then, while restarts are left, starts the group again
-(``TORCHELASTIC_RESTART_COUNT`` tells the processes to resume from their checkpoint)
-with one line saying who died, at which step, and how many steps are redone.
+- A process the run needs fails: every process is stopped at once (never a hang) and
+  the failure is raised, naming the process and its exit code or signal; a process
+  killed without a word (SIGKILL) is taken as the cause of its peers' failures.
+- An expendable process is lost (a worker in ps-async or ps-backup): one line says so and
+  the others finish; one that is stuck is stopped once the run is done.
+- With restarts left (``--max-restarts``): the whole group is started again
+  (``TORCHELASTIC_RESTART_COUNT`` tells its processes to resume from their checkpoint),
+  with one line saying who died, after which step, and how many steps are redone.
 
 Each process records the step it finished last in a shared file (``PARATRAIN_PROGRESS``,
 8 bytes a rank: ``train/faults.StepBeacon``), which is how the supervisor knows the
@@ -21,6 +21,7 @@ import json
 import multiprocessing
 import os
 import pickle
+import signal
 import sys
 import tempfile
 import time
@@ -143,8 +144,8 @@ def _failed_at(folder: Path, rank: int, code: int) -> float:
     path = folder / f"error-{rank}.json"
     if path.exists():
         return float(json.loads(path.read_text())["message"]["extraInfo"].get("paratrain_time", time.time()))
-    # Killed without a word: the cause of its peers' failures, not one of them.
-    return 0.0 if code < 0 else time.time()
+    # Killed without a word (kill -9, the OOM killer): the cause of its peers' failures.
+    return 0.0 if code == -signal.SIGKILL else time.time()
 
 
 def _message(folder: Path, rank: int, code: int) -> str:

@@ -90,7 +90,7 @@ def test_three_workers_reach_95_percent(cli, tmp_path, args):
 def test_backup_workers_drop_the_straggler(cli, tmp_path):
     metrics, _ = _metrics(
         cli, tmp_path, "--strategy", "ps-backup", "--workers", "2", "--backup-workers", "1",
-        "--straggler", "2:4", *FAST,
+        "--straggler", "2:10", *FAST,
     )
     applied = sum(metrics["staleness"]["histogram"].values())
     assert applied + metrics["dropped_gradients"] == 2 * (1433 // 32)
