@@ -18,6 +18,7 @@ import os
 import socket
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -122,9 +123,16 @@ def ensure_process_group(backend: str, timeout: float) -> ClusterEnv:
     init = "env://" if cluster.source == "torchrun" else (
         f"tcp://{_url_host(cluster.master_addr)}:{cluster.master_port}"
     )
+    options: dict[str, Any] = {"init_method": init}
+    if cluster.source == "torchrun" and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        # The agent's store outlives a restart (torchrun --max-restarts): each attempt
+        # needs keys of its own, or Gloo would dial the addresses of the dead attempt.
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        agent = dist.TCPStore(cluster.master_addr, cluster.master_port, cluster.world_size, False, timeout=wait)
+        options = {"store": dist.PrefixStore(f"paratrain/attempt-{attempt}/", agent)}
     try:
         dist.init_process_group(
-            backend, init_method=init, rank=cluster.rank, world_size=cluster.world_size, timeout=wait
+            backend, rank=cluster.rank, world_size=cluster.world_size, timeout=wait, **options
         )
     except (RuntimeError, ValueError) as error:
         raise RuntimeError(

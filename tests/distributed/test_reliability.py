@@ -1,8 +1,11 @@
 """Fault injection on Gloo processes: kill -9 at a random step, hangs, restarts, exact resume."""
 
 import json
+import os
 import random
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -93,3 +96,20 @@ def test_resume_under_pipeline_restores_every_stage(cli, tmp_path):
     assert resumed["resumed_from_step"] == 44 and resumed["global_steps"] == 88
     # The second epoch went on from the first: better than the first epoch alone.
     assert resumed["test_loss"] < first["test_loss"]
+
+
+def test_torchrun_restarts_resume_from_the_checkpoint(tmp_path):
+    from paratrain.comm.transport import free_port
+
+    out = tmp_path / "m.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--max-restarts", "1",
+         "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
+         "-m", "paratrain", "train", "--strategy", "allreduce", "--epochs", "2", "--no-progress", "--log-every", "0",
+         "--checkpoint-dir", str(tmp_path / "c"), "--checkpoint-every", "10", "--fail", "1@25",
+         "--metrics-out", str(out)],
+        capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    metrics = json.loads(out.read_text())
+    assert metrics["restarts"] == 1 and metrics["resumed_from_step"] == 20 and metrics["global_steps"] == 44
