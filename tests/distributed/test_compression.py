@@ -303,7 +303,9 @@ def _train_ps_every_codec(names):
 
 
 def test_every_codec_on_ps_sync_reaches_the_uncompressed_accuracy():
-    runs = [(name, "none") for name in CODECS] + [("fp16", "fp16"), ("bf16", "bf16")]
+    # Each codec once, each pull dtype once: the push path is the same for every codec
+    # (compress on the worker, decode on the shard), so pairing them halves the runs.
+    runs = [("none", "none"), ("fp16", "bf16"), ("bf16", "fp16"), ("int8", "none"), ("topk", "none"), ("powersgd", "none")]
     results = next(r for r in run_distributed(_train_ps_every_codec, runs, world_size=3) if r)
     baseline = results["none/none"]
     assert baseline["test_accuracy"] >= 0.95
@@ -313,4 +315,4 @@ def test_every_codec_on_ps_sync_reaches_the_uncompressed_accuracy():
         if key != "none/none":
             assert result["bytes_sent"] < baseline["bytes_sent"], key
     # 16-bit pulls halve the parameter traffic too
-    assert results["fp16/fp16"]["bytes_sent"] < 0.6 * baseline["bytes_sent"]
+    assert results["fp16/bf16"]["bytes_sent"] < 0.6 * baseline["bytes_sent"]
