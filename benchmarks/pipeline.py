@@ -7,7 +7,9 @@ paratrain's ``pipeline`` strategy on a stack of ``--layers`` Linear+ReLU blocks 
 - step time: the wall time of ``--steps`` calls of ``strategy.train_step`` run back to
   back, as in training, from a common start to a common end (a barrier on each side),
   divided by ``--steps``; two untimed steps before (shape exchange, warm-up). Every stage
-  of a pipeline has the same step time;
+  of a pipeline has the same step time. Of ``--repeats`` such windows, the one in which
+  the stages were least short of a core is reported (the highest lowest compute CPU
+  share across stages, see below), on every stage;
 - where a stage's step goes, timed around the schedule's own calls (PyTorch's
   ``PipelineStage.forward_one_chunk`` and ``backward_one_chunk``, the loss on the last
   stage, and the schedules' ``_wait_batch_p2p``, where they block on a neighbour's
@@ -33,7 +35,7 @@ to the fixed costs of a micro-batch, the regime the theory describes.
 
 Run (from the repository root):
 
-    .venv/bin/python benchmarks/pipeline.py [--stages 2] [--microbatches 1,2,4,8] [--steps 10]
+    .venv/bin/python benchmarks/pipeline.py [--stages 2] [--microbatches 1,2,4,8] [--steps 20] [--repeats 5]
         [--layers 8] [--width 1024] [--batch-size 256]
         [--out benchmarks/results/pipeline.json]
 
@@ -115,8 +117,7 @@ class StageClock:
     neighbours, and the CPU seconds of its compute, by wrapping those calls."""
 
     def __init__(self, schedule):
-        self.seconds = {"forward": 0.0, "backward": 0.0, "wait": 0.0}
-        self.cpu = 0.0
+        self.reset()
         stage = schedule._stage  # PyTorch's PipelineStage of this rank
         stage.forward_one_chunk = self._timed(stage.forward_one_chunk, "forward")
         stage.backward_one_chunk = self._timed(stage.backward_one_chunk, "backward")
@@ -124,6 +125,10 @@ class StageClock:
         # The schedules look this module-level function up at each call.
         self._wait = schedules._wait_batch_p2p
         schedules._wait_batch_p2p = self._timed(self._wait, "wait")
+
+    def reset(self) -> None:
+        self.seconds = {"forward": 0.0, "backward": 0.0, "wait": 0.0}
+        self.cpu = 0.0
 
     def _timed(self, fn, field: str):
         def timed(*args, **kwargs):
@@ -141,7 +146,9 @@ class StageClock:
         schedules._wait_batch_p2p = self._wait
 
 
-def measure(stages: int, counts: list[int], steps: int, layers: int, width: int, batch: int) -> list[dict]:
+def measure(
+    stages: int, counts: list[int], steps: int, repeats: int, layers: int, width: int, batch: int
+) -> list[dict]:
     ensure_process_group("gloo", 300.0)  # owned here, so that each strategy below reuses it
     torch.set_num_threads(1)
     x = torch.randn(batch, width, generator=torch.Generator().manual_seed(1))
@@ -157,22 +164,29 @@ def measure(stages: int, counts: list[int], steps: int, layers: int, width: int,
             module, optimizer = strategy.prepare(model, torch.optim.SGD(model.parameters(), lr=1e-4))
             for _ in range(2):  # untimed: the first step exchanges shapes and makes the schedule
                 strategy.train_step(module, loss_fn, optimizer, x, y)
-            clock, peak = StageClock(strategy._schedule), 0
-            # Steps back to back, as in training: a stage that finishes early waits for the
-            # next step's inputs (or, after the last step, in the barrier: counted as wait).
-            dist.barrier()
-            start = time.perf_counter()
-            for _ in range(steps):
-                counter = SavedActivations(module)
-                with torch.autograd.graph.saved_tensors_hooks(counter.pack, counter.unpack):
-                    strategy.train_step(module, loss_fn, optimizer, x, y)
-                peak = max(peak, counter.peak)
-            done = time.perf_counter()
-            dist.barrier()
-            end = time.perf_counter()
-            sums = {**clock.seconds, "step": end - start, "cpu": clock.cpu}
-            sums["wait"] += end - done
+            clock, peak, windows = StageClock(strategy._schedule), 0, []
+            for _ in range(repeats):
+                # Steps back to back, as in training: a stage that finishes early waits for the
+                # next step's inputs (or, after the last step, in the barrier: counted as wait).
+                clock.reset()
+                dist.barrier()
+                start = time.perf_counter()
+                for _ in range(steps):
+                    counter = SavedActivations(module)
+                    with torch.autograd.graph.saved_tensors_hooks(counter.pack, counter.unpack):
+                        strategy.train_step(module, loss_fn, optimizer, x, y)
+                    peak = max(peak, counter.peak)
+                done = time.perf_counter()
+                dist.barrier()
+                end = time.perf_counter()
+                windows.append({**clock.seconds, "step": end - start, "cpu": clock.cpu})
+                windows[-1]["wait"] += end - done
             clock.detach()
+            # The window in which the stages were least short of a core: the highest lowest
+            # CPU share of compute across stages (the same window on every stage).
+            shares = torch.tensor([w["cpu"] / (w["forward"] + w["backward"]) for w in windows])
+            dist.all_reduce(shares, op=dist.ReduceOp.MIN)
+            sums = windows[int(shares.argmax())]
             per_micro = _microbatch_saved_bytes(module, strategy.stage, x[: batch // m], width)
             ms = {key: 1e3 * value / steps for key, value in sums.items()}
             compute = ms["forward"] + ms["backward"]
@@ -193,7 +207,8 @@ def measure(stages: int, counts: list[int], steps: int, layers: int, width: int,
 def table(rows: list[dict], meta: dict) -> str:
     lines = [
         f"paratrain `pipeline`: {meta['stages']} stages on {meta['stages']} Gloo processes (CPU, 1 thread each), "
-        f"{meta['layers']} Linear({meta['width']}) blocks, batch {meta['batch_size']}, mean of {meta['steps']} steps "
+        f"{meta['layers']} Linear({meta['width']}) blocks, batch {meta['batch_size']}; per step, the mean over "
+        f"{meta['steps']} steps run back to back (of {meta['repeats']} such windows, the one of highest lowest compute CPU share) "
         f"(torch {meta['torch']}, {meta['cpus']} CPU cores, shared machine: load average "
         f"{meta['load_average_1min_start']} at the start of the run, {meta['load_average_1min']} at the end). "
         "Bubble measured = wait / step; other = step - forward - backward - wait.",
@@ -216,7 +231,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--stages", type=int, default=2)
     parser.add_argument("--microbatches", default="1,2,4,8")
-    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--width", type=int, default=1024)
     parser.add_argument("--batch-size", type=int, default=256)
@@ -224,14 +240,14 @@ def main() -> None:
     args = parser.parse_args()
     counts = [int(m) for m in args.microbatches.split(",")]
     load_at_start = round(os.getloadavg()[0], 2)
-    results = launch(measure, args.stages, counts, args.steps, args.layers, args.width, args.batch_size,
+    results = launch(measure, args.stages, counts, args.steps, args.repeats, args.layers, args.width, args.batch_size,
                      num_processes=args.stages)
     rows = sorted((r for rank in results for r in rank), key=lambda r: (r["schedule"], r["microbatches"], r["stage"]))
     rows.sort(key=lambda r: r["schedule"] != "gpipe")
 
     meta = {
         "stages": args.stages, "layers": args.layers, "width": args.width, "batch_size": args.batch_size,
-        "steps": args.steps, "torch": torch.__version__, "cpus": os.cpu_count(), "platform": platform.platform(),
+        "steps": args.steps, "repeats": args.repeats, "torch": torch.__version__, "cpus": os.cpu_count(), "platform": platform.platform(),
         "load_average_1min_start": load_at_start, "load_average_1min": round(os.getloadavg()[0], 2),
         "command": "benchmarks/pipeline.py " + " ".join(sys.argv[1:]),
     }
