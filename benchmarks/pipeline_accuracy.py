@@ -142,6 +142,11 @@ def summary(runs: list[dict], model: str) -> dict:
     }
 
 
+def _points(fraction: float) -> str:
+    value = 100 * fraction
+    return f"{0.0 if abs(value) < 0.005 else value:.2f}"  # no "-0.00" for a difference of 1e-16
+
+
 def table(runs: list[dict], summaries: list[dict], meta: dict) -> str:
     test_size = 364  # digits' test split
     lines = [
@@ -173,7 +178,7 @@ def table(runs: list[dict], summaries: list[dict], meta: dict) -> str:
         "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for s in summaries:
-        cell = lambda d: f"{100 * d['mean']:.2f} ± {100 * d['std']:.2f}"  # noqa: E731
+        cell = lambda d: f"{_points(d['mean'])} ± {100 * d['std']:.2f}"  # noqa: E731
         lines.append(
             f"| {s['model']} | {len(s['seeds'])} | {cell(s['single'])} | {cell(s['single-microbatched'])} "
             f"| {cell(s['pipeline'])} | {cell(s['pipeline_minus_single'])} | {cell(s['microbatched_minus_single'])} "
