@@ -208,7 +208,8 @@ def table(rows: list[dict], meta: dict) -> str:
     lines = [
         f"paratrain `pipeline`: {meta['stages']} stages on {meta['stages']} Gloo processes (CPU, 1 thread each), "
         f"{meta['layers']} Linear({meta['width']}) blocks, batch {meta['batch_size']}; per step, the mean over "
-        f"{meta['steps']} steps run back to back (of {meta['repeats']} such windows, the one of highest lowest compute CPU share) "
+        f"{meta['steps']} steps run back to back (of {meta['repeats']} such windows, the one of highest lowest "
+        "compute CPU share) "
         f"(torch {meta['torch']}, {meta['cpus']} CPU cores, shared machine: load average "
         f"{meta['load_average_1min_start']} at the start of the run, {meta['load_average_1min']} at the end). "
         "Bubble measured = wait / step; other = step - forward - backward - wait.",

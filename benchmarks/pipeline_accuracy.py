@@ -121,6 +121,7 @@ def last3(run: dict) -> float:
 def summary(runs: list[dict], model: str) -> dict:
     by = {mode: {r["seed"]: r for r in runs if r["model"] == model and r["mode"] == mode} for mode in MODES}
     seeds = sorted(by["single"])
+    pipe, single = by["pipeline"], by["single"]
 
     def spread(values: list[float]) -> dict:
         return {"mean": statistics.mean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0}
@@ -129,15 +130,15 @@ def summary(runs: list[dict], model: str) -> dict:
         "model": model,
         "seeds": seeds,
         **{mode: spread([by[mode][s]["test_accuracy"] for s in seeds]) for mode in MODES},
-        "pipeline_minus_single": spread([by["pipeline"][s]["test_accuracy"] - by["single"][s]["test_accuracy"] for s in seeds]),
+        "pipeline_minus_single": spread([pipe[s]["test_accuracy"] - single[s]["test_accuracy"] for s in seeds]),
         # The final epoch's accuracy swings from epoch to epoch; two less noisy views of the same runs:
-        "pipeline_minus_single_last3": spread([last3(by["pipeline"][s]) - last3(by["single"][s]) for s in seeds]),
-        "pipeline_minus_single_loss": spread([by["pipeline"][s]["test_loss"] - by["single"][s]["test_loss"] for s in seeds]),
+        "pipeline_minus_single_last3": spread([last3(pipe[s]) - last3(single[s]) for s in seeds]),
+        "pipeline_minus_single_loss": spread([pipe[s]["test_loss"] - single[s]["test_loss"] for s in seeds]),
         "microbatched_minus_single": spread(
-            [by["single-microbatched"][s]["test_accuracy"] - by["single"][s]["test_accuracy"] for s in seeds]
+            [by["single-microbatched"][s]["test_accuracy"] - single[s]["test_accuracy"] for s in seeds]
         ),
         "pipeline_equals_microbatched": all(
-            by["pipeline"][s]["test_loss"] == by["single-microbatched"][s]["test_loss"] for s in seeds
+            pipe[s]["test_loss"] == by["single-microbatched"][s]["test_loss"] for s in seeds
         ),
     }
 
@@ -158,9 +159,9 @@ def table(runs: list[dict], summaries: list[dict], meta: dict) -> str:
         "| last 3 epochs: single, pipeline | test loss: single, pipeline | pipeline test loss = micro-batched |",
         "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | --- |",
     ]
+    index = {(x["model"], x["seed"], x["mode"]): x for x in runs}
     for r in (r for r in runs if r["mode"] == "single"):
-        same = {m: next(x for x in runs if (x["model"], x["seed"], x["mode"]) == (r["model"], r["seed"], m)) for m in MODES}
-        pipe, micro = same["pipeline"], same["single-microbatched"]
+        pipe, micro = index[r["model"], r["seed"], "pipeline"], index[r["model"], r["seed"], "single-microbatched"]
         lines.append(
             f"| {r['model']} | {r['epochs']}, {r['lr']:g} | {r['seed']} | {r['test_accuracy']:.4f} "
             f"| {micro['test_accuracy']:.4f} | {pipe['test_accuracy']:.4f} "
