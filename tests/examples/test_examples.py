@@ -86,3 +86,24 @@ def test_parameter_server_async():
     assert result.returncode == 0, result.stderr[-3000:]
     for mode in ("ps-sync", "ps-backup", "ps-async"):
         assert re.search(rf"{mode}\s.*\d+\s.*0\.\d{{4}}", result.stdout), result.stdout
+
+
+def test_pipeline_digits():
+    result = run_example("pipeline_digits.py", "--epochs", "2", "--batch-size", "64", "--schedule", "gpipe")
+    assert result.returncode == 0, result.stderr[-3000:]
+    # mlp: Flatten, Linear, ReLU, Linear; split by parameter count
+    assert "stage 0 of replica 0: layers 0-1 (Flatten, Linear)" in result.stdout
+    assert "stage 1 of replica 0: layers 2-3 (ReLU, Linear)" in result.stdout
+    assert "1 pipeline(s) x 2 stages, gpipe, batch 64 in 4 micro-batches of 16" in result.stdout
+    assert "epoch 2/2" in result.stdout
+    accuracy = float(re.search(r"test accuracy (\d\.\d+)", result.stdout).group(1))
+    assert accuracy > 0.7  # 10 classes; 0.77 after one epoch
+
+
+def test_pipeline_digits_bad_batch_in_one_line():
+    result = run_example("pipeline_digits.py", "--batch-size", "30", "--microbatches", "4")
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        "pipeline_digits: error: --batch-size 30 must be a multiple of --microbatches 4 "
+        "(every micro-batch has the same size)"
+    )
