@@ -60,6 +60,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_arguments(simulate)
 
+    bench = commands.add_parser(
+        "bench", help="side-by-side benchmarks: allreduce vs DDP, parameter servers, codecs, pipeline",
+        description="Run benchmark suites on this machine (real multi-process runs) and write one JSON "
+        "and one Markdown table; --quick for a short smoke run.",
+    )
+    from paratrain.bench.cli import add_arguments as add_bench_arguments
+
+    add_bench_arguments(bench)
+
     report = commands.add_parser(
         "report", help="plots and a table from metrics files",
         description="PNG plots (accuracy and loss against time and examples, throughput, staleness, "

@@ -39,7 +39,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     a("--compression", default="none", help="gradient codec: none, fp16, bf16, int8, topk, powersgd (default none)")
     a("--topk-ratio", type=float, default=0.01, help="topk: share of gradient entries sent (default 0.01)")
     a("--powersgd-rank", type=int, default=4, help="powersgd: rank of the low-rank factors (default 4)")
-    a("--straggler", default="none", help="none, lognormal:SIGMA, or fixed:WORKER:FACTOR (default none)")
+    a("--straggler", default="none", help="none, lognormal:SIGMA, fixed:WORKER:FACTOR, or sleep:WORKER:FACTOR (as paratrain train --straggler) (default none)")
+    a("--host-cores", type=float, default=None, help="every process on one host of this many cores, shared (default: a machine per node)")
+    a("--ps-message-us", type=float, default=0.0, help="ps-*: microseconds a shard works on each push (default 0)")
+    a("--ps-update-us", type=float, default=0.0, help="ps-*: microseconds a shard works on each update (default 0)")
     a("--failure-rate", type=float, default=0.0, help="failures per worker per hour (default 0)")
     a("--recovery-s", type=float, default=60.0, help="seconds a failed worker needs before it computes again (default 60)")
     a("--seed", type=int, default=0, help="random seed: stragglers, failures, and with --train the model and data order (default 0)")
@@ -74,9 +77,10 @@ def check_arguments(args: argparse.Namespace) -> tuple[list[str], list[int]]:
     for name in ("steps", "batch_size", "ps_shards", "period", "powersgd_rank", "epochs"):
         if getattr(args, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    for name in ("compute_ms", "model_mb", "bandwidth_gbps", "lr"):
+    for name in ("compute_ms", "model_mb", "bandwidth_gbps", "lr", "host_cores"):
         _positive(name.replace("_", "-"), getattr(args, name))
-    for name in ("latency_us", "failure_rate", "recovery_s", "momentum", "backup_workers", "max_staleness", "seed"):
+    for name in ("latency_us", "failure_rate", "recovery_s", "momentum", "backup_workers", "max_staleness", "seed",
+                 "ps_message_us", "ps_update_us"):
         _positive(name.replace("_", "-"), getattr(args, name), allow_zero=True)
     if args.staleness_bound is not None:
         _positive("staleness-bound", args.staleness_bound, allow_zero=True)
@@ -138,6 +142,7 @@ def build_cluster(args: argparse.Namespace, workers: int, model: Any | None, com
         bandwidth=args.bandwidth_gbps * 1e9 / 8, latency=args.latency_us * 1e-6, ps_shards=args.ps_shards,
         codec=make_codec(args.compression, shapes, args.topk_ratio, args.powersgd_rank),
         straggler=parse_straggler(args.straggler), failure_rate=args.failure_rate, recovery_s=args.recovery_s,
+        ps_message_s=args.ps_message_us * 1e-6, ps_update_s=args.ps_update_us * 1e-6, host_cores=args.host_cores,
     )
 
 

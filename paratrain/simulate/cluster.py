@@ -9,9 +9,12 @@ into step times. Units: seconds and bytes throughout (flags take ms, us, Gb/s, M
 | straggler ``none`` | factor 1 |
 | straggler ``lognormal:SIGMA`` | factor exp(SIGMA z - SIGMA^2/2), z ~ N(0, 1), drawn per worker per step (mean 1) |
 | straggler ``fixed:WORKER:FACTOR`` | that worker is always FACTOR times slower (a slow machine) |
+| straggler ``sleep:WORKER:FACTOR`` | after each step that worker sleeps FACTOR - 1 times the step's duration, as ``paratrain train --straggler WORKER:FACTOR`` does (host.py) |
 | failures ``failure_rate`` | per worker, Poisson with this rate per hour; a step in which a worker fails costs it ``recovery_s`` more |
 | link | every node (worker or ps shard) has one full-duplex link of ``bandwidth`` bytes/s and ``latency`` s per message |
 | codec | gradient bytes divided by the codec's ratio, plus an encode/decode time per step |
+| shard work | a ps shard spends ``ps_message_s`` on every push (decode, accumulate, reply) and ``ps_update_s`` on every update it applies, one message at a time |
+| host cores | ``host_cores`` set: every process runs on one host of that many cores and they share them (host.py) |
 """
 
 from __future__ import annotations
@@ -55,11 +58,13 @@ class LognormalStragglers:
 class FixedStraggler:
     """One worker always ``factor`` times slower (a slow or overloaded machine)."""
 
+    form = "fixed"
+
     def __init__(self, worker: int, factor: float):
         if worker < 0 or not factor >= 1:
-            raise ConfigError(f"--straggler fixed:WORKER:FACTOR needs WORKER >= 0 and FACTOR >= 1, got {worker}:{factor}")
+            raise ConfigError(f"--straggler {self.form}:WORKER:FACTOR needs WORKER >= 0 and FACTOR >= 1, got {worker}:{factor}")
         self.worker, self.factor = worker, factor
-        self.spec = f"fixed:{worker}:{factor:g}"
+        self.spec = f"{self.form}:{worker}:{factor:g}"
 
     def factors(self, rng: np.random.Generator, steps: int, workers: int) -> np.ndarray:
         out = np.ones((steps, workers))
@@ -68,7 +73,31 @@ class FixedStraggler:
         return out
 
 
-STRAGGLER_FORMS = "none, lognormal:SIGMA (e.g. lognormal:0.3) or fixed:WORKER:FACTOR (e.g. fixed:0:3)"
+class SleepStraggler(FixedStraggler):
+    """The straggler ``paratrain train --straggler WORKER:FACTOR`` injects: after each step
+    that worker sleeps (FACTOR - 1) times the step's duration (train/faults.py). Its compute
+    is not slower, and it uses no core while it sleeps; the step's duration includes what
+    the strategy waits for inside a step (the all-reduce). Modelled by host.py only."""
+
+    form = "sleep"
+
+    def factors(self, rng: np.random.Generator, steps: int, workers: int) -> np.ndarray:
+        return np.ones((steps, workers))
+
+    @property
+    def event_driven(self) -> bool:
+        """Whether host.py's engine is needed: processes share a host's cores, or a straggler
+        sleeps between steps (neither fits simulator.py's rounds)."""
+        return self.host_cores is not None or isinstance(self.straggler, SleepStraggler)
+
+    def sleep_factor(self, worker: int) -> float:
+        """Seconds slept after a step, per second of the step."""
+        return self.factor - 1 if worker == self.worker else 0.0
+
+
+STRAGGLER_FORMS = (
+    "none, lognormal:SIGMA (e.g. lognormal:0.3), fixed:WORKER:FACTOR (e.g. fixed:0:3) or sleep:WORKER:FACTOR (e.g. sleep:1:2)"
+)
 
 
 def parse_straggler(text: str | None):
@@ -80,13 +109,15 @@ def parse_straggler(text: str | None):
     try:
         if name == "lognormal":
             sigma = float(rest)
-        elif name == "fixed":
+        elif name in ("fixed", "sleep"):
             worker_index, slowdown = int(worker), float(factor)
         else:
             raise ValueError
     except ValueError:
         raise ConfigError(f"--straggler must be {STRAGGLER_FORMS}; got {text!r}") from None
-    return LognormalStragglers(sigma) if name == "lognormal" else FixedStraggler(worker_index, slowdown)
+    if name == "lognormal":
+        return LognormalStragglers(sigma)
+    return (SleepStraggler if name == "sleep" else FixedStraggler)(worker_index, slowdown)
 
 
 # ----- codecs ---------------------------------------------------------------------------------
@@ -167,6 +198,30 @@ class Cluster:
     """Failures per worker per hour."""
     recovery_s: float = 60.0
     """Seconds a failed worker needs before it computes again."""
+    ps_message_s: float = 0.0
+    """Seconds a ps shard works on one push: decode, accumulate or hold, and its reply."""
+    ps_update_s: float = 0.0
+    """Seconds a ps shard works on one update (the optimizer step on its slice)."""
+    host_cores: float | None = None
+    """None: every node has its own machine. A number: every process (workers and shards)
+    runs on one host with this many cores, shared fairly while more want one (host.py)."""
+
+    def __post_init__(self) -> None:
+        if self.host_cores is not None and not self.host_cores > 0:
+            raise ConfigError(f"--host-cores must be > 0, got {self.host_cores}")
+        for name in ("ps_message_s", "ps_update_s"):
+            if not getattr(self, name) >= 0:
+                raise ConfigError(f"--{name[:-2].replace('_', '-')}-us must be >= 0, got {getattr(self, name) * 1e6}")
+
+    @property
+    def event_driven(self) -> bool:
+        """Whether host.py's engine is needed: processes share a host's cores, or a straggler
+        sleeps between steps (neither fits simulator.py's rounds)."""
+        return self.host_cores is not None or isinstance(self.straggler, SleepStraggler)
+
+    def sleep_factor(self, worker: int) -> float:
+        """Seconds ``worker`` sleeps after a step per second of the step (injected stragglers)."""
+        return getattr(self.straggler, "sleep_factor", lambda w: 0.0)(worker)
 
     def compute_times(self, rng: np.random.Generator, steps: int, workers: int | None = None) -> np.ndarray:
         """(steps, workers) seconds of compute per step, stragglers and failures included."""

@@ -13,6 +13,9 @@ because there every push changes what the next pull sees.
 | ``ps-async`` | each push is applied on arrival; staleness = versions since its pull; ``--staleness-bound S`` holds a worker S steps ahead of the slowest (Ho et al. 2013) |
 | ``local-sgd`` | H local steps, then one ring all-reduce of the parameters (Lin et al. 2020) |
 
+With ``host_cores`` set (every process on one machine, sharing its cores) or a
+``sleep:`` straggler, ``simulate`` runs host.py's event-driven engine instead.
+
 Every strategy can record a trace (``record=True``): which worker's gradient, computed on
 which version, is applied at what time; virtual.py trains a real model on it.
 """
@@ -85,6 +88,21 @@ def _fifo(arrivals: np.ndarray, service: float, own: float) -> np.ndarray:
     return np.maximum(link, arrivals + own)
 
 
+def allreduce_step_s(cluster: Cluster, slowest: Any) -> Any:
+    """Seconds from the start of a step to the end of its last bucket's all-reduce, given
+    the slowest worker's compute time (array or float): gradients appear evenly through
+    the backward pass, and each bucket is all-reduced once full and its predecessor done."""
+    if cluster.workers == 1:
+        return slowest
+    buckets = cluster.buckets()
+    finish = np.zeros_like(slowest)
+    for i, wire in enumerate(buckets):
+        ready = slowest * (1 - BACKWARD_SHARE + BACKWARD_SHARE * (i + 1) / len(buckets))
+        cost = cluster.ring_allreduce_s(wire) + cluster.codec.cost_s(wire * cluster.codec.ratio)
+        finish = np.maximum(finish, ready) + cost
+    return np.maximum(slowest, finish)
+
+
 class AllReduceModel:
     name = "allreduce"
 
@@ -92,17 +110,7 @@ class AllReduceModel:
         n = cluster.workers
         compute = cluster.compute_times(rng, steps)
         slowest = compute.max(axis=1)
-        if n == 1:
-            step = slowest
-        else:
-            buckets = cluster.buckets()
-            finish = np.zeros(steps)
-            for i, wire in enumerate(buckets):
-                # Gradients appear evenly through backward; a bucket goes once full.
-                ready = slowest * (1 - BACKWARD_SHARE + BACKWARD_SHARE * (i + 1) / len(buckets))
-                cost = cluster.ring_allreduce_s(wire) + cluster.codec.cost_s(wire * cluster.codec.ratio)
-                finish = np.maximum(finish, ready) + cost
-            step = np.maximum(slowest, finish)
+        step = allreduce_step_s(cluster, slowest)
         ends = np.cumsum(step)
         trace = [Update(float(t), list(range(n)), [r] * n) for r, t in enumerate(ends)] if record else []
         return Outcome(self.name, n, steps, float(ends[-1]), steps * n, float((step - slowest).sum()), trace=trace)
@@ -123,8 +131,11 @@ class SyncPSModel:
         arrive = np.take_along_axis(compute, order, axis=1) + codec_s  # encode before the push
         own, shard = cluster.push_times()
         pushed = _fifo(arrive, shard, own) + cluster.latency
-        first = np.argsort(pushed, axis=1, kind="stable")[:, :n]  # the first N to arrive
-        update = np.take_along_axis(pushed, first[:, -1:], axis=1)[:, 0] + codec_s  # the N-th closes it; decode
+        # The shard then works on the pushes one at a time, in arrival order (a second queue).
+        handled = _fifo(pushed, cluster.ps_message_s, 0.0) if cluster.ps_message_s else pushed
+        first = np.argsort(handled, axis=1, kind="stable")[:, :n]  # the first N to arrive
+        closed = np.take_along_axis(handled, first[:, -1:], axis=1)[:, 0]  # the N-th closes the round
+        update = closed + codec_s + cluster.ps_update_s  # decode, then one optimizer step
         # Every worker pulls the new version at once: the shard's link sends `total` slices.
         pull_own, pull_shard = cluster.pull_times()
         step = update + cluster.latency + max(pull_own, total * pull_shard)
@@ -162,6 +173,8 @@ class AsyncPSModel:
         pull = max(pull_shard, pull_own)
         check_policy = stale_policy != "none"
         free = 0.0  # when the shards' links are next free (the shards are symmetric)
+        shard_free = 0.0  # when the shards are done with the last message they took
+        message_s, update_s = cluster.ps_message_s, cluster.ps_update_s
         version = 0
         pulled = [0] * n  # the version each worker computes on
         clock = [0] * n  # steps each worker has pushed
@@ -191,9 +204,13 @@ class AsyncPSModel:
                 start = free
             free = start + shard  # the shard's link is busy with this slice
             done = free if free > computed + own_push else computed + own_push
-            now = done + lat + codec_s  # arrived and decoded: applied at once, or dropped
             s = version - pulled[w]
             factor = policy.factor(s) if check_policy else 1.0
+            # arrived, then the shard works on it (one message at a time) and decodes it:
+            # applied at once, or dropped
+            work = message_s + (update_s if factor is not None else 0.0)
+            now = (done + lat if done + lat > shard_free else shard_free) + work + codec_s
+            shard_free = now
             staleness[s] = staleness.get(s, 0) + 1
             if factor is None:
                 dropped += 1
@@ -288,4 +305,8 @@ def simulate(
     if strategy != "ps-backup":
         options["backup"] = 0
     rng = np.random.default_rng(seed)
+    if cluster.event_driven:
+        from paratrain.simulate.host import simulate_on_host  # processes on one host: event by event
+
+        return simulate_on_host(strategy, cluster, steps, rng, record, **options)
     return STRATEGIES[strategy].run(cluster, steps, rng, record, **options)

@@ -1,0 +1,487 @@
+"""The cluster simulator against real multi-process runs on this machine.
+
+What it does (from the repository root):
+
+    .venv/bin/python benchmarks/simulator_validation.py [--workers 2,3,4] [--epochs 6] [--repeats 3]
+
+1. Profiles this machine, each number measured by a short run of the real code:
+   - a worker's compute per step: CPU seconds (every thread of the process) per training
+     step, evaluation excluded, in a 1-worker run of the strategy (``allreduce``: one
+     process; ``ps-async``: one shard and one worker, no core shared);
+   - the shard's work: CPU seconds of the shard process per push, and of its optimizer
+     step per update (``ShardServer._apply``), in the same 1-worker ``ps-async`` run;
+   - loopback latency and bandwidth: the mean one-way time of Gloo send/recv ping-pongs
+     between two processes, of 4 bytes (latency) and of 4 MiB (bandwidth); measured
+     again right before every real run, since on a shared machine it moves from about
+     0.1 ms to several ms with the other tenants' load;
+   - the cores' speed: CPU time of one mlp step in this process (``cpu_step_seconds``),
+     around the profile and again before every real run;
+   - the host's cores: ``os.sched_getaffinity``.
+2. Runs every setting for real, through ``paratrain.launch`` exactly as ``paratrain train
+   --strategy S --workers N`` does (Gloo on loopback): allreduce, ps-sync, ps-backup
+   (``--backup-workers 1``, so N + 1 workers), ps-async, at each worker count, without and
+   with a straggler (``--straggler W:2``, W the last worker). Each real number is the median
+   over ``--repeats`` passes; a pass runs every setting once, so drift of the shared
+   machine hits them all. Throughput is examples in applied updates per second while
+   every worker trains, read from the run's own ``--timeline`` (the processes start
+   seconds apart on a loaded machine, and a parameter server's dynamic sharding lets the
+   first ones take whole epochs alone); the CPU that other tenants of the machine used
+   meanwhile is recorded too (``Background``).
+3. Simulates the same settings with simulate/host.py (every process on one host of those
+   cores; the straggler as ``sleep:W:2``, which is what ``--straggler`` does), and records
+   the relative error of throughput and of the mean staleness (ps-async). Each run is
+   simulated as the machine was just before it (``as_measured_before``: link, cores' speed,
+   and the cores the other tenants left it); the medians of the real and of the simulated
+   runs are compared.
+
+Writes benchmarks/results/simulator_validation.json and .md, and prints the table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # this checkout's paratrain, also in the spawned processes
+
+STRATEGIES = ("allreduce", "ps-sync", "ps-backup", "ps-async")
+TARGET = 0.20  # relative error of throughput and of mean staleness
+
+
+# ----- 1. profile -------------------------------------------------------------------------------
+def _process_cpu() -> float:
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def profiled_job(config) -> dict:
+    """One process of a profiling run: ``job.run`` with the process's CPU time counted over
+    training (``Trainer.fit`` less evaluation) or serving (a shard's fit), and per update."""
+    from paratrain.strategies.ps_server import ShardServer
+    from paratrain.train import job
+    from paratrain.train.trainer import Trainer
+
+    counts = {"cpu": 0.0, "eval_cpu": 0.0, "steps": 0, "updates": 0, "update_cpu": 0.0, "pushes": 0}
+    fit, evaluate, apply, on_push = Trainer.fit, Trainer.evaluate, ShardServer._apply, ShardServer._on_push
+
+    def timed_fit(self, *args, **kwargs):
+        start = _process_cpu()
+        try:
+            return fit(self, *args, **kwargs)
+        finally:
+            counts["cpu"] += _process_cpu() - start
+            counts["steps"] = self.global_step
+
+    def timed_evaluate(self, *args, **kwargs):
+        start = _process_cpu()
+        try:
+            return evaluate(self, *args, **kwargs)
+        finally:
+            counts["eval_cpu"] += _process_cpu() - start
+
+    def timed_apply(self, *args, **kwargs):
+        start = time.thread_time()  # the receiver thread's own CPU
+        try:
+            return apply(self, *args, **kwargs)
+        finally:
+            counts["update_cpu"] += time.thread_time() - start
+            counts["updates"] += 1
+
+    def counted_push(self, *args, **kwargs):
+        counts["pushes"] += 1
+        return on_push(self, *args, **kwargs)
+
+    Trainer.fit, Trainer.evaluate, ShardServer._apply, ShardServer._on_push = timed_fit, timed_evaluate, timed_apply, counted_push
+    metrics = job.run(config)
+    return {**counts, "role": metrics.get("role", "worker")}
+
+
+def profile_strategy(strategy: str, epochs: int) -> list[dict]:
+    from paratrain.config import TrainConfig
+    from paratrain.launch.torchrun import launch
+    from paratrain.registry import STRATEGIES as TABLE
+
+    config = TrainConfig(strategy=strategy, workers=1, epochs=epochs, progress=False, log_every=0, device="cpu")
+    return launch(profiled_job, config, num_processes=TABLE.get(strategy).num_processes(config))
+
+
+def ping_pong(sizes: list[int], repeats: int) -> dict | None:
+    """Rank 0: mean one-way seconds of a Gloo send/recv ping-pong per message size (bytes)."""
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+    rank, out = dist.get_rank(), {}
+    for size in sizes:
+        message = torch.zeros(max(size // 4, 1))
+        times = []
+        for i in range(repeats + 10):
+            start = time.perf_counter()
+            if rank == 0:
+                dist.send(message, 1)
+                dist.recv(message, 1)
+            else:
+                dist.recv(message, 0)
+                dist.send(message, 0)
+            if i >= 10:  # warm-up: connections, buffers
+                times.append((time.perf_counter() - start) / 2)
+        out[size] = statistics.mean(times)
+    dist.destroy_process_group()
+    return out if rank == 0 else None
+
+
+def cpu_step_seconds(steps: int = 300) -> float:
+    """Median CPU seconds (this thread's) of one training step of the mlp on a digits batch,
+    in this process: how fast a core runs the model now. On a shared virtual machine the
+    same step costs from one to two and a half times as much CPU, depending on what the
+    other tenants run (caches, sibling hyper-threads, the hypervisor)."""
+    import torch
+
+    from paratrain.data.datasets import load_digits
+    from paratrain.models import build_model
+
+    torch.set_num_threads(1)
+    data = load_digits()
+    inputs, targets = data.train.tensors[0][:32], data.train.tensors[1][:32]
+    torch.manual_seed(0)
+    model = build_model("mlp", data.spec)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    times = []
+    for i in range(steps + 20):
+        start = time.thread_time()
+        optimizer.zero_grad(set_to_none=True)
+        loss_fn(model(inputs), targets).backward()
+        optimizer.step()
+        if i >= 20:
+            times.append(time.thread_time() - start)
+    return statistics.median(times)
+
+
+SMALL, LARGE = 4, 4 * 2**20  # bytes of the ping-pongs for latency and for bandwidth
+
+
+def measure_link(pings: int) -> dict:
+    """Loopback latency (s) and bandwidth (bytes/s) from one launch of ping-pongs."""
+    from paratrain.launch.torchrun import launch
+
+    one_way = launch(ping_pong, [SMALL, LARGE], pings, num_processes=2)[0]
+    latency = one_way[SMALL]
+    return {"latency_s": latency, "bandwidth_bytes_per_s": (LARGE - SMALL) / max(one_way[LARGE] - latency, 1e-9)}
+
+
+def profile(epochs: int, pings: int) -> dict:
+    links = [measure_link(pings) for _ in range(3)]
+    speed = cpu_step_seconds()
+    allreduce = next(r for r in profile_strategy("allreduce", epochs) if r["role"] == "worker")
+    ps = profile_strategy("ps-async", epochs)
+    shard = next(r for r in ps if r["role"] == "ps")
+    worker = next(r for r in ps if r["role"] == "worker")
+    update_s = shard["update_cpu"] / shard["updates"]
+    return {
+        "cores": len(os.sched_getaffinity(0)),
+        "latency_s": statistics.median(x["latency_s"] for x in links),
+        "bandwidth_bytes_per_s": statistics.median(x["bandwidth_bytes_per_s"] for x in links),
+        "compute_s": {
+            "allreduce": (allreduce["cpu"] - allreduce["eval_cpu"]) / allreduce["steps"],
+            "ps": (worker["cpu"] - worker["eval_cpu"]) / worker["steps"],
+        },
+        "ps_message_s": (shard["cpu"] - shard["updates"] * update_s) / shard["pushes"],
+        "ps_update_s": update_s,
+        "links": links,
+        "cpu_step_s": statistics.median([speed, cpu_step_seconds()]),  # around the profiling runs
+    }
+
+
+# ----- 2. real runs -------------------------------------------------------------------------------
+class Background:
+    """Cores that other tenants of this machine used while a run went on: every core's busy
+    time (/proc/stat: user, nice, system, irq, softirq, steal) less this process's and its
+    children's CPU time, per second of wall time. The machine is shared; its cores minus
+    this are what the run had (its processes run at nice 10, below the others' nice 0)."""
+
+    def __enter__(self) -> "Background":
+        self.start = (self._busy(), _own_cpu(), time.perf_counter())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        busy, own, wall = (b - a for a, b in zip(self.start, (self._busy(), _own_cpu(), time.perf_counter())))
+        self.cores = max(busy - own, 0.0) / wall
+
+    @staticmethod
+    def _busy() -> float:
+        with open("/proc/stat") as handle:
+            fields = [int(x) for x in handle.readline().split()[1:]]
+        user, nice, system, _idle, _iowait, irq, softirq, steal = fields[:8]
+        return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+def wait_for_quiet(below: float, patience: float) -> float:
+    """Wait until the other tenants use fewer than ``below`` cores (over 2 s), at most
+    ``patience`` seconds; returns their last use."""
+    deadline = time.monotonic() + patience
+    while True:
+        with Background() as background:
+            time.sleep(2.0)
+        if background.cores < below or time.monotonic() > deadline:
+            return background.cores
+        time.sleep(3.0)
+
+
+def _own_cpu() -> float:
+    import resource
+
+    self_, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return self_.ru_utime + self_.ru_stime + children.ru_utime + children.ru_stime
+
+
+def setting(strategy: str, workers: int, straggler: bool) -> dict:
+    """The TrainConfig fields of one setting; the straggler is the last worker."""
+    settings = {"strategy": strategy, "workers": workers}
+    if strategy == "ps-backup":
+        settings["backup_workers"] = 1
+    if straggler:
+        settings["straggler"] = f"{workers + settings.get('backup_workers', 0) - 1}:2"
+    return settings
+
+
+def real_run(settings: dict, epochs: int, folder: Path) -> dict:
+    from paratrain.config import TrainConfig
+    from paratrain.launch.torchrun import launch
+    from paratrain.registry import STRATEGIES as TABLE
+    from paratrain.train import job
+
+    trace = folder / "timeline.json"
+    config = TrainConfig(epochs=epochs, progress=False, log_every=0, device="cpu", timeline=str(trace), **settings)
+    strategy = TABLE.get(config.strategy)
+    processes = strategy.num_processes(config)
+    with Background() as background:
+        results = launch(
+            job.run, config, num_processes=processes, expendable=strategy.expendable_ranks(config),
+            rank_names=[strategy.rank_name(rank, config) for rank in range(processes)],
+        )
+    metrics = results[strategy.chief_rank(config)]
+    applied = sum(metrics["staleness"]["histogram"].values())
+    share = applied / (applied + metrics["dropped_gradients"])  # ps-backup drops some
+    steps_per_second = steady_steps_per_second(json.loads(trace.read_text())["traceEvents"])
+    return {
+        "examples_per_second": None if steps_per_second is None else steps_per_second * config.batch_size * share,
+        "whole_run_examples_per_second": metrics["examples_per_second"],
+        "staleness_mean": metrics["staleness"]["mean"],
+        "dropped_gradients": metrics["dropped_gradients"],
+        "global_steps": metrics["global_steps"],
+        "processes": processes,
+        "background_cores": background.cores,
+    }
+
+
+def steady_steps_per_second(events: list[dict], skip: int = 2) -> float | None:
+    """Worker steps per second, all workers together, while every worker trains: from the
+    moment the last worker to start has done ``skip`` steps to the moment the first worker
+    to finish does its last (a step ends with its backward pass; evaluation pauses count).
+    None when no worker overlaps the others that long (one started after another ended)."""
+    ends: dict[int, list[float]] = {}
+    for e in events:
+        if e.get("ph") == "X" and e["name"] == "backward":
+            ends.setdefault(e["pid"], []).append(e["ts"] + e["dur"])
+    workers = [sorted(v) for v in ends.values()]
+    if not workers or min(len(w) for w in workers) <= skip:
+        return None
+    first, last = max(w[skip] for w in workers), min(w[-1] for w in workers)
+    if last <= first:
+        return None
+    steps = sum(sum(1 for t in w if first < t <= last) for w in workers)
+    return steps / ((last - first) / 1e6)
+
+
+# ----- 3. simulation ------------------------------------------------------------------------------
+def simulate_setting(settings: dict, machine: dict, model_bytes: float, batch_size: int, steps: int) -> dict:
+    from paratrain.simulate.cluster import Cluster, parse_straggler
+    from paratrain.simulate.simulator import simulate
+
+    strategy = settings["strategy"]
+    straggler = settings.get("straggler")
+    cluster = Cluster(
+        workers=settings["workers"],
+        compute_s=machine["compute_s"]["allreduce" if strategy == "allreduce" else "ps"],
+        model_bytes=model_bytes,
+        bandwidth=machine["bandwidth_bytes_per_s"],
+        latency=machine["latency_s"],
+        ps_message_s=machine["ps_message_s"],
+        ps_update_s=machine["ps_update_s"],
+        host_cores=machine["cores"],
+        straggler=parse_straggler("sleep:" + straggler if straggler else None),
+    )
+    outcome = simulate(strategy, cluster, steps, backup=settings.get("backup_workers", 0))
+    summary = outcome.summary(batch_size)
+    return {"examples_per_second": summary["examples_per_second"], "staleness_mean": summary["staleness"]["mean"]}
+
+
+def as_measured_before(machine: dict, run: dict) -> dict:
+    """The profile as a run found the machine: the link measured just before it, CPU work
+    scaled by the cores' speed then (``cpu_step_seconds``), and the cores the other tenants
+    left it."""
+    slower = run["cpu_step_s"] / machine["cpu_step_s"]
+    return {
+        **machine,
+        "latency_s": run["latency_s"], "bandwidth_bytes_per_s": run["bandwidth_bytes_per_s"],
+        "compute_s": {k: v * slower for k, v in machine["compute_s"].items()},
+        "ps_message_s": machine["ps_message_s"] * slower, "ps_update_s": machine["ps_update_s"] * slower,
+        "cores": available_cores(machine["cores"], run["background_cores"]),
+    }
+
+
+def available_cores(cores: int, background: float) -> float:
+    """Cores left to a run: the host's less the other tenants' use, but never below the share
+    a nice-10 process keeps on every core against one nice-0 process (CFS weights 110 and
+    1024)."""
+    return max(cores - background, cores * 110 / (110 + 1024))
+
+
+def relative_error(predicted: float, measured: float) -> float | None:
+    return (predicted - measured) / measured if measured else None
+
+
+# ----- report -------------------------------------------------------------------------------------
+def markdown(document: dict) -> str:
+    m = document["machine"]
+    lines = [
+        f"Simulator (simulate/host.py) against real runs: mlp on digits, batch {document['batch_size']} per worker, "
+        f"Gloo on loopback, {m['cores']} cores; real = median of {document['repeats']} runs of {document['epochs']} "
+        f"epochs (throughput while every worker trains). Measured: compute {m['compute_s']['allreduce'] * 1e3:.3f} ms "
+        f"(allreduce) / {m['compute_s']['ps'] * 1e3:.3f} ms (ps worker) per step, shard {m['ps_message_s'] * 1e3:.3f} ms "
+        f"per push + {m['ps_update_s'] * 1e3:.3f} ms per update, latency {m['latency_s'] * 1e6:.0f} us, "
+        f"bandwidth {m['bandwidth_bytes_per_s'] / 1e9:.2f} GB/s (medians of 3 before the runs; each run is simulated "
+        f"with the link measured just before it, the medians of those are in the table). Target: errors within {TARGET:.0%}.",
+        "",
+        "| strategy | workers | processes | straggler | other load (cores) | latency (us) | CPU vs profile "
+        "| real examples/s (min-max) | simulated | error | real staleness | simulated | error |",
+        "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in document["rows"]:
+        stale = r["strategy"] == "ps-async"
+        lines.append(
+            f"| {r['strategy']} | {r['workers']} | {r['processes']} | {r.get('straggler') or 'none'} "
+            f"| {r['real']['background_cores']:.2f} | {r['real']['latency_s'] * 1e6:.0f} "
+            f"| {r['real']['cpu_step_s'] / m['cpu_step_s']:.2f}x "
+            f"| {r['real']['examples_per_second']:.0f} ({min(r['real_runs']):.0f}-{max(r['real_runs']):.0f}) "
+            f"| {r['simulated']['examples_per_second']:.0f} | {r['throughput_error']:+.0%} "
+            + (f"| {r['real']['staleness_mean']:.2f} | {r['simulated']['staleness_mean']:.2f} | {r['staleness_error']:+.0%} |"
+               if stale else "| | | |")
+        )
+    s = document["summary"]
+    lines += [
+        "",
+        f"Throughput within {TARGET:.0%}: {s['throughput_within_target']} of {s['settings']} settings "
+        f"(median absolute error {s['throughput_median_abs_error']:.0%}); "
+        f"{s['undersubscribed_within_target']} of {s['undersubscribed']} with no more processes than cores. "
+        f"Mean staleness within {TARGET:.0%}: {s['staleness_within_target']} of {s['staleness_settings']}.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def summarise(rows: list[dict], cores: int) -> dict:
+    errors = [abs(r["throughput_error"]) for r in rows]
+    under = [r for r in rows if r["processes"] <= cores]
+    stale = [r for r in rows if r["staleness_error"] is not None]
+    return {
+        "settings": len(rows),
+        "throughput_within_target": sum(e <= TARGET for e in errors),
+        "throughput_median_abs_error": statistics.median(errors),
+        "undersubscribed": len(under),
+        "undersubscribed_within_target": sum(abs(r["throughput_error"]) <= TARGET for r in under),
+        "staleness_settings": len(stale),
+        "staleness_within_target": sum(abs(r["staleness_error"]) <= TARGET for r in stale),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", default="2,3,4")
+    parser.add_argument("--strategies", default=",".join(STRATEGIES))
+    parser.add_argument("--epochs", type=int, default=6, help="epochs per real run (44 steps of 32 examples each)")
+    parser.add_argument("--repeats", type=int, default=3, help="passes over every setting; the median is reported")
+    parser.add_argument("--profile-epochs", type=int, default=4)
+    parser.add_argument("--pings", type=int, default=200, help="ping-pongs per message size")
+    parser.add_argument("--sim-steps", type=int, default=400)
+    parser.add_argument("--quiet-below", type=float, default=0.3,
+                        help="before each run, wait until other tenants use fewer cores than this...")
+    parser.add_argument("--patience", type=float, default=120, help="...but at most this many seconds")
+    parser.add_argument("--out", default=str(ROOT / "benchmarks/results/simulator_validation.json"))
+    args = parser.parse_args(argv)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+    import torch
+
+    from paratrain.data.datasets import load_digits
+    from paratrain.models import build_model
+
+    model = build_model("mlp", load_digits().spec)
+    model_bytes = 4.0 * sum(p.numel() for p in model.parameters())
+    wait_for_quiet(args.quiet_below, args.patience)
+    machine = profile(args.profile_epochs, args.pings)
+    print(json.dumps({"machine": machine}), flush=True)
+
+    settings = [setting(s, n, straggler) for straggler in (False, True)
+                for n in map(int, args.workers.split(",")) for s in args.strategies.split(",")]
+    runs: list[list[dict]] = [[] for _ in settings]
+    with tempfile.TemporaryDirectory() as folder:
+        for _ in range(args.repeats):
+            for i, one in enumerate(settings):
+                before = wait_for_quiet(args.quiet_below, args.patience)
+                link = measure_link(args.pings)  # the loopback as this run will find it
+                speed = cpu_step_seconds()  # and the cores' speed
+                run = {**real_run(one, args.epochs, Path(folder)), **link, "cpu_step_s": speed,
+                       "background_cores_before": before}
+                print(json.dumps({**one, **run}), flush=True)
+                if run["examples_per_second"] is not None:
+                    runs[i].append(run)
+
+    rows = []
+    for one, samples in zip(settings, runs):
+        if not samples:
+            continue  # no run in which the workers overlapped (reported in the log above)
+        keys = ("examples_per_second", "whole_run_examples_per_second", "staleness_mean", "dropped_gradients",
+                "background_cores", "latency_s", "cpu_step_s")
+        real = {key: statistics.median(s[key] for s in samples) for key in keys}
+        # Each run is simulated with the link measured just before it and the cores the
+        # other tenants left it.
+        sims = [simulate_setting(one, as_measured_before(machine, s), model_bytes, 32, args.sim_steps) for s in samples]
+        simulated = {key: statistics.median(x[key] for x in sims) for key in sims[0]}
+        rows.append({
+            **one, "processes": samples[0]["processes"], "real": real,
+            "real_runs": [s["examples_per_second"] for s in samples],
+            "simulated_runs": [x["examples_per_second"] for x in sims], "simulated": simulated,
+            "throughput_error": relative_error(simulated["examples_per_second"], real["examples_per_second"]),
+            "staleness_error": (relative_error(simulated["staleness_mean"], real["staleness_mean"])
+                                if one["strategy"] == "ps-async" else None),
+        })
+    document = {
+        "command": " ".join(["python", "benchmarks/simulator_validation.py", *(argv if argv is not None else sys.argv[1:])]),
+        "epochs": args.epochs, "repeats": args.repeats, "batch_size": 32, "model_bytes": model_bytes,
+        "machine": machine, "rows": rows, "summary": summarise(rows, machine["cores"]),
+        "environment": {"torch": torch.__version__, "python": platform.python_version(), "platform": platform.platform(),
+                        "load_average_1min_at_end": round(os.getloadavg()[0], 2)},
+    }
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(document, indent=2) + "\n")
+    table = markdown(document)
+    out.with_suffix(".md").write_text(table)
+    print(table, end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
