@@ -42,7 +42,10 @@ def test_a_killed_worker_restarts_the_run_which_ends_as_if_nothing_happened(cli,
     )
     assert line, result.stderr[-2000:]
     died, resumed, redone = map(int, line.groups())
-    assert died == step and resumed == step // 20 * 20 and redone == step - resumed
+    assert died == step and resumed == step // 20 * 20
+    # Redone: up to the furthest step any worker reached; a ps-sync worker may have pushed
+    # one step past the one its peer died after (it awaits that step's reply later).
+    assert step - resumed <= redone <= step - resumed + (strategy == "ps-sync")
     assert metrics["restarts"] == 1 and metrics["resumed_from_step"] == resumed
     assert metrics["test_accuracy"] >= 0.95
     if strategy == "allreduce":  # resume is exact: the same final model as a run never interrupted
