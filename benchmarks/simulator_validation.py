@@ -11,9 +11,10 @@ What it does (from the repository root):
    - the shard's work: CPU seconds of the shard process per push, and of its optimizer
      step per update (``ShardServer._apply``), in the same 1-worker ``ps-async`` run;
    - loopback latency and bandwidth: the mean one-way time of Gloo send/recv ping-pongs
-     between two processes, of 4 bytes (latency) and of 4 MiB (bandwidth); measured
-     again right before every real run, since on a shared machine it moves from about
-     0.1 ms to several ms with the other tenants' load;
+     between two processes, of 4 bytes (latency) and of 4 MiB (bandwidth), and the step
+     of a ring all-reduce (half a 4-byte all-reduce of two processes), each message after
+     1 ms of CPU work, as in training; measured again right before every real run, since
+     on a shared machine they move from about 0.1 ms to several ms with the load;
    - the cores' speed: CPU time of one mlp step in this process (``cpu_step_seconds``),
      around the profile and again before every real run;
    - the host's cores: ``os.sched_getaffinity``.
@@ -115,8 +116,16 @@ def profile_strategy(strategy: str, epochs: int) -> list[dict]:
     return launch(profiled_job, config, num_processes=TABLE.get(strategy).num_processes(config))
 
 
-def ping_pong(sizes: list[int], repeats: int) -> dict | None:
-    """Rank 0: mean one-way seconds of a Gloo send/recv ping-pong per message size (bytes)."""
+def _busy(seconds: float) -> None:
+    start = time.thread_time()
+    while time.thread_time() - start < seconds:
+        pass
+
+
+def ping_pong(sizes: list[int], repeats: int, gap_s: float) -> dict | None:
+    """Rank 0: mean seconds of Gloo transfers, with ``gap_s`` of CPU work before each message
+    (a training step's compute: the receiver has been waiting that long, as in training):
+    one way of a send/recv ping-pong per message size (bytes), and a 4-byte all-reduce."""
     import torch
     import torch.distributed as dist
 
@@ -129,14 +138,24 @@ def ping_pong(sizes: list[int], repeats: int) -> dict | None:
         for i in range(repeats + 10):
             start = time.perf_counter()
             if rank == 0:
+                _busy(gap_s)
                 dist.send(message, 1)
                 dist.recv(message, 1)
             else:
                 dist.recv(message, 0)
+                _busy(gap_s)
                 dist.send(message, 0)
             if i >= 10:  # warm-up: connections, buffers
-                times.append((time.perf_counter() - start) / 2)
+                times.append((time.perf_counter() - start - 2 * gap_s) / 2)
         out[size] = statistics.mean(times)
+    scalar, times = torch.zeros(1), []
+    for i in range(repeats + 10):
+        _busy(gap_s)
+        start = time.perf_counter()
+        dist.all_reduce(scalar)
+        if i >= 10:
+            times.append(time.perf_counter() - start)
+    out["all_reduce"] = statistics.mean(times)
     dist.destroy_process_group()
     return out if rank == 0 else None
 
@@ -172,13 +191,20 @@ def cpu_step_seconds(steps: int = 300) -> float:
 SMALL, LARGE = 4, 4 * 2**20  # bytes of the ping-pongs for latency and for bandwidth
 
 
+GAP_S = 1e-3  # CPU work between messages: about a digits step
+
+
 def measure_link(pings: int) -> dict:
-    """Loopback latency (s) and bandwidth (bytes/s) from one launch of ping-pongs."""
+    """Loopback latency (s), bandwidth (bytes/s) and ring all-reduce step (s) from one launch."""
     from paratrain.launch.torchrun import launch
 
-    one_way = launch(ping_pong, [SMALL, LARGE], pings, num_processes=2)[0]
+    one_way = launch(ping_pong, [SMALL, LARGE], pings, GAP_S, num_processes=2)[0]
     latency = one_way[SMALL]
-    return {"latency_s": latency, "bandwidth_bytes_per_s": (LARGE - SMALL) / max(one_way[LARGE] - latency, 1e-9)}
+    return {
+        "latency_s": latency,
+        "bandwidth_bytes_per_s": (LARGE - SMALL) / max(one_way[LARGE] - latency, 1e-9),
+        "ring_latency_s": one_way["all_reduce"] / 2,  # 2 (n - 1) steps at n = 2
+    }
 
 
 def profile(epochs: int, pings: int) -> dict:
@@ -191,8 +217,7 @@ def profile(epochs: int, pings: int) -> dict:
     update_s = shard["update_cpu"] / shard["updates"]
     return {
         "cores": len(os.sched_getaffinity(0)),
-        "latency_s": statistics.median(x["latency_s"] for x in links),
-        "bandwidth_bytes_per_s": statistics.median(x["bandwidth_bytes_per_s"] for x in links),
+        **{key: statistics.median(x[key] for x in links) for key in links[0]},
         "compute_s": {
             "allreduce": (allreduce["cpu"] - allreduce["eval_cpu"]) / allreduce["steps"],
             "ps": (worker["cpu"] - worker["eval_cpu"]) / worker["steps"],
@@ -318,6 +343,7 @@ def simulate_setting(settings: dict, machine: dict, model_bytes: float, batch_si
         model_bytes=model_bytes,
         bandwidth=machine["bandwidth_bytes_per_s"],
         latency=machine["latency_s"],
+        ring_latency=machine["ring_latency_s"],
         ps_message_s=machine["ps_message_s"],
         ps_update_s=machine["ps_update_s"],
         host_cores=machine["cores"],
@@ -335,7 +361,7 @@ def as_measured_before(machine: dict, run: dict) -> dict:
     slower = run["cpu_step_s"] / machine["cpu_step_s"]
     return {
         **machine,
-        "latency_s": run["latency_s"], "bandwidth_bytes_per_s": run["bandwidth_bytes_per_s"],
+        **{key: run[key] for key in ("latency_s", "bandwidth_bytes_per_s", "ring_latency_s")},
         "compute_s": {k: v * slower for k, v in machine["compute_s"].items()},
         "ps_message_s": machine["ps_message_s"] * slower, "ps_update_s": machine["ps_update_s"] * slower,
         "cores": available_cores(machine["cores"], run["background_cores"]),
@@ -362,10 +388,11 @@ def markdown(document: dict) -> str:
         f"epochs (throughput while every worker trains). Measured: compute {m['compute_s']['allreduce'] * 1e3:.3f} ms "
         f"(allreduce) / {m['compute_s']['ps'] * 1e3:.3f} ms (ps worker) per step, shard {m['ps_message_s'] * 1e3:.3f} ms "
         f"per push + {m['ps_update_s'] * 1e3:.3f} ms per update, latency {m['latency_s'] * 1e6:.0f} us, "
+        f"ring step {m['ring_latency_s'] * 1e6:.0f} us, "
         f"bandwidth {m['bandwidth_bytes_per_s'] / 1e9:.2f} GB/s (medians of 3 before the runs; each run is simulated "
         f"with the link measured just before it, the medians of those are in the table). Target: errors within {TARGET:.0%}.",
         "",
-        "| strategy | workers | processes | straggler | other load (cores) | latency (us) | CPU vs profile "
+        "| strategy | workers | processes | straggler | other load (cores) | latency / ring step (us) | CPU vs profile "
         "| real examples/s (min-max) | simulated | error | real staleness | simulated | error |",
         "| --- | ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
@@ -373,7 +400,7 @@ def markdown(document: dict) -> str:
         stale = r["strategy"] == "ps-async"
         lines.append(
             f"| {r['strategy']} | {r['workers']} | {r['processes']} | {r.get('straggler') or 'none'} "
-            f"| {r['real']['background_cores']:.2f} | {r['real']['latency_s'] * 1e6:.0f} "
+            f"| {r['real']['background_cores']:.2f} | {r['real']['latency_s'] * 1e6:.0f} / {r['real']['ring_latency_s'] * 1e6:.0f} "
             f"| {r['real']['cpu_step_s'] / m['cpu_step_s']:.2f}x "
             f"| {r['real']['examples_per_second']:.0f} ({min(r['real_runs']):.0f}-{max(r['real_runs']):.0f}) "
             f"| {r['simulated']['examples_per_second']:.0f} | {r['throughput_error']:+.0%} "
@@ -453,7 +480,7 @@ def main(argv: list[str] | None = None) -> int:
         if not samples:
             continue  # no run in which the workers overlapped (reported in the log above)
         keys = ("examples_per_second", "whole_run_examples_per_second", "staleness_mean", "dropped_gradients",
-                "background_cores", "latency_s", "cpu_step_s")
+                "background_cores", "latency_s", "ring_latency_s", "cpu_step_s")
         real = {key: statistics.median(s[key] for s in samples) for key in keys}
         # Each run is simulated with the link measured just before it and the cores the
         # other tenants left it.

@@ -30,6 +30,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     a("--model-mb", type=float, default=None, help="gradient size in MB (10^6 bytes), instead of --model's own")
     a("--bandwidth-gbps", type=float, default=10.0, help="every node's link, Gb/s each way; inf for an ideal network (default 10)")
     a("--latency-us", type=float, default=10.0, help="microseconds per message on a link (default 10)")
+    a("--ring-latency-us", type=float, default=None, help="microseconds per ring all-reduce step (default: --latency-us)")
     a("--ps-shards", type=int, default=1, help="parameter-server shards P (ps-*) (default 1)")
     a("--backup-workers", type=int, default=0, help="ps-backup: spare workers K whose late gradients are dropped (default 0)")
     a("--staleness-bound", type=int, default=None, help="ps-async: a worker more than S steps ahead of the slowest waits")
@@ -82,6 +83,8 @@ def check_arguments(args: argparse.Namespace) -> tuple[list[str], list[int]]:
     for name in ("latency_us", "failure_rate", "recovery_s", "momentum", "backup_workers", "max_staleness", "seed",
                  "ps_message_us", "ps_update_us"):
         _positive(name.replace("_", "-"), getattr(args, name), allow_zero=True)
+    if args.ring_latency_us is not None:
+        _positive("ring-latency-us", args.ring_latency_us, allow_zero=True)
     if args.staleness_bound is not None:
         _positive("staleness-bound", args.staleness_bound, allow_zero=True)
     if "ps-backup" in strategies and args.backup_workers < 1:
@@ -140,6 +143,7 @@ def build_cluster(args: argparse.Namespace, workers: int, model: Any | None, com
     return Cluster(
         workers=workers, compute_s=compute_s, model_bytes=model_bytes,
         bandwidth=args.bandwidth_gbps * 1e9 / 8, latency=args.latency_us * 1e-6, ps_shards=args.ps_shards,
+        ring_latency=None if args.ring_latency_us is None else args.ring_latency_us * 1e-6,
         codec=make_codec(args.compression, shapes, args.topk_ratio, args.powersgd_rank),
         straggler=parse_straggler(args.straggler), failure_rate=args.failure_rate, recovery_s=args.recovery_s,
         ps_message_s=args.ps_message_us * 1e-6, ps_update_s=args.ps_update_us * 1e-6, host_cores=args.host_cores,

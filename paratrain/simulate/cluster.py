@@ -11,7 +11,7 @@ into step times. Units: seconds and bytes throughout (flags take ms, us, Gb/s, M
 | straggler ``fixed:WORKER:FACTOR`` | that worker is always FACTOR times slower (a slow machine) |
 | straggler ``sleep:WORKER:FACTOR`` | after each step that worker sleeps FACTOR - 1 times the step's duration, as ``paratrain train --straggler WORKER:FACTOR`` does (host.py) |
 | failures ``failure_rate`` | per worker, Poisson with this rate per hour; a step in which a worker fails costs it ``recovery_s`` more |
-| link | every node (worker or ps shard) has one full-duplex link of ``bandwidth`` bytes/s and ``latency`` s per message |
+| link | every node (worker or ps shard) has one full-duplex link of ``bandwidth`` bytes/s and ``latency`` s per message (``ring_latency`` per ring all-reduce step, if given) |
 | codec | gradient bytes divided by the codec's ratio, plus an encode/decode time per step |
 | shard work | a ps shard spends ``ps_message_s`` on every push (decode, accumulate, reply) and ``ps_update_s`` on every update it applies, one message at a time |
 | host cores | ``host_cores`` set: every process runs on one host of that many cores and they share them (host.py) |
@@ -191,6 +191,9 @@ class Cluster:
     """Bytes/s of every node's link (each direction)."""
     latency: float = 10e-6
     """Seconds per message on a link."""
+    ring_latency: float | None = None
+    """Seconds per step of a ring all-reduce; None: ``latency``. A collective library's step
+    can cost more than a message (Gloo hands each collective to a thread of its own and back)."""
     ps_shards: int = 1
     codec: Codec = Codec("none", 1.0, 0.0)
     straggler: object = NoStragglers()
@@ -207,6 +210,8 @@ class Cluster:
     runs on one host with this many cores, shared fairly while more want one (host.py)."""
 
     def __post_init__(self) -> None:
+        if self.ring_latency is not None and not self.ring_latency >= 0:
+            raise ConfigError(f"--ring-latency-us must be >= 0, got {self.ring_latency * 1e6}")
         if self.host_cores is not None and not self.host_cores > 0:
             raise ConfigError(f"--host-cores must be > 0, got {self.host_cores}")
         for name in ("ps_message_s", "ps_update_s"):
@@ -240,7 +245,8 @@ class Cluster:
         n = self.workers if n is None else n
         if n <= 1:
             return 0.0
-        return 2 * (n - 1) / n * nbytes / self.bandwidth + 2 * (n - 1) * self.latency
+        step = self.latency if self.ring_latency is None else self.ring_latency
+        return 2 * (n - 1) / n * nbytes / self.bandwidth + 2 * (n - 1) * step
 
     def buckets(self) -> list[float]:
         """Wire bytes of each all-reduce bucket, in the order backward fills them."""

@@ -100,6 +100,13 @@ def test_backup_worker_covers_an_injected_straggler():
     assert backup["examples_per_second"] > 1.5 * sync * 2 / 3  # rounds of 2 at full speed vs 3 held back
 
 
+def test_ring_latency_replaces_the_link_latency_in_all_reduce_steps_only():
+    c = cluster(4, bandwidth=1e9, latency=1e-4, ring_latency=1e-3)
+    assert c.ring_allreduce_s(c.model_bytes) == pytest.approx(1.5 * c.model_bytes / 1e9 + 6 * 1e-3)
+    one = cluster(1, bandwidth=1e9, latency=1e-4, ring_latency=1e-3)
+    assert simulate("ps-sync", one, 10).summary(32)["step_seconds"] == pytest.approx(C + 2 * one.model_bytes / 1e9 + 2e-4)
+
+
 def test_host_options_are_checked():
     assert parse_straggler("sleep:1:2").spec == "sleep:1:2"
     with pytest.raises(ConfigError, match="sleep:WORKER:FACTOR"):
