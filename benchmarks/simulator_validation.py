@@ -12,12 +12,15 @@ What it does (from the repository root):
      step per update (``ShardServer._apply``), in the same 1-worker ``ps-async`` run;
    - loopback latency and bandwidth: the mean one-way time of Gloo send/recv ping-pongs
      between two processes, of 4 bytes (latency) and of 4 MiB (bandwidth), and the step
-     of a ring all-reduce (half a 4-byte all-reduce of two processes), each message after
-     1 ms of CPU work, as in training; measured again right before every real run, since
-     on a shared machine they move from about 0.1 ms to several ms with the load;
+     of a ring all-reduce (an all-reduce of the model's gradient on two processes, less
+     its bytes, halved), each message after 1 ms of CPU work, as in training; measured
+     again right before every real run, since on a shared machine they move from about
+     0.1 ms to several ms with the load;
    - the cores' speed: CPU time of one mlp step in this process (``cpu_step_seconds``),
      around the profile and again before every real run;
-   - the host's cores: ``os.sched_getaffinity``.
+   - the host's cores: ``os.sched_getaffinity``, and how much work k processes do at once
+     (``host_speedup``: mlp steps per second of k processes over one's, k = 1 up to the
+     most processes a setting runs), since two virtual cores are not two free cores.
 2. Runs every setting for real, through ``paratrain.launch`` exactly as ``paratrain train
    --strategy S --workers N`` does (Gloo on loopback): allreduce, ps-sync, ps-backup
    (``--backup-workers 1``, so N + 1 workers), ps-async, at each worker count, without and
@@ -32,8 +35,8 @@ What it does (from the repository root):
    cores; the straggler as ``sleep:W:2``, which is what ``--straggler`` does), and records
    the relative error of throughput and of the mean staleness (ps-async). Each run is
    simulated as the machine was just before it (``as_measured_before``: link, cores' speed,
-   and the cores the other tenants left it); the medians of the real and of the simulated
-   runs are compared.
+   and the share of the cores the other tenants left it, ``left_to_us``); the medians of
+   the real and of the simulated runs are compared.
 
 Writes benchmarks/results/simulator_validation.json and .md, and prints the table.
 """
@@ -122,10 +125,11 @@ def _busy(seconds: float) -> None:
         pass
 
 
-def ping_pong(sizes: list[int], repeats: int, gap_s: float) -> dict | None:
+def ping_pong(sizes: list[int], repeats: int, gap_s: float, reduce_bytes: int) -> dict | None:
     """Rank 0: mean seconds of Gloo transfers, with ``gap_s`` of CPU work before each message
     (a training step's compute: the receiver has been waiting that long, as in training):
-    one way of a send/recv ping-pong per message size (bytes), and a 4-byte all-reduce."""
+    one way of a send/recv ping-pong per message size (bytes), and an all-reduce of
+    ``reduce_bytes`` (a model's gradient)."""
     import torch
     import torch.distributed as dist
 
@@ -148,7 +152,7 @@ def ping_pong(sizes: list[int], repeats: int, gap_s: float) -> dict | None:
             if i >= 10:  # warm-up: connections, buffers
                 times.append((time.perf_counter() - start - 2 * gap_s) / 2)
         out[size] = statistics.mean(times)
-    scalar, times = torch.zeros(1), []
+    scalar, times = torch.zeros(max(reduce_bytes // 4, 1)), []
     for i in range(repeats + 10):
         _busy(gap_s)
         start = time.perf_counter()
@@ -188,28 +192,79 @@ def cpu_step_seconds(steps: int = 300) -> float:
     return statistics.median(times)
 
 
+def _steps_per_second(seconds: float, barrier, queue) -> None:
+    """In a fresh process: mlp steps per second over ``seconds``, all processes at once."""
+    os.environ["OMP_NUM_THREADS"] = "1"
+    import torch
+
+    from paratrain.data.datasets import load_digits
+    from paratrain.models import build_model
+
+    torch.set_num_threads(1)
+    data = load_digits()
+    inputs, targets = data.train.tensors[0][:32], data.train.tensors[1][:32]
+    model = build_model("mlp", data.spec)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    loss_fn = torch.nn.CrossEntropyLoss()
+
+    def step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        loss_fn(model(inputs), targets).backward()
+        optimizer.step()
+
+    for _ in range(50):  # warm-up
+        step()
+    barrier.wait()  # every process imported and warm: start together
+    steps, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        step()
+        steps += 1
+    queue.put(steps / (time.perf_counter() - start))
+
+
+def host_speedup(max_processes: int, seconds: float = 2.0) -> list[float]:
+    """Throughput of k processes running mlp steps at once, relative to one, k = 1..max:
+    the host's cores as the simulator's ``host_speedup`` curve."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    rates = []
+    for k in range(1, max_processes + 1):
+        queue, barrier = context.Queue(), context.Barrier(k)
+        processes = [context.Process(target=_steps_per_second, args=(seconds, barrier, queue)) for _ in range(k)]
+        for process in processes:
+            process.start()
+        rates.append(sum(queue.get() for _ in range(k)))
+        for process in processes:
+            process.join()
+    return [r / rates[0] for r in rates]
+
+
 SMALL, LARGE = 4, 4 * 2**20  # bytes of the ping-pongs for latency and for bandwidth
 
 
 GAP_S = 1e-3  # CPU work between messages: about a digits step
 
 
-def measure_link(pings: int) -> dict:
+def measure_link(pings: int, model_bytes: int) -> dict:
     """Loopback latency (s), bandwidth (bytes/s) and ring all-reduce step (s) from one launch."""
     from paratrain.launch.torchrun import launch
 
-    one_way = launch(ping_pong, [SMALL, LARGE], pings, GAP_S, num_processes=2)[0]
+    one_way = launch(ping_pong, [SMALL, LARGE], pings, GAP_S, model_bytes, num_processes=2)[0]
     latency = one_way[SMALL]
+    bandwidth = (LARGE - SMALL) / max(one_way[LARGE] - latency, 1e-9)
     return {
         "latency_s": latency,
-        "bandwidth_bytes_per_s": (LARGE - SMALL) / max(one_way[LARGE] - latency, 1e-9),
-        "ring_latency_s": one_way["all_reduce"] / 2,  # 2 (n - 1) steps at n = 2
+        "bandwidth_bytes_per_s": bandwidth,
+        # at n = 2 a ring all-reduce is bytes / B plus 2 (n - 1) = 2 steps
+        "ring_latency_s": max(one_way["all_reduce"] - model_bytes / bandwidth, 0.0) / 2,
     }
 
 
-def profile(epochs: int, pings: int) -> dict:
-    links = [measure_link(pings) for _ in range(3)]
+def profile(epochs: int, pings: int, model_bytes: int, max_processes: int) -> dict:
+    links = [measure_link(pings, model_bytes) for _ in range(3)]
     speed = cpu_step_seconds()
+    speedup = host_speedup(max_processes)
     allreduce = next(r for r in profile_strategy("allreduce", epochs) if r["role"] == "worker")
     ps = profile_strategy("ps-async", epochs)
     shard = next(r for r in ps if r["role"] == "ps")
@@ -225,6 +280,7 @@ def profile(epochs: int, pings: int) -> dict:
         "ps_message_s": (shard["cpu"] - shard["updates"] * update_s) / shard["pushes"],
         "ps_update_s": update_s,
         "links": links,
+        "host_speedup": speedup,
         "cpu_step_s": statistics.median([speed, cpu_step_seconds()]),  # around the profiling runs
     }
 
@@ -347,6 +403,7 @@ def simulate_setting(settings: dict, machine: dict, model_bytes: float, batch_si
         ps_message_s=machine["ps_message_s"],
         ps_update_s=machine["ps_update_s"],
         host_cores=machine["cores"],
+        host_speedup=tuple(machine["host_speedup"]),
         straggler=parse_straggler("sleep:" + straggler if straggler else None),
     )
     outcome = simulate(strategy, cluster, steps, backup=settings.get("backup_workers", 0))
@@ -364,15 +421,23 @@ def as_measured_before(machine: dict, run: dict) -> dict:
         **{key: run[key] for key in ("latency_s", "bandwidth_bytes_per_s", "ring_latency_s")},
         "compute_s": {k: v * slower for k, v in machine["compute_s"].items()},
         "ps_message_s": machine["ps_message_s"] * slower, "ps_update_s": machine["ps_update_s"] * slower,
-        "cores": available_cores(machine["cores"], run["background_cores"]),
+        "host_speedup": left_to_us(machine["host_speedup"], machine["cores"], run["background_cores"]),
     }
 
 
-def available_cores(cores: int, background: float) -> float:
-    """Cores left to a run: the host's less the other tenants' use, but never below the share
-    a nice-10 process keeps on every core against one nice-0 process (CFS weights 110 and
-    1024)."""
-    return max(cores - background, cores * 110 / (110 + 1024))
+def left_to_us(speedup: list[float], cores: int, background: float) -> list[float]:
+    """The host's speedup curve as a run found it, with ``background`` cores' worth of other
+    tenants' processes busy too: k of ours and the others together do speedup(k + b), the
+    others keep their b, and we never get less than a nice-10 process keeps against one
+    nice-0 process on each core (CFS weights 110 and 1024)."""
+    def capacity(x: float) -> float:  # speedup at a fractional count, 0 at 0, flat past the last
+        points = [0.0, *speedup]
+        x = min(x, len(speedup))
+        low = int(x)
+        return points[low] + (x - low) * (points[min(low + 1, len(speedup))] - points[low])
+
+    floor = 110 / (110 + 1024)
+    return [max(capacity(k + background) - background, min(k, cores) * floor) for k in range(1, len(speedup) + 1)]
 
 
 def relative_error(predicted: float, measured: float) -> float | None:
@@ -389,6 +454,7 @@ def markdown(document: dict) -> str:
         f"(allreduce) / {m['compute_s']['ps'] * 1e3:.3f} ms (ps worker) per step, shard {m['ps_message_s'] * 1e3:.3f} ms "
         f"per push + {m['ps_update_s'] * 1e3:.3f} ms per update, latency {m['latency_s'] * 1e6:.0f} us, "
         f"ring step {m['ring_latency_s'] * 1e6:.0f} us, "
+        f"host speedup for 1, 2, ... processes {', '.join(f'{x:.2f}' for x in m['host_speedup'])}, "
         f"bandwidth {m['bandwidth_bytes_per_s'] / 1e9:.2f} GB/s (medians of 3 before the runs; each run is simulated "
         f"with the link measured just before it, the medians of those are in the table). Target: errors within {TARGET:.0%}.",
         "",
@@ -457,17 +523,18 @@ def main(argv: list[str] | None = None) -> int:
     model = build_model("mlp", load_digits().spec)
     model_bytes = 4.0 * sum(p.numel() for p in model.parameters())
     wait_for_quiet(args.quiet_below, args.patience)
-    machine = profile(args.profile_epochs, args.pings)
-    print(json.dumps({"machine": machine}), flush=True)
-
     settings = [setting(s, n, straggler) for straggler in (False, True)
                 for n in map(int, args.workers.split(",")) for s in args.strategies.split(",")]
+    most = max(one["workers"] + one.get("backup_workers", 0) + (0 if one["strategy"] == "allreduce" else 1) for one in settings)
+    machine = profile(args.profile_epochs, args.pings, int(model_bytes), most)
+    print(json.dumps({"machine": machine}), flush=True)
+
     runs: list[list[dict]] = [[] for _ in settings]
     with tempfile.TemporaryDirectory() as folder:
         for _ in range(args.repeats):
             for i, one in enumerate(settings):
                 before = wait_for_quiet(args.quiet_below, args.patience)
-                link = measure_link(args.pings)  # the loopback as this run will find it
+                link = measure_link(args.pings, int(model_bytes))  # the loopback as this run will find it
                 speed = cpu_step_seconds()  # and the cores' speed
                 run = {**real_run(one, args.epochs, Path(folder)), **link, "cpu_step_s": speed,
                        "background_cores_before": before}

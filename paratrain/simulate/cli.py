@@ -42,6 +42,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     a("--powersgd-rank", type=int, default=4, help="powersgd: rank of the low-rank factors (default 4)")
     a("--straggler", default="none", help="none, lognormal:SIGMA, fixed:WORKER:FACTOR, or sleep:WORKER:FACTOR (as paratrain train --straggler) (default none)")
     a("--host-cores", type=float, default=None, help="every process on one host of this many cores, shared (default: a machine per node)")
+    a("--host-speedup", default=None, help="with --host-cores: measured throughput of 1, 2, ... processes computing at once, relative to one, e.g. 1,1.6,1.5,1.2")
     a("--ps-message-us", type=float, default=0.0, help="ps-*: microseconds a shard works on each push (default 0)")
     a("--ps-update-us", type=float, default=0.0, help="ps-*: microseconds a shard works on each update (default 0)")
     a("--failure-rate", type=float, default=0.0, help="failures per worker per hour (default 0)")
@@ -83,6 +84,10 @@ def check_arguments(args: argparse.Namespace) -> tuple[list[str], list[int]]:
     for name in ("latency_us", "failure_rate", "recovery_s", "momentum", "backup_workers", "max_staleness", "seed",
                  "ps_message_us", "ps_update_us"):
         _positive(name.replace("_", "-"), getattr(args, name), allow_zero=True)
+    if args.host_speedup is not None:
+        if args.host_cores is None:
+            raise ConfigError("--host-speedup needs --host-cores (processes on one host)")
+        _speedup(args.host_speedup)
     if args.ring_latency_us is not None:
         _positive("ring-latency-us", args.ring_latency_us, allow_zero=True)
     if args.staleness_bound is not None:
@@ -130,6 +135,15 @@ def profile_compute_s(model: Any, splits: Any, batch_size: int, repeats: int = 5
     return sorted(times)[len(times) // 2]
 
 
+def _speedup(text: str | None) -> tuple[float, ...] | None:
+    if text is None:
+        return None
+    try:
+        return tuple(float(x) for x in text.split(","))
+    except ValueError:
+        raise ConfigError(f"--host-speedup must be numbers, comma-separated, e.g. 1,1.6,1.5; got {text!r}") from None
+
+
 def build_cluster(args: argparse.Namespace, workers: int, model: Any | None, compute_s: float):
     from paratrain.simulate.cluster import Cluster, make_codec, parse_straggler
 
@@ -147,6 +161,7 @@ def build_cluster(args: argparse.Namespace, workers: int, model: Any | None, com
         codec=make_codec(args.compression, shapes, args.topk_ratio, args.powersgd_rank),
         straggler=parse_straggler(args.straggler), failure_rate=args.failure_rate, recovery_s=args.recovery_s,
         ps_message_s=args.ps_message_us * 1e-6, ps_update_s=args.ps_update_us * 1e-6, host_cores=args.host_cores,
+        host_speedup=_speedup(args.host_speedup),
     )
 
 

@@ -84,12 +84,6 @@ class SleepStraggler(FixedStraggler):
     def factors(self, rng: np.random.Generator, steps: int, workers: int) -> np.ndarray:
         return np.ones((steps, workers))
 
-    @property
-    def event_driven(self) -> bool:
-        """Whether host.py's engine is needed: processes share a host's cores, or a straggler
-        sleeps between steps (neither fits simulator.py's rounds)."""
-        return self.host_cores is not None or isinstance(self.straggler, SleepStraggler)
-
     def sleep_factor(self, worker: int) -> float:
         """Seconds slept after a step, per second of the step."""
         return self.factor - 1 if worker == self.worker else 0.0
@@ -208,15 +202,27 @@ class Cluster:
     host_cores: float | None = None
     """None: every node has its own machine. A number: every process (workers and shards)
     runs on one host with this many cores, shared fairly while more want one (host.py)."""
+    host_speedup: tuple[float, ...] | None = None
+    """Measured throughput of k processes computing at once on the host, relative to one
+    alone, for k = 1, 2, ... (the last value holds for more); None: min(k, host_cores).
+    Cores that share caches or a physical core, and context switches, make it less."""
 
     def __post_init__(self) -> None:
         if self.ring_latency is not None and not self.ring_latency >= 0:
             raise ConfigError(f"--ring-latency-us must be >= 0, got {self.ring_latency * 1e6}")
         if self.host_cores is not None and not self.host_cores > 0:
             raise ConfigError(f"--host-cores must be > 0, got {self.host_cores}")
+        if self.host_speedup is not None and (not self.host_speedup or min(self.host_speedup) <= 0):
+            raise ConfigError(f"--host-speedup must be throughputs > 0 for 1, 2, ... processes, got {self.host_speedup}")
         for name in ("ps_message_s", "ps_update_s"):
             if not getattr(self, name) >= 0:
                 raise ConfigError(f"--{name[:-2].replace('_', '-')}-us must be >= 0, got {getattr(self, name) * 1e6}")
+
+    def host_capacity(self, k: int) -> float:
+        """Cores' worth of work done while k processes want one (host_cores set)."""
+        if self.host_speedup is None:
+            return min(float(k), self.host_cores)
+        return self.host_speedup[min(k, len(self.host_speedup)) - 1]
 
     @property
     def event_driven(self) -> bool:

@@ -9,7 +9,7 @@ all-reduce, the shard's work per message) plus:
 
 | piece | model |
 | --- | --- |
-| cores | ``host_cores`` C shared by processor sharing: while k processes want a core, each runs at min(1, C / k) of one (a fair scheduler, to first order; Kleinrock 1967); a process blocked in a receive or asleep wants none |
+| cores | ``host_cores`` C shared by processor sharing: while k processes want a core, each runs at min(1, C / k) of one (a fair scheduler, to first order; Kleinrock 1967), or at speedup(k) / k with a measured ``host_speedup`` curve; a process blocked in a receive or asleep wants none |
 | what wants a core | a worker's compute (its whole step apart from waiting: forward, backward, optimizer, the loop); a shard's work on each message and update |
 | shard | one message at a time, in arrival order (ShardServer's receiver thread), after the bytes have come through its link; the same rules as the real server (ps_policies.py): sync/backup hold a version's first N gradients and drop later ones, async applies each at once, with ``--staleness-bound`` |
 | straggler ``sleep:W:F`` | after each step worker W sleeps (F - 1) times the step's duration, like ``paratrain train --straggler W:F`` (train/faults.py): for allreduce the step ends with the all-reduce, for a parameter server with the push handed to the transport |
@@ -32,13 +32,14 @@ from paratrain.simulate.cluster import Cluster
 
 
 class SharedCores:
-    """Processor sharing on ``cores`` cores, by virtual time: while k jobs run, each gets
-    min(1, cores / k) of a core, so every running job has received the same service since
-    it started; a job of ``work`` seconds started at virtual time V ends when the virtual
-    clock reaches V + work, and jobs end in the order of those marks."""
+    """Processor sharing, by virtual time: while k jobs run, each gets capacity(k) / k of a
+    core (capacity(k) = min(k, cores) for ideal cores), so every running job has received
+    the same service since it started; a job of ``work`` seconds started at virtual time V
+    ends when the virtual clock reaches V + work, and jobs end in the order of those marks."""
 
-    def __init__(self, cores: float | None):
+    def __init__(self, cores: float | None, capacity: Callable[[int], float] | None = None):
         self.cores = math.inf if cores is None else cores
+        self.capacity = capacity or (lambda k: min(float(k), self.cores))
         self.now = 0.0
         self.virtual = 0.0  # service per running job since time 0
         self.jobs: list[tuple[float, int, Callable[..., None], tuple]] = []
@@ -46,7 +47,7 @@ class SharedCores:
 
     def rate(self) -> float:
         """Share of a core each running job gets now."""
-        return min(1.0, self.cores / len(self.jobs)) if self.jobs else 1.0
+        return min(1.0, self.capacity(len(self.jobs)) / len(self.jobs)) if self.jobs else 1.0
 
     def advance(self, t: float) -> None:
         if self.jobs:
@@ -76,7 +77,7 @@ class HostRun:
 
     def __init__(self, cluster: Cluster, rng: np.random.Generator, steps: int, workers: int):
         self.cluster, self.n = cluster, workers
-        self.cores = SharedCores(cluster.host_cores)
+        self.cores = SharedCores(cluster.host_cores, cluster.host_capacity if cluster.host_cores is not None else None)
         self.events: list[tuple[float, int, Callable[..., None], tuple]] = []
         self._seq = 0
         self.rows = 2 * steps + 2

@@ -34,6 +34,16 @@ def test_processor_sharing_closed_forms():
     # 1, 2, 3 s on 2 cores: 2/3 of a core each until the first ends at 1.5 s, then a core each.
     assert ends(2, [1.0, 2.0, 3.0]) == pytest.approx([1.5, 2.5, 3.5])
     assert ends(None, [1.0, 2.0]) == pytest.approx([1.0, 2.0])
+    # A measured curve: two processes together do 1.5 processes' work, so each runs at 0.75.
+    assert ends(2, [1.0, 1.0]) == pytest.approx([1.0, 1.0])
+    speedup = Cluster(workers=1, compute_s=C, model_bytes=MB, host_cores=2, host_speedup=(1.0, 1.5)).host_capacity
+    shared = SharedCores(2, speedup)
+    for w in (1.0, 1.0, 0.5):
+        shared.start(0.0, w, lambda t: None)
+    # three jobs: 1.5 / 3 = 0.5 each until the short one ends at 1 s; then 0.75 each.
+    assert shared.next_end() == pytest.approx(1.0)
+    shared.pop(1.0)
+    assert shared.next_end() == pytest.approx(1.0 + 0.5 / 0.75)
 
 
 @pytest.mark.parametrize("workers, cores", [(2, 2), (3, 2), (4, 2), (8, 3)])
@@ -113,5 +123,7 @@ def test_host_options_are_checked():
         parse_straggler("sleep:1:0.5")
     with pytest.raises(ConfigError, match="--host-cores"):
         cluster(2, host_cores=0)
+    with pytest.raises(ConfigError, match="--host-speedup"):
+        cluster(2, host_cores=2, host_speedup=(1.0, 0.0))
     with pytest.raises(ConfigError, match="--ps-message-us"):
         cluster(2, ps_message_s=-1.0)
