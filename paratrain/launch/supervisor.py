@@ -31,7 +31,7 @@ from typing import Any
 
 from paratrain.comm.transport import free_port
 from paratrain.errors import WorkerFailed, signal_name
-from paratrain.launch.torchrun import _entry, first_failure
+from paratrain.launch.torchrun import _entry, _exit, first_failure
 from paratrain.train.faults import read_progress
 
 
@@ -132,6 +132,10 @@ def _run(env: dict[str, str], result_path: str, fn: Callable[..., Any], args: tu
     result = _entry(fn, *args)
     with open(result_path, "wb") as handle:
         pickle.dump(result, handle)
+    # Past this point the process has nothing left to do. Interpreter finalization could
+    # still destroy a Gloo process group's C++ threads or pending works in an order that
+    # aborts the process (std::terminate, SIGABRT) after a run that succeeded.
+    _exit(0)
 
 
 def _result(folder: Path, rank: int) -> Any:
