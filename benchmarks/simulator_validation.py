@@ -4,7 +4,8 @@ What it does (from the repository root):
 
     .venv/bin/python benchmarks/simulator_validation.py [--workers 2,3,4] [--epochs 6] [--repeats 3]
 
-1. Profiles this machine, each number measured by a short run of the real code:
+1. Profiles this machine before every pass over the settings (the simulation takes each
+   number's median over those profiles), each number measured by a short run of the real code:
    - a worker's compute per step: CPU seconds (every thread of the process) per training
      step, evaluation excluded, in a 1-worker run of the strategy (``allreduce``: one
      process; ``ps-async``: one shard and one worker, no core shared);
@@ -270,6 +271,21 @@ def profile(epochs: int, pings: int, model_bytes: int, max_processes: int) -> di
     }
 
 
+def median_profile(profiles: list[dict]) -> dict:
+    """Every measured number's median over the profiles (the host speedup curve point by point)."""
+    def median(values: list) -> object:
+        first = values[0]
+        if isinstance(first, dict):
+            return {key: median([v[key] for v in values]) for key in first}
+        if isinstance(first, list) and first and not isinstance(first[0], dict):
+            return [statistics.median(column) for column in zip(*values)]
+        if isinstance(first, (int, float)):
+            return statistics.median(values)
+        return first
+
+    return median(profiles)
+
+
 # ----- 2. real runs -------------------------------------------------------------------------------
 class Background:
     """Cores that other tenants of this machine used while a run went on: every core's busy
@@ -502,12 +518,15 @@ def main(argv: list[str] | None = None) -> int:
     settings = [setting(s, n, straggler) for straggler in (False, True)
                 for n in map(int, args.workers.split(",")) for s in args.strategies.split(",")]
     most = max(one["workers"] + one.get("backup_workers", 0) + (0 if one["strategy"] == "allreduce" else 1) for one in settings)
-    machine = profile(args.profile_epochs, args.pings, int(model_bytes), most)
-    print(json.dumps({"machine": machine}), flush=True)
+    profiles = []
 
     runs: list[list[dict]] = [[] for _ in settings]
     with tempfile.TemporaryDirectory() as folder:
         for _ in range(args.repeats):
+            # A profile before every pass: on a shared machine one profile is a snapshot of
+            # its neighbours' load; the simulation takes the median of them all.
+            profiles.append(profile(args.profile_epochs, args.pings, int(model_bytes), most))
+            print(json.dumps({"machine": profiles[-1]}), flush=True)
             for i, one in enumerate(settings):
                 before = wait_for_quiet(args.quiet_below, args.patience)
                 run = {**real_run(one, args.epochs, Path(folder)), "background_cores_before": before}
@@ -515,6 +534,7 @@ def main(argv: list[str] | None = None) -> int:
                 if run["examples_per_second"] is not None:
                     runs[i].append(run)
 
+    machine = median_profile(profiles)
     rows = []
     for one, samples in zip(settings, runs):
         if not samples:
@@ -536,7 +556,7 @@ def main(argv: list[str] | None = None) -> int:
     document = {
         "command": " ".join(["python", "benchmarks/simulator_validation.py", *(argv if argv is not None else sys.argv[1:])]),
         "epochs": args.epochs, "repeats": args.repeats, "batch_size": 32, "model_bytes": model_bytes,
-        "machine": machine, "rows": rows, "summary": summarise(rows, machine["cores"]),
+        "machine": machine, "profiles": profiles, "rows": rows, "summary": summarise(rows, machine["cores"]),
         "environment": {"torch": torch.__version__, "python": platform.python_version(), "platform": platform.platform(),
                         "load_average_1min_at_end": round(os.getloadavg()[0], 2)},
     }
