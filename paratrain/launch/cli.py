@@ -150,11 +150,14 @@ def train_command(args: argparse.Namespace) -> int:
 
 
 def preflight(config: Any) -> None:
-    """Catch bad data or a model that does not fit it here, before starting N processes."""
+    """Catch bad data, a model that does not fit it, or a model the strategy cannot run as
+    configured, here, before starting N processes."""
     from paratrain.data.datasets import load_dataset
     from paratrain.models import build_model
+    from paratrain.registry import STRATEGIES
 
-    build_model(config.model, load_dataset(config).spec)
+    model = build_model(config.model, load_dataset(config).spec)
+    STRATEGIES.get(config.strategy).check_model(model, config)
 
 
 def print_summary(metrics: dict[str, Any], metrics_out: str | None) -> None:

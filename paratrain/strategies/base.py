@@ -146,6 +146,11 @@ class Strategy:
                 )
 
     @classmethod
+    def check_model(cls, model: nn.Module, config: "TrainConfig") -> None:
+        """ConfigError if the mode cannot run this model as configured; called in the
+        launching process before any worker starts."""
+
+    @classmethod
     def chief_rank(cls, config: "TrainConfig") -> int:
         """The global rank of the chief (worker 0)."""
         return 0

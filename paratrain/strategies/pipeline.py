@@ -104,6 +104,14 @@ class PipelineStrategy(Strategy):
             raise ConfigError("--balance time and --split-points both choose the split; give one of them")
 
     @classmethod
+    def check_model(cls, model: nn.Module, config: "TrainConfig") -> None:
+        """The split must give every stage a layer: said before the stages start."""
+        num_layers = len(sequential_layers(model))
+        check_num_parts(num_layers, config.stages)
+        if config.split_points is not None:
+            bounds_from_split_points(parse_split_points(config.split_points), num_layers, config.stages)
+
+    @classmethod
     def check_ps_options(cls, config: "TrainConfig") -> None:
         for name, neutral in cls.PS_OPTIONS.items():
             if getattr(config, name) != neutral:

@@ -1,7 +1,6 @@
 """allreduce on 2 Gloo processes against the single-process reference."""
 
 import json
-import math
 
 import pytest
 import torch

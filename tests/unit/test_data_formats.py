@@ -1,7 +1,6 @@
 """Readers of the real file formats (IDX, CIFAR-10 binary records, text folders) and
 the one-line errors for files that are missing, truncated or not in their format."""
 
-import gzip
 
 import numpy as np
 import pytest

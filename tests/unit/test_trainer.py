@@ -7,7 +7,7 @@ import paratrain
 from paratrain.data.datasets import load_digits
 from paratrain.errors import ConfigError, DivergedError
 from paratrain.models import build_model
-from paratrain.train.callbacks import Callback, EarlyStopping, LearningRateScheduler, StepLog, console
+from paratrain.train.callbacks import Callback, EarlyStopping, LearningRateScheduler
 
 
 def _trainer(lr=0.05, momentum=0.9, seed=0):
