@@ -1,7 +1,8 @@
 """Fault drills: each fault, in each mode it applies to, through the ``paratrain`` CLI.
 
 Every drill runs a real multi-process run (Gloo on loopback) with a fault injected
-(``--fail`` kills a worker with SIGKILL, ``--hang`` makes one stop answering), or
+(``--fail`` kills a worker or a parameter-server shard with SIGKILL, ``--hang`` makes
+a worker stop answering), or
 damages the checkpoints a run resumes from, and records what happened: the exit code,
 the last line on stderr, the test accuracy, and what was lost. The table lands in
 ``benchmarks/results/reliability.md`` (and ``.json``) and between the markers of
@@ -75,6 +76,18 @@ def kill_drills(rng: random.Random, work: Path) -> list[dict]:
         result, metrics = paratrain(*flags, *RUN, "--fail", f"1@{step}", "--checkpoint-dir", str(folder),
                                     "--heartbeat-timeout", "2", *RESTARTS.get(mode, []))
         rows.append(row(f"kill -9 worker 1 at step {step}", mode, result, metrics, lost_by(result, metrics)))
+    return rows
+
+
+def shard_drills(rng: random.Random, work: Path) -> list[dict]:
+    """A parameter-server shard killed: fatal in every mode (it holds the only copy of its
+    parameters), so the run restarts from the last checkpoint."""
+    rows = []
+    for mode in ("ps-sync", "ps-backup", "ps-async"):
+        version = rng.randint(25, 200)
+        result, metrics = paratrain(*MODES[mode], *RUN, "--fail", f"ps:0@{version}", "--max-restarts", "1",
+                                    "--checkpoint-dir", str(work / f"shard-{mode}"))
+        rows.append(row(f"kill -9 ps shard 0 at version {version}", mode, result, metrics, lost_by(result, metrics)))
     return rows
 
 
@@ -167,7 +180,7 @@ def main() -> None:
     rng = random.Random(args.seed)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        rows = kill_drills(rng, work) + hang_drills(work) + divergence_drills(work)
+        rows = kill_drills(rng, work) + shard_drills(rng, work) + hang_drills(work) + divergence_drills(work)
         rows += checkpoint_drills(work) + [crash_mid_write_drill(work)]
     table = markdown(rows)
     RESULTS.mkdir(parents=True, exist_ok=True)

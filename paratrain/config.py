@@ -58,7 +58,7 @@ class TrainConfig:
     schedule: str = _opt("1f1b", "pipeline: micro-batch schedule", choices=("gpipe", "1f1b"))
     balance: str = _opt("params", "pipeline: balance stages by parameter count or by measured time per layer", choices=("params", "time"))
     split_points: str | None = _opt(None, "pipeline: layer indices where stages start, e.g. 3,7 (instead of --balance)")
-    fail: str | None = _opt(None, "fault injection: WORKER@STEP makes that worker's process die at that step")
+    fail: str | None = _opt(None, "fault injection: WORKER@STEP makes that worker's process die at that step; ps:SHARD@VERSION makes a parameter-server shard die once it has published that version")
     hang: str | None = _opt(None, "fault injection: WORKER@STEP makes that worker stop answering at that step (for --timeout drills)")
     straggler: str | None = _opt(None, "fault injection: WORKER:FACTOR makes that worker's steps FACTOR times slower")
     epochs: int = _opt(15, "passes over the training data")
@@ -133,7 +133,12 @@ class TrainConfig:
             raise ConfigError(f"{flag} needs --checkpoint-dir (the folder to go on from)")
         if self.logdir is not None and Path(self.logdir).expanduser().is_file():
             raise ConfigError(f"--logdir {self.logdir} is a file; give a folder")
-        self.fail_at = _parse_fault("fail", self.fail, "@", int, "WORKER@STEP, e.g. 1@40")
+        shard_fault = self.fail is not None and self.fail.startswith("ps:")
+        fail_form = "WORKER@STEP (e.g. 1@40) or ps:SHARD@VERSION (e.g. ps:0@100)"
+        parsed = _parse_fault("fail", self.fail, "@", int, fail_form, prefix="ps:" if shard_fault else "")
+        if parsed is not None and parsed[1] < 1:
+            raise ConfigError(f"--fail {self.fail}: the step or version must be >= 1")
+        self.fail_at, self.fail_shard_at = (None, parsed) if shard_fault else (parsed, None)
         self.hang_at = _parse_fault("hang", self.hang, "@", int, "WORKER@STEP, e.g. 1@40")
         self.straggler_factor = _parse_fault("straggler", self.straggler, ":", float, "WORKER:FACTOR, e.g. 2:3.0")
         if self.straggler_factor and self.straggler_factor[1] < 1:
@@ -178,11 +183,12 @@ class TrainConfig:
         return dataclasses.replace(self, **changes)
 
 
-def _parse_fault(name: str, text: str | None, sep: str, kind: type, form: str) -> tuple[int, Any] | None:
-    """``"1@40"`` -> (1, 40) for --fail, ``"2:3.0"`` -> (2, 3.0) for --straggler."""
+def _parse_fault(name: str, text: str | None, sep: str, kind: type, form: str, prefix: str = "") -> tuple[int, Any] | None:
+    """``"1@40"`` -> (1, 40) for --fail, ``"2:3.0"`` -> (2, 3.0) for --straggler; ``prefix``
+    (``"ps:"``) is dropped first."""
     if text is None:
         return None
-    worker, found, value = text.partition(sep)
+    worker, found, value = text.removeprefix(prefix).partition(sep)
     try:
         if not found:
             raise ValueError
@@ -190,7 +196,7 @@ def _parse_fault(name: str, text: str | None, sep: str, kind: type, form: str) -
     except ValueError:
         raise ConfigError(f"{_flag(name)} must be {form}, got {text!r}") from None
     if parsed[0] < 0:
-        raise ConfigError(f"{_flag(name)}: worker index must be >= 0, got {parsed[0]}")
+        raise ConfigError(f"{_flag(name)}: {'shard' if prefix else 'worker'} index must be >= 0, got {parsed[0]}")
     return parsed
 
 

@@ -64,8 +64,10 @@ def _restart_line(failure: WorkerFailed, folder: Path, num_processes: int, resta
     resumed = complete[0][0] if complete else 0
     reached = max(progress, default=0)
     origin = f"the checkpoint of step {resumed}" if complete else "the start (no checkpoint yet)"
-    # Processes that train record their steps; a parameter-server shard has none to tell.
-    after = f" after step {progress[failure.rank]}" if progress[failure.rank] else ""
+    # A process killed by a signal said nothing: its beacon tells how far it got. One that
+    # failed with an error said where in its own message.
+    killed = failure.worker_exit_code < 0 and progress[failure.rank]
+    after = f" after step {progress[failure.rank]}" if killed else ""
     return (
         f"paratrain: {str(failure).splitlines()[0]}{after}; restarting the run "
         f"(restart {restart} of {limit}) from {origin}: {max(reached - resumed, 0)} steps redone"

@@ -138,12 +138,27 @@ class Strategy:
 
     @classmethod
     def check_faults(cls, config: "TrainConfig") -> None:
-        """--fail and --straggler must name a worker that exists (0..workers-1)."""
+        """--fail and --straggler must name a worker that exists (0..workers-1), and
+        ``--fail ps:SHARD@VERSION`` a shard that exists."""
         for flag, parsed in (("--fail", config.fail_at), ("--hang", config.hang_at), ("--straggler", config.straggler_factor)):
             if parsed and parsed[0] >= config.num_worker_processes:
                 raise ConfigError(
                     f"{flag} names worker {parsed[0]}, but the run has workers 0..{config.num_worker_processes - 1}"
                 )
+        if config.fail_shard_at:
+            shards = cls.num_shards_for(config)
+            if not shards:
+                raise ConfigError(
+                    f"--fail {config.fail} names a parameter-server shard; --strategy {config.strategy} has none "
+                    "(the ps-* strategies do): name a worker, WORKER@STEP"
+                )
+            if config.fail_shard_at[0] >= shards:
+                raise ConfigError(f"--fail {config.fail} names shard {config.fail_shard_at[0]}, but the run has shards 0..{shards - 1}")
+
+    @classmethod
+    def num_shards_for(cls, config: "TrainConfig") -> int:
+        """Parameter-server shards this mode runs (none outside the ps-* strategies)."""
+        return 0
 
     @classmethod
     def check_model(cls, model: nn.Module, config: "TrainConfig") -> None:

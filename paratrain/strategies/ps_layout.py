@@ -26,9 +26,10 @@ PULL, PUSH, DONE, SHUTDOWN = 1, 2, 3, 4
 # shard's single any-source receive always matches.
 TAG_MESSAGE, TAG_REPLY_HEADER, TAG_REPLY = 11, 13, 14
 RUN_TAG_STRIDE = 16  # each run in a process group adds a multiple of this to its tags
-HEADER_SIZE = 11
+HEADER_SIZE = 12
 (KIND, VERSION_HI, VERSION_LO, SAMPLES, LR_SCALE, WANTS_REPLY, WANTED_HI, WANTED_LO,
- WANTS_BATCH, EPOCH, NUM_BATCHES) = range(HEADER_SIZE)
+ WANTS_BATCH, EPOCH, NUM_BATCHES, NONFINITE) = range(HEADER_SIZE)
+# NONFINITE: the push's gradient held a NaN or Inf (--on-nan skip); its payload is not sent.
 # A reply: the shard's version, then (from shard 0, when asked) the next batch of the
 # epoch for this worker: its index, or NO_MORE_BATCHES; the other shards say NOT_ASSIGNED.
 HEADER_BYTES = HEADER_SIZE * 4  # the header travels as float32 at the front of a byte message

@@ -25,6 +25,8 @@ class Gradient:
     """The version of the parameters it was computed on."""
     samples: int
     lr_scale: float
+    finite: bool = True
+    """False: it held a NaN or Inf (--on-nan skip); the shard skips what it would have applied."""
 
 
 class ServerView(Protocol):

@@ -31,7 +31,7 @@ from paratrain.comm.codecs import make_codec
 from paratrain.comm.packing import PackedGradient
 from paratrain.errors import ConfigError, WorkerLost
 from paratrain.strategies.ps_layout import (
-    DONE, EPOCH, HEADER_BYTES, KIND, LR_SCALE, NO_MORE_BATCHES, NOT_ASSIGNED, NUM_BATCHES, PULL, PUSH, SAMPLES,
+    DONE, EPOCH, HEADER_BYTES, KIND, LR_SCALE, NO_MORE_BATCHES, NONFINITE, NOT_ASSIGNED, NUM_BATCHES, PULL, PUSH, SAMPLES,
     SHUTDOWN, TAG_MESSAGE, TAG_REPLY, TAG_REPLY_HEADER, VERSION_HI, VERSION_LO, WANTED_HI, WANTED_LO, WANTS_BATCH,
     WANTS_REPLY, ShardLayout, decode_version,
 )
@@ -84,6 +84,7 @@ class ShardServer:
         self._num_batches: dict[int, int] = {}
         self.checkpoint_every = 0
         self.save_checkpoint: Any = None  # (version, state) -> None, every checkpoint_every versions
+        self.version_hooks: list[Any] = []  # (version) -> None, after each version is published
         self._saved_version = -1
         self._clocks = dict.fromkeys(range(num_workers), 0)
         self._last_message = dict.fromkeys(range(num_workers), 0.0)
@@ -91,6 +92,7 @@ class ShardServer:
         self.lost: set[int] = set()
         self.staleness: Counter[int] = Counter()
         self.dropped = self.dropped_samples = self.samples = 0
+        self.skipped = 0  # updates skipped for a NaN or Inf gradient (--on-nan skip)
         self.bytes_sent = 0
         self.max_clock_gap = 0
         self.lock = threading.Lock()
@@ -177,9 +179,11 @@ class ShardServer:
             batch = (int(header[EPOCH]), int(header[NUM_BATCHES])) if header[WANTS_BATCH] else None
             with self.lock:
                 if kind == PUSH:
-                    self.packer.decompress_into(message[HEADER_BYTES:], self.incoming)
+                    finite = not header[NONFINITE]
+                    if finite:  # a non-finite push carries no payload
+                        self.packer.decompress_into(message[HEADER_BYTES:], self.incoming)
                     version = decode_version(header[VERSION_HI], header[VERSION_LO])
-                    grad = Gradient(worker, version, int(header[SAMPLES]), header[LR_SCALE])
+                    grad = Gradient(worker, version, int(header[SAMPLES]), header[LR_SCALE], finite)
                     self._on_push(grad)
                     if header[WANTS_REPLY]:
                         self._waiting.append((worker, self.rule.wanted_after(grad), batch))
@@ -198,21 +202,28 @@ class ShardServer:
         if verdict == "drop":
             self.dropped += 1
             self.dropped_samples += grad.samples
+        elif verdict == "apply" and not grad.finite:
+            self.skipped += 1  # ps-async: nothing applied, no version published
         elif verdict == "apply":
             self.staleness[self.version - grad.version] += 1
             self.grad.copy_(self.incoming)
             self._apply(grad.lr_scale)
         else:  # hold for this version's average, weighted by samples
-            self.held.add_(self.incoming, alpha=grad.samples)
+            if grad.finite:
+                self.held.add_(self.incoming, alpha=grad.samples)
             self._held.append(grad)
 
     def _progress(self) -> None:
         """Publish a version if the held gradients make one; answer the pulls that may go."""
         if self._held and self.rule.ready({g.worker for g in self._held}, self):
-            total = sum(g.samples for g in self._held)
-            self.grad.copy_(self.held).div_(total)
-            self.staleness[0] += len(self._held)
-            self._apply(self._held[0].lr_scale)
+            if all(g.finite for g in self._held):
+                total = sum(g.samples for g in self._held)
+                self.grad.copy_(self.held).div_(total)
+                self.staleness[0] += len(self._held)
+                self._apply(self._held[0].lr_scale)
+            else:  # the average holds a NaN or Inf: the version comes without an update
+                self.skipped += 1
+                self._apply(self._held[0].lr_scale, skip=True)
             self.held.zero_()
             self._held.clear()
         still_waiting = []
@@ -226,14 +237,18 @@ class ShardServer:
         if not self.active_workers():
             self.finished.set()
 
-    def _apply(self, lr_scale: float) -> None:
-        self._flush_replies()  # their bytes are read from self.params, about to change
-        for group, base in zip(self.optimizer.param_groups, self.base_lrs):
-            group["lr"] = base * lr_scale
-        self.optimizer.step()
+    def _apply(self, lr_scale: float, skip: bool = False) -> None:
+        """One optimizer step (none with ``skip``), then the next version."""
+        if not skip:
+            self._flush_replies()  # their bytes are read from self.params, about to change
+            for group, base in zip(self.optimizer.param_groups, self.base_lrs):
+                group["lr"] = base * lr_scale
+            self.optimizer.step()
         self.version += 1
         if self.save_checkpoint is not None and self.version % self.checkpoint_every == 0:
             self._save()
+        for hook in self.version_hooks:
+            hook(self.version)
 
     def _save(self) -> None:
         # Before this version's pulls are answered: the batches handed out are exactly
@@ -325,6 +340,7 @@ class ShardServer:
             "dropped": self.dropped,
             "dropped_samples": self.dropped_samples,
             "samples": self.samples,
+            "skipped": self.skipped,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -339,6 +355,7 @@ class ShardServer:
         self._num_batches = {int(k): int(v) for k, v in state["num_batches"].items()}
         self.staleness = Counter({int(k): int(v) for k, v in state["staleness"].items()})
         self.dropped, self.dropped_samples, self.samples = state["dropped"], state["dropped_samples"], state["samples"]
+        self.skipped = int(state.get("skipped", 0))
 
     def position(self) -> dict[str, int]:
         """Where a resumed run goes on: the version, and the first epoch with batches left."""
@@ -360,6 +377,7 @@ class ShardServer:
             "samples": self.samples,
             "dropped_gradients": self.dropped,
             "dropped_samples": self.dropped_samples,
+            "skipped_updates": self.skipped,
             "staleness": {str(k): v for k, v in sorted(self.staleness.items())},
             "workers_lost": sorted(self.lost),
             "max_clock_gap": self.max_clock_gap,

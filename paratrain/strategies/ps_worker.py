@@ -31,10 +31,10 @@ from paratrain.comm.codecs import CodecOptions, make_codec
 from paratrain.comm.packing import PackedGradient
 from paratrain.comm.transport import cluster_from_env
 from paratrain.data.sharding import ShardedBatches
-from paratrain.errors import ConfigError, WorkerLost
-from paratrain.strategies.base import LossFn, StepOutput, Strategy, resolve_device, staleness_summary
+from paratrain.errors import ConfigError, DivergedError, WorkerLost
+from paratrain.strategies.base import LossFn, StepOutput, Strategy, finite_parameters, resolve_device, staleness_summary
 from paratrain.strategies.ps_layout import (
-    DONE, EPOCH, HEADER_BYTES, KIND, LR_SCALE, NUM_BATCHES, PULL, PUSH, REPLY_HEADER_SIZE, SAMPLES, SHUTDOWN,
+    DONE, EPOCH, HEADER_BYTES, KIND, LR_SCALE, NONFINITE, NUM_BATCHES, PULL, PUSH, REPLY_HEADER_SIZE, SAMPLES, SHUTDOWN,
     RUN_TAG_STRIDE, TAG_MESSAGE, TAG_REPLY, TAG_REPLY_HEADER, VERSION_HI, VERSION_LO, WANTED_HI, WANTED_LO, WANTS_BATCH, WANTS_REPLY,
     ShardLayout, encode_version,
 )
@@ -48,7 +48,6 @@ if TYPE_CHECKING:
 
 
 class ParameterServerStrategy(Strategy):
-    skips_nonfinite = False  # the shards apply the gradients; a NaN loss stops the run
     """Parameter-server training; ``mode`` is ``"sync"``, ``"backup"`` or ``"async"``."""
 
     MODES = ("sync", "backup", "async")
@@ -103,6 +102,7 @@ class ParameterServerStrategy(Strategy):
         self._samples_per_push = 0
         self._checkpoint: Any = None
         self._restore: dict[str, Any] | None = None
+        self._version_hooks: list[Any] = []
 
     # ----- configuration ---------------------------------------------------------------
     @classmethod
@@ -131,8 +131,12 @@ class ParameterServerStrategy(Strategy):
             raise ConfigError("--fail names worker 0, the chief (it evaluates and writes the metrics); name another worker")
 
     @classmethod
+    def num_shards_for(cls, config: "TrainConfig") -> int:
+        return config.ps_shards or 1
+
+    @classmethod
     def num_processes(cls, config: "TrainConfig") -> int:
-        return (config.ps_shards or 1) + config.num_worker_processes
+        return cls.num_shards_for(config) + config.num_worker_processes
 
     @classmethod
     def check_cluster(cls, cluster: "ClusterEnv", config: "TrainConfig") -> None:
@@ -319,11 +323,16 @@ class ParameterServerStrategy(Strategy):
             checkpoint, shard = self._checkpoint, self.rank
             server.checkpoint_every = checkpoint.every_steps
             server.save_checkpoint = lambda version, state: checkpoint.save_part(version, f"shard-{shard}", state, shard == 0)
+        server.version_hooks = list(self._version_hooks)
         stats = server.serve()
         if self._checkpoint is not None:
             self._checkpoint.finish_saving()
         self._finished = True
         return stats
+
+    def on_version(self, hook: Any) -> None:
+        """On a shard, before serve(): ``hook(version)`` after each version it publishes."""
+        self._version_hooks.append(hook)
 
     # ----- checkpoints: the shards hold the state -----------------------------------------------
     def checkpoint_parts(self) -> list[str]:
@@ -365,14 +374,20 @@ class ParameterServerStrategy(Strategy):
             loss = loss_fn(logits, targets)
         with span("backward"):
             loss.backward()
+        finite = self.on_nan != "skip" or bool(torch.isfinite(self._flat_grad).all())
+        if not finite:
+            # The shards skip it (in ps-sync and ps-backup: the whole round it is part of).
+            self.skipped_updates += 1
+            if not finite_parameters(model):  # nothing left to skip back to
+                raise DivergedError(loss.item(), self._steps + 1)
         with span("push", COMM):
             self._post_reply()
-            self._send(PUSH, samples=len(targets), wants_reply=True)
+            self._send(PUSH, samples=len(targets), wants_reply=True, finite=finite)
             self._pushed_on = self._versions[0]
         self._samples += len(targets)
         self._samples_per_push = len(targets)
         self._steps += 1
-        return StepOutput(loss.detach(), logits.detach())
+        return StepOutput(loss.detach(), logits.detach(), skipped=not finite)
 
     def step_counters(self) -> dict[str, float]:
         return {"bytes_sent": self._bytes_sent, "wait_seconds": self.wait_seconds, "staleness": self._last_staleness}
@@ -421,7 +436,7 @@ class ParameterServerStrategy(Strategy):
         if self._host is not self._flat:
             self._flat.copy_(self._host, non_blocking=True)
 
-    def _send(self, kind: int, *, samples: int = 0, wants_reply: bool = False, wanted: int = 0) -> None:
+    def _send(self, kind: int, *, samples: int = 0, wants_reply: bool = False, wanted: int = 0, finite: bool = True) -> None:
         # A message that asks for a reply during an epoch of assigned batches also asks for a batch.
         epoch = self._epoch_asking if wants_reply else None
         """One message to every shard: header, then (for a push) that shard's gradient slice."""
@@ -441,7 +456,8 @@ class ParameterServerStrategy(Strategy):
             header[WANTED_HI], header[WANTED_LO] = encode_version(wanted)
             if epoch is not None:
                 header[WANTS_BATCH], header[EPOCH], header[NUM_BATCHES] = 1.0, epoch[0], epoch[1]
-            if kind == PUSH:
+            header[NONFINITE] = float(not finite)
+            if kind == PUSH and finite:  # a NaN must not reach the codecs' state (residuals)
                 self._packers[shard].compress_into(self._host_grad[self.layout.shard_range(shard)], message[HEADER_BYTES:])
             works.append(dist.isend(message, dst=shard, tag=TAG_MESSAGE + self._tags))
             self._bytes_sent += message.numel() * message.element_size()
@@ -533,6 +549,7 @@ class ParameterServerStrategy(Strategy):
             "bytes_sent": others + chief + final_replies + sum(s["bytes_sent"] for s in self._server_stats),
             "dropped_gradients": first["dropped_gradients"],
             "dropped_samples": first["dropped_samples"],
+            "skipped_updates": first["skipped_updates"],
             "staleness": staleness_summary({int(k): v for k, v in first["staleness"].items()}),
             "workers_lost": lost,
             "bytes_per_shard": [s["bytes"] for s in self._server_stats],

@@ -1,4 +1,5 @@
-"""Fault injection for drills and tests, in every strategy: ``--fail`` and ``--straggler``.
+"""Fault injection for drills and tests, in every strategy: ``--fail``, ``--hang`` and ``--straggler``;
+``--fail ps:SHARD@VERSION`` for a parameter-server shard.
 
 Both are callbacks keyed by the worker index (``strategy.rank``, 0..workers-1), so the
 same flags mean the same thing under allreduce and under a parameter server. A failure
@@ -32,8 +33,29 @@ class FailAt(Callback):
 
     def on_batch_end(self, step: int, logs: dict[str, Any]) -> None:
         if step == self.step and self.trainer.strategy.rank == self.worker and restart_count() == 0:
-            print(f"paratrain: worker {self.worker}: injected failure at step {step}", file=sys.stderr, flush=True)
-            os.kill(os.getpid(), signal.SIGKILL)
+            _die(f"worker {self.worker}: injected failure at step {step}")
+
+
+class ShardFailAt(Callback):
+    """The process of parameter-server shard ``shard`` is killed (SIGKILL) once it has
+    published version ``version``: the workers' waits on it fail and the run stops with
+    an error naming it (or restarts from its checkpoint, with --max-restarts)."""
+
+    def __init__(self, shard: int, version: int):
+        self.shard, self.version = shard, version
+
+    def on_serve(self, strategy: Any) -> None:
+        if strategy.rank == self.shard and restart_count() == 0:
+            strategy.on_version(self._check)
+
+    def _check(self, version: int) -> None:
+        if version == self.version:
+            _die(f"ps shard {self.shard}: injected failure at version {version}")
+
+
+def _die(what: str) -> None:
+    print(f"paratrain: {what}", file=sys.stderr, flush=True)
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 class Straggler(Callback):
@@ -60,6 +82,8 @@ def fault_callbacks(config: Any, global_rank: int = 0) -> list[Callback]:
         callbacks.append(StepBeacon(os.environ["PARATRAIN_PROGRESS"], global_rank))
     if config.fail_at:
         callbacks.append(FailAt(*config.fail_at))
+    if config.fail_shard_at:
+        callbacks.append(ShardFailAt(*config.fail_shard_at))
     if config.hang_at:
         callbacks.append(HangAt(*config.hang_at))
     if config.straggler_factor:
@@ -83,8 +107,8 @@ class HangAt(Callback):
 
 
 class StepBeacon(Callback):
-    """Records the last step this process finished in slot ``rank`` of the supervisor's
-    progress file (``PARATRAIN_PROGRESS``): one 8-byte store into shared memory a step,
+    """Records the last step this process finished (a parameter-server shard: the last
+    version it published) in slot ``rank`` of the supervisor's progress file (``PARATRAIN_PROGRESS``): one 8-byte store into shared memory a step,
     read by the supervisor when a process dies without a word."""
 
     def __init__(self, path: str, rank: int):
@@ -95,6 +119,13 @@ class StepBeacon(Callback):
 
     def on_batch_end(self, step: int, logs: dict[str, Any]) -> None:
         self._slot[self.rank] = step
+
+    def on_serve(self, strategy: Any) -> None:
+        # A parameter-server shard's step is its version: the global step of a ps-* run.
+        strategy.on_version(self._record)
+
+    def _record(self, version: int) -> None:
+        self._slot[self.rank] = version
 
 
 def read_progress(path: str | os.PathLike, num_processes: int) -> list[int]:

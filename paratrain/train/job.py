@@ -105,6 +105,8 @@ def _run(config: TrainConfig, strategy: Any, started: float) -> dict[str, Any]:
         return {"role": "worker", "rank": strategy.rank}
     examples = stats.pop("examples_processed", trainer.examples_seen)
     global_steps = stats.pop("global_steps", trainer.global_step)
+    # every replica skips alike; a parameter server's shards count the updates they skipped
+    skipped = stats.pop("skipped_updates", strategy.skipped_updates)
     document = metrics_document(
         strategy.describe(),
         stats,
@@ -132,7 +134,7 @@ def _run(config: TrainConfig, strategy: Any, started: float) -> dict[str, Any]:
             "config": config.to_dict(),
             "resumed_from_step": checkpoint.restored_step if checkpoint else None,
             "restarts": restart_count(),
-            "skipped_updates": strategy.skipped_updates,  # every replica skips alike
+            "skipped_updates": skipped,
         },
     )
     if config.metrics_out:

@@ -16,12 +16,12 @@ pytestmark = pytest.mark.distributed
 FAST = ["--epochs", "2", "--no-progress", "--log-every", "0"]
 
 
-def _fit(strategy, batch_size, steps, momentum=0.0):
+def _fit(strategy, batch_size, steps, momentum=0.0, loss="cross_entropy"):
     torch.manual_seed(0)
     splits = load_digits()
     model = build_model("mlp", splits.spec)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=momentum)
-    trainer = paratrain.Trainer(model, "cross_entropy", optimizer, strategy=strategy)
+    trainer = paratrain.Trainer(model, loss, optimizer, strategy=strategy)
     x, y = splits.train.tensors
     n = steps * batch_size * max(strategy.num_replicas, 1)
     trainer.fit((x[:n], y[:n]), epochs=1, batch_size=batch_size, verbose=0)
@@ -45,6 +45,54 @@ def test_ps_sync_equals_single_with_the_global_batch(shards, momentum):
     results = run_distributed(_ps_params, shards, b, k, momentum, world_size=shards + 2)
     chief = results[shards]
     assert relative_difference(chief, reference) < 1e-5
+
+
+def _nan_at(call, strategy, rank):
+    """Cross-entropy that is NaN at its ``call``-th evaluation on worker ``rank`` only."""
+    calls = {"n": 0}
+
+    def loss(logits, targets):
+        calls["n"] += 1
+        value = torch.nn.functional.cross_entropy(logits, targets)
+        bad = calls["n"] == call and strategy.rank == rank and strategy.role == "worker"
+        return value * float("nan") if bad else value
+
+    return loss
+
+
+def _ps_skipping(mode, batch_size, steps, nan_step):
+    strategy = ParameterServerStrategy(mode, device="cpu")
+    strategy.on_nan = "skip"
+    trainer = _fit(strategy, batch_size, steps, loss=_nan_at(nan_step, strategy, rank=1))
+    result = (flat_parameters(trainer.module), strategy.stats(), trainer.global_step) if strategy.is_chief else None
+    strategy.teardown()
+    return result
+
+
+def test_on_nan_skip_in_ps_sync_skips_that_round_as_single_skips_that_step():
+    """Worker 1's NaN at its step 4 == the single process's NaN at step 4: the same
+    update is skipped (the round's average would hold the NaN), the rest are equal."""
+    b, k = 16, 10
+    reference = paratrain.SingleDeviceStrategy(device="cpu")
+    reference.on_nan = "skip"
+    expected = flat_parameters(_fit(reference, 2 * b, k, loss=_nan_at(4, reference, rank=0)).module)
+    assert reference.skipped_updates == 1
+    params, stats, steps = run_distributed(_ps_skipping, "sync", b, k, 4, world_size=3)[1]
+    assert stats["skipped_updates"] == 1 and stats["global_steps"] == k and steps == k
+    assert relative_difference(params, expected) < 1e-5
+
+
+def test_on_nan_skip_in_ps_async_skips_that_gradient_alone():
+    params, stats, _ = run_distributed(_ps_skipping, "async", 16, 10, 4, world_size=3)[1]
+    assert stats["skipped_updates"] == 1
+    assert stats["global_steps"] == 2 * 10 - 1  # one version per applied gradient
+    assert bool(torch.isfinite(params).all())
+
+
+def test_on_nan_skip_stops_when_the_parameters_themselves_diverge(cli):
+    result = cli("train", "--strategy", "ps-sync", "--workers", "2", "--on-nan", "skip", "--lr", "1e20", *FAST)
+    assert result.returncode == 3, result.stderr[-2000:]
+    assert "model diverged with loss = nan at step" in result.stderr.strip().splitlines()[-1]
 
 
 def _metrics(cli, tmp_path, *args):

@@ -75,6 +75,28 @@ def test_a_run_that_keeps_failing_stops_after_its_restarts(cli, tmp_path):
     assert (tmp_path / "ckpt-000000020" / "manifest.json").exists()  # the last good checkpoint stays
 
 
+def test_a_dead_shard_stops_the_run_with_its_name(cli, tmp_path):
+    # Two shards, the second killed: the workers' waits on it fail; the run ends, never hangs.
+    result = cli("train", "--strategy", "ps-async", "--workers", "2", "--ps-shards", "2", *RUN[:5],
+                 "--fail", "ps:1@60", "--timeout", "20")
+    assert result.returncode == 1
+    assert "paratrain: ps shard 1: injected failure at version 60" in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == "paratrain: ps shard 1 was killed by SIGKILL"
+
+
+def test_a_dead_shard_restarts_the_run_from_its_checkpoint(cli, tmp_path):
+    metrics, result = _run(
+        cli, tmp_path, "killed", "--strategy", "ps-sync", "--workers", "2", *RUN,
+        "--checkpoint-dir", str(tmp_path / "c"), "--fail", "ps:0@50", "--max-restarts", "1",
+    )
+    # A shard's step is its version, the run's global step.
+    assert "paratrain: ps shard 0 was killed by SIGKILL after step 50; restarting the run (restart 1 of 1) " \
+           "from the checkpoint of step 40: 10 steps redone" in result.stderr
+    assert metrics["restarts"] == 1 and metrics["resumed_from_step"] == 40
+    assert metrics["global_steps"] == 10 * STEPS_PER_EPOCH[2]  # every version, none twice
+    assert metrics["test_accuracy"] >= 0.95
+
+
 def test_a_hung_worker_is_named_when_the_timeout_expires(cli):
     result = cli("train", "--strategy", "allreduce", "--workers", "2", *RUN[:5], "--hang", "1@7", "--timeout", "4")
     assert result.returncode == 1

@@ -34,9 +34,13 @@ def test_alias_resolves_to_canonical_name():
         ({"checkpoint_dir": "d", "checkpoint_every": 0}, ["--checkpoint-every", ">= 1"]),
         ({"checkpoint_dir": "d", "keep": 0}, ["--keep", ">= 1"]),
         ({"on_nan": "ignore"}, ["--on-nan", "stop, skip"]),
-        ({"on_nan": "skip", "strategy": "ps-sync", "workers": 2}, ["--on-nan skip is not available", "ps-sync"]),
+        ({"on_nan": "skip", "strategy": "pipeline", "workers": 2}, ["--on-nan skip is not available", "pipeline"]),
         ({"hang": "1@x"}, ["--hang", "WORKER@STEP"]),
         ({"hang": "3@5", "strategy": "allreduce", "workers": 2}, ["--hang names worker 3", "0..1"]),
+        ({"fail": "ps:x@5", "strategy": "ps-async", "workers": 2}, ["--fail must be", "ps:SHARD@VERSION", "'ps:x@5'"]),
+        ({"fail": "ps:0@0", "strategy": "ps-async", "workers": 2}, ["--fail ps:0@0", ">= 1"]),
+        ({"fail": "ps:1@9", "strategy": "ps-sync", "workers": 2}, ["names shard 1", "shards 0..0"]),
+        ({"fail": "ps:0@9", "strategy": "allreduce", "workers": 2}, ["--strategy allreduce has none", "WORKER@STEP"]),
     ],
 )
 def test_bad_values_name_the_flag_and_what_is_valid(changes, words):
@@ -46,6 +50,13 @@ def test_bad_values_name_the_flag_and_what_is_valid(changes, words):
     assert "\n" not in message
     for word in words:
         assert word in message
+
+
+def test_fail_names_a_worker_or_a_shard():
+    worker = TrainConfig(strategy="ps-async", workers=2, fail="1@40")
+    assert (worker.fail_at, worker.fail_shard_at) == ((1, 40), None)
+    shard = TrainConfig(strategy="ps-async", workers=2, ps_shards=2, fail="ps:1@100")
+    assert (shard.fail_at, shard.fail_shard_at) == (None, (1, 100))
 
 
 def test_toml_file_and_flags_on_top(tmp_path):
