@@ -419,9 +419,13 @@ class Strategy:
         ``state`` (its part of the checkpoint resumed from, or None)."""
         raise NotImplementedError(f"{self.name} has no serving role")
 
-    def resume_trainer(self, trainer: Any) -> None:
+    def on_checkpoint(self, checkpoint: Any) -> None:
+        """On every process of a run with checkpoints, before training: a mode that keeps
+        state of its own outside the checkpoint steps may save it through ``checkpoint``."""
+
+    def resume_trainer(self, trainer: Any, folder: Any) -> None:
         """On a process whose checkpoint state lives elsewhere: put ``trainer`` where the
-        run resumes."""
+        run resumes (from the checkpoint folder ``folder``)."""
         raise NotImplementedError(f"{self.name} keeps its state in its own checkpoint part")
 
     def load_state_dict(self, state: dict[str, Any]) -> None:

@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from paratrain.comm.codecs import CodecOptions, make_codec
+from paratrain.comm.codecs import Codec, CodecOptions, make_codec
 from paratrain.comm.packing import PackedGradient
 from paratrain.comm.transport import cluster_from_env
 from paratrain.data.sharding import ShardedBatches
@@ -41,6 +41,7 @@ from paratrain.strategies.ps_layout import (
 from paratrain.strategies.ps_policies import AsyncRule, StalePolicy, SyncRule
 from paratrain.strategies.ps_server import ShardServer
 from paratrain.timeline import COMM, span
+from paratrain.train.callbacks import console
 
 if TYPE_CHECKING:
     from paratrain.comm.transport import ClusterEnv
@@ -103,6 +104,8 @@ class ParameterServerStrategy(Strategy):
         self._checkpoint: Any = None
         self._restore: dict[str, Any] | None = None
         self._version_hooks: list[Any] = []
+        self._codec_checkpoint: Any = None  # workers whose codec has state save it beside checkpoints
+        self._codec_saved = 0  # the version of the last checkpoint it was saved for
 
     # ----- configuration ---------------------------------------------------------------
     @classmethod
@@ -340,7 +343,8 @@ class ParameterServerStrategy(Strategy):
 
     def checkpoint_part(self) -> str | None:
         """Shards save their slice, optimizer, version and the data position at every
-        --checkpoint-every versions; workers hold nothing the shards do not."""
+        --checkpoint-every versions; a worker's codec state goes beside them, outside the
+        manifest (``_save_codec_state``)."""
         return f"shard-{self.rank}" if self.role == "ps" else None
 
     def model_part(self) -> str | None:
@@ -349,14 +353,52 @@ class ParameterServerStrategy(Strategy):
     def attach_checkpoint(self, checkpoint: Any, state: dict[str, Any] | None) -> None:
         self._checkpoint, self._restore = checkpoint, state
 
-    def resume_trainer(self, trainer: Any) -> None:
+    def resume_trainer(self, trainer: Any, folder: Any) -> None:
         """A worker goes on at the epoch and step shard 0 restored (its parameters came with
-        its first pull); the shards' state is the run's, so the epochs' logs start anew."""
+        its first pull); the shards' state is the run's, so the epochs' logs start anew.
+        Its codec's state (error-feedback residuals, PowerSGD's Q) comes from its own file."""
+        from paratrain.train.checkpoint import CheckpointStore
+
         self._store.wait(["resume"], timedelta(seconds=self.timeout))
         position = json.loads(self._store.get("resume"))
         per_worker = self.num_replicas if self.mode == "async" else 1
         trainer.global_step = position["version"] // per_worker
         trainer.epoch = position["epoch"]
+        if self._codec_checkpoint is not None:
+            self._codec_saved = position["version"]
+            state = CheckpointStore.read_extra(folder, self._codec_part(), map_location="cpu")
+            if state is None:
+                console.print(f"paratrain: worker {self.rank}: {folder} holds no {self._codec_part()}.pt; "
+                              f"its {self.codec.name} state starts empty")
+            else:
+                self.codec.load_state_dict(state["codec"])
+
+    # ----- checkpoints: a worker's codec state ----------------------------------------------------
+    def on_checkpoint(self, checkpoint: Any) -> None:
+        # Only a codec with state (error feedback, PowerSGD, stochastic rounding) has any.
+        if self.role == "worker" and type(self.codec).state_dict is not Codec.state_dict:
+            self._codec_checkpoint = checkpoint
+
+    def _codec_part(self) -> str:
+        return f"worker-{self.rank}"
+
+    def _save_codec_state(self, version: int, final: bool = False) -> None:
+        """Beside each checkpoint the shards have written since the last reply (every
+        --checkpoint-every versions, and the ``final`` one), this worker's codec state as
+        of its last push: in ps-sync exactly the state of that version; in ps-async and
+        ps-backup that of the first version after it that this worker saw. A file outside
+        the manifest: a checkpoint without it resumes with that state empty, and says so."""
+        checkpoint = self._codec_checkpoint
+        every = checkpoint.every_steps
+        marks = list(range((self._codec_saved // every + 1) * every, version + 1, every))
+        if final and version > self._codec_saved and version not in marks:
+            marks.append(version)
+        if not marks:
+            return
+        state = {"codec": self.codec.state_dict(), "version": version}
+        for mark in marks:
+            checkpoint.store.write_part(mark, self._codec_part(), state)
+        self._codec_saved = version
 
     def _fresh_codec(self) -> Any:
         return make_codec(self.compression, self.codec_options)
@@ -425,6 +467,8 @@ class ParameterServerStrategy(Strategy):
         self.wait_seconds += time.perf_counter() - started
         self._reply_works = []
         self._versions = [int(r[0].item()) for r in self._replies]
+        if self._codec_checkpoint is not None:
+            self._save_codec_state(self._versions[0])
         if self._pushed_on is not None:
             # The reply to a push comes once the shard applied it, at version v'; a gradient
             # computed on v was then v' - 1 - v versions old (0 in synchronous rounds).
@@ -513,6 +557,10 @@ class ParameterServerStrategy(Strategy):
         self._await_reply()
         self._drain_sends()  # the shard must have all of it before this process may go
         self._finished = True
+        if self._codec_checkpoint is not None:
+            # The shards save the final version at the end; this worker's codec is done changing.
+            self._store.wait(["stats/0"], timedelta(seconds=self.timeout))
+            self._save_codec_state(json.loads(self._store.get("stats/0"))["version"], final=True)
         if self.is_chief:
             keys = [f"stats/{s}" for s in range(self.num_shards)]
             self._store.wait(keys, timedelta(seconds=self.timeout))

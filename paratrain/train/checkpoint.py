@@ -182,6 +182,18 @@ class CheckpointStore:
         return manifest
 
     @staticmethod
+    def read_extra(folder: str | os.PathLike, name: str, map_location: Any = "cpu") -> dict[str, Any] | None:
+        """A file a process writes beside the parts at its own pace (``name``.pt), outside
+        the manifest: None where there is none."""
+        path = Path(folder) / f"{name}.pt"
+        if not path.exists():
+            return None
+        try:
+            return torch.load(path, map_location=map_location, weights_only=True)
+        except (RuntimeError, OSError, EOFError, ValueError, pickle.UnpicklingError) as error:
+            raise ConfigError(f"checkpoint {path}: not a readable checkpoint ({str(error).splitlines()[0]})") from None
+
+    @staticmethod
     def read_part(folder: str | os.PathLike, part: str, manifest: dict[str, Any], map_location: Any = "cpu") -> dict[str, Any]:
         """One part, checked against the manifest's size and SHA-256, loaded with weights_only."""
         folder = Path(folder)
@@ -291,6 +303,7 @@ class Checkpoint(Callback):
     def on_train_begin(self, logs: dict[str, Any]) -> None:
         if self.strategy.is_chief:
             self.store._makedirs(self.store.root)
+        self.strategy.on_checkpoint(self)
         if self.resume:
             self.restore()
 
@@ -377,7 +390,7 @@ class Checkpoint(Callback):
             self.strategy.load_state_dict(own["strategy"])
             self.trainer.load_state_dict(own["trainer"])
         else:  # the state is the servers' (parameter-server workers): they say where to go on
-            self.strategy.resume_trainer(self.trainer)
+            self.strategy.resume_trainer(self.trainer, folder)
         self.restored_step = int(manifest["step"])
         self._last_saved = self.restored_step
         if self.strategy.is_chief:

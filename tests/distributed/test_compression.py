@@ -316,3 +316,42 @@ def test_every_codec_on_ps_sync_reaches_the_uncompressed_accuracy():
             assert result["bytes_sent"] < baseline["bytes_sent"], key
     # 16-bit pulls halve the parameter traffic too
     assert results["fp16/bf16"]["bytes_sent"] < 0.6 * baseline["bytes_sent"]
+
+
+def _ps_resume_codec_state(directory):
+    """A ps-sync run with top-k and checkpoints, then a second that resumes it: what each
+    worker's codec held right after resuming, and what its file said."""
+    from paratrain.strategies.ps_worker import ParameterServerStrategy
+    from paratrain.train.checkpoint import CheckpointStore
+
+    resumed = {}
+    original = ParameterServerStrategy.resume_trainer
+
+    def recording(self, trainer, folder):
+        original(self, trainer, folder)
+        resumed["loaded"] = {k: v.clone() for k, v in self.codec.state_dict()["residuals"].items()}
+        resumed["file"] = CheckpointStore.read_extra(folder, f"worker-{self.rank}")
+
+    ParameterServerStrategy.resume_trainer = recording
+    ensure_process_group("gloo", 60)
+    common = dict(PS_RECIPE, compression="topk", checkpoint_dir=directory, checkpoint_every=10)
+    job.run(TrainConfig(**{**common, "epochs": 1}))
+    job.run(TrainConfig(**{**common, "epochs": 2, "resume": True}))
+    destroy_process_group()
+    return resumed
+
+
+def test_ps_workers_resume_their_error_feedback_residuals(tmp_path):
+    ranks = run_distributed(_ps_resume_codec_state, str(tmp_path), world_size=3)
+    workers = ranks[1:]
+    for worker in workers:
+        saved = worker["file"]
+        assert saved["version"] == 22  # the end of the first run: 1 epoch of 22 rounds
+        assert set(worker["loaded"]) == set(saved["codec"]["residuals"]) and worker["loaded"]
+        for key, residual in worker["loaded"].items():
+            assert residual.abs().sum() > 0
+            assert torch.equal(residual, saved["codec"]["residuals"][key])
+    # each worker resumed its own residuals
+    assert not torch.equal(workers[0]["loaded"]["0.0"], workers[1]["loaded"]["0.0"])
+    assert sorted(p.name for p in (tmp_path / "ckpt-000000030").iterdir()) == [
+        "manifest.json", "shard-0.pt", "worker-0.pt", "worker-1.pt"]
