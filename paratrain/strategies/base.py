@@ -119,7 +119,6 @@ class Strategy:
                 raise ConfigError(f"{flag} applies to the ps-* strategies, not to --strategy {config.strategy}")
         cls.check_pipeline_options(config)
         cls.check_faults(config)
-        cls.check_on_nan(config)
 
     @classmethod
     def check_pipeline_options(cls, config: "TrainConfig") -> None:
@@ -127,14 +126,6 @@ class Strategy:
             if getattr(config, name) != neutral:
                 flag = "--" + name.replace("_", "-")
                 raise ConfigError(f"{flag} applies to --strategy pipeline, not to --strategy {config.strategy}")
-
-    #: Whether the mode can skip an update with a NaN or Inf gradient (--on-nan skip).
-    skips_nonfinite: ClassVar[bool] = True
-
-    @classmethod
-    def check_on_nan(cls, config: "TrainConfig") -> None:
-        if config.on_nan == "skip" and not cls.skips_nonfinite:
-            raise ConfigError(f"--on-nan skip is not available with --strategy {config.strategy}; use --on-nan stop")
 
     @classmethod
     def check_faults(cls, config: "TrainConfig") -> None:

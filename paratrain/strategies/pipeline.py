@@ -23,19 +23,20 @@ import torch.distributed as dist
 from torch import nn
 
 from paratrain.comm.transport import cluster_from_env, default_backend
-from paratrain.errors import ConfigError
+from paratrain.errors import ConfigError, DivergedError
 from paratrain.parallel.pipeline import SCHEDULES, forward_only, make_schedule, stage_module
 from paratrain.parallel.split import (
     balanced_bounds, bounds_from_split_points, check_num_parts, layer_costs, parse_split_points, sequential_layers,
 )
-from paratrain.strategies.base import LossFn, StepOutput, Strategy, resolve_device, staleness_summary
+from paratrain.strategies.base import (
+    LossFn, StepOutput, Strategy, finite_gradients, finite_parameters, resolve_device, staleness_summary,
+)
 
 if TYPE_CHECKING:
     from paratrain.config import TrainConfig
 
 
 class PipelineStrategy(Strategy):
-    skips_nonfinite = False  # each stage sees only its own gradients
     name = "pipeline"
 
     def __init__(
@@ -75,7 +76,6 @@ class PipelineStrategy(Strategy):
     def check_config(cls, config: "TrainConfig") -> None:
         cls.check_ps_options(config)
         cls.check_faults(config)
-        cls.check_on_nan(config)
         stages, workers = config.stages, config.workers
         if stages < 2:
             raise ConfigError(f"--strategy pipeline needs --stages S >= 2, got {stages}")
@@ -289,12 +289,25 @@ class PipelineStrategy(Strategy):
         self._bytes_sent += self.num_microbatches * self._microbatch_bytes
         if self.num_replicas > 1:
             self._average_gradients()
-        optimizer.step()
-        self._steps += 1
+        skip = self.on_nan == "skip" and self._nonfinite_anywhere(optimizer)
+        if skip:
+            self.skipped_updates += 1
+            if not finite_parameters(self._module):  # nothing left to skip back to
+                raise DivergedError(float("nan"), self._steps + self.skipped_updates)
+        else:
+            optimizer.step()
+            self._steps += 1
         if self.is_last_stage:
             # Equal micro-batches: the mean of their mean losses is the batch's mean loss.
-            return StepOutput(torch.stack([l.detach() for l in losses]).mean(), outputs.detach())
-        return StepOutput(torch.zeros((), device=self.device), torch.empty(0, device=self.device))
+            return StepOutput(torch.stack([l.detach() for l in losses]).mean(), outputs.detach(), skipped=skip)
+        return StepOutput(torch.zeros((), device=self.device), torch.empty(0, device=self.device), skipped=skip)
+
+    def _nonfinite_anywhere(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Whether any stage of any replica holds a NaN or Inf gradient: each stage sees
+        only its own, so every process says, in one all-reduce of a flag, and all skip alike."""
+        flag = torch.tensor([0.0 if finite_gradients(optimizer) else 1.0], device=self.device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
 
     def _average_gradients(self) -> None:
         """Mean of this stage's gradients across replicas: one all-reduce of one flat buffer."""

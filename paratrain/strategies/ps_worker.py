@@ -128,7 +128,6 @@ class ParameterServerStrategy(Strategy):
             raise ConfigError(f"--early-stopping is not available with --strategy {config.strategy}")
         cls.check_pipeline_options(config)
         cls.check_faults(config)
-        cls.check_on_nan(config)
         fail = config.fail_at
         if fail and fail[0] == 0 and (mode == "async" or mode == "backup"):
             raise ConfigError("--fail names worker 0, the chief (it evaluates and writes the metrics); name another worker")

@@ -89,15 +89,15 @@ def test_pipelined_outputs_and_gradients_equal_the_unsplit_model(schedule, balan
     assert ranks[0]["eval_logits"] is None and float(ranks[0]["loss"]) == 0.0
 
 
-def _train_steps(strategy, batch_size, steps, seed=0):
+def _train_steps(strategy, batch_size, steps, seed=0, loss="cross_entropy", callbacks=()):
     """Plain SGD (no momentum, no randomness in the model) for ``steps`` steps."""
     torch.manual_seed(seed)
     splits = load_digits()
     model = build_model("mlp", splits.spec)
-    trainer = paratrain.Trainer(model, "cross_entropy", torch.optim.SGD(model.parameters(), lr=0.1), strategy=strategy)
+    trainer = paratrain.Trainer(model, loss, torch.optim.SGD(model.parameters(), lr=0.1), strategy=strategy)
     x, y = splits.train.tensors
     n = steps * batch_size * strategy.num_replicas  # exactly `steps` global batches
-    trainer.fit((x[:n], y[:n]), epochs=1, batch_size=batch_size, seed=seed, verbose=0)
+    trainer.fit((x[:n], y[:n]), epochs=1, batch_size=batch_size, seed=seed, verbose=0, callbacks=list(callbacks))
     assert trainer.global_step == steps
     accuracy = trainer.evaluate(splits.test)
     result = (flat_parameters(trainer.module), getattr(strategy, "stage", 0), accuracy)
@@ -125,6 +125,60 @@ def test_two_stages_by_two_replicas_equal_single_with_the_global_batch(schedule)
         assert accuracy["loss"] == pytest.approx(reference_accuracy["loss"], rel=1e-5)
     assert [stage for _, stage, _ in ranks] == [0, 1, 0, 1]
     assert torch.equal(ranks[0][0], ranks[2][0]) and torch.equal(ranks[1][0], ranks[3][0])
+
+
+class _NanAtStep(paratrain.Callback):
+    """A cross-entropy that is NaN throughout step ``step`` (every micro-batch's), on
+    replica 0 only; with ``where="gradient"`` instead an Inf in the last stage's last
+    gradient alone (it does not flow back: the other stage's gradients stay finite)."""
+
+    def __init__(self, step, where="loss"):
+        self.step, self.where, self.current, self.hook = step, where, 0, None
+
+    def on_batch_begin(self, step, logs):
+        self.current = step + 1
+        strategy = self.trainer.strategy
+        if self.where == "gradient" and self.current == self.step and strategy.rank == 0 and strategy.is_last_stage:
+            bias = list(strategy._module.parameters())[-1]
+            self.hook = bias.register_hook(lambda grad: grad * float("inf"))
+
+    def on_batch_end(self, step, logs):
+        if self.hook is not None:
+            self.hook.remove()
+            self.hook = None
+
+    def loss(self, logits, targets):
+        value = torch.nn.functional.cross_entropy(logits, targets)
+        bad = self.where == "loss" and self.current == self.step and self.trainer.strategy.rank == 0
+        return value * float("nan") if bad else value
+
+
+def _pipeline_skipping(batch_size, steps, nan_step, where):
+    strategy = PipelineStrategy(num_stages=2, num_microbatches=4, device="cpu")
+    strategy.on_nan = "skip"
+    nan = _NanAtStep(nan_step, where)
+    params, stage, _ = _train_steps(strategy, batch_size, steps, loss=nan.loss, callbacks=[nan])
+    strategy.teardown()
+    return params, stage, strategy.skipped_updates
+
+
+@pytest.mark.parametrize("where", ["loss", "gradient"])
+def test_on_nan_skip_skips_the_step_on_every_stage_as_single_does(where):
+    """A NaN loss or an Inf gradient on one replica's last stage: every stage of every
+    replica skips that step, as single skips it. A stage sees only its own gradients, so
+    the stages agree in one all-reduce of a flag."""
+    b, k = 16, 6
+    single = paratrain.SingleDeviceStrategy(device="cpu")
+    single.on_nan = "skip"
+    nan = _NanAtStep(3)
+    reference, _, _ = _train_steps(single, 2 * b, k, loss=nan.loss, callbacks=[nan])
+    assert single.skipped_updates == 1
+    ranks = run_distributed(_pipeline_skipping, b, k, 3, where, world_size=4)
+    first_size = 64 * 256 + 256
+    for params, stage, skipped in ranks:
+        assert skipped == 1
+        want = reference[:first_size] if stage == 0 else reference[first_size:]
+        assert relative_difference(params, want) < 1e-5
 
 
 def test_cli_pipeline_reaches_the_accuracy_of_single(cli, tmp_path):
