@@ -34,8 +34,11 @@ def main() -> None:
     models = [m.strip() for m in args.models.split(",") if m.strip()]
 
     measured = measure(models, args.batch_size, args.rounds, args.epochs_per_round)
-    document = {"benchmark": measured.pop("benchmark"),
-                "command": " ".join(["python", "benchmarks/allreduce_overhead.py", *sys.argv[1:]]), **measured}
+    document = {
+        "benchmark": measured.pop("benchmark"),
+        "command": " ".join(["python", "benchmarks/allreduce_overhead.py", *sys.argv[1:]]),
+        **measured,
+    }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(document, indent=2) + "\n")

@@ -44,8 +44,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--compression-ratio", type=float, default=0.01, help="top-k's R")
     parser.add_argument("--powersgd-rank", type=int, default=2)
-    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="any other run setting, e.g. --set lr_schedule=exponential --set lr_decay_steps=250")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="any other run setting, e.g. --set lr_schedule=exponential --set lr_decay_steps=250",
+    )
     parser.add_argument("--out", default="benchmarks/results/compression.json")
     parser.add_argument("--formulas", action="store_true", help="print bytes per step from the formulas; train nothing")
     args = parser.parse_args(argv)
@@ -58,25 +63,56 @@ def main(argv: list[str] | None = None) -> int:
         for model in models:
             for codec in codecs:
                 sent, full = formula_bytes(model, codec)
-                rows.append({"model": model, "compression": codec, "bytes_per_step": sent,
-                             "uncompressed": full, "bytes_ratio": full / sent})
-        print(table(rows, [("model", "model", "s"), ("codec", "compression", "s"),
-                           ("bytes/step/rank", "bytes_per_step", "d"), ("uncompressed", "uncompressed", "d"),
-                           ("fewer bytes", "bytes_ratio", ".2f")]))
+                rows.append(
+                    {
+                        "model": model,
+                        "compression": codec,
+                        "bytes_per_step": sent,
+                        "uncompressed": full,
+                        "bytes_ratio": full / sent,
+                    }
+                )
+        print(
+            table(
+                rows,
+                [
+                    ("model", "model", "s"),
+                    ("codec", "compression", "s"),
+                    ("bytes/step/rank", "bytes_per_step", "d"),
+                    ("uncompressed", "uncompressed", "d"),
+                    ("fewer bytes", "bytes_ratio", ".2f"),
+                ],
+            )
+        )
         print("\n".join(check_targets(rows)))
         return 0
 
     extra = dict(_setting(item) for item in args.set)
-    rows = measure(models, codecs, args.workers, args.epochs, **extra, seed=args.seed, optimizer=args.optimizer, lr=args.lr,
-                   compression_ratio=args.compression_ratio, powersgd_rank=args.powersgd_rank)
+    rows = measure(
+        models,
+        codecs,
+        args.workers,
+        args.epochs,
+        **extra,
+        seed=args.seed,
+        optimizer=args.optimizer,
+        lr=args.lr,
+        compression_ratio=args.compression_ratio,
+        powersgd_rank=args.powersgd_rank,
+    )
     print(table(rows, COLUMNS))
     targets = check_targets(rows)
     print("\n".join(targets))
     document = {
         "command": " ".join([os.path.basename(sys.executable), *sys.argv]),
         "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-        "environment": {"torch": torch.__version__, "python": platform.python_version(),
-                        "machine": platform.machine(), "cpus": os.cpu_count(), "backend": "gloo"},
+        "environment": {
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+            "machine": platform.machine(),
+            "cpus": os.cpu_count(),
+            "backend": "gloo",
+        },
         "settings": vars(args),
         "rows": rows,
         "targets": targets,

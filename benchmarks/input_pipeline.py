@@ -59,16 +59,23 @@ def main() -> None:
             ("cifar10 + distortions, cifar_cnn, batch 128", "cifar_cnn", cifar, cifar.train, 128),
             ("digits, mlp, batch 32 (plain tensors)", "mlp", digits, digits.train, 32),
             # The same tensors behind an identity transform: the thread is used.
-            ("digits, mlp, batch 32 (identity transform)", "mlp", digits,
-             TransformedTensors(x, y, lambda inputs, generator: inputs), 32),
+            (
+                "digits, mlp, batch 32 (identity transform)",
+                "mlp",
+                digits,
+                TransformedTensors(x, y, lambda inputs, generator: inputs),
+                32,
+            ),
         ]
         print(f"{'data':48} {'prefetch':>8} {'examples/s':>11} {'wait s':>7} {'wall s':>7}")
         for label, model, splits, dataset, batch in cases:
             for prefetch in (0, 2):
                 steps = args.steps if model == "cifar_cnn" else args.steps * 20
                 result = measure(model, splits, dataset, batch, steps, prefetch)
-                print(f"{label:48} {prefetch:>8} {result['examples/s']:>11.0f} {result['wait s']:>7.2f} "
-                      f"{result['wall s']:>7.2f}")
+                print(
+                    f"{label:48} {prefetch:>8} {result['examples/s']:>11.0f} {result['wait s']:>7.2f} "
+                    f"{result['wall s']:>7.2f}"
+                )
 
 
 if __name__ == "__main__":

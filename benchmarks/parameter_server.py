@@ -37,11 +37,19 @@ def main() -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
     log = lambda line: print(line, flush=True)  # noqa: E731
-    scaling = ps.scaling(args.models.split(","), [int(w) for w in args.workers.split(",")], args.epochs, args.repeats, log)
+    scaling = ps.scaling(
+        args.models.split(","), [int(w) for w in args.workers.split(",")], args.epochs, args.repeats, log
+    )
     straggler = ps.straggler(args.straggler_workers, args.factor, args.epochs, args.repeats, log)
     document = {
-        "scaling": scaling, "straggler": straggler,
-        "settings": {**vars(args), "torch": torch.__version__, "cores": os.cpu_count(), "python": platform.python_version()},
+        "scaling": scaling,
+        "straggler": straggler,
+        "settings": {
+            **vars(args),
+            "torch": torch.__version__,
+            "cores": os.cpu_count(),
+            "python": platform.python_version(),
+        },
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

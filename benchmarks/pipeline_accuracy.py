@@ -69,7 +69,7 @@ class MicrobatchedSingle(SingleDeviceStrategy):
         pass  # takes --microbatches, a pipeline option; nothing else differs from single
 
     @classmethod
-    def from_config(cls, config: TrainConfig) -> "MicrobatchedSingle":
+    def from_config(cls, config: TrainConfig) -> MicrobatchedSingle:
         return cls(config.microbatches, device=config.device, timeout=config.timeout)
 
     def train_step(self, model, loss_fn, optimizer, inputs, targets) -> StepOutput:
@@ -106,8 +106,13 @@ def train(mode: str, model: str, seed: int, stages: int, microbatches: int, epoc
     results = launch(job.run, config, num_processes=strategy.num_processes(config))
     metrics = results[strategy.chief_rank(config)]
     return {
-        "mode": mode, "model": model, "seed": seed, "epochs": config.epochs, "lr": config.lr,
-        "test_accuracy": metrics["test_accuracy"], "test_loss": metrics["test_loss"],
+        "mode": mode,
+        "model": model,
+        "seed": seed,
+        "epochs": config.epochs,
+        "lr": config.lr,
+        "test_accuracy": metrics["test_accuracy"],
+        "test_loss": metrics["test_loss"],
         "accuracy_by_epoch": [entry["test_accuracy"] for entry in metrics["history"]],
         "wall_seconds": metrics["wall_seconds"],
     }
@@ -208,8 +213,11 @@ def main() -> None:
                 print(json.dumps({k: v for k, v in runs[-1].items() if k != "accuracy_by_epoch"}), flush=True)
     summaries = [summary(runs, model) for model in models]
     meta = {
-        "stages": args.stages, "microbatches": args.microbatches, "torch": torch.__version__,
-        "cpus": os.cpu_count(), "platform": platform.platform(),
+        "stages": args.stages,
+        "microbatches": args.microbatches,
+        "torch": torch.__version__,
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
         "command": "benchmarks/pipeline_accuracy.py " + " ".join(sys.argv[1:]),
     }
     out = Path(args.out)

@@ -51,7 +51,11 @@ def paratrain(*args: str, limit_file_size: int | None = None) -> tuple[subproces
         env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
         result = subprocess.run(
             [sys.executable, "-m", "paratrain", "train", *args, "--metrics-out", str(out)],
-            capture_output=True, text=True, env=env, preexec_fn=limits, timeout=600,
+            capture_output=True,
+            text=True,
+            env=env,
+            preexec_fn=limits,
+            timeout=600,
         )
         metrics = json.loads(out.read_text()) if out.exists() else None
     return result, metrics
@@ -73,8 +77,17 @@ def kill_drills(rng: random.Random, work: Path) -> list[dict]:
     for mode, flags in MODES.items():
         step = rng.randint(25, 200)
         folder = work / f"kill-{mode}"
-        result, metrics = paratrain(*flags, *RUN, "--fail", f"1@{step}", "--checkpoint-dir", str(folder),
-                                    "--heartbeat-timeout", "2", *RESTARTS.get(mode, []))
+        result, metrics = paratrain(
+            *flags,
+            *RUN,
+            "--fail",
+            f"1@{step}",
+            "--checkpoint-dir",
+            str(folder),
+            "--heartbeat-timeout",
+            "2",
+            *RESTARTS.get(mode, []),
+        )
         rows.append(row(f"kill -9 worker 1 at step {step}", mode, result, metrics, lost_by(result, metrics)))
     return rows
 
@@ -85,8 +98,16 @@ def shard_drills(rng: random.Random, work: Path) -> list[dict]:
     rows = []
     for mode in ("ps-sync", "ps-backup", "ps-async"):
         version = rng.randint(25, 200)
-        result, metrics = paratrain(*MODES[mode], *RUN, "--fail", f"ps:0@{version}", "--max-restarts", "1",
-                                    "--checkpoint-dir", str(work / f"shard-{mode}"))
+        result, metrics = paratrain(
+            *MODES[mode],
+            *RUN,
+            "--fail",
+            f"ps:0@{version}",
+            "--max-restarts",
+            "1",
+            "--checkpoint-dir",
+            str(work / f"shard-{mode}"),
+        )
         rows.append(row(f"kill -9 ps shard 0 at version {version}", mode, result, metrics, lost_by(result, metrics)))
     return rows
 
@@ -107,18 +128,38 @@ def lost_by(result: subprocess.CompletedProcess, metrics: dict | None) -> str:
 def hang_drills(work: Path) -> list[dict]:
     rows = []
     for mode, flags in MODES.items():
-        result, metrics = paratrain(*flags, *RUN, "--hang", "1@30", "--timeout", "6", "--heartbeat-timeout", "2",
-                                    "--checkpoint-dir", str(work / f"hang-{mode}"), *RESTARTS.get(mode, []))
+        result, metrics = paratrain(
+            *flags,
+            *RUN,
+            "--hang",
+            "1@30",
+            "--timeout",
+            "6",
+            "--heartbeat-timeout",
+            "2",
+            "--checkpoint-dir",
+            str(work / f"hang-{mode}"),
+            *RESTARTS.get(mode, []),
+        )
         rows.append(row("worker 1 hangs at step 30 (--timeout 6)", mode, result, metrics, lost_by(result, metrics)))
     return rows
 
 
 def divergence_drills(work: Path) -> list[dict]:
     folder = work / "nan"
-    stop, _ = paratrain(*MODES["allreduce"], *RUN, "--lr", "1e20", "--checkpoint-every", "1", "--checkpoint-dir", str(folder))
+    stop, _ = paratrain(
+        *MODES["allreduce"], *RUN, "--lr", "1e20", "--checkpoint-every", "1", "--checkpoint-dir", str(folder)
+    )
     kept = sorted(p.name for p in folder.glob("ckpt-*")) if folder.exists() else []
-    rows = [row("loss becomes NaN (--lr 1e20)", "allreduce", stop, None,
-                f"nothing diverged was saved (checkpoints kept: {', '.join(kept) or 'none'})")]
+    rows = [
+        row(
+            "loss becomes NaN (--lr 1e20)",
+            "allreduce",
+            stop,
+            None,
+            f"nothing diverged was saved (checkpoints kept: {', '.join(kept) or 'none'})",
+        )
+    ]
     return rows
 
 
@@ -130,21 +171,45 @@ def checkpoint_drills(work: Path) -> list[dict]:
     before = sorted(p.name for p in folder.glob("ckpt-*"))
     # A checkpoint of another strategy.
     result, metrics = paratrain(*MODES["ps-sync"], *RUN, "--checkpoint-dir", str(folder), "--resume")
-    rows.append(row("--resume from another strategy's checkpoint", "ps-sync", result, metrics,
-                    "nothing: checkpoints untouched" if sorted(p.name for p in folder.glob("ckpt-*")) == before else "CHECKPOINTS CHANGED"))
+    rows.append(
+        row(
+            "--resume from another strategy's checkpoint",
+            "ps-sync",
+            result,
+            metrics,
+            "nothing: checkpoints untouched"
+            if sorted(p.name for p in folder.glob("ckpt-*")) == before
+            else "CHECKPOINTS CHANGED",
+        )
+    )
     # A full disk while saving.
-    result, metrics = paratrain(*MODES["allreduce"], *RUN, "--checkpoint-dir", str(folder), "--resume",
-                                limit_file_size=100_000)
-    rows.append(row("disk full while saving (writes past 100 kB fail)", "allreduce", result, metrics,
-                    "the steps since the last checkpoint; earlier checkpoints kept"))
+    result, metrics = paratrain(
+        *MODES["allreduce"], *RUN, "--checkpoint-dir", str(folder), "--resume", limit_file_size=100_000
+    )
+    rows.append(
+        row(
+            "disk full while saving (writes past 100 kB fail)",
+            "allreduce",
+            result,
+            metrics,
+            "the steps since the last checkpoint; earlier checkpoints kept",
+        )
+    )
     # A corrupt part in the newest checkpoint.
     part = newest / "rank-0.pt"
     data = bytearray(part.read_bytes())
     data[len(data) // 2] ^= 0xFF
     part.write_bytes(bytes(data))
     result, metrics = paratrain(*MODES["allreduce"], *RUN, "--checkpoint-dir", str(folder), "--resume")
-    rows.append(row("a byte flipped in the newest checkpoint, then --resume", "allreduce", result, metrics,
-                    "nothing deleted; the run refuses to start from it"))
+    rows.append(
+        row(
+            "a byte flipped in the newest checkpoint, then --resume",
+            "allreduce",
+            result,
+            metrics,
+            "nothing deleted; the run refuses to start from it",
+        )
+    )
     return rows
 
 
@@ -159,13 +224,20 @@ def crash_mid_write_drill(work: Path) -> dict:
     subprocess.run([sys.executable, "-c", script, str(folder)], capture_output=True)
     result, metrics = paratrain(*MODES["allreduce"], *RUN, "--checkpoint-dir", str(folder), "--resume")
     resumed = metrics["resumed_from_step"] if metrics else None
-    return row("process killed half-way through writing a checkpoint, then --resume", "allreduce", result, metrics,
-               f"the half-written part only; resumed from the previous checkpoint (step {resumed})")
+    return row(
+        "process killed half-way through writing a checkpoint, then --resume",
+        "allreduce",
+        result,
+        metrics,
+        f"the half-written part only; resumed from the previous checkpoint (step {resumed})",
+    )
 
 
 def markdown(rows: list[dict]) -> str:
-    lines = ["| fault | mode | exit | test accuracy | what the run said (last line) | what was lost |",
-             "| --- | --- | --- | --- | --- | --- |"]
+    lines = [
+        "| fault | mode | exit | test accuracy | what the run said (last line) | what was lost |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
     for r in rows:
         said = r["said"].replace("|", "\\|")
         lines.append(f"| {r['fault']} | {r['mode']} | {r['exit']} | {r['accuracy']} | {said} | {r['lost']} |")

@@ -48,9 +48,22 @@ def args_for(*flags: str) -> argparse.Namespace:
 
 def strategies_figure(path: Path) -> list[dict]:
     args = args_for(
-        "--strategy", "allreduce,ps-sync,ps-backup,ps-async,local-sgd", "--workers", WORKERS, "--compute-ms", "100",
-        "--model-mb", "100", "--straggler", "lognormal:0.3", "--ps-shards", "8", "--backup-workers", "2",
-        "--steps", "200",
+        "--strategy",
+        "allreduce,ps-sync,ps-backup,ps-async,local-sgd",
+        "--workers",
+        WORKERS,
+        "--compute-ms",
+        "100",
+        "--model-mb",
+        "100",
+        "--straggler",
+        "lognormal:0.3",
+        "--ps-shards",
+        "8",
+        "--backup-workers",
+        "2",
+        "--steps",
+        "200",
     )
     strategies, workers = check_arguments(args)
     rows = sweep(args, strategies, workers, None, 0.1)
@@ -78,11 +91,17 @@ def bandwidth_figure(path: Path) -> list[dict]:
     fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
     rows = []
     for ax, what, cases in (
-        (left, "bandwidth (100 MB model)", [("1 Gb/s", "1", "100"), ("10 Gb/s", "10", "100"), ("100 Gb/s", "100", "100")]),
+        (
+            left,
+            "bandwidth (100 MB model)",
+            [("1 Gb/s", "1", "100"), ("10 Gb/s", "10", "100"), ("100 Gb/s", "100", "100")],
+        ),
         (right, "model size (10 Gb/s)", [("10 MB", "10", "10"), ("100 MB", "10", "100"), ("1 GB", "10", "1000")]),
     ):
         for label, gbps, mb in cases:
-            args = args_for("--workers", WORKERS, "--compute-ms", "100", "--model-mb", mb, "--bandwidth-gbps", gbps, "--steps", "50")
+            args = args_for(
+                "--workers", WORKERS, "--compute-ms", "100", "--model-mb", mb, "--bandwidth-gbps", gbps, "--steps", "50"
+            )
             strategies, workers = check_arguments(args)
             mine = sweep(args, strategies, workers, None, 0.1)
             for r in mine:
@@ -109,12 +128,25 @@ def training_figure(path: Path) -> list[dict]:
     fig, ax = plt.subplots(figsize=(6, 4))
     results = []
     runs = (
-        ("ps-sync", []), ("ps-backup", ["--backup-workers", "2"]), ("ps-async", []), ("ps-async", ["--momentum", "0"]),
+        ("ps-sync", []),
+        ("ps-backup", ["--backup-workers", "2"]),
+        ("ps-async", []),
+        ("ps-async", ["--momentum", "0"]),
     )
     for strategy, extra in runs:
         args = args_for(
-            "--train", "--strategy", strategy, "--workers", "8", "--epochs", "10", "--compute-ms", "10",
-            "--straggler", "lognormal:0.5", *extra,
+            "--train",
+            "--strategy",
+            strategy,
+            "--workers",
+            "8",
+            "--epochs",
+            "10",
+            "--compute-ms",
+            "10",
+            "--straggler",
+            "lognormal:0.5",
+            *extra,
         )
         check_arguments(args)
         model, splits = model_and_data(args)
@@ -122,8 +154,12 @@ def training_figure(path: Path) -> list[dict]:
         result = train_virtual(args, strategy, cluster, model, splits, options(args))
         result["momentum"] = args.momentum
         results.append(result)
-        ax.plot([p["sim_seconds"] for p in result["history"]], [p["test_accuracy"] for p in result["history"]],
-                marker="o", label=f"{strategy}, momentum {args.momentum:g}")
+        ax.plot(
+            [p["sim_seconds"] for p in result["history"]],
+            [p["test_accuracy"] for p in result["history"]],
+            marker="o",
+            label=f"{strategy}, momentum {args.momentum:g}",
+        )
     ax.set_xlabel("simulated seconds")
     ax.set_ylabel("test accuracy")
     ax.set_title("MLP on digits, 8 virtual workers, lognormal(0.5)")
@@ -144,7 +180,9 @@ def timings() -> dict[str, float]:
 
     out = {}
     for strategy in ("allreduce", "ps-sync", "ps-backup", "ps-async", "local-sgd"):
-        cluster = Cluster(workers=1024, compute_s=0.1, model_bytes=100e6, ps_shards=8, straggler=parse_straggler("lognormal:0.3"))
+        cluster = Cluster(
+            workers=1024, compute_s=0.1, model_bytes=100e6, ps_shards=8, straggler=parse_straggler("lognormal:0.3")
+        )
         start = time.perf_counter()
         simulate(strategy, cluster, 300, backup=2)
         out[strategy] = round(time.perf_counter() - start, 3)
@@ -167,16 +205,22 @@ def main() -> None:
     Path(args.json).write_text(json.dumps(results, indent=1) + "\n")
     for r in results["strategies"]:
         if r["workers"] in (1, 16, 256, 1024):
-            print(f"{r['strategy']:10s} {r['workers']:5d} workers  {r['step_seconds'] * 1e3:9.1f} ms/step  "
-                  f"{r['examples_per_second']:9.0f} examples/s  efficiency {r['scaling_efficiency']:.3f}  "
-                  f"comm {r['comm_share']:.3f}  staleness {r['staleness']['mean']:.1f}/{r['staleness']['max']}")
+            print(
+                f"{r['strategy']:10s} {r['workers']:5d} workers  {r['step_seconds'] * 1e3:9.1f} ms/step  "
+                f"{r['examples_per_second']:9.0f} examples/s  efficiency {r['scaling_efficiency']:.3f}  "
+                f"comm {r['comm_share']:.3f}  staleness {r['staleness']['mean']:.1f}/{r['staleness']['max']}"
+            )
     for r in results["allreduce"]:
         if r["workers"] in (8, 64, 1024):
-            print(f"allreduce {r['bandwidth_gbps']:5g} Gb/s {r['model_mb']:6g} MB {r['workers']:5d} workers  efficiency {r['scaling_efficiency']:.3f}")
+            print(
+                f"allreduce {r['bandwidth_gbps']:5g} Gb/s {r['model_mb']:6g} MB {r['workers']:5d} workers  efficiency {r['scaling_efficiency']:.3f}"
+            )
     print("seconds to simulate 1024 workers x 300 steps:", results["seconds_for_1024_workers_x_300_steps"])
     for r in results["training"]:
-        print(f"{r['strategy']:10s} momentum {r['momentum']:g} test_accuracy {r['test_accuracy']:.4f} at {r['sim_seconds']:.3f} simulated s, "
-              f"staleness {r['staleness']['mean']:.1f}/{r['staleness']['max']}, dropped {r['dropped_gradients']}")
+        print(
+            f"{r['strategy']:10s} momentum {r['momentum']:g} test_accuracy {r['test_accuracy']:.4f} at {r['sim_seconds']:.3f} simulated s, "
+            f"staleness {r['staleness']['mean']:.1f}/{r['staleness']['max']}, dropped {r['dropped_gradients']}"
+        )
 
 
 if __name__ == "__main__":

@@ -79,8 +79,16 @@ def profiled_job(config) -> dict:
     from paratrain.train import job
     from paratrain.train.trainer import Trainer
 
-    counts = {"cpu": 0.0, "eval_cpu": 0.0, "wall": 0.0, "eval_wall": 0.0, "steps": 0, "updates": 0, "update_cpu": 0.0,
-              "pushes": 0}
+    counts = {
+        "cpu": 0.0,
+        "eval_cpu": 0.0,
+        "wall": 0.0,
+        "eval_wall": 0.0,
+        "steps": 0,
+        "updates": 0,
+        "update_cpu": 0.0,
+        "pushes": 0,
+    }
     fit, evaluate, apply, on_push = Trainer.fit, Trainer.evaluate, ShardServer._apply, ShardServer._on_push
 
     def timed_fit(self, *args, **kwargs):
@@ -112,7 +120,12 @@ def profiled_job(config) -> dict:
         counts["pushes"] += 1
         return on_push(self, *args, **kwargs)
 
-    Trainer.fit, Trainer.evaluate, ShardServer._apply, ShardServer._on_push = timed_fit, timed_evaluate, timed_apply, counted_push
+    Trainer.fit, Trainer.evaluate, ShardServer._apply, ShardServer._on_push = (
+        timed_fit,
+        timed_evaluate,
+        timed_apply,
+        counted_push,
+    )
     metrics = job.run(config)
     return {**counts, "role": metrics.get("role", "worker")}
 
@@ -273,6 +286,7 @@ def profile(epochs: int, pings: int, model_bytes: int, max_processes: int) -> di
 
 def median_profile(profiles: list[dict]) -> dict:
     """Every measured number's median over the profiles (the host speedup curve point by point)."""
+
     def median(values: list) -> object:
         first = values[0]
         if isinstance(first, dict):
@@ -293,7 +307,7 @@ class Background:
     children's CPU time, per second of wall time. The machine is shared; its cores minus
     this are what the run had (its processes run at nice 10, below the others' nice 0)."""
 
-    def __enter__(self) -> "Background":
+    def __enter__(self) -> Background:
         self.start = (self._busy(), _own_cpu(), time.perf_counter())
         return self
 
@@ -350,7 +364,10 @@ def real_run(settings: dict, epochs: int, folder: Path) -> dict:
     processes = strategy.num_processes(config)
     with Background() as background:
         results = launch(
-            job.run, config, num_processes=processes, expendable=strategy.expendable_ranks(config),
+            job.run,
+            config,
+            num_processes=processes,
+            expendable=strategy.expendable_ranks(config),
             rank_names=[strategy.rank_name(rank, config) for rank in range(processes)],
         )
     metrics = results[strategy.chief_rank(config)]
@@ -422,6 +439,7 @@ def left_to_us(speedup: list[float], cores: int, background: float) -> list[floa
     tenants' processes busy too: k of ours and the others together do speedup(k + b), the
     others keep their b, and we never get less than a nice-10 process keeps against one
     nice-0 process on each core (CFS weights 110 and 1024)."""
+
     def capacity(x: float) -> float:  # speedup at a fractional count, 0 at 0, flat past the last
         points = [0.0, *speedup]
         x = min(x, len(speedup))
@@ -462,8 +480,11 @@ def markdown(document: dict) -> str:
             f"| {r['real']['background_cores']:.2f} "
             f"| {r['real']['examples_per_second']:.0f} ({min(r['real_runs']):.0f}-{max(r['real_runs']):.0f}) "
             f"| {r['simulated']['examples_per_second']:.0f} | {r['throughput_error']:+.0%} "
-            + (f"| {r['real']['staleness_mean']:.2f} | {r['simulated']['staleness_mean']:.2f} | {r['staleness_error']:+.0%} |"
-               if stale else "| | | |")
+            + (
+                f"| {r['real']['staleness_mean']:.2f} | {r['simulated']['staleness_mean']:.2f} | {r['staleness_error']:+.0%} |"
+                if stale
+                else "| | | |"
+            )
         )
     s = document["summary"]
     lines += [
@@ -500,8 +521,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile-epochs", type=int, default=8)
     parser.add_argument("--pings", type=int, default=200, help="ping-pongs per message size")
     parser.add_argument("--sim-steps", type=int, default=400)
-    parser.add_argument("--quiet-below", type=float, default=0.3,
-                        help="before each run, wait until other tenants use fewer cores than this...")
+    parser.add_argument(
+        "--quiet-below",
+        type=float,
+        default=0.3,
+        help="before each run, wait until other tenants use fewer cores than this...",
+    )
     parser.add_argument("--patience", type=float, default=120, help="...but at most this many seconds")
     parser.add_argument("--out", default=str(ROOT / "benchmarks/results/simulator_validation.json"))
     args = parser.parse_args(argv)
@@ -515,9 +540,15 @@ def main(argv: list[str] | None = None) -> int:
     model = build_model("mlp", load_digits().spec)
     model_bytes = 4.0 * sum(p.numel() for p in model.parameters())
     wait_for_quiet(args.quiet_below, args.patience)
-    settings = [setting(s, n, straggler) for straggler in (False, True)
-                for n in map(int, args.workers.split(",")) for s in args.strategies.split(",")]
-    most = max(one["workers"] + one.get("backup_workers", 0) + (0 if one["strategy"] == "allreduce" else 1) for one in settings)
+    settings = [
+        setting(s, n, straggler)
+        for straggler in (False, True)
+        for n in map(int, args.workers.split(","))
+        for s in args.strategies.split(",")
+    ]
+    most = max(
+        one["workers"] + one.get("backup_workers", 0) + (0 if one["strategy"] == "allreduce" else 1) for one in settings
+    )
     profiles = []
 
     runs: list[list[dict]] = [[] for _ in settings]
@@ -539,26 +570,51 @@ def main(argv: list[str] | None = None) -> int:
     for one, samples in zip(settings, runs):
         if not samples:
             continue  # no run in which the workers overlapped (reported in the log above)
-        keys = ("examples_per_second", "whole_run_examples_per_second", "staleness_mean", "dropped_gradients",
-                "background_cores")
+        keys = (
+            "examples_per_second",
+            "whole_run_examples_per_second",
+            "staleness_mean",
+            "dropped_gradients",
+            "background_cores",
+        )
         real = {key: statistics.median(s[key] for s in samples) for key in keys}
         # Each run is simulated with the cores the other tenants left it.
         sims = [simulate_setting(one, as_run_found(machine, s), model_bytes, 32, args.sim_steps) for s in samples]
         simulated = {key: statistics.median(x[key] for x in sims) for key in sims[0]}
-        rows.append({
-            **one, "processes": samples[0]["processes"], "real": real,
-            "real_runs": [s["examples_per_second"] for s in samples],
-            "simulated_runs": [x["examples_per_second"] for x in sims], "simulated": simulated,
-            "throughput_error": relative_error(simulated["examples_per_second"], real["examples_per_second"]),
-            "staleness_error": (relative_error(simulated["staleness_mean"], real["staleness_mean"])
-                                if one["strategy"] == "ps-async" else None),
-        })
+        rows.append(
+            {
+                **one,
+                "processes": samples[0]["processes"],
+                "real": real,
+                "real_runs": [s["examples_per_second"] for s in samples],
+                "simulated_runs": [x["examples_per_second"] for x in sims],
+                "simulated": simulated,
+                "throughput_error": relative_error(simulated["examples_per_second"], real["examples_per_second"]),
+                "staleness_error": (
+                    relative_error(simulated["staleness_mean"], real["staleness_mean"])
+                    if one["strategy"] == "ps-async"
+                    else None
+                ),
+            }
+        )
     document = {
-        "command": " ".join(["python", "benchmarks/simulator_validation.py", *(argv if argv is not None else sys.argv[1:])]),
-        "epochs": args.epochs, "repeats": args.repeats, "batch_size": 32, "model_bytes": model_bytes,
-        "machine": machine, "profiles": profiles, "rows": rows, "summary": summarise(rows, machine["cores"]),
-        "environment": {"torch": torch.__version__, "python": platform.python_version(), "platform": platform.platform(),
-                        "load_average_1min_at_end": round(os.getloadavg()[0], 2)},
+        "command": " ".join(
+            ["python", "benchmarks/simulator_validation.py", *(argv if argv is not None else sys.argv[1:])]
+        ),
+        "epochs": args.epochs,
+        "repeats": args.repeats,
+        "batch_size": 32,
+        "model_bytes": model_bytes,
+        "machine": machine,
+        "profiles": profiles,
+        "rows": rows,
+        "summary": summarise(rows, machine["cores"]),
+        "environment": {
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            "load_average_1min_at_end": round(os.getloadavg()[0], 2),
+        },
     }
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)

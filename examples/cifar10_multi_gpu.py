@@ -81,9 +81,11 @@ def train(args: argparse.Namespace) -> dict[str, float]:
     steps_per_epoch = len(data.train) // (args.batch_size * strategy.num_replicas)
     epochs = math.ceil(args.max_steps / max(steps_per_epoch, 1))
     if strategy.is_chief:
-        print(f"{strategy.num_replicas} tower(s) x batch {args.batch_size}, {args.max_steps} steps "
-              f"({epochs} epochs of {steps_per_epoch} steps), learning rate {args.lr} x "
-              f"{LEARNING_RATE_DECAY_FACTOR} every {decay_steps} steps")
+        print(
+            f"{strategy.num_replicas} tower(s) x batch {args.batch_size}, {args.max_steps} steps "
+            f"({epochs} epochs of {steps_per_epoch} steps), learning rate {args.lr} x "
+            f"{LEARNING_RATE_DECAY_FACTOR} every {decay_steps} steps"
+        )
     trainer.fit(
         data.train,
         epochs=epochs,
@@ -115,10 +117,18 @@ def run(args: argparse.Namespace) -> None:
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-dir", help="folder of cifar-10-batches-bin (default ~/.cache/paratrain/cifar10)")
-    parser.add_argument("--download", action=argparse.BooleanOptionalAction, default=True,
-                        help="download the binary version when absent (default yes)")
-    parser.add_argument("--workers", type=int, default=max(torch.cuda.device_count(), 1),
-                        help="towers (processes; default: one per local GPU, else 1)")
+    parser.add_argument(
+        "--download",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="download the binary version when absent (default yes)",
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=max(torch.cuda.device_count(), 1),
+        help="towers (processes; default: one per local GPU, else 1)",
+    )
     parser.add_argument("--batch-size", type=int, default=128, help="examples per tower per step")
     parser.add_argument("--max-steps", type=int, default=1_000_000)
     parser.add_argument("--lr", type=float, default=INITIAL_LEARNING_RATE)

@@ -48,8 +48,10 @@ def train(args: argparse.Namespace) -> dict[str, float]:
         optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)  # Keras' Adam() defaults
         trainer = paratrain.Trainer(model, "cross_entropy", optimizer, metrics=["accuracy"])
     if strategy.is_chief:
-        print(f"{strategy.num_replicas} replica(s) x {args.batch_per_replica} = global batch "
-              f"{args.batch_per_replica * strategy.num_replicas}")
+        print(
+            f"{strategy.num_replicas} replica(s) x {args.batch_per_replica} = global batch "
+            f"{args.batch_per_replica * strategy.num_replicas}"
+        )
     trainer.fit(data.train, epochs=args.epochs, batch_size=args.batch_per_replica, seed=args.seed, verbose=1)
     results = trainer.evaluate(data.test)
     if strategy.is_chief:
@@ -68,10 +70,18 @@ def run(args: argparse.Namespace) -> None:
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--data-dir", help="folder of the IDX files (default ~/.cache/paratrain/fashion-mnist)")
-    parser.add_argument("--download", action=argparse.BooleanOptionalAction, default=True,
-                        help="download the files when absent (default yes)")
-    parser.add_argument("--workers", type=int, default=max(torch.cuda.device_count(), 1),
-                        help="replicas (default: one per local GPU, else 1)")
+    parser.add_argument(
+        "--download",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="download the files when absent (default yes)",
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=max(torch.cuda.device_count(), 1),
+        help="replicas (default: one per local GPU, else 1)",
+    )
     parser.add_argument("--batch-per-replica", type=int, default=64)
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--seed", type=int, default=0)

@@ -33,14 +33,24 @@ from paratrain.train import job
 def run_mode(strategy: str, args: argparse.Namespace) -> dict:
     workers = args.workers - 1 if strategy == "ps-backup" else args.workers
     config = TrainConfig(
-        strategy=strategy, workers=workers, backup_workers=1 if strategy == "ps-backup" else 0,
-        model=args.model, dataset=args.dataset, epochs=args.epochs, batch_size=args.batch_size,
-        lr=args.lr, seed=args.seed, progress=False, log_every=0, device="cpu",
+        strategy=strategy,
+        workers=workers,
+        backup_workers=1 if strategy == "ps-backup" else 0,
+        model=args.model,
+        dataset=args.dataset,
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        seed=args.seed,
+        progress=False,
+        log_every=0,
+        device="cpu",
         straggler=f"{args.workers - 1}:{args.slowdown:g}" if args.slowdown > 1 else None,
     )
     kind = STRATEGIES.get(strategy)
     results = launch(
-        job.run, config,
+        job.run,
+        config,
         num_processes=kind.num_processes(config),
         expendable=kind.expendable_ranks(config),
         rank_names=[kind.rank_name(r, config) for r in range(kind.num_processes(config))],
@@ -51,7 +61,9 @@ def run_mode(strategy: str, args: argparse.Namespace) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", type=int, default=3, help="worker processes (ps-backup: one of them a backup)")
-    parser.add_argument("--slowdown", type=float, default=2.0, help="the last worker's steps take this many times longer")
+    parser.add_argument(
+        "--slowdown", type=float, default=2.0, help="the last worker's steps take this many times longer"
+    )
     parser.add_argument("--model", default="mlp")
     parser.add_argument("--dataset", default="digits")
     parser.add_argument("--epochs", type=int, default=10)
@@ -69,8 +81,12 @@ def main(argv: list[str] | None = None) -> int:
         m = run_mode(strategy, args)
         staleness = m["staleness"]
         table.add_row(
-            strategy, f"{m['examples_per_second']:.0f}", f"{m['test_accuracy']:.4f}", str(m["global_steps"]),
-            str(m["dropped_gradients"]), f"{staleness['mean']:.2f} / {staleness['max']}",
+            strategy,
+            f"{m['examples_per_second']:.0f}",
+            f"{m['test_accuracy']:.4f}",
+            str(m["global_steps"]),
+            str(m["dropped_gradients"]),
+            f"{staleness['mean']:.2f} / {staleness['max']}",
         )
     Console().print(table)
     return 0

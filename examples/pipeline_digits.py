@@ -49,8 +49,10 @@ def train(args: argparse.Namespace) -> dict[str, float]:
     layers = ", ".join(type(layer).__name__ for layer in trainer.module)
     print(f"stage {strategy.stage} of replica {strategy.rank}: layers {start}-{stop - 1} ({layers})", flush=True)
     if strategy.is_chief:  # the last stage of replica 0: it holds the loss and the logits
-        print(f"{strategy.num_replicas} pipeline(s) x {args.stages} stages, {args.schedule}, "
-              f"batch {args.batch_size} in {args.microbatches} micro-batches of {args.batch_size // args.microbatches}")
+        print(
+            f"{strategy.num_replicas} pipeline(s) x {args.stages} stages, {args.schedule}, "
+            f"batch {args.batch_size} in {args.microbatches} micro-batches of {args.batch_size // args.microbatches}"
+        )
     trainer.fit(data.train, epochs=args.epochs, batch_size=args.batch_size, seed=args.seed, verbose=1)
     results = trainer.evaluate(data.test)  # every stage runs its part of the forward pass
     if strategy.is_chief:
@@ -77,8 +79,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--stages", type=int, default=2, help="stages, one process each (default 2)")
     parser.add_argument("--microbatches", type=int, default=4, help="micro-batches per batch (default 4)")
     parser.add_argument("--schedule", default="1f1b", choices=("gpipe", "1f1b"))
-    parser.add_argument("--workers", type=int, default=0,
-                        help="processes, a multiple of --stages: workers / stages pipelines (default: --stages)")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=0,
+        help="processes, a multiple of --stages: workers / stages pipelines (default: --stages)",
+    )
     parser.add_argument("--batch-size", type=int, default=32, help="examples per pipeline per step")
     parser.add_argument("--epochs", type=int, default=15)
     parser.add_argument("--lr", type=float, default=0.05)

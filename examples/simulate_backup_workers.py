@@ -29,7 +29,12 @@ digits = load_digits()
 batch = 16
 rounds = args.epochs * (len(digits.train) // (batch * args.workers))
 cluster = Cluster(
-    workers=args.workers, compute_s=0.05, model_bytes=10e6, bandwidth=10e9 / 8, latency=10e-6, ps_shards=4,
+    workers=args.workers,
+    compute_s=0.05,
+    model_bytes=10e6,
+    bandwidth=10e9 / 8,
+    latency=10e-6,
+    ps_shards=4,
     straggler=parse_straggler(f"lognormal:{args.sigma}"),
 )
 for strategy, backup in (("ps-sync", 0), ("ps-backup", args.backup)):

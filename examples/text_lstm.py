@@ -38,10 +38,13 @@ def train(args: argparse.Namespace) -> dict[str, float]:
         optimizer = torch.optim.Adam(model.parameters(), lr=args.lr)
         trainer = paratrain.Trainer(model, "cross_entropy", optimizer, metrics=["accuracy"])
     if strategy.is_chief:
-        print(f"{len(data.train)} training and {len(data.test)} test documents, classes {list(data.classes)}, "
-              f"vocabulary {len(data.vocabulary)} words, {strategy.num_replicas} replica(s)")
-    trainer.fit(data.train, epochs=args.epochs, validation_data=data.test, batch_size=args.batch_size,
-                seed=args.seed, verbose=1)
+        print(
+            f"{len(data.train)} training and {len(data.test)} test documents, classes {list(data.classes)}, "
+            f"vocabulary {len(data.vocabulary)} words, {strategy.num_replicas} replica(s)"
+        )
+    trainer.fit(
+        data.train, epochs=args.epochs, validation_data=data.test, batch_size=args.batch_size, seed=args.seed, verbose=1
+    )
     results = trainer.evaluate(data.test)
     if strategy.is_chief:
         print(f"test loss {results['loss']:.4f}, test accuracy {results['accuracy']:.4f}")

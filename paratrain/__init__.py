@@ -1,12 +1,12 @@
 """paratrain: distributed training for PyTorch, every mode behind one switch.
 
-    import paratrain
-    strategy = paratrain.AllReduceStrategy()          # or SingleDeviceStrategy(), ...
-    with strategy.scope():
-        model = make_model()
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-        trainer = paratrain.Trainer(model, "cross_entropy", optimizer)
-    trainer.fit((x, y), epochs=10, validation_data=(x_test, y_test))
+import paratrain
+strategy = paratrain.AllReduceStrategy()          # or SingleDeviceStrategy(), ...
+with strategy.scope():
+    model = make_model()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    trainer = paratrain.Trainer(model, "cross_entropy", optimizer)
+trainer.fit((x, y), epochs=10, validation_data=(x_test, y_test))
 """
 
 from paratrain.config import TrainConfig
@@ -33,12 +33,33 @@ def __getattr__(name: str):
         return PipelineStrategy
     raise AttributeError(f"module 'paratrain' has no attribute {name!r}")
 
+
 __version__ = "0.1.0"
 
 __all__ = [
-    "AllReduceStrategy", "Callback", "Checkpoint", "ConfigError", "Constant", "DivergedError", "EarlyStopping",
-    "ExponentialDecay", "History", "LearningRateScheduler", "LinearScalingWarmup", "MirroredStrategy",
-    "ParameterServerStrategy", "ParatrainError", "PipelineStrategy", "SingleDeviceStrategy", "StepOutput", "Strategy",
-    "TrainConfig", "Trainer",
-    "WorkerFailed", "get_strategy", "launch", "load_checkpoint", "run_training",
+    "AllReduceStrategy",
+    "Callback",
+    "Checkpoint",
+    "ConfigError",
+    "Constant",
+    "DivergedError",
+    "EarlyStopping",
+    "ExponentialDecay",
+    "History",
+    "LearningRateScheduler",
+    "LinearScalingWarmup",
+    "MirroredStrategy",
+    "ParameterServerStrategy",
+    "ParatrainError",
+    "PipelineStrategy",
+    "SingleDeviceStrategy",
+    "StepOutput",
+    "Strategy",
+    "TrainConfig",
+    "Trainer",
+    "WorkerFailed",
+    "get_strategy",
+    "launch",
+    "load_checkpoint",
+    "run_training",
 ]

@@ -33,8 +33,10 @@ class TrainConfig:
 
     model: str = _opt("mlp", "model to train", choices=MODELS)
     dataset: str = _opt(
-        "digits", "data set (digits ships with scikit-learn; fashion-mnist and cifar10 are downloaded to "
-        "--data-dir when absent; text reads --data-dir)", choices=DATASETS,
+        "digits",
+        "data set (digits ships with scikit-learn; fashion-mnist and cifar10 are downloaded to "
+        "--data-dir when absent; text reads --data-dir)",
+        choices=DATASETS,
     )
     data_dir: str | None = _opt(
         None, "folder of the data set's files (default ~/.cache/paratrain/<dataset>, or $PARATRAIN_DATA/<dataset>)"
@@ -45,21 +47,42 @@ class TrainConfig:
     strategy: str = _opt("single", "how training is distributed", choices=STRATEGIES)
     workers: int = _opt(1, "number of data-parallel replicas (processes)")
     device: str = _opt("auto", "auto (CUDA when available), cpu or cuda", choices=("auto", "cpu", "cuda"))
-    ps_shards: int | None = _opt(None, "parameter-server shards (ps-* strategies; default 1): ranks 0..P-1 serve parameters")
+    ps_shards: int | None = _opt(
+        None, "parameter-server shards (ps-* strategies; default 1): ranks 0..P-1 serve parameters"
+    )
     backup_workers: int = _opt(0, "ps-backup: extra workers K; each update takes the first --workers gradients")
     staleness_bound: int | None = _opt(None, "ps-async: a worker more than S steps ahead of the slowest live one waits")
-    stale_policy: str = _opt("none", "ps-async: none, scale-lr (step / staleness) or drop (staler than --max-staleness)", choices=("none", "scale-lr", "drop"))
+    stale_policy: str = _opt(
+        "none",
+        "ps-async: none, scale-lr (step / staleness) or drop (staler than --max-staleness)",
+        choices=("none", "scale-lr", "drop"),
+    )
     max_staleness: int = _opt(4, "ps-async with --stale-policy drop: the largest staleness still applied")
     warmup_steps: int = _opt(0, "ps-async: the first W updates come from worker 0 alone, then the others join")
-    pull_compression: str = _opt("none", "parameter server: parameters sent to workers in none (fp32), fp16 or bf16", choices=("none", "fp16", "bf16"))
-    heartbeat_timeout: float = _opt(10.0, "parameter server: seconds without a heartbeat before a worker counts as dead")
+    pull_compression: str = _opt(
+        "none",
+        "parameter server: parameters sent to workers in none (fp32), fp16 or bf16",
+        choices=("none", "fp16", "bf16"),
+    )
+    heartbeat_timeout: float = _opt(
+        10.0, "parameter server: seconds without a heartbeat before a worker counts as dead"
+    )
     stages: int = _opt(2, "pipeline: stages the model is split into, one process each")
     microbatches: int = _opt(4, "pipeline: micro-batches per batch (--batch-size must be a multiple)")
     schedule: str = _opt("1f1b", "pipeline: micro-batch schedule", choices=("gpipe", "1f1b"))
-    balance: str = _opt("params", "pipeline: balance stages by parameter count or by measured time per layer", choices=("params", "time"))
+    balance: str = _opt(
+        "params",
+        "pipeline: balance stages by parameter count or by measured time per layer",
+        choices=("params", "time"),
+    )
     split_points: str | None = _opt(None, "pipeline: layer indices where stages start, e.g. 3,7 (instead of --balance)")
-    fail: str | None = _opt(None, "fault injection: WORKER@STEP makes that worker's process die at that step; ps:SHARD@VERSION makes a parameter-server shard die once it has published that version")
-    hang: str | None = _opt(None, "fault injection: WORKER@STEP makes that worker stop answering at that step (for --timeout drills)")
+    fail: str | None = _opt(
+        None,
+        "fault injection: WORKER@STEP makes that worker's process die at that step; ps:SHARD@VERSION makes a parameter-server shard die once it has published that version",
+    )
+    hang: str | None = _opt(
+        None, "fault injection: WORKER@STEP makes that worker stop answering at that step (for --timeout drills)"
+    )
     straggler: str | None = _opt(None, "fault injection: WORKER:FACTOR makes that worker's steps FACTOR times slower")
     epochs: int = _opt(15, "passes over the training data")
     batch_size: int = _opt(32, "examples per replica per step; the global batch is batch_size x workers")
@@ -73,23 +96,39 @@ class TrainConfig:
     staircase: bool = _opt(True, "exponential schedule: decay in whole steps (the CIFAR-10 recipe)")
     warmup_epochs: float = _opt(0.0, "linear-scaling schedule: epochs of gradual warm-up (Goyal et al. use 5)")
     reference_batch: int = _opt(256, "linear-scaling schedule: global batch at which --lr applies unscaled")
-    compression: str = _opt("none", "gradient codec on the wire (allreduce: as a DDP communication hook)", choices=CODECS)
-    compression_ratio: float = _opt(0.01, "topk: fraction R of each gradient's entries sent, 0 < R <= 1 (the rest is carried by error feedback)")
+    compression: str = _opt(
+        "none", "gradient codec on the wire (allreduce: as a DDP communication hook)", choices=CODECS
+    )
+    compression_ratio: float = _opt(
+        0.01, "topk: fraction R of each gradient's entries sent, 0 < R <= 1 (the rest is carried by error feedback)"
+    )
     powersgd_rank: int = _opt(2, "powersgd: rank r of the low-rank approximation (Vogels et al. 2019 use 1-4)")
     stochastic_rounding: bool = _opt(False, "int8: round stochastically (unbiased) instead of to nearest")
     early_stopping: int = _opt(0, "stop after this many epochs without test-loss improvement (0: off)")
     seed: int = _opt(0, "random seed for model initialisation and data order")
     log_every: int = _opt(50, "print the step log every this many steps (0: only per epoch)")
     progress: bool = _opt(True, "show a progress bar on the chief when writing to a terminal")
-    checkpoint_dir: str | None = _opt(None, "save checkpoints to this folder (ckpt-STEP/ with a manifest; see docs/reliability.md)")
+    checkpoint_dir: str | None = _opt(
+        None, "save checkpoints to this folder (ckpt-STEP/ with a manifest; see docs/reliability.md)"
+    )
     checkpoint_every: int = _opt(500, "with --checkpoint-dir: save every this many steps (and at the end)")
     keep: int = _opt(3, "with --checkpoint-dir: complete checkpoints kept (older ones are removed)")
-    resume: bool = _opt(False, "go on from the newest complete checkpoint in --checkpoint-dir (from the start if there is none)")
-    max_restarts: int = _opt(0, "restart the whole run from its last checkpoint when a process dies, up to this many times")
-    on_nan: str = _opt("stop", "a NaN or Inf loss or gradient: stop (exit 3) or skip that update and count it", choices=("stop", "skip"))
+    resume: bool = _opt(
+        False, "go on from the newest complete checkpoint in --checkpoint-dir (from the start if there is none)"
+    )
+    max_restarts: int = _opt(
+        0, "restart the whole run from its last checkpoint when a process dies, up to this many times"
+    )
+    on_nan: str = _opt(
+        "stop",
+        "a NaN or Inf loss or gradient: stop (exit 3) or skip that update and count it",
+        choices=("stop", "skip"),
+    )
     timeout: float = _opt(300.0, "seconds any collective or rendezvous may wait before the run fails")
     metrics_out: str | None = _opt(None, "write the run's metrics as one JSON object to this file")
-    logdir: str | None = _opt(None, "write TensorBoard scalars to this folder (run-level by the chief, per-rank timing in rank-N/)")
+    logdir: str | None = _opt(
+        None, "write TensorBoard scalars to this folder (run-level by the chief, per-rank timing in rank-N/)"
+    )
     timeline: str | None = _opt(None, "write a Chrome/Perfetto trace of every rank's step phases to this JSON file")
 
     def __post_init__(self) -> None:
@@ -103,11 +142,30 @@ class TrainConfig:
         _choice("schedule", self.schedule, ("gpipe", "1f1b"))
         _choice("balance", self.balance, ("params", "time"))
         _choice("on_nan", self.on_nan, ("stop", "skip"))
-        for name in ("workers", "epochs", "batch_size", "lr_decay_steps", "reference_batch", "max_len", "powersgd_rank",
-                     "stages", "microbatches", "checkpoint_every", "keep"):
+        for name in (
+            "workers",
+            "epochs",
+            "batch_size",
+            "lr_decay_steps",
+            "reference_batch",
+            "max_len",
+            "powersgd_rank",
+            "stages",
+            "microbatches",
+            "checkpoint_every",
+            "keep",
+        ):
             _at_least(name, getattr(self, name), 1)
         _at_least("vocab_size", self.vocab_size, 3)  # padding, unknown, and one word
-        for name in ("early_stopping", "log_every", "seed", "backup_workers", "max_staleness", "warmup_steps", "max_restarts"):
+        for name in (
+            "early_stopping",
+            "log_every",
+            "seed",
+            "backup_workers",
+            "max_staleness",
+            "warmup_steps",
+            "max_restarts",
+        ):
             _at_least(name, getattr(self, name), 0)
         for name in ("ps_shards", "staleness_bound"):
             if getattr(self, name) is not None:
@@ -162,9 +220,7 @@ class TrainConfig:
                 setattr(self, f.name, float(value))
                 continue
             if not isinstance(value, expected) or (expected is int and isinstance(value, bool)):
-                raise ConfigError(
-                    f"{_flag(f.name)} must be {expected.__name__}, got {value!r}"
-                )
+                raise ConfigError(f"{_flag(f.name)} must be {expected.__name__}, got {value!r}")
 
     @property
     def global_batch(self) -> int:
@@ -179,11 +235,13 @@ class TrainConfig:
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
-    def replace(self, **changes: Any) -> "TrainConfig":
+    def replace(self, **changes: Any) -> TrainConfig:
         return dataclasses.replace(self, **changes)
 
 
-def _parse_fault(name: str, text: str | None, sep: str, kind: type, form: str, prefix: str = "") -> tuple[int, Any] | None:
+def _parse_fault(
+    name: str, text: str | None, sep: str, kind: type, form: str, prefix: str = ""
+) -> tuple[int, Any] | None:
     """``"1@40"`` -> (1, 40) for --fail, ``"2:3.0"`` -> (2, 3.0) for --straggler; ``prefix``
     (``"ps:"``) is dropped first."""
     if text is None:
@@ -281,13 +339,17 @@ def config_from_run(path: str) -> dict[str, Any]:
     except (OSError, UnicodeDecodeError) as error:
         raise ConfigError(f"--config-from {path}: cannot read ({getattr(error, 'strerror', None) or error})") from None
     except json.JSONDecodeError:
-        raise ConfigError(f"--config-from {path}: not JSON; give a metrics file (paratrain train --metrics-out)") from None
+        raise ConfigError(
+            f"--config-from {path}: not JSON; give a metrics file (paratrain train --metrics-out)"
+        ) from None
     if not isinstance(document, dict) or not isinstance(document.get("config"), dict):
-        raise ConfigError(f"--config-from {path}: no embedded \"config\"; give a metrics file of paratrain train")
+        raise ConfigError(f'--config-from {path}: no embedded "config"; give a metrics file of paratrain train')
     known = {f.name for f in config_fields()}
     unknown = sorted(set(document["config"]) - known)
     if unknown:
-        raise ConfigError(f"--config-from {path}: unknown option {unknown[0]!r} (written by another paratrain version?)")
+        raise ConfigError(
+            f"--config-from {path}: unknown option {unknown[0]!r} (written by another paratrain version?)"
+        )
     return {k: v for k, v in document["config"].items() if k not in OUTPUT_FIELDS}
 
 

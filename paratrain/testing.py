@@ -50,7 +50,7 @@ def relative_difference(a: torch.Tensor, b: torch.Tensor) -> float:
 # Each class gets its own pattern plus noise, so that a few epochs learn something.
 
 
-def write_idx(path: str | os.PathLike, array: "np.ndarray", compress: bool = True) -> Path:
+def write_idx(path: str | os.PathLike, array: np.ndarray, compress: bool = True) -> Path:
     """``array`` (uint8) as an IDX file: magic ``0x08 << 8 | ndim``, big-endian sizes, data."""
     import gzip
 
@@ -64,7 +64,7 @@ def write_idx(path: str | os.PathLike, array: "np.ndarray", compress: bool = Tru
     return path
 
 
-def _class_images(num: int, shape: tuple[int, ...], num_classes: int, seed: int) -> tuple["np.ndarray", "np.ndarray"]:
+def _class_images(num: int, shape: tuple[int, ...], num_classes: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     import numpy as np
 
     rng = np.random.default_rng(seed)
@@ -76,8 +76,9 @@ def _class_images(num: int, shape: tuple[int, ...], num_classes: int, seed: int)
     return images, labels.astype(np.uint8)
 
 
-def write_fashion_mnist(directory: str | os.PathLike, num_train: int = 200, num_test: int = 100,
-                        compress: bool = True, seed: int = 0) -> Path:
+def write_fashion_mnist(
+    directory: str | os.PathLike, num_train: int = 200, num_test: int = 100, compress: bool = True, seed: int = 0
+) -> Path:
     """The four Fashion-MNIST IDX files (28x28, 10 classes) with ``num_train``/``num_test`` images."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
@@ -109,8 +110,13 @@ NEGATIVE_WORDS = ("bad", "awful", "boring", "terrible", "poor", "hated")
 FILLER_WORDS = ("the", "movie", "film", "was", "a", "and", "plot", "actors", "it's", "i", "story", "scene")
 
 
-def write_text_folders(directory: str | os.PathLike, docs_per_class: int = 30, num_test: int = 10,
-                       classes: tuple[str, ...] = ("neg", "pos"), seed: int = 0) -> Path:
+def write_text_folders(
+    directory: str | os.PathLike,
+    docs_per_class: int = 30,
+    num_test: int = 10,
+    classes: tuple[str, ...] = ("neg", "pos"),
+    seed: int = 0,
+) -> Path:
     """``directory/{train,test}/<class>/N.txt`` in the IMDB layout, with HTML line breaks."""
     import random
 

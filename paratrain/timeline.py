@@ -49,8 +49,15 @@ class Recorder:
         return (self._anchor_ns + time.perf_counter_ns()) / 1000.0
 
     def add(self, name: str, start_us: float, end_us: float, tid: int = COMPUTE, **args: Any) -> None:
-        event = {"name": name, "ph": "X", "ts": start_us, "dur": max(end_us - start_us, 0.0),
-                 "pid": self.rank, "tid": tid, "cat": "comm" if tid == COMM else "compute"}
+        event = {
+            "name": name,
+            "ph": "X",
+            "ts": start_us,
+            "dur": max(end_us - start_us, 0.0),
+            "pid": self.rank,
+            "tid": tid,
+            "cat": "comm" if tid == COMM else "compute",
+        }
         if args:
             event["args"] = args
         with self._lock:

@@ -12,12 +12,18 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
 
 
-def run_cli(*args: str, env: dict | None = None, timeout: float = 240, cwd: Path | None = None) -> subprocess.CompletedProcess:
+def run_cli(
+    *args: str, env: dict | None = None, timeout: float = 240, cwd: Path | None = None
+) -> subprocess.CompletedProcess:
     """``paratrain ARGS`` in a fresh interpreter; returns the finished process."""
     full_env = {**os.environ, **(env or {})}
     return subprocess.run(
         [sys.executable, "-m", "paratrain", *args],
-        capture_output=True, text=True, timeout=timeout, env=full_env, cwd=cwd or REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=full_env,
+        cwd=cwd or REPO,
     )
 
 

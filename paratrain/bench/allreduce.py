@@ -93,8 +93,14 @@ def worker(model_names: list[str], batch_size: int, rounds: int, epochs_per_roun
 
         def run_paratrain() -> None:
             # fit continues from trainer.epoch, so ask for that many more epochs.
-            trainer.fit(data.train, epochs=trainer.epoch + epochs_per_round, batch_size=batch_size,
-                        seed=SEED, verbose=0, log_every=0)
+            trainer.fit(
+                data.train,
+                epochs=trainer.epoch + epochs_per_round,
+                batch_size=batch_size,
+                seed=SEED,
+                verbose=0,
+                log_every=0,
+            )
 
         def run_raw() -> None:
             nonlocal raw_epoch
@@ -117,8 +123,9 @@ def worker(model_names: list[str], batch_size: int, rounds: int, epochs_per_roun
                 before = trainer.global_step
                 ms_per_step[side].append(timed(sides[side]) / steps * 1e3)
                 assert side != "paratrain" or trainer.global_step - before == steps
-        weight_diff = max((a - b).abs().max().item() for a, b in
-                          zip(trainer.module.parameters(), raw_model.parameters()))
+        weight_diff = max(
+            (a - b).abs().max().item() for a, b in zip(trainer.module.parameters(), raw_model.parameters())
+        )
         paratrain_ms = statistics.median(ms_per_step["paratrain"])
         raw_ms = statistics.median(ms_per_step["raw_ddp"])
         # The two sides of one round ran back to back: their ratio sees the same machine.
@@ -172,7 +179,9 @@ def markdown(document: dict) -> str:
         "| --- | ---: | ---: | ---: | ---: | ---: |",
     ]
     for name, r in document["models"].items():
-        lines.append(f"| {name} | {r['steps_per_round']} | {r['paratrain_ms_per_step']:.3f} | "
-                     f"{r['raw_ddp_ms_per_step']:.3f} | {r['ratio']:.3f} | {r['paired_ratio_median']:.3f} "
-                     f"({r['paired_ratio_quartiles'][0]:.3f}-{r['paired_ratio_quartiles'][2]:.3f}) |")
+        lines.append(
+            f"| {name} | {r['steps_per_round']} | {r['paratrain_ms_per_step']:.3f} | "
+            f"{r['raw_ddp_ms_per_step']:.3f} | {r['ratio']:.3f} | {r['paired_ratio_median']:.3f} "
+            f"({r['paired_ratio_quartiles'][0]:.3f}-{r['paired_ratio_quartiles'][2]:.3f}) |"
+        )
     return "\n".join(lines) + "\n"

@@ -31,21 +31,39 @@ def _allreduce(quick: bool) -> dict[str, Any]:
 def _ps(quick: bool) -> dict[str, Any]:
     from paratrain.bench import ps
 
-    settings = ({"models": ["mlp"], "workers": [2], "epochs": 1, "repeats": 1, "straggler_workers": 0, "factor": 2.0}
-                if quick else
-                {"models": ["mlp", "cifar_cnn"], "workers": [2, 3], "epochs": 4, "repeats": 3, "straggler_workers": 4, "factor": 2.0})
+    settings = (
+        {"models": ["mlp"], "workers": [2], "epochs": 1, "repeats": 1, "straggler_workers": 0, "factor": 2.0}
+        if quick
+        else {
+            "models": ["mlp", "cifar_cnn"],
+            "workers": [2, 3],
+            "epochs": 4,
+            "repeats": 3,
+            "straggler_workers": 4,
+            "factor": 2.0,
+        }
+    )
     scaling = ps.scaling(settings["models"], settings["workers"], settings["epochs"], settings["repeats"])
-    straggler = (ps.straggler(settings["straggler_workers"], settings["factor"], settings["epochs"], settings["repeats"])
-                 if settings["straggler_workers"] else [])
-    return {"settings": settings, "results": {"scaling": scaling, "straggler": straggler},
-            "markdown": ps.markdown(scaling, straggler, settings["straggler_workers"], settings["factor"])}
+    straggler = (
+        ps.straggler(settings["straggler_workers"], settings["factor"], settings["epochs"], settings["repeats"])
+        if settings["straggler_workers"]
+        else []
+    )
+    return {
+        "settings": settings,
+        "results": {"scaling": scaling, "straggler": straggler},
+        "markdown": ps.markdown(scaling, straggler, settings["straggler_workers"], settings["factor"]),
+    }
 
 
 def _codecs(quick: bool) -> dict[str, Any]:
     from paratrain.bench import codecs
 
-    settings = ({"models": ["mlp"], "codecs": ["none", "fp16", "int8", "topk"], "workers": 2, "epochs": 1} if quick else
-                {"models": list(codecs.MODELS), "codecs": list(codecs.CODECS), "workers": 2, "epochs": 3})
+    settings = (
+        {"models": ["mlp"], "codecs": ["none", "fp16", "int8", "topk"], "workers": 2, "epochs": 1}
+        if quick
+        else {"models": list(codecs.MODELS), "codecs": list(codecs.CODECS), "workers": 2, "epochs": 3}
+    )
     rows = codecs.measure(settings["models"], settings["codecs"], settings["workers"], settings["epochs"])
     targets = codecs.check_targets(rows)
     text = codecs.table(rows) + "\n\n" + "".join(f"- {line}\n" for line in targets)
@@ -55,10 +73,24 @@ def _codecs(quick: bool) -> dict[str, Any]:
 def _pipeline(quick: bool) -> dict[str, Any]:
     from paratrain.bench import pipeline
 
-    settings = {"stages": 2, "microbatches": [1, 2, 4] if quick else [1, 2, 4, 8], "steps": 3 if quick else 20,
-                "repeats": 1 if quick else 5, "layers": 8, "width": 256 if quick else 1024, "batch": 64 if quick else 256}
-    document = pipeline.run(settings["stages"], tuple(settings["microbatches"]), settings["steps"], settings["repeats"],
-                            settings["layers"], settings["width"], settings["batch"])
+    settings = {
+        "stages": 2,
+        "microbatches": [1, 2, 4] if quick else [1, 2, 4, 8],
+        "steps": 3 if quick else 20,
+        "repeats": 1 if quick else 5,
+        "layers": 8,
+        "width": 256 if quick else 1024,
+        "batch": 64 if quick else 256,
+    }
+    document = pipeline.run(
+        settings["stages"],
+        tuple(settings["microbatches"]),
+        settings["steps"],
+        settings["repeats"],
+        settings["layers"],
+        settings["width"],
+        settings["batch"],
+    )
     return {"settings": settings, "results": document, "markdown": pipeline.table(document["rows"], document["meta"])}
 
 
@@ -71,8 +103,9 @@ SUITES: dict[str, tuple[str, Callable[[bool], dict[str, Any]]]] = {
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--suites", default=",".join(SUITES),
-                   help=f"comma-separated, from {', '.join(SUITES)} (default all)")
+    p.add_argument(
+        "--suites", default=",".join(SUITES), help=f"comma-separated, from {', '.join(SUITES)} (default all)"
+    )
     p.add_argument("--quick", action="store_true", help="short settings: one small model, few rounds (a smoke run)")
     p.add_argument("--out", metavar="DIR", help="write DIR/bench.json and DIR/bench.md (DIR made if absent)")
     p.add_argument("--json-out", metavar="FILE.json", help="write the results as one JSON object")
@@ -115,8 +148,12 @@ def bench_command(args: argparse.Namespace) -> int:
     document: dict[str, Any] = {
         "command": f"paratrain bench --suites {','.join(suites)}{' --quick' if args.quick else ''}",
         "quick": args.quick,
-        "environment": {"torch": torch.__version__, "python": platform.python_version(), "platform": platform.platform(),
-                        "cpus": os.cpu_count()},
+        "environment": {
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+            "platform": platform.platform(),
+            "cpus": os.cpu_count(),
+        },
         "suites": {},
     }
     sections = [f"# paratrain bench{' --quick' if args.quick else ''}", ""]
@@ -126,8 +163,12 @@ def bench_command(args: argparse.Namespace) -> int:
         start = time.perf_counter()
         outcome = run(args.quick)
         seconds = time.perf_counter() - start
-        document["suites"][name] = {"title": title, "seconds": seconds, "settings": outcome["settings"],
-                                    "results": outcome["results"]}
+        document["suites"][name] = {
+            "title": title,
+            "seconds": seconds,
+            "settings": outcome["settings"],
+            "results": outcome["results"],
+        }
         sections += [f"## {name}: {title}", "", outcome["markdown"].rstrip(), ""]
         console.print(f"bench: {name} done in {seconds:.0f} s")
     markdown = "\n".join(sections)

@@ -22,12 +22,24 @@ from typing import Any
 MODELS = ("mlp", "cifar_cnn", "lstm")
 CODECS = ("none", "fp16", "bf16", "int8", "topk", "powersgd")
 # (codec, model or None for every model, minimum ratio of bytes/step to uncompressed)
-TARGETS = [("fp16", None, 2.0), ("bf16", None, 2.0), ("int8", None, 3.9), ("topk", None, 30.0),
-           ("powersgd", "cifar_cnn", 30.0)]
-COLUMNS = [("model", "model", "s"), ("codec", "compression", "s"), ("bytes/step", "bytes_per_step", ".0f"),
-           ("fewer bytes", "bytes_ratio", ".2f"), ("formula", "formula_ratio", ".2f"),
-           ("step s", "step_seconds", ".4f"), ("step time vs none", "step_time_ratio", ".2f"),
-           ("test acc", "test_accuracy", ".4f"), ("points vs none", "accuracy_points", "+.2f")]
+TARGETS = [
+    ("fp16", None, 2.0),
+    ("bf16", None, 2.0),
+    ("int8", None, 3.9),
+    ("topk", None, 30.0),
+    ("powersgd", "cifar_cnn", 30.0),
+]
+COLUMNS = [
+    ("model", "model", "s"),
+    ("codec", "compression", "s"),
+    ("bytes/step", "bytes_per_step", ".0f"),
+    ("fewer bytes", "bytes_ratio", ".2f"),
+    ("formula", "formula_ratio", ".2f"),
+    ("step s", "step_seconds", ".4f"),
+    ("step time vs none", "step_time_ratio", ".2f"),
+    ("test acc", "test_accuracy", ".4f"),
+    ("points vs none", "accuracy_points", "+.2f"),
+]
 
 
 def formula_bytes(model_name: str, codec_name: str) -> tuple[int, int]:
@@ -57,30 +69,45 @@ def run_all(jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
         metrics = job.run(config)
         if "test_accuracy" not in metrics:  # only the chief gets the metrics document
             continue
-        rows.append({
-            "model": config.model,
-            "compression": metrics["compression"],
-            "bytes_per_step": metrics["bytes_per_step"],
-            "bytes_sent": metrics["bytes_sent"],
-            "global_steps": metrics["global_steps"],
-            "step_seconds": config.global_batch / metrics["examples_per_second"],
-            "test_accuracy": metrics["test_accuracy"],
-            "wall_seconds": metrics["wall_seconds"],
-        })
+        rows.append(
+            {
+                "model": config.model,
+                "compression": metrics["compression"],
+                "bytes_per_step": metrics["bytes_per_step"],
+                "bytes_sent": metrics["bytes_sent"],
+                "global_steps": metrics["global_steps"],
+                "step_seconds": config.global_batch / metrics["examples_per_second"],
+                "test_accuracy": metrics["test_accuracy"],
+                "wall_seconds": metrics["wall_seconds"],
+            }
+        )
     destroy_process_group()
     return rows
 
 
-def measure(models: list[str], codecs: list[str], workers: int = 2, epochs: int = 15, **settings: Any) -> list[dict[str, Any]]:
+def measure(
+    models: list[str], codecs: list[str], workers: int = 2, epochs: int = 15, **settings: Any
+) -> list[dict[str, Any]]:
     """Train every (model, codec) pair in one launch of ``workers`` processes; the rows,
     with ratios to the uncompressed run (added to ``codecs`` if absent) and formulas."""
     from paratrain.launch.torchrun import launch
 
     if "none" not in codecs:
         codecs = ["none", *codecs]  # the reference every ratio is taken against
-    jobs = [dict(**settings, model=model, compression=codec, strategy="allreduce", workers=workers, epochs=epochs,
-                 progress=False, log_every=0)
-            for model in models for codec in codecs]
+    jobs = [
+        dict(
+            **settings,
+            model=model,
+            compression=codec,
+            strategy="allreduce",
+            workers=workers,
+            epochs=epochs,
+            progress=False,
+            log_every=0,
+        )
+        for model in models
+        for codec in codecs
+    ]
     rows = launch(run_all, jobs, num_processes=workers)[0]
     add_ratios(rows)
     for r in rows:  # steady state: PowerSGD's first steps are plain all-reduces
@@ -111,6 +138,8 @@ def check_targets(rows: list[dict[str, Any]]) -> list[str]:
 def table(rows: list[dict[str, Any]], columns: list[tuple[str, str, str]] = COLUMNS) -> str:
     head = "| " + " | ".join(title for title, _, _ in columns) + " |"
     rule = "| " + " | ".join("---" for _ in columns) + " |"
-    body = ["| " + " | ".join("" if r.get(key) is None else format(r[key], spec) for _, key, spec in columns) + " |"
-            for r in rows]
+    body = [
+        "| " + " | ".join("" if r.get(key) is None else format(r[key], spec) for _, key, spec in columns) + " |"
+        for r in rows
+    ]
     return "\n".join([head, rule, *body])

@@ -176,14 +176,23 @@ def measure(
             per_micro = _microbatch_saved_bytes(module, strategy.stage, x[: batch // m], width)
             ms = {key: 1e3 * value / steps for key, value in sums.items()}
             compute = ms["forward"] + ms["backward"]
-            rows.append({
-                "schedule": schedule, "microbatches": m, "stage": strategy.stage,
-                "step_ms": ms["step"], "forward_ms": ms["forward"], "backward_ms": ms["backward"],
-                "wait_ms": ms["wait"], "other_ms": ms["step"] - compute - ms["wait"],
-                "bubble": ms["wait"] / ms["step"], "theory": (stages - 1) / (m + stages - 1),
-                "compute_cpu_share": ms["cpu"] / compute,
-                "activation_bytes": peak, "microbatch_bytes": per_micro,
-            })
+            rows.append(
+                {
+                    "schedule": schedule,
+                    "microbatches": m,
+                    "stage": strategy.stage,
+                    "step_ms": ms["step"],
+                    "forward_ms": ms["forward"],
+                    "backward_ms": ms["backward"],
+                    "wait_ms": ms["wait"],
+                    "other_ms": ms["step"] - compute - ms["wait"],
+                    "bubble": ms["wait"] / ms["step"],
+                    "theory": (stages - 1) / (m + stages - 1),
+                    "compute_cpu_share": ms["cpu"] / compute,
+                    "activation_bytes": peak,
+                    "microbatch_bytes": per_micro,
+                }
+            )
             dist.barrier()
             strategy.teardown()
     destroy_process_group()
@@ -214,8 +223,15 @@ def table(rows: list[dict], meta: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run(stages: int = 2, counts: tuple[int, ...] = (1, 2, 4, 8), steps: int = 20, repeats: int = 5, layers: int = 8,
-        width: int = 1024, batch: int = 256) -> dict[str, Any]:
+def run(
+    stages: int = 2,
+    counts: tuple[int, ...] = (1, 2, 4, 8),
+    steps: int = 20,
+    repeats: int = 5,
+    layers: int = 8,
+    width: int = 1024,
+    batch: int = 256,
+) -> dict[str, Any]:
     """The whole measurement on ``stages`` local processes: {"meta", "rows"}."""
     from paratrain.launch.torchrun import launch
 
@@ -224,8 +240,16 @@ def run(stages: int = 2, counts: tuple[int, ...] = (1, 2, 4, 8), steps: int = 20
     rows = sorted((r for rank in results for r in rank), key=lambda r: (r["schedule"], r["microbatches"], r["stage"]))
     rows.sort(key=lambda r: r["schedule"] != "gpipe")
     meta = {
-        "stages": stages, "layers": layers, "width": width, "batch_size": batch, "steps": steps, "repeats": repeats,
-        "torch": torch.__version__, "cpus": os.cpu_count(), "platform": platform.platform(),
-        "load_average_1min_start": load_at_start, "load_average_1min": round(os.getloadavg()[0], 2),
+        "stages": stages,
+        "layers": layers,
+        "width": width,
+        "batch_size": batch,
+        "steps": steps,
+        "repeats": repeats,
+        "torch": torch.__version__,
+        "cpus": os.cpu_count(),
+        "platform": platform.platform(),
+        "load_average_1min_start": load_at_start,
+        "load_average_1min": round(os.getloadavg()[0], 2),
     }
     return {"meta": meta, "rows": rows}

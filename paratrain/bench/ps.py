@@ -36,13 +36,16 @@ def run(repeats: int, **settings: Any) -> dict[str, Any]:
     samples = []
     for _ in range(repeats):
         results = launch(
-            job.run, config,
+            job.run,
+            config,
             num_processes=strategy.num_processes(config),
             expendable=strategy.expendable_ranks(config),
         )
         metrics = results[strategy.chief_rank(config)]
         applied = sum(metrics["staleness"]["histogram"].values()) * config.batch_size
-        samples.append((metrics["examples_per_second"], metrics["test_accuracy"], applied, metrics["dropped_gradients"]))
+        samples.append(
+            (metrics["examples_per_second"], metrics["test_accuracy"], applied, metrics["dropped_gradients"])
+        )
     rate = statistics.median(s[0] for s in samples)
     share_applied = statistics.median(s[2] / (s[2] + s[3] * config.batch_size) for s in samples)
     return {
@@ -72,8 +75,15 @@ def scaling(models: list[str], workers: list[int], epochs: int, repeats: int, lo
             for name, settings in modes(n).items():
                 result = run(repeats, model=model, epochs=epochs, **settings)
                 base = base or result["examples_per_second"]
-                rows.append({"model": model, "workers": n, "mode": name, **result,
-                             "step_time_vs_allreduce": base / result["examples_per_second"]})
+                rows.append(
+                    {
+                        "model": model,
+                        "workers": n,
+                        "mode": name,
+                        **result,
+                        "step_time_vs_allreduce": base / result["examples_per_second"],
+                    }
+                )
                 if log:
                     log(json.dumps(rows[-1]))
     return rows
@@ -85,20 +95,30 @@ def straggler(workers: int, factor: float, epochs: int, repeats: int, log: Any =
     for name in ("ps-sync", "ps-backup", "ps-async"):
         result = run(repeats, model="mlp", epochs=epochs, straggler=slow, **modes(workers)[name])
         reference = reference or result
-        rows.append({"mode": name, **result,
-                     "all_vs_sync": result["examples_per_second"] / reference["examples_per_second"],
-                     "applied_vs_sync": result["applied_examples_per_second"] / reference["applied_examples_per_second"]})
+        rows.append(
+            {
+                "mode": name,
+                **result,
+                "all_vs_sync": result["examples_per_second"] / reference["examples_per_second"],
+                "applied_vs_sync": result["applied_examples_per_second"] / reference["applied_examples_per_second"],
+            }
+        )
         if log:
             log(json.dumps(rows[-1]))
     return rows
 
 
-def markdown(scaling_rows: list[dict[str, Any]], straggler_rows: list[dict[str, Any]], workers: int, factor: float) -> str:
+def markdown(
+    scaling_rows: list[dict[str, Any]], straggler_rows: list[dict[str, Any]], workers: int, factor: float
+) -> str:
     lines = [
         "| model | workers | mode | examples/s | step time vs allreduce | test accuracy |",
         "| --- | --- | --- | --- | --- | --- |",
-        *(f"| {r['model']} | {r['workers']} | {r['mode']} | {r['examples_per_second']:.0f} | "
-          f"{r['step_time_vs_allreduce']:.2f}x | {r['test_accuracy']:.3f} |" for r in scaling_rows),
+        *(
+            f"| {r['model']} | {r['workers']} | {r['mode']} | {r['examples_per_second']:.0f} | "
+            f"{r['step_time_vs_allreduce']:.2f}x | {r['test_accuracy']:.3f} |"
+            for r in scaling_rows
+        ),
     ]
     if straggler_rows:
         lines += [
@@ -107,8 +127,10 @@ def markdown(scaling_rows: list[dict[str, Any]], straggler_rows: list[dict[str, 
             "",
             "| mode | examples/s (all) | vs ps-sync | examples/s (applied) | vs ps-sync | dropped gradients |",
             "| --- | --- | --- | --- | --- | --- |",
-            *(f"| {r['mode']} | {r['examples_per_second']:.0f} | {r['all_vs_sync']:.2f}x | "
-              f"{r['applied_examples_per_second']:.0f} | {r['applied_vs_sync']:.2f}x | {r['dropped_gradients']:.0f} |"
-              for r in straggler_rows),
+            *(
+                f"| {r['mode']} | {r['examples_per_second']:.0f} | {r['all_vs_sync']:.2f}x | "
+                f"{r['applied_examples_per_second']:.0f} | {r['applied_vs_sync']:.2f}x | {r['dropped_gradients']:.0f} |"
+                for r in straggler_rows
+            ),
         ]
     return "\n".join(lines) + "\n"

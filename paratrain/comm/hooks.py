@@ -264,13 +264,19 @@ class PowerSGDHook(CommHook):
         return {
             **super().state_dict(),
             "iter": s.iter,
-            **{part: {name: entry[part] for name, entry in per_parameter.items() if part in entry}
-               for part in ("error", "p", "q")},
+            **{
+                part: {name: entry[part] for name, entry in per_parameter.items() if part in entry}
+                for part in ("error", "p", "q")
+            },
             "numel_before": s.total_numel_before_compression,
             "numel_after": s.total_numel_after_compression,
             # numpy's generator state as a tensor and plain numbers (weights_only loading)
-            "rng": {"keys": torch.from_numpy(keys.astype("int64")), "position": int(position),
-                    "has_gauss": int(has_gauss), "cached_gaussian": float(cached_gaussian)},
+            "rng": {
+                "keys": torch.from_numpy(keys.astype("int64")),
+                "position": int(position),
+                "has_gauss": int(has_gauss),
+                "cached_gaussian": float(cached_gaussian),
+            },
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -280,8 +286,9 @@ class PowerSGDHook(CommHook):
         s.total_numel_before_compression = int(state["numel_before"])
         s.total_numel_after_compression = int(state["numel_after"])
         rng = state["rng"]
-        s.rng.set_state(("MT19937", rng["keys"].numpy().astype("uint32"), rng["position"],
-                         rng["has_gauss"], rng["cached_gaussian"]))
+        s.rng.set_state(
+            ("MT19937", rng["keys"].numpy().astype("uint32"), rng["position"], rng["has_gauss"], rng["cached_gaussian"])
+        )
         for table in (s.error_dict, s.p_memory_dict, s.q_memory_dict, self.layouts, self.compressed_at):
             table.clear()
         self.parked = {}

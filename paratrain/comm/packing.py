@@ -69,7 +69,7 @@ class PackedGradient:
 
     def compress_into(self, flat: torch.Tensor, out: torch.Tensor) -> None:
         offset = element = 0
-        for (key, shape), layout in zip(self.pieces, self.layouts):
+        for (key, shape), _layout in zip(self.pieces, self.layouts):
             numel = int(torch.Size(shape).numel())
             payload, _ = self.codec.compress(flat[element : element + numel].view(shape), key)
             offset += pack(payload, out[offset:])

@@ -66,14 +66,10 @@ def parse_tf_config(text: str) -> ClusterEnv:
         cluster, task = doc["cluster"], doc["task"]
         kind, index = task["type"], int(task["index"])
     except (ValueError, KeyError, TypeError) as error:
-        raise ConfigError(
-            f"TF_CONFIG must be JSON with 'cluster' and 'task': {{'type', 'index'}} ({error})"
-        ) from None
+        raise ConfigError(f"TF_CONFIG must be JSON with 'cluster' and 'task': {{'type', 'index'}} ({error})") from None
     unknown = set(cluster) - set(TF_JOB_ORDER)
     if unknown or kind not in TF_JOB_ORDER:
-        raise ConfigError(
-            f"TF_CONFIG: unknown job {sorted(unknown) or kind!r}; valid jobs: {', '.join(TF_JOB_ORDER)}"
-        )
+        raise ConfigError(f"TF_CONFIG: unknown job {sorted(unknown) or kind!r}; valid jobs: {', '.join(TF_JOB_ORDER)}")
     addresses = [(job, addr) for job in TF_JOB_ORDER for addr in cluster.get(job, [])]
     if len(cluster.get("chief", [])) > 1:
         raise ConfigError("TF_CONFIG: at most one chief task")
@@ -120,8 +116,8 @@ def ensure_process_group(backend: str, timeout: float) -> ClusterEnv:
     if cluster is None:
         cluster = ClusterEnv(0, 1, 0, "127.0.0.1", free_port(), source="local")
     # Under torchrun, env:// reuses the elastic agent's store; elsewhere rank 0 hosts one.
-    init = "env://" if cluster.source == "torchrun" else (
-        f"tcp://{_url_host(cluster.master_addr)}:{cluster.master_port}"
+    init = (
+        "env://" if cluster.source == "torchrun" else (f"tcp://{_url_host(cluster.master_addr)}:{cluster.master_port}")
     )
     options: dict[str, Any] = {"init_method": init}
     if cluster.source == "torchrun" and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
@@ -131,9 +127,7 @@ def ensure_process_group(backend: str, timeout: float) -> ClusterEnv:
         agent = dist.TCPStore(cluster.master_addr, cluster.master_port, cluster.world_size, False, timeout=wait)
         options = {"store": dist.PrefixStore(f"paratrain/attempt-{attempt}/", agent)}
     try:
-        dist.init_process_group(
-            backend, rank=cluster.rank, world_size=cluster.world_size, timeout=wait, **options
-        )
+        dist.init_process_group(backend, rank=cluster.rank, world_size=cluster.world_size, timeout=wait, **options)
     except (RuntimeError, ValueError) as error:
         raise RuntimeError(
             f"rank {cluster.rank} could not join the process group at {init} "

@@ -39,8 +39,9 @@ def per_image_standardization(images: torch.Tensor) -> torch.Tensor:
     return ((flat - mean) / adjusted).view_as(images)
 
 
-def crop(images: torch.Tensor, top: torch.Tensor, left: torch.Tensor, size: tuple[int, int],
-         flip: torch.Tensor | None = None) -> torch.Tensor:
+def crop(
+    images: torch.Tensor, top: torch.Tensor, left: torch.Tensor, size: tuple[int, int], flip: torch.Tensor | None = None
+) -> torch.Tensor:
     """A ``size`` window of each image at its own ``(top, left)``, mirrored where ``flip``.
 
     One gather for the whole batch: the flip reverses each image's column index.
@@ -69,8 +70,9 @@ class CifarDistortions:
     relative means; both are kept so that the inputs are the recipe's.
     """
 
-    def __init__(self, size: tuple[int, int] = (24, 24), max_brightness: float = 63.0,
-                 contrast: tuple[float, float] = (0.2, 1.8)):
+    def __init__(
+        self, size: tuple[int, int] = (24, 24), max_brightness: float = 63.0, contrast: tuple[float, float] = (0.2, 1.8)
+    ):
         self.size = size
         self.max_brightness = max_brightness
         self.contrast = contrast

@@ -110,7 +110,7 @@ def _partial(root: Path, names: tuple[str, ...]) -> str:
     return f"; {', '.join(missing)} missing from {batches_dir(root)}" if len(missing) < len(names) else ""
 
 
-def load_cifar10(config: "TrainConfig | None" = None) -> Splits:
+def load_cifar10(config: TrainConfig | None = None) -> Splits:
     """CIFAR-10: 50,000 + 10,000 colour 32x32 images of 10 classes; the model sees 24x24."""
     root = data_dir(config, "cifar10")
     names = TRAIN_FILES + TEST_FILES

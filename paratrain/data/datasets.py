@@ -26,7 +26,7 @@ from torch.utils.data import Dataset, TensorDataset
 from paratrain.registry import DATASETS
 
 
-def _digits_table() -> "np.ndarray":
+def _digits_table() -> np.ndarray:
     """The digits as scikit-learn ships them (64 pixels and a label per row).
 
     Read straight from the package's data file: importing sklearn.datasets costs more
@@ -43,6 +43,7 @@ def _digits_table() -> "np.ndarray":
 
     bunch = sklearn_digits()
     return np.column_stack([bunch.data, bunch.target]).astype(np.float32)
+
 
 if TYPE_CHECKING:
     from paratrain.config import TrainConfig
@@ -71,7 +72,7 @@ class Splits:
     """Token data: the ``Vocabulary`` the ids come from (``data/text.py``)."""
 
 
-def load_dataset(config: "TrainConfig | str", **options: Any) -> Splits:
+def load_dataset(config: TrainConfig | str, **options: Any) -> Splits:
     """The train/test splits named by ``config.dataset``, or by name with TrainConfig
     options: ``load_dataset("cifar10", data_dir="data/cifar10")``."""
     if isinstance(config, str):
@@ -81,7 +82,7 @@ def load_dataset(config: "TrainConfig | str", **options: Any) -> Splits:
     return DATASETS.get(config.dataset)(config)
 
 
-def data_dir(config: "TrainConfig | None", name: str) -> Path:
+def data_dir(config: TrainConfig | None, name: str) -> Path:
     """Where data set ``name`` lives: ``--data-dir``, else ``$PARATRAIN_DATA/<name>``,
     else ``~/.cache/paratrain/<name>``."""
     if config is not None and config.data_dir:
@@ -89,7 +90,7 @@ def data_dir(config: "TrainConfig | None", name: str) -> Path:
     return Path(os.environ.get("PARATRAIN_DATA") or "~/.cache/paratrain").expanduser() / name
 
 
-def load_digits(config: "TrainConfig | None" = None) -> Splits:
+def load_digits(config: TrainConfig | None = None) -> Splits:
     """scikit-learn's bundled 8x8 handwritten digits (1,797 images, 10 classes).
 
     Split 80/20, stratified (every fifth example of each class, in a fixed random order,

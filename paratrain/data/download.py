@@ -140,11 +140,15 @@ def ensure_files(
         return
     absent = [r.name for r in remotes if not (directory / r.name).is_file()]
     if absent and not allowed:
-        raise offline_error(dataset, directory, expected, remotes, f"{', '.join(absent)} not found and --no-download is set")
+        raise offline_error(
+            dataset, directory, expected, remotes, f"{', '.join(absent)} not found and --no-download is set"
+        )
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as error:
-        raise offline_error(dataset, directory, expected, remotes, f"cannot create {directory} ({error.strerror})") from None
+        raise offline_error(
+            dataset, directory, expected, remotes, f"cannot create {directory} ({error.strerror})"
+        ) from None
     with locked(directory):
         # Another process of the run may have done the work while this one waited.
         remotes = needed()
@@ -166,8 +170,7 @@ def offline_error(dataset: str, directory: Path, expected: str, remotes: Sequenc
     """The one-line error that says which files to put where."""
     sources = ", ".join(sorted({url.rsplit("/", 1)[0] + "/" for r in remotes for url in r.urls[:1]}))
     return ConfigError(
-        f"{dataset}: {reason}; put {expected} in {directory} (or pass --data-dir); "
-        f"they are published at {sources}"
+        f"{dataset}: {reason}; put {expected} in {directory} (or pass --data-dir); they are published at {sources}"
     )
 
 
@@ -183,12 +186,21 @@ class _Bars:
         if self.progress is None:
             from rich.console import Console
             from rich.progress import (
-                BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn,
+                BarColumn,
+                DownloadColumn,
+                Progress,
+                TextColumn,
+                TimeRemainingColumn,
+                TransferSpeedColumn,
             )
 
             self.progress = Progress(
-                TextColumn("[bold]{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                TimeRemainingColumn(), console=Console(stderr=True),
+                TextColumn("[bold]{task.description}"),
+                BarColumn(),
+                DownloadColumn(),
+                TransferSpeedColumn(),
+                TimeRemainingColumn(),
+                console=Console(stderr=True),
             )
             self.progress.start()
         return self.progress.add_task(description, total=total, completed=completed)

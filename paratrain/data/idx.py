@@ -31,12 +31,23 @@ IMAGES_MAGIC = 0x00000803
 LABELS_MAGIC = 0x00000801
 
 FASHION_MNIST_CLASSES = (
-    "T-shirt/top", "Trouser", "Pullover", "Dress", "Coat", "Sandal", "Shirt", "Sneaker", "Bag", "Ankle boot",
+    "T-shirt/top",
+    "Trouser",
+    "Pullover",
+    "Dress",
+    "Coat",
+    "Sandal",
+    "Shirt",
+    "Sneaker",
+    "Bag",
+    "Ankle boot",
 )
 # The publisher's location (github.com/zalandoresearch/fashion-mnist), then the copy
 # Keras downloads from; the SHA-256 sums are those of the published files.
-_SOURCES = ("http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/",
-            "https://storage.googleapis.com/tensorflow/tf-keras-datasets/")
+_SOURCES = (
+    "http://fashion-mnist.s3-website.eu-central-1.amazonaws.com/",
+    "https://storage.googleapis.com/tensorflow/tf-keras-datasets/",
+)
 FASHION_MNIST_FILES = {
     "train-images-idx3-ubyte": ("3aede38d61863908ad78613f6a32ed271626dd12800ba2636569512369268a84", 26421880),
     "train-labels-idx1-ubyte": ("a04f17134ac03560a47e3764e11b92fc97de4d1bfaf8ba1a3aa29af54cc90845", 29515),
@@ -83,7 +94,9 @@ def read_idx(path: Path, magic: int, what: str) -> np.ndarray:
     if body != needed:
         dims = "x".join(map(str, shape))
         problem = "truncated" if body < needed else f"{body - needed} bytes too long"
-        raise ConfigError(f"{path}: {problem}: the header promises {dims} = {needed} bytes of {what}, the file has {body}")
+        raise ConfigError(
+            f"{path}: {problem}: the header promises {dims} = {needed} bytes of {what}, the file has {body}"
+        )
     return np.frombuffer(data, dtype=np.uint8, offset=header).reshape(shape)
 
 
@@ -112,7 +125,7 @@ def read_split(directory: Path, prefix: str, num_classes: int) -> tuple[torch.Te
     return torch.from_numpy(images.copy()).unsqueeze(1), torch.from_numpy(labels.astype(np.int64))
 
 
-def load_fashion_mnist(config: "TrainConfig | None" = None) -> Splits:
+def load_fashion_mnist(config: TrainConfig | None = None) -> Splits:
     """Zalando's Fashion-MNIST: 60,000 + 10,000 grey 28x28 images of 10 kinds of clothing.
 
     Stored as uint8 (47 MB instead of 188 MB as float32); every batch is scaled to

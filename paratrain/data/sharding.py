@@ -60,9 +60,7 @@ def as_tensor_dataset(data: object) -> Dataset:
         if len(inputs) != len(targets):
             raise ConfigError(f"inputs have {len(inputs)} examples but targets have {len(targets)}")
         return TensorDataset(inputs, targets)
-    raise ConfigError(
-        f"data must be a torch Dataset or an (inputs, targets) pair, got {type(data).__name__}"
-    )
+    raise ConfigError(f"data must be a torch Dataset or an (inputs, targets) pair, got {type(data).__name__}")
 
 
 class ShardedBatches:
@@ -164,7 +162,9 @@ class ShardedBatches:
                 self.wait_seconds += time.perf_counter() - start
             yield batch
 
-    def _tensor_batches(self, indices: Iterable[tuple[int, torch.Tensor]]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def _tensor_batches(
+        self, indices: Iterable[tuple[int, torch.Tensor]]
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         inputs, targets = self.dataset.tensors[:2]
         if inputs.device != self.device:
             # Move the whole (in-memory) data set once instead of every batch; stored
@@ -178,7 +178,9 @@ class ShardedBatches:
                 batch = self.transform(batch, self.transform_generator(number))
             yield batch, targets.index_select(0, idx)
 
-    def _loader_batches(self, indices: Iterable[tuple[int, torch.Tensor]]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    def _loader_batches(
+        self, indices: Iterable[tuple[int, torch.Tensor]]
+    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         numbered = list(indices)
         loader = DataLoader(
             self.dataset,

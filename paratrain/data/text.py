@@ -47,7 +47,7 @@ class Vocabulary:
         self.ids = {word: i for i, word in enumerate(self.words)}
 
     @classmethod
-    def build(cls, documents: Iterable[list[str]], size: int) -> "Vocabulary":
+    def build(cls, documents: Iterable[list[str]], size: int) -> Vocabulary:
         """The ``size - 2`` most frequent words of ``documents`` (plus padding and unknown)."""
         counts: Counter[str] = Counter()
         for words in documents:
@@ -102,7 +102,7 @@ def encode(documents: Sequence[list[str]], labels: Sequence[int], vocabulary: Vo
     return TensorDataset(ids.reshape(len(documents), length), torch.tensor(labels, dtype=torch.long))
 
 
-def load_text(config: "TrainConfig") -> Splits:
+def load_text(config: TrainConfig) -> Splits:
     """Token ids ``(N, max_len)`` from ``--data-dir``; vocabulary of ``--vocab-size`` words."""
     if config is None or not config.data_dir:
         raise ConfigError(f"--dataset text needs --data-dir: a folder with {LAYOUT}")

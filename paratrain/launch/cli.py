@@ -33,7 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
     train = commands.add_parser("train", help="train a model", description="Train a model.", epilog=EPILOG)
     train.add_argument("--config", metavar="FILE.toml", help="read options from a TOML file (flags override it)")
     train.add_argument(
-        "--config-from", metavar="RUN.json",
+        "--config-from",
+        metavar="RUN.json",
         help="repeat a run: read options from the config embedded in its metrics file (flags override them; "
         "its output paths --metrics-out, --logdir, --timeline, --checkpoint-dir are not reused)",
     )
@@ -53,7 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
             train.add_argument(flag, type=kind, default=None, metavar=f.name.upper(), help=help_text)
     train.set_defaults(handler=train_command)
     simulate = commands.add_parser(
-        "simulate", help="what-if simulation of a training cluster",
+        "simulate",
+        help="what-if simulation of a training cluster",
         description="Discrete-event simulation of a training cluster (docs/simulator.md).",
     )
     from paratrain.simulate.cli import add_arguments  # light: numpy and torch load on use
@@ -61,7 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
     add_arguments(simulate)
 
     bench = commands.add_parser(
-        "bench", help="side-by-side benchmarks: allreduce vs DDP, parameter servers, codecs, pipeline",
+        "bench",
+        help="side-by-side benchmarks: allreduce vs DDP, parameter servers, codecs, pipeline",
         description="Run benchmark suites on this machine (real multi-process runs) and write one JSON "
         "and one Markdown table; --quick for a short smoke run.",
     )
@@ -70,16 +73,20 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench_arguments(bench)
 
     report = commands.add_parser(
-        "report", help="plots and a table from metrics files",
+        "report",
+        help="plots and a table from metrics files",
         description="PNG plots (accuracy and loss against time and examples, throughput, staleness, "
         "bytes per step) and a Markdown table (DIR/report.md) comparing runs.",
     )
     report.add_argument("runs", nargs="+", metavar="RUN.json", help="metrics files (paratrain train --metrics-out)")
-    report.add_argument("--out", required=True, metavar="DIR", help="folder for the PNGs and report.md (made if absent)")
+    report.add_argument(
+        "--out", required=True, metavar="DIR", help="folder for the PNGs and report.md (made if absent)"
+    )
     report.set_defaults(handler=report_command)
 
     env = commands.add_parser(
-        "env", help="PyTorch, devices, distributed backends, and a 2-process Gloo check",
+        "env",
+        help="PyTorch, devices, distributed backends, and a 2-process Gloo check",
         description="What this machine offers a run: PyTorch version, CUDA devices, torch.distributed backends, "
         "and whether a 2-process Gloo all-reduce on loopback works.",
     )
@@ -93,8 +100,9 @@ def report_command(args: argparse.Namespace) -> int:
     from paratrain.train.callbacks import console
 
     written = report(args.runs, args.out)
-    console.print(f"report: {len(args.runs)} run{'s' if len(args.runs) != 1 else ''}, wrote "
-                  + ", ".join(str(p) for p in written))
+    console.print(
+        f"report: {len(args.runs)} run{'s' if len(args.runs) != 1 else ''}, wrote " + ", ".join(str(p) for p in written)
+    )
     return 0
 
 
@@ -104,12 +112,16 @@ def env_command(args: argparse.Namespace) -> int:
     return run_env(args)
 
 
-def train_command(args: argparse.Namespace) -> int:
-    from paratrain.comm.transport import cluster_from_env
+def parse_train_config(argv: list[str]) -> Any:
+    """The TrainConfig that ``paratrain train ARGV`` would run (outside any cluster)."""
+    return train_config(build_parser().parse_args(["train", *argv]), cluster=None)
+
+
+def train_config(args: argparse.Namespace, cluster: Any) -> Any:
+    """The run's TrainConfig from ``--config``/``--config-from`` and the flags given on top;
+    under a cluster started elsewhere, ``--workers`` defaults to its worker count."""
     from paratrain.config import config_fields, config_from_run, load_toml, make_config
     from paratrain.errors import ConfigError
-    from paratrain.registry import STRATEGIES
-    from paratrain.train import job
 
     if args.config and args.config_from:
         raise ConfigError("give --config or --config-from, not both")
@@ -117,10 +129,18 @@ def train_command(args: argparse.Namespace) -> int:
     if args.config_from:
         file_values = config_from_run(args.config_from)
     overrides = {f.name: getattr(args, f.name) for f in config_fields() if getattr(args, f.name) is not None}
-    cluster = cluster_from_env()
     if cluster is not None and "workers" not in overrides and "workers" not in file_values:
         overrides["workers"] = cluster.world_size - cluster.num_ps
-    config = make_config(file_values, overrides)
+    return make_config(file_values, overrides)
+
+
+def train_command(args: argparse.Namespace) -> int:
+    from paratrain.comm.transport import cluster_from_env
+    from paratrain.registry import STRATEGIES
+    from paratrain.train import job
+
+    cluster = cluster_from_env()
+    config = train_config(args, cluster)
     strategy = STRATEGIES.get(config.strategy)
     processes = strategy.num_processes(config)
     if cluster is not None:
@@ -132,7 +152,8 @@ def train_command(args: argparse.Namespace) -> int:
         from paratrain.launch.torchrun import launch
 
         results = launch(
-            job.run, config,
+            job.run,
+            config,
             num_processes=processes,
             expendable=strategy.expendable_ranks(config),
             max_restarts=config.max_restarts,

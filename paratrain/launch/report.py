@@ -21,8 +21,17 @@ from typing import Any
 from paratrain.errors import ConfigError
 
 PLOTS = ("accuracy.png", "loss.png", "throughput.png", "staleness.png", "bytes_per_step.png")
-_NEEDED = ("strategy", "workers", "test_accuracy", "examples_per_second", "bytes_sent", "global_steps",
-           "staleness", "history", "wall_seconds")
+_NEEDED = (
+    "strategy",
+    "workers",
+    "test_accuracy",
+    "examples_per_second",
+    "bytes_sent",
+    "global_steps",
+    "staleness",
+    "history",
+    "wall_seconds",
+)
 
 
 def load_run(path: str) -> dict[str, Any]:
@@ -71,7 +80,9 @@ def report(paths: list[str], out: str) -> list[Path]:
     written = [
         _curves(runs, "test_accuracy", "test accuracy", folder / "accuracy.png"),
         _curves(runs, "test_loss", "test loss", folder / "loss.png"),
-        _bars(runs, lambda r: r["examples_per_second"], "examples / s", "throughput per run", folder / "throughput.png"),
+        _bars(
+            runs, lambda r: r["examples_per_second"], "examples / s", "throughput per run", folder / "throughput.png"
+        ),
         _staleness(runs, folder / "staleness.png"),
         _bars(runs, _bytes_per_step, "bytes sent / step", "communication per step", folder / "bytes_per_step.png"),
     ]
@@ -140,8 +151,12 @@ def _staleness(runs: list[dict[str, Any]], path: Path) -> Path:
     width = 0.8 / max(len(runs), 1)
     for i, (run, histogram) in enumerate(zip(runs, histograms)):
         total = sum(histogram.values()) or 1
-        axes.bar([v + (i - (len(runs) - 1) / 2) * width for v in values],
-                 [histogram.get(v, 0) / total for v in values], width=width, label=run["_label"])
+        axes.bar(
+            [v + (i - (len(runs) - 1) / 2) * width for v in values],
+            [histogram.get(v, 0) / total for v in values],
+            width=width,
+            label=run["_label"],
+        )
     axes.set_xticks(values)
     axes.set_xlabel("staleness (versions between a gradient's parameters and its update)")
     axes.set_ylabel("share of applied gradients")
@@ -154,16 +169,38 @@ def _staleness(runs: list[dict[str, Any]], path: Path) -> Path:
 
 
 def markdown(runs: list[dict[str, Any]]) -> str:
-    header = ("run", "strategy", "workers", "epochs", "steps", "test accuracy", "test loss", "wall s",
-              "examples/s", "bytes/step", "staleness mean", "staleness max", "dropped")
+    header = (
+        "run",
+        "strategy",
+        "workers",
+        "epochs",
+        "steps",
+        "test accuracy",
+        "test loss",
+        "wall s",
+        "examples/s",
+        "bytes/step",
+        "staleness mean",
+        "staleness max",
+        "dropped",
+    )
     lines = ["# paratrain report", "", "| " + " | ".join(header) + " |", "|" + " --- |" * len(header)]
     for run in runs:
         staleness = run["staleness"]
         cells = (
-            run["_label"], run["strategy"], run["workers"], run.get("epochs", len(run["history"])),
-            run["global_steps"], _num(run["test_accuracy"], 4), _num(run.get("test_loss"), 4),
-            _num(run["wall_seconds"], 1), _num(run["examples_per_second"], 0), _num(_bytes_per_step(run), 0),
-            _num(staleness.get("mean"), 2), staleness.get("max"), run.get("dropped_gradients", 0),
+            run["_label"],
+            run["strategy"],
+            run["workers"],
+            run.get("epochs", len(run["history"])),
+            run["global_steps"],
+            _num(run["test_accuracy"], 4),
+            _num(run.get("test_loss"), 4),
+            _num(run["wall_seconds"], 1),
+            _num(run["examples_per_second"], 0),
+            _num(_bytes_per_step(run), 0),
+            _num(staleness.get("mean"), 2),
+            staleness.get("max"),
+            run.get("dropped_gradients", 0),
         )
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
     lines += ["", *[f"![{name[:-4]}]({name})" for name in PLOTS], ""]

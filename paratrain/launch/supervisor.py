@@ -21,6 +21,7 @@ import json
 import multiprocessing
 import os
 import pickle
+import shutil
 import signal
 import sys
 import tempfile
@@ -46,6 +47,7 @@ def supervise(
 ) -> list[Any]:
     restart = 0
     while True:
+        # The attempt's scratch folder: error files, results, the progress beacons.
         folder = Path(tempfile.mkdtemp(prefix="paratrain-"))
         try:
             return _attempt(fn, args, num_processes, expendable, names, folder, restart)
@@ -53,10 +55,18 @@ def supervise(
             if restart >= max_restarts or failure.worker_exit_code in (2, 3):
                 raise
             restart += 1
-            print(_restart_line(failure, folder, num_processes, restart, max_restarts, checkpoint_dir), file=sys.stderr, flush=True)
+            print(
+                _restart_line(failure, folder, num_processes, restart, max_restarts, checkpoint_dir),
+                file=sys.stderr,
+                flush=True,
+            )
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
-def _restart_line(failure: WorkerFailed, folder: Path, num_processes: int, restart: int, limit: int, checkpoint_dir: str | None) -> str:
+def _restart_line(
+    failure: WorkerFailed, folder: Path, num_processes: int, restart: int, limit: int, checkpoint_dir: str | None
+) -> str:
     from paratrain.train.checkpoint import CheckpointStore
 
     progress = read_progress(folder / "progress", num_processes)
@@ -75,8 +85,13 @@ def _restart_line(failure: WorkerFailed, folder: Path, num_processes: int, resta
 
 
 def _attempt(
-    fn: Callable[..., Any], args: tuple, num_processes: int, expendable: frozenset[int], names: list[str],
-    folder: Path, restart: int,
+    fn: Callable[..., Any],
+    args: tuple,
+    num_processes: int,
+    expendable: frozenset[int],
+    names: list[str],
+    folder: Path,
+    restart: int,
 ) -> list[Any]:
     context = multiprocessing.get_context("spawn")
     port = free_port()
@@ -84,8 +99,12 @@ def _attempt(
     processes = []
     for rank in range(num_processes):
         env = {
-            "RANK": str(rank), "WORLD_SIZE": str(num_processes), "LOCAL_RANK": str(rank),
-            "LOCAL_WORLD_SIZE": str(num_processes), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+            "RANK": str(rank),
+            "WORLD_SIZE": str(num_processes),
+            "LOCAL_RANK": str(rank),
+            "LOCAL_WORLD_SIZE": str(num_processes),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
             "TORCHELASTIC_ERROR_FILE": str(folder / f"error-{rank}.json"),
             "TORCHELASTIC_RESTART_COUNT": str(restart),
             "PARATRAIN_PROGRESS": str(folder / "progress"),
@@ -100,16 +119,23 @@ def _attempt(
         grace_until = None
         while any(p.exitcode is None for p in processes):
             time.sleep(0.1)
-            if grace_until is None and all(p.exitcode is not None for r, p in enumerate(processes) if r not in expendable):
+            if grace_until is None and all(
+                p.exitcode is not None for r, p in enumerate(processes) if r not in expendable
+            ):
                 grace_until = time.monotonic() + 10.0
             if grace_until is not None and time.monotonic() > grace_until:
                 for rank, process in enumerate(processes):
                     if process.exitcode is None:
-                        print(f"paratrain: {names[rank]} did not finish with the run; stopped", file=sys.stderr, flush=True)
+                        print(
+                            f"paratrain: {names[rank]} did not finish with the run; stopped",
+                            file=sys.stderr,
+                            flush=True,
+                        )
                 break
             failed = {
                 rank: (p.exitcode, _failed_at(folder, rank, p.exitcode), _message(folder, rank, p.exitcode))
-                for rank, p in enumerate(processes) if p.exitcode not in (None, 0) and rank not in lost
+                for rank, p in enumerate(processes)
+                if p.exitcode not in (None, 0) and rank not in lost
             }
             fatal = {rank: failure for rank, failure in failed.items() if rank not in expendable}
             if fatal:
@@ -117,7 +143,11 @@ def _attempt(
             for rank, (code, _, _) in failed.items():
                 lost[rank] = failed[rank]
                 how = f"exit code {code}" if code > 0 else f"killed by {signal_name(-code)}"
-                print(f"paratrain: {names[rank]} was lost ({how}); the run goes on without it", file=sys.stderr, flush=True)
+                print(
+                    f"paratrain: {names[rank]} was lost ({how}); the run goes on without it",
+                    file=sys.stderr,
+                    flush=True,
+                )
         return [_result(folder, rank) for rank in range(num_processes)]
     finally:
         for process in processes:

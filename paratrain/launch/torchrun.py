@@ -21,6 +21,7 @@ from typing import Any
 
 from paratrain.errors import ParatrainError, WorkerFailed
 
+
 def launch(
     fn: Callable[..., Any],
     *args: Any,

@@ -29,13 +29,11 @@ def check_fits(model: nn.Module, spec: DataSpec, name: str = "model") -> None:
             out = model(example)
     except (RuntimeError, ValueError, IndexError) as error:
         raise ConfigError(
-            f"model {name} does not fit the data (examples of shape {spec.input_shape}): "
-            f"{str(error).splitlines()[0]}"
+            f"model {name} does not fit the data (examples of shape {spec.input_shape}): {str(error).splitlines()[0]}"
         ) from None
     if out.shape != (2, spec.num_classes):
         raise ConfigError(
-            f"model {name} gives outputs of shape {tuple(out.shape[1:])}, "
-            f"the data has {spec.num_classes} classes"
+            f"model {name} gives outputs of shape {tuple(out.shape[1:])}, the data has {spec.num_classes} classes"
         )
 
 

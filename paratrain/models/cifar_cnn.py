@@ -19,9 +19,7 @@ from paratrain.errors import ConfigError
 
 def build_cifar_cnn(spec: DataSpec) -> nn.Module:
     if spec.input_kind != "image" or len(spec.input_shape) != 3:
-        raise ConfigError(
-            f"model cifar_cnn needs images (channels, height, width), the data gives {spec.input_shape}"
-        )
+        raise ConfigError(f"model cifar_cnn needs images (channels, height, width), the data gives {spec.input_shape}")
     channels, height, width = spec.input_shape
     # 'SAME' pooling with stride 2 halves each side, rounding up, twice.
     pooled = math.ceil(math.ceil(height / 2) / 2) * math.ceil(math.ceil(width / 2) / 2)

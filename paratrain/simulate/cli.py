@@ -19,38 +19,122 @@ DEFAULT_WORKERS = "1,2,4,8,16,32,64,128,256,512,1024"
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     a = p.add_argument
-    a("--strategy", default="allreduce", help="allreduce, ps-sync, ps-backup, ps-async, local-sgd, or several comma-separated (default allreduce)")
-    a("--workers", default=DEFAULT_WORKERS, help=f"worker counts to simulate, comma-separated (default {DEFAULT_WORKERS}); with --train, one count")
-    a("--steps", type=int, default=200, help="global steps per run (ps-async: the same number of pushes, steps x workers) (default 200)")
-    a("--compute-ms", type=float, default=None, help="milliseconds of forward+backward per local batch (default: measured, as --profile)")
-    a("--profile", action="store_true", help="measure the compute time: a few real forward/backward steps of --model on --dataset here")
+    a(
+        "--strategy",
+        default="allreduce",
+        help="allreduce, ps-sync, ps-backup, ps-async, local-sgd, or several comma-separated (default allreduce)",
+    )
+    a(
+        "--workers",
+        default=DEFAULT_WORKERS,
+        help=f"worker counts to simulate, comma-separated (default {DEFAULT_WORKERS}); with --train, one count",
+    )
+    a(
+        "--steps",
+        type=int,
+        default=200,
+        help="global steps per run (ps-async: the same number of pushes, steps x workers) (default 200)",
+    )
+    a(
+        "--compute-ms",
+        type=float,
+        default=None,
+        help="milliseconds of forward+backward per local batch (default: measured, as --profile)",
+    )
+    a(
+        "--profile",
+        action="store_true",
+        help="measure the compute time: a few real forward/backward steps of --model on --dataset here",
+    )
     a("--model", default="mlp", help="model whose size (and, with --profile or --train, compute) is used (default mlp)")
     a("--dataset", default="digits", help="data set for --profile and --train (default digits)")
     a("--batch-size", type=int, default=32, help="examples per worker per step (default 32)")
     a("--model-mb", type=float, default=None, help="gradient size in MB (10^6 bytes), instead of --model's own")
-    a("--bandwidth-gbps", type=float, default=10.0, help="every node's link, Gb/s each way; inf for an ideal network (default 10)")
+    a(
+        "--bandwidth-gbps",
+        type=float,
+        default=10.0,
+        help="every node's link, Gb/s each way; inf for an ideal network (default 10)",
+    )
     a("--latency-us", type=float, default=10.0, help="microseconds per message on a link (default 10)")
-    a("--ring-latency-us", type=float, default=None, help="microseconds per ring all-reduce step (default: --latency-us)")
+    a(
+        "--ring-latency-us",
+        type=float,
+        default=None,
+        help="microseconds per ring all-reduce step (default: --latency-us)",
+    )
     a("--ps-shards", type=int, default=1, help="parameter-server shards P (ps-*) (default 1)")
-    a("--backup-workers", type=int, default=0, help="ps-backup: spare workers K whose late gradients are dropped (default 0)")
-    a("--staleness-bound", type=int, default=None, help="ps-async: a worker more than S steps ahead of the slowest waits")
-    a("--stale-policy", default="none", choices=("none", "scale-lr", "drop"), help="ps-async: stale-gradient policy (default none)")
-    a("--max-staleness", type=int, default=4, help="ps-async with --stale-policy drop: largest staleness applied (default 4)")
+    a(
+        "--backup-workers",
+        type=int,
+        default=0,
+        help="ps-backup: spare workers K whose late gradients are dropped (default 0)",
+    )
+    a(
+        "--staleness-bound",
+        type=int,
+        default=None,
+        help="ps-async: a worker more than S steps ahead of the slowest waits",
+    )
+    a(
+        "--stale-policy",
+        default="none",
+        choices=("none", "scale-lr", "drop"),
+        help="ps-async: stale-gradient policy (default none)",
+    )
+    a(
+        "--max-staleness",
+        type=int,
+        default=4,
+        help="ps-async with --stale-policy drop: largest staleness applied (default 4)",
+    )
     a("--period", type=int, default=8, help="local-sgd: local steps H between parameter averages (default 8)")
     a("--compression", default="none", help="gradient codec: none, fp16, bf16, int8, topk, powersgd (default none)")
     a("--topk-ratio", type=float, default=0.01, help="topk: share of gradient entries sent (default 0.01)")
     a("--powersgd-rank", type=int, default=4, help="powersgd: rank of the low-rank factors (default 4)")
-    a("--straggler", default="none", help="none, lognormal:SIGMA, fixed:WORKER:FACTOR, or sleep:WORKER:FACTOR (as paratrain train --straggler) (default none)")
-    a("--host-cores", type=float, default=None, help="every process on one host of this many cores, shared (default: a machine per node)")
-    a("--host-speedup", default=None, help="with --host-cores: measured throughput of 1, 2, ... processes computing at once, relative to one, e.g. 1,1.6,1.5,1.2")
+    a(
+        "--straggler",
+        default="none",
+        help="none, lognormal:SIGMA, fixed:WORKER:FACTOR, or sleep:WORKER:FACTOR (as paratrain train --straggler) (default none)",
+    )
+    a(
+        "--host-cores",
+        type=float,
+        default=None,
+        help="every process on one host of this many cores, shared (default: a machine per node)",
+    )
+    a(
+        "--host-speedup",
+        default=None,
+        help="with --host-cores: measured throughput of 1, 2, ... processes computing at once, relative to one, e.g. 1,1.6,1.5,1.2",
+    )
     a("--ps-message-us", type=float, default=0.0, help="ps-*: microseconds a shard works on each push (default 0)")
     a("--ps-update-us", type=float, default=0.0, help="ps-*: microseconds a shard works on each update (default 0)")
     a("--failure-rate", type=float, default=0.0, help="failures per worker per hour (default 0)")
-    a("--recovery-s", type=float, default=60.0, help="seconds a failed worker needs before it computes again (default 60)")
-    a("--seed", type=int, default=0, help="random seed: stragglers, failures, and with --train the model and data order (default 0)")
+    a(
+        "--recovery-s",
+        type=float,
+        default=60.0,
+        help="seconds a failed worker needs before it computes again (default 60)",
+    )
+    a(
+        "--seed",
+        type=int,
+        default=0,
+        help="random seed: stragglers, failures, and with --train the model and data order (default 0)",
+    )
     a("--json-out", metavar="FILE.json", default=None, help="write the results as one JSON object")
-    a("--plot", metavar="FILE.png", default=None, help="plot throughput and scaling efficiency (with --train: accuracy against simulated time)")
-    a("--train", action="store_true", help="virtual-cluster training: real SGD in this process, in the order and with the staleness the simulation gives")
+    a(
+        "--plot",
+        metavar="FILE.png",
+        default=None,
+        help="plot throughput and scaling efficiency (with --train: accuracy against simulated time)",
+    )
+    a(
+        "--train",
+        action="store_true",
+        help="virtual-cluster training: real SGD in this process, in the order and with the staleness the simulation gives",
+    )
     a("--epochs", type=int, default=5, help="--train: passes over the training data (default 5)")
     a("--lr", type=float, default=0.05, help="--train: learning rate (default 0.05)")
     a("--momentum", type=float, default=0.9, help="--train: SGD momentum (default 0.9)")
@@ -81,8 +165,17 @@ def check_arguments(args: argparse.Namespace) -> tuple[list[str], list[int]]:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     for name in ("compute_ms", "model_mb", "bandwidth_gbps", "lr", "host_cores"):
         _positive(name.replace("_", "-"), getattr(args, name))
-    for name in ("latency_us", "failure_rate", "recovery_s", "momentum", "backup_workers", "max_staleness", "seed",
-                 "ps_message_us", "ps_update_us"):
+    for name in (
+        "latency_us",
+        "failure_rate",
+        "recovery_s",
+        "momentum",
+        "backup_workers",
+        "max_staleness",
+        "seed",
+        "ps_message_us",
+        "ps_update_us",
+    ):
         _positive(name.replace("_", "-"), getattr(args, name), allow_zero=True)
     if args.host_speedup is not None:
         if args.host_cores is None:
@@ -155,24 +248,37 @@ def build_cluster(args: argparse.Namespace, workers: int, model: Any | None, com
         shapes = [tuple(p.shape) for p in model.parameters() if p.requires_grad]
         model_bytes = 4.0 * sum(math.prod(s) for s in shapes)
     return Cluster(
-        workers=workers, compute_s=compute_s, model_bytes=model_bytes,
-        bandwidth=args.bandwidth_gbps * 1e9 / 8, latency=args.latency_us * 1e-6, ps_shards=args.ps_shards,
+        workers=workers,
+        compute_s=compute_s,
+        model_bytes=model_bytes,
+        bandwidth=args.bandwidth_gbps * 1e9 / 8,
+        latency=args.latency_us * 1e-6,
+        ps_shards=args.ps_shards,
         ring_latency=None if args.ring_latency_us is None else args.ring_latency_us * 1e-6,
         codec=make_codec(args.compression, shapes, args.topk_ratio, args.powersgd_rank),
-        straggler=parse_straggler(args.straggler), failure_rate=args.failure_rate, recovery_s=args.recovery_s,
-        ps_message_s=args.ps_message_us * 1e-6, ps_update_s=args.ps_update_us * 1e-6, host_cores=args.host_cores,
+        straggler=parse_straggler(args.straggler),
+        failure_rate=args.failure_rate,
+        recovery_s=args.recovery_s,
+        ps_message_s=args.ps_message_us * 1e-6,
+        ps_update_s=args.ps_update_us * 1e-6,
+        host_cores=args.host_cores,
         host_speedup=_speedup(args.host_speedup),
     )
 
 
 def options(args: argparse.Namespace) -> dict[str, Any]:
     return {
-        "backup": args.backup_workers, "staleness_bound": args.staleness_bound, "stale_policy": args.stale_policy,
-        "max_staleness": args.max_staleness, "period": args.period,
+        "backup": args.backup_workers,
+        "staleness_bound": args.staleness_bound,
+        "stale_policy": args.stale_policy,
+        "max_staleness": args.max_staleness,
+        "period": args.period,
     }
 
 
-def sweep(args: argparse.Namespace, strategies: list[str], workers: list[int], model: Any, compute_s: float) -> list[dict[str, Any]]:
+def sweep(
+    args: argparse.Namespace, strategies: list[str], workers: list[int], model: Any, compute_s: float
+) -> list[dict[str, Any]]:
     """Every strategy at every worker count, with scaling efficiency against one worker."""
     from paratrain.simulate.simulator import simulate
 
@@ -196,7 +302,11 @@ def simulate_command(args: argparse.Namespace) -> int:
     model = splits = None
     if need_data or args.model_mb is None:
         model, splits = model_and_data(args)
-    compute_s = args.compute_ms / 1e3 if args.compute_ms and not args.profile else profile_compute_s(model, splits, args.batch_size)
+    compute_s = (
+        args.compute_ms / 1e3
+        if args.compute_ms and not args.profile
+        else profile_compute_s(model, splits, args.batch_size)
+    )
     if args.train:
         from paratrain.simulate.virtual import train_virtual
 
@@ -229,9 +339,14 @@ def _print_table(rows: list[dict[str, Any]], compute_s: float) -> None:
         table.add_column(name, justify="left" if name == "strategy" else "right", no_wrap=True)
     for r in rows:
         table.add_row(
-            r["strategy"], str(r["workers"]), f"{r['step_seconds'] * 1e3:.3f}", f"{r['examples_per_second']:.0f}",
-            f"{r['scaling_efficiency']:.3f}", f"{r['comm_share']:.3f}",
-            f"{r['staleness']['mean']:.2f}/{r['staleness']['max']}", str(r["dropped_gradients"]),
+            r["strategy"],
+            str(r["workers"]),
+            f"{r['step_seconds'] * 1e3:.3f}",
+            f"{r['examples_per_second']:.0f}",
+            f"{r['scaling_efficiency']:.3f}",
+            f"{r['comm_share']:.3f}",
+            f"{r['staleness']['mean']:.2f}/{r['staleness']['max']}",
+            str(r["dropped_gradients"]),
         )
     import shutil
 
@@ -245,7 +360,9 @@ def _print_training(result: dict[str, Any]) -> None:
     from paratrain.train.callbacks import console
 
     for point in result["history"]:
-        console.print(f"simulated {point['sim_seconds']:.3f} s  update {point['updates']}  test_accuracy {point['test_accuracy']:.4f}")
+        console.print(
+            f"simulated {point['sim_seconds']:.3f} s  update {point['updates']}  test_accuracy {point['test_accuracy']:.4f}"
+        )
     console.print(
         f"done: test_accuracy {result['test_accuracy']:.4f} after {result['updates']} updates, "
         f"{result['sim_seconds']:.3f} simulated seconds ({result['strategy']}, {result['workers']} workers)"

@@ -62,7 +62,9 @@ class FixedStraggler:
 
     def __init__(self, worker: int, factor: float):
         if worker < 0 or not factor >= 1:
-            raise ConfigError(f"--straggler {self.form}:WORKER:FACTOR needs WORKER >= 0 and FACTOR >= 1, got {worker}:{factor}")
+            raise ConfigError(
+                f"--straggler {self.form}:WORKER:FACTOR needs WORKER >= 0 and FACTOR >= 1, got {worker}:{factor}"
+            )
         self.worker, self.factor = worker, factor
         self.spec = f"{self.form}:{worker}:{factor:g}"
 
@@ -89,9 +91,7 @@ class SleepStraggler(FixedStraggler):
         return self.factor - 1 if worker == self.worker else 0.0
 
 
-STRAGGLER_FORMS = (
-    "none, lognormal:SIGMA (e.g. lognormal:0.3), fixed:WORKER:FACTOR (e.g. fixed:0:3) or sleep:WORKER:FACTOR (e.g. sleep:1:2)"
-)
+STRAGGLER_FORMS = "none, lognormal:SIGMA (e.g. lognormal:0.3), fixed:WORKER:FACTOR (e.g. fixed:0:3) or sleep:WORKER:FACTOR (e.g. sleep:1:2)"
 
 
 def parse_straggler(text: str | None):
@@ -131,7 +131,9 @@ class Codec:
         return dense_bytes / self.throughput if self.throughput else 0.0
 
 
-def make_codec(name: str, param_shapes: list[tuple[int, ...]], topk_ratio: float = 0.01, powersgd_rank: int = 4) -> Codec:
+def make_codec(
+    name: str, param_shapes: list[tuple[int, ...]], topk_ratio: float = 0.01, powersgd_rank: int = 4
+) -> Codec:
     """The codec named ``--compression``; byte ratios as paratrain's codecs send them."""
     if name not in CODECS:
         raise ConfigError(f"--compression must be one of {', '.join(CODECS)}; got {name!r}")
@@ -213,7 +215,9 @@ class Cluster:
         if self.host_cores is not None and not self.host_cores > 0:
             raise ConfigError(f"--host-cores must be > 0, got {self.host_cores}")
         if self.host_speedup is not None and (not self.host_speedup or min(self.host_speedup) <= 0):
-            raise ConfigError(f"--host-speedup must be throughputs > 0 for 1, 2, ... processes, got {self.host_speedup}")
+            raise ConfigError(
+                f"--host-speedup must be throughputs > 0 for 1, 2, ... processes, got {self.host_speedup}"
+            )
         for name in ("ps_message_s", "ps_update_s"):
             if not getattr(self, name) >= 0:
                 raise ConfigError(f"--{name[:-2].replace('_', '-')}-us must be >= 0, got {getattr(self, name) * 1e6}")

@@ -169,8 +169,16 @@ class ParameterServerHost(HostRun):
     them its slice, so one queue stands for all and each message is P jobs on the cores."""
 
     def __init__(
-        self, mode: str, cluster: Cluster, rng: np.random.Generator, steps: int, record: bool,
-        backup: int = 0, staleness_bound: int | None = None, stale_policy: str = "none", max_staleness: int = 4,
+        self,
+        mode: str,
+        cluster: Cluster,
+        rng: np.random.Generator,
+        steps: int,
+        record: bool,
+        backup: int = 0,
+        staleness_bound: int | None = None,
+        stale_policy: str = "none",
+        max_staleness: int = 4,
     ):
         from paratrain.strategies.ps_policies import StalePolicy
 
@@ -316,7 +324,9 @@ class ParameterServerHost(HostRun):
         self.run()
 
 
-def simulate_on_host(strategy: str, cluster: Cluster, steps: int, rng: np.random.Generator, record: bool, **options: Any):
+def simulate_on_host(
+    strategy: str, cluster: Cluster, steps: int, rng: np.random.Generator, record: bool, **options: Any
+):
     """``simulate`` for the event-driven engine: the same Outcome as simulator.py's models."""
     from paratrain.simulate.simulator import Outcome
 
@@ -329,14 +339,27 @@ def simulate_on_host(strategy: str, cluster: Cluster, steps: int, rng: np.random
         run.run()
         n = run.n
         return Outcome(
-            strategy, n, rounds * period, run.wall, rounds * period * n, max(run.wall - run.computing_s / n, 0.0),
-            trace=run.trace, period=period,
+            strategy,
+            n,
+            rounds * period,
+            run.wall,
+            rounds * period * n,
+            max(run.wall - run.computing_s / n, 0.0),
+            trace=run.trace,
+            period=period,
         )
     mode = strategy.removeprefix("ps-")
     keys = ("backup", "staleness_bound", "stale_policy", "max_staleness")
     run = ParameterServerHost(mode, cluster, rng, steps, record, **{k: options[k] for k in keys if k in options})
     run.go()
     return Outcome(
-        strategy, cluster.workers, steps if mode == "async" else run.version, run.wall, run.applied, max(run.wall - run.computing_s / run.n, 0.0),
-        dropped=run.dropped, staleness=dict(run.staleness), trace=run.trace,
+        strategy,
+        cluster.workers,
+        steps if mode == "async" else run.version,
+        run.wall,
+        run.applied,
+        max(run.wall - run.computing_s / run.n, 0.0),
+        dropped=run.dropped,
+        staleness=dict(run.staleness),
+        trace=run.trace,
     )

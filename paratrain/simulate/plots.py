@@ -47,8 +47,12 @@ def plot_training(payload: dict[str, Any], path: str) -> None:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6, 4))
     history = payload["history"]
-    ax.plot([p["sim_seconds"] for p in history], [p["test_accuracy"] for p in history], marker="o",
-            label=f"{payload['strategy']}, {payload['workers']} workers")
+    ax.plot(
+        [p["sim_seconds"] for p in history],
+        [p["test_accuracy"] for p in history],
+        marker="o",
+        label=f"{payload['strategy']}, {payload['workers']} workers",
+    )
     ax.set_xlabel("simulated seconds")
     ax.set_ylabel("test accuracy")
     ax.grid(True, alpha=0.3)

@@ -122,7 +122,9 @@ class SyncPSModel:
     def __init__(self, name: str):
         self.name = name
 
-    def run(self, cluster: Cluster, steps: int, rng: np.random.Generator, record: bool, backup: int = 0, **_: Any) -> Outcome:
+    def run(
+        self, cluster: Cluster, steps: int, rng: np.random.Generator, record: bool, backup: int = 0, **_: Any
+    ) -> Outcome:
         n = cluster.workers
         total = n + backup
         compute = cluster.compute_times(rng, steps, total)
@@ -144,8 +146,15 @@ class SyncPSModel:
         ends = np.cumsum(step)
         trace = [Update(float(t), contributors[r].tolist(), [r] * n) for r, t in enumerate(ends)] if record else []
         return Outcome(
-            self.name, n, steps, float(ends[-1]), steps * n, float((step - waited).sum()),
-            dropped=steps * backup, staleness={0: steps * n}, trace=trace,
+            self.name,
+            n,
+            steps,
+            float(ends[-1]),
+            steps * n,
+            float((step - waited).sum()),
+            dropped=steps * backup,
+            staleness={0: steps * n},
+            trace=trace,
         )
 
 
@@ -155,8 +164,15 @@ class AsyncPSModel:
     name = "ps-async"
 
     def run(
-        self, cluster: Cluster, steps: int, rng: np.random.Generator, record: bool,
-        staleness_bound: int | None = None, stale_policy: str = "none", max_staleness: int = 4, **_: Any,
+        self,
+        cluster: Cluster,
+        steps: int,
+        rng: np.random.Generator,
+        record: bool,
+        staleness_bound: int | None = None,
+        stale_policy: str = "none",
+        max_staleness: int = 4,
+        **_: Any,
     ) -> Outcome:
         from paratrain.strategies.ps_policies import StalePolicy
 
@@ -254,7 +270,15 @@ class AsyncPSModel:
         busy += float(compute[0].sum())
         comm = max(now - busy / n, 0.0)
         return Outcome(
-            self.name, n, steps, now, applied, comm, dropped=dropped, staleness=staleness, trace=trace,
+            self.name,
+            n,
+            steps,
+            now,
+            applied,
+            comm,
+            dropped=dropped,
+            staleness=staleness,
+            trace=trace,
         )
 
 
@@ -264,7 +288,9 @@ class LocalSGDModel:
 
     name = "local-sgd"
 
-    def run(self, cluster: Cluster, steps: int, rng: np.random.Generator, record: bool, period: int = 8, **_: Any) -> Outcome:
+    def run(
+        self, cluster: Cluster, steps: int, rng: np.random.Generator, record: bool, period: int = 8, **_: Any
+    ) -> Outcome:
         n = cluster.workers
         periods = -(-steps // period)
         compute = cluster.compute_times(rng, periods * period).reshape(periods, period, n).sum(axis=1)
@@ -276,8 +302,14 @@ class LocalSGDModel:
         ends = np.cumsum(step)
         trace = [Update(float(t), list(range(n)), [r] * n) for r, t in enumerate(ends)] if record else []
         return Outcome(
-            self.name, n, periods * period, float(ends[-1]), periods * period * n, float((step - slowest).sum()),
-            trace=trace, period=period,
+            self.name,
+            n,
+            periods * period,
+            float(ends[-1]),
+            periods * period * n,
+            float((step - slowest).sum()),
+            trace=trace,
+            period=period,
         )
 
 
@@ -291,7 +323,12 @@ STRATEGIES = {
 
 
 def simulate(
-    strategy: str, cluster: Cluster, steps: int, seed: int = 0, record: bool = False, **options: Any,
+    strategy: str,
+    cluster: Cluster,
+    steps: int,
+    seed: int = 0,
+    record: bool = False,
+    **options: Any,
 ) -> Outcome:
     """One run of ``strategy`` on ``cluster`` for ``steps`` global steps; deterministic per seed.
 

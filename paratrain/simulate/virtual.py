@@ -97,8 +97,16 @@ class Replayer:
 
 
 def replay(
-    outcome: Outcome, model: nn.Module, train: Any, test: Any, *, batch: int, lr: float, momentum: float,
-    seed: int = 0, evals: int = 10,
+    outcome: Outcome,
+    model: nn.Module,
+    train: Any,
+    test: Any,
+    *,
+    batch: int,
+    lr: float,
+    momentum: float,
+    seed: int = 0,
+    evals: int = 10,
 ) -> dict[str, Any]:
     """Train ``model`` on the trace of ``outcome``; returns the final parameters, accuracy
     against simulated time, and the run's statistics."""
@@ -154,14 +162,26 @@ def replay(
 
 
 def train_virtual(
-    args: argparse.Namespace, strategy: str, cluster: Cluster, model: nn.Module, splits: Any, options: dict[str, Any],
+    args: argparse.Namespace,
+    strategy: str,
+    cluster: Cluster,
+    model: nn.Module,
+    splits: Any,
+    options: dict[str, Any],
 ) -> dict[str, Any]:
     """``paratrain simulate --train``: simulate enough steps for ``--epochs``, then replay."""
     n = cluster.workers
     steps = max(args.epochs * (len(splits.train) // (args.batch_size * n)), 1)
     outcome = simulate(strategy, cluster, steps, seed=args.seed, record=True, **options)
     result = replay(
-        outcome, model, splits.train, splits.test, batch=args.batch_size, lr=args.lr, momentum=args.momentum, seed=args.seed,
+        outcome,
+        model,
+        splits.train,
+        splits.test,
+        batch=args.batch_size,
+        lr=args.lr,
+        momentum=args.momentum,
+        seed=args.seed,
     )
     result.pop("params")
     return result

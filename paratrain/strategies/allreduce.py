@@ -19,12 +19,12 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from paratrain import timeline
 from paratrain.comm.codecs import Codec, CodecOptions, make_codec
 from paratrain.comm.hooks import CommHook, make_hook
 from paratrain.comm.transport import cluster_from_env, default_backend
 from paratrain.errors import ConfigError
 from paratrain.strategies.base import Strategy, resolve_device, staleness_summary
-from paratrain import timeline
 
 if TYPE_CHECKING:
     from paratrain.config import TrainConfig
@@ -51,7 +51,7 @@ class AllReduceStrategy(Strategy):
         self._grad_bytes = 0
 
     @classmethod
-    def from_config(cls, config: "TrainConfig") -> "AllReduceStrategy":
+    def from_config(cls, config: TrainConfig) -> AllReduceStrategy:
         options = CodecOptions(
             compression_ratio=config.compression_ratio,
             powersgd_rank=config.powersgd_rank,
@@ -138,14 +138,12 @@ class AllReduceStrategy(Strategy):
         written = state.get("compression", "none")
         if written != self.codec.name:
             raise ConfigError(
-                f"checkpoint was written with --compression {written}, this run uses "
-                f"--compression {self.codec.name}"
+                f"checkpoint was written with --compression {written}, this run uses --compression {self.codec.name}"
             )
         if self.hook is not None:
             self.hook.load_state_dict(state.get("hook", {}))
         else:
             self._hook_state = state.get("hook") or None
-
 
 
 def _timed_allreduce_hook(state, bucket):  # noqa: ANN001 - DDP checks the real annotations, not strings

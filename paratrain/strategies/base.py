@@ -24,9 +24,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
-from torch import nn
-
 import torch.distributed as dist
+from torch import nn
 
 from paratrain.comm.transport import destroy_process_group, ensure_process_group
 from paratrain.data.sharding import ShardedBatches
@@ -39,10 +38,10 @@ if TYPE_CHECKING:
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
-_CURRENT: ContextVar["Strategy | None"] = ContextVar("paratrain_strategy", default=None)
+_CURRENT: ContextVar[Strategy | None] = ContextVar("paratrain_strategy", default=None)
 
 
-def get_strategy() -> "Strategy":
+def get_strategy() -> Strategy:
     """The strategy of the innermost ``with strategy.scope():``, else a single-device one."""
     current = _CURRENT.get()
     if current is None:
@@ -101,17 +100,25 @@ class Strategy:
     # ----- configuration ---------------------------------------------------------------
     #: Options that only parameter-server strategies take, with their neutral values.
     PS_OPTIONS: ClassVar[dict[str, Any]] = {
-        "ps_shards": None, "backup_workers": 0, "staleness_bound": None,
-        "stale_policy": "none", "warmup_steps": 0, "pull_compression": "none",
+        "ps_shards": None,
+        "backup_workers": 0,
+        "staleness_bound": None,
+        "stale_policy": "none",
+        "warmup_steps": 0,
+        "pull_compression": "none",
     }
 
     #: Options that only the pipeline strategy takes, with their neutral (default) values.
     PIPELINE_OPTIONS: ClassVar[dict[str, Any]] = {
-        "stages": 2, "microbatches": 4, "schedule": "1f1b", "balance": "params", "split_points": None,
+        "stages": 2,
+        "microbatches": 4,
+        "schedule": "1f1b",
+        "balance": "params",
+        "split_points": None,
     }
 
     @classmethod
-    def check_config(cls, config: "TrainConfig") -> None:
+    def check_config(cls, config: TrainConfig) -> None:
         """Raise ConfigError for settings this mode cannot run (called at validation)."""
         for name, neutral in cls.PS_OPTIONS.items():
             if getattr(config, name) != neutral:
@@ -121,17 +128,21 @@ class Strategy:
         cls.check_faults(config)
 
     @classmethod
-    def check_pipeline_options(cls, config: "TrainConfig") -> None:
+    def check_pipeline_options(cls, config: TrainConfig) -> None:
         for name, neutral in cls.PIPELINE_OPTIONS.items():
             if getattr(config, name) != neutral:
                 flag = "--" + name.replace("_", "-")
                 raise ConfigError(f"{flag} applies to --strategy pipeline, not to --strategy {config.strategy}")
 
     @classmethod
-    def check_faults(cls, config: "TrainConfig") -> None:
+    def check_faults(cls, config: TrainConfig) -> None:
         """--fail and --straggler must name a worker that exists (0..workers-1), and
         ``--fail ps:SHARD@VERSION`` a shard that exists."""
-        for flag, parsed in (("--fail", config.fail_at), ("--hang", config.hang_at), ("--straggler", config.straggler_factor)):
+        for flag, parsed in (
+            ("--fail", config.fail_at),
+            ("--hang", config.hang_at),
+            ("--straggler", config.straggler_factor),
+        ):
             if parsed and parsed[0] >= config.num_worker_processes:
                 raise ConfigError(
                     f"{flag} names worker {parsed[0]}, but the run has workers 0..{config.num_worker_processes - 1}"
@@ -144,45 +155,47 @@ class Strategy:
                     "(the ps-* strategies do): name a worker, WORKER@STEP"
                 )
             if config.fail_shard_at[0] >= shards:
-                raise ConfigError(f"--fail {config.fail} names shard {config.fail_shard_at[0]}, but the run has shards 0..{shards - 1}")
+                raise ConfigError(
+                    f"--fail {config.fail} names shard {config.fail_shard_at[0]}, but the run has shards 0..{shards - 1}"
+                )
 
     @classmethod
-    def num_shards_for(cls, config: "TrainConfig") -> int:
+    def num_shards_for(cls, config: TrainConfig) -> int:
         """Parameter-server shards this mode runs (none outside the ps-* strategies)."""
         return 0
 
     @classmethod
-    def check_model(cls, model: nn.Module, config: "TrainConfig") -> None:
+    def check_model(cls, model: nn.Module, config: TrainConfig) -> None:
         """ConfigError if the mode cannot run this model as configured; called in the
         launching process before any worker starts."""
 
     @classmethod
-    def chief_rank(cls, config: "TrainConfig") -> int:
+    def chief_rank(cls, config: TrainConfig) -> int:
         """The global rank of the chief (worker 0)."""
         return 0
 
     @classmethod
-    def rank_name(cls, rank: int, config: "TrainConfig") -> str:
+    def rank_name(cls, rank: int, config: TrainConfig) -> str:
         """How failure messages name a rank."""
         return f"worker {rank}"
 
     @classmethod
-    def expendable_ranks(cls, config: "TrainConfig") -> frozenset[int]:
+    def expendable_ranks(cls, config: TrainConfig) -> frozenset[int]:
         """Ranks whose death the run survives (the rest must all finish)."""
         return frozenset()
 
     @classmethod
-    def num_processes(cls, config: "TrainConfig") -> int:
+    def num_processes(cls, config: TrainConfig) -> int:
         """Processes a local launch starts for ``config``."""
         return config.workers
 
     @classmethod
-    def num_replicas_for(cls, config: "TrainConfig") -> int:
+    def num_replicas_for(cls, config: TrainConfig) -> int:
         """Replicas that each read their own slice of the global batch."""
         return config.workers
 
     @classmethod
-    def check_cluster(cls, cluster: "ClusterEnv", config: "TrainConfig") -> None:
+    def check_cluster(cls, cluster: ClusterEnv, config: TrainConfig) -> None:
         """Raise ConfigError when a cluster started elsewhere (torchrun, TF_CONFIG) does not fit."""
         if cluster.num_ps:
             raise ConfigError(
@@ -197,7 +210,7 @@ class Strategy:
             )
 
     @classmethod
-    def from_config(cls, config: "TrainConfig") -> "Strategy":
+    def from_config(cls, config: TrainConfig) -> Strategy:
         return cls(device=config.device, timeout=config.timeout)
 
     def describe(self) -> dict[str, Any]:
@@ -235,7 +248,7 @@ class Strategy:
         return self.rank == 0
 
     @contextlib.contextmanager
-    def scope(self) -> Iterator["Strategy"]:
+    def scope(self) -> Iterator[Strategy]:
         """``with strategy.scope():`` models and tensors made inside land on its device,
         and a Trainer made inside uses this strategy."""
         self.setup()

@@ -26,10 +26,21 @@ from paratrain.comm.transport import cluster_from_env, default_backend
 from paratrain.errors import ConfigError, DivergedError
 from paratrain.parallel.pipeline import SCHEDULES, forward_only, make_schedule, stage_module
 from paratrain.parallel.split import (
-    balanced_bounds, bounds_from_split_points, check_num_parts, layer_costs, parse_split_points, sequential_layers,
+    balanced_bounds,
+    bounds_from_split_points,
+    check_num_parts,
+    layer_costs,
+    parse_split_points,
+    sequential_layers,
 )
 from paratrain.strategies.base import (
-    LossFn, StepOutput, Strategy, finite_gradients, finite_parameters, resolve_device, staleness_summary,
+    LossFn,
+    StepOutput,
+    Strategy,
+    finite_gradients,
+    finite_parameters,
+    resolve_device,
+    staleness_summary,
 )
 
 if TYPE_CHECKING:
@@ -56,7 +67,9 @@ class PipelineStrategy(Strategy):
             raise ConfigError(f"--balance must be params or time, got {balance!r}")
         if schedule == "1f1b" and num_microbatches < num_stages:
             # PyTorch's Schedule1F1B needs its warm-up of num_stages micro-batches.
-            raise ConfigError(f"schedule 1f1b needs num_microbatches >= num_stages, got {num_microbatches} < {num_stages}")
+            raise ConfigError(
+                f"schedule 1f1b needs num_microbatches >= num_stages, got {num_microbatches} < {num_stages}"
+            )
         self.num_stages, self.num_microbatches = num_stages, num_microbatches
         self.schedule_name, self.balance, self.split_points = schedule, balance, split_points
         self._global_rank, self._world_size = 0, 1
@@ -73,7 +86,7 @@ class PipelineStrategy(Strategy):
 
     # ----- configuration ---------------------------------------------------------------
     @classmethod
-    def check_config(cls, config: "TrainConfig") -> None:
+    def check_config(cls, config: TrainConfig) -> None:
         cls.check_ps_options(config)
         cls.check_faults(config)
         stages, workers = config.stages, config.workers
@@ -104,7 +117,7 @@ class PipelineStrategy(Strategy):
             raise ConfigError("--balance time and --split-points both choose the split; give one of them")
 
     @classmethod
-    def check_model(cls, model: nn.Module, config: "TrainConfig") -> None:
+    def check_model(cls, model: nn.Module, config: TrainConfig) -> None:
         """The split must give every stage a layer: said before the stages start."""
         num_layers = len(sequential_layers(model))
         check_num_parts(num_layers, config.stages)
@@ -112,34 +125,41 @@ class PipelineStrategy(Strategy):
             bounds_from_split_points(parse_split_points(config.split_points), num_layers, config.stages)
 
     @classmethod
-    def check_ps_options(cls, config: "TrainConfig") -> None:
+    def check_ps_options(cls, config: TrainConfig) -> None:
         for name, neutral in cls.PS_OPTIONS.items():
             if getattr(config, name) != neutral:
-                raise ConfigError(f"--{name.replace('_', '-')} applies to the ps-* strategies, not to --strategy pipeline")
+                raise ConfigError(
+                    f"--{name.replace('_', '-')} applies to the ps-* strategies, not to --strategy pipeline"
+                )
 
     @classmethod
-    def num_processes(cls, config: "TrainConfig") -> int:
+    def num_processes(cls, config: TrainConfig) -> int:
         return config.workers if config.workers > 1 else config.stages
 
     @classmethod
-    def num_replicas_for(cls, config: "TrainConfig") -> int:
+    def num_replicas_for(cls, config: TrainConfig) -> int:
         return cls.num_processes(config) // config.stages
 
     @classmethod
-    def chief_rank(cls, config: "TrainConfig") -> int:
+    def chief_rank(cls, config: TrainConfig) -> int:
         return config.stages - 1  # the last stage of replica 0: it holds the loss and logits
 
     @classmethod
-    def rank_name(cls, rank: int, config: "TrainConfig") -> str:
+    def rank_name(cls, rank: int, config: TrainConfig) -> str:
         replica, stage = divmod(rank, config.stages)
         return f"stage {stage} of replica {replica}" if cls.num_processes(config) > config.stages else f"stage {stage}"
 
     @classmethod
-    def from_config(cls, config: "TrainConfig") -> "PipelineStrategy":
+    def from_config(cls, config: TrainConfig) -> PipelineStrategy:
         points = parse_split_points(config.split_points) if config.split_points else None
         return cls(
-            num_stages=config.stages, num_microbatches=config.microbatches, schedule=config.schedule,
-            balance=config.balance, split_points=points, device=config.device, timeout=config.timeout,
+            num_stages=config.stages,
+            num_microbatches=config.microbatches,
+            schedule=config.schedule,
+            balance=config.balance,
+            split_points=points,
+            device=config.device,
+            timeout=config.timeout,
         )
 
     def describe(self) -> dict[str, Any]:
@@ -162,9 +182,7 @@ class PipelineStrategy(Strategy):
         self._join_group(default_backend(self.device))
         self._global_rank, self._world_size = dist.get_rank(), dist.get_world_size()
         if self._world_size % self.num_stages:
-            raise ConfigError(
-                f"the run has {self._world_size} processes, not a multiple of --stages {self.num_stages}"
-            )
+            raise ConfigError(f"the run has {self._world_size} processes, not a multiple of --stages {self.num_stages}")
         # Every rank creates every group, in the same order (new_group is collective).
         replicas, stages = self._world_size // self.num_stages, self.num_stages
         for replica in range(replicas):
@@ -259,8 +277,14 @@ class PipelineStrategy(Strategy):
         if self._schedule is None or self._loss_fn is not loss_fn:
             self._loss_fn = loss_fn
             self._schedule = make_schedule(
-                self.schedule_name, self._module, self.stage, self.num_stages, self.device,
-                self._pipeline_group, self.num_microbatches, loss_fn,
+                self.schedule_name,
+                self._module,
+                self.stage,
+                self.num_stages,
+                self.device,
+                self._pipeline_group,
+                self.num_microbatches,
+                loss_fn,
             )
             self._count_traffic(self._module)
         return self._schedule
@@ -330,7 +354,10 @@ class PipelineStrategy(Strategy):
             self._build(inputs)
         base = self.rank * self.num_stages
         return forward_only(
-            self._module, inputs, self.stage, self.num_stages,
+            self._module,
+            inputs,
+            self.stage,
+            self.num_stages,
             base + self.stage - 1 if self.stage > 0 else None,
             base + self.stage + 1 if not self.is_last_stage else None,
             self.device,
@@ -388,4 +415,3 @@ class PipelineStrategy(Strategy):
         super().load_state_dict(state)
         if state.get("stage") != self.stage:
             raise ConfigError(f"checkpoint holds stage {state.get('stage')}, this process runs stage {self.stage}")
-

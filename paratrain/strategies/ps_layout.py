@@ -27,8 +27,20 @@ PULL, PUSH, DONE, SHUTDOWN = 1, 2, 3, 4
 TAG_MESSAGE, TAG_REPLY_HEADER, TAG_REPLY = 11, 13, 14
 RUN_TAG_STRIDE = 16  # each run in a process group adds a multiple of this to its tags
 HEADER_SIZE = 12
-(KIND, VERSION_HI, VERSION_LO, SAMPLES, LR_SCALE, WANTS_REPLY, WANTED_HI, WANTED_LO,
- WANTS_BATCH, EPOCH, NUM_BATCHES, NONFINITE) = range(HEADER_SIZE)
+(
+    KIND,
+    VERSION_HI,
+    VERSION_LO,
+    SAMPLES,
+    LR_SCALE,
+    WANTS_REPLY,
+    WANTED_HI,
+    WANTED_LO,
+    WANTS_BATCH,
+    EPOCH,
+    NUM_BATCHES,
+    NONFINITE,
+) = range(HEADER_SIZE)
 # NONFINITE: the push's gradient held a NaN or Inf (--on-nan skip); its payload is not sent.
 # A reply: the shard's version, then (from shard 0, when asked) the next batch of the
 # epoch for this worker: its index, or NO_MORE_BATCHES; the other shards say NOT_ASSIGNED.
@@ -75,11 +87,13 @@ class ShardLayout:
         self.pieces: list[list[Piece]] = [self._pieces(s) for s in range(num_shards)]
 
     @classmethod
-    def of(cls, model: nn.Module, num_shards: int) -> "ShardLayout":
+    def of(cls, model: nn.Module, num_shards: int) -> ShardLayout:
         params = [p for p in model.parameters() if p.requires_grad]
         dtypes = {p.dtype for p in params}
         if len(dtypes) != 1:
-            raise ConfigError(f"the parameter server needs one parameter dtype, the model has {sorted(map(str, dtypes))}")
+            raise ConfigError(
+                f"the parameter server needs one parameter dtype, the model has {sorted(map(str, dtypes))}"
+            )
         return cls([p.shape for p in params], num_shards, params[0].element_size())
 
     def _pieces(self, shard: int) -> list[Piece]:

@@ -31,9 +31,30 @@ from paratrain.comm.codecs import make_codec
 from paratrain.comm.packing import PackedGradient
 from paratrain.errors import ConfigError, WorkerLost
 from paratrain.strategies.ps_layout import (
-    DONE, EPOCH, HEADER_BYTES, KIND, LR_SCALE, NO_MORE_BATCHES, NONFINITE, NOT_ASSIGNED, NUM_BATCHES, PULL, PUSH, SAMPLES,
-    SHUTDOWN, TAG_MESSAGE, TAG_REPLY, TAG_REPLY_HEADER, VERSION_HI, VERSION_LO, WANTED_HI, WANTED_LO, WANTS_BATCH,
-    WANTS_REPLY, ShardLayout, decode_version,
+    DONE,
+    EPOCH,
+    HEADER_BYTES,
+    KIND,
+    LR_SCALE,
+    NO_MORE_BATCHES,
+    NONFINITE,
+    NOT_ASSIGNED,
+    NUM_BATCHES,
+    PULL,
+    PUSH,
+    SAMPLES,
+    SHUTDOWN,
+    TAG_MESSAGE,
+    TAG_REPLY,
+    TAG_REPLY_HEADER,
+    VERSION_HI,
+    VERSION_LO,
+    WANTED_HI,
+    WANTED_LO,
+    WANTS_BATCH,
+    WANTS_REPLY,
+    ShardLayout,
+    decode_version,
 )
 from paratrain.strategies.ps_policies import Gradient
 
@@ -310,9 +331,13 @@ class ShardServer:
                 # half of --timeout counts as lost too. Half: the shard must name the stuck
                 # worker before the others' waits (--timeout) blame the shard.
                 quiet = now - self._last_message[worker]
-                why = (f"no heartbeat for {self.heartbeat_timeout:g} s" if silent > self.heartbeat_timeout
-                       else f"no message for {self.wait_timeout / 2:g} s, half of --timeout"
-                       if quiet > self.wait_timeout / 2 else None)
+                why = (
+                    f"no heartbeat for {self.heartbeat_timeout:g} s"
+                    if silent > self.heartbeat_timeout
+                    else f"no message for {self.wait_timeout / 2:g} s, half of --timeout"
+                    if quiet > self.wait_timeout / 2
+                    else None
+                )
                 if why:
                     with self.lock:
                         if worker in self.active_workers():

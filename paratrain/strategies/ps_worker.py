@@ -19,8 +19,8 @@ import json
 import os
 import threading
 import time
-from datetime import timedelta
 from collections.abc import Iterator
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -34,9 +34,30 @@ from paratrain.data.sharding import ShardedBatches
 from paratrain.errors import ConfigError, DivergedError, WorkerLost
 from paratrain.strategies.base import LossFn, StepOutput, Strategy, finite_parameters, resolve_device, staleness_summary
 from paratrain.strategies.ps_layout import (
-    DONE, EPOCH, HEADER_BYTES, KIND, LR_SCALE, NONFINITE, NUM_BATCHES, PULL, PUSH, REPLY_HEADER_SIZE, SAMPLES, SHUTDOWN,
-    RUN_TAG_STRIDE, TAG_MESSAGE, TAG_REPLY, TAG_REPLY_HEADER, VERSION_HI, VERSION_LO, WANTED_HI, WANTED_LO, WANTS_BATCH, WANTS_REPLY,
-    ShardLayout, encode_version,
+    DONE,
+    EPOCH,
+    HEADER_BYTES,
+    KIND,
+    LR_SCALE,
+    NONFINITE,
+    NUM_BATCHES,
+    PULL,
+    PUSH,
+    REPLY_HEADER_SIZE,
+    RUN_TAG_STRIDE,
+    SAMPLES,
+    SHUTDOWN,
+    TAG_MESSAGE,
+    TAG_REPLY,
+    TAG_REPLY_HEADER,
+    VERSION_HI,
+    VERSION_LO,
+    WANTED_HI,
+    WANTED_LO,
+    WANTS_BATCH,
+    WANTS_REPLY,
+    ShardLayout,
+    encode_version,
 )
 from paratrain.strategies.ps_policies import AsyncRule, StalePolicy, SyncRule
 from paratrain.strategies.ps_server import ShardServer
@@ -74,7 +95,9 @@ class ParameterServerStrategy(Strategy):
     ):
         super().__init__(device=device, timeout=timeout)
         if pull_compression not in self.PULL_DTYPES:
-            raise ConfigError(f"--pull-compression must be one of {', '.join(self.PULL_DTYPES)}, got {pull_compression!r}")
+            raise ConfigError(
+                f"--pull-compression must be one of {', '.join(self.PULL_DTYPES)}, got {pull_compression!r}"
+            )
         # Workers compress each push with `compression`; shards decode with a fresh codec.
         self.compression, self.codec_options, self.pull_compression = compression, codec_options, pull_compression
         self.codec = make_codec(compression, codec_options)
@@ -113,7 +136,7 @@ class ParameterServerStrategy(Strategy):
         return name.removeprefix("ps-")
 
     @classmethod
-    def check_config(cls, config: "TrainConfig") -> None:
+    def check_config(cls, config: TrainConfig) -> None:
         mode = cls.mode_of(config.strategy)
         if mode == "backup" and config.backup_workers < 1:
             raise ConfigError("--strategy ps-backup needs --backup-workers K >= 1 (K = 0 is ps-sync)")
@@ -130,18 +153,20 @@ class ParameterServerStrategy(Strategy):
         cls.check_faults(config)
         fail = config.fail_at
         if fail and fail[0] == 0 and (mode == "async" or mode == "backup"):
-            raise ConfigError("--fail names worker 0, the chief (it evaluates and writes the metrics); name another worker")
+            raise ConfigError(
+                "--fail names worker 0, the chief (it evaluates and writes the metrics); name another worker"
+            )
 
     @classmethod
-    def num_shards_for(cls, config: "TrainConfig") -> int:
+    def num_shards_for(cls, config: TrainConfig) -> int:
         return config.ps_shards or 1
 
     @classmethod
-    def num_processes(cls, config: "TrainConfig") -> int:
+    def num_processes(cls, config: TrainConfig) -> int:
         return cls.num_shards_for(config) + config.num_worker_processes
 
     @classmethod
-    def check_cluster(cls, cluster: "ClusterEnv", config: "TrainConfig") -> None:
+    def check_cluster(cls, cluster: ClusterEnv, config: TrainConfig) -> None:
         shards = config.ps_shards or 1
         if cluster.source == "TF_CONFIG" and cluster.num_ps != shards:
             raise ConfigError(f"TF_CONFIG lists {cluster.num_ps} ps tasks but --ps-shards is {shards}")
@@ -153,16 +178,16 @@ class ParameterServerStrategy(Strategy):
             )
 
     @classmethod
-    def chief_rank(cls, config: "TrainConfig") -> int:
+    def chief_rank(cls, config: TrainConfig) -> int:
         return config.ps_shards or 1
 
     @classmethod
-    def rank_name(cls, rank: int, config: "TrainConfig") -> str:
+    def rank_name(cls, rank: int, config: TrainConfig) -> str:
         shards = config.ps_shards or 1
         return f"ps shard {rank}" if rank < shards else f"worker {rank - shards}"
 
     @classmethod
-    def expendable_ranks(cls, config: "TrainConfig") -> frozenset[int]:
+    def expendable_ranks(cls, config: TrainConfig) -> frozenset[int]:
         """ps-async and ps-backup go on without a lost worker (never the chief)."""
         mode = cls.mode_of(config.strategy)
         if mode == "async" or (mode == "backup" and config.backup_workers >= 1):
@@ -171,7 +196,7 @@ class ParameterServerStrategy(Strategy):
         return frozenset()
 
     @classmethod
-    def from_config(cls, config: "TrainConfig") -> "ParameterServerStrategy":
+    def from_config(cls, config: TrainConfig) -> ParameterServerStrategy:
         return cls(
             mode=cls.mode_of(config.strategy),
             num_shards=config.ps_shards or 1,
@@ -226,7 +251,9 @@ class ParameterServerStrategy(Strategy):
         self._tags = RUN_TAG_STRIDE * ParameterServerStrategy._runs
         self._store = dist.PrefixStore(
             f"paratrain/{restart}/ps{ParameterServerStrategy._runs}/",
-            dist.TCPStore(cluster.master_addr, cluster.master_port, is_master=False, timeout=timedelta(seconds=self.timeout)),
+            dist.TCPStore(
+                cluster.master_addr, cluster.master_port, is_master=False, timeout=timedelta(seconds=self.timeout)
+            ),
         )
         if self.role == "worker":
             self._heartbeat = threading.Thread(target=self._beat, name="ps-heartbeat", daemon=True)
@@ -304,12 +331,20 @@ class ParameterServerStrategy(Strategy):
             raise RuntimeError("serve() needs prepare(model, optimizer) first")
         model, optimizer = self._serve_args
         if self.mode == "async":
-            rule: Any = AsyncRule(StalePolicy(self.stale_policy, self.max_staleness), self.staleness_bound, self.warmup_steps)
+            rule: Any = AsyncRule(
+                StalePolicy(self.stale_policy, self.max_staleness), self.staleness_bound, self.warmup_steps
+            )
         else:
             rule = SyncRule(required=self.num_replicas - self.backup_workers)
         rule.name = self.name
         server = ShardServer(
-            self.rank, self.num_shards, self.num_replicas, model, optimizer, rule, self._store,
+            self.rank,
+            self.num_shards,
+            self.num_replicas,
+            model,
+            optimizer,
+            rule,
+            self._store,
             heartbeat_timeout=self.heartbeat_timeout,
             tolerate_loss=self.mode == "async" or self.backup_workers > 0,
             wait_timeout=self.timeout,
@@ -324,7 +359,9 @@ class ParameterServerStrategy(Strategy):
         if self._checkpoint is not None:
             checkpoint, shard = self._checkpoint, self.rank
             server.checkpoint_every = checkpoint.every_steps
-            server.save_checkpoint = lambda version, state: checkpoint.save_part(version, f"shard-{shard}", state, shard == 0)
+            server.save_checkpoint = lambda version, state: checkpoint.save_part(
+                version, f"shard-{shard}", state, shard == 0
+            )
         server.version_hooks = list(self._version_hooks)
         stats = server.serve()
         if self._checkpoint is not None:
@@ -367,8 +404,10 @@ class ParameterServerStrategy(Strategy):
             self._codec_saved = position["version"]
             state = CheckpointStore.read_extra(folder, self._codec_part(), map_location="cpu")
             if state is None:
-                console.print(f"paratrain: worker {self.rank}: {folder} holds no {self._codec_part()}.pt; "
-                              f"its {self.codec.name} state starts empty")
+                console.print(
+                    f"paratrain: worker {self.rank}: {folder} holds no {self._codec_part()}.pt; "
+                    f"its {self.codec.name} state starts empty"
+                )
             else:
                 self.codec.load_state_dict(state["codec"])
 
@@ -403,7 +442,12 @@ class ParameterServerStrategy(Strategy):
         return make_codec(self.compression, self.codec_options)
 
     def train_step(
-        self, model: nn.Module, loss_fn: LossFn, optimizer: torch.optim.Optimizer, inputs: torch.Tensor, targets: torch.Tensor
+        self,
+        model: nn.Module,
+        loss_fn: LossFn,
+        optimizer: torch.optim.Optimizer,
+        inputs: torch.Tensor,
+        targets: torch.Tensor,
     ) -> StepOutput:
         """Compute on the parameters the last push asked for, then push the gradient and ask
         for the next parameters in the same message. The optimizer runs on the shards."""
@@ -456,7 +500,9 @@ class ParameterServerStrategy(Strategy):
         self._reply_works = []
         for shard in range(self.num_shards):
             self._reply_works.append(dist.irecv(self._replies[shard], src=shard, tag=TAG_REPLY_HEADER + self._tags))
-            self._reply_works.append(dist.irecv(self._pulled[self.layout.shard_range(shard)], src=shard, tag=TAG_REPLY + self._tags))
+            self._reply_works.append(
+                dist.irecv(self._pulled[self.layout.shard_range(shard)], src=shard, tag=TAG_REPLY + self._tags)
+            )
 
     def _await_reply(self) -> None:
         if not self._reply_works:
@@ -479,7 +525,9 @@ class ParameterServerStrategy(Strategy):
         if self._host is not self._flat:
             self._flat.copy_(self._host, non_blocking=True)
 
-    def _send(self, kind: int, *, samples: int = 0, wants_reply: bool = False, wanted: int = 0, finite: bool = True) -> None:
+    def _send(
+        self, kind: int, *, samples: int = 0, wants_reply: bool = False, wanted: int = 0, finite: bool = True
+    ) -> None:
         # A message that asks for a reply during an epoch of assigned batches also asks for a batch.
         epoch = self._epoch_asking if wants_reply else None
         """One message to every shard: header, then (for a push) that shard's gradient slice."""
@@ -501,7 +549,9 @@ class ParameterServerStrategy(Strategy):
                 header[WANTS_BATCH], header[EPOCH], header[NUM_BATCHES] = 1.0, epoch[0], epoch[1]
             header[NONFINITE] = float(not finite)
             if kind == PUSH and finite:  # a NaN must not reach the codecs' state (residuals)
-                self._packers[shard].compress_into(self._host_grad[self.layout.shard_range(shard)], message[HEADER_BYTES:])
+                self._packers[shard].compress_into(
+                    self._host_grad[self.layout.shard_range(shard)], message[HEADER_BYTES:]
+                )
             works.append(dist.isend(message, dst=shard, tag=TAG_MESSAGE + self._tags))
             self._bytes_sent += message.numel() * message.element_size()
         self._sends = works
@@ -585,7 +635,9 @@ class ParameterServerStrategy(Strategy):
         first = self._server_stats[0]
         lost = first["workers_lost"]
         others = sum(
-            json.loads(self._store.get(f"worker/{w}"))["bytes_sent"] for w in range(1, self.num_replicas) if w not in lost
+            json.loads(self._store.get(f"worker/{w}"))["bytes_sent"]
+            for w in range(1, self.num_replicas)
+            if w not in lost
         )
         # The chief's own count is live (its final pull and the coming shutdown included);
         # the shards published theirs before answering that final pull.
@@ -622,10 +674,21 @@ class AssignedBatches(ShardedBatches):
     sharding. A straggler takes fewer batches instead of holding the others back, which
     is what asynchronous and backup-worker training need to gain from it."""
 
-    def __init__(self, strategy: ParameterServerStrategy, dataset: object, batch_size: int, *, group: int, shuffle: bool, seed: int):
+    def __init__(
+        self,
+        strategy: ParameterServerStrategy,
+        dataset: object,
+        batch_size: int,
+        *,
+        group: int,
+        shuffle: bool,
+        seed: int,
+    ):
         self.strategy = strategy
         self.group = group
-        super().__init__(dataset, batch_size, shuffle=shuffle, drop_last=True, seed=seed, device=strategy.device, prefetch=0)
+        super().__init__(
+            dataset, batch_size, shuffle=shuffle, drop_last=True, seed=seed, device=strategy.device, prefetch=0
+        )
         self.rank = 0  # batch k of an epoch is distorted alike whichever worker takes it
 
     @property

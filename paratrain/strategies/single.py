@@ -15,7 +15,7 @@ class SingleDeviceStrategy(Strategy):
     name = "single"
 
     @classmethod
-    def check_config(cls, config: "TrainConfig") -> None:
+    def check_config(cls, config: TrainConfig) -> None:
         super().check_config(config)
         if config.workers != 1:
             raise ConfigError(

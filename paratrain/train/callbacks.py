@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-
 if TYPE_CHECKING:
     from paratrain.train.trainer import Trainer
 
@@ -22,7 +21,7 @@ console = Console(highlight=False, soft_wrap=True)
 
 
 class Callback:
-    trainer: "Trainer"
+    trainer: Trainer
 
     def on_train_begin(self, logs: dict[str, Any]) -> None: ...
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any]) -> None: ...
@@ -36,7 +35,7 @@ class Callback:
 
 
 class CallbackList:
-    def __init__(self, callbacks: list[Callback], trainer: "Trainer"):
+    def __init__(self, callbacks: list[Callback], trainer: Trainer):
         self.callbacks = callbacks
         for callback in callbacks:
             callback.trainer = trainer
@@ -159,7 +158,10 @@ class ProgressBar(Callback):
         fields = {}
         if now - then >= self.refresh_seconds:
             # One host sync per refresh, not per step.
-            fields = {"loss": f"{logs['local_loss'].item():.4f}", "rate": f"{logs['global_batch'] * (logs['batch'] - seen) / (now - then):.0f}"}
+            fields = {
+                "loss": f"{logs['local_loss'].item():.4f}",
+                "rate": f"{logs['global_batch'] * (logs['batch'] - seen) / (now - then):.0f}",
+            }
             self._shown = (now, logs["batch"])
         self.progress.update(self.task, completed=logs["batch"], **fields)
 

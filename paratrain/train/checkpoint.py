@@ -84,7 +84,14 @@ class CheckpointStore:
                 f"checkpoint {folder}: the part of {', '.join(missing)} did not arrive within {timeout:g} s"
             )
         files = {p: _describe_file(folder / f"{p}.pt") for p in parts}
-        manifest = {"format": FORMAT, "version": FORMAT_VERSION, "step": step, "time": time.time(), **meta, "parts": files}
+        manifest = {
+            "format": FORMAT,
+            "version": FORMAT_VERSION,
+            "step": step,
+            "time": time.time(),
+            **meta,
+            "parts": files,
+        }
         text = json.dumps(manifest, indent=2).encode()
         self._write_atomic(folder / MANIFEST, lambda handle: handle.write(text))
         self.prune()
@@ -97,7 +104,7 @@ class CheckpointStore:
         if not complete:
             return
         newest = complete[0][0]
-        for step, folder in complete[self.keep :]:
+        for _, folder in complete[self.keep :]:
             shutil.rmtree(folder, ignore_errors=True)
         done = {step for step, _ in complete}
         for step, folder in self._folders():
@@ -130,9 +137,7 @@ class CheckpointStore:
         except OSError as error:
             Path(tmp).unlink(missing_ok=True)
             reason = error.strerror or str(error)
-            raise ConfigError(
-                f"checkpoint {path}: cannot write ({reason}); the earlier checkpoints are kept"
-            ) from None
+            raise ConfigError(f"checkpoint {path}: cannot write ({reason}); the earlier checkpoints are kept") from None
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
@@ -174,7 +179,9 @@ class CheckpointStore:
         except (OSError, ValueError) as error:
             raise ConfigError(f"checkpoint {folder}: unreadable {MANIFEST} ({error})") from None
         if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-            raise ConfigError(f"checkpoint {folder}: not a paratrain checkpoint (its {MANIFEST} has no format {FORMAT!r})")
+            raise ConfigError(
+                f"checkpoint {folder}: not a paratrain checkpoint (its {MANIFEST} has no format {FORMAT!r})"
+            )
         if manifest.get("version") != FORMAT_VERSION:
             raise ConfigError(
                 f"checkpoint {folder}: format version {manifest.get('version')}, this paratrain reads {FORMAT_VERSION}"
@@ -194,7 +201,9 @@ class CheckpointStore:
             raise ConfigError(f"checkpoint {path}: not a readable checkpoint ({str(error).splitlines()[0]})") from None
 
     @staticmethod
-    def read_part(folder: str | os.PathLike, part: str, manifest: dict[str, Any], map_location: Any = "cpu") -> dict[str, Any]:
+    def read_part(
+        folder: str | os.PathLike, part: str, manifest: dict[str, Any], map_location: Any = "cpu"
+    ) -> dict[str, Any]:
         """One part, checked against the manifest's size and SHA-256, loaded with weights_only."""
         folder = Path(folder)
         path = folder / f"{part}.pt"
@@ -232,7 +241,7 @@ def _fsync_folder(folder: Path) -> None:
         os.close(fd)
 
 
-def run_signature(strategy: "Strategy", model_name: str) -> dict[str, Any]:
+def run_signature(strategy: Strategy, model_name: str) -> dict[str, Any]:
     """What a checkpoint must match to be resumed: the model and how the run is split."""
     describe = strategy.describe()
     return {
@@ -289,7 +298,7 @@ class Checkpoint(Callback):
         self._committing: threading.Thread | None = None
 
     @property
-    def strategy(self) -> "Strategy":
+    def strategy(self) -> Strategy:
         return self.trainer.strategy
 
     def signature(self) -> dict[str, Any]:
@@ -314,7 +323,7 @@ class Checkpoint(Callback):
     def on_train_end(self, logs: dict[str, Any]) -> None:
         self.save(self.trainer.global_step)
 
-    def on_serve(self, strategy: "Strategy") -> None:
+    def on_serve(self, strategy: Strategy) -> None:
         """On a process that serves instead of training (a parameter-server shard): it
         saves its own state at its own pace through ``save_part``; with ``resume`` it
         first gets its part of the newest complete checkpoint."""
@@ -384,7 +393,11 @@ class Checkpoint(Callback):
         device = self.strategy.device
         own = CheckpointStore.read_part(folder, part, manifest, map_location=device) if part is not None else None
         if model_part is not None:
-            held = own if model_part == part else CheckpointStore.read_part(folder, model_part, manifest, map_location=device)
+            held = (
+                own
+                if model_part == part
+                else CheckpointStore.read_part(folder, model_part, manifest, map_location=device)
+            )
             self._load_model(folder, held)
         if own is not None:
             self.strategy.load_state_dict(own["strategy"])

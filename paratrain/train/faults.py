@@ -19,6 +19,7 @@ from typing import Any
 
 from paratrain.train.callbacks import Callback
 
+
 def restart_count() -> int:
     """How many times this run was restarted (--max-restarts, or torchrun's), 0 at first."""
     return int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)

@@ -15,6 +15,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from paratrain import timeline
 from paratrain.config import TrainConfig
 from paratrain.data.datasets import load_dataset
 from paratrain.models import build_model
@@ -22,7 +23,6 @@ from paratrain.registry import OPTIMIZERS, SCHEDULES, STRATEGIES
 from paratrain.train.callbacks import Callback, EarlyStopping, LearningRateScheduler
 from paratrain.train.checkpoint import Checkpoint
 from paratrain.train.faults import fault_callbacks, restart_count
-from paratrain import timeline
 from paratrain.train.metrics import metrics_document, write_json_atomic
 from paratrain.train.observe import ExamplesApplied, TensorBoardLogger, TimelineSpans
 from paratrain.train.trainer import Trainer
@@ -129,7 +129,9 @@ def _run(config: TrainConfig, strategy: Any, started: float) -> dict[str, Any]:
                     "examples_seen": applied if applied is not None else entry["examples_seen"],
                 }
                 # a resumed run saw only its own epochs' counts: the earlier ones are the loop's
-                for entry, applied in zip(history.epochs, [None] * (len(history.epochs) - len(seen.per_epoch)) + seen.per_epoch)
+                for entry, applied in zip(
+                    history.epochs, [None] * (len(history.epochs) - len(seen.per_epoch)) + seen.per_epoch
+                )
             ],
             "config": config.to_dict(),
             "resumed_from_step": checkpoint.restored_step if checkpoint else None,

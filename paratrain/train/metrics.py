@@ -14,9 +14,25 @@ import torch
 from paratrain.errors import ConfigError, DivergedError
 
 METRICS_KEYS = (
-    "strategy", "workers", "ps_shards", "backup_workers", "compression", "model", "dataset",
-    "epochs", "global_steps", "test_accuracy", "test_loss", "train_loss", "wall_seconds",
-    "examples_per_second", "loader_wait_seconds", "bytes_sent", "dropped_gradients", "staleness", "history",
+    "strategy",
+    "workers",
+    "ps_shards",
+    "backup_workers",
+    "compression",
+    "model",
+    "dataset",
+    "epochs",
+    "global_steps",
+    "test_accuracy",
+    "test_loss",
+    "train_loss",
+    "wall_seconds",
+    "examples_per_second",
+    "loader_wait_seconds",
+    "bytes_sent",
+    "dropped_gradients",
+    "staleness",
+    "history",
 )
 
 

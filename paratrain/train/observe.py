@@ -26,8 +26,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from paratrain.errors import ConfigError
 from paratrain import timeline
+from paratrain.errors import ConfigError
 from paratrain.train.callbacks import Callback
 
 

@@ -11,9 +11,9 @@ if TYPE_CHECKING:
     from paratrain.config import TrainConfig
 
 
-def make_sgd(params: Iterable[torch.nn.Parameter], config: "TrainConfig") -> torch.optim.Optimizer:
+def make_sgd(params: Iterable[torch.nn.Parameter], config: TrainConfig) -> torch.optim.Optimizer:
     return torch.optim.SGD(params, lr=config.lr, momentum=config.momentum, weight_decay=config.weight_decay)
 
 
-def make_adam(params: Iterable[torch.nn.Parameter], config: "TrainConfig") -> torch.optim.Optimizer:
+def make_adam(params: Iterable[torch.nn.Parameter], config: TrainConfig) -> torch.optim.Optimizer:
     return torch.optim.Adam(params, lr=config.lr, weight_decay=config.weight_decay)

@@ -23,7 +23,7 @@ class Constant:
         return self.lr
 
     @classmethod
-    def from_config(cls, config: "TrainConfig", steps_per_epoch: int) -> "Constant":
+    def from_config(cls, config: TrainConfig, steps_per_epoch: int) -> Constant:
         return cls(config.lr)
 
 
@@ -42,7 +42,7 @@ class ExponentialDecay:
         return self.lr * self.decay_rate**exponent
 
     @classmethod
-    def from_config(cls, config: "TrainConfig", steps_per_epoch: int) -> "ExponentialDecay":
+    def from_config(cls, config: TrainConfig, steps_per_epoch: int) -> ExponentialDecay:
         return cls(config.lr, config.lr_decay_steps, config.lr_decay_rate, config.staircase)
 
 
@@ -63,6 +63,6 @@ class LinearScalingWarmup:
         return self.base + (self.target - self.base) * step / self.warmup_steps
 
     @classmethod
-    def from_config(cls, config: "TrainConfig", steps_per_epoch: int) -> "LinearScalingWarmup":
+    def from_config(cls, config: TrainConfig, steps_per_epoch: int) -> LinearScalingWarmup:
         warmup = round(config.warmup_epochs * steps_per_epoch)
         return cls(config.lr, config.global_batch, config.reference_batch, warmup)

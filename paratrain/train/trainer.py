@@ -20,9 +20,10 @@ from torch import nn
 
 from paratrain.errors import ConfigError
 from paratrain.strategies.base import Strategy, get_strategy
+from paratrain.timeline import span
 from paratrain.train.callbacks import Callback, CallbackList, EpochLog, ProgressBar, StepLog, console
 from paratrain.train.metrics import StepWindow
-from paratrain.timeline import span
+
 
 def rng_state() -> dict[str, Any]:
     """This process's random-number generators: Python's, NumPy's, torch's CPU and CUDA ones."""
@@ -165,12 +166,13 @@ class Trainer:
             epoch_start = self._epoch_start = time.perf_counter() - self._epoch_elapsed
             self._epoch_elapsed = 0.0
             waited = batches.wait_seconds
-            for self.batch, (inputs, targets) in enumerate(batches, start=self.batch + 1):
+            for batch_index, (inputs, targets) in enumerate(batches, start=self.batch + 1):
+                self.batch = batch_index
                 hooks.on_batch_begin(self.global_step, {})
                 try:
                     out = strategy.train_step(self.model, self.loss_fn, self.optimizer, inputs, targets)
                 except RuntimeError as error:
-                    raise strategy.diagnose(error, self.global_step + 1) or error
+                    raise (strategy.diagnose(error, self.global_step + 1) or error) from None
                 if out.skipped:
                     self._report_skip(self.global_step + 1, out.loss)
                 else:
@@ -230,7 +232,7 @@ class Trainer:
         try:
             reduced = self._window.reduce(self.strategy)
         except RuntimeError as error:
-            raise self.strategy.diagnose(error, self.global_step) or error
+            raise (self.strategy.diagnose(error, self.global_step) or error) from None
         self._epoch_sums[0] += reduced["loss"] * reduced["examples"]
         self._epoch_sums[1] += reduced["examples"]
         return reduced["loss"]

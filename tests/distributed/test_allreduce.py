@@ -106,6 +106,8 @@ def test_cli_allreduce_two_workers(cli, tmp_path):
 
 
 def test_cli_divergence_in_allreduce_exits_3(cli):
-    result = cli("train", "--strategy", "mirrored", "--workers", "2", "--epochs", "1", "--lr", "1e30", "--log-every", "4")
+    result = cli(
+        "train", "--strategy", "mirrored", "--workers", "2", "--epochs", "1", "--lr", "1e30", "--log-every", "4"
+    )
     assert result.returncode == 3, result.stderr
     assert result.stderr.strip().splitlines()[-1].startswith("paratrain: model diverged with loss = ")

@@ -120,7 +120,7 @@ def test_topk_error_feedback_sends_everything_eventually(gradients):
     """Three steps of the same gradient: what was averaged plus the ranks' mean residual
     is three times the uncompressed average."""
     sent = {}
-    for _, p, hooked, reference, _ in _each_step(gradients, "topk"):
+    for _, p, hooked, _reference, _ in _each_step(gradients, "topk"):
         sent[p] = sent.get(p, 0) + hooked
     residuals = [ErrorFeedback(TopKCodec(0.01)) for _ in range(2)]
     for step in range(3):
@@ -134,7 +134,7 @@ def test_topk_error_feedback_sends_everything_eventually(gradients):
 
 
 def test_powersgd_hook_is_exact_until_it_starts_then_low_rank(gradients):
-    for step, p, hooked, reference, _ in _each_step(gradients, "powersgd"):
+    for step, _p, hooked, reference, _ in _each_step(gradients, "powersgd"):
         if step < 2 or hooked.dim() == 1:  # plain all-reduce; vectors are never compressed
             torch.testing.assert_close(hooked, reference, rtol=1e-6, atol=1e-7)
         else:  # a projection of the (error-corrected) average: never larger an error than it
@@ -147,8 +147,16 @@ def test_powersgd_hook_is_exact_until_it_starts_then_low_rank(gradients):
 # Long enough for top-k at 1% to converge (it sends each entry about once per 100
 # steps), with the learning rate decayed 10x twice so that the final accuracy is a
 # settled value rather than one noisy epoch: 30 epochs of 22 steps, decay every 250.
-RECIPE = dict(strategy="allreduce", workers=2, epochs=30, lr_schedule="exponential", lr_decay_steps=250,
-              seed=0, progress=False, log_every=0)
+RECIPE = dict(
+    strategy="allreduce",
+    workers=2,
+    epochs=30,
+    lr_schedule="exponential",
+    lr_decay_steps=250,
+    seed=0,
+    progress=False,
+    log_every=0,
+)
 
 
 def _train_every_codec(names):
@@ -214,8 +222,14 @@ def _resume(names, directory):
         for inputs, targets in batches[:3]:
             strategy.train_step(model, loss_fn, optimizer, inputs, targets)
         path = f"{directory}/{label}-rank{rank}.pt"
-        torch.save({"strategy": strategy.state_dict(), "model": strategy.unwrap(model).state_dict(),
-                    "optimizer": optimizer.state_dict()}, path)
+        torch.save(
+            {
+                "strategy": strategy.state_dict(),
+                "model": strategy.unwrap(model).state_dict(),
+                "optimizer": optimizer.state_dict(),
+            },
+            path,
+        )
         for inputs, targets in batches[3:]:
             strategy.train_step(model, loss_fn, optimizer, inputs, targets)
 
@@ -263,7 +277,9 @@ def test_compressed_state_survives_a_checkpoint(tmp_path):
 def test_a_checkpoint_of_another_codec_is_bad_input():
     strategy = paratrain.AllReduceStrategy(device="cpu", compression="topk")
     state = {"name": "allreduce", "steps": 3, "compression": "int8", "hook": {}}
-    with pytest.raises(paratrain.ConfigError, match="written with --compression int8, this run uses --compression topk"):
+    with pytest.raises(
+        paratrain.ConfigError, match="written with --compression int8, this run uses --compression topk"
+    ):
         strategy.load_state_dict(state)
 
 
@@ -272,8 +288,20 @@ def test_a_checkpoint_of_another_codec_is_bad_input():
 
 def test_cli_int8_two_workers(cli, tmp_path):
     out = tmp_path / "m.json"
-    result = cli("train", "--strategy", "allreduce", "--workers", "2", "--compression", "int8",
-                 "--epochs", "2", "--no-progress", "--metrics-out", str(out))
+    result = cli(
+        "train",
+        "--strategy",
+        "allreduce",
+        "--workers",
+        "2",
+        "--compression",
+        "int8",
+        "--epochs",
+        "2",
+        "--no-progress",
+        "--metrics-out",
+        str(out),
+    )
     assert result.returncode == 0, result.stderr
     metrics = json.loads(out.read_text())
     assert metrics["compression"] == "int8" and metrics["config"]["compression"] == "int8"
@@ -305,7 +333,14 @@ def _train_ps_every_codec(names):
 def test_every_codec_on_ps_sync_reaches_the_uncompressed_accuracy():
     # Each codec once, each pull dtype once: the push path is the same for every codec
     # (compress on the worker, decode on the shard), so pairing them halves the runs.
-    runs = [("none", "none"), ("fp16", "bf16"), ("bf16", "fp16"), ("int8", "none"), ("topk", "none"), ("powersgd", "none")]
+    runs = [
+        ("none", "none"),
+        ("fp16", "bf16"),
+        ("bf16", "fp16"),
+        ("int8", "none"),
+        ("topk", "none"),
+        ("powersgd", "none"),
+    ]
     results = next(r for r in run_distributed(_train_ps_every_codec, runs, world_size=3) if r)
     baseline = results["none/none"]
     assert baseline["test_accuracy"] >= 0.95
@@ -354,4 +389,8 @@ def test_ps_workers_resume_their_error_feedback_residuals(tmp_path):
     # each worker resumed its own residuals
     assert not torch.equal(workers[0]["loaded"]["0.0"], workers[1]["loaded"]["0.0"])
     assert sorted(p.name for p in (tmp_path / "ckpt-000000030").iterdir()) == [
-        "manifest.json", "shard-0.pt", "worker-0.pt", "worker-1.pt"]
+        "manifest.json",
+        "shard-0.pt",
+        "worker-0.pt",
+        "worker-1.pt",
+    ]

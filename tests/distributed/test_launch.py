@@ -18,9 +18,24 @@ TRAIN = ["train", "--strategy", "allreduce", "--epochs", "2", "--no-progress"]
 def test_torchrun_runs_the_same_command(tmp_path):
     out = tmp_path / "m.json"
     command = [
-        sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
-        "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "--local-addr", "127.0.0.1",
-        "-m", "paratrain", *TRAIN, "--metrics-out", str(out),
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "1",
+        "--nproc-per-node",
+        "2",
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(free_port()),
+        "--local-addr",
+        "127.0.0.1",
+        "-m",
+        "paratrain",
+        *TRAIN,
+        "--metrics-out",
+        str(out),
     ]
     result = subprocess.run(command, capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
@@ -36,19 +51,27 @@ def test_tf_config_cluster(tmp_path):
     processes = []
     for index in range(2):
         env = {**os.environ, "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})}
-        processes.append(subprocess.Popen(
-            [sys.executable, "-m", "paratrain", *TRAIN, "--metrics-out", str(out)],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        ))
+        processes.append(
+            subprocess.Popen(
+                [sys.executable, "-m", "paratrain", *TRAIN, "--metrics-out", str(out)],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
     outputs = [p.communicate(timeout=240) for p in processes]
-    for process, (stdout, stderr) in zip(processes, outputs):
+    for process, (_stdout, stderr) in zip(processes, outputs):
         assert process.returncode == 0, stderr[-3000:]
     assert "done:" in outputs[0][0] and "done:" not in outputs[1][0]
     assert json.loads(out.read_text())["workers"] == 2
 
 
 def test_tf_config_ranks_follow_ps_chief_worker_order():
-    doc = {"cluster": {"worker": ["w0:1", "w1:1"], "chief": ["c:7"], "ps": ["p:9"]}, "task": {"type": "worker", "index": 1}}
+    doc = {
+        "cluster": {"worker": ["w0:1", "w1:1"], "chief": ["c:7"], "ps": ["p:9"]},
+        "task": {"type": "worker", "index": 1},
+    }
     env = parse_tf_config(json.dumps(doc))
     assert (env.rank, env.world_size, env.num_ps, env.master_addr, env.master_port) == (3, 4, 1, "p", 9)
 

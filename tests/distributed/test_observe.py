@@ -14,8 +14,23 @@ def test_allreduce_run_writes_tensorboard_scalars_and_a_merged_timeline(cli, tmp
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     logdir, trace = tmp_path / "tb", tmp_path / "trace.json"
-    done = cli("train", "--strategy", "allreduce", "--workers", "2", "--epochs", "2", "--log-every", "10",
-               "--logdir", str(logdir), "--timeline", str(trace), "--metrics-out", str(tmp_path / "m.json"))
+    done = cli(
+        "train",
+        "--strategy",
+        "allreduce",
+        "--workers",
+        "2",
+        "--epochs",
+        "2",
+        "--log-every",
+        "10",
+        "--logdir",
+        str(logdir),
+        "--timeline",
+        str(trace),
+        "--metrics-out",
+        str(tmp_path / "m.json"),
+    )
     assert done.returncode == 0, done.stderr
     metrics = json.loads((tmp_path / "m.json").read_text())
     steps = metrics["global_steps"]
@@ -23,9 +38,18 @@ def test_allreduce_run_writes_tensorboard_scalars_and_a_merged_timeline(cli, tmp
     run = EventAccumulator(str(logdir))
     run.Reload()
     tags = set(run.Tags()["scalars"])
-    for tag in ("step/loss", "step/learning_rate", "step/examples_per_second", "epoch/train_loss",
-                "epoch/test_accuracy", "epoch/test_loss", "run/bytes_per_step", "run/staleness_mean",
-                "run/staleness_max", "run/dropped_gradients"):
+    for tag in (
+        "step/loss",
+        "step/learning_rate",
+        "step/examples_per_second",
+        "epoch/train_loss",
+        "epoch/test_accuracy",
+        "epoch/test_loss",
+        "run/bytes_per_step",
+        "run/staleness_mean",
+        "run/staleness_max",
+        "run/dropped_gradients",
+    ):
         assert tag in tags, tag
     assert [e.step for e in run.Scalars("step/loss")] == list(range(1, steps + 1))
     accuracy = run.Scalars("epoch/test_accuracy")
@@ -72,7 +96,9 @@ def three_runs(tmp_path_factory):
     for recipe in ("digits_allreduce", "digits_ps_sync", "digits_ps_async"):
         path = folder / f"{recipe}.json"
         extra = ["--timeline", str(folder / "ps_sync_trace.json")] if recipe == "digits_ps_sync" else []
-        done = run_cli("train", "--config", f"recipes/{recipe}.toml", "--epochs", "1", "--metrics-out", str(path), *extra)
+        done = run_cli(
+            "train", "--config", f"recipes/{recipe}.toml", "--epochs", "1", "--metrics-out", str(path), *extra
+        )
         assert done.returncode == 0, done.stderr
         paths.append(path)
     return paths

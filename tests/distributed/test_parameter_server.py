@@ -141,8 +141,17 @@ def test_three_workers_reach_95_percent(cli, tmp_path, args):
 
 def test_backup_workers_drop_the_straggler(cli, tmp_path):
     metrics, _ = _metrics(
-        cli, tmp_path, "--strategy", "ps-backup", "--workers", "2", "--backup-workers", "1",
-        "--straggler", "2:10", *FAST,
+        cli,
+        tmp_path,
+        "--strategy",
+        "ps-backup",
+        "--workers",
+        "2",
+        "--backup-workers",
+        "1",
+        "--straggler",
+        "2:10",
+        *FAST,
     )
     applied = sum(metrics["staleness"]["histogram"].values())
     assert applied + metrics["dropped_gradients"] == 2 * (1433 // 32)
@@ -153,8 +162,9 @@ def test_backup_workers_drop_the_straggler(cli, tmp_path):
 
 
 def test_staleness_bound_is_never_exceeded(cli, tmp_path):
-    bounded, _ = _metrics(cli, tmp_path, "--strategy", "ps-async", "--workers", "2",
-                          "--staleness-bound", "1", "--straggler", "1:4", *FAST)
+    bounded, _ = _metrics(
+        cli, tmp_path, "--strategy", "ps-async", "--workers", "2", "--staleness-bound", "1", "--straggler", "1:4", *FAST
+    )
     assert bounded["max_clock_gap"] <= 1
     free, _ = _metrics(cli, tmp_path, "--strategy", "ps-async", "--workers", "2", "--straggler", "1:4", *FAST)
     assert free["max_clock_gap"] > 1  # without the bound the fast worker runs ahead
@@ -163,8 +173,17 @@ def test_staleness_bound_is_never_exceeded(cli, tmp_path):
 @pytest.mark.parametrize("mode", [["ps-async"], ["ps-backup", "--backup-workers", "1"]])
 def test_a_killed_worker_does_not_stop_async_or_backup(cli, tmp_path, mode):
     metrics, result = _metrics(
-        cli, tmp_path, "--strategy", *mode, "--workers", "2", "--fail", "1@5",
-        "--heartbeat-timeout", "2", *FAST,
+        cli,
+        tmp_path,
+        "--strategy",
+        *mode,
+        "--workers",
+        "2",
+        "--fail",
+        "1@5",
+        "--heartbeat-timeout",
+        "2",
+        *FAST,
     )
     assert metrics["workers_lost"] == [1]
     assert "worker 1 was lost" in result.stderr

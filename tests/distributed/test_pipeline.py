@@ -17,8 +17,14 @@ pytestmark = pytest.mark.distributed
 def _deep_mlp():
     torch.manual_seed(0)
     return torch.nn.Sequential(
-        torch.nn.Flatten(), torch.nn.Linear(64, 48), torch.nn.Tanh(), torch.nn.Linear(48, 32),
-        torch.nn.ReLU(), torch.nn.Linear(32, 24), torch.nn.Tanh(), torch.nn.Linear(24, 10),
+        torch.nn.Flatten(),
+        torch.nn.Linear(64, 48),
+        torch.nn.Tanh(),
+        torch.nn.Linear(48, 32),
+        torch.nn.ReLU(),
+        torch.nn.Linear(32, 24),
+        torch.nn.Tanh(),
+        torch.nn.Linear(24, 10),
     )
 
 
@@ -51,9 +57,12 @@ def _one_step(schedule, stages, microbatches, balance="params", model_name="deep
     with torch.no_grad():  # the evaluation path: a plain forward through the stages
         logits = strategy.forward(stage, x)
     result = {
-        "stage": strategy.stage, "bounds": strategy.bounds,
+        "stage": strategy.stage,
+        "bounds": strategy.bounds,
         "grads": [p.grad.clone() for p in stage.parameters()],
-        "loss": out.loss, "logits": out.logits, "eval_logits": logits,
+        "loss": out.loss,
+        "logits": out.logits,
+        "eval_logits": logits,
     }
     strategy.teardown()
     return result
@@ -61,8 +70,12 @@ def _one_step(schedule, stages, microbatches, balance="params", model_name="deep
 
 @pytest.mark.parametrize(
     "schedule, balance, model_name",
-    [("gpipe", "params", "deep_mlp"), ("1f1b", "params", "deep_mlp"), ("gpipe", "time", "deep_mlp"),
-     ("1f1b", "params", "cifar_cnn")],
+    [
+        ("gpipe", "params", "deep_mlp"),
+        ("1f1b", "params", "deep_mlp"),
+        ("gpipe", "time", "deep_mlp"),
+        ("1f1b", "params", "cifar_cnn"),
+    ],
 )
 def test_pipelined_outputs_and_gradients_equal_the_unsplit_model(schedule, balance, model_name):
     """By time, rank 0 measures the split and every rank takes it (asserted: same bounds)."""
@@ -186,7 +199,12 @@ def test_cli_pipeline_reaches_the_accuracy_of_single(cli, tmp_path):
     result = cli("train", "--strategy", "pipeline", "--stages", "2", "--microbatches", "4", "--metrics-out", str(out))
     assert result.returncode == 0, result.stderr
     metrics = json.loads(out.read_text())
-    assert (metrics["strategy"], metrics["workers"], metrics["stages"], metrics["split"]) == ("pipeline", 2, 2, [[0, 2], [2, 4]])
+    assert (metrics["strategy"], metrics["workers"], metrics["stages"], metrics["split"]) == (
+        "pipeline",
+        2,
+        2,
+        [[0, 2], [2, 4]],
+    )
     assert metrics["global_steps"] == 15 * (1433 // 32)
     assert metrics["test_accuracy"] >= 0.95  # single: 0.9670 with these settings
     # activations forward and their gradients back: 32 examples x 256 floats each way

@@ -33,12 +33,21 @@ def test_a_killed_worker_restarts_the_run_which_ends_as_if_nothing_happened(cli,
     step = _kill_step(seed=len(strategy))
     common = ["--strategy", strategy, "--workers", "2", *RUN]
     metrics, result = _run(
-        cli, tmp_path, "killed", *common, "--checkpoint-dir", str(tmp_path / "b"),
-        "--fail", f"1@{step}", "--max-restarts", "1",
+        cli,
+        tmp_path,
+        "killed",
+        *common,
+        "--checkpoint-dir",
+        str(tmp_path / "b"),
+        "--fail",
+        f"1@{step}",
+        "--max-restarts",
+        "1",
     )
     line = re.search(
         r"paratrain: worker 1 was killed by SIGKILL after step (\d+); restarting the run \(restart 1 of 1\) "
-        r"from the checkpoint of step (\d+): (\d+) steps redone", result.stderr,
+        r"from the checkpoint of step (\d+): (\d+) steps redone",
+        result.stderr,
     )
     assert line, result.stderr[-2000:]
     died, resumed, redone = map(int, line.groups())
@@ -58,8 +67,18 @@ def test_a_killed_worker_restarts_the_run_which_ends_as_if_nothing_happened(cli,
 def test_a_killed_worker_in_a_tolerant_mode_leaves_the_others_to_finish(cli, tmp_path, mode):
     step = _kill_step(seed=len(mode))
     metrics, result = _run(
-        cli, tmp_path, "killed", "--strategy", *mode, "--workers", "2", *RUN, "--fail", f"1@{step}",
-        "--heartbeat-timeout", "2",
+        cli,
+        tmp_path,
+        "killed",
+        "--strategy",
+        *mode,
+        "--workers",
+        "2",
+        *RUN,
+        "--fail",
+        f"1@{step}",
+        "--heartbeat-timeout",
+        "2",
     )
     assert "paratrain: worker 1 was lost (killed by SIGKILL); the run goes on without it" in result.stderr
     assert metrics["workers_lost"] == [1] and metrics["restarts"] == 0
@@ -68,8 +87,9 @@ def test_a_killed_worker_in_a_tolerant_mode_leaves_the_others_to_finish(cli, tmp
 
 def test_a_run_that_keeps_failing_stops_after_its_restarts(cli, tmp_path):
     # The failure is injected in the first attempt only: a restart limit of 0 ends there.
-    result = cli("train", "--strategy", "allreduce", "--workers", "2", *RUN, "--fail", "1@30",
-                 "--checkpoint-dir", str(tmp_path))
+    result = cli(
+        "train", "--strategy", "allreduce", "--workers", "2", *RUN, "--fail", "1@30", "--checkpoint-dir", str(tmp_path)
+    )
     assert result.returncode == 1
     assert result.stderr.strip().splitlines()[-1] == "paratrain: worker 1 was killed by SIGKILL"
     assert (tmp_path / "ckpt-000000020" / "manifest.json").exists()  # the last good checkpoint stays
@@ -77,8 +97,20 @@ def test_a_run_that_keeps_failing_stops_after_its_restarts(cli, tmp_path):
 
 def test_a_dead_shard_stops_the_run_with_its_name(cli, tmp_path):
     # Two shards, the second killed: the workers' waits on it fail; the run ends, never hangs.
-    result = cli("train", "--strategy", "ps-async", "--workers", "2", "--ps-shards", "2", *RUN[:5],
-                 "--fail", "ps:1@60", "--timeout", "20")
+    result = cli(
+        "train",
+        "--strategy",
+        "ps-async",
+        "--workers",
+        "2",
+        "--ps-shards",
+        "2",
+        *RUN[:5],
+        "--fail",
+        "ps:1@60",
+        "--timeout",
+        "20",
+    )
     assert result.returncode == 1
     assert "paratrain: ps shard 1: injected failure at version 60" in result.stderr
     assert result.stderr.strip().splitlines()[-1] == "paratrain: ps shard 1 was killed by SIGKILL"
@@ -86,12 +118,26 @@ def test_a_dead_shard_stops_the_run_with_its_name(cli, tmp_path):
 
 def test_a_dead_shard_restarts_the_run_from_its_checkpoint(cli, tmp_path):
     metrics, result = _run(
-        cli, tmp_path, "killed", "--strategy", "ps-sync", "--workers", "2", *RUN,
-        "--checkpoint-dir", str(tmp_path / "c"), "--fail", "ps:0@50", "--max-restarts", "1",
+        cli,
+        tmp_path,
+        "killed",
+        "--strategy",
+        "ps-sync",
+        "--workers",
+        "2",
+        *RUN,
+        "--checkpoint-dir",
+        str(tmp_path / "c"),
+        "--fail",
+        "ps:0@50",
+        "--max-restarts",
+        "1",
     )
     # A shard's step is its version, the run's global step.
-    assert "paratrain: ps shard 0 was killed by SIGKILL after step 50; restarting the run (restart 1 of 1) " \
-           "from the checkpoint of step 40: 10 steps redone" in result.stderr
+    assert (
+        "paratrain: ps shard 0 was killed by SIGKILL after step 50; restarting the run (restart 1 of 1) "
+        "from the checkpoint of step 40: 10 steps redone" in result.stderr
+    )
     assert metrics["restarts"] == 1 and metrics["resumed_from_step"] == 40
     assert metrics["global_steps"] == 10 * STEPS_PER_EPOCH[2]  # every version, none twice
     assert metrics["test_accuracy"] >= 0.95
@@ -112,11 +158,29 @@ def test_a_hung_worker_in_ps_sync_is_named_by_the_shard(cli):
 
 
 def test_resume_under_pipeline_restores_every_stage(cli, tmp_path):
-    common = ["--strategy", "pipeline", "--stages", "2", "--workers", "2", "--epochs", "2", "--no-progress",
-              "--log-every", "0", "--checkpoint-every", "10", "--checkpoint-dir", str(tmp_path / "c")]
+    common = [
+        "--strategy",
+        "pipeline",
+        "--stages",
+        "2",
+        "--workers",
+        "2",
+        "--epochs",
+        "2",
+        "--no-progress",
+        "--log-every",
+        "0",
+        "--checkpoint-every",
+        "10",
+        "--checkpoint-dir",
+        str(tmp_path / "c"),
+    ]
     first, _ = _run(cli, tmp_path, "first", *common[:-4], "--epochs", "1", *common[-4:])
     assert sorted(p.name for p in (tmp_path / "c" / "ckpt-000000044").iterdir()) == [
-        "manifest.json", "rank-0.pt", "rank-1.pt"]
+        "manifest.json",
+        "rank-0.pt",
+        "rank-1.pt",
+    ]
     resumed, result = _run(cli, tmp_path, "resumed", *common, "--resume")
     assert resumed["resumed_from_step"] == 44 and resumed["global_steps"] == 88
     # The second epoch went on from the first: better than the first epoch alone.
@@ -128,12 +192,41 @@ def test_torchrun_restarts_resume_from_the_checkpoint(tmp_path):
 
     out = tmp_path / "m.json"
     result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--max-restarts", "1",
-         "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
-         "-m", "paratrain", "train", "--strategy", "allreduce", "--epochs", "2", "--no-progress", "--log-every", "0",
-         "--checkpoint-dir", str(tmp_path / "c"), "--checkpoint-every", "10", "--fail", "1@25",
-         "--metrics-out", str(out)],
-        capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"},
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            "--max-restarts",
+            "1",
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            f"127.0.0.1:{free_port()}",
+            "-m",
+            "paratrain",
+            "train",
+            "--strategy",
+            "allreduce",
+            "--epochs",
+            "2",
+            "--no-progress",
+            "--log-every",
+            "0",
+            "--checkpoint-dir",
+            str(tmp_path / "c"),
+            "--checkpoint-every",
+            "10",
+            "--fail",
+            "1@25",
+            "--metrics-out",
+            str(out),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = json.loads(out.read_text())

@@ -19,14 +19,28 @@ def run_example(name, *args, timeout=300):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))}
     return subprocess.run(
         [sys.executable, os.path.join("examples", name), *args],
-        capture_output=True, text=True, timeout=timeout, env=env, cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env=env,
+        cwd=REPO,
     )
 
 
 def test_fashion_mnist_mirrored(tmp_path):
     data = write_fashion_mnist(tmp_path / "fm", num_train=128, num_test=64)
-    result = run_example("fashion_mnist_mirrored.py", "--data-dir", str(data), "--no-download",
-                         "--workers", "2", "--epochs", "2", "--batch-per-replica", "16")
+    result = run_example(
+        "fashion_mnist_mirrored.py",
+        "--data-dir",
+        str(data),
+        "--no-download",
+        "--workers",
+        "2",
+        "--epochs",
+        "2",
+        "--batch-per-replica",
+        "16",
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "2 replica(s) x 16 = global batch 32" in result.stdout
     assert "epoch 2/2" in result.stdout
@@ -37,13 +51,29 @@ def test_fashion_mnist_mirrored(tmp_path):
 def test_cifar10_multi_gpu(tmp_path):
     data = write_cifar10(tmp_path / "c", per_batch=24, num_test=20)
     train_dir = tmp_path / "train"
-    result = run_example("cifar10_multi_gpu.py", "--data-dir", str(data), "--no-download", "--workers", "2",
-                         "--batch-size", "10", "--max-steps", "8", "--log-every", "2", "--checkpoint-every", "5",
-                         "--train-dir", str(train_dir))
+    result = run_example(
+        "cifar10_multi_gpu.py",
+        "--data-dir",
+        str(data),
+        "--no-download",
+        "--workers",
+        "2",
+        "--batch-size",
+        "10",
+        "--max-steps",
+        "8",
+        "--log-every",
+        "2",
+        "--checkpoint-every",
+        "5",
+        "--train-dir",
+        str(train_dir),
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "2 tower(s) x batch 10, 8 steps (2 epochs of 6 steps)" in result.stdout
-    steps = re.findall(r"^step (\d+), loss = \d+\.\d+ \(\d+\.\d examples/sec; \d+\.\d+ sec/batch\)$",
-                       result.stdout, re.MULTILINE)
+    steps = re.findall(
+        r"^step (\d+), loss = \d+\.\d+ \(\d+\.\d examples/sec; \d+\.\d+ sec/batch\)$", result.stdout, re.MULTILINE
+    )
     assert steps == ["2", "4", "6", "8"]  # stops at --max-steps, in the middle of epoch 2
     assert re.search(r"step 8: precision @ 1 = \d\.\d{3}", result.stdout)
     assert sorted(p.name for p in train_dir.iterdir()) == ["ckpt-000000005", "ckpt-000000008"]
@@ -55,17 +85,33 @@ def test_cifar10_multi_gpu(tmp_path):
 
 def test_cifar10_multi_gpu_stops_on_nan_loss(tmp_path):
     data = write_cifar10(tmp_path / "c", per_batch=20, num_test=10)
-    result = run_example("cifar10_multi_gpu.py", "--data-dir", str(data), "--no-download", "--workers", "1",
-                         "--batch-size", "20", "--max-steps", "20", "--log-every", "2", "--lr", "1e8",
-                         "--train-dir", str(tmp_path / "train"))
+    result = run_example(
+        "cifar10_multi_gpu.py",
+        "--data-dir",
+        str(data),
+        "--no-download",
+        "--workers",
+        "1",
+        "--batch-size",
+        "20",
+        "--max-steps",
+        "20",
+        "--log-every",
+        "2",
+        "--lr",
+        "1e8",
+        "--train-dir",
+        str(tmp_path / "train"),
+    )
     assert result.returncode == 3, result.stderr[-3000:]
     assert re.fullmatch(r"cifar10_multi_gpu: model diverged with loss = nan at step \d+", result.stderr.strip())
 
 
 def test_text_lstm(tmp_path):
     data = write_text_folders(tmp_path / "t", docs_per_class=24, num_test=8)
-    result = run_example("text_lstm.py", "--data-dir", str(data), "--epochs", "2", "--batch-size", "8",
-                         "--max-len", "30")
+    result = run_example(
+        "text_lstm.py", "--data-dir", str(data), "--epochs", "2", "--batch-size", "8", "--max-len", "30"
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "48 training and 16 test documents, classes ['neg', 'pos']" in result.stdout
     assert "2 replica(s)" in result.stdout

@@ -47,7 +47,8 @@ def test_distortions_are_a_crop_of_the_image_with_brightness_and_contrast():
     for image, result in zip(x.float(), plain):
         candidates = [
             per_image_standardization(w[None])[0]
-            for t in range(9) for l in range(9)
+            for t in range(9)
+            for l in range(9)
             for w in (image[:, t : t + 24, l : l + 24], image[:, t : t + 24, l : l + 24].flip(-1))
         ]
         assert any(torch.allclose(result, c, atol=1e-5) for c in candidates)

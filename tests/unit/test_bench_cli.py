@@ -6,7 +6,10 @@ import pytest
 @pytest.mark.parametrize(
     "args, words",
     [
-        (["--suites", "allreduce,magic"], ["--suites must be one or more of allreduce, ps, codecs, pipeline", "'allreduce,magic'"]),
+        (
+            ["--suites", "allreduce,magic"],
+            ["--suites must be one or more of allreduce, ps, codecs, pipeline", "'allreduce,magic'"],
+        ),
         (["--suites", ","], ["--suites"]),
         (["--json-out", "/nonexistent/dir/b.json"], ["--json-out", "does not exist"]),
         (["--quick", "--repeats", "2"], ["unrecognized arguments: --repeats"]),

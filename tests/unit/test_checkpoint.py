@@ -38,8 +38,9 @@ def _trainer(seed=0, model="mlp"):
 
 
 def _fit(trainer, splits, *callbacks, epochs=2):
-    return trainer.fit(splits.train, epochs=epochs, validation_data=splits.test, verbose=0, log_every=7,
-                       callbacks=list(callbacks))
+    return trainer.fit(
+        splits.train, epochs=epochs, validation_data=splits.test, verbose=0, log_every=7, callbacks=list(callbacks)
+    )
 
 
 def test_saves_every_n_steps_and_at_the_end_keeping_the_newest(tmp_path):
@@ -181,9 +182,24 @@ def test_a_full_disk_while_saving_is_one_line_exit_2_and_keeps_the_checkpoints(s
         resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))
 
     result = subprocess.run(
-        [sys.executable, "-m", "paratrain", "train", "--epochs", "2", "--checkpoint-dir", str(saved),
-         "--checkpoint-every", "50", "--resume", "--no-progress"],
-        capture_output=True, text=True, preexec_fn=small_disk, env={**os.environ, "OMP_NUM_THREADS": "1"},
+        [
+            sys.executable,
+            "-m",
+            "paratrain",
+            "train",
+            "--epochs",
+            "2",
+            "--checkpoint-dir",
+            str(saved),
+            "--checkpoint-every",
+            "50",
+            "--resume",
+            "--no-progress",
+        ],
+        capture_output=True,
+        text=True,
+        preexec_fn=small_disk,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
     )
     assert result.returncode == 2, result.stderr
     last = result.stderr.strip().splitlines()[-1]

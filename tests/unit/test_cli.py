@@ -18,10 +18,22 @@ def test_default_run_reaches_95_percent_in_under_30_seconds(cli, tmp_path):
     metrics = json.loads(out.read_text())
     assert set(METRICS_KEYS) <= set(metrics)
     assert metrics["test_accuracy"] >= 0.95
-    assert (metrics["strategy"], metrics["workers"], metrics["model"], metrics["dataset"]) == ("single", 1, "mlp", "digits")
+    assert (metrics["strategy"], metrics["workers"], metrics["model"], metrics["dataset"]) == (
+        "single",
+        1,
+        "mlp",
+        "digits",
+    )
     assert metrics["global_steps"] == 15 * (1433 // 32)
     assert len(metrics["history"]) == 15
-    assert set(metrics["history"][0]) == {"epoch", "train_loss", "test_accuracy", "test_loss", "wall_seconds", "examples_seen"}
+    assert set(metrics["history"][0]) == {
+        "epoch",
+        "train_loss",
+        "test_accuracy",
+        "test_loss",
+        "wall_seconds",
+        "examples_seen",
+    }
     assert metrics["staleness"] == {"mean": 0.0, "max": 0, "histogram": {"0": metrics["global_steps"]}}
     assert metrics["history"][-1]["examples_seen"] == metrics["global_steps"] * 32
     assert metrics["config"]["lr"] == 0.05

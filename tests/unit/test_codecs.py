@@ -60,7 +60,9 @@ def test_none_is_exact(shape):
     assert torch.equal(_round_trip(IdentityCodec(), x)[1], x)
 
 
-@pytest.mark.parametrize("codec, unit", [(FP16Codec(), 2.0**-11), (BF16Codec(), 2.0**-8), (FP16Codec(divide_by=3), 2.0**-11)])
+@pytest.mark.parametrize(
+    "codec, unit", [(FP16Codec(), 2.0**-11), (BF16Codec(), 2.0**-8), (FP16Codec(divide_by=3), 2.0**-11)]
+)
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 def test_half_precision_relative_error(codec, unit, shape):
     x = _random(shape, scale=100.0)

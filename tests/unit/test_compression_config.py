@@ -14,7 +14,10 @@ ALLREDUCE = {"strategy": "allreduce", "workers": 2}
 def test_defaults():
     config = TrainConfig()
     assert (config.compression, config.compression_ratio, config.powersgd_rank, config.stochastic_rounding) == (
-        "none", 0.01, 2, False
+        "none",
+        0.01,
+        2,
+        False,
     )
 
 

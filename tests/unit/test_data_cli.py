@@ -23,8 +23,20 @@ def _train(cli, tmp_path, *args):
 
 def test_fashion_mnist_from_idx_files(cli, tmp_path):
     data = write_fashion_mnist(tmp_path / "fm", num_train=200, num_test=100)
-    metrics = _train(cli, tmp_path, "--dataset", "fashion-mnist", "--data-dir", str(data), "--epochs", "2",
-                     "--optimizer", "adam", "--lr", "0.002")
+    metrics = _train(
+        cli,
+        tmp_path,
+        "--dataset",
+        "fashion-mnist",
+        "--data-dir",
+        str(data),
+        "--epochs",
+        "2",
+        "--optimizer",
+        "adam",
+        "--lr",
+        "0.002",
+    )
     assert metrics["dataset"] == "fashion-mnist"
     assert metrics["global_steps"] == 2 * (200 // 32)
     assert metrics["test_accuracy"] >= 0.8  # each class is a template plus noise
@@ -32,17 +44,48 @@ def test_fashion_mnist_from_idx_files(cli, tmp_path):
 
 def test_cifar10_from_binary_records(cli, tmp_path):
     data = write_cifar10(tmp_path / "c", per_batch=40, num_test=40)
-    metrics = _train(cli, tmp_path, "--dataset", "cifar10", "--data-dir", str(data.parent), "--model", "cifar_cnn",
-                     "--epochs", "1", "--batch-size", "20")
+    metrics = _train(
+        cli,
+        tmp_path,
+        "--dataset",
+        "cifar10",
+        "--data-dir",
+        str(data.parent),
+        "--model",
+        "cifar_cnn",
+        "--epochs",
+        "1",
+        "--batch-size",
+        "20",
+    )
     assert (metrics["dataset"], metrics["model"], metrics["global_steps"]) == ("cifar10", "cifar_cnn", 200 // 20)
     assert 0.0 <= metrics["test_accuracy"] <= 1.0
 
 
 def test_text_folders_with_the_lstm(cli, tmp_path):
     data = write_text_folders(tmp_path / "t", docs_per_class=40, num_test=20)
-    metrics = _train(cli, tmp_path, "--dataset", "text", "--data-dir", str(data), "--model", "lstm",
-                     "--optimizer", "adam", "--lr", "0.01", "--max-len", "40", "--vocab-size", "100",
-                     "--batch-size", "8", "--epochs", "3")
+    metrics = _train(
+        cli,
+        tmp_path,
+        "--dataset",
+        "text",
+        "--data-dir",
+        str(data),
+        "--model",
+        "lstm",
+        "--optimizer",
+        "adam",
+        "--lr",
+        "0.01",
+        "--max-len",
+        "40",
+        "--vocab-size",
+        "100",
+        "--batch-size",
+        "8",
+        "--epochs",
+        "3",
+    )
     assert metrics["config"]["max_len"] == 40 and metrics["global_steps"] == 3 * (80 // 8)
     assert metrics["test_accuracy"] > 0.5
 
@@ -57,7 +100,8 @@ def _truncated_cifar(tmp_path):
     folder = write_cifar10(tmp_path / "c", per_batch=10, num_test=10)
     (folder / "data_batch_3.bin").write_bytes((folder / "data_batch_3.bin").read_bytes()[:30000])
     return ["--dataset", "cifar10", "--model", "cifar_cnn", "--data-dir", str(folder)], [
-        "data_batch_3.bin: 30000 bytes is not a multiple of 3073-byte records"]
+        "data_batch_3.bin: 30000 bytes is not a multiple of 3073-byte records"
+    ]
 
 
 def _missing_class(tmp_path):
@@ -66,14 +110,16 @@ def _missing_class(tmp_path):
         path.unlink()
     (data / "train" / "pos").rmdir()
     return ["--dataset", "text", "--model", "lstm", "--data-dir", str(data)], [
-        "train has classes ['neg'] but test has ['neg', 'pos']"]
+        "train has classes ['neg'] but test has ['neg', 'pos']"
+    ]
 
 
 def _no_files_no_download(tmp_path):
     return ["--dataset", "fashion-mnist", "--data-dir", str(tmp_path / "empty"), "--no-download"], [
         "fashion-mnist: train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz, t10k-images-idx3-ubyte.gz, "
         "t10k-labels-idx1-ubyte.gz not found and --no-download is set",
-        f"put these IDX files (gzip or plain) in {tmp_path / 'empty'} (or pass --data-dir)"]
+        f"put these IDX files (gzip or plain) in {tmp_path / 'empty'} (or pass --data-dir)",
+    ]
 
 
 def _text_without_data_dir(tmp_path):
@@ -86,7 +132,8 @@ def _mlp_on_tokens(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "case", [_bad_magic, _truncated_cifar, _missing_class, _no_files_no_download, _text_without_data_dir, _mlp_on_tokens]
+    "case",
+    [_bad_magic, _truncated_cifar, _missing_class, _no_files_no_download, _text_without_data_dir, _mlp_on_tokens],
 )
 def test_bad_data_is_one_line_and_exit_2(cli, tmp_path, case):
     args, words = case(tmp_path)
@@ -108,7 +155,9 @@ def test_offline_download_says_which_files_to_put_where(cli, tmp_path):
     lines = result.stderr.splitlines()
     assert len(lines) == 1, result.stderr  # no empty progress bar before the error
     line = lines[0]
-    assert line.startswith("paratrain: error: cifar10: cannot download cifar-10-binary.tar.gz (https://www.cs.toronto.edu/~kriz/")
+    assert line.startswith(
+        "paratrain: error: cifar10: cannot download cifar-10-binary.tar.gz (https://www.cs.toronto.edu/~kriz/"
+    )
     assert "put cifar-10-batches-bin/ with data_batch_1.bin" in line and f"in {tmp_path / 'cifar10'}" in line
 
 

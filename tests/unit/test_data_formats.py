@@ -1,7 +1,6 @@
 """Readers of the real file formats (IDX, CIFAR-10 binary records, text folders) and
 the one-line errors for files that are missing, truncated or not in their format."""
 
-
 import numpy as np
 import pytest
 import torch
@@ -173,7 +172,16 @@ def test_read_batch_shape(tmp_path):
 
 
 def test_tokenize_lowercases_and_drops_html():
-    assert tokenize("It's GOOD.<br /><br />Not bad_at all, 10/10") == ["it's", "good", "not", "bad", "at", "all", "10", "10"]
+    assert tokenize("It's GOOD.<br /><br />Not bad_at all, 10/10") == [
+        "it's",
+        "good",
+        "not",
+        "bad",
+        "at",
+        "all",
+        "10",
+        "10",
+    ]
 
 
 def test_vocabulary_ranks_by_count_then_alphabet_and_pads_at_the_front():

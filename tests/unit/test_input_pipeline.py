@@ -118,8 +118,12 @@ def test_trainer_reports_loader_wait_and_stops_mid_epoch():
     data = TransformedTensors((x * 16).to(torch.uint8), y, lambda inputs, g: inputs.float() / 16)
     torch.manual_seed(0)
     model = build_model("mlp", splits.spec)
-    trainer = paratrain.Trainer(model, "cross_entropy", torch.optim.SGD(model.parameters(), lr=0.05),
-                                strategy=paratrain.SingleDeviceStrategy(device="cpu"))
+    trainer = paratrain.Trainer(
+        model,
+        "cross_entropy",
+        torch.optim.SGD(model.parameters(), lr=0.05),
+        strategy=paratrain.SingleDeviceStrategy(device="cpu"),
+    )
     history = trainer.fit(data, epochs=3, verbose=0, callbacks=[StopAt()])
     assert trainer.global_step == 5 and len(history.epochs) == 1
     assert history["loader_wait_seconds"][0] > 0

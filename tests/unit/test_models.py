@@ -13,8 +13,15 @@ TEXT = DataSpec((40,), 2, input_kind="tokens", vocab_size=500)
 
 @pytest.mark.parametrize(
     "name, spec",
-    [("mlp", DIGITS), ("mlp", CIFAR), ("cifar_cnn", DIGITS), ("cifar_cnn", CIFAR), ("cifar_cnn", CIFAR_CROP),
-     ("lstm", DIGITS), ("lstm", TEXT)],
+    [
+        ("mlp", DIGITS),
+        ("mlp", CIFAR),
+        ("cifar_cnn", DIGITS),
+        ("cifar_cnn", CIFAR),
+        ("cifar_cnn", CIFAR_CROP),
+        ("lstm", DIGITS),
+        ("lstm", TEXT),
+    ],
 )
 def test_models_fit_their_data(name, spec):
     model = build_model(name, spec)

@@ -9,13 +9,32 @@ from paratrain import timeline
 
 def metrics(strategy="allreduce", staleness=None, **extra):
     return {
-        "strategy": strategy, "workers": 2, "ps_shards": 0, "backup_workers": 0, "compression": "none",
-        "model": "mlp", "dataset": "digits", "epochs": 2, "global_steps": 40, "test_accuracy": 0.9,
-        "test_loss": 0.3, "train_loss": 0.4, "wall_seconds": 2.0, "examples_per_second": 1000.0,
-        "bytes_sent": 4000, "dropped_gradients": 0,
+        "strategy": strategy,
+        "workers": 2,
+        "ps_shards": 0,
+        "backup_workers": 0,
+        "compression": "none",
+        "model": "mlp",
+        "dataset": "digits",
+        "epochs": 2,
+        "global_steps": 40,
+        "test_accuracy": 0.9,
+        "test_loss": 0.3,
+        "train_loss": 0.4,
+        "wall_seconds": 2.0,
+        "examples_per_second": 1000.0,
+        "bytes_sent": 4000,
+        "dropped_gradients": 0,
         "staleness": staleness or {"mean": 0.0, "max": 0, "histogram": {"0": 40}},
         "history": [
-            {"epoch": 1, "train_loss": 1.0, "test_accuracy": 0.8, "test_loss": 0.6, "wall_seconds": 1.0, "examples_seen": 640},
+            {
+                "epoch": 1,
+                "train_loss": 1.0,
+                "test_accuracy": 0.8,
+                "test_loss": 0.6,
+                "wall_seconds": 1.0,
+                "examples_seen": 640,
+            },
             {"epoch": 2, "train_loss": 0.4, "test_accuracy": 0.9, "test_loss": 0.3, "wall_seconds": 2.0},
         ],
         "config": {"strategy": strategy, "workers": 2, "epochs": 2, "metrics_out": "old.json", "timeline": "t.json"},
@@ -101,7 +120,10 @@ def test_recorder_parts_merge_onto_one_clock(tmp_path):
     trace = timeline.merge(path, 2, timeout=1)
     spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
     assert {(e["pid"], e["name"], e["tid"]) for e in spans} == {
-        (0, "forward", 0), (0, "allreduce", 1), (1, "forward", 0), (1, "allreduce", 1)
+        (0, "forward", 0),
+        (0, "allreduce", 1),
+        (1, "forward", 0),
+        (1, "allreduce", 1),
     }
     assert min(e["ts"] for e in spans) == 0 and json.loads(path.read_text()) == trace
     assert timeline.recorder() is None and recorder is not None

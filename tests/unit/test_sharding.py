@@ -37,7 +37,11 @@ def test_epochs_reshuffle_and_seed_repeats():
 def test_evaluation_split_covers_every_example_once():
     seen = []
     for rank in range(3):
-        seen += [t for _, y in ShardedBatches(_data(), 8, num_replicas=3, rank=rank, shuffle=False, drop_last=False) for t in y.tolist()]
+        seen += [
+            t
+            for _, y in ShardedBatches(_data(), 8, num_replicas=3, rank=rank, shuffle=False, drop_last=False)
+            for t in y.tolist()
+        ]
     assert sorted(seen) == list(range(103))
 
 

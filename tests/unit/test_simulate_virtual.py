@@ -61,7 +61,9 @@ def test_virtual_async_uses_stale_versions_and_is_deterministic(digits):
     runs = []
     for _ in range(2):
         outcome = simulate("ps-async", cluster, 20, seed=7, record=True)
-        runs.append(replay(outcome, fresh_model(digits), digits.train, digits.test, batch=16, lr=0.05, momentum=0.0, seed=7))
+        runs.append(
+            replay(outcome, fresh_model(digits), digits.train, digits.test, batch=16, lr=0.05, momentum=0.0, seed=7)
+        )
     assert torch.equal(runs[0]["params"], runs[1]["params"])
     assert runs[0]["staleness"]["max"] >= 3
     assert [u.versions[0] for u in outcome.trace] != list(range(len(outcome.trace)))  # stale, not sequential
@@ -93,8 +95,22 @@ def test_profile_measures_the_compute_time(capsys):
 
 def test_simulate_train_reports_accuracy_against_simulated_time(tmp_path, capsys):
     out = tmp_path / "train.json"
-    rc = main(["simulate", "--train", "--strategy", "ps-sync", "--workers", "2", "--epochs", "2",
-               "--compute-ms", "5", "--json-out", str(out)])
+    rc = main(
+        [
+            "simulate",
+            "--train",
+            "--strategy",
+            "ps-sync",
+            "--workers",
+            "2",
+            "--epochs",
+            "2",
+            "--compute-ms",
+            "5",
+            "--json-out",
+            str(out),
+        ]
+    )
     assert rc == 0
     result = json.loads(out.read_text())
     times = [p["sim_seconds"] for p in result["history"]]
@@ -106,13 +122,37 @@ def test_simulate_train_reports_accuracy_against_simulated_time(tmp_path, capsys
 def test_simulate_sweep_writes_json_and_plot(tmp_path, capsys):
     pytest.importorskip("matplotlib")
     out, png = tmp_path / "sim.json", tmp_path / "sim.png"
-    rc = main(["simulate", "--compute-ms", "20", "--model-mb", "50", "--workers", "1,4,16",
-               "--strategy", "allreduce,ps-backup", "--backup-workers", "1", "--straggler", "lognormal:0.3",
-               "--json-out", str(out), "--plot", str(png)])
+    rc = main(
+        [
+            "simulate",
+            "--compute-ms",
+            "20",
+            "--model-mb",
+            "50",
+            "--workers",
+            "1,4,16",
+            "--strategy",
+            "allreduce,ps-backup",
+            "--backup-workers",
+            "1",
+            "--straggler",
+            "lognormal:0.3",
+            "--json-out",
+            str(out),
+            "--plot",
+            str(png),
+        ]
+    )
     assert rc == 0
     rows = json.loads(out.read_text())["results"]
     assert [(r["strategy"], r["workers"]) for r in rows] == [
-        ("allreduce", 1), ("allreduce", 4), ("allreduce", 16), ("ps-backup", 1), ("ps-backup", 4), ("ps-backup", 16)]
+        ("allreduce", 1),
+        ("allreduce", 4),
+        ("allreduce", 16),
+        ("ps-backup", 1),
+        ("ps-backup", 4),
+        ("ps-backup", 16),
+    ]
     assert rows[0]["scaling_efficiency"] == 1.0
     assert {"step_seconds", "examples_per_second", "comm_share", "staleness", "dropped_gradients"} <= set(rows[0])
     assert png.stat().st_size > 1000
@@ -160,8 +200,14 @@ def test_example_backup_workers_runs_as_written():
 
     repo = Path(__file__).resolve().parents[2]
     env = {**os.environ, "PYTHONPATH": str(repo)}
-    result = subprocess.run([sys.executable, "examples/simulate_backup_workers.py", "--epochs", "2"],
-                            capture_output=True, text=True, timeout=120, env=env, cwd=repo)
+    result = subprocess.run(
+        [sys.executable, "examples/simulate_backup_workers.py", "--epochs", "2"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+        cwd=repo,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     rates = [float(x) for x in re.findall(r"(\d+) examples/s", result.stdout)]
     assert len(rates) == 2 and rates[1] > rates[0]  # backup workers beat the stragglers

@@ -57,7 +57,9 @@ def test_allreduce_compute_stretches_when_workers_exceed_cores(workers, cores):
 def test_enough_cores_agree_with_the_round_models(strategy):
     kw = dict(bandwidth=1e9, latency=1e-4, ps_message_s=2e-4, ps_update_s=3e-4)
     rounds = simulate(strategy, cluster(1 if strategy == "ps-async" else 8, **kw), 40, period=4).summary(32)
-    host = simulate(strategy, cluster(1 if strategy == "ps-async" else 8, host_cores=64, **kw), 40, period=4).summary(32)
+    host = simulate(strategy, cluster(1 if strategy == "ps-async" else 8, host_cores=64, **kw), 40, period=4).summary(
+        32
+    )
     assert host["step_seconds"] == pytest.approx(rounds["step_seconds"], rel=1e-9)
 
 
@@ -66,7 +68,9 @@ def test_one_worker_parameter_server_pays_the_shards_work_in_both_engines():
     c = cluster(1, **kw)
     expected = C + 2 * c.model_bytes / c.bandwidth + 2 * c.latency + 2e-4 + 3e-4
     assert simulate("ps-sync", c, 20).summary(32)["step_seconds"] == pytest.approx(expected, rel=1e-9)
-    assert simulate("ps-sync", cluster(1, host_cores=2, **kw), 20).summary(32)["step_seconds"] == pytest.approx(expected, rel=1e-9)
+    assert simulate("ps-sync", cluster(1, host_cores=2, **kw), 20).summary(32)["step_seconds"] == pytest.approx(
+        expected, rel=1e-9
+    )
 
 
 def test_ps_sync_rounds_queue_every_push_at_the_shards_worker():
@@ -114,7 +118,9 @@ def test_ring_latency_replaces_the_link_latency_in_all_reduce_steps_only():
     c = cluster(4, bandwidth=1e9, latency=1e-4, ring_latency=1e-3)
     assert c.ring_allreduce_s(c.model_bytes) == pytest.approx(1.5 * c.model_bytes / 1e9 + 6 * 1e-3)
     one = cluster(1, bandwidth=1e9, latency=1e-4, ring_latency=1e-3)
-    assert simulate("ps-sync", one, 10).summary(32)["step_seconds"] == pytest.approx(C + 2 * one.model_bytes / 1e9 + 2e-4)
+    assert simulate("ps-sync", one, 10).summary(32)["step_seconds"] == pytest.approx(
+        C + 2 * one.model_bytes / 1e9 + 2e-4
+    )
 
 
 def test_host_options_are_checked():

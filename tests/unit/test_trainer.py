@@ -15,7 +15,9 @@ def _trainer(lr=0.05, momentum=0.9, seed=0):
     splits = load_digits()
     model = build_model("mlp", splits.spec)
     optimizer = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
-    return paratrain.Trainer(model, "cross_entropy", optimizer, strategy=paratrain.SingleDeviceStrategy(device="cpu")), splits
+    return paratrain.Trainer(
+        model, "cross_entropy", optimizer, strategy=paratrain.SingleDeviceStrategy(device="cpu")
+    ), splits
 
 
 def test_fit_evaluate_predict_on_digits():
