@@ -42,11 +42,11 @@ sys.path.insert(0, str(ROOT))  # this checkout's paratrain, also in the spawned 
 import torch  # noqa: E402
 
 from paratrain.config import TrainConfig  # noqa: E402
-from paratrain.launch.torchrun import launch  # noqa: E402
+from paratrain.launch.local import run_locally  # noqa: E402
 from paratrain.registry import STRATEGIES  # noqa: E402
 from paratrain.strategies.base import StepOutput  # noqa: E402
+from paratrain.strategies.pipeline import PipelineConfig  # noqa: E402
 from paratrain.strategies.single import SingleDeviceStrategy  # noqa: E402
-from paratrain.train import job  # noqa: E402
 
 #: Settings per model: the mlp at paratrain's defaults (15 epochs, lr 0.05, SGD momentum
 #: 0.9, batch 32); cifar_cnn at the learning rate it trains with on digits.
@@ -59,18 +59,15 @@ class MicrobatchedSingle(SingleDeviceStrategy):
     divided by their number: what GPipe and 1F1B compute, in their order of sums."""
 
     name = "single-microbatched"
+    options = PipelineConfig  # it takes --microbatches
 
     def __init__(self, num_microbatches: int = 4, device: str = "auto", timeout: float = 300.0):
         super().__init__(device=device, timeout=timeout)
         self.num_microbatches = num_microbatches
 
     @classmethod
-    def check_config(cls, config: TrainConfig) -> None:
-        pass  # takes --microbatches, a pipeline option; nothing else differs from single
-
-    @classmethod
     def from_config(cls, config: TrainConfig) -> MicrobatchedSingle:
-        return cls(config.microbatches, device=config.device, timeout=config.timeout)
+        return cls(config.pipeline.microbatches, device=config.device, timeout=config.timeout)
 
     def train_step(self, model, loss_fn, optimizer, inputs, targets) -> StepOutput:
         optimizer.zero_grad(set_to_none=True)
@@ -102,9 +99,7 @@ def train(mode: str, model: str, seed: int, stages: int, microbatches: int, epoc
     elif mode == "single-microbatched":
         settings.update(strategy=mode, microbatches=microbatches)
     config = TrainConfig(**settings)
-    strategy = STRATEGIES.get(config.strategy)
-    results = launch(job.run, config, num_processes=strategy.num_processes(config))
-    metrics = results[strategy.chief_rank(config)]
+    metrics = run_locally(config)
     return {
         "mode": mode,
         "model": model,

@@ -75,7 +75,7 @@ def _process_cpu() -> float:
 def profiled_job(config) -> dict:
     """One process of a profiling run: ``job.run`` with the process's CPU time counted over
     training (``Trainer.fit`` less evaluation) or serving (a shard's fit), and per update."""
-    from paratrain.strategies.ps_server import ShardServer
+    from paratrain.strategies.ps.server import ShardServer
     from paratrain.train import job
     from paratrain.train.trainer import Trainer
 
@@ -132,11 +132,10 @@ def profiled_job(config) -> dict:
 
 def profile_strategy(strategy: str, epochs: int, workers: int = 1) -> list[dict]:
     from paratrain.config import TrainConfig
-    from paratrain.launch.torchrun import launch
-    from paratrain.registry import STRATEGIES as TABLE
+    from paratrain.launch.local import launch
 
     config = TrainConfig(strategy=strategy, workers=workers, epochs=epochs, progress=False, log_every=0, device="cpu")
-    return launch(profiled_job, config, num_processes=TABLE.get(strategy).num_processes(config))
+    return launch(profiled_job, config, topology=config.topology)
 
 
 def _busy(seconds: float) -> None:
@@ -240,7 +239,7 @@ GAP_S = 1e-3  # CPU work between messages: about a digits step
 
 def measure_link(pings: int, model_bytes: int) -> dict:
     """Loopback latency (s), bandwidth (bytes/s) and ring all-reduce step (s) from one launch."""
-    from paratrain.launch.torchrun import launch
+    from paratrain.launch.local import launch
 
     one_way = launch(ping_pong, [SMALL, LARGE], pings, GAP_S, model_bytes, num_processes=2)[0]
     latency = one_way[SMALL]
@@ -354,23 +353,12 @@ def setting(strategy: str, workers: int, straggler: bool) -> dict:
 
 def real_run(settings: dict, epochs: int, folder: Path) -> dict:
     from paratrain.config import TrainConfig
-    from paratrain.launch.torchrun import launch
-    from paratrain.registry import STRATEGIES as TABLE
-    from paratrain.train import job
+    from paratrain.launch.local import run_locally
 
     trace = folder / "timeline.json"
     config = TrainConfig(epochs=epochs, progress=False, log_every=0, device="cpu", timeline=str(trace), **settings)
-    strategy = TABLE.get(config.strategy)
-    processes = strategy.num_processes(config)
     with Background() as background:
-        results = launch(
-            job.run,
-            config,
-            num_processes=processes,
-            expendable=strategy.expendable_ranks(config),
-            rank_names=[strategy.rank_name(rank, config) for rank in range(processes)],
-        )
-    metrics = results[strategy.chief_rank(config)]
+        metrics = run_locally(config)
     applied = sum(metrics["staleness"]["histogram"].values())
     share = applied / (applied + metrics["dropped_gradients"])  # ps-backup drops some
     steps_per_second = steady_steps_per_second(json.loads(trace.read_text())["traceEvents"])
@@ -380,7 +368,7 @@ def real_run(settings: dict, epochs: int, folder: Path) -> dict:
         "staleness_mean": metrics["staleness"]["mean"],
         "dropped_gradients": metrics["dropped_gradients"],
         "global_steps": metrics["global_steps"],
-        "processes": processes,
+        "processes": config.topology.num_processes,
         "background_cores": background.cores,
     }
 

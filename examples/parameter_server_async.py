@@ -25,9 +25,7 @@ from rich.table import Table
 
 from paratrain.config import TrainConfig
 from paratrain.launch.cli import report_errors
-from paratrain.launch.torchrun import launch
-from paratrain.registry import STRATEGIES
-from paratrain.train import job
+from paratrain.launch.local import run_locally
 
 
 def run_mode(strategy: str, args: argparse.Namespace) -> dict:
@@ -47,15 +45,7 @@ def run_mode(strategy: str, args: argparse.Namespace) -> dict:
         device="cpu",
         straggler=f"{args.workers - 1}:{args.slowdown:g}" if args.slowdown > 1 else None,
     )
-    kind = STRATEGIES.get(strategy)
-    results = launch(
-        job.run,
-        config,
-        num_processes=kind.num_processes(config),
-        expendable=kind.expendable_ranks(config),
-        rank_names=[kind.rank_name(r, config) for r in range(kind.num_processes(config))],
-    )
-    return results[kind.chief_rank(config)]
+    return run_locally(config)  # the shard and the workers, as `paratrain train` starts them
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,11 +11,11 @@ trainer.fit((x, y), epochs=10, validation_data=(x_test, y_test))
 
 from paratrain.config import TrainConfig
 from paratrain.errors import ConfigError, DivergedError, ParatrainError, WorkerFailed
-from paratrain.launch.torchrun import launch
+from paratrain.launch.local import launch
 from paratrain.strategies.allreduce import AllReduceStrategy
-from paratrain.strategies.base import StepOutput, Strategy, get_strategy
-from paratrain.strategies.ps_worker import ParameterServerStrategy
-from paratrain.strategies.single import SingleDeviceStrategy
+from paratrain.strategies.base import StepOutput, Strategy
+from paratrain.strategies.ps import ParameterServerStrategy
+from paratrain.strategies.single import SingleDeviceStrategy, get_strategy
 from paratrain.train.callbacks import Callback, EarlyStopping, LearningRateScheduler
 from paratrain.train.checkpoint import Checkpoint, load_checkpoint
 from paratrain.train.job import run as run_training

@@ -53,9 +53,9 @@ STRATEGIES = Registry(
     {
         "single": "paratrain.strategies.single:SingleDeviceStrategy",
         "allreduce": "paratrain.strategies.allreduce:AllReduceStrategy",
-        "ps-sync": "paratrain.strategies.ps_worker:ParameterServerStrategy",
-        "ps-backup": "paratrain.strategies.ps_worker:ParameterServerStrategy",
-        "ps-async": "paratrain.strategies.ps_worker:ParameterServerStrategy",
+        "ps-sync": "paratrain.strategies.ps:ParameterServerStrategy",
+        "ps-backup": "paratrain.strategies.ps:ParameterServerStrategy",
+        "ps-async": "paratrain.strategies.ps:ParameterServerStrategy",
         "pipeline": "paratrain.strategies.pipeline:PipelineStrategy",
     },
     aliases={"mirrored": "allreduce"},
@@ -65,12 +65,12 @@ STRATEGIES = Registry(
 CODECS = Registry(
     "codec",
     {
-        "none": "paratrain.comm.codecs:make_none",
-        "fp16": "paratrain.comm.codecs:make_fp16",
-        "bf16": "paratrain.comm.codecs:make_bf16",
-        "int8": "paratrain.comm.codecs:make_int8",
-        "topk": "paratrain.comm.codecs:make_topk",
-        "powersgd": "paratrain.comm.codecs:make_powersgd",
+        "none": "paratrain.comm.codec_config:make_none",
+        "fp16": "paratrain.comm.codec_config:make_fp16",
+        "bf16": "paratrain.comm.codec_config:make_bf16",
+        "int8": "paratrain.comm.codec_config:make_int8",
+        "topk": "paratrain.comm.codec_config:make_topk",
+        "powersgd": "paratrain.comm.codec_config:make_powersgd",
     },
 )
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from paratrain.launch.torchrun import launch
+from paratrain.launch.local import launch
 
 if TYPE_CHECKING:
     import numpy as np

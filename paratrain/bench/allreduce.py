@@ -152,7 +152,7 @@ def _quartiles(values: list[float]) -> list[float]:
 
 def measure(models: list[str], batch_size: int = 32, rounds: int = 31, epochs_per_round: int = 1) -> dict[str, Any]:
     """The whole comparison on ``NUM_WORKERS`` local processes: the results document."""
-    from paratrain.launch.torchrun import launch
+    from paratrain.launch.local import launch
 
     results = launch(worker, models, batch_size, rounds, epochs_per_round, num_processes=NUM_WORKERS)[0]
     return {

@@ -139,7 +139,7 @@ def check_arguments(args: argparse.Namespace) -> tuple[list[str], Path | None, P
 
 
 def bench_command(args: argparse.Namespace) -> int:
-    from paratrain.train.callbacks import console
+    from paratrain.console import console
 
     suites, json_out, md_out = check_arguments(args)
     os.environ.setdefault("OMP_NUM_THREADS", "1")

@@ -45,7 +45,7 @@ COLUMNS = [
 def formula_bytes(model_name: str, codec_name: str) -> tuple[int, int]:
     """(bytes one rank sends per step, uncompressed bytes) for a model on digits, from
     the codecs' formulas (PowerSGD: once compression has started)."""
-    from paratrain.comm.codecs import make_codec
+    from paratrain.comm.codec_config import make_codec
     from paratrain.comm.hooks import make_hook
     from paratrain.data.datasets import load_digits
     from paratrain.models import build_model
@@ -90,7 +90,7 @@ def measure(
 ) -> list[dict[str, Any]]:
     """Train every (model, codec) pair in one launch of ``workers`` processes; the rows,
     with ratios to the uncompressed run (added to ``codecs`` if absent) and formulas."""
-    from paratrain.launch.torchrun import launch
+    from paratrain.launch.local import launch
 
     if "none" not in codecs:
         codecs = ["none", *codecs]  # the reference every ratio is taken against

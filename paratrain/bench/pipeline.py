@@ -233,7 +233,7 @@ def run(
     batch: int = 256,
 ) -> dict[str, Any]:
     """The whole measurement on ``stages`` local processes: {"meta", "rows"}."""
-    from paratrain.launch.torchrun import launch
+    from paratrain.launch.local import launch
 
     load_at_start = round(os.getloadavg()[0], 2)
     results = launch(measure, stages, list(counts), steps, repeats, layers, width, batch, num_processes=stages)

@@ -27,21 +27,12 @@ from typing import Any
 def run(repeats: int, **settings: Any) -> dict[str, Any]:
     """Median throughput of ``repeats`` runs of one configuration."""
     from paratrain.config import TrainConfig
-    from paratrain.launch.torchrun import launch
-    from paratrain.registry import STRATEGIES
-    from paratrain.train import job
+    from paratrain.launch.local import run_locally
 
     config = TrainConfig(progress=False, log_every=0, device="cpu", **settings)
-    strategy = STRATEGIES.get(config.strategy)
     samples = []
     for _ in range(repeats):
-        results = launch(
-            job.run,
-            config,
-            num_processes=strategy.num_processes(config),
-            expendable=strategy.expendable_ranks(config),
-        )
-        metrics = results[strategy.chief_rank(config)]
+        metrics = run_locally(config)
         applied = sum(metrics["staleness"]["histogram"].values()) * config.batch_size
         samples.append(
             (metrics["examples_per_second"], metrics["test_accuracy"], applied, metrics["dropped_gradients"])
@@ -53,7 +44,7 @@ def run(repeats: int, **settings: Any) -> dict[str, Any]:
         "applied_examples_per_second": rate * share_applied,
         "test_accuracy": statistics.median(s[1] for s in samples),
         "dropped_gradients": statistics.median(s[3] for s in samples),
-        "processes": strategy.num_processes(config),
+        "processes": config.topology.num_processes,
     }
 
 

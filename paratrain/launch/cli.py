@@ -96,8 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def report_command(args: argparse.Namespace) -> int:
+    from paratrain.console import console
     from paratrain.launch.report import report
-    from paratrain.train.callbacks import console
 
     written = report(args.runs, args.out)
     console.print(
@@ -136,34 +136,20 @@ def train_config(args: argparse.Namespace, cluster: Any) -> Any:
 
 def train_command(args: argparse.Namespace) -> int:
     from paratrain.comm.transport import cluster_from_env
-    from paratrain.registry import STRATEGIES
+    from paratrain.launch.local import run_locally
     from paratrain.train import job
 
     cluster = cluster_from_env()
     config = train_config(args, cluster)
-    strategy = STRATEGIES.get(config.strategy)
-    processes = strategy.num_processes(config)
-    if cluster is not None:
-        strategy.check_cluster(cluster, config)
+    topology = config.topology
+    if cluster is not None:  # joined a cluster started elsewhere: this process is one rank of it
+        topology.check_cluster(cluster, config.strategy)
         metrics = job.run(config)
-        is_chief = cluster.rank == strategy.chief_rank(config)
-    elif processes > 1 or config.max_restarts:
-        preflight(config)
-        from paratrain.launch.torchrun import launch
-
-        results = launch(
-            job.run,
-            config,
-            num_processes=processes,
-            expendable=strategy.expendable_ranks(config),
-            max_restarts=config.max_restarts,
-            checkpoint_dir=config.checkpoint_dir,
-            rank_names=[strategy.rank_name(rank, config) for rank in range(processes)],
-        )
-        metrics = results[strategy.chief_rank(config)]
-        is_chief = True
+        is_chief = cluster.rank == topology.chief_rank
     else:
-        metrics = job.run(config)
+        if topology.num_processes > 1 or config.max_restarts:
+            preflight(config)
+        metrics = run_locally(config)
         is_chief = True
     if is_chief:
         print_summary(metrics, config.metrics_out)
@@ -182,7 +168,7 @@ def preflight(config: Any) -> None:
 
 
 def print_summary(metrics: dict[str, Any], metrics_out: str | None) -> None:
-    from paratrain.train.callbacks import console
+    from paratrain.console import console
 
     console.print(
         f"done: test_accuracy {metrics['test_accuracy']:.4f}, test_loss {metrics['test_loss']:.4f}, "

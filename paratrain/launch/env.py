@@ -32,7 +32,7 @@ def loopback_all_reduce() -> float:
 def check_gloo() -> tuple[bool, str]:
     """Whether a 2-process Gloo all-reduce on loopback works, and what happened."""
     from paratrain.errors import ParatrainError
-    from paratrain.launch.torchrun import launch
+    from paratrain.launch.local import launch
 
     started = time.perf_counter()
     try:
@@ -73,7 +73,7 @@ def environment(gloo_check: bool = True) -> list[tuple[str, str]]:
 def env_command(args: Any) -> int:
     from rich.table import Table
 
-    from paratrain.train.callbacks import console
+    from paratrain.console import console
 
     table = Table(title="paratrain env", show_header=True)
     table.add_column("what")

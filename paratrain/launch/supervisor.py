@@ -32,7 +32,7 @@ from typing import Any
 
 from paratrain.comm.transport import free_port
 from paratrain.errors import WorkerFailed, signal_name
-from paratrain.launch.torchrun import _entry, _exit, first_failure
+from paratrain.launch.process import exit_now, run_entry
 from paratrain.train.faults import read_progress
 
 
@@ -161,13 +161,13 @@ def _attempt(
 
 def _run(env: dict[str, str], result_path: str, fn: Callable[..., Any], args: tuple) -> None:
     os.environ.update(env)
-    result = _entry(fn, *args)
+    result = run_entry(fn, *args)
     with open(result_path, "wb") as handle:
         pickle.dump(result, handle)
     # Past this point the process has nothing left to do. Interpreter finalization could
     # still destroy a Gloo process group's C++ threads or pending works in an order that
     # aborts the process (std::terminate, SIGABRT) after a run that succeeded.
-    _exit(0)
+    exit_now(0)
 
 
 def _result(folder: Path, rank: int) -> Any:
@@ -195,3 +195,12 @@ def _message(folder: Path, rank: int, code: int) -> str:
     if code < 0:
         return f"killed by signal {-code}"
     return "no error recorded"
+
+
+def first_failure(failures: dict[int, tuple[int, float, str]], names: list[str]) -> WorkerFailed:
+    """The failure that explains the run, from ``{rank: (exit code, time, message)}``:
+    a bad-input or divergence exit first, else the earliest."""
+    known = [rank for rank, (code, _, _) in failures.items() if code in (2, 3)]
+    rank = min(known) if known else min(failures, key=lambda r: (failures[r][1], r))
+    code, _, message = failures[rank]
+    return WorkerFailed(rank, code, message, name=names[rank] if rank < len(names) else None)

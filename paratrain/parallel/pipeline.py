@@ -20,12 +20,12 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
 from paratrain.parallel.split import Bounds
 
-#: ``--schedule`` name -> torch.distributed.pipelining schedule class.
-SCHEDULES: dict[str, type] = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
+#: ``--schedule`` names -> torch.distributed.pipelining schedule classes (imported on use:
+#: torch.distributed.pipelining imports sympy, which takes seconds).
+SCHEDULES: dict[str, str] = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B"}
 
 _DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32, torch.uint8]
 _MAX_DIMS = 8
@@ -51,8 +51,11 @@ def make_schedule(
 
     The stage learns its input and output shapes at the first step (one exchange of
     shapes between neighbours), so no example batch is needed here."""
-    pipeline_stage = PipelineStage(module, stage, num_stages, device, group=group)
-    return SCHEDULES[name](pipeline_stage, n_microbatches=num_microbatches, loss_fn=loss_fn)
+    from torch.distributed import pipelining
+
+    pipeline_stage = pipelining.PipelineStage(module, stage, num_stages, device, group=group)
+    schedule = getattr(pipelining, SCHEDULES[name])
+    return schedule(pipeline_stage, n_microbatches=num_microbatches, loss_fn=loss_fn)
 
 
 def forward_only(

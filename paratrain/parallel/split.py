@@ -63,6 +63,10 @@ def time_costs(layers: Sequence[nn.Module], example: torch.Tensor, repeats: int 
     return costs
 
 
+#: How a split may balance the stages (``--balance``).
+BALANCES = ("params", "time")
+
+
 def layer_costs(layers: Sequence[nn.Module], balance: str, example: torch.Tensor | None = None) -> list[float]:
     if balance == "params":
         return parameter_costs(layers)

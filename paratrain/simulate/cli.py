@@ -332,7 +332,7 @@ def simulate_command(args: argparse.Namespace) -> int:
 def _print_table(rows: list[dict[str, Any]], compute_s: float) -> None:
     from rich.table import Table
 
-    from paratrain.train.callbacks import console
+    from paratrain.console import console
 
     table = Table(title=f"simulated: {compute_s * 1e3:.3g} ms compute per step")
     for name in ("strategy", "workers", "step ms", "examples/s", "scaling", "comm", "stale mean/max", "dropped"):
@@ -357,7 +357,7 @@ def _print_table(rows: list[dict[str, Any]], compute_s: float) -> None:
 
 
 def _print_training(result: dict[str, Any]) -> None:
-    from paratrain.train.callbacks import console
+    from paratrain.console import console
 
     for point in result["history"]:
         console.print(

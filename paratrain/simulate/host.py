@@ -180,7 +180,7 @@ class ParameterServerHost(HostRun):
         stale_policy: str = "none",
         max_staleness: int = 4,
     ):
-        from paratrain.strategies.ps_policies import StalePolicy
+        from paratrain.strategies.ps.policies import StalePolicy
 
         super().__init__(cluster, rng, steps, cluster.workers + backup)
         self.mode, self.record = mode, record

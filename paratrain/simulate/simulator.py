@@ -174,7 +174,7 @@ class AsyncPSModel:
         max_staleness: int = 4,
         **_: Any,
     ) -> Outcome:
-        from paratrain.strategies.ps_policies import StalePolicy
+        from paratrain.strategies.ps.policies import StalePolicy
 
         policy = StalePolicy(stale_policy, max_staleness)
         n = cluster.workers

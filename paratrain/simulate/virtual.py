@@ -8,7 +8,7 @@ version its worker pulled. So the accuracy of, say, ps-async with 64 workers and
 lognormal stragglers can be read against simulated wall time on a laptop.
 
 Data: one permutation of the training set per epoch (seeded), handed out b examples at
-a time in the order gradients are applied (dynamic sharding, as ps_worker.py does);
+a time in the order gradients are applied (dynamic sharding, as the parameter-server workers do);
 synchronous strategies drop the tail of an epoch that does not fill a whole round, as
 the real ones do, so virtual ps-sync equals one process with the global batch.
 Gradients that the server drops are not computed (they take no batch here).

@@ -20,11 +20,13 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from paratrain import timeline
-from paratrain.comm.codecs import Codec, CodecOptions, make_codec
+from paratrain.comm.codec_config import make_codec
+from paratrain.comm.codecs import Codec
 from paratrain.comm.hooks import CommHook, make_hook
 from paratrain.comm.transport import cluster_from_env, default_backend
 from paratrain.errors import ConfigError
 from paratrain.strategies.base import Strategy, resolve_device, staleness_summary
+from paratrain.strategies.topology import Topology
 
 if TYPE_CHECKING:
     from paratrain.config import TrainConfig
@@ -46,18 +48,13 @@ class AllReduceStrategy(Strategy):
         self.codec = make_codec(compression) if isinstance(compression, str) else compression
         self.hook: CommHook | None = None
         self._hook_state: dict[str, Any] | None = None  # loaded before prepare() made the hook
-        self._rank = 0
-        self._world_size = 1
         self._grad_bytes = 0
 
     @classmethod
     def from_config(cls, config: TrainConfig) -> AllReduceStrategy:
-        options = CodecOptions(
-            compression_ratio=config.compression_ratio,
-            powersgd_rank=config.powersgd_rank,
-            stochastic_rounding=config.stochastic_rounding,
+        return cls(
+            device=config.device, timeout=config.timeout, compression=make_codec(config.codec.compression, config.codec)
         )
-        return cls(device=config.device, timeout=config.timeout, compression=make_codec(config.compression, options))
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "compression": self.codec.name}
@@ -69,16 +66,9 @@ class AllReduceStrategy(Strategy):
         cluster = cluster_from_env()
         self.device = resolve_device(self.device_preference, cluster.local_rank if cluster else 0)
         self._join_group(default_backend(self.device))
-        self._rank, self._world_size = dist.get_rank(), dist.get_world_size()
+        self.process_rank = dist.get_rank()
+        self.topology = Topology(num_replicas=dist.get_world_size())
         super().setup()
-
-    @property
-    def rank(self) -> int:
-        return self._rank
-
-    @property
-    def num_replicas(self) -> int:
-        return self._world_size
 
     def prepare(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[nn.Module, torch.optim.Optimizer]:
         model, optimizer = super().prepare(model, optimizer)
@@ -115,7 +105,7 @@ class AllReduceStrategy(Strategy):
         # Each rank hands its whole gradient to the all-reduce every step; the
         # algorithm's own traffic (ring: 2(n-1)/n of it) is the backend's business.
         # A codec's hook counts what this rank handed to its collectives, exactly.
-        total_steps = self._steps * self._world_size
+        total_steps = self._steps * self.num_replicas
         if self.hook is None:
             bytes_sent = self._grad_bytes * total_steps
         else:

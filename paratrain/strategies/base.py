@@ -1,17 +1,18 @@
 """The Strategy protocol: what every training mode implements.
 
-A strategy owns everything that differs between modes of training, and nothing else:
+A strategy is three things, each with one job:
 
-- the process: joining a process group, this process's role and rank (``setup``,
-  ``role``, ``rank``, ``num_replicas``, ``is_chief``, ``teardown``);
-- the model: wrapping it and its optimizer (``prepare``, ``unwrap``) and one training
-  step (``train_step``), which is where modes really differ;
-- the data: which slice of every global batch this replica reads (``distribute``);
-- reductions for metrics (``all_reduce_sum``), accounting (``stats``), and state for
-  checkpoints (``state_dict``).
+- its *topology* (topology.py): who is who, from configuration alone (``topology_for``);
+- its *runtime*, this class: joining the run (``setup``, ``teardown``), wrapping the model
+  (``prepare``, ``unwrap``), one training step (``train_step``), which slice of each global
+  batch this replica reads (``distribute``), reductions for metrics (``all_reduce_sum``)
+  and accounting (``stats``, ``step_counters``);
+- its *state* (``state_dict``, ``load_state_dict``), which the checkpointer asks for; a
+  strategy never calls the checkpointer.
 
-The Trainer's loop calls only these, so a new mode is a new class in the STRATEGIES
-table, never a branch in the loop.
+Options a strategy alone takes live in its own config dataclass (``options``), composed
+into the run's TrainConfig. The Trainer's loop calls only these methods, so a new mode is
+a new class in the STRATEGIES table, never a branch in the loop.
 """
 
 from __future__ import annotations
@@ -30,10 +31,10 @@ from torch import nn
 from paratrain.comm.transport import destroy_process_group, ensure_process_group
 from paratrain.data.sharding import ShardedBatches
 from paratrain.errors import ConfigError, DivergedError, WorkerLost
+from paratrain.strategies.topology import Role, Topology
 from paratrain.timeline import span
 
 if TYPE_CHECKING:
-    from paratrain.comm.transport import ClusterEnv
     from paratrain.config import TrainConfig
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -41,14 +42,9 @@ LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 _CURRENT: ContextVar[Strategy | None] = ContextVar("paratrain_strategy", default=None)
 
 
-def get_strategy() -> Strategy:
-    """The strategy of the innermost ``with strategy.scope():``, else a single-device one."""
-    current = _CURRENT.get()
-    if current is None:
-        from paratrain.strategies.single import SingleDeviceStrategy
-
-        current = SingleDeviceStrategy()
-    return current
+def current_strategy() -> Strategy | None:
+    """The strategy of the innermost ``with strategy.scope():``, if any."""
+    return _CURRENT.get()
 
 
 @dataclass
@@ -87,127 +83,45 @@ class Strategy:
         self.device_preference = device
         self.timeout = timeout
         self.device = torch.device("cpu")
+        self.topology: Topology = Topology()
+        """Who is who in this run; set by ``setup`` from the process group."""
+        self.process_rank = 0
+        """This process's global rank in the run (0..num_processes-1)."""
         self._ready = False
         self._owns_group = False
-        self._steps = 0
+        self._steps = 0  # updates applied
+        self.steps_taken = 0
+        """Training steps this process took, skipped ones included: the step number of errors."""
         self.on_nan = "stop"
         """``"stop"``: a NaN or Inf loss ends the run (DivergedError, exit 3); ``"skip"``: an
         update whose gradient holds one is skipped and counted (``skipped_updates``)."""
         self.skipped_updates = 0
         self.wait_seconds = 0.0
         """Seconds this process spent blocked on other processes (parameter-server pulls)."""
+        self.on_version: Callable[[int], None] = _ignore
+        """Called with each parameter version this process publishes (a parameter-server
+        shard) or receives (a parameter-server worker): the Trainer points it at its
+        callbacks' ``on_version``, so checkpoints and fault drills can follow versions."""
 
-    # ----- configuration ---------------------------------------------------------------
-    #: Options that only parameter-server strategies take, with their neutral values.
-    PS_OPTIONS: ClassVar[dict[str, Any]] = {
-        "ps_shards": None,
-        "backup_workers": 0,
-        "staleness_bound": None,
-        "stale_policy": "none",
-        "warmup_steps": 0,
-        "pull_compression": "none",
-    }
+    # ----- configuration and topology ----------------------------------------------------
+    #: The config dataclass of the options only this strategy takes (None: none), a section
+    #: of the run's TrainConfig; other strategies refuse its options when they are changed.
+    options: ClassVar[type | None] = None
 
-    #: Options that only the pipeline strategy takes, with their neutral (default) values.
-    PIPELINE_OPTIONS: ClassVar[dict[str, Any]] = {
-        "stages": 2,
-        "microbatches": 4,
-        "schedule": "1f1b",
-        "balance": "params",
-        "split_points": None,
-    }
+    @classmethod
+    def topology_for(cls, config: TrainConfig) -> Topology:
+        """Who is who in a run of ``config``: one replica per worker by default."""
+        return Topology(num_replicas=config.workers)
 
     @classmethod
     def check_config(cls, config: TrainConfig) -> None:
-        """Raise ConfigError for settings this mode cannot run (called at validation)."""
-        for name, neutral in cls.PS_OPTIONS.items():
-            if getattr(config, name) != neutral:
-                flag = "--" + name.replace("_", "-")
-                raise ConfigError(f"{flag} applies to the ps-* strategies, not to --strategy {config.strategy}")
-        cls.check_pipeline_options(config)
-        cls.check_faults(config)
-
-    @classmethod
-    def check_pipeline_options(cls, config: TrainConfig) -> None:
-        for name, neutral in cls.PIPELINE_OPTIONS.items():
-            if getattr(config, name) != neutral:
-                flag = "--" + name.replace("_", "-")
-                raise ConfigError(f"{flag} applies to --strategy pipeline, not to --strategy {config.strategy}")
-
-    @classmethod
-    def check_faults(cls, config: TrainConfig) -> None:
-        """--fail and --straggler must name a worker that exists (0..workers-1), and
-        ``--fail ps:SHARD@VERSION`` a shard that exists."""
-        for flag, parsed in (
-            ("--fail", config.fail_at),
-            ("--hang", config.hang_at),
-            ("--straggler", config.straggler_factor),
-        ):
-            if parsed and parsed[0] >= config.num_worker_processes:
-                raise ConfigError(
-                    f"{flag} names worker {parsed[0]}, but the run has workers 0..{config.num_worker_processes - 1}"
-                )
-        if config.fail_shard_at:
-            shards = cls.num_shards_for(config)
-            if not shards:
-                raise ConfigError(
-                    f"--fail {config.fail} names a parameter-server shard; --strategy {config.strategy} has none "
-                    "(the ps-* strategies do): name a worker, WORKER@STEP"
-                )
-            if config.fail_shard_at[0] >= shards:
-                raise ConfigError(
-                    f"--fail {config.fail} names shard {config.fail_shard_at[0]}, but the run has shards 0..{shards - 1}"
-                )
-
-    @classmethod
-    def num_shards_for(cls, config: TrainConfig) -> int:
-        """Parameter-server shards this mode runs (none outside the ps-* strategies)."""
-        return 0
+        """ConfigError for settings this mode cannot run that no single option's own checks
+        can see (an option against the number of workers, say)."""
 
     @classmethod
     def check_model(cls, model: nn.Module, config: TrainConfig) -> None:
         """ConfigError if the mode cannot run this model as configured; called in the
         launching process before any worker starts."""
-
-    @classmethod
-    def chief_rank(cls, config: TrainConfig) -> int:
-        """The global rank of the chief (worker 0)."""
-        return 0
-
-    @classmethod
-    def rank_name(cls, rank: int, config: TrainConfig) -> str:
-        """How failure messages name a rank."""
-        return f"worker {rank}"
-
-    @classmethod
-    def expendable_ranks(cls, config: TrainConfig) -> frozenset[int]:
-        """Ranks whose death the run survives (the rest must all finish)."""
-        return frozenset()
-
-    @classmethod
-    def num_processes(cls, config: TrainConfig) -> int:
-        """Processes a local launch starts for ``config``."""
-        return config.workers
-
-    @classmethod
-    def num_replicas_for(cls, config: TrainConfig) -> int:
-        """Replicas that each read their own slice of the global batch."""
-        return config.workers
-
-    @classmethod
-    def check_cluster(cls, cluster: ClusterEnv, config: TrainConfig) -> None:
-        """Raise ConfigError when a cluster started elsewhere (torchrun, TF_CONFIG) does not fit."""
-        if cluster.num_ps:
-            raise ConfigError(
-                f"the cluster lists {cluster.num_ps} parameter-server tasks; strategy "
-                f"{config.strategy} has none (use a ps-* strategy, or drop the ps job)"
-            )
-        needed = cls.num_processes(config)
-        if cluster.world_size != needed:
-            raise ConfigError(
-                f"the cluster has {cluster.world_size} processes but --strategy {config.strategy} "
-                f"with --workers {config.workers} needs {needed}"
-            )
 
     @classmethod
     def from_config(cls, config: TrainConfig) -> Strategy:
@@ -229,23 +143,24 @@ class Strategy:
         self._ready = True
 
     @property
-    def role(self) -> str:
-        """``"worker"`` for processes that train; parameter-server shards say ``"ps"``."""
-        return "worker"
+    def role(self) -> Role:
+        """``Role.WORKER`` for processes that train; parameter-server shards are ``Role.PS``."""
+        return self.topology.role(self.process_rank)
 
     @property
     def rank(self) -> int:
-        """This replica's index among the replicas, 0..num_replicas-1."""
-        return 0
+        """This process's replica (the slice of each global batch it reads), 0..num_replicas-1;
+        on a parameter-server shard, its shard index. ``process_rank`` is the global rank."""
+        return self.topology.replica(self.process_rank)
 
     @property
     def num_replicas(self) -> int:
-        return 1
+        return self.topology.num_replicas
 
     @property
     def is_chief(self) -> bool:
-        """The chief (replica 0) prints, evaluates for the log, and writes files."""
-        return self.rank == 0
+        """The chief (worker 0) prints, evaluates for the log, and writes files."""
+        return self.process_rank == self.topology.chief_rank
 
     @contextlib.contextmanager
     def scope(self) -> Iterator[Strategy]:
@@ -296,16 +211,27 @@ class Strategy:
             loss = loss_fn(logits, targets)
         with span("backward"):  # under DDP: including the wait for the last bucket's all-reduce
             loss.backward()
-        if self.on_nan == "skip" and not finite_gradients(optimizer):
-            # Gradients are already averaged: every replica sees the same and skips alike.
-            self.skipped_updates += 1
-            if not finite_parameters(model):  # nothing left to skip back to
-                raise DivergedError(loss.item(), self._steps + self.skipped_updates)
+        self.steps_taken += 1
+        # Gradients are already averaged: every replica sees the same and skips alike.
+        if self.skip_nonfinite(model, loss, lambda: finite_gradients(optimizer)):
             return StepOutput(loss.detach(), logits.detach(), skipped=True)
         with span("optimizer"):
             optimizer.step()
         self._steps += 1
         return StepOutput(loss.detach(), logits.detach())
+
+    def skip_nonfinite(self, model: nn.Module, loss: torch.Tensor, finite: Callable[[], bool]) -> bool:
+        """The one path for a NaN or Inf gradient, in every strategy: with ``on_nan="skip"``,
+        whether ``finite()`` says this step's update must be skipped (counted in
+        ``skipped_updates``); DivergedError, naming this step, if the parameters themselves
+        are no longer finite (nothing left to skip back to). ``finite`` must give the same
+        answer on every process that applies the update."""
+        if self.on_nan != "skip" or finite():
+            return False
+        self.skipped_updates += 1
+        if not finite_parameters(model):
+            raise DivergedError(float(loss.detach().float().item()), self.steps_taken)
+        return True
 
     def diagnose(self, error: RuntimeError, step: int) -> Exception | None:
         """A clearer error for ``error``, raised by a collective at ``step``: on a timeout,
@@ -328,7 +254,7 @@ class Strategy:
         return WorkerLost(f"{names} did not answer within --timeout {self.timeout:g} s at step {step}")
 
     def describe_rank(self, global_rank: int) -> str:
-        return f"worker {global_rank}"
+        return self.topology.rank_name(global_rank)
 
     def forward(self, model: nn.Module, inputs: torch.Tensor) -> torch.Tensor | None:
         """Evaluation's forward pass on ``model`` (unwrapped): the logits, or None on a process
@@ -358,7 +284,8 @@ class Strategy:
         """End of training on this process (parameter-server workers report done)."""
 
     def serve(self) -> Any:
-        """On a process whose role is not ``worker``: serve until training ends."""
+        """On a process whose role is not ``worker``: serve until training ends, calling
+        ``on_version`` with each version published."""
         raise NotImplementedError(f"{self.name} has no serving role")
 
     @property
@@ -397,46 +324,25 @@ class Strategy:
         }
 
     def state_dict(self) -> dict[str, Any]:
+        """This process's state for a checkpoint (the checkpointer calls it)."""
         return {"name": self.name, "steps": self._steps, "skipped_updates": self.skipped_updates}
 
-    # ----- checkpoints (train/checkpoint.py) ------------------------------------------------
-    def _process_rank(self) -> int:
-        return dist.get_rank() if dist.is_initialized() else 0
-
-    def checkpoint_parts(self) -> list[str]:
-        """The parts of a complete checkpoint of this run: one per process by default."""
-        world = dist.get_world_size() if dist.is_initialized() else 1
-        return [f"rank-{r}" for r in range(world)]
-
-    def checkpoint_part(self) -> str | None:
-        """The part this process writes at each checkpoint step (its position, random
-        generators, strategy state); None where it writes none at steps."""
-        return f"rank-{self._process_rank()}"
-
-    def model_part(self) -> str | None:
-        """The part holding this process's model and optimizer: replicas are identical, so
-        rank 0's by default; None where the model lives elsewhere (parameter servers)."""
-        return "rank-0"
-
-    def attach_checkpoint(self, checkpoint: Any, state: dict[str, Any] | None) -> None:
-        """On a serving process: save through ``checkpoint`` while serving, starting from
-        ``state`` (its part of the checkpoint resumed from, or None)."""
-        raise NotImplementedError(f"{self.name} has no serving role")
-
-    def on_checkpoint(self, checkpoint: Any) -> None:
-        """On every process of a run with checkpoints, before training: a mode that keeps
-        state of its own outside the checkpoint steps may save it through ``checkpoint``."""
-
-    def resume_trainer(self, trainer: Any, folder: Any) -> None:
-        """On a process whose checkpoint state lives elsewhere: put ``trainer`` where the
-        run resumes (from the checkpoint folder ``folder``)."""
-        raise NotImplementedError(f"{self.name} keeps its state in its own checkpoint part")
+    def resume_position(self) -> dict[str, int] | None:
+        """Where the loop goes on (``global_step``, ``epoch``) after a resume, on a process whose
+        checkpoint state lives elsewhere (a parameter-server worker: the shards hold it); None
+        where the process's own part says it."""
+        return None
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("name") != self.name:
             raise ConfigError(f"checkpoint was written by strategy {state.get('name')!r}, this run uses {self.name!r}")
         self._steps = int(state["steps"])
         self.skipped_updates = int(state.get("skipped_updates", 0))
+        self.steps_taken = self._steps + self.skipped_updates
+
+
+def _ignore(version: int) -> None:
+    pass
 
 
 def finite_parameters(model: nn.Module) -> bool:

@@ -16,6 +16,7 @@ replica once: the last stage speaks for its replica, the others add zeros. The c
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -23,9 +24,11 @@ import torch.distributed as dist
 from torch import nn
 
 from paratrain.comm.transport import cluster_from_env, default_backend
-from paratrain.errors import ConfigError, DivergedError
+from paratrain.errors import ConfigError
+from paratrain.options import at_least, check_options, option
 from paratrain.parallel.pipeline import SCHEDULES, forward_only, make_schedule, stage_module
 from paratrain.parallel.split import (
+    BALANCES,
     balanced_bounds,
     bounds_from_split_points,
     check_num_parts,
@@ -33,22 +36,66 @@ from paratrain.parallel.split import (
     parse_split_points,
     sequential_layers,
 )
-from paratrain.strategies.base import (
-    LossFn,
-    StepOutput,
-    Strategy,
-    finite_gradients,
-    finite_parameters,
-    resolve_device,
-    staleness_summary,
-)
+from paratrain.strategies.base import LossFn, StepOutput, Strategy, finite_gradients, resolve_device, staleness_summary
+from paratrain.strategies.topology import Topology
 
 if TYPE_CHECKING:
     from paratrain.config import TrainConfig
 
 
+@dataclass
+class PipelineConfig:
+    """Options of ``--strategy pipeline``."""
+
+    stages: int = option(2, "pipeline: stages the model is split into, one process each")
+    microbatches: int = option(4, "pipeline: micro-batches per batch (--batch-size must be a multiple)")
+    schedule: str = option("1f1b", "pipeline: micro-batch schedule", choices=tuple(SCHEDULES))
+    balance: str = option(
+        "params", "pipeline: balance stages by parameter count or by measured time per layer", choices=BALANCES
+    )
+    split_points: str | None = option(
+        None, "pipeline: layer indices where stages start, e.g. 3,7 (instead of --balance)"
+    )
+
+    def __post_init__(self) -> None:
+        check_options(self)
+        at_least("stages", self.stages, 1)
+        at_least("microbatches", self.microbatches, 1)
+
+
+@dataclass(frozen=True)
+class PipelineTopology(Topology):
+    """``num_replicas`` pipeline replicas of ``num_stages`` processes; global rank
+    ``replica * num_stages + stage``. The chief is the last stage of replica 0 (it holds
+    the loss and the logits). Every process writes its own checkpoint part, model included."""
+
+    num_stages: int = 2
+
+    @property
+    def num_processes(self) -> int:
+        return self.num_replicas * self.num_stages
+
+    @property
+    def chief_rank(self) -> int:
+        return self.num_stages - 1
+
+    def replica(self, rank: int) -> int:
+        return rank // self.num_stages
+
+    def stage(self, rank: int) -> int:
+        return rank % self.num_stages
+
+    def rank_name(self, rank: int) -> str:
+        replica, stage = divmod(rank, self.num_stages)
+        return f"stage {stage} of replica {replica}" if self.num_replicas > 1 else f"stage {stage}"
+
+    def model_part(self, rank: int) -> str | None:
+        return self.checkpoint_part(rank)
+
+
 class PipelineStrategy(Strategy):
     name = "pipeline"
+    options = PipelineConfig
 
     def __init__(
         self,
@@ -63,7 +110,7 @@ class PipelineStrategy(Strategy):
         super().__init__(device=device, timeout=timeout)
         if schedule not in SCHEDULES:
             raise ConfigError(f"--schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
-        if balance not in ("params", "time"):
+        if balance not in BALANCES:
             raise ConfigError(f"--balance must be params or time, got {balance!r}")
         if schedule == "1f1b" and num_microbatches < num_stages:
             # PyTorch's Schedule1F1B needs its warm-up of num_stages micro-batches.
@@ -72,7 +119,6 @@ class PipelineStrategy(Strategy):
             )
         self.num_stages, self.num_microbatches = num_stages, num_microbatches
         self.schedule_name, self.balance, self.split_points = schedule, balance, split_points
-        self._global_rank, self._world_size = 0, 1
         self._stage_group: Any = None  # this stage across replicas: gradients are averaged here
         self._pipeline_group: Any = None  # the stages of this replica: activations flow here
         self.bounds: list[tuple[int, int]] | None = None
@@ -86,10 +132,16 @@ class PipelineStrategy(Strategy):
 
     # ----- configuration ---------------------------------------------------------------
     @classmethod
+    def topology_for(cls, config: TrainConfig) -> PipelineTopology:
+        """``--workers`` counts processes; the default 1 means one pipeline."""
+        stages = config.pipeline.stages
+        processes = config.workers if config.workers > 1 else stages
+        return PipelineTopology(num_replicas=processes // stages, num_stages=stages)
+
+    @classmethod
     def check_config(cls, config: TrainConfig) -> None:
-        cls.check_ps_options(config)
-        cls.check_faults(config)
-        stages, workers = config.stages, config.workers
+        options, workers = config.pipeline, config.workers
+        stages = options.stages
         if stages < 2:
             raise ConfigError(f"--strategy pipeline needs --stages S >= 2, got {stages}")
         if workers > 1 and workers % stages:
@@ -97,66 +149,44 @@ class PipelineStrategy(Strategy):
                 f"--workers {workers} is not a multiple of --stages {stages}: the run has workers / stages "
                 f"pipeline replicas of {stages} processes each (e.g. --workers {2 * stages})"
             )
-        if config.batch_size % config.microbatches:
+        if config.batch_size % options.microbatches:
             raise ConfigError(
-                f"--batch-size {config.batch_size} must be a multiple of --microbatches {config.microbatches} "
+                f"--batch-size {config.batch_size} must be a multiple of --microbatches {options.microbatches} "
                 "(every micro-batch has the same size)"
             )
-        if config.schedule == "1f1b" and config.microbatches < stages:
+        if options.schedule == "1f1b" and options.microbatches < stages:
             raise ConfigError(
-                f"--schedule 1f1b needs --microbatches >= --stages ({config.microbatches} < {stages}); "
+                f"--schedule 1f1b needs --microbatches >= --stages ({options.microbatches} < {stages}); "
                 "use more micro-batches or --schedule gpipe"
             )
-        if config.split_points is not None:
-            points = parse_split_points(config.split_points)
+        if options.split_points is not None:
+            points = parse_split_points(options.split_points)
             if len(points) != stages - 1:
                 raise ConfigError(
-                    f"--split-points {config.split_points} makes {len(points) + 1} stages, but --stages is {stages}"
+                    f"--split-points {options.split_points} makes {len(points) + 1} stages, but --stages is {stages}"
                 )
-        if config.balance == "time" and config.split_points is not None:
+        if options.balance == "time" and options.split_points is not None:
             raise ConfigError("--balance time and --split-points both choose the split; give one of them")
 
     @classmethod
     def check_model(cls, model: nn.Module, config: TrainConfig) -> None:
         """The split must give every stage a layer: said before the stages start."""
         num_layers = len(sequential_layers(model))
-        check_num_parts(num_layers, config.stages)
-        if config.split_points is not None:
-            bounds_from_split_points(parse_split_points(config.split_points), num_layers, config.stages)
-
-    @classmethod
-    def check_ps_options(cls, config: TrainConfig) -> None:
-        for name, neutral in cls.PS_OPTIONS.items():
-            if getattr(config, name) != neutral:
-                raise ConfigError(
-                    f"--{name.replace('_', '-')} applies to the ps-* strategies, not to --strategy pipeline"
-                )
-
-    @classmethod
-    def num_processes(cls, config: TrainConfig) -> int:
-        return config.workers if config.workers > 1 else config.stages
-
-    @classmethod
-    def num_replicas_for(cls, config: TrainConfig) -> int:
-        return cls.num_processes(config) // config.stages
-
-    @classmethod
-    def chief_rank(cls, config: TrainConfig) -> int:
-        return config.stages - 1  # the last stage of replica 0: it holds the loss and logits
-
-    @classmethod
-    def rank_name(cls, rank: int, config: TrainConfig) -> str:
-        replica, stage = divmod(rank, config.stages)
-        return f"stage {stage} of replica {replica}" if cls.num_processes(config) > config.stages else f"stage {stage}"
+        check_num_parts(num_layers, config.pipeline.stages)
+        if config.pipeline.split_points is not None:
+            bounds_from_split_points(
+                parse_split_points(config.pipeline.split_points), num_layers, config.pipeline.stages
+            )
 
     @classmethod
     def from_config(cls, config: TrainConfig) -> PipelineStrategy:
-        points = parse_split_points(config.split_points) if config.split_points else None
+        options = config.pipeline
+        points = parse_split_points(options.split_points) if options.split_points else None
         return cls(
-            num_stages=config.stages,
-            num_microbatches=config.microbatches,
-            schedule=config.schedule,
-            balance=config.balance,
+            num_stages=options.stages,
+            num_microbatches=options.microbatches,
+            schedule=options.schedule,
+            balance=options.balance,
             split_points=points,
             device=config.device,
             timeout=config.timeout,
@@ -165,7 +195,7 @@ class PipelineStrategy(Strategy):
     def describe(self) -> dict[str, Any]:
         return {
             **super().describe(),
-            "workers": self._world_size,  # processes, as --workers counts them
+            "workers": self.topology.num_processes,  # processes, as --workers counts them
             "replicas": self.num_replicas,
             "stages": self.num_stages,
             "microbatches": self.num_microbatches,
@@ -180,11 +210,13 @@ class PipelineStrategy(Strategy):
         cluster = cluster_from_env()
         self.device = resolve_device(self.device_preference, cluster.local_rank if cluster else 0)
         self._join_group(default_backend(self.device))
-        self._global_rank, self._world_size = dist.get_rank(), dist.get_world_size()
-        if self._world_size % self.num_stages:
-            raise ConfigError(f"the run has {self._world_size} processes, not a multiple of --stages {self.num_stages}")
+        world = dist.get_world_size()
+        if world % self.num_stages:
+            raise ConfigError(f"the run has {world} processes, not a multiple of --stages {self.num_stages}")
+        self.process_rank = dist.get_rank()
+        self.topology = PipelineTopology(num_replicas=world // self.num_stages, num_stages=self.num_stages)
         # Every rank creates every group, in the same order (new_group is collective).
-        replicas, stages = self._world_size // self.num_stages, self.num_stages
+        replicas, stages = self.topology.num_replicas, self.num_stages
         for replica in range(replicas):
             group = dist.new_group([replica * stages + s for s in range(stages)])
             if replica == self.rank:
@@ -196,25 +228,12 @@ class PipelineStrategy(Strategy):
         super().setup()
 
     @property
-    def rank(self) -> int:
-        """This pipeline replica's index (every stage of a replica reads the same batches)."""
-        return self._global_rank // self.num_stages
-
-    @property
     def stage(self) -> int:
-        return self._global_rank % self.num_stages
+        return self.topology.stage(self.process_rank)
 
     @property
     def is_last_stage(self) -> bool:
         return self.stage == self.num_stages - 1
-
-    @property
-    def num_replicas(self) -> int:
-        return self._world_size // self.num_stages
-
-    @property
-    def is_chief(self) -> bool:
-        return self.rank == 0 and self.is_last_stage
 
     @property
     def evaluates(self) -> bool:
@@ -258,7 +277,7 @@ class PipelineStrategy(Strategy):
         if self.balance == "params":
             return balanced_bounds(layer_costs(layers, "params"), self.num_stages)
         edges = torch.zeros(self.num_stages + 1, dtype=torch.int64)
-        if self._global_rank == 0:
+        if self.process_rank == 0:
             micro = example[: max(1, len(example) // self.num_microbatches)].to(self.device)
             costs = layer_costs([layer.to(self.device) for layer in layers], "time", micro)
             bounds = balanced_bounds(costs, self.num_stages)
@@ -313,12 +332,12 @@ class PipelineStrategy(Strategy):
         self._bytes_sent += self.num_microbatches * self._microbatch_bytes
         if self.num_replicas > 1:
             self._average_gradients()
-        skip = self.on_nan == "skip" and self._nonfinite_anywhere(optimizer)
-        if skip:
-            self.skipped_updates += 1
-            if not finite_parameters(self._module):  # nothing left to skip back to
-                raise DivergedError(float("nan"), self._steps + self.skipped_updates)
-        else:
+        self.steps_taken += 1
+        # Each stage sees only its own gradients: the processes agree in one all-reduce.
+        skip = self.skip_nonfinite(
+            self._module, torch.tensor(float("nan")), lambda: not self._nonfinite_anywhere(optimizer)
+        )
+        if not skip:
             optimizer.step()
             self._steps += 1
         if self.is_last_stage:
@@ -399,14 +418,6 @@ class PipelineStrategy(Strategy):
             "dropped_gradients": 0,
             "staleness": staleness_summary({0: total_steps}),
         }
-
-    def describe_rank(self, global_rank: int) -> str:
-        replica, stage = divmod(global_rank, self.num_stages)
-        return f"stage {stage} of replica {replica}"
-
-    def model_part(self) -> str | None:
-        """Every stage holds its own layers: each process's part carries its model."""
-        return self.checkpoint_part()
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "stage": self.stage, "bounds": [list(b) for b in self.bounds or []]}

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from paratrain.errors import ConfigError
-from paratrain.strategies.base import Strategy, resolve_device
+from paratrain.strategies.base import Strategy, current_strategy, resolve_device
 
 if TYPE_CHECKING:
     from paratrain.config import TrainConfig
@@ -16,7 +16,6 @@ class SingleDeviceStrategy(Strategy):
 
     @classmethod
     def check_config(cls, config: TrainConfig) -> None:
-        super().check_config(config)
         if config.workers != 1:
             raise ConfigError(
                 f"--strategy single trains one replica, got --workers {config.workers}; "
@@ -27,3 +26,8 @@ class SingleDeviceStrategy(Strategy):
         if not self._ready:
             self.device = resolve_device(self.device_preference)
         super().setup()
+
+
+def get_strategy() -> Strategy:
+    """The strategy of the innermost ``with strategy.scope():``, else a single-device one."""
+    return current_strategy() or SingleDeviceStrategy()

@@ -2,7 +2,8 @@
 
 The loop calls, in order: ``on_train_begin``, then per epoch ``on_epoch_begin``, per
 step ``on_batch_begin`` and ``on_batch_end``, then ``on_epoch_end``; finally
-``on_train_end``. ``self.trainer`` is set before the first call. Callbacks that print
+``on_train_end``. Parameter-server runs add ``on_version``; a shard's process gets
+``on_serve_begin``, ``on_version`` per version, and ``on_serve_end`` instead. ``self.trainer`` is set before the first call. Callbacks that print
 do so on the chief only.
 """
 
@@ -11,13 +12,12 @@ from __future__ import annotations
 import time
 from typing import TYPE_CHECKING, Any
 
-from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+from paratrain.console import console
 
 if TYPE_CHECKING:
     from paratrain.train.trainer import Trainer
-
-console = Console(highlight=False, soft_wrap=True)
 
 
 class Callback:
@@ -29,9 +29,14 @@ class Callback:
     def on_batch_end(self, step: int, logs: dict[str, Any]) -> None: ...
     def on_epoch_end(self, epoch: int, logs: dict[str, Any]) -> None: ...
     def on_train_end(self, logs: dict[str, Any]) -> None: ...
-    def on_serve(self, strategy: Any) -> None:
-        """Instead of all the above, on a process that serves rather than trains (a
-        parameter-server shard), before it serves."""
+    def on_version(self, version: int) -> None:
+        """A parameter version was published (on a parameter-server shard) or received (on a
+        parameter-server worker)."""
+
+    # Instead of the training hooks, on a process that serves rather than trains (a
+    # parameter-server shard): before it serves, and once serving has ended.
+    def on_serve_begin(self, logs: dict[str, Any]) -> None: ...
+    def on_serve_end(self, logs: dict[str, Any]) -> None: ...
 
 
 class CallbackList:

@@ -11,11 +11,15 @@ renamed over its final name, so a crash leaves the file whole or absent; the fol
 synced after the rename. A part holds tensors and plain values only: it is read with
 ``torch.load(weights_only=True)``, which never runs code from the file.
 
-What each process saves is its strategy's business (``Strategy.checkpoint_part``,
-``model_part``, ``state_dict``): under allreduce every rank saves its position, random
+Which part each process writes is its strategy's topology's business
+(``Topology.checkpoint_part``, ``model_part``); what goes in it is the strategy's
+``state_dict`` and the Trainer's: under allreduce every rank saves its position, random
 generators and codec residuals, and rank 0 alone the (identical) model and optimizer;
 each pipeline stage saves its own stage; each parameter-server shard saves its slice of
-the parameters, its optimizer, its version and where the epoch's batches stand.
+the parameters, its optimizer, its version and where the epoch's batches stand, at each
+version it publishes (``on_version``), and a parameter-server worker whose codec keeps
+state writes that beside the parts (``worker-<i>.pt``, outside the manifest). The
+Checkpoint callback calls the strategy; the strategy never calls the checkpointer.
 """
 
 from __future__ import annotations
@@ -35,9 +39,10 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from paratrain.console import console
 from paratrain.errors import ConfigError
 from paratrain.timeline import span
-from paratrain.train.callbacks import Callback, console
+from paratrain.train.callbacks import Callback
 
 if TYPE_CHECKING:
     from paratrain.strategies.base import Strategy
@@ -250,7 +255,7 @@ def run_signature(strategy: Strategy, model_name: str) -> dict[str, Any]:
         "workers": describe["workers"],
         "ps_shards": describe["ps_shards"],
         "compression": describe["compression"],
-        "part_names": strategy.checkpoint_parts(),
+        "part_names": strategy.topology.checkpoint_parts(),
     }
 
 
@@ -294,8 +299,10 @@ class Checkpoint(Callback):
         self.timeout = timeout
         self.restored_step: int | None = None
         """The step of the checkpoint this run resumed from (None: it started afresh)."""
-        self._last_saved = -1
+        self._last_saved = -1  # the step (a parameter-server run: the version) saved last
         self._committing: threading.Thread | None = None
+        self._signature: dict[str, Any] = {}
+        self._own_state: bool | None = None  # a parameter-server worker keeps state of its own
 
     @property
     def strategy(self) -> Strategy:
@@ -308,11 +315,19 @@ class Checkpoint(Callback):
     def _timeout(self) -> float:
         return self.timeout if self.timeout is not None else self.strategy.timeout
 
+    @property
+    def _part(self) -> str | None:
+        """The part this process writes (None: a parameter-server worker)."""
+        return self.strategy.topology.checkpoint_part(self.strategy.process_rank)
+
+    @property
+    def _model_part(self) -> str | None:
+        return self.strategy.topology.model_part(self.strategy.process_rank)
+
     # ----- the loop's hooks ---------------------------------------------------------------
     def on_train_begin(self, logs: dict[str, Any]) -> None:
         if self.strategy.is_chief:
             self.store._makedirs(self.store.root)
-        self.strategy.on_checkpoint(self)
         if self.resume:
             self.restore()
 
@@ -322,63 +337,110 @@ class Checkpoint(Callback):
 
     def on_train_end(self, logs: dict[str, Any]) -> None:
         self.save(self.trainer.global_step)
+        if self._part is None:  # a parameter-server worker: its state as of the final version
+            self._save_beside(None, final=True)
 
-    def on_serve(self, strategy: Strategy) -> None:
-        """On a process that serves instead of training (a parameter-server shard): it
-        saves its own state at its own pace through ``save_part``; with ``resume`` it
-        first gets its part of the newest complete checkpoint."""
+    # ----- a process that serves (a parameter-server shard) -----------------------------------
+    def on_serve_begin(self, logs: dict[str, Any]) -> None:
+        """Before serving: with ``resume``, load this shard's part of the newest complete
+        checkpoint. The shard then saves its part every ``every_steps`` versions."""
         self._signature = self.signature()
-        state = None
         folder = self.store.latest() if self.resume else None
         if folder is not None:
             manifest = CheckpointStore.read_manifest(folder)
             check_signature(folder, manifest, self._signature)
-            state = CheckpointStore.read_part(folder, strategy.checkpoint_part(), manifest)
+            self.strategy.load_state_dict(CheckpointStore.read_part(folder, self._part, manifest))
             self.restored_step = int(manifest["step"])
-        strategy.attach_checkpoint(self, state)
+            self._last_saved = self.restored_step
 
-    # ----- saving and restoring -----------------------------------------------------------------
-    def save(self, step: int) -> None:
-        """Write this process's part of step ``step``; on the chief, commit the checkpoint."""
-        part = self.strategy.checkpoint_part()
-        if part is None or step == self._last_saved:
-            return
-        trainer = self.trainer
-        trainer.check_finite()  # never save a model that has diverged
-        state: dict[str, Any] = {"trainer": trainer.state_dict(), "strategy": self.strategy.state_dict()}
-        if self.strategy.model_part() == part:
-            state["model"] = trainer.module.state_dict()
-            state["optimizer"] = trainer.optimizer.state_dict()
-        self.store.write_part(step, part, state)
-        self._last_saved = step
-        if self.strategy.is_chief:
-            self.store.commit(step, self.strategy.checkpoint_parts(), self.signature(), self._timeout())
+    def on_version(self, version: int) -> None:
+        """A shard published ``version`` (its state is that version's), or a worker received it."""
+        if self._part is not None and version % self.every_steps == 0:
+            self._save_served(self.strategy.state_dict())
+        elif self._part is None:
+            self._save_beside(version)
 
-    def save_part(self, step: int, part: str, state: dict[str, Any], commit: bool) -> None:
-        """For processes that save at their own pace (parameter-server shards): write
-        ``part`` of ``step``; with ``commit``, a background thread commits the checkpoint
-        once the other parts are there, so serving goes on meanwhile."""
-        self.store.write_part(step, part, state)
-        if commit:
+    def on_serve_end(self, logs: dict[str, Any]) -> None:
+        """The end of training on a shard: save the final version, finish the last commit."""
+        state = self.strategy.state_dict()
+        if state["version"] != self._last_saved:
+            self._save_served(state)
+        if self._committing is not None:
+            self._committing.join(60.0)
+            self._committing = None
+
+    def _save_served(self, state: dict[str, Any]) -> None:
+        """Write this shard's part of the version ``state`` holds; shard 0 commits the
+        checkpoint from a background thread once the other shards' parts are there, so
+        serving goes on."""
+        version = state["version"]
+        self.store.write_part(version, self._part, state)
+        self._last_saved = version
+        if self.strategy.rank == 0:
             if self._committing is not None:
                 self._committing.join()
-            signature = dict(self._signature)
             self._committing = threading.Thread(
-                target=self._commit_quietly, args=(step, signature), name="checkpoint-commit", daemon=True
+                target=self._commit_quietly,
+                args=(version, dict(self._signature)),
+                name="checkpoint-commit",
+                daemon=True,
             )
             self._committing.start()
-
-    def finish_saving(self, timeout: float = 60.0) -> None:
-        """Wait for a background commit (a serving process, before it exits)."""
-        if self._committing is not None:
-            self._committing.join(timeout)
-            self._committing = None
 
     def _commit_quietly(self, step: int, signature: dict[str, Any]) -> None:
         try:
             self.store.commit(step, signature["part_names"], signature, self._timeout())
         except (RuntimeError, ConfigError) as error:  # the previous checkpoint stays the newest
             console.print(f"paratrain: {error}", style="red")
+
+    def _save_beside(self, version: int | None, final: bool = False) -> None:
+        """A parameter-server worker's own state (its codec's), written beside each checkpoint
+        the shards have written since it last saved (every ``every_steps`` versions, and the
+        final one): in ps-sync exactly the state of that version; in ps-async and ps-backup
+        that of the first version after it that this worker saw. Outside the manifest: a
+        checkpoint without it resumes with that state empty, and says so."""
+        if not self._keeps_own_state:
+            return
+        if version is None:  # the end: the version of the state as it is now
+            version = self.strategy.state_dict()["version"]
+        every, saved = self.every_steps, max(self._last_saved, 0)
+        marks = list(range((saved // every + 1) * every, version + 1, every))
+        if final and version > saved and version not in marks:
+            marks.append(version)
+        if not marks:
+            return
+        state = self.strategy.state_dict()
+        for mark in marks:
+            self.store.write_part(mark, self._beside_name, state)
+        self._last_saved = version
+
+    @property
+    def _keeps_own_state(self) -> bool:
+        """Whether this parameter-server worker keeps state of its own (a codec with state)."""
+        if self._own_state is None:
+            self._own_state = bool(self.strategy.state_dict())
+        return self._own_state
+
+    @property
+    def _beside_name(self) -> str:
+        return f"worker-{self.strategy.rank}"
+
+    # ----- saving and restoring -----------------------------------------------------------------
+    def save(self, step: int) -> None:
+        """Write this process's part of step ``step``; on the chief, commit the checkpoint."""
+        part = self._part
+        if part is None or step == self._last_saved:
+            return
+        trainer = self.trainer
+        trainer.check_finite()  # never save a model that has diverged
+        state: dict[str, Any] = {"trainer": trainer.state_dict(), "strategy": self.strategy.state_dict()}
+        if self._model_part == part:
+            state["model"] = trainer.module.state_dict()
+            state["optimizer"] = trainer.optimizer.state_dict()
+        self.store.write_part(step, part, state)
+        self._last_saved = step
+        if self.strategy.is_chief:
+            self.store.commit(step, self.strategy.topology.checkpoint_parts(), self.signature(), self._timeout())
 
     def restore(self) -> None:
         """Load the newest complete checkpoint into this process (nothing if there is none)."""
@@ -389,7 +451,7 @@ class Checkpoint(Callback):
             return
         manifest = CheckpointStore.read_manifest(folder)
         check_signature(folder, manifest, self.signature())
-        part, model_part = self.strategy.checkpoint_part(), self.strategy.model_part()
+        part, model_part = self._part, self._model_part
         device = self.strategy.device
         own = CheckpointStore.read_part(folder, part, manifest, map_location=device) if part is not None else None
         if model_part is not None:
@@ -403,12 +465,28 @@ class Checkpoint(Callback):
             self.strategy.load_state_dict(own["strategy"])
             self.trainer.load_state_dict(own["trainer"])
         else:  # the state is the servers' (parameter-server workers): they say where to go on
-            self.strategy.resume_trainer(self.trainer, folder)
+            self._resume_elsewhere(folder)
         self.restored_step = int(manifest["step"])
         self._last_saved = self.restored_step
         if self.strategy.is_chief:
             self.store.clear_after(self.restored_step)
             console.print(f"paratrain: resumed from {folder} (step {self.restored_step})")
+
+    def _resume_elsewhere(self, folder: Path) -> None:
+        """A process whose state another holds (a parameter-server worker: the shards) goes
+        on where the strategy says; its own state, if it keeps any, is in its file beside."""
+        position = self.strategy.resume_position()
+        self.trainer.global_step, self.trainer.epoch = position["global_step"], position["epoch"]
+        if not self._keeps_own_state:
+            return
+        state = CheckpointStore.read_extra(folder, self._beside_name, map_location="cpu")
+        if state is None:
+            console.print(
+                f"paratrain: worker {self.strategy.rank}: {folder} holds no {self._beside_name}.pt; "
+                f"its {self.strategy.codec.name} state starts empty"
+            )
+        else:
+            self.strategy.load_state_dict(state)
 
     def _load_model(self, folder: Path, state: dict[str, Any]) -> None:
         if "model" not in state:

@@ -20,6 +20,7 @@ from paratrain.config import TrainConfig
 from paratrain.data.datasets import load_dataset
 from paratrain.models import build_model
 from paratrain.registry import OPTIMIZERS, SCHEDULES, STRATEGIES
+from paratrain.strategies.topology import Role
 from paratrain.train.callbacks import Callback, EarlyStopping, LearningRateScheduler
 from paratrain.train.checkpoint import Checkpoint
 from paratrain.train.faults import fault_callbacks, restart_count
@@ -81,7 +82,7 @@ def _run(config: TrainConfig, strategy: Any, started: float) -> dict[str, Any]:
         callbacks.append(tensorboard)
     if config.timeline:
         callbacks.append(TimelineSpans())
-    with timeline.span("serve") if strategy.role == "ps" else contextlib.nullcontext():
+    with timeline.span("serve") if strategy.role is Role.PS else contextlib.nullcontext():
         history = trainer.fit(
             splits.train,
             epochs=config.epochs,
@@ -92,8 +93,8 @@ def _run(config: TrainConfig, strategy: Any, started: float) -> dict[str, Any]:
             verbose=1 if config.progress else 0,
             log_every=config.log_every,
         )
-    if strategy.role != "worker":
-        return {"role": strategy.role, "rank": strategy.rank}
+    if strategy.role is not Role.WORKER:
+        return {"role": strategy.role.value, "rank": strategy.rank}
     # The final model, after every process's updates (asynchronous ones too).
     final = trainer.evaluate(splits.test)
     stats = strategy.stats()  # on every worker: it may reduce across them
@@ -111,7 +112,7 @@ def _run(config: TrainConfig, strategy: Any, started: float) -> dict[str, Any]:
         strategy.describe(),
         stats,
         {
-            # beyond the DESIGN's keys: the communication cost of one global step
+            # beyond the contract's keys (docs/architecture.md): the communication cost of one global step
             "bytes_per_step": stats["bytes_sent"] / global_steps if global_steps else 0.0,
             "model": config.model,
             "dataset": config.dataset,

@@ -18,10 +18,13 @@ import numpy as np
 import torch
 from torch import nn
 
+from paratrain.console import console
 from paratrain.errors import ConfigError
-from paratrain.strategies.base import Strategy, get_strategy
+from paratrain.strategies.base import Strategy
+from paratrain.strategies.single import get_strategy
+from paratrain.strategies.topology import Role
 from paratrain.timeline import span
-from paratrain.train.callbacks import Callback, CallbackList, EpochLog, ProgressBar, StepLog, console
+from paratrain.train.callbacks import Callback, CallbackList, EpochLog, ProgressBar, StepLog
 from paratrain.train.metrics import StepWindow
 
 
@@ -137,10 +140,13 @@ class Trainer:
         this many steps (0: once per epoch). Divergence is detected at these points.
         """
         strategy = self.strategy
-        if strategy.role == "ps":
+        if strategy.role is Role.PS:
             # A parameter-server shard serves until training ends, like `server.join()`.
-            CallbackList(list(callbacks), self).on_serve(strategy)
+            hooks = CallbackList(list(callbacks), self)
+            hooks.on_serve_begin({})
+            strategy.on_version = hooks.on_version
             strategy.serve()
+            hooks.on_serve_end({})
             return History()
         batches = strategy.distribute(train_data, batch_size, shuffle=True, drop_last=True, seed=seed)
         global_batch = batch_size * strategy.num_replicas
@@ -148,6 +154,7 @@ class Trainer:
         if verbose and log_every:
             defaults.append(StepLog())
         hooks = CallbackList(list(callbacks) + defaults, self)
+        strategy.on_version = hooks.on_version
         self.stop_training = False
         start = time.perf_counter()
         # A callback may restore a checkpoint here: the loop goes on from the position it set.

@@ -11,7 +11,8 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 import paratrain
-from paratrain.comm.codecs import CodecOptions, Int8Codec, TopKCodec, make_codec
+from paratrain.comm.codec_config import CodecOptions, make_codec
+from paratrain.comm.codecs import Int8Codec, TopKCodec
 from paratrain.comm.error_feedback import ErrorFeedback
 from paratrain.comm.hooks import make_hook
 from paratrain.comm.transport import destroy_process_group, ensure_process_group
@@ -317,7 +318,7 @@ PS_RECIPE = {**RECIPE, "strategy": "ps-sync"}
 
 
 def _train_ps_every_codec(names):
-    from paratrain.strategies.ps_worker import ParameterServerStrategy  # noqa: F401
+    from paratrain.strategies.ps import ParameterServerStrategy  # noqa: F401
 
     ensure_process_group("gloo", 60)
     results = {}
@@ -356,7 +357,7 @@ def test_every_codec_on_ps_sync_reaches_the_uncompressed_accuracy():
 def _ps_resume_codec_state(directory):
     """A ps-sync run with top-k and checkpoints, then a second that resumes it: what each
     worker's codec held right after resuming, and what its file said."""
-    from paratrain.strategies.ps_worker import ParameterServerStrategy
+    from paratrain.strategies.ps import ParameterServerStrategy
     from paratrain.train.checkpoint import CheckpointStore
 
     resumed = {}

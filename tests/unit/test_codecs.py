@@ -7,15 +7,14 @@ import math
 import pytest
 import torch
 
+from paratrain.comm.codec_config import CodecOptions, make_codec
 from paratrain.comm.codecs import (
     BF16Codec,
-    CodecOptions,
     FP16Codec,
     IdentityCodec,
     Int8Codec,
     PowerSGDCodec,
     TopKCodec,
-    make_codec,
     payload_bytes,
 )
 from paratrain.comm.error_feedback import ErrorFeedback

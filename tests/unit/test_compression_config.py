@@ -13,7 +13,8 @@ ALLREDUCE = {"strategy": "allreduce", "workers": 2}
 
 def test_defaults():
     config = TrainConfig()
-    assert (config.compression, config.compression_ratio, config.powersgd_rank, config.stochastic_rounding) == (
+    codec = config.codec
+    assert (codec.compression, codec.compression_ratio, codec.powersgd_rank, codec.stochastic_rounding) == (
         "none",
         0.01,
         2,

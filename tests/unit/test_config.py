@@ -53,9 +53,9 @@ def test_bad_values_name_the_flag_and_what_is_valid(changes, words):
 
 def test_fail_names_a_worker_or_a_shard():
     worker = TrainConfig(strategy="ps-async", workers=2, fail="1@40")
-    assert (worker.fail_at, worker.fail_shard_at) == ((1, 40), None)
+    assert (worker.faults.fail_at, worker.faults.fail_shard_at) == ((1, 40), None)
     shard = TrainConfig(strategy="ps-async", workers=2, ps_shards=2, fail="ps:1@100")
-    assert (shard.fail_at, shard.fail_shard_at) == (None, (1, 100))
+    assert (shard.faults.fail_at, shard.faults.fail_shard_at) == (None, (1, 100))
 
 
 def test_toml_file_and_flags_on_top(tmp_path):

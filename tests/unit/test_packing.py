@@ -3,9 +3,9 @@
 import pytest
 import torch
 
-from paratrain.comm.codecs import CodecOptions, make_codec
+from paratrain.comm.codec_config import CodecOptions, make_codec
 from paratrain.comm.packing import PackedGradient
-from paratrain.strategies.ps_layout import ShardLayout
+from paratrain.strategies.ps.layout import ShardLayout
 
 SHAPES = [torch.Size([64, 33]), torch.Size([64]), torch.Size([10, 64]), torch.Size([10])]
 

@@ -88,11 +88,9 @@ def test_pipeline_options_belong_to_the_pipeline_strategy():
 
 
 def test_pipeline_processes_and_chief():
-    from paratrain.strategies.pipeline import PipelineStrategy
-
-    config = TrainConfig(strategy="pipeline", stages=2)
-    assert PipelineStrategy.num_processes(config) == 2 and PipelineStrategy.chief_rank(config) == 1
+    topology = TrainConfig(strategy="pipeline", stages=2).topology
+    assert topology.num_processes == 2 and topology.chief_rank == 1
     config = TrainConfig(strategy="pipeline", stages=2, workers=4)
-    assert PipelineStrategy.num_processes(config) == 4
+    assert config.topology.num_processes == 4
     assert config.global_batch == 2 * config.batch_size  # 2 pipeline replicas read the batch
-    assert PipelineStrategy.rank_name(3, config) == "stage 1 of replica 1"
+    assert config.topology.rank_name(3) == "stage 1 of replica 1"

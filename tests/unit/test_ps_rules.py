@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from paratrain.errors import ConfigError
-from paratrain.strategies.ps_layout import ShardLayout, decode_version, encode_version
-from paratrain.strategies.ps_policies import AsyncRule, Gradient, StalePolicy, SyncRule
+from paratrain.strategies.ps.layout import ShardLayout, decode_version, encode_version
+from paratrain.strategies.ps.policies import AsyncRule, Gradient, StalePolicy, SyncRule
 
 
 class View:

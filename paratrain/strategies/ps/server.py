@@ -21,16 +21,17 @@ import json
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from paratrain.comm.codecs import make_codec
+from paratrain.comm.codec_config import make_codec
 from paratrain.comm.packing import PackedGradient
 from paratrain.errors import ConfigError, WorkerLost
-from paratrain.strategies.ps_layout import (
+from paratrain.strategies.ps.layout import (
     DONE,
     EPOCH,
     HEADER_BYTES,
@@ -56,7 +57,7 @@ from paratrain.strategies.ps_layout import (
     ShardLayout,
     decode_version,
 )
-from paratrain.strategies.ps_policies import Gradient
+from paratrain.strategies.ps.policies import Gradient
 
 
 class ShardServer:
@@ -75,8 +76,13 @@ class ShardServer:
         codec_factory: Any = None,
         pull_dtype: torch.dtype = torch.float32,
         tags: int = 0,
+        rule_name: str = "",
+        on_version: Callable[[int], None] | None = None,
     ):
         self.tags = tags  # this run's offset of the message tags
+        self.rule_name = rule_name or type(rule).__name__
+        self.on_version = on_version or (lambda version: None)
+        """Called with each version published, under the lock: the state is that version's."""
         self.shard, self.num_shards, self.num_workers = shard, num_shards, num_workers
         self.rule, self.store = rule, store
         self.heartbeat_timeout, self.tolerate_loss, self.wait_timeout = heartbeat_timeout, tolerate_loss, wait_timeout
@@ -103,10 +109,6 @@ class ShardServer:
         self._waiting: list[tuple[int, int, tuple[int, int] | None]] = []  # (worker, wanted, (epoch, batches))
         self._next_batch: dict[int, int] = {}  # shard 0 hands out each epoch's batches in turn
         self._num_batches: dict[int, int] = {}
-        self.checkpoint_every = 0
-        self.save_checkpoint: Any = None  # (version, state) -> None, every checkpoint_every versions
-        self.version_hooks: list[Any] = []  # (version) -> None, after each version is published
-        self._saved_version = -1
         self._clocks = dict.fromkeys(range(num_workers), 0)
         self._last_message = dict.fromkeys(range(num_workers), 0.0)
         self.done: set[int] = set()
@@ -157,8 +159,6 @@ class ShardServer:
             raise WorkerLost(self.fatal)
         with self.lock:
             self._flush_replies()
-            if self.save_checkpoint is not None and self.version != self._saved_version:
-                self._save()  # the end of training
             stats = self.statistics()
         self.store.set(f"stats/{self.shard}", json.dumps(stats))
         # Keep answering pulls (the chief's final one) until the chief says the run is over.
@@ -266,16 +266,9 @@ class ShardServer:
                 group["lr"] = base * lr_scale
             self.optimizer.step()
         self.version += 1
-        if self.save_checkpoint is not None and self.version % self.checkpoint_every == 0:
-            self._save()
-        for hook in self.version_hooks:
-            hook(self.version)
-
-    def _save(self) -> None:
-        # Before this version's pulls are answered: the batches handed out are exactly
-        # those of the gradients applied (in synchronous rounds).
-        self.save_checkpoint(self.version, self.state_dict())
-        self._saved_version = self.version
+        # Before this version's pulls are answered: a checkpoint taken now holds exactly the
+        # batches of the gradients applied (in synchronous rounds).
+        self.on_version(self.version)
 
     def _assign(self, batch: tuple[int, int] | None) -> int:
         """The next batch of the epoch for whoever asks first (dynamic sharding: a fast
@@ -375,7 +368,7 @@ class ShardServer:
             )
         self.params.copy_(state["params"])
         self.optimizer.load_state_dict(state["optimizer"])
-        self.version = self._saved_version = int(state["version"])
+        self.version = int(state["version"])
         self._next_batch = {int(k): int(v) for k, v in state["next_batch"].items()}
         self._num_batches = {int(k): int(v) for k, v in state["num_batches"].items()}
         self.staleness = Counter({int(k): int(v) for k, v in state["staleness"].items()})
@@ -388,10 +381,6 @@ class ShardServer:
         if epoch in self._next_batch and self._next_batch[epoch] >= self._num_batches.get(epoch, 0):
             epoch += 1
         return {"version": self.version, "epoch": epoch}
-
-    @property
-    def rule_name(self) -> str:
-        return getattr(self.rule, "name", type(self.rule).__name__)
 
     def statistics(self) -> dict[str, Any]:
         return {

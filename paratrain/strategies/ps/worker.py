@@ -1,12 +1,16 @@
-"""``ps-sync``, ``ps-backup``, ``ps-async``: parameter-server training.
+"""``ps-sync``, ``ps-backup``, ``ps-async``: parameter-server training, the worker side.
 
 Ranks ``0..P-1`` are parameter-server shards (``--ps-shards P``), the rest are workers;
 worker 0 is the chief. Each step a worker pulls the parameters from every shard,
 computes gradients on its own slice of the global batch, and pushes each shard its
-slice of the gradient; the shard's update rule (ps_policies.py) decides what happens
+slice of the gradient; the shard's update rule (policies.py) decides what happens
 to it. Transport is c10d point-to-point over Gloo (parameter-server state lives in host
 memory, as in the classic design); the control plane (heartbeats, final statistics) is
 a TCPStore.
+
+Every process of a run makes the same ParameterServerStrategy; on a shard's process it
+hands the model to a ShardHost (host.py) and serves. The per-mode facts (update rule,
+whether a lost worker is survived, how batches are handed out) come from modes.MODES.
 
 The worker's parameters and gradients are views into two flat buffers, so a pull is
 one receive per shard straight into the model, and a push sends slices of the
@@ -27,13 +31,15 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from paratrain.comm.codecs import Codec, CodecOptions, make_codec
+from paratrain.comm.codec_config import CodecConfig, make_codec
+from paratrain.comm.codecs import Codec
 from paratrain.comm.packing import PackedGradient
 from paratrain.comm.transport import cluster_from_env
 from paratrain.data.sharding import ShardedBatches
-from paratrain.errors import ConfigError, DivergedError, WorkerLost
-from paratrain.strategies.base import LossFn, StepOutput, Strategy, finite_parameters, resolve_device, staleness_summary
-from paratrain.strategies.ps_layout import (
+from paratrain.errors import ConfigError, WorkerLost
+from paratrain.strategies.base import LossFn, StepOutput, Strategy, resolve_device, staleness_summary
+from paratrain.strategies.ps.host import ShardHost
+from paratrain.strategies.ps.layout import (
     DONE,
     EPOCH,
     HEADER_BYTES,
@@ -59,27 +65,26 @@ from paratrain.strategies.ps_layout import (
     ShardLayout,
     encode_version,
 )
-from paratrain.strategies.ps_policies import AsyncRule, StalePolicy, SyncRule
-from paratrain.strategies.ps_server import ShardServer
+from paratrain.strategies.ps.modes import MODES, PULL_DTYPES, PSConfig, PSMode, PSTopology, check_mode_options
+from paratrain.strategies.topology import Role
 from paratrain.timeline import COMM, span
-from paratrain.train.callbacks import console
 
 if TYPE_CHECKING:
-    from paratrain.comm.transport import ClusterEnv
     from paratrain.config import TrainConfig
 
 
 class ParameterServerStrategy(Strategy):
-    """Parameter-server training; ``mode`` is ``"sync"``, ``"backup"`` or ``"async"``."""
+    """Parameter-server training; ``mode`` is ``"sync"``, ``"backup"`` or ``"async"`` (or a PSMode)."""
 
-    MODES = ("sync", "backup", "async")
-    _runs = 0
+    MODES = tuple(m.value for m in PSMode)
+    PULL_DTYPES = PULL_DTYPES
+    options = PSConfig
     takes_compression = True
-    PULL_DTYPES = {"none": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+    _runs = 0
 
     def __init__(
         self,
-        mode: str = "sync",
+        mode: str | PSMode = "sync",
         num_shards: int = 1,
         backup_workers: int = 0,
         staleness_bound: int | None = None,
@@ -90,25 +95,32 @@ class ParameterServerStrategy(Strategy):
         device: str = "auto",
         timeout: float = 300.0,
         compression: str = "none",
-        codec_options: Any = None,
+        codec_options: CodecConfig | None = None,
         pull_compression: str = "none",
     ):
         super().__init__(device=device, timeout=timeout)
-        if pull_compression not in self.PULL_DTYPES:
-            raise ConfigError(
-                f"--pull-compression must be one of {', '.join(self.PULL_DTYPES)}, got {pull_compression!r}"
-            )
+        self.mode = PSMode.of(mode.value if isinstance(mode, PSMode) else mode)
+        if pull_compression not in PULL_DTYPES:
+            raise ConfigError(f"--pull-compression must be one of {', '.join(PULL_DTYPES)}, got {pull_compression!r}")
+        self.config = PSConfig(
+            ps_shards=num_shards,
+            backup_workers=backup_workers,
+            staleness_bound=staleness_bound,
+            stale_policy=stale_policy,
+            max_staleness=max_staleness,
+            warmup_steps=warmup_steps,
+            pull_compression=pull_compression,
+        )
+        self.name = self.mode.strategy_name
+        self.facts = MODES[self.mode]
+        self.num_shards, self.backup_workers = num_shards, backup_workers
+        self.pull_compression = pull_compression
+        self.heartbeat_timeout = heartbeat_timeout
         # Workers compress each push with `compression`; shards decode with a fresh codec.
-        self.compression, self.codec_options, self.pull_compression = compression, codec_options, pull_compression
+        self.compression, self.codec_options = compression, codec_options
         self.codec = make_codec(compression, codec_options)
-        if mode not in self.MODES:
-            raise ConfigError(f"parameter-server mode must be one of {', '.join(self.MODES)}, got {mode!r}")
-        self.mode, self.num_shards, self.backup_workers = mode, num_shards, backup_workers
-        self.name = f"ps-{mode}"
-        self.staleness_bound, self.stale_policy, self.max_staleness = staleness_bound, stale_policy, max_staleness
-        self.warmup_steps, self.heartbeat_timeout = warmup_steps, heartbeat_timeout
-        self._rank = 0
-        self._world = 0
+        self.host: ShardHost | None = None
+        """The shard this process serves as (None on a worker)."""
         self._store: Any = None
         self._heartbeat: threading.Thread | None = None
         self._stop = threading.Event()
@@ -119,102 +131,52 @@ class ParameterServerStrategy(Strategy):
         self._samples = 0
         self._finished = False
         self._server_stats: list[dict[str, Any]] = []
-        self._serve_args: tuple[nn.Module, torch.optim.Optimizer] | None = None
         self._tags = 0
         self._pushed_on: int | None = None
         self._last_staleness = 0
         self._samples_per_push = 0
-        self._checkpoint: Any = None
-        self._restore: dict[str, Any] | None = None
-        self._version_hooks: list[Any] = []
-        self._codec_checkpoint: Any = None  # workers whose codec has state save it beside checkpoints
-        self._codec_saved = 0  # the version of the last checkpoint it was saved for
+        self.version_seen = 0
+        """The newest parameter version this worker received (its codec state's version)."""
 
     # ----- configuration ---------------------------------------------------------------
     @classmethod
-    def mode_of(cls, name: str) -> str:
-        return name.removeprefix("ps-")
+    def topology_for(cls, config: TrainConfig) -> PSTopology:
+        return PSTopology(
+            num_replicas=config.num_worker_processes,
+            num_shards=config.ps.num_shards,
+            num_backups=config.ps.backup_workers,
+            mode=PSMode.of(config.strategy),
+        )
 
     @classmethod
     def check_config(cls, config: TrainConfig) -> None:
-        mode = cls.mode_of(config.strategy)
-        if mode == "backup" and config.backup_workers < 1:
-            raise ConfigError("--strategy ps-backup needs --backup-workers K >= 1 (K = 0 is ps-sync)")
-        if mode != "backup" and config.backup_workers:
-            raise ConfigError(f"--backup-workers applies to --strategy ps-backup, not {config.strategy}")
-        if mode != "async":
-            for name, neutral in (("staleness_bound", None), ("stale_policy", "none"), ("warmup_steps", 0)):
-                if getattr(config, name) != neutral:
-                    flag = "--" + name.replace("_", "-")
-                    raise ConfigError(f"{flag} applies to --strategy ps-async, not {config.strategy}")
+        mode = PSMode.of(config.strategy)
+        check_mode_options(mode, config.ps)
         if config.early_stopping:
             raise ConfigError(f"--early-stopping is not available with --strategy {config.strategy}")
-        cls.check_pipeline_options(config)
-        cls.check_faults(config)
-        fail = config.fail_at
-        if fail and fail[0] == 0 and (mode == "async" or mode == "backup"):
+        fail = config.faults.fail_at
+        if fail and fail[0] == 0 and MODES[mode].survives_lost_worker:
             raise ConfigError(
                 "--fail names worker 0, the chief (it evaluates and writes the metrics); name another worker"
             )
 
     @classmethod
-    def num_shards_for(cls, config: TrainConfig) -> int:
-        return config.ps_shards or 1
-
-    @classmethod
-    def num_processes(cls, config: TrainConfig) -> int:
-        return cls.num_shards_for(config) + config.num_worker_processes
-
-    @classmethod
-    def check_cluster(cls, cluster: ClusterEnv, config: TrainConfig) -> None:
-        shards = config.ps_shards or 1
-        if cluster.source == "TF_CONFIG" and cluster.num_ps != shards:
-            raise ConfigError(f"TF_CONFIG lists {cluster.num_ps} ps tasks but --ps-shards is {shards}")
-        needed = cls.num_processes(config)
-        if cluster.world_size != needed:
-            raise ConfigError(
-                f"the cluster has {cluster.world_size} processes but --strategy {config.strategy} needs "
-                f"{needed} ({shards} ps shards + {config.num_worker_processes} workers)"
-            )
-
-    @classmethod
-    def chief_rank(cls, config: TrainConfig) -> int:
-        return config.ps_shards or 1
-
-    @classmethod
-    def rank_name(cls, rank: int, config: TrainConfig) -> str:
-        shards = config.ps_shards or 1
-        return f"ps shard {rank}" if rank < shards else f"worker {rank - shards}"
-
-    @classmethod
-    def expendable_ranks(cls, config: TrainConfig) -> frozenset[int]:
-        """ps-async and ps-backup go on without a lost worker (never the chief)."""
-        mode = cls.mode_of(config.strategy)
-        if mode == "async" or (mode == "backup" and config.backup_workers >= 1):
-            shards = config.ps_shards or 1
-            return frozenset(range(shards + 1, shards + config.num_worker_processes))
-        return frozenset()
-
-    @classmethod
     def from_config(cls, config: TrainConfig) -> ParameterServerStrategy:
+        ps = config.ps
         return cls(
-            mode=cls.mode_of(config.strategy),
-            num_shards=config.ps_shards or 1,
-            backup_workers=config.backup_workers,
-            staleness_bound=config.staleness_bound,
-            stale_policy=config.stale_policy,
-            max_staleness=config.max_staleness,
-            warmup_steps=config.warmup_steps,
+            mode=PSMode.of(config.strategy),
+            num_shards=ps.num_shards,
+            backup_workers=ps.backup_workers,
+            staleness_bound=ps.staleness_bound,
+            stale_policy=ps.stale_policy,
+            max_staleness=ps.max_staleness,
+            warmup_steps=ps.warmup_steps,
             heartbeat_timeout=config.heartbeat_timeout,
             device=config.device,
             timeout=config.timeout,
-            compression=config.compression,
-            codec_options=CodecOptions(
-                compression_ratio=config.compression_ratio,
-                powersgd_rank=config.powersgd_rank,
-                stochastic_rounding=config.stochastic_rounding,
-            ),
-            pull_compression=config.pull_compression,
+            compression=config.codec.compression,
+            codec_options=config.codec,
+            pull_compression=ps.pull_compression,
         )
 
     def describe(self) -> dict[str, Any]:
@@ -237,8 +199,14 @@ class ParameterServerStrategy(Strategy):
                 f"{self.name} needs {self.num_shards} ps shard(s) and at least one worker: run "
                 "`paratrain train --strategy ps-... --workers N`, or under torchrun / TF_CONFIG"
             )
-        self._rank, self._world = cluster.rank, cluster.world_size
-        if self.role == "worker":
+        self.process_rank = cluster.rank
+        self.topology = PSTopology(
+            num_replicas=cluster.world_size - self.num_shards,
+            num_shards=self.num_shards,
+            num_backups=self.backup_workers,
+            mode=self.mode,
+        )
+        if self.role is Role.WORKER:
             self.device = resolve_device(self.device_preference, cluster.local_rank)
         # Parameter-server traffic is host memory over Gloo, on GPUs too.
         self._join_group("gloo")
@@ -255,7 +223,20 @@ class ParameterServerStrategy(Strategy):
                 cluster.master_addr, cluster.master_port, is_master=False, timeout=timedelta(seconds=self.timeout)
             ),
         )
-        if self.role == "worker":
+        if self.role is Role.PS:
+            self.host = ShardHost(
+                self.rank,
+                self.num_shards,
+                self.num_replicas,
+                self.mode,
+                self.config,
+                self._store,
+                heartbeat_timeout=self.heartbeat_timeout,
+                timeout=self.timeout,
+                codec_factory=self._fresh_codec,
+                tags=self._tags,
+            )
+        else:
             self._heartbeat = threading.Thread(target=self._beat, name="ps-heartbeat", daemon=True)
             self._heartbeat.start()
         super().setup()
@@ -269,31 +250,16 @@ class ParameterServerStrategy(Strategy):
                 return  # the store (on shard 0) is gone; the main thread will hear of it
 
     @property
-    def role(self) -> str:
-        return "ps" if self._rank < self.num_shards else "worker"
-
-    @property
-    def rank(self) -> int:
-        """Worker index (0..workers-1) on workers; shard index on shards."""
-        return self._rank - self.num_shards if self.role == "worker" else self._rank
-
-    @property
-    def num_replicas(self) -> int:
-        return self._world - self.num_shards
-
-    @property
-    def is_chief(self) -> bool:
-        return self.role == "worker" and self.rank == 0
-
-    @property
     def evaluates(self) -> bool:
         return self.is_chief
 
     # ----- model -------------------------------------------------------------------------
     def prepare(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[nn.Module, torch.optim.Optimizer]:
         self.setup()
-        if self.role == "ps":
-            self._serve_args = (model, optimizer)
+        if self.host is not None:
+            # The version listener is read when a version is published, so that the Trainer
+            # may point on_version at its callbacks after this.
+            self.host.prepare(model, optimizer, lambda version: self.on_version(version))
             return model, optimizer
         model = model.to(self.device)
         params = [p for p in model.parameters() if p.requires_grad]
@@ -327,116 +293,44 @@ class ParameterServerStrategy(Strategy):
 
     def serve(self) -> dict[str, Any]:
         """On a shard: serve until training ends (the classic ``server.join()``)."""
-        if self._serve_args is None:
-            raise RuntimeError("serve() needs prepare(model, optimizer) first")
-        model, optimizer = self._serve_args
-        if self.mode == "async":
-            rule: Any = AsyncRule(
-                StalePolicy(self.stale_policy, self.max_staleness), self.staleness_bound, self.warmup_steps
-            )
-        else:
-            rule = SyncRule(required=self.num_replicas - self.backup_workers)
-        rule.name = self.name
-        server = ShardServer(
-            self.rank,
-            self.num_shards,
-            self.num_replicas,
-            model,
-            optimizer,
-            rule,
-            self._store,
-            heartbeat_timeout=self.heartbeat_timeout,
-            tolerate_loss=self.mode == "async" or self.backup_workers > 0,
-            wait_timeout=self.timeout,
-            codec_factory=self._fresh_codec,
-            tags=self._tags,
-            pull_dtype=self.PULL_DTYPES[self.pull_compression],
-        )
-        if self._restore is not None:
-            server.load_state_dict(self._restore)
-            if self.rank == 0:  # where the workers go on: shard 0 hands out the batches
-                self._store.set("resume", json.dumps(server.position()))
-        if self._checkpoint is not None:
-            checkpoint, shard = self._checkpoint, self.rank
-            server.checkpoint_every = checkpoint.every_steps
-            server.save_checkpoint = lambda version, state: checkpoint.save_part(
-                version, f"shard-{shard}", state, shard == 0
-            )
-        server.version_hooks = list(self._version_hooks)
-        stats = server.serve()
-        if self._checkpoint is not None:
-            self._checkpoint.finish_saving()
+        if self.host is None:
+            raise RuntimeError(f"{self.name}: only a parameter-server shard serves; this process is a worker")
+        stats = self.host.serve()
         self._finished = True
         return stats
 
-    def on_version(self, hook: Any) -> None:
-        """On a shard, before serve(): ``hook(version)`` after each version it publishes."""
-        self._version_hooks.append(hook)
+    # ----- state: a shard's slice, or a worker's codec ----------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """On a shard: its slice of the parameters, optimizer, version and data position (the
+        parts of a checkpoint). On a worker whose codec keeps state (error feedback, PowerSGD,
+        stochastic rounding): that state, as of its last push, and the version it last saw
+        (a file beside the checkpoint); empty for a stateless codec."""
+        if self.host is not None:
+            return self.host.state_dict()
+        if not self._codec_has_state():
+            return {}
+        return {"codec": self.codec.state_dict(), "version": self.version_seen}
 
-    # ----- checkpoints: the shards hold the state -----------------------------------------------
-    def checkpoint_parts(self) -> list[str]:
-        return [f"shard-{k}" for k in range(self.num_shards)]
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.host is not None:
+            self.host.load_state_dict(state)
+        else:
+            self.codec.load_state_dict(state["codec"])
 
-    def checkpoint_part(self) -> str | None:
-        """Shards save their slice, optimizer, version and the data position at every
-        --checkpoint-every versions; a worker's codec state goes beside them, outside the
-        manifest (``_save_codec_state``)."""
-        return f"shard-{self.rank}" if self.role == "ps" else None
-
-    def model_part(self) -> str | None:
-        return None
-
-    def attach_checkpoint(self, checkpoint: Any, state: dict[str, Any] | None) -> None:
-        self._checkpoint, self._restore = checkpoint, state
-
-    def resume_trainer(self, trainer: Any, folder: Any) -> None:
+    def resume_position(self) -> dict[str, int]:
         """A worker goes on at the epoch and step shard 0 restored (its parameters came with
-        its first pull); the shards' state is the run's, so the epochs' logs start anew.
-        Its codec's state (error-feedback residuals, PowerSGD's Q) comes from its own file."""
-        from paratrain.train.checkpoint import CheckpointStore
-
+        its first pull); the shards' state is the run's, so the epochs' logs start anew."""
         self._store.wait(["resume"], timedelta(seconds=self.timeout))
         position = json.loads(self._store.get("resume"))
-        per_worker = self.num_replicas if self.mode == "async" else 1
-        trainer.global_step = position["version"] // per_worker
-        trainer.epoch = position["epoch"]
-        if self._codec_checkpoint is not None:
-            self._codec_saved = position["version"]
-            state = CheckpointStore.read_extra(folder, self._codec_part(), map_location="cpu")
-            if state is None:
-                console.print(
-                    f"paratrain: worker {self.rank}: {folder} holds no {self._codec_part()}.pt; "
-                    f"its {self.codec.name} state starts empty"
-                )
-            else:
-                self.codec.load_state_dict(state["codec"])
+        per_worker = self.num_replicas if self.facts.one_update_per_gradient else 1
+        return {
+            "global_step": position["version"] // per_worker,
+            "epoch": position["epoch"],
+            "version": position["version"],
+        }
 
-    # ----- checkpoints: a worker's codec state ----------------------------------------------------
-    def on_checkpoint(self, checkpoint: Any) -> None:
-        # Only a codec with state (error feedback, PowerSGD, stochastic rounding) has any.
-        if self.role == "worker" and type(self.codec).state_dict is not Codec.state_dict:
-            self._codec_checkpoint = checkpoint
-
-    def _codec_part(self) -> str:
-        return f"worker-{self.rank}"
-
-    def _save_codec_state(self, version: int, final: bool = False) -> None:
-        """Beside each checkpoint the shards have written since the last reply (every
-        --checkpoint-every versions, and the ``final`` one), this worker's codec state as
-        of its last push: in ps-sync exactly the state of that version; in ps-async and
-        ps-backup that of the first version after it that this worker saw. A file outside
-        the manifest: a checkpoint without it resumes with that state empty, and says so."""
-        checkpoint = self._codec_checkpoint
-        every = checkpoint.every_steps
-        marks = list(range((self._codec_saved // every + 1) * every, version + 1, every))
-        if final and version > self._codec_saved and version not in marks:
-            marks.append(version)
-        if not marks:
-            return
-        state = {"codec": self.codec.state_dict(), "version": version}
-        for mark in marks:
-            checkpoint.store.write_part(mark, self._codec_part(), state)
-        self._codec_saved = version
+    def _codec_has_state(self) -> bool:
+        return type(self.codec).state_dict is not Codec.state_dict
 
     def _fresh_codec(self) -> Any:
         return make_codec(self.compression, self.codec_options)
@@ -459,12 +353,10 @@ class ParameterServerStrategy(Strategy):
             loss = loss_fn(logits, targets)
         with span("backward"):
             loss.backward()
-        finite = self.on_nan != "skip" or bool(torch.isfinite(self._flat_grad).all())
-        if not finite:
-            # The shards skip it (in ps-sync and ps-backup: the whole round it is part of).
-            self.skipped_updates += 1
-            if not finite_parameters(model):  # nothing left to skip back to
-                raise DivergedError(loss.item(), self._steps + 1)
+        self.steps_taken += 1
+        # A worker sees its own gradient only: it flags it, and the shards skip it (in ps-sync
+        # and ps-backup: the whole round it is part of).
+        finite = not self.skip_nonfinite(model, loss, lambda: bool(torch.isfinite(self._flat_grad).all()))
         with span("push", COMM):
             self._post_reply()
             self._send(PUSH, samples=len(targets), wants_reply=True, finite=finite)
@@ -480,7 +372,7 @@ class ParameterServerStrategy(Strategy):
     def examples_applied(self) -> int | None:
         # Shard 0's version counts updates: one gradient each in async mode, a round of
         # workers - backup_workers gradients in sync and backup mode (full batches: drop_last).
-        per_update = 1 if self.mode == "async" else self.num_replicas - self.backup_workers
+        per_update = 1 if self.facts.one_update_per_gradient else self.num_replicas - self.backup_workers
         return self._versions[0] * per_update * self._samples_per_push
 
     def set_learning_rate(self, optimizer: torch.optim.Optimizer, lr: float) -> None:
@@ -489,7 +381,7 @@ class ParameterServerStrategy(Strategy):
 
     def refresh(self, model: nn.Module) -> None:
         """Bring this replica up to the shards' current parameters (before evaluating)."""
-        if self.role == "worker":
+        if self.role is Role.WORKER:
             self._pull(wanted=0)
 
     # ----- transport -----------------------------------------------------------------------
@@ -512,8 +404,8 @@ class ParameterServerStrategy(Strategy):
         self.wait_seconds += time.perf_counter() - started
         self._reply_works = []
         self._versions = [int(r[0].item()) for r in self._replies]
-        if self._codec_checkpoint is not None:
-            self._save_codec_state(self._versions[0])
+        self.version_seen = self._versions[0]
+        self.on_version(self.version_seen)
         if self._pushed_on is not None:
             # The reply to a push comes once the shard applied it, at version v'; a gradient
             # computed on v was then v' - 1 - v versions old (0 in synchronous rounds).
@@ -597,7 +489,7 @@ class ParameterServerStrategy(Strategy):
     def finish(self, model: nn.Module) -> None:
         """Workers: say done. The chief then waits for every shard to finish and takes the
         final parameters, so the final evaluation sees every update (async ones too)."""
-        if self.role != "worker" or self._finished:
+        if self.role is not Role.WORKER or self._finished:
             return
         message_bytes = sum(m.numel() * m.element_size() for m in self._messages)
         self._store.set(f"worker/{self.rank}", json.dumps({"bytes_sent": self._bytes_sent + message_bytes}))
@@ -606,10 +498,11 @@ class ParameterServerStrategy(Strategy):
         self._await_reply()
         self._drain_sends()  # the shard must have all of it before this process may go
         self._finished = True
-        if self._codec_checkpoint is not None:
-            # The shards save the final version at the end; this worker's codec is done changing.
+        if self._codec_has_state():
+            # The shards save the final version at the end; this worker's codec is done
+            # changing: its state is that of the final version.
             self._store.wait(["stats/0"], timedelta(seconds=self.timeout))
-            self._save_codec_state(json.loads(self._store.get("stats/0"))["version"], final=True)
+            self.version_seen = json.loads(self._store.get("stats/0"))["version"]
         if self.is_chief:
             keys = [f"stats/{s}" for s in range(self.num_shards)]
             self._store.wait(keys, timedelta(seconds=self.timeout))
@@ -623,7 +516,7 @@ class ParameterServerStrategy(Strategy):
         if drop_last:
             # Synchronous rounds take N batches: whole rounds per epoch keep ps-sync equal to
             # one process with the global batch. Backup and async workers take what they can.
-            group = self.num_replicas if self.mode == "sync" else 1
+            group = self.num_replicas if self.facts.whole_rounds else 1
             return AssignedBatches(self, dataset, batch_size, group=group, shuffle=shuffle, seed=seed)
         # Evaluation: the chief alone, on all of it (workers never wait for each other here).
         return ShardedBatches(dataset, batch_size, shuffle=False, drop_last=False, device=self.device)

@@ -41,6 +41,8 @@ class ServerView(Protocol):
 class StalePolicy:
     """Stale-gradient policy of ps-async: ``none``, ``scale-lr`` or ``drop``."""
 
+    NAMES = ("none", "scale-lr", "drop")
+
     def __init__(self, name: str = "none", max_staleness: int = 4):
         self.name, self.max_staleness = name, max_staleness
 

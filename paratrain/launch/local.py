@@ -1,0 +1,73 @@
+"""Local multi-process launch with torchrun's environment (RANK, WORLD_SIZE,
+MASTER_ADDR, ...), on loopback: ``launch(fn, *args, num_processes=N)``, or
+``launch(fn, *args, topology=...)`` to take the processes, names and expendable ranks of a
+strategy's topology.
+
+The processes are started and watched by ``launch/supervisor.py`` rather than by
+PyTorch's elastic agent: the agent does not report a process killed by a signal
+(``kill -9``, the OOM killer) among its failures, so it would blame the peer that
+failed a moment later on the broken connection; and it stops every process on any
+failure, where ps-async and ps-backup go on without a lost worker. Under torchrun
+itself the agent is torchrun's, and paratrain joins its cluster.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from paratrain.launch.supervisor import supervise
+
+if TYPE_CHECKING:
+    from paratrain.config import TrainConfig
+    from paratrain.strategies.topology import Topology
+
+
+def launch(
+    fn: Callable[..., Any],
+    *args: Any,
+    num_processes: int | None = None,
+    max_restarts: int = 0,
+    expendable: frozenset[int] = frozenset(),
+    rank_names: list[str] | None = None,
+    checkpoint_dir: str | None = None,
+    topology: Topology | None = None,
+) -> list[Any]:
+    """Run ``fn(*args)`` on ``num_processes`` local processes; their return values by rank.
+
+    ``fn`` must be importable (a module-level function): processes are spawned fresh.
+    When a process fails the others are stopped at once, so a failed run never hangs,
+    and the failure is raised as WorkerFailed naming the rank, its exit code or signal
+    and its error. Ranks in ``expendable`` may die without ending the run
+    (parameter-server workers in ps-async and ps-backup); their results are None. With
+    ``max_restarts`` a failed run starts again, up to that many times, and its processes
+    resume from the newest checkpoint in ``checkpoint_dir``. ``rank_names`` name ranks in
+    messages ("ps shard 0", "worker 1"). A ``topology`` gives the number of processes,
+    the names and the expendable ranks at once.
+    """
+    if topology is not None:
+        num_processes = topology.num_processes
+        expendable, rank_names = topology.expendable_ranks, topology.rank_names()
+    if num_processes is None:
+        raise TypeError("launch() needs num_processes or a topology")
+    # Traffic stays on loopback: Gloo binds to the interface named here, not to
+    # whatever the host name resolves to.
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    names = rank_names or [f"worker {rank}" for rank in range(num_processes)]
+    return supervise(fn, args, num_processes, expendable, names, max_restarts, checkpoint_dir)
+
+
+def run_locally(config: TrainConfig) -> dict[str, Any]:
+    """``paratrain train`` for ``config`` on this machine: its topology's processes (this one
+    alone when it has one and no restarts), and the chief's metrics document."""
+    from paratrain.train import job
+
+    topology = config.topology
+    if topology.num_processes == 1 and not config.max_restarts:
+        return job.run(config)
+    results = launch(
+        job.run, config, topology=topology, max_restarts=config.max_restarts, checkpoint_dir=config.checkpoint_dir
+    )
+    return results[topology.chief_rank]

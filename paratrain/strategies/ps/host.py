@@ -1,0 +1,84 @@
+"""The shard side of a parameter-server run: one ShardHost per shard process.
+
+It builds the process's ShardServer (server.py) with every collaborator it needs passed to
+the constructor (update rule, store, codec, message tags, the version listener), restores
+it from a checkpoint part, publishes where resumed workers go on, and serves. The worker
+side is worker.py.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch import nn
+
+from paratrain.strategies.ps.modes import MODES, PULL_DTYPES, PSConfig, PSMode
+from paratrain.strategies.ps.server import ShardServer
+
+
+class ShardHost:
+    """Shard ``shard`` of ``num_shards``, serving ``num_workers`` workers in mode ``mode``."""
+
+    def __init__(
+        self,
+        shard: int,
+        num_shards: int,
+        num_workers: int,
+        mode: PSMode,
+        config: PSConfig,
+        store: Any,
+        *,
+        heartbeat_timeout: float,
+        timeout: float,
+        codec_factory: Callable[[], Any],
+        tags: int,
+    ):
+        self.shard, self.num_shards, self.num_workers = shard, num_shards, num_workers
+        self.mode, self.config, self.store = mode, config, store
+        self.heartbeat_timeout, self.timeout = heartbeat_timeout, timeout
+        self.codec_factory, self.tags = codec_factory, tags
+        self.server: ShardServer | None = None
+
+    def prepare(self, model: nn.Module, optimizer: torch.optim.Optimizer, on_version: Callable[[int], None]) -> None:
+        """Build this shard's server over its slice of ``model`` and ``optimizer``."""
+        facts = MODES[self.mode]
+        self.server = ShardServer(
+            self.shard,
+            self.num_shards,
+            self.num_workers,
+            model,
+            optimizer,
+            facts.make_rule(self.config, self.num_workers),
+            self.store,
+            rule_name=self.mode.strategy_name,
+            heartbeat_timeout=self.heartbeat_timeout,
+            tolerate_loss=facts.survives_lost_worker,
+            wait_timeout=self.timeout,
+            codec_factory=self.codec_factory,
+            tags=self.tags,
+            pull_dtype=PULL_DTYPES[self.config.pull_compression],
+            on_version=on_version,
+        )
+
+    def serve(self) -> dict[str, Any]:
+        """Serve until training ends (the classic ``server.join()``); this shard's statistics."""
+        if self.server is None:
+            raise RuntimeError("serve() needs prepare(model, optimizer) first")
+        return self.server.serve()
+
+    # ----- state ------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """The shard's slice of the parameters, its optimizer, version and the data position."""
+        return self.server.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.server.load_state_dict(state)
+        if self.shard == 0:  # where the workers go on: shard 0 hands out the batches
+            self.store.set("resume", json.dumps(self.server.position()))
+
+    @property
+    def version(self) -> int:
+        return self.server.version if self.server is not None else 0

@@ -1,0 +1,190 @@
+"""The parameter-server modes, their options, and who is who in a parameter-server run.
+
+Everything that differs between ``ps-sync``, ``ps-backup`` and ``ps-async`` is one row of
+MODES: the update rule its shards run, whether the run survives a lost worker, how an
+epoch's batches are handed out, and which options only that mode takes. Nothing else
+compares mode names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from paratrain.errors import ConfigError
+from paratrain.options import at_least, check_options, flag, option
+from paratrain.strategies.ps.policies import AsyncRule, StalePolicy, SyncRule
+from paratrain.strategies.topology import Role, Topology
+
+if TYPE_CHECKING:
+    from paratrain.comm.transport import ClusterEnv
+
+
+class PSMode(str, Enum):
+    SYNC = "sync"
+    BACKUP = "backup"
+    ASYNC = "async"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def strategy_name(self) -> str:
+        return f"ps-{self.value}"
+
+    @classmethod
+    def of(cls, name: str) -> PSMode:
+        """``"ps-async"`` or ``"async"`` -> PSMode.ASYNC."""
+        value = name.removeprefix("ps-")
+        try:
+            return cls(value)
+        except ValueError:
+            valid = ", ".join(m.value for m in cls)
+            raise ConfigError(f"parameter-server mode must be one of {valid}, got {value!r}") from None
+
+
+#: What a worker's parameters travel in from the shards (``--pull-compression``).
+PULL_DTYPES = {"none": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+@dataclass
+class PSConfig:
+    """Options of the parameter-server strategies (``ps-sync``, ``ps-backup``, ``ps-async``)."""
+
+    ps_shards: int | None = option(
+        None, "parameter-server shards (ps-* strategies; default 1): ranks 0..P-1 serve parameters"
+    )
+    backup_workers: int = option(0, "ps-backup: extra workers K; each update takes the first --workers gradients")
+    staleness_bound: int | None = option(
+        None, "ps-async: a worker more than S steps ahead of the slowest live one waits"
+    )
+    stale_policy: str = option(
+        "none",
+        "ps-async: none, scale-lr (step / staleness) or drop (staler than --max-staleness)",
+        choices=StalePolicy.NAMES,
+    )
+    max_staleness: int = option(4, "ps-async with --stale-policy drop: the largest staleness still applied")
+    warmup_steps: int = option(0, "ps-async: the first W updates come from worker 0 alone, then the others join")
+    pull_compression: str = option(
+        "none", "parameter server: parameters sent to workers in none (fp32), fp16 or bf16", choices=tuple(PULL_DTYPES)
+    )
+
+    def __post_init__(self) -> None:
+        check_options(self)
+        at_least("ps_shards", self.ps_shards, 1)
+        at_least("staleness_bound", self.staleness_bound, 0)
+        for name in ("backup_workers", "max_staleness", "warmup_steps"):
+            at_least(name, getattr(self, name), 0)
+
+    @property
+    def num_shards(self) -> int:
+        return self.ps_shards or 1
+
+
+@dataclass(frozen=True)
+class ModeFacts:
+    """One parameter-server mode."""
+
+    make_rule: Callable[[PSConfig, int], Any]
+    """``(config, num_workers) -> rule``: what the shards do with each gradient and pull."""
+    survives_lost_worker: bool
+    """The run goes on without a lost worker (never the chief, which evaluates)."""
+    whole_rounds: bool
+    """Epochs hand out whole rounds of N batches: with plain SGD the run equals one process
+    with the global batch. Otherwise workers take batches one at a time, as they come."""
+    one_update_per_gradient: bool
+    """Every gradient is its own update (async); else a round of N gradients is one."""
+    options: tuple[str, ...]
+    """PSConfig fields only this mode takes."""
+
+
+def _sync_rule(config: PSConfig, num_workers: int) -> SyncRule:
+    return SyncRule(required=num_workers - config.backup_workers)
+
+
+def _async_rule(config: PSConfig, num_workers: int) -> AsyncRule:
+    policy = StalePolicy(config.stale_policy, config.max_staleness)
+    return AsyncRule(policy, config.staleness_bound, config.warmup_steps)
+
+
+MODES: dict[PSMode, ModeFacts] = {
+    PSMode.SYNC: ModeFacts(_sync_rule, survives_lost_worker=False, whole_rounds=True, one_update_per_gradient=False,
+                           options=()),
+    PSMode.BACKUP: ModeFacts(_sync_rule, survives_lost_worker=True, whole_rounds=False, one_update_per_gradient=False,
+                             options=("backup_workers",)),
+    PSMode.ASYNC: ModeFacts(_async_rule, survives_lost_worker=True, whole_rounds=False, one_update_per_gradient=True,
+                            options=("staleness_bound", "stale_policy", "max_staleness", "warmup_steps")),
+}  # fmt: skip
+
+
+def check_mode_options(mode: PSMode, config: PSConfig) -> None:
+    """ConfigError for an option of another mode, or a backup mode without backups."""
+    if mode is PSMode.BACKUP and config.backup_workers < 1:
+        raise ConfigError("--strategy ps-backup needs --backup-workers K >= 1 (K = 0 is ps-sync)")
+    fresh = PSConfig()
+    for other, facts in MODES.items():
+        for name in facts.options:
+            if other is not mode and name not in MODES[mode].options and getattr(config, name) != getattr(fresh, name):
+                raise ConfigError(f"{flag(name)} applies to --strategy {other.strategy_name}, not {mode.strategy_name}")
+
+
+@dataclass(frozen=True)
+class PSTopology(Topology):
+    """Ranks ``0..P-1`` are shards, the rest workers (backups included); worker 0 is the chief."""
+
+    num_shards: int = 1
+    num_backups: int = 0
+    mode: PSMode = PSMode.SYNC
+
+    @property
+    def num_workers(self) -> int:
+        """Processes that train: the replicas (backup workers included)."""
+        return self.num_replicas
+
+    @property
+    def num_processes(self) -> int:
+        return self.num_shards + self.num_workers
+
+    @property
+    def chief_rank(self) -> int:
+        return self.num_shards
+
+    @property
+    def expendable_ranks(self) -> frozenset[int]:
+        if not MODES[self.mode].survives_lost_worker:
+            return frozenset()
+        return frozenset(range(self.num_shards + 1, self.num_processes))
+
+    def role(self, rank: int) -> Role:
+        return Role.PS if rank < self.num_shards else Role.WORKER
+
+    def replica(self, rank: int) -> int:
+        """A worker's index among the workers; a shard's index among the shards."""
+        return rank if rank < self.num_shards else rank - self.num_shards
+
+    def rank_name(self, rank: int) -> str:
+        return f"ps shard {rank}" if rank < self.num_shards else f"worker {rank - self.num_shards}"
+
+    def checkpoint_parts(self) -> list[str]:
+        return [f"shard-{k}" for k in range(self.num_shards)]
+
+    def checkpoint_part(self, rank: int) -> str | None:
+        """Shards save their slice, optimizer, version and the data position; a worker's codec
+        state goes beside them, outside the manifest (``worker-<i>.pt``)."""
+        return f"shard-{rank}" if rank < self.num_shards else None
+
+    def model_part(self, rank: int) -> str | None:
+        return None
+
+    def check_cluster(self, cluster: ClusterEnv, strategy: str) -> None:
+        if cluster.source == "TF_CONFIG" and cluster.num_ps != self.num_shards:
+            raise ConfigError(f"TF_CONFIG lists {cluster.num_ps} ps tasks but --ps-shards is {self.num_shards}")
+        if cluster.world_size != self.num_processes:
+            raise ConfigError(
+                f"the cluster has {cluster.world_size} processes but --strategy {strategy} needs "
+                f"{self.num_processes} ({self.num_shards} ps shards + {self.num_workers} workers)"
+            )

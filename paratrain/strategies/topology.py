@@ -1,0 +1,97 @@
+"""Who is who in a run, computed from configuration alone: how many processes, the role of
+each rank, its replica, the chief, how messages name it, and which ranks the run survives
+losing. The launcher, the supervisor and the checkpointer read a topology before any
+process exists; a strategy's runtime reads the same object once it has joined the group.
+
+Words used the same way everywhere:
+
+- *rank*: a process's global rank in the process group, ``0..num_processes-1``;
+- *replica*: a data-parallel copy of the model, which reads its own slice of every
+  global batch (a pipeline replica is several processes, one per stage);
+- *worker*: a process that trains; *shard*: a parameter-server process that serves;
+- *chief*: the worker that evaluates, prints and writes files.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import TYPE_CHECKING
+
+from paratrain.errors import ConfigError
+
+if TYPE_CHECKING:
+    from paratrain.comm.transport import ClusterEnv
+
+
+class Role(str, Enum):
+    """What a process does: train (``worker``) or serve parameters (``ps``)."""
+
+    WORKER = "worker"
+    PS = "ps"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class Topology:
+    """Data parallelism over ``num_replicas`` processes, one replica each (single, allreduce)."""
+
+    num_replicas: int = 1
+
+    @property
+    def num_processes(self) -> int:
+        return self.num_replicas
+
+    @property
+    def chief_rank(self) -> int:
+        return 0
+
+    @property
+    def expendable_ranks(self) -> frozenset[int]:
+        """Ranks whose death the run survives (the rest must all finish)."""
+        return frozenset()
+
+    def role(self, rank: int) -> Role:
+        return Role.WORKER
+
+    def replica(self, rank: int) -> int:
+        """The replica ``rank`` belongs to (for a parameter-server shard: its shard index)."""
+        return rank
+
+    def rank_name(self, rank: int) -> str:
+        """How messages name ``rank``."""
+        return f"worker {rank}"
+
+    def rank_names(self) -> list[str]:
+        return [self.rank_name(rank) for rank in range(self.num_processes)]
+
+    # ----- checkpoints: which part of a checkpoint each process writes ----------------------
+    def checkpoint_parts(self) -> list[str]:
+        """The parts of a complete checkpoint: one per process by default."""
+        return [f"rank-{r}" for r in range(self.num_processes)]
+
+    def checkpoint_part(self, rank: int) -> str | None:
+        """The part ``rank`` writes (its position, random generators, strategy state); None
+        where it writes none."""
+        return f"rank-{rank}"
+
+    def model_part(self, rank: int) -> str | None:
+        """The part holding ``rank``'s model and optimizer: replicas are identical, so rank
+        0's; None where the model lives elsewhere (parameter servers)."""
+        return "rank-0"
+
+    # ----- a cluster started elsewhere (torchrun, TF_CONFIG) --------------------------------
+    def check_cluster(self, cluster: ClusterEnv, strategy: str) -> None:
+        """ConfigError when a cluster started elsewhere does not fit this topology."""
+        if cluster.num_ps:
+            raise ConfigError(
+                f"the cluster lists {cluster.num_ps} parameter-server tasks; strategy "
+                f"{strategy} has none (use a ps-* strategy, or drop the ps job)"
+            )
+        if cluster.world_size != self.num_processes:
+            raise ConfigError(
+                f"the cluster has {cluster.world_size} processes but --strategy {strategy} "
+                f"with --workers {self.num_replicas} needs {self.num_processes}"
+            )
