@@ -358,17 +358,17 @@ def _ps_resume_codec_state(directory):
     """A ps-sync run with top-k and checkpoints, then a second that resumes it: what each
     worker's codec held right after resuming, and what its file said."""
     from paratrain.strategies.ps import ParameterServerStrategy
-    from paratrain.train.checkpoint import CheckpointStore
 
     resumed = {}
-    original = ParameterServerStrategy.resume_trainer
+    original = ParameterServerStrategy.load_state_dict
 
-    def recording(self, trainer, folder):
-        original(self, trainer, folder)
-        resumed["loaded"] = {k: v.clone() for k, v in self.codec.state_dict()["residuals"].items()}
-        resumed["file"] = CheckpointStore.read_extra(folder, f"worker-{self.rank}")
+    def recording(self, state):  # on a resumed worker: the state its file held, then its codec's
+        original(self, state)
+        if self.host is None:
+            resumed["loaded"] = {k: v.clone() for k, v in self.codec.state_dict()["residuals"].items()}
+            resumed["file"] = state
 
-    ParameterServerStrategy.resume_trainer = recording
+    ParameterServerStrategy.load_state_dict = recording
     ensure_process_group("gloo", 60)
     common = dict(PS_RECIPE, compression="topk", checkpoint_dir=directory, checkpoint_every=10)
     job.run(TrainConfig(**{**common, "epochs": 1}))
