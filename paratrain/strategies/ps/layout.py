@@ -18,7 +18,7 @@ from paratrain.errors import ConfigError
 
 # Message kinds, in the first field of every message to a shard.
 PULL, PUSH, DONE, SHUTDOWN = 1, 2, 3, 4
-# Every message to a shard is one float32 tensor: an 8-field header, then the shard's
+# Every message to a shard is one byte tensor: a HEADER_SIZE-field float32 header, then the shard's
 # slice of the gradient. One message per step (a push that also asks for the next
 # parameters) means one wake-up of the shard per step; Gloo only moves a message once
 # the receiver has posted its buffer, so fewer messages is most of the latency. The

@@ -38,6 +38,7 @@ from paratrain.comm.transport import cluster_from_env
 from paratrain.data.sharding import ShardedBatches
 from paratrain.errors import ConfigError, WorkerLost
 from paratrain.strategies.base import LossFn, StepOutput, Strategy, resolve_device, staleness_summary
+from paratrain.strategies.ps.batches import AssignedBatches
 from paratrain.strategies.ps.host import ShardHost
 from paratrain.strategies.ps.layout import (
     DONE,
@@ -420,9 +421,9 @@ class ParameterServerStrategy(Strategy):
     def _send(
         self, kind: int, *, samples: int = 0, wants_reply: bool = False, wanted: int = 0, finite: bool = True
     ) -> None:
+        """One message to every shard: header, then (for a push) that shard's gradient slice."""
         # A message that asks for a reply during an epoch of assigned batches also asks for a batch.
         epoch = self._epoch_asking if wants_reply else None
-        """One message to every shard: header, then (for a push) that shard's gradient slice."""
         # The previous message's buffers are reused now; its sends finished long ago in
         # practice, so waiting for them here keeps the wait off the step's critical path.
         self._drain_sends()
@@ -559,42 +560,3 @@ class ParameterServerStrategy(Strategy):
             self._heartbeat.join()  # out of the store before it goes
             self._heartbeat = None
         super().teardown()
-
-
-class AssignedBatches(ShardedBatches):
-    """One epoch's batches of the whole data set (one permutation, the same on every
-    worker), handed out one at a time by shard 0 in the order workers ask: dynamic
-    sharding. A straggler takes fewer batches instead of holding the others back, which
-    is what asynchronous and backup-worker training need to gain from it."""
-
-    def __init__(
-        self,
-        strategy: ParameterServerStrategy,
-        dataset: object,
-        batch_size: int,
-        *,
-        group: int,
-        shuffle: bool,
-        seed: int,
-    ):
-        self.strategy = strategy
-        self.group = group
-        super().__init__(
-            dataset, batch_size, shuffle=shuffle, drop_last=True, seed=seed, device=strategy.device, prefetch=0
-        )
-        self.rank = 0  # batch k of an epoch is distorted alike whichever worker takes it
-
-    @property
-    def num_batches(self) -> int:
-        return self.num_examples // self.batch_size // self.group * self.group
-
-    def __len__(self) -> int:
-        """This worker's expected share of an epoch (the progress bar's total)."""
-        return -(-self.num_batches // max(self.strategy.num_replicas, 1))
-
-    def numbered_batches(self) -> Iterator[tuple[int, torch.Tensor]]:
-        """The batches shard 0 hands this worker, numbered in the epoch (their transforms'
-        seeds); shard 0 knows where a resumed epoch goes on."""
-        order = self._order()
-        for k in self.strategy.assigned_batches(self.epoch, self.num_batches):
-            yield k, order[k * self.batch_size : (k + 1) * self.batch_size]

@@ -1,0 +1,53 @@
+"""Dynamic sharding of a parameter-server run's training data: shard 0 hands out each
+epoch's batches, one at a time, to whichever worker asks first."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+import torch
+
+from paratrain.data.sharding import ShardedBatches
+
+if TYPE_CHECKING:
+    from paratrain.strategies.ps.worker import ParameterServerStrategy
+
+
+class AssignedBatches(ShardedBatches):
+    """One epoch's batches of the whole data set (one permutation, the same on every
+    worker), handed out one at a time by shard 0 in the order workers ask: dynamic
+    sharding. A straggler takes fewer batches instead of holding the others back, which
+    is what asynchronous and backup-worker training need to gain from it."""
+
+    def __init__(
+        self,
+        strategy: ParameterServerStrategy,
+        dataset: object,
+        batch_size: int,
+        *,
+        group: int,
+        shuffle: bool,
+        seed: int,
+    ):
+        self.strategy = strategy
+        self.group = group
+        super().__init__(
+            dataset, batch_size, shuffle=shuffle, drop_last=True, seed=seed, device=strategy.device, prefetch=0
+        )
+        self.rank = 0  # batch k of an epoch is distorted alike whichever worker takes it
+
+    @property
+    def num_batches(self) -> int:
+        return self.num_examples // self.batch_size // self.group * self.group
+
+    def __len__(self) -> int:
+        """This worker's expected share of an epoch (the progress bar's total)."""
+        return -(-self.num_batches // max(self.strategy.num_replicas, 1))
+
+    def numbered_batches(self) -> Iterator[tuple[int, torch.Tensor]]:
+        """The batches shard 0 hands this worker, numbered in the epoch (their transforms'
+        seeds); shard 0 knows where a resumed epoch goes on."""
+        order = self._order()
+        for k in self.strategy.assigned_batches(self.epoch, self.num_batches):
+            yield k, order[k * self.batch_size : (k + 1) * self.batch_size]

@@ -1,0 +1,219 @@
+"""The checkpoints of one folder on disk: parts written atomically, a manifest that makes
+them one checkpoint, and reading them back checked (format in checkpoint.py's docstring)."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import pickle
+import shutil
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from paratrain.errors import ConfigError
+from paratrain.timeline import span
+
+FORMAT = "paratrain-checkpoint"
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+
+
+class CheckpointStore:
+    """The checkpoints of one folder: write parts, commit them with a manifest, find the
+    newest complete one, read parts back, and keep the newest ``keep``."""
+
+    def __init__(self, directory: str | os.PathLike, keep: int = 5):
+        self.root = Path(directory).expanduser()
+        self.keep = keep
+
+    def folder(self, step: int) -> Path:
+        return self.root / f"ckpt-{step:09d}"
+
+    # ----- writing ----------------------------------------------------------------------------
+    def write_part(self, step: int, part: str, state: dict[str, Any]) -> Path:
+        folder = self.folder(step)
+        self._makedirs(folder)
+        path = folder / f"{part}.pt"
+        with span("checkpoint"):
+            # Serialised first: a failing write (a full disk) then reports the system's reason.
+            buffer = io.BytesIO()
+            torch.save(state, buffer)
+            self._write_atomic(path, lambda handle: handle.write(buffer.getbuffer()))
+        return path
+
+    def commit(self, step: int, parts: list[str], meta: dict[str, Any], timeout: float) -> Path:
+        """Wait (up to ``timeout`` s) for every part of ``step``, then write the manifest
+        that makes the checkpoint complete, and drop the checkpoints beyond ``keep``."""
+        folder = self.folder(step)
+        deadline = time.monotonic() + timeout
+        missing = [p for p in parts if not (folder / f"{p}.pt").exists()]
+        while missing and time.monotonic() < deadline:
+            time.sleep(0.01)
+            missing = [p for p in missing if not (folder / f"{p}.pt").exists()]
+        if missing:
+            raise RuntimeError(
+                f"checkpoint {folder}: the part of {', '.join(missing)} did not arrive within {timeout:g} s"
+            )
+        files = {p: _describe_file(folder / f"{p}.pt") for p in parts}
+        manifest = {
+            "format": FORMAT,
+            "version": FORMAT_VERSION,
+            "step": step,
+            "time": time.time(),
+            **meta,
+            "parts": files,
+        }
+        text = json.dumps(manifest, indent=2).encode()
+        self._write_atomic(folder / MANIFEST, lambda handle: handle.write(text))
+        self.prune()
+        return folder
+
+    def prune(self) -> None:
+        """Keep the newest ``keep`` complete checkpoints; remove older ones, and incomplete
+        folders older than the newest complete one (left by a crash mid-save)."""
+        complete = self.complete()
+        if not complete:
+            return
+        newest = complete[0][0]
+        for _, folder in complete[self.keep :]:
+            shutil.rmtree(folder, ignore_errors=True)
+        done = {step for step, _ in complete}
+        for step, folder in self._folders():
+            if step < newest and step not in done:
+                shutil.rmtree(folder, ignore_errors=True)
+
+    def clear_after(self, step: int) -> None:
+        """Remove incomplete folders after ``step``: what a run that died mid-save left,
+        before its resumed run writes those steps again."""
+        done = {s for s, _ in self.complete()}
+        for later, folder in self._folders():
+            if later > step and later not in done:
+                shutil.rmtree(folder, ignore_errors=True)
+
+    def _makedirs(self, folder: Path) -> None:
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise ConfigError(f"checkpoint directory {folder}: {error.strerror}") from None
+
+    def _write_atomic(self, path: Path, write: Callable[[Any], Any]) -> None:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                write(handle)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(tmp, path)
+            _fsync_folder(path.parent)
+        except OSError as error:
+            Path(tmp).unlink(missing_ok=True)
+            reason = error.strerror or str(error)
+            raise ConfigError(f"checkpoint {path}: cannot write ({reason}); the earlier checkpoints are kept") from None
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    # ----- reading ----------------------------------------------------------------------------
+    def _folders(self) -> list[tuple[int, Path]]:
+        if not self.root.is_dir():
+            return []
+        found = []
+        for folder in self.root.glob("ckpt-*"):
+            suffix = folder.name.removeprefix("ckpt-")
+            if folder.is_dir() and suffix.isdigit():
+                found.append((int(suffix), folder))
+        return sorted(found, reverse=True)
+
+    def complete(self) -> list[tuple[int, Path]]:
+        """Complete checkpoints, newest first."""
+        return [(step, folder) for step, folder in self._folders() if self._is_complete(folder)]
+
+    def _is_complete(self, folder: Path) -> bool:
+        try:
+            manifest = json.loads((folder / MANIFEST).read_text())
+            return all((folder / f"{p}.pt").stat().st_size == f["bytes"] for p, f in manifest["parts"].items())
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return False
+
+    def latest(self) -> Path | None:
+        complete = self.complete()
+        return complete[0][1] if complete else None
+
+    @staticmethod
+    def read_manifest(folder: str | os.PathLike) -> dict[str, Any]:
+        folder = Path(folder)
+        path = folder / MANIFEST
+        try:
+            manifest = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"checkpoint {folder}: no {MANIFEST}; not a complete paratrain checkpoint") from None
+        except (OSError, ValueError) as error:
+            raise ConfigError(f"checkpoint {folder}: unreadable {MANIFEST} ({error})") from None
+        if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+            raise ConfigError(
+                f"checkpoint {folder}: not a paratrain checkpoint (its {MANIFEST} has no format {FORMAT!r})"
+            )
+        if manifest.get("version") != FORMAT_VERSION:
+            raise ConfigError(
+                f"checkpoint {folder}: format version {manifest.get('version')}, this paratrain reads {FORMAT_VERSION}"
+            )
+        return manifest
+
+    @staticmethod
+    def read_extra(folder: str | os.PathLike, name: str, map_location: Any = "cpu") -> dict[str, Any] | None:
+        """A file a process writes beside the parts at its own pace (``name``.pt), outside
+        the manifest: None where there is none."""
+        path = Path(folder) / f"{name}.pt"
+        if not path.exists():
+            return None
+        try:
+            return torch.load(path, map_location=map_location, weights_only=True)
+        except (RuntimeError, OSError, EOFError, ValueError, pickle.UnpicklingError) as error:
+            raise ConfigError(f"checkpoint {path}: not a readable checkpoint ({str(error).splitlines()[0]})") from None
+
+    @staticmethod
+    def read_part(
+        folder: str | os.PathLike, part: str, manifest: dict[str, Any], map_location: Any = "cpu"
+    ) -> dict[str, Any]:
+        """One part, checked against the manifest's size and SHA-256, loaded with weights_only."""
+        folder = Path(folder)
+        path = folder / f"{part}.pt"
+        expected = manifest["parts"].get(part)
+        if expected is None:
+            raise ConfigError(f"checkpoint {folder}: has no part {part!r} (it has {', '.join(manifest['parts'])})")
+        try:
+            found = _describe_file(path)
+        except FileNotFoundError:
+            raise ConfigError(f"checkpoint {folder}: part {path.name} is missing") from None
+        if found != expected:
+            raise ConfigError(
+                f"checkpoint {path}: corrupt or truncated ({found['bytes']} bytes, SHA-256 {found['sha256'][:12]}...; "
+                f"the manifest says {expected['bytes']} bytes, {expected['sha256'][:12]}...)"
+            )
+        try:
+            return torch.load(path, map_location=map_location, weights_only=True)
+        except (RuntimeError, OSError, EOFError, ValueError, pickle.UnpicklingError) as error:
+            raise ConfigError(f"checkpoint {path}: not a readable checkpoint ({str(error).splitlines()[0]})") from None
+
+
+def _describe_file(path: Path) -> dict[str, Any]:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return {"bytes": path.stat().st_size, "sha256": digest.hexdigest()}
+
+
+def _fsync_folder(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
