@@ -220,17 +220,18 @@ class Strategy:
         self._steps += 1
         return StepOutput(loss.detach(), logits.detach())
 
-    def skip_nonfinite(self, model: nn.Module, loss: torch.Tensor, finite: Callable[[], bool]) -> bool:
+    def skip_nonfinite(self, model: nn.Module, loss: torch.Tensor | float, finite: Callable[[], bool]) -> bool:
         """The one path for a NaN or Inf gradient, in every strategy: with ``on_nan="skip"``,
         whether ``finite()`` says this step's update must be skipped (counted in
         ``skipped_updates``); DivergedError, naming this step, if the parameters themselves
         are no longer finite (nothing left to skip back to). ``finite`` must give the same
-        answer on every process that applies the update."""
+        answer on every process that applies the update. ``loss`` is what the error reports
+        (a pipeline stage without the loss passes NaN)."""
         if self.on_nan != "skip" or finite():
             return False
         self.skipped_updates += 1
         if not finite_parameters(model):
-            raise DivergedError(float(loss.detach().float().item()), self.steps_taken)
+            raise DivergedError(float(loss), self.steps_taken)
         return True
 
     def diagnose(self, error: RuntimeError, step: int) -> Exception | None:

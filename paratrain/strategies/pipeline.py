@@ -334,9 +334,7 @@ class PipelineStrategy(Strategy):
             self._average_gradients()
         self.steps_taken += 1
         # Each stage sees only its own gradients: the processes agree in one all-reduce.
-        skip = self.skip_nonfinite(
-            self._module, torch.tensor(float("nan")), lambda: not self._nonfinite_anywhere(optimizer)
-        )
+        skip = self.skip_nonfinite(self._module, float("nan"), lambda: not self._nonfinite_anywhere(optimizer))
         if not skip:
             optimizer.step()
             self._steps += 1

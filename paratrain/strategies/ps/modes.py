@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from paratrain.errors import ConfigError
-from paratrain.options import at_least, check_options, flag, option
+from paratrain.options import at_least, check_options, flag, non_default, option
 from paratrain.strategies.ps.policies import AsyncRule, StalePolicy, SyncRule
 from paratrain.strategies.topology import Role, Topology
 
@@ -125,10 +125,10 @@ def check_mode_options(mode: PSMode, config: PSConfig) -> None:
     """ConfigError for an option of another mode, or a backup mode without backups."""
     if mode is PSMode.BACKUP and config.backup_workers < 1:
         raise ConfigError("--strategy ps-backup needs --backup-workers K >= 1 (K = 0 is ps-sync)")
-    fresh = PSConfig()
+    changed = set(non_default(config))
     for other, facts in MODES.items():
         for name in facts.options:
-            if other is not mode and name not in MODES[mode].options and getattr(config, name) != getattr(fresh, name):
+            if other is not mode and name not in MODES[mode].options and name in changed:
                 raise ConfigError(f"{flag(name)} applies to --strategy {other.strategy_name}, not {mode.strategy_name}")
 
 
