@@ -73,12 +73,14 @@ class AllReduceStrategy(Strategy):
     def prepare(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[nn.Module, torch.optim.Optimizer]:
         model, optimizer = super().prepare(model, optimizer)
         self._grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
-        ddp = DistributedDataParallel(
-            model,
+        ddp = self.track(
+            DistributedDataParallel(
+                model,
             device_ids=[self.device.index] if self.device.type == "cuda" else None,
             bucket_cap_mb=self.bucket_cap_mb,
-            # Gradients live in DDP's buckets: one copy fewer per step.
-            gradient_as_bucket_view=True,
+                # Gradients live in DDP's buckets: one copy fewer per step.
+                gradient_as_bucket_view=True,
+            )
         )
         self.hook = make_hook(self.codec)
         if self.hook is None and timeline.recorder() is not None:

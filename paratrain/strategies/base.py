@@ -17,8 +17,11 @@ a new class in the STRATEGIES table, never a branch in the loop.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import gc
 import time
+import weakref
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
@@ -89,6 +92,8 @@ class Strategy:
         """This process's global rank in the run (0..num_processes-1)."""
         self._ready = False
         self._owns_group = False
+        self._exit_hook = False
+        self._wrapped: list[weakref.ref[nn.Module]] = []  # what prepare() wrapped around a module
         self._steps = 0  # updates applied
         self.steps_taken = 0
         """Training steps this process took, skipped ones included: the step number of errors."""
@@ -139,7 +144,14 @@ class Strategy:
 
     # ----- process -----------------------------------------------------------------------
     def setup(self) -> None:
-        """Join the run (idempotent). Subclasses call ``super().setup()`` last."""
+        """Join the run (idempotent). Subclasses call ``super().setup()`` last.
+
+        A strategy that has joined a run leaves it at interpreter exit if nobody called
+        ``teardown`` before: a script that ends without it neither hangs (parameter-server
+        shards wait for the chief's word) nor aborts (Gloo's threads outliving Python)."""
+        if not self._exit_hook:
+            atexit.register(self.teardown)
+            self._exit_hook = True
         self._ready = True
 
     @property
@@ -181,10 +193,36 @@ class Strategy:
         ensure_process_group(backend, self.timeout)
 
     def teardown(self) -> None:
+        """Leave the run: release what ``prepare`` wrapped, then the process group if this
+        strategy formed it. Idempotent; called at interpreter exit too."""
+        self._release_wrapped()
         if self._owns_group:
             destroy_process_group()
             self._owns_group = False
         self._ready = False
+
+    def track(self, wrapper: nn.Module) -> nn.Module:
+        """Note a wrapper ``prepare`` made (DistributedDataParallel), to release at teardown."""
+        self._wrapped.append(weakref.ref(wrapper))
+        return wrapper
+
+    def _release_wrapped(self) -> None:
+        """A DistributedDataParallel must go before its process group: its reducer holds the
+        group, and a group freed during interpreter shutdown aborts the process ("terminate
+        called without an active exception"). Cycles (trainer <-> callbacks) are collected
+        now; a wrapper the user still holds loses its reducer, logger and group reference,
+        as DDP's own ``__getstate__`` drops them: it cannot train after teardown anyway."""
+        if not self._wrapped:
+            return
+        gc.collect()
+        for ref in self._wrapped:
+            wrapper = ref()
+            if wrapper is not None:
+                for name in ("reducer", "logger", "process_group"):
+                    wrapper.__dict__.pop(name, None)
+                getattr(wrapper, "_comm_hooks", []).clear()
+        self._wrapped.clear()
+        gc.collect()
 
     # ----- model -------------------------------------------------------------------------
     def prepare(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[nn.Module, torch.optim.Optimizer]:
