@@ -13,7 +13,7 @@ from paratrain.config import TrainConfig
 from paratrain.errors import ConfigError, DivergedError, ParatrainError, WorkerFailed
 from paratrain.launch.local import launch
 from paratrain.strategies.allreduce import AllReduceStrategy
-from paratrain.strategies.base import StepOutput, Strategy
+from paratrain.strategies.base import StepOutput, Strategy, current_strategy
 from paratrain.strategies.ps import ParameterServerStrategy
 from paratrain.strategies.single import SingleDeviceStrategy, get_strategy
 from paratrain.train.callbacks import Callback, EarlyStopping, LearningRateScheduler
@@ -58,6 +58,7 @@ __all__ = [
     "TrainConfig",
     "Trainer",
     "WorkerFailed",
+    "current_strategy",
     "get_strategy",
     "launch",
     "load_checkpoint",

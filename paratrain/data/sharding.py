@@ -8,7 +8,16 @@ at step ``s`` is exactly the batch a single process with batch ``B*R`` reads at 
 (tests/distributed/test_allreduce_equivalence.py).
 
 In-memory tensor data sets are indexed directly (no per-example collation); any other
-map-style Dataset goes through a DataLoader with the same index lists.
+map-style Dataset goes through a DataLoader with the same index lists (a DataLoader given
+as the data lends its dataset, ``collate_fn`` and ``num_workers``: paratrain picks the
+indices). Examples may be ``(inputs, targets)`` with inputs a tensor, a tuple or a dict of
+tensors (``data/batch.py``).
+
+Data that cannot be indexed (an IterableDataset, a DataLoader over one, a list or any
+re-iterable of ready ``(inputs, targets)`` batches) is read as a stream of batches in its
+own order: replica ``r`` of ``R`` takes batches ``r, r+R, r+2R, ...``; in training every
+replica takes ``len(stream) // R`` of them, so synchronous replicas stay in step (the
+stream needs ``len()`` for that when there is more than one replica).
 
 A data set may store its examples compactly (uint8 pixels) and carry a per-batch
 ``batch_transform`` that turns a batch of stored inputs into model inputs: scaling,
@@ -32,6 +41,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
+from paratrain.data.batch import check_pair, to_device
 from paratrain.errors import ConfigError
 
 BatchTransform = Callable[[torch.Tensor, torch.Generator], torch.Tensor]
@@ -51,16 +61,43 @@ class TransformedTensors(TensorDataset):
         self.batch_transform = batch_transform
 
 
-def as_tensor_dataset(data: object) -> Dataset:
-    """Accept a Dataset, or an ``(inputs, targets)`` pair of tensors or NumPy arrays."""
-    if isinstance(data, Dataset):
-        return data
-    if isinstance(data, (tuple, list)) and len(data) == 2:
+def _is_array(value: object) -> bool:
+    return torch.is_tensor(value) or isinstance(value, np.ndarray)
+
+
+def is_map_style(data: object) -> bool:
+    """Whether ``data`` can be indexed by example (``len`` and ``[i]``), like a map-style Dataset."""
+    if isinstance(data, torch.utils.data.IterableDataset):
+        return False
+    return isinstance(data, Dataset) and hasattr(data, "__len__")
+
+
+def as_source(data: object) -> tuple[object, Callable[[list[Any]], Any] | None, int]:
+    """What to read from: a map-style Dataset (an ``(inputs, targets)`` pair of tensors or
+    NumPy arrays becomes a TensorDataset), or an iterable of batches; with the
+    ``collate_fn`` and ``num_workers`` of a DataLoader given as the data."""
+    if isinstance(data, DataLoader):
+        if is_map_style(data.dataset):
+            return data.dataset, data.collate_fn, data.num_workers
+        return data, None, 0  # a loader over a stream: its batches, as it makes them
+    if is_map_style(data):
+        return data, None, 0
+    if isinstance(data, (tuple, list)) and len(data) == 2 and all(_is_array(a) for a in data):
         inputs, targets = (torch.as_tensor(np.asarray(a)) if not torch.is_tensor(a) else a for a in data)
         if len(inputs) != len(targets):
             raise ConfigError(f"inputs have {len(inputs)} examples but targets have {len(targets)}")
-        return TensorDataset(inputs, targets)
-    raise ConfigError(f"data must be a torch Dataset or an (inputs, targets) pair, got {type(data).__name__}")
+        return TensorDataset(inputs, targets), None, 0
+    if isinstance(data, Iterable) and not isinstance(data, (str, bytes, Iterator)):
+        return data, None, 0
+    raise ConfigError(
+        f"data must be a map-style Dataset, an (inputs, targets) pair of tensors, a DataLoader, "
+        f"or a re-iterable of (inputs, targets) batches (a list, an IterableDataset), got {type(data).__name__}"
+    )
+
+
+def as_tensor_dataset(data: object) -> object:
+    """The map-style Dataset (or the stream of batches) ``data`` reads from."""
+    return as_source(data)[0]
 
 
 class ShardedBatches:
@@ -81,7 +118,8 @@ class ShardedBatches:
         transform: BatchTransform | None = None,
         prefetch: int = 2,
     ):
-        self.dataset = as_tensor_dataset(dataset)
+        self.dataset, self.collate_fn, loader_workers = as_source(dataset)
+        self.streaming = not is_map_style(self.dataset)
         self.transform = transform if transform is not None else getattr(self.dataset, "batch_transform", None)
         self.prefetch = prefetch
         self.wait_seconds = 0.0
@@ -93,10 +131,15 @@ class ShardedBatches:
         self.drop_last = drop_last
         self.seed = seed
         self.device = torch.device(device)
-        self.num_workers = num_workers
+        self.num_workers = num_workers or loader_workers
         self.epoch = 0
         self.start = 0
-        self.num_examples = len(self.dataset)
+        self.num_examples = self._stream_length() if self.streaming else len(self.dataset)
+        if drop_last and len(self) == 0 and self.streaming:
+            raise ConfigError(
+                f"the training data ({type(self.dataset).__name__}) has {self.num_examples} batches, "
+                f"fewer than the {num_replicas} replicas that each need one per step"
+            )
         if drop_last and len(self) == 0:
             raise ConfigError(
                 f"the global batch ({batch_size} x {num_replicas} replicas = "
@@ -110,8 +153,30 @@ class ShardedBatches:
         self.epoch = epoch
         self.start = start
 
+    def _stream_length(self) -> int | None:
+        """Batches in the stream, or None where it has no ``len()``."""
+        try:
+            return len(self.dataset)  # type: ignore[arg-type]
+        except TypeError:
+            if self.drop_last and self.num_replicas > 1:
+                raise ConfigError(
+                    f"the training data ({type(self.dataset).__name__}) has no len(): with {self.num_replicas} "
+                    "replicas each must take the same number of steps; give it __len__ (batches per epoch) "
+                    "or pass a map-style Dataset"
+                ) from None
+            return None
+
     def __len__(self) -> int:
+        if self.streaming:
+            return len(self.stream_numbers()) if self.num_examples is not None else 0
         return len(self.batch_indices())
+
+    def stream_numbers(self) -> range:
+        """The stream's batches this replica takes this epoch, by their place in the stream."""
+        total = self.num_examples if self.num_examples is not None else 1 << 62
+        r = self.num_replicas
+        end = total // r * r if self.drop_last else total
+        return range(self.rank, end, r)
 
     def batch_indices(self) -> list[torch.Tensor]:
         """This replica's index lists for the current epoch, one per step."""
@@ -125,7 +190,10 @@ class ShardedBatches:
         return list(torch.split(block, b)) if len(block) else []
 
     def numbered_batches(self) -> Iterator[tuple[int, torch.Tensor]]:
-        """``(batch number, indices)`` of this epoch's batches from ``start`` on."""
+        """``(batch number, indices)`` of this epoch's batches from ``start`` on (for a
+        stream: ``(place in the stream, None)``)."""
+        if self.streaming:
+            return ((k, None) for k in itertools.islice(self.stream_numbers(), self.start, None))
         return itertools.islice(enumerate(self.batch_indices()), self.start, None)
 
     def _order(self) -> torch.Tensor:
@@ -142,8 +210,11 @@ class ShardedBatches:
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         indices = self.numbered_batches()
-        tensors = isinstance(self.dataset, TensorDataset)
-        batches = self._tensor_batches(indices) if tensors else self._loader_batches(indices)
+        tensors = isinstance(self.dataset, TensorDataset) and self.collate_fn is None
+        if self.streaming:
+            batches = self._stream_batches(indices)
+        else:
+            batches = self._tensor_batches(indices) if tensors else self._loader_batches(indices)
         # Plain in-memory tensors are one index_select away from a batch: a thread would
         # only add a hand-off, which cost digits a fifth to a third of its throughput
         # (benchmarks/input_pipeline.py, docs/data.md).
@@ -178,20 +249,50 @@ class ShardedBatches:
                 batch = self.transform(batch, self.transform_generator(number))
             yield batch, targets.index_select(0, idx)
 
-    def _loader_batches(
-        self, indices: Iterable[tuple[int, torch.Tensor]]
-    ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        numbered = list(indices)
+    def _loader_batches(self, indices: Iterator[tuple[int, torch.Tensor]]) -> Iterator[tuple[Any, Any]]:
+        # Lazily: a parameter-server worker's next batch number comes with the reply to its
+        # last push, so the index lists cannot be drawn up front. DataLoader workers read
+        # ahead from the lazy sampler; without workers each batch is read when it is due.
+        numbers: queue.SimpleQueue[int] = queue.SimpleQueue()
+
+        def sampler() -> Iterator[list[int]]:
+            for number, idx in indices:
+                numbers.put(number)
+                yield idx.tolist()
+
         loader = DataLoader(
             self.dataset,
-            batch_sampler=[idx.tolist() for _, idx in numbered],
+            batch_sampler=_LazySampler(sampler),
             num_workers=self.num_workers,
+            collate_fn=self.collate_fn,
             pin_memory=self.device.type == "cuda",
         )
-        for (number, _), (inputs, targets) in zip(numbered, loader):
+        for item in loader:
+            check_pair(item, f"{type(self.dataset).__name__} (collated)")
+            inputs, targets = item
             if self.transform is not None:
-                inputs = self.transform(inputs, self.transform_generator(number))
-            yield inputs.to(self.device, non_blocking=True), targets.to(self.device, non_blocking=True)
+                inputs = self.transform(inputs, self.transform_generator(numbers.get()))
+            yield to_device(inputs, self.device, True), to_device(targets, self.device, True)
+
+    def _stream_batches(self, numbered: Iterator[tuple[int, None]]) -> Iterator[tuple[Any, Any]]:
+        wanted = next(numbered, None)
+        for place, item in enumerate(self.dataset):  # type: ignore[arg-type]
+            if wanted is None:
+                return
+            if place == wanted[0]:
+                check_pair(item, f"{type(self.dataset).__name__} (a batch)")
+                yield to_device(item[0], self.device, True), to_device(item[1], self.device, True)
+                wanted = next(numbered, None)
+
+
+class _LazySampler:
+    """A batch sampler drawn from a generator as the DataLoader asks (no length up front)."""
+
+    def __init__(self, make: Callable[[], Iterator[list[int]]]):
+        self.make = make
+
+    def __iter__(self) -> Iterator[list[int]]:
+        return self.make()
 
 
 class _Failed:

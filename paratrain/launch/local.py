@@ -1,7 +1,7 @@
 """Local multi-process launch with torchrun's environment (RANK, WORLD_SIZE,
 MASTER_ADDR, ...), on loopback: ``launch(fn, *args, num_processes=N)``, or
-``launch(fn, *args, topology=...)`` to take the processes, names and expendable ranks of a
-strategy's topology.
+``launch(fn, *args, strategy=...)`` to start the processes a strategy needs (shards,
+workers, stages) and run ``fn`` inside its scope on each.
 
 The processes are started and watched by ``launch/supervisor.py`` rather than by
 PyTorch's elastic agent: the agent does not report a process killed by a signal
@@ -21,6 +21,7 @@ from paratrain.launch.supervisor import supervise
 
 if TYPE_CHECKING:
     from paratrain.config import TrainConfig
+    from paratrain.strategies.base import Strategy
     from paratrain.strategies.topology import Topology
 
 
@@ -33,8 +34,15 @@ def launch(
     rank_names: list[str] | None = None,
     checkpoint_dir: str | None = None,
     topology: Topology | None = None,
+    strategy: Strategy | None = None,
 ) -> list[Any]:
     """Run ``fn(*args)`` on ``num_processes`` local processes; their return values by rank.
+
+    With ``strategy`` (made with ``workers=N``, and for a parameter server its shards and
+    backups, for a pipeline its stages), the processes are those it needs, and each runs
+    ``fn(*args)`` inside ``strategy.scope()``: a ``Trainer`` made there uses it, and so
+    does ``paratrain.current_strategy()``. On a parameter-server shard, ``Trainer.fit``
+    serves until the workers are done. Each process leaves the run when ``fn`` returns.
 
     ``fn`` must be importable (a module-level function): processes are spawned fresh.
     When a process fails the others are stopped at once, so a failed run never hangs,
@@ -46,6 +54,9 @@ def launch(
     messages ("ps shard 0", "worker 1"). A ``topology`` gives the number of processes,
     the names and the expendable ranks at once.
     """
+    if strategy is not None:
+        topology = strategy.planned_topology()
+        fn, args = _in_scope, (strategy, fn, *args)
     if topology is not None:
         num_processes = topology.num_processes
         expendable, rank_names = topology.expendable_ranks, topology.rank_names()
@@ -57,6 +68,15 @@ def launch(
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     names = rank_names or [f"worker {rank}" for rank in range(num_processes)]
     return supervise(fn, args, num_processes, expendable, names, max_restarts, checkpoint_dir)
+
+
+def _in_scope(strategy: Strategy, fn: Callable[..., Any], *args: Any) -> Any:
+    """In each process of ``launch(fn, strategy=...)``: ``fn(*args)`` in the strategy's scope."""
+    try:
+        with strategy.scope():
+            return fn(*args)
+    finally:
+        strategy.teardown()
 
 
 def run_locally(config: TrainConfig) -> dict[str, Any]:

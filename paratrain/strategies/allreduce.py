@@ -26,6 +26,7 @@ from paratrain.comm.hooks import CommHook, make_hook
 from paratrain.comm.transport import cluster_from_env, default_backend
 from paratrain.errors import ConfigError
 from paratrain.strategies.base import Strategy, resolve_device, staleness_summary
+from paratrain.strategies.recipe import StepRecipe
 from paratrain.strategies.topology import Topology
 
 if TYPE_CHECKING:
@@ -42,8 +43,9 @@ class AllReduceStrategy(Strategy):
         timeout: float = 300.0,
         bucket_cap_mb: float = 25.0,
         compression: str | Codec = "none",
+        workers: int | None = None,
     ):
-        super().__init__(device=device, timeout=timeout)
+        super().__init__(device=device, timeout=timeout, workers=workers)
         self.bucket_cap_mb = bucket_cap_mb
         self.codec = make_codec(compression) if isinstance(compression, str) else compression
         self.hook: CommHook | None = None
@@ -53,7 +55,9 @@ class AllReduceStrategy(Strategy):
     @classmethod
     def from_config(cls, config: TrainConfig) -> AllReduceStrategy:
         return cls(
-            device=config.device, timeout=config.timeout, compression=make_codec(config.codec.compression, config.codec)
+            device=config.device,
+            timeout=config.timeout,
+            compression=make_codec(config.codec.compression, config.codec),
         )
 
     def describe(self) -> dict[str, Any]:
@@ -70,14 +74,16 @@ class AllReduceStrategy(Strategy):
         self.topology = Topology(num_replicas=dist.get_world_size())
         super().setup()
 
-    def prepare(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[nn.Module, torch.optim.Optimizer]:
-        model, optimizer = super().prepare(model, optimizer)
+    def prepare(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, recipe: StepRecipe | None = None
+    ) -> tuple[nn.Module, torch.optim.Optimizer]:
+        model, optimizer = super().prepare(model, optimizer, recipe)
         self._grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
         ddp = self.track(
             DistributedDataParallel(
                 model,
-            device_ids=[self.device.index] if self.device.type == "cuda" else None,
-            bucket_cap_mb=self.bucket_cap_mb,
+                device_ids=[self.device.index] if self.device.type == "cuda" else None,
+                bucket_cap_mb=self.bucket_cap_mb,
                 # Gradients live in DDP's buckets: one copy fewer per step.
                 gradient_as_bucket_view=True,
             )
@@ -94,7 +100,12 @@ class AllReduceStrategy(Strategy):
         return ddp, optimizer
 
     def unwrap(self, model: nn.Module) -> nn.Module:
+        model = _uncompiled(model)
         return model.module if isinstance(model, DistributedDataParallel) else model
+
+    def no_sync(self, model: nn.Module) -> Any:
+        model = _uncompiled(model)
+        return model.no_sync() if isinstance(model, DistributedDataParallel) else super().no_sync(model)
 
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
@@ -136,6 +147,11 @@ class AllReduceStrategy(Strategy):
             self.hook.load_state_dict(state.get("hook", {}))
         else:
             self._hook_state = state.get("hook") or None
+
+
+def _uncompiled(model: nn.Module) -> nn.Module:
+    """The module ``torch.compile`` wrapped (DDP, when the prepared model was compiled)."""
+    return getattr(model, "_orig_mod", model)
 
 
 def _timed_allreduce_hook(state, bucket):  # noqa: ANN001 - DDP checks the real annotations, not strings

@@ -34,6 +34,7 @@ from torch import nn
 from paratrain.comm.transport import destroy_process_group, ensure_process_group
 from paratrain.data.sharding import ShardedBatches
 from paratrain.errors import ConfigError, DivergedError, WorkerLost
+from paratrain.strategies.recipe import StepRecipe, clip_norm
 from paratrain.strategies.topology import Role, Topology
 from paratrain.timeline import span
 
@@ -81,10 +82,19 @@ class Strategy:
     name: ClassVar[str] = "base"
     takes_compression: ClassVar[bool] = False
     """Whether the mode sends gradients that a codec (``--compression``) can compress."""
+    scales_loss: ClassVar[bool] = True
+    """Whether the optimizer runs where the gradient is made, as fp16's GradScaler needs."""
+    compiles: ClassVar[bool] = True
+    """Whether ``torch.compile`` of the prepared model works under this mode."""
 
-    def __init__(self, device: str = "auto", timeout: float = 300.0):
+    def __init__(self, device: str = "auto", timeout: float = 300.0, workers: int | None = None):
+        if workers is not None and (not isinstance(workers, int) or workers < 1):
+            raise ConfigError(f"workers must be a whole number >= 1, got {workers!r}")
         self.device_preference = device
         self.timeout = timeout
+        self.workers = workers
+        """Processes that train, for ``paratrain.launch(fn, strategy=...)`` to start; None:
+        as many as the process group this strategy joins has."""
         self.device = torch.device("cpu")
         self.topology: Topology = Topology()
         """Who is who in this run; set by ``setup`` from the process group."""
@@ -101,6 +111,9 @@ class Strategy:
         """``"stop"``: a NaN or Inf loss ends the run (DivergedError, exit 3); ``"skip"``: an
         update whose gradient holds one is skipped and counted (``skipped_updates``)."""
         self.skipped_updates = 0
+        self.recipe = StepRecipe()
+        """How a step computes (precision, accumulation, clipping); set by ``prepare``."""
+        self.scaler: torch.amp.GradScaler | None = None
         self.wait_seconds = 0.0
         """Seconds this process spent blocked on other processes (parameter-server pulls)."""
         self.on_version: Callable[[int], None] = _ignore
@@ -132,6 +145,17 @@ class Strategy:
     def from_config(cls, config: TrainConfig) -> Strategy:
         return cls(device=config.device, timeout=config.timeout)
 
+    def planned_topology(self) -> Topology:
+        """Who is who in the run this object was made for (its ``workers`` and its mode's
+        own sizes): the processes ``paratrain.launch(fn, strategy=self)`` starts."""
+        return Topology(num_replicas=self.workers or 1)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """A strategy travels to the processes of a launch before it joins a run."""
+        if self._ready:
+            raise TypeError(f"{self.name}: a strategy that has joined a run cannot be sent to another process")
+        return dict(self.__dict__)
+
     def describe(self) -> dict[str, Any]:
         """The metrics file's description of this mode."""
         return {
@@ -152,6 +176,12 @@ class Strategy:
         if not self._exit_hook:
             atexit.register(self.teardown)
             self._exit_hook = True
+        if self.workers is not None and self.planned_topology().num_processes != self.topology.num_processes:
+            planned = self.planned_topology().num_processes
+            raise ConfigError(
+                f"{self.name} with workers={self.workers} needs {planned} processes, "
+                f"the process group has {self.topology.num_processes}"
+            )
         self._ready = True
 
     @property
@@ -225,10 +255,34 @@ class Strategy:
         gc.collect()
 
     # ----- model -------------------------------------------------------------------------
-    def prepare(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[nn.Module, torch.optim.Optimizer]:
-        """Move the model to this replica's device and wrap it for this mode."""
+    def prepare(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, recipe: StepRecipe | None = None
+    ) -> tuple[nn.Module, torch.optim.Optimizer]:
+        """Move the model to this replica's device and wrap it for this mode; ``recipe``
+        says how its steps compute (precision, accumulation, clipping, memory format)."""
         self.setup()
-        return model.to(self.device), optimizer
+        self.use_recipe(recipe)
+        return self.recipe.prepare_model(model.to(self.device)), optimizer
+
+    def use_recipe(self, recipe: StepRecipe | None) -> None:
+        """Take ``recipe`` (ConfigError where this mode cannot run it)."""
+        recipe = recipe or StepRecipe()
+        if recipe.scaled and not self.scales_loss:
+            raise ConfigError(
+                f"--precision fp16 needs its gradient scaler beside the optimizer, which {self.name} runs "
+                "elsewhere; use --precision bf16 (no scaler), or --strategy single or allreduce"
+            )
+        self.recipe = recipe
+        self.scaler = torch.amp.GradScaler(self.device.type) if recipe.scaled else None
+
+    def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
+        """Backward passes without communication (all but the last of an accumulated step)."""
+        return contextlib.nullcontext()
+
+    def clip_gradients(self, model: nn.Module) -> None:
+        """Scale this step's gradient to the recipe's global norm; the norm is the whole
+        model's (every replica holds the whole gradient here)."""
+        clip_norm(self.unwrap(model).parameters(), self.recipe.clip_grad_norm)
 
     def unwrap(self, model: nn.Module) -> nn.Module:
         """The user's own module inside whatever ``prepare`` wrapped it in."""
@@ -242,21 +296,37 @@ class Strategy:
         inputs: torch.Tensor,
         targets: torch.Tensor,
     ) -> StepOutput:
-        """Forward, backward and update on this replica's batch."""
+        """Forward, backward (over the recipe's micro-batches) and update on this replica's batch."""
         optimizer.zero_grad(set_to_none=True)
-        with span("forward"):
-            logits = model(inputs)
-            loss = loss_fn(logits, targets)
-        with span("backward"):  # under DDP: including the wait for the last bucket's all-reduce
-            loss.backward()
+        scaler = self.scaler
+        loss, outputs = self.recipe.forward_backward(
+            model,
+            loss_fn,
+            inputs,
+            targets,
+            self.device,
+            no_sync=lambda: self.no_sync(model),
+            scale=scaler.scale if scaler is not None else _same,
+        )
         self.steps_taken += 1
+        if scaler is not None:  # fp16: the scaler skips a step whose gradient overflowed
+            scaler.unscale_(optimizer)
+            if self.recipe.clip_grad_norm:
+                self.clip_gradients(model)
+            with span("optimizer"):
+                scaler.step(optimizer)
+                scaler.update()
+            self._steps += 1
+            return StepOutput(loss, outputs)
+        if self.recipe.clip_grad_norm:
+            self.clip_gradients(model)
         # Gradients are already averaged: every replica sees the same and skips alike.
         if self.skip_nonfinite(model, loss, lambda: finite_gradients(optimizer)):
-            return StepOutput(loss.detach(), logits.detach(), skipped=True)
+            return StepOutput(loss, outputs, skipped=True)
         with span("optimizer"):
             optimizer.step()
         self._steps += 1
-        return StepOutput(loss.detach(), logits.detach())
+        return StepOutput(loss, outputs)
 
     def skip_nonfinite(self, model: nn.Module, loss: torch.Tensor | float, finite: Callable[[], bool]) -> bool:
         """The one path for a NaN or Inf gradient, in every strategy: with ``on_nan="skip"``,
@@ -298,7 +368,7 @@ class Strategy:
     def forward(self, model: nn.Module, inputs: torch.Tensor) -> torch.Tensor | None:
         """Evaluation's forward pass on ``model`` (unwrapped): the logits, or None on a process
         that holds none (pipeline stages before the last, which pass activations on)."""
-        return model(inputs)
+        return self.recipe.forward(model, inputs, self.device)
 
     def step_counters(self) -> dict[str, float]:
         """This process's running totals, read after every step by the TensorBoard logger:
@@ -382,6 +452,10 @@ class Strategy:
 
 def _ignore(version: int) -> None:
     pass
+
+
+def _same(loss: torch.Tensor) -> torch.Tensor:
+    return loss
 
 
 def finite_parameters(model: nn.Module) -> bool:

@@ -37,6 +37,7 @@ from paratrain.parallel.split import (
     sequential_layers,
 )
 from paratrain.strategies.base import LossFn, StepOutput, Strategy, finite_gradients, resolve_device, staleness_summary
+from paratrain.strategies.recipe import StepRecipe
 from paratrain.strategies.topology import Topology
 
 if TYPE_CHECKING:
@@ -96,6 +97,8 @@ class PipelineTopology(Topology):
 class PipelineStrategy(Strategy):
     name = "pipeline"
     options = PipelineConfig
+    scales_loss = False  # no GradScaler across stages: bf16 needs none
+    compiles = False  # stages are cut from the model's layers, not from a compiled graph
 
     def __init__(
         self,
@@ -106,8 +109,10 @@ class PipelineStrategy(Strategy):
         split_points: list[int] | None = None,
         device: str = "auto",
         timeout: float = 300.0,
+        workers: int | None = None,
     ):
-        super().__init__(device=device, timeout=timeout)
+        # `workers` counts processes, as --workers does: replicas x stages.
+        super().__init__(device=device, timeout=timeout, workers=workers)
         if schedule not in SCHEDULES:
             raise ConfigError(f"--schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
         if balance not in BALANCES:
@@ -192,6 +197,12 @@ class PipelineStrategy(Strategy):
             timeout=config.timeout,
         )
 
+    def planned_topology(self) -> PipelineTopology:
+        processes = self.workers if self.workers and self.workers > 1 else self.num_stages
+        if processes % self.num_stages:
+            raise ConfigError(f"pipeline workers={processes} is not a multiple of num_stages={self.num_stages}")
+        return PipelineTopology(num_replicas=processes // self.num_stages, num_stages=self.num_stages)
+
     def describe(self) -> dict[str, Any]:
         return {
             **super().describe(),
@@ -240,11 +251,16 @@ class PipelineStrategy(Strategy):
         return True  # every stage runs its part of the evaluation's forward pass
 
     # ----- model -------------------------------------------------------------------------
-    def prepare(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[nn.Module, torch.optim.Optimizer]:
+    def prepare(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, recipe: StepRecipe | None = None
+    ) -> tuple[nn.Module, torch.optim.Optimizer]:
         """This process's stage of ``model``; ``optimizer`` keeps only the stage's parameters.
+        ``recipe.accumulate`` multiplies the micro-batches of a step (the same gradient).
 
         With ``balance="time"`` the split waits for the first batch (to time the layers on)."""
         self.setup()
+        self.use_recipe(recipe)
+        model = self.recipe.prepare_model(model)
         layers = sequential_layers(model)
         check_num_parts(len(layers), self.num_stages)
         if self.split_points is not None:
@@ -302,7 +318,7 @@ class PipelineStrategy(Strategy):
                 self.num_stages,
                 self.device,
                 self._pipeline_group,
-                self.num_microbatches,
+                self.step_microbatches,
                 loss_fn,
             )
             self._count_traffic(self._module)
@@ -318,21 +334,29 @@ class PipelineStrategy(Strategy):
     ) -> StepOutput:
         """One step of the schedule on this stage; the loss (batch mean) and the logits on
         the last stage, a zero loss and no logits on the others."""
+        if not torch.is_tensor(inputs):
+            raise ConfigError(
+                f"--strategy pipeline feeds stage 0 one tensor; this batch's inputs are a {type(inputs).__name__}"
+            )
+        inputs = self.recipe.prepare_inputs(inputs)
         if self._module is None:
             self._build(inputs)
         schedule = self._schedule_for(loss_fn)
         optimizer.zero_grad(set_to_none=True)
         losses: list[torch.Tensor] = []
-        if self.stage == 0:
-            outputs = schedule.step(inputs)
-        elif self.is_last_stage:
-            outputs = schedule.step(target=targets, losses=losses)
-        else:
-            outputs = schedule.step()
-        self._bytes_sent += self.num_microbatches * self._microbatch_bytes
+        with self.recipe.autocast(self.device):
+            if self.stage == 0:
+                outputs = schedule.step(inputs)
+            elif self.is_last_stage:
+                outputs = schedule.step(target=targets, losses=losses)
+            else:
+                outputs = schedule.step()
+        self._bytes_sent += self.step_microbatches * self._microbatch_bytes
         if self.num_replicas > 1:
             self._average_gradients()
         self.steps_taken += 1
+        if self.recipe.clip_grad_norm:
+            self.clip_gradients(self._module)
         # Each stage sees only its own gradients: the processes agree in one all-reduce.
         skip = self.skip_nonfinite(self._module, float("nan"), lambda: not self._nonfinite_anywhere(optimizer))
         if not skip:
@@ -342,6 +366,23 @@ class PipelineStrategy(Strategy):
             # Equal micro-batches: the mean of their mean losses is the batch's mean loss.
             return StepOutput(torch.stack([l.detach() for l in losses]).mean(), outputs.detach(), skipped=skip)
         return StepOutput(torch.zeros((), device=self.device), torch.empty(0, device=self.device), skipped=skip)
+
+    @property
+    def step_microbatches(self) -> int:
+        """Micro-batches per optimizer step: ``num_microbatches`` x the recipe's ``accumulate``."""
+        return self.num_microbatches * self.recipe.accumulate
+
+    def clip_gradients(self, model: nn.Module) -> None:
+        """The global norm over every stage of this replica (one all-reduce of a square sum;
+        replicas hold equal gradients after averaging), then each stage scales its own."""
+        grads = [p.grad for p in self._module.parameters() if p.grad is not None]
+        square = torch.stack([g.detach().float().pow(2).sum() for g in grads]).sum() if grads else torch.zeros(())
+        square = square.to(self.device).reshape(1)
+        dist.all_reduce(square, group=self._pipeline_group)
+        norm = square.sqrt()
+        factor = torch.clamp(self.recipe.clip_grad_norm / (norm + 1e-6), max=1.0)
+        if grads:
+            torch._foreach_mul_(grads, factor.to(grads[0].dtype))
 
     def _nonfinite_anywhere(self, optimizer: torch.optim.Optimizer) -> bool:
         """Whether any stage of any replica holds a NaN or Inf gradient: each stage sees
@@ -367,9 +408,14 @@ class PipelineStrategy(Strategy):
 
     def forward(self, model: nn.Module, inputs: torch.Tensor) -> torch.Tensor | None:
         """Evaluation's forward pass through every stage; logits on the last stage only."""
+        inputs = self.recipe.prepare_inputs(inputs)
         if self._module is None:
             self._build(inputs)
         base = self.rank * self.num_stages
+        with self.recipe.autocast(self.device):
+            return self._forward_only(inputs, base)
+
+    def _forward_only(self, inputs: torch.Tensor, base: int) -> torch.Tensor | None:
         return forward_only(
             self._module,
             inputs,

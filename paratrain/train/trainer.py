@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,13 +19,16 @@ import torch
 from torch import nn
 
 from paratrain.console import console
+from paratrain.data.batch import num_examples
 from paratrain.errors import ConfigError
 from paratrain.strategies.base import Strategy
+from paratrain.strategies.recipe import StepRecipe
 from paratrain.strategies.single import get_strategy
 from paratrain.strategies.topology import Role
 from paratrain.timeline import span
 from paratrain.train.callbacks import Callback, CallbackList, EpochLog, ProgressBar, StepLog
 from paratrain.train.metrics import StepWindow
+from paratrain.train.scores import Score, resolve_loss, resolve_metrics
 
 
 def rng_state() -> dict[str, Any]:
@@ -55,47 +58,63 @@ def set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-LOSSES: dict[str, Callable[[], nn.Module]] = {"cross_entropy": nn.CrossEntropyLoss}
-METRICS = ("accuracy",)
-
-
 @dataclass
 class History:
-    """Per-epoch logs of a ``fit``; ``history["test_accuracy"]`` gives one list, Keras-style."""
+    """Per-epoch logs of a ``fit``; ``history["test_accuracy"]`` gives one list, Keras-style.
+
+    The same keys on every process: where a process does not evaluate (parameter-server
+    workers other than the chief) its ``test_*`` values are None; a parameter-server
+    shard (``role`` ``"ps"``) trains no epochs, and every list is empty."""
 
     epochs: list[dict[str, Any]] = field(default_factory=list)
+    keys: tuple[str, ...] = ()
+    """Keys every epoch logs (the loss and, with validation data, ``test_*`` of each metric)."""
+    role: str = "worker"
 
     @property
     def history(self) -> dict[str, list[Any]]:
-        keys = {k for entry in self.epochs for k in entry}
+        keys = {k for entry in self.epochs for k in entry} | set(self.keys)
         return {k: [entry.get(k) for entry in self.epochs] for k in sorted(keys)}
 
     def __getitem__(self, key: str) -> list[Any]:
-        return self.history[key]
+        history = self.history
+        if key not in history:
+            raise KeyError(f"{key!r}: this history logs {', '.join(sorted(history)) or 'nothing'}")
+        return history[key]
 
 
 class Trainer:
     def __init__(
         self,
         model: nn.Module,
-        loss: str | Callable[[torch.Tensor, torch.Tensor], torch.Tensor] = "cross_entropy",
+        loss: str | Score = "cross_entropy",
         optimizer: torch.optim.Optimizer | None = None,
-        metrics: Sequence[str] = ("accuracy",),
+        metrics: Sequence[str | Score] | Mapping[str, Score] = ("accuracy",),
         strategy: Strategy | None = None,
+        *,
+        precision: str = "fp32",
+        accumulate: int = 1,
+        clip_grad_norm: float | None = None,
+        channels_last: bool = False,
+        compile: bool = False,
     ):
-        unknown = [m for m in metrics if m not in METRICS]
-        if unknown:
-            raise ConfigError(f"unknown metric {unknown[0]!r}; valid: {', '.join(METRICS)}")
-        if isinstance(loss, str):
-            if loss not in LOSSES:
-                raise ConfigError(f"unknown loss {loss!r}; valid: {', '.join(LOSSES)}")
-            loss = LOSSES[loss]()
+        """``loss``: a name (``scores.LOSSES``) or a callable ``(outputs, targets)``; ``metrics``:
+        names (``accuracy``, ``top5_accuracy``, ``mae``, ``mse``), callables, or a dict of them.
+        ``precision``, ``accumulate``, ``clip_grad_norm``, ``channels_last``: how each step
+        computes (``strategies/recipe.py``); ``compile``: ``torch.compile`` the prepared model."""
+        self.metric_fns = resolve_metrics(metrics)
+        loss = resolve_loss(loss)
         if optimizer is None:
             raise ConfigError("Trainer needs an optimizer, e.g. torch.optim.SGD(model.parameters(), lr=0.05)")
         self.strategy = strategy or get_strategy()
+        if compile and not self.strategy.compiles:
+            raise ConfigError(f"--compile is not available with --strategy {self.strategy.name}")
+        self.recipe = StepRecipe(precision, accumulate, clip_grad_norm, channels_last)
         self.loss_fn = loss
-        self.metrics = tuple(metrics)
-        self.model, self.optimizer = self.strategy.prepare(model, optimizer)
+        self.metrics = tuple(self.metric_fns)
+        self.model, self.optimizer = self.strategy.prepare(model, optimizer, self.recipe)
+        if compile:
+            self.model = torch.compile(self.model)
         self.learning_rate = optimizer.param_groups[0]["lr"]
         self.global_step = 0
         self.epoch = 0
@@ -115,8 +134,13 @@ class Trainer:
 
     @property
     def module(self) -> nn.Module:
-        """The user's model, unwrapped from whatever the strategy wrapped it in."""
-        return self.strategy.unwrap(self.model)
+        """The user's model, unwrapped from whatever the strategy (and torch.compile) wrapped it in."""
+        return self.strategy.unwrap(getattr(self.model, "_orig_mod", self.model))
+
+    def log_keys(self, validation: bool) -> tuple[str, ...]:
+        """The keys of every epoch's log that depend on the metrics."""
+        tested = ("test_loss", *(f"test_{m}" for m in self.metrics)) if validation else ()
+        return ("train_loss", *tested)
 
     def set_learning_rate(self, lr: float) -> None:
         self.strategy.set_learning_rate(self.optimizer, lr)
@@ -128,18 +152,26 @@ class Trainer:
         epochs: int = 1,
         validation_data: object | None = None,
         callbacks: Sequence[Callback] = (),
-        batch_size: int = 32,
+        batch_size: int | None = None,
         seed: int = 0,
         verbose: int = 1,
         log_every: int = 0,
     ) -> History:
-        """Train for ``epochs`` passes over ``train_data``; ``batch_size`` is per replica.
+        """Train for ``epochs`` passes over ``train_data``; ``batch_size`` is per replica
+        (default: a DataLoader's own, else 32), and each optimizer step takes ``accumulate``
+        such batches.
+
+        ``train_data``: a map-style Dataset (examples ``(inputs, targets)``, inputs a tensor,
+        tuple or dict), an ``(inputs, targets)`` pair of tensors or arrays, a DataLoader (its
+        dataset, collate_fn and workers; paratrain picks the indices), or a re-iterable of
+        ready batches (``data/sharding.py``).
 
         ``verbose``: 0 silent, 1 progress bar and one line per epoch (chief only).
         ``log_every``: reduce the loss across replicas and print the step log every
         this many steps (0: once per epoch). Divergence is detected at these points.
         """
         strategy = self.strategy
+        keys = self.log_keys(validation_data is not None)
         if strategy.role is Role.PS:
             # A parameter-server shard serves until training ends, like `server.join()`.
             hooks = CallbackList(list(callbacks), self)
@@ -147,9 +179,11 @@ class Trainer:
             strategy.on_version = hooks.on_version
             strategy.serve()
             hooks.on_serve_end({})
-            return History()
-        batches = strategy.distribute(train_data, batch_size, shuffle=True, drop_last=True, seed=seed)
-        global_batch = batch_size * strategy.num_replicas
+            return History(keys=keys, role=strategy.role.value)
+        batch_size = batch_size or getattr(train_data, "batch_size", None) or 32
+        step_batch = batch_size * self.recipe.accumulate
+        batches = strategy.distribute(train_data, step_batch, shuffle=True, drop_last=True, seed=seed)
+        global_batch = step_batch * strategy.num_replicas
         defaults: list[Callback] = [ProgressBar(), EpochLog()] if verbose else []
         if verbose and log_every:
             defaults.append(StepLog())
@@ -160,9 +194,10 @@ class Trainer:
         # A callback may restore a checkpoint here: the loop goes on from the position it set.
         hooks.on_train_begin({"epochs": epochs, "steps_per_epoch": len(batches), "global_batch": global_batch})
         if not self._resumed:
-            self.history, self._window, self._epoch_sums, self.batch = History(), StepWindow(), [0.0, 0.0], 0
+            self.history, self._window, self._epoch_sums, self.batch = History(keys=keys), StepWindow(), [0.0, 0.0], 0
             self._window.first_step = self.global_step + 1
         self._resumed = False
+        self.history.keys = keys
         history, window = self.history, self._window
         for epoch in range(self.epoch, epochs):
             self.epoch = epoch
@@ -183,7 +218,7 @@ class Trainer:
                 if out.skipped:
                     self._report_skip(self.global_step + 1, out.loss)
                 else:
-                    window.add(out.loss, len(targets))
+                    window.add(out.loss, num_examples(targets))
                 self.global_step += 1
                 logs: dict[str, Any] = {"batch": self.batch, "global_batch": global_batch, "local_loss": out.loss}
                 if log_every and self.global_step % log_every == 0 and len(window):
@@ -208,7 +243,7 @@ class Trainer:
                 "loader_wait_seconds": batches.wait_seconds - waited,
                 "examples_seen": self.examples_seen,
             }
-            if validation_data is not None and strategy.evaluates:
+            if validation_data is not None:
                 logs.update({f"test_{k}": v for k, v in self.evaluate(validation_data).items()})
             logs["wall_seconds"] = time.perf_counter() - start
             history.epochs.append({k: v for k, v in logs.items() if k != "epochs"})
@@ -280,34 +315,36 @@ class Trainer:
         self._resumed = True
 
     @torch.no_grad()
-    def evaluate(self, data: object, batch_size: int = 256) -> dict[str, float]:
-        """Loss and accuracy on ``data``, each replica on its own part, summed across replicas.
+    def evaluate(self, data: object, batch_size: int = 256) -> dict[str, float | None]:
+        """``loss`` and each metric on ``data``, each replica on its own part, reduced across
+        replicas: the means over every example.
 
-        Empty on a process that does not evaluate (parameter-server workers other than the chief)."""
+        The same keys everywhere; None values on a process that does not evaluate
+        (parameter-server shards, and workers other than the chief)."""
         if not self.strategy.evaluates:
-            return {}
+            return dict.fromkeys(("loss", *self.metrics))
         with span("evaluate"):
             return self._evaluate(data, batch_size)
 
-    def _evaluate(self, data: object, batch_size: int) -> dict[str, float]:
+    def _evaluate(self, data: object, batch_size: int) -> dict[str, float | None]:
         self.strategy.refresh(self.model)
         model = self.module
         was_training = model.training
         model.eval()
-        sums = torch.zeros(3, dtype=torch.float64, device=self.strategy.device)
+        scores = list(self.metric_fns.values())
+        # [examples, loss x n, metric_1 x n, ...]: one all-reduce for all of them
+        sums = torch.zeros(2 + len(scores), dtype=torch.float64, device=self.strategy.device)
         for inputs, targets in self.strategy.distribute(data, batch_size, shuffle=False, drop_last=False):
-            logits = self.strategy.forward(model, inputs)
-            if logits is None:  # a pipeline stage before the last: it passed its activations on
+            outputs = self.strategy.forward(model, inputs)
+            if outputs is None:  # a pipeline stage before the last: it passed its activations on
                 continue
-            sums[0] += self.loss_fn(logits, targets).double() * len(targets)
-            sums[1] += (logits.argmax(dim=-1) == targets).sum()
-            sums[2] += len(targets)
+            n = num_examples(targets)
+            values = [self.loss_fn(outputs, targets), *(score(outputs, targets) for score in scores)]
+            sums[0] += n
+            sums[1:] += torch.stack([v.detach().double().reshape(()) for v in values]) * n
         model.train(was_training)
-        loss_sum, correct, count = self.strategy.all_reduce_sum(sums).tolist()
-        results = {"loss": loss_sum / max(count, 1)}
-        if "accuracy" in self.metrics:
-            results["accuracy"] = correct / max(count, 1)
-        return results
+        count, *totals = self.strategy.all_reduce_sum(sums).tolist()
+        return dict(zip(("loss", *self.metrics), (t / max(count, 1) for t in totals)))
 
     @torch.no_grad()
     def predict(self, data: object, batch_size: int = 256) -> torch.Tensor:
@@ -320,7 +357,7 @@ class Trainer:
         model.eval()
         batches = ShardedBatches(data, batch_size, shuffle=False, drop_last=False, device=self.strategy.device)
         # Through the strategy: pipeline stages all take part, the last one holds the outputs.
-        outputs = [self.strategy.forward(model, inputs) for inputs, _ in batches]
+        outputs = [self.strategy.forward(model, inputs) for inputs, _ in batches]  # type: ignore[misc]
         outputs = [out for out in outputs if out is not None]
         model.train(was_training)
         return torch.cat(outputs) if outputs else torch.empty(0)

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from paratrain.data.sharding import ShardedBatches
+from paratrain.errors import ConfigError
 
 if TYPE_CHECKING:
     from paratrain.strategies.ps.worker import ParameterServerStrategy
@@ -39,6 +40,13 @@ class AssignedBatches(ShardedBatches):
 
     @property
     def num_batches(self) -> int:
+        if self.streaming:  # a stream of ready batches: its length counts batches
+            if self.num_examples is None:
+                raise ConfigError(
+                    f"the training data ({type(self.dataset).__name__}) has no len(): shard 0 hands out "
+                    "each epoch's batches by number and must know how many there are; give it __len__"
+                )
+            return self.num_examples // self.group * self.group
         return self.num_examples // self.batch_size // self.group * self.group
 
     def __len__(self) -> int:
@@ -48,6 +56,6 @@ class AssignedBatches(ShardedBatches):
     def numbered_batches(self) -> Iterator[tuple[int, torch.Tensor]]:
         """The batches shard 0 hands this worker, numbered in the epoch (their transforms'
         seeds); shard 0 knows where a resumed epoch goes on."""
-        order = self._order()
+        order = None if self.streaming else self._order()
         for k in self.strategy.assigned_batches(self.epoch, self.num_batches):
-            yield k, order[k * self.batch_size : (k + 1) * self.batch_size]
+            yield k, None if order is None else order[k * self.batch_size : (k + 1) * self.batch_size]

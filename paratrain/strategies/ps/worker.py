@@ -35,6 +35,7 @@ from paratrain.comm.codec_config import CodecConfig, make_codec
 from paratrain.comm.codecs import Codec
 from paratrain.comm.packing import PackedGradient
 from paratrain.comm.transport import cluster_from_env
+from paratrain.data.batch import num_examples
 from paratrain.data.sharding import ShardedBatches
 from paratrain.errors import ConfigError, WorkerLost
 from paratrain.strategies.base import LossFn, StepOutput, Strategy, resolve_device, staleness_summary
@@ -67,6 +68,7 @@ from paratrain.strategies.ps.layout import (
     encode_version,
 )
 from paratrain.strategies.ps.modes import MODES, PULL_DTYPES, PSConfig, PSMode, PSTopology, check_mode_options
+from paratrain.strategies.recipe import StepRecipe
 from paratrain.strategies.topology import Role
 from paratrain.timeline import COMM, span
 
@@ -81,6 +83,7 @@ class ParameterServerStrategy(Strategy):
     PULL_DTYPES = PULL_DTYPES
     options = PSConfig
     takes_compression = True
+    scales_loss = False  # the optimizer runs on the shards
     _runs = 0
 
     def __init__(
@@ -98,8 +101,10 @@ class ParameterServerStrategy(Strategy):
         compression: str = "none",
         codec_options: CodecConfig | None = None,
         pull_compression: str = "none",
+        workers: int | None = None,
     ):
-        super().__init__(device=device, timeout=timeout)
+        # `workers` counts the workers of a round; backup workers come on top of them.
+        super().__init__(device=device, timeout=timeout, workers=workers)
         self.mode = PSMode.of(mode.value if isinstance(mode, PSMode) else mode)
         if pull_compression not in PULL_DTYPES:
             raise ConfigError(f"--pull-compression must be one of {', '.join(PULL_DTYPES)}, got {pull_compression!r}")
@@ -180,6 +185,23 @@ class ParameterServerStrategy(Strategy):
             pull_compression=ps.pull_compression,
         )
 
+    def planned_topology(self) -> PSTopology:
+        return PSTopology(
+            num_replicas=(self.workers or 1) + self.backup_workers,
+            num_shards=self.num_shards,
+            num_backups=self.backup_workers,
+            mode=self.mode,
+        )
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        del state["_stop"]  # a lock: each process makes its own
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._stop = threading.Event()
+
     def describe(self) -> dict[str, Any]:
         return {
             "strategy": self.name,
@@ -255,14 +277,17 @@ class ParameterServerStrategy(Strategy):
         return self.is_chief
 
     # ----- model -------------------------------------------------------------------------
-    def prepare(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[nn.Module, torch.optim.Optimizer]:
+    def prepare(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, recipe: StepRecipe | None = None
+    ) -> tuple[nn.Module, torch.optim.Optimizer]:
         self.setup()
+        self.use_recipe(recipe)
         if self.host is not None:
             # The version listener is read when a version is published, so that the Trainer
             # may point on_version at its callbacks after this.
             self.host.prepare(model, optimizer, lambda version: self.on_version(version))
             return model, optimizer
-        model = model.to(self.device)
+        model = self.recipe.prepare_model(model.to(self.device))
         params = [p for p in model.parameters() if p.requires_grad]
         self.layout = ShardLayout.of(model, self.num_shards)
         # Parameters and gradients become views of two flat buffers (DDP's bucket-view idea).
@@ -349,23 +374,22 @@ class ParameterServerStrategy(Strategy):
         with span("pull", COMM):  # the reply to the last push: parameters (and staleness)
             self._await_reply()
         self._flat_grad.zero_()
-        with span("forward"):
-            logits = model(inputs)
-            loss = loss_fn(logits, targets)
-        with span("backward"):
-            loss.backward()
+        loss, outputs = self.recipe.forward_backward(model, loss_fn, inputs, targets, self.device)
         self.steps_taken += 1
+        if self.recipe.clip_grad_norm:  # this worker's own gradient, before the push
+            self.clip_gradients(model)
         # A worker sees its own gradient only: it flags it, and the shards skip it (in ps-sync
         # and ps-backup: the whole round it is part of).
         finite = not self.skip_nonfinite(model, loss, lambda: bool(torch.isfinite(self._flat_grad).all()))
+        samples = num_examples(targets)
         with span("push", COMM):
             self._post_reply()
-            self._send(PUSH, samples=len(targets), wants_reply=True, finite=finite)
+            self._send(PUSH, samples=samples, wants_reply=True, finite=finite)
             self._pushed_on = self._versions[0]
-        self._samples += len(targets)
-        self._samples_per_push = len(targets)
+        self._samples += samples
+        self._samples_per_push = samples
         self._steps += 1
-        return StepOutput(loss.detach(), logits.detach(), skipped=not finite)
+        return StepOutput(loss, outputs, skipped=not finite)
 
     def step_counters(self) -> dict[str, float]:
         return {"bytes_sent": self._bytes_sent, "wait_seconds": self.wait_seconds, "staleness": self._last_staleness}

@@ -1,0 +1,84 @@
+"""What a batch may be: ``(inputs, targets)``, where ``inputs`` is a tensor, a tuple or
+list of tensors (the model is called as ``model(*inputs)``), or a dict of tensors
+(``model(**inputs)``), and ``targets`` a tensor whose first dimension counts the examples.
+
+Every strategy moves, slices and feeds batches through these few functions, so a
+multi-input model trains the same way under each of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from paratrain.errors import ConfigError
+
+
+def to_device(value: Any, device: torch.device, non_blocking: bool = False) -> Any:
+    """``value`` with every tensor in it (nested tuples, lists, dicts) on ``device``."""
+    if torch.is_tensor(value):
+        return value.to(device, non_blocking=non_blocking)
+    if isinstance(value, Mapping):
+        return {k: to_device(v, device, non_blocking) for k, v in value.items()}
+    if isinstance(value, (tuple, list)):
+        return type(value)(to_device(v, device, non_blocking) for v in value)
+    return value
+
+
+def map_tensors(value: Any, fn: Any) -> Any:
+    """``value`` with ``fn`` applied to each tensor in it."""
+    if torch.is_tensor(value):
+        return fn(value)
+    if isinstance(value, Mapping):
+        return {k: map_tensors(v, fn) for k, v in value.items()}
+    if isinstance(value, (tuple, list)):
+        return type(value)(map_tensors(v, fn) for v in value)
+    return value
+
+
+def call_model(model: nn.Module, inputs: Any) -> Any:
+    """``model(inputs)``, ``model(*inputs)`` for a tuple or list, ``model(**inputs)`` for a dict."""
+    if isinstance(inputs, Mapping):
+        return model(**inputs)
+    if isinstance(inputs, (tuple, list)):
+        return model(*inputs)
+    return model(inputs)
+
+
+def num_examples(targets: Any) -> int:
+    """Examples in a batch: the first dimension of its targets."""
+    if torch.is_tensor(targets):
+        return len(targets) if targets.dim() else 1
+    if isinstance(targets, Mapping):
+        return num_examples(next(iter(targets.values())))
+    if isinstance(targets, (tuple, list)) and targets:
+        return num_examples(targets[0])
+    return len(targets)
+
+
+def split_batch(inputs: Any, targets: Any, parts: int) -> list[tuple[Any, Any, int]]:
+    """``(inputs, targets, examples)`` of ``parts`` consecutive micro-batches of one batch
+    (gradient accumulation); the last ones are smaller when the batch does not divide."""
+    n = num_examples(targets)
+    if parts <= 1:
+        return [(inputs, targets, n)]
+    sizes = [len(chunk) for chunk in torch.arange(n).tensor_split(parts) if len(chunk)]
+    out, start = [], 0
+    for size in sizes:
+        piece = slice(start, start + size)
+        out.append((map_tensors(inputs, lambda t, p=piece: t[p]), map_tensors(targets, lambda t, p=piece: t[p]), size))
+        start += size
+    return out
+
+
+def check_pair(item: Any, where: str) -> None:
+    """ConfigError unless ``item`` is an ``(inputs, targets)`` pair."""
+    if not isinstance(item, (tuple, list)) or len(item) != 2:
+        kind = type(item).__name__ + (f" of {len(item)}" if isinstance(item, (tuple, list)) else "")
+        raise ConfigError(
+            f"{where} gave a {kind}; each example or batch must be an (inputs, targets) pair, "
+            "inputs a tensor, a tuple of tensors (model(*inputs)) or a dict of them (model(**inputs))"
+        )

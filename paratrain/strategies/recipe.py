@@ -1,0 +1,120 @@
+"""How one training step computes, the same under every strategy: numeric precision,
+gradient accumulation, clipping, memory format.
+
+``StepRecipe`` is handed to ``strategy.prepare`` (the Trainer does it from its own
+arguments); each strategy's ``train_step`` runs its forward and backward passes through
+``forward_backward`` here and clips with its own notion of the global norm.
+
+- ``precision``: ``fp32``; ``bf16`` (autocast, on the CPU and on GPUs); ``fp16``
+  (autocast with a gradient scaler, which needs the optimizer where the gradient is made:
+  ``single`` and ``allreduce``).
+- ``accumulate``: one optimizer step per ``accumulate`` micro-batches. The loader reads
+  ``batch_size x accumulate`` examples per replica and step and the step runs them in
+  ``accumulate`` slices, each loss weighted by its share of the examples: the gradient is
+  that of the whole batch, as one batch ``accumulate`` times larger would give.
+- ``clip_grad_norm``: scale the gradient so its global norm (over the whole model, all
+  pipeline stages included) is at most this, as ``torch.nn.utils.clip_grad_norm_`` does.
+- ``channels_last``: 4-d parameters and inputs in NHWC memory order (conv nets).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+from paratrain.data.batch import call_model, map_tensors, split_batch
+from paratrain.errors import ConfigError
+from paratrain.timeline import span
+
+PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass(frozen=True)
+class StepRecipe:
+    precision: str = "fp32"
+    accumulate: int = 1
+    clip_grad_norm: float | None = None
+    channels_last: bool = False
+
+    def __post_init__(self) -> None:
+        if self.precision not in PRECISIONS:
+            raise ConfigError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
+        if not isinstance(self.accumulate, int) or self.accumulate < 1:
+            raise ConfigError(f"accumulate must be a whole number >= 1, got {self.accumulate!r}")
+        if self.clip_grad_norm is not None and not self.clip_grad_norm > 0:
+            raise ConfigError(f"clip_grad_norm must be > 0, got {self.clip_grad_norm!r}")
+
+    @property
+    def scaled(self) -> bool:
+        """Whether the loss is scaled (fp16): a GradScaler then owns the update."""
+        return self.precision == "fp16"
+
+    def autocast(self, device: torch.device) -> contextlib.AbstractContextManager[Any]:
+        dtype = PRECISIONS[self.precision]
+        if dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=device.type, dtype=dtype)
+
+    def prepare_model(self, model: nn.Module) -> nn.Module:
+        if self.channels_last:
+            model = model.to(memory_format=torch.channels_last)
+        return model
+
+    def prepare_inputs(self, inputs: Any) -> Any:
+        if not self.channels_last:
+            return inputs
+        return map_tensors(inputs, _channels_last)
+
+    def forward(self, model: nn.Module, inputs: Any, device: torch.device) -> Any:
+        """The model's outputs on ``inputs`` in this precision and memory format."""
+        with self.autocast(device):
+            return call_model(model, self.prepare_inputs(inputs))
+
+    def forward_backward(
+        self,
+        model: nn.Module,
+        loss_fn: Callable[[Any, Any], torch.Tensor],
+        inputs: Any,
+        targets: Any,
+        device: torch.device,
+        no_sync: Callable[[], contextlib.AbstractContextManager[Any]] = contextlib.nullcontext,
+        scale: Callable[[torch.Tensor], torch.Tensor] = lambda loss: loss,
+    ) -> tuple[torch.Tensor, Any]:
+        """Gradients of the batch's mean loss, accumulated over ``accumulate`` micro-batches;
+        ``no_sync()`` wraps every backward pass but the last (DDP's all-reduce runs once).
+        Returns the batch's mean loss (detached) and its outputs."""
+        parts = split_batch(inputs, targets, self.accumulate)
+        total = sum(n for _, _, n in parts)
+        losses, outputs = [], []
+        for index, (x, y, n) in enumerate(parts):
+            last = index == len(parts) - 1
+            with contextlib.nullcontext() if last else no_sync():
+                with span("forward"):
+                    out = self.forward(model, x, device)
+                    loss = loss_fn(out, y)
+                with span("backward"):  # under DDP: including the wait for the last bucket's all-reduce
+                    scale(loss * (n / total) if len(parts) > 1 else loss).backward()
+            losses.append(loss.detach().float() * (n / total))
+            outputs.append(out.detach() if torch.is_tensor(out) else out)
+        mean = losses[0] if len(losses) == 1 else torch.stack(losses).sum()
+        return mean, outputs[0] if len(outputs) == 1 else _concat(outputs)
+
+
+def _channels_last(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.contiguous(memory_format=torch.channels_last) if tensor.dim() == 4 else tensor
+
+
+def _concat(outputs: list[Any]) -> Any:
+    if all(torch.is_tensor(o) for o in outputs):
+        return torch.cat(outputs)
+    return outputs
+
+
+def clip_norm(parameters: Iterator[torch.Tensor] | list[torch.Tensor], max_norm: float) -> torch.Tensor:
+    """``torch.nn.utils.clip_grad_norm_`` over ``parameters``; the norm before clipping."""
+    return torch.nn.utils.clip_grad_norm_(list(parameters), max_norm)

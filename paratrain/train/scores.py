@@ -1,0 +1,125 @@
+"""Losses and evaluation metrics by name, and the user's own.
+
+A loss is any callable ``(outputs, targets) -> scalar tensor`` (the batch's mean); a
+metric is any callable ``(outputs, targets) -> tensor`` giving the batch's mean value.
+``evaluate`` weights each batch's value by its examples and sums across replicas in one
+all-reduce, so a metric is the mean over every example of the evaluation data.
+
+Built in: the losses ``cross_entropy``, ``mse``, ``l1``, ``smooth_l1``, ``bce`` (with
+logits), ``nll``; the metrics ``accuracy``, ``top<k>_accuracy`` (``top5_accuracy``),
+``mae`` (mean absolute error) and ``mse``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from paratrain.errors import ConfigError
+
+Score = Callable[[Any, Any], torch.Tensor]
+
+
+def _like(outputs: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Regression outputs ``(n, 1)`` against targets ``(n,)``: the same shape, float targets."""
+    if outputs.shape != targets.shape and outputs.numel() == targets.numel():
+        outputs = outputs.reshape(targets.shape)
+    return outputs, targets.to(outputs.dtype)
+
+
+def mse_loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.mse_loss(*_like(outputs, targets))
+
+
+def l1_loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.l1_loss(*_like(outputs, targets))
+
+
+def smooth_l1_loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.smooth_l1_loss(*_like(outputs, targets))
+
+
+def bce_loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.binary_cross_entropy_with_logits(*_like(outputs, targets))
+
+
+LOSSES: dict[str, Callable[[], Score]] = {
+    "cross_entropy": nn.CrossEntropyLoss,
+    "nll": nn.NLLLoss,
+    "mse": lambda: mse_loss,
+    "l1": lambda: l1_loss,
+    "smooth_l1": lambda: smooth_l1_loss,
+    "bce": lambda: bce_loss,
+}
+
+
+def accuracy(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return (outputs.argmax(dim=-1) == targets).float().mean()
+
+
+def top_k_accuracy(k: int) -> Score:
+    """The share of examples whose target is among the ``k`` largest outputs."""
+
+    def score(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        top = outputs.topk(min(k, outputs.shape[-1]), dim=-1).indices
+        return (top == targets.unsqueeze(-1)).any(dim=-1).float().mean()
+
+    score.__name__ = f"top{k}_accuracy"
+    return score
+
+
+def mean_absolute_error(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    outputs, targets = _like(outputs, targets)
+    return (outputs - targets).abs().float().mean()
+
+
+def mean_squared_error(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    outputs, targets = _like(outputs, targets)
+    return (outputs - targets).float().pow(2).mean()
+
+
+METRICS: dict[str, Score] = {"accuracy": accuracy, "mae": mean_absolute_error, "mse": mean_squared_error}
+_TOP_K = re.compile(r"top(\d+)_accuracy")
+METRIC_NAMES = (*METRICS, "top<k>_accuracy")
+
+
+def resolve_loss(loss: str | Score) -> Score:
+    if callable(loss):
+        return loss
+    if loss not in LOSSES:
+        raise ConfigError(f"unknown loss {loss!r}; valid: {', '.join(LOSSES)}, or a callable (outputs, targets)")
+    return LOSSES[loss]()
+
+
+def metric(name: str) -> Score:
+    if name in METRICS:
+        return METRICS[name]
+    match = _TOP_K.fullmatch(name)
+    if match and int(match.group(1)) >= 1:
+        return top_k_accuracy(int(match.group(1)))
+    raise ConfigError(f"unknown metric {name!r}; valid: {', '.join(METRIC_NAMES)}, or a callable (outputs, targets)")
+
+
+def resolve_metrics(metrics: Sequence[str | Score] | Mapping[str, Score]) -> dict[str, Score]:
+    """``{name: score}`` from names, callables (named by ``__name__``) or a dict of them."""
+    if isinstance(metrics, Mapping):
+        items = list(metrics.items())
+    else:
+        items = [(m, metric(m)) if isinstance(m, str) else (getattr(m, "__name__", ""), m) for m in metrics]
+    out: dict[str, Score] = {}
+    for name, score in items:
+        if not callable(score):
+            raise ConfigError(f"metric {name!r} is a {type(score).__name__}, not a callable (outputs, targets)")
+        if not name or name == "<lambda>" or name == "loss":
+            raise ConfigError(
+                f"metric {score!r} needs a name other than {name or 'none'!r}: pass metrics as a dict {{name: fn}}"
+            )
+        if name in out:
+            raise ConfigError(f"metric {name!r} is given twice")
+        out[name] = score
+    return out
