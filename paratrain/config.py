@@ -23,11 +23,13 @@ from typing import Any
 from paratrain.comm.codec_config import CodecConfig
 from paratrain.errors import ConfigError
 from paratrain.options import at_least, check_options, field_type, flag, non_default, option, option_fields
-from paratrain.registry import DATASETS, MODELS, OPTIMIZERS, SCHEDULES, STRATEGIES
+from paratrain.registry import DATASETS, MODELS, OPTIMIZERS, SCHEDULES, STRATEGIES, is_reference
 from paratrain.strategies.pipeline import PipelineConfig
 from paratrain.strategies.ps.modes import PSConfig
+from paratrain.strategies.recipe import PRECISIONS
 from paratrain.strategies.topology import Topology
 from paratrain.train.faults import FaultConfig
+from paratrain.train.scores import LOSSES, metric
 
 try:
     import tomllib
@@ -48,11 +50,13 @@ class TrainConfig:
     ``TrainConfig(strategy="ps-async", ps_shards=2)`` takes every option by its flat name, as
     the command line does, and puts each in its section (``config.ps.ps_shards``)."""
 
-    model: str = option("mlp", "model to train", choices=MODELS)
+    model: str = option(
+        "mlp", "model to train, or your own: package.module:factory (docs/user_code.md)", choices=MODELS
+    )
     dataset: str = option(
         "digits",
         "data set (digits ships with scikit-learn; fashion-mnist and cifar10 are downloaded to "
-        "--data-dir when absent; text reads --data-dir)",
+        "--data-dir when absent; text reads --data-dir), or your own: package.module:factory",
         choices=DATASETS,
     )
     data_dir: str | None = option(
@@ -75,6 +79,25 @@ class TrainConfig:
     optimizer: str = option("sgd", "optimizer", choices=OPTIMIZERS)
     momentum: float = option(0.9, "SGD momentum (0 for plain SGD)")
     weight_decay: float = option(0.0, "L2 weight decay")
+    loss: str = option(
+        "cross_entropy", f"loss: {', '.join(LOSSES)}, or your own (outputs, targets) -> loss as package.module:fn"
+    )
+    metrics: str = option(
+        "accuracy",
+        "evaluation metrics, comma-separated: accuracy, top<k>_accuracy (top5_accuracy), mae, mse, "
+        "or package.module:fn",
+    )
+    precision: str = option(
+        "fp32", "fp32; bf16 (autocast, CPU and GPU); fp16 (autocast and a gradient scaler)", choices=tuple(PRECISIONS)
+    )
+    accumulate: int = option(
+        1, "batches per optimizer step (gradient accumulation; one all-reduce per step): global batch x N"
+    )
+    clip_grad_norm: float | None = option(
+        None, "clip the gradient to this global norm (parameter servers: each worker its own, before the push)"
+    )
+    channels_last: bool = option(False, "conv nets: parameters and 4-d inputs in channels-last (NHWC) memory order")
+    compile: bool = option(False, "torch.compile the model (a slower first step while it compiles)")
     lr_schedule: str = option("constant", "learning-rate schedule", choices=SCHEDULES)
     lr_decay_rate: float = option(0.1, "exponential schedule: factor applied every --lr-decay-steps")
     lr_decay_steps: int = option(1000, "exponential schedule: steps between decays")
@@ -131,7 +154,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         check_options(self)
         for name in ("workers", "epochs", "batch_size", "lr_decay_steps", "reference_batch", "max_len",
-                     "checkpoint_every", "keep"):  # fmt: skip
+                     "checkpoint_every", "keep", "accumulate"):  # fmt: skip
             at_least(name, getattr(self, name), 1)
         at_least("vocab_size", self.vocab_size, 3)  # padding, unknown, and one word
         for name in (
@@ -144,7 +167,9 @@ class TrainConfig:
             "warmup_epochs",
         ):
             at_least(name, getattr(self, name), 0)
-        for name in ("lr", "timeout", "lr_decay_rate", "heartbeat_timeout"):
+        for name in ("lr", "timeout", "lr_decay_rate", "heartbeat_timeout", "clip_grad_norm"):
+            if getattr(self, name) is None:
+                continue
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{flag(name)} must be > 0, got {getattr(self, name)}")
         for name in ("metrics_out", "timeline"):
@@ -158,10 +183,31 @@ class TrainConfig:
             )
         if self.logdir is not None and Path(self.logdir).expanduser().is_file():
             raise ConfigError(f"--logdir {self.logdir} is a file; give a folder")
+        self._check_scores()
         strategy = STRATEGIES.get(self.strategy)
         self._check_sections(strategy)
+        if self.precision == "fp16" and not strategy.scales_loss:
+            raise ConfigError(
+                f"--precision fp16 needs a gradient scaler beside the optimizer, which --strategy {self.strategy} "
+                "runs elsewhere; use --precision bf16, or --strategy single or allreduce"
+            )
+        if self.compile and not strategy.compiles:
+            raise ConfigError(f"--compile is not available with --strategy {self.strategy}")
         strategy.check_config(self)
         self.faults.check(strategy.topology_for(self), self.strategy)
+
+    def _check_scores(self) -> None:
+        """The loss and each metric: a built-in name or a package.module:fn reference (imported
+        when the run starts)."""
+        if self.loss not in LOSSES and not is_reference(self.loss):
+            raise ConfigError(f"--loss {self.loss!r}: valid: {', '.join(LOSSES)}, or package.module:fn")
+        for name in self.metric_names:
+            if not is_reference(name):
+                metric(name)
+
+    @property
+    def metric_names(self) -> list[str]:
+        return [m.strip() for m in self.metrics.split(",") if m.strip()]
 
     def _check_sections(self, strategy: Any) -> None:
         """A strategy's own options are refused by every other strategy (when changed from
@@ -187,7 +233,7 @@ class TrainConfig:
     @property
     def global_batch(self) -> int:
         """Examples per step over all replicas (a pipeline replica is several processes)."""
-        return self.batch_size * self.topology.num_replicas
+        return self.batch_size * self.accumulate * self.topology.num_replicas
 
     @property
     def num_worker_processes(self) -> int:

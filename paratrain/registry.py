@@ -9,6 +9,8 @@ imported on first use, so that this table can list everything without importing 
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from typing import Any
 
 from paratrain.errors import ConfigError
@@ -17,10 +19,14 @@ from paratrain.errors import ConfigError
 class Registry:
     """A table of named implementations of one kind (``"strategy"``, ``"model"``...)."""
 
-    def __init__(self, kind: str, entries: dict[str, str], aliases: dict[str, str] | None = None):
+    def __init__(
+        self, kind: str, entries: dict[str, str], aliases: dict[str, str] | None = None, user_code: bool = False
+    ):
         self.kind = kind
         self._entries = dict(entries)
         self._aliases = dict(aliases or {})
+        self.user_code = user_code
+        """Whether a ``package.module:attribute`` reference to the user's own code is a valid name."""
 
     def names(self, with_aliases: bool = True) -> list[str]:
         names = list(self._entries)
@@ -31,21 +37,52 @@ class Registry:
     def canonical(self, name: str) -> str:
         """The table's own name for ``name`` (resolves aliases); ConfigError if unknown."""
         name = self._aliases.get(name, name)
+        if self.user_code and is_reference(name):
+            return name
         if name not in self._entries:
             valid = ", ".join(self.names())
-            raise ConfigError(f"unknown {self.kind} {name!r}; valid: {valid}")
+            more = ", or package.module:factory for your own" if self.user_code else ""
+            raise ConfigError(f"unknown {self.kind} {name!r}; valid: {valid}{more}")
         return name
 
     def __contains__(self, name: str) -> bool:
         return self._aliases.get(name, name) in self._entries
 
     def get(self, name: str) -> Any:
-        module_name, _, attribute = self._entries[self.canonical(name)].partition(":")
+        name = self.canonical(name)
+        if name not in self._entries:
+            return load_reference(name, f"--{self.kind}")
+        module_name, _, attribute = self._entries[name].partition(":")
         return getattr(importlib.import_module(module_name), attribute)
 
     def register(self, name: str, target: str) -> None:
         """Add an implementation (``"package.module:attribute"``), e.g. from a plugin."""
         self._entries[name] = target
+
+
+def is_reference(name: str) -> bool:
+    """Whether ``name`` reads ``package.module:attribute``."""
+    module, sep, attribute = name.partition(":")
+    return bool(sep and module and attribute) and all(part.isidentifier() for part in (*module.split("."), attribute))
+
+
+def load_reference(reference: str, what: str) -> Any:
+    """The object ``package.module:attribute`` names, importable from the working directory
+    too (as ``python -m`` would find it); ConfigError naming what failed."""
+    module_name, _, attribute = reference.partition(":")
+    if os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as error:
+        raise ConfigError(f"{what} {reference}: cannot import {module_name} ({error})") from None
+    except Exception as error:  # the user's module failed while importing
+        raise ConfigError(
+            f"{what} {reference}: importing {module_name} raised {type(error).__name__}: {error}"
+        ) from None
+    if not hasattr(module, attribute):
+        raise ConfigError(f"{what} {reference}: module {module_name} has no attribute {attribute!r}")
+    return getattr(module, attribute)
 
 
 STRATEGIES = Registry(
@@ -81,6 +118,7 @@ MODELS = Registry(
         "cifar_cnn": "paratrain.models.cifar_cnn:build_cifar_cnn",
         "lstm": "paratrain.models.lstm_classifier:build_lstm",
     },
+    user_code=True,
 )
 
 DATASETS = Registry(
@@ -92,6 +130,7 @@ DATASETS = Registry(
         "text": "paratrain.data.text:load_text",
     },
     aliases={"fashion_mnist": "fashion-mnist", "cifar-10": "cifar10"},
+    user_code=True,
 )
 
 OPTIMIZERS = Registry(

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset, TensorDataset
 
-from paratrain.registry import DATASETS
+from paratrain.registry import DATASETS, is_reference
 
 
 def _digits_table() -> np.ndarray:
@@ -79,7 +79,12 @@ def load_dataset(config: TrainConfig | str, **options: Any) -> Splits:
         from paratrain.config import TrainConfig
 
         config = TrainConfig(dataset=config, **options)
-    return DATASETS.get(config.dataset)(config)
+    loader = DATASETS.get(config.dataset)
+    if is_reference(config.dataset):
+        from paratrain.usercode import user_splits
+
+        return user_splits(loader, config, f"--dataset {config.dataset}")
+    return loader(config)
 
 
 def data_dir(config: TrainConfig | None, name: str) -> Path:

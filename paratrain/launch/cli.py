@@ -170,8 +170,9 @@ def preflight(config: Any) -> None:
 def print_summary(metrics: dict[str, Any], metrics_out: str | None) -> None:
     from paratrain.console import console
 
+    scores = [f"{key} {value:.4f}" for key, value in metrics.items() if key.startswith("test_") and value is not None]
     console.print(
-        f"done: test_accuracy {metrics['test_accuracy']:.4f}, test_loss {metrics['test_loss']:.4f}, "
+        f"done: {', '.join(scores)}, "
         f"{metrics['global_steps']} steps in {metrics['wall_seconds']:.1f} s, "
         f"{metrics['examples_per_second']:.0f} examples/sec "
         f"({metrics['strategy']}, {metrics['workers']} worker{'s' if metrics['workers'] != 1 else ''})"

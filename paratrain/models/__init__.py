@@ -5,23 +5,52 @@ A model here knows nothing of how it is parallelised: strategies wrap it.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
+from paratrain.data.batch import call_model, map_tensors
 from paratrain.data.datasets import DataSpec
 from paratrain.errors import ConfigError
-from paratrain.registry import MODELS
+from paratrain.registry import MODELS, is_reference
+from paratrain.usercode import user_model
 
 
-def build_model(name: str, spec: DataSpec) -> nn.Module:
-    """Build model ``name`` for data described by ``spec``; ConfigError if they do not fit."""
-    model = MODELS.get(name)(spec)
+def build_model(name: str, spec: DataSpec, example: Any = None) -> nn.Module:
+    """Build model ``name`` (a built-in, or ``package.module:factory``) for data described
+    by ``spec``; ConfigError if they do not fit. ``example``: one ``(inputs, targets)``
+    example of the data, which a user's model is tried on."""
+    builder = MODELS.get(name)
+    if is_reference(name):
+        model = user_model(builder, spec, f"--model {name}")
+        if example is not None:
+            check_runs(model, example, name)
+        return model
+    model = builder(spec)
     check_fits(model, spec, name)
     return model
 
 
+def check_runs(model: nn.Module, example: tuple[Any, Any], name: str) -> None:
+    """Run one real example (as a batch of one) through ``model``."""
+    inputs = map_tensors(example[0], lambda t: t.unsqueeze(0))
+    try:
+        with torch.no_grad():
+            call_model(model, inputs)
+    except Exception as error:
+        raise ConfigError(
+            f"--model {name} fails on an example of the data: {type(error).__name__}: {str(error).splitlines()[0]}"
+        ) from None
+
+
 def check_fits(model: nn.Module, spec: DataSpec, name: str = "model") -> None:
     """Run two dummy examples through ``model`` to prove it accepts the data's shape."""
+    if spec.input_kind == "other" or spec.num_classes == 0:
+        raise ConfigError(
+            f"model {name} needs examples of one tensor and integer class labels; this data has "
+            "others: use your own --model package.module:factory"
+        )
     dtype = torch.long if spec.input_kind == "tokens" else torch.float32
     example = torch.zeros((2, *spec.input_shape), dtype=dtype)
     try:
@@ -37,4 +66,4 @@ def check_fits(model: nn.Module, spec: DataSpec, name: str = "model") -> None:
         )
 
 
-__all__ = ["build_model", "check_fits"]
+__all__ = ["build_model", "check_fits", "check_runs"]

@@ -18,8 +18,9 @@ import torch.distributed as dist
 from paratrain import timeline
 from paratrain.config import TrainConfig
 from paratrain.data.datasets import load_dataset
+from paratrain.data.sharding import as_source, is_map_style
 from paratrain.models import build_model
-from paratrain.registry import OPTIMIZERS, SCHEDULES, STRATEGIES
+from paratrain.registry import OPTIMIZERS, SCHEDULES, STRATEGIES, is_reference, load_reference
 from paratrain.strategies.topology import Role
 from paratrain.train.callbacks import Callback, EarlyStopping, LearningRateScheduler
 from paratrain.train.checkpoint import Checkpoint
@@ -27,6 +28,7 @@ from paratrain.train.faults import fault_callbacks, restart_count
 from paratrain.train.metrics import metrics_document, write_json_atomic
 from paratrain.train.observe import ExamplesApplied, TensorBoardLogger, TimelineSpans
 from paratrain.train.trainer import Trainer
+from paratrain.usercode import first_example
 
 
 def run(config: TrainConfig) -> dict[str, Any]:
@@ -57,13 +59,41 @@ def run(config: TrainConfig) -> dict[str, Any]:
             timeline.merge(config.timeline, num_processes, timeout=min(config.timeout, 60.0))
 
 
+def _steps_per_epoch(train: Any, step_batch: int, replicas: int) -> int:
+    """Global steps in an epoch: of examples, or of a stream's batches (``data/sharding.py``)."""
+    source = as_source(train)[0]
+    if is_map_style(source):
+        return len(source) // (step_batch * replicas)
+    try:
+        return len(source) // replicas  # type: ignore[arg-type]
+    except TypeError:
+        return 0
+
+
+def user_score(name: str, what: str) -> Any:
+    """A loss or metric by name: a built-in's name as it is (the Trainer resolves it), or the
+    function a ``package.module:fn`` reference names."""
+    return load_reference(name, what) if is_reference(name) else name
+
+
 def _run(config: TrainConfig, strategy: Any, started: float) -> dict[str, Any]:
     torch.manual_seed(config.seed)
     splits = load_dataset(config)
-    model = build_model(config.model, splits.spec)
+    model = build_model(config.model, splits.spec, first_example(splits.train))
     optimizer = OPTIMIZERS.get(config.optimizer)(model.parameters(), config)
-    trainer = Trainer(model, "cross_entropy", optimizer, metrics=["accuracy"], strategy=strategy)
-    steps_per_epoch = len(splits.train) // (config.batch_size * strategy.num_replicas)
+    trainer = Trainer(
+        model,
+        user_score(config.loss, "--loss"),
+        optimizer,
+        metrics=[user_score(name, "--metrics") for name in config.metric_names],
+        strategy=strategy,
+        precision=config.precision,
+        accumulate=config.accumulate,
+        clip_grad_norm=config.clip_grad_norm,
+        channels_last=config.channels_last,
+        compile=config.compile,
+    )
+    steps_per_epoch = _steps_per_epoch(splits.train, config.batch_size * config.accumulate, strategy.num_replicas)
     schedule = SCHEDULES.get(config.lr_schedule).from_config(config, steps_per_epoch)
     callbacks: list[Callback] = [LearningRateScheduler(schedule)]
     if config.early_stopping:
@@ -118,15 +148,17 @@ def _run(config: TrainConfig, strategy: Any, started: float) -> dict[str, Any]:
             "dataset": config.dataset,
             "epochs": len(history.epochs),
             "global_steps": global_steps,
-            "test_accuracy": final["accuracy"],
+            "test_accuracy": final.get("accuracy"),
             "test_loss": final["loss"],
+            **{f"test_{name}": value for name, value in final.items() if name not in ("loss", "accuracy")},
             "train_loss": history.epochs[-1]["train_loss"],
             "wall_seconds": time.perf_counter() - started,
             "examples_per_second": examples / trainer.train_seconds if trainer.train_seconds else 0.0,
             "loader_wait_seconds": loader_wait,
             "history": [
                 {
-                    **{k: entry[k] for k in ("epoch", "train_loss", "test_accuracy", "test_loss", "wall_seconds")},
+                    **{k: entry.get(k) for k in ("epoch", "train_loss", "test_accuracy", "test_loss", "wall_seconds")},
+                    **{k: v for k, v in entry.items() if k.startswith("test_") and k not in ("test_accuracy",)},
                     "examples_seen": applied if applied is not None else entry["examples_seen"],
                 }
                 # a resumed run saw only its own epochs' counts: the earlier ones are the loop's
