@@ -14,7 +14,9 @@ from paratrain.errors import ConfigError, DivergedError, ParatrainError, WorkerF
 from paratrain.launch.local import launch
 from paratrain.strategies.allreduce import AllReduceStrategy
 from paratrain.strategies.base import StepOutput, Strategy, current_strategy
+from paratrain.strategies.factory import make_strategy, strategy_from_flags
 from paratrain.strategies.ps import ParameterServerStrategy
+from paratrain.strategies.recipe import StepRecipe
 from paratrain.strategies.single import SingleDeviceStrategy, get_strategy
 from paratrain.train.callbacks import Callback, EarlyStopping, LearningRateScheduler
 from paratrain.train.checkpoint import Checkpoint, load_checkpoint
@@ -54,6 +56,7 @@ __all__ = [
     "PipelineStrategy",
     "SingleDeviceStrategy",
     "StepOutput",
+    "StepRecipe",
     "Strategy",
     "TrainConfig",
     "Trainer",
@@ -62,5 +65,7 @@ __all__ = [
     "get_strategy",
     "launch",
     "load_checkpoint",
+    "make_strategy",
     "run_training",
+    "strategy_from_flags",
 ]

@@ -382,7 +382,7 @@ class PipelineStrategy(Strategy):
         norm = square.sqrt()
         factor = torch.clamp(self.recipe.clip_grad_norm / (norm + 1e-6), max=1.0)
         if grads:
-            torch._foreach_mul_(grads, factor.to(grads[0].dtype))
+            torch._foreach_mul_(grads, factor.reshape(()).to(grads[0].dtype))
 
     def _nonfinite_anywhere(self, optimizer: torch.optim.Optimizer) -> bool:
         """Whether any stage of any replica holds a NaN or Inf gradient: each stage sees

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from paratrain.console import console
+from paratrain.errors import ConfigError
 
 if TYPE_CHECKING:
     from paratrain.train.trainer import Trainer
@@ -80,6 +81,11 @@ class EarlyStopping(Callback):
     def on_epoch_end(self, epoch: int, logs: dict[str, Any]) -> None:
         if self.monitor not in logs:
             raise KeyError(f"EarlyStopping monitors {self.monitor!r}, epoch logs have {sorted(logs)}")
+        if logs[self.monitor] is None:
+            raise ConfigError(
+                f"EarlyStopping needs {self.monitor} on every process; under {self.trainer.strategy.name} this "
+                "one does not evaluate (parameter-server workers other than the chief)"
+            )
         value = self.sign * logs[self.monitor]
         if value < self.best - self.min_delta:
             self.best, self.wait = value, 0
