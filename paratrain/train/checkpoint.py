@@ -139,7 +139,7 @@ class Checkpoint(Callback):
         """Before serving: with ``resume``, load this shard's part of the newest complete
         checkpoint. The shard then saves its part every ``every_steps`` versions."""
         self._signature = self.signature()
-        folder = self.store.latest() if self.resume else None
+        folder = self.store.resume_from()[0] if self.resume else None
         if folder is not None:
             manifest = CheckpointStore.read_manifest(folder)
             check_signature(folder, manifest, self._signature)
@@ -238,7 +238,10 @@ class Checkpoint(Callback):
 
     def restore(self) -> None:
         """Load the newest complete checkpoint into this process (nothing if there is none)."""
-        folder = self.store.latest()
+        folder, corrupt = self.store.resume_from()
+        if self.strategy.is_chief:
+            for line in corrupt:
+                console.print(f"paratrain: {line}")
         if folder is None:
             if self.store.root.is_dir() and any(self.store.root.iterdir()) and self.strategy.is_chief:
                 console.print(f"paratrain: no complete checkpoint in {self.store.root}; training from the start")
@@ -263,7 +266,8 @@ class Checkpoint(Callback):
         self.restored_step = int(manifest["step"])
         self._last_saved = self.restored_step
         if self.strategy.is_chief:
-            self.store.clear_after(self.restored_step)
+            for aside in self.store.clear_after(self.restored_step):
+                console.print(f"paratrain: moved the corrupt checkpoint aside to {aside}")
             console.print(f"paratrain: resumed from {folder} (step {self.restored_step})")
 
     def _resume_elsewhere(self, folder: Path) -> None:

@@ -76,26 +76,38 @@ class CheckpointStore:
         return folder
 
     def prune(self) -> None:
-        """Keep the newest ``keep`` complete checkpoints; remove older ones, and incomplete
-        folders older than the newest complete one (left by a crash mid-save)."""
+        """Keep the newest ``keep`` complete checkpoints; remove older complete ones, and
+        folders without a manifest older than the newest complete one (a save that a crash
+        cut short). A folder whose manifest exists but does not check out is corruption,
+        not an unfinished save: it is never removed."""
         complete = self.complete()
         if not complete:
             return
         newest = complete[0][0]
         for _, folder in complete[self.keep :]:
             shutil.rmtree(folder, ignore_errors=True)
-        done = {step for step, _ in complete}
         for step, folder in self._folders():
-            if step < newest and step not in done:
+            if step < newest and not (folder / MANIFEST).exists():
                 shutil.rmtree(folder, ignore_errors=True)
 
-    def clear_after(self, step: int) -> None:
-        """Remove incomplete folders after ``step``: what a run that died mid-save left,
-        before its resumed run writes those steps again."""
-        done = {s for s, _ in self.complete()}
+    def clear_after(self, step: int) -> list[Path]:
+        """Before a resumed run writes the steps after ``step`` again: remove the unfinished
+        saves after it, and move corrupt checkpoints after it aside (``ckpt-N.corrupt``),
+        never deleting them. Returns where those went."""
+        moved = []
         for later, folder in self._folders():
-            if later > step and later not in done:
+            if later <= step or self.problem(folder) is None:
+                continue
+            if not (folder / MANIFEST).exists():
                 shutil.rmtree(folder, ignore_errors=True)
+                continue
+            aside = folder.with_name(f"{folder.name}.corrupt")
+            n = 1
+            while aside.exists():
+                aside, n = folder.with_name(f"{folder.name}.corrupt-{n}"), n + 1
+            folder.rename(aside)
+            moved.append(aside)
+        return moved
 
     def _makedirs(self, folder: Path) -> None:
         try:
@@ -133,18 +145,52 @@ class CheckpointStore:
 
     def complete(self) -> list[tuple[int, Path]]:
         """Complete checkpoints, newest first."""
-        return [(step, folder) for step, folder in self._folders() if self._is_complete(folder)]
+        return [(step, folder) for step, folder in self._folders() if self.problem(folder) is None]
 
-    def _is_complete(self, folder: Path) -> bool:
+    def problem(self, folder: Path) -> str | None:
+        """What keeps ``folder`` from being a complete checkpoint (None: nothing): no manifest
+        (a save not finished), or a manifest that does not read or does not match its parts."""
+        path = folder / MANIFEST
+        if not path.exists():
+            return f"no {MANIFEST} (a save that did not finish)"
         try:
-            manifest = json.loads((folder / MANIFEST).read_text())
-            return all((folder / f"{p}.pt").stat().st_size == f["bytes"] for p, f in manifest["parts"].items())
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
-            return False
+            manifest = json.loads(path.read_text())
+            parts = manifest["parts"].items()
+        except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+            return f"unreadable {MANIFEST} ({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''})"
+        for part, described in parts:
+            try:
+                size = (folder / f"{part}.pt").stat().st_size
+            except OSError:
+                return f"part {part}.pt is missing"
+            expected = described.get("bytes") if isinstance(described, dict) else described
+            if size != expected:
+                return f"part {part}.pt has {size} bytes, the manifest says {expected}"
+        return None
 
     def latest(self) -> Path | None:
         complete = self.complete()
         return complete[0][1] if complete else None
+
+    def resume_from(self) -> tuple[Path | None, list[str]]:
+        """The checkpoint a resumed run starts from (None: start afresh, nothing was saved
+        or only unfinished saves were), and a line for each corrupt checkpoint newer than it.
+        ConfigError when checkpoints were written but none is readable, naming the newest
+        and what is wrong with it: training from the start would lose them."""
+        complete = self.latest()
+        newer_step = int(complete.name.removeprefix("ckpt-")) if complete else -1
+        corrupt = []
+        for step, folder in self._folders():
+            if step <= newer_step or not (folder / MANIFEST).exists():
+                continue
+            corrupt.append((folder, self.problem(folder)))
+        if corrupt and complete is None:
+            folder, problem = corrupt[0]
+            raise ConfigError(
+                f"--resume: no checkpoint in {self.root} reads; the newest, {folder.name}, has {problem}. "
+                "Nothing was changed there; give another --checkpoint-dir to start afresh"
+            )
+        return complete, [f"checkpoint {folder} is corrupt ({problem}); it is kept" for folder, problem in corrupt]
 
     @staticmethod
     def read_manifest(folder: str | os.PathLike) -> dict[str, Any]:

@@ -109,6 +109,39 @@ def test_a_corrupt_or_truncated_part_is_named(saved):
     assert CheckpointStore(saved).latest().name == "ckpt-000000040"
 
 
+def test_every_checkpoint_garbled_is_one_line_exit_2_and_nothing_is_deleted(saved, cli):
+    before = {}
+    for path in sorted(saved.rglob("*")):
+        if path.is_file():
+            path.write_bytes(os.urandom(64))  # every file of every checkpoint overwritten
+            before[path] = path.read_bytes()
+    result = cli("train", "--epochs", "1", "--checkpoint-dir", str(saved), "--resume", "--no-progress")
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1
+    assert "no checkpoint in" in result.stderr and "ckpt-000000044" in result.stderr
+    assert "unreadable manifest.json" in result.stderr
+    assert {p: p.read_bytes() for p in sorted(saved.rglob("*")) if p.is_file()} == before
+
+
+def test_a_corrupt_newest_checkpoint_is_kept_aside_and_the_one_before_resumed(saved, capsys):
+    newest = saved / "ckpt-000000044"
+    (newest / "manifest.json").write_text("{garbled")
+    older_corrupt = saved / "ckpt-000000020"
+    manifest = json.loads((older_corrupt / "manifest.json").read_text())
+    manifest["parts"]["rank-0"]["bytes"] += 1  # a manifest that does not match its part
+    (older_corrupt / "manifest.json").write_text(json.dumps(manifest))
+    trainer, splits = _trainer()
+    checkpoint = Checkpoint(saved, every_steps=20, resume=True, model_name="mlp")
+    _fit(trainer, splits, checkpoint, epochs=1)
+    assert checkpoint.restored_step == 40
+    out = capsys.readouterr().out
+    assert "ckpt-000000044 is corrupt (unreadable manifest.json" in out
+    assert (saved / "ckpt-000000044.corrupt" / "manifest.json").read_text() == "{garbled"
+    # the older corrupt one is neither resumed from nor removed by the run's pruning
+    assert older_corrupt.exists() and CheckpointStore(saved).problem(older_corrupt).startswith("part rank-0.pt has")
+    assert CheckpointStore(saved).latest().name == "ckpt-000000044"  # written again by the resumed run
+
+
 class Custom:
     """Any class: loading it would run the pickle's code, which weights_only refuses."""
 
