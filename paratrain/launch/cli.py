@@ -84,6 +84,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     report.set_defaults(handler=report_command)
 
+    cluster = commands.add_parser(
+        "cluster",
+        help="run a job on emulated hosts (namespaces, shaped links, CPU shares)",
+        description="Emulated hosts on this machine (root): network namespaces joined by a bridge, "
+        "tc-shaped links, CPU cgroups; runs the command on them through torchrun (docs/cluster.md).",
+    )
+    cluster_commands = cluster.add_subparsers(dest="cluster_command", required=True, parser_class=_Parser)
+    cluster_run = cluster_commands.add_parser("run", help="run a command on emulated hosts")
+    from paratrain.cluster.run import add_arguments as add_cluster_arguments
+
+    add_cluster_arguments(cluster_run)
+    cluster_run.set_defaults(handler=cluster_command)
+
     env = commands.add_parser(
         "env",
         help="PyTorch, devices, distributed backends, and a 2-process Gloo check",
@@ -104,6 +117,12 @@ def report_command(args: argparse.Namespace) -> int:
         f"report: {len(args.runs)} run{'s' if len(args.runs) != 1 else ''}, wrote " + ", ".join(str(p) for p in written)
     )
     return 0
+
+
+def cluster_command(args: argparse.Namespace) -> int:
+    from paratrain.cluster.run import cluster_command as run_cluster
+
+    return run_cluster(args)
 
 
 def env_command(args: argparse.Namespace) -> int:
@@ -130,8 +149,21 @@ def train_config(args: argparse.Namespace, cluster: Any) -> Any:
         file_values = config_from_run(args.config_from)
     overrides = {f.name: getattr(args, f.name) for f in config_fields() if getattr(args, f.name) is not None}
     if cluster is not None and "workers" not in overrides and "workers" not in file_values:
-        overrides["workers"] = cluster.world_size - cluster.num_ps
+        if cluster.num_ps:  # TF_CONFIG names the ps jobs
+            overrides["workers"] = cluster.world_size - cluster.num_ps
+        else:  # torchrun: as many workers as the processes left beside the mode's own (shards)
+            overrides["workers"] = _workers_for(make_config(file_values, overrides), cluster.world_size)
     return make_config(file_values, overrides)
+
+
+def _workers_for(config: Any, world_size: int) -> int:
+    """The ``--workers`` whose topology has ``world_size`` processes (workers count replicas,
+    or processes where the mode says so: the pipeline's); the world size when none fits."""
+    others = config.topology.num_processes - 1  # processes beside one worker: shards, backups
+    workers = max(1, world_size - others)
+    if config.replace(workers=workers).topology.num_processes == world_size:
+        return workers
+    return world_size
 
 
 def train_command(args: argparse.Namespace) -> int:

@@ -1,0 +1,1 @@
+"""Emulated multi-host clusters on one machine (``paratrain cluster``)."""

@@ -1,0 +1,195 @@
+"""Emulated hosts on one Linux machine: a network namespace per host, joined by veth pairs
+to one bridge, each host's link shaped by a token bucket (``tc tbf``), and each host's
+processes in a CPU cgroup with a fixed share of the cores (CFS quota over a short period,
+so a share is smooth at the scale of a training step).
+
+Addresses come from 198.18.0.0/15, the range reserved for benchmarking: host ``i`` of
+cluster ``c`` is ``198.18.c.(i+1)/24``. Names carry a per-cluster prefix
+(``pt<c>h<i>`` namespaces, ``pt<c>v<i>`` veths, ``pt<c>br`` bridge, ``paratrain-<c>-h<i>``
+cgroups); ``close()`` removes all of them, and ``leftovers()`` lists any that remain.
+
+Without netem (not in every kernel), latency comes only from queueing in the token
+bucket: a link has a rate, not a propagation delay.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from paratrain.errors import ConfigError
+
+CGROUP_CPU = Path("/sys/fs/cgroup/cpu")  # cgroup v1 CPU controller
+CGROUP_V2 = Path("/sys/fs/cgroup")
+PERIOD_US = 10_000  # 10 ms: a share is enforced within a fraction of a step
+
+
+@dataclass
+class HostSpec:
+    cpu: float = 1.0
+    """Cores' worth of CPU time this host may use (0.5: half of one core)."""
+    link: str | None = None
+    """Rate of the host's link in tc's units (``1gbit``, ``100mbit``); None: unshaped."""
+
+
+@dataclass
+class Host:
+    index: int
+    spec: HostSpec
+    namespace: str
+    veth: str
+    address: str
+    cgroup: Path
+    pids: list[int] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return f"host{self.index}"
+
+
+def check_support() -> None:
+    """ConfigError (exit 2) naming what this machine lacks to emulate hosts."""
+    if os.geteuid() != 0:
+        raise ConfigError("paratrain cluster needs root: network namespaces, tc and cgroups are root's")
+    for tool in ("ip", "tc"):
+        if shutil.which(tool) is None:
+            raise ConfigError(f"paratrain cluster needs the {tool!r} command (iproute2); install iproute2")
+    if not (CGROUP_CPU / "cpu.cfs_quota_us").exists() and not (CGROUP_V2 / "cgroup.controllers").exists():
+        raise ConfigError("paratrain cluster needs the cgroup CPU controller (v1 cpu or v2 cpu.max); none is mounted")
+    if not Path("/var/run/netns").exists() and subprocess.run(["ip", "netns", "list"], capture_output=True).returncode:
+        raise ConfigError("paratrain cluster needs network namespaces (ip netns); this kernel or container has none")
+
+
+def _run(*command: str) -> None:
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode:
+        raise RuntimeError(f"{' '.join(command)}: {result.stderr.strip() or result.stdout.strip()}")
+
+
+class EmulatedCluster:
+    """``with EmulatedCluster([HostSpec(...), ...]) as cluster:`` hosts that exist inside
+    the block and are gone after it, whatever happened in it."""
+
+    def __init__(self, specs: list[HostSpec], cluster_id: int | None = None):
+        if not 1 <= len(specs) <= 250:
+            raise ConfigError(f"--hosts must be 1..250, got {len(specs)}")
+        self.id = cluster_id if cluster_id is not None else os.getpid() % 250
+        self.prefix = f"pt{self.id}"
+        self.bridge = f"{self.prefix}br"
+        self.hosts = [
+            Host(
+                index=i,
+                spec=spec,
+                namespace=f"{self.prefix}h{i}",
+                veth=f"{self.prefix}v{i}",
+                address=f"198.18.{self.id}.{i + 1}",
+                cgroup=CGROUP_CPU / f"paratrain-{self.id}-h{i}",
+            )
+            for i, spec in enumerate(specs)
+        ]
+
+    def __enter__(self) -> EmulatedCluster:
+        check_support()
+        try:
+            self._create()
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ----- making the hosts -------------------------------------------------------------------
+    def _create(self) -> None:
+        _run("ip", "link", "add", self.bridge, "type", "bridge")
+        _run("ip", "link", "set", self.bridge, "up")
+        for host in self.hosts:
+            _run("ip", "netns", "add", host.namespace)
+            _run("ip", "link", "add", host.veth, "type", "veth", "peer", "name", "eth0", "netns", host.namespace)
+            _run("ip", "link", "set", host.veth, "master", self.bridge)
+            _run("ip", "link", "set", host.veth, "up")
+            _run("ip", "-n", host.namespace, "addr", "add", f"{host.address}/24", "dev", "eth0")
+            _run("ip", "-n", host.namespace, "link", "set", "eth0", "up")
+            _run("ip", "-n", host.namespace, "link", "set", "lo", "up")
+            if host.spec.link:
+                # Both directions: the host's sends (its eth0) and what reaches it (the bridge port).
+                for where in (["ip", "netns", "exec", host.namespace], []):
+                    device = "eth0" if where else host.veth
+                    _run(*where, "tc", "qdisc", "add", "dev", device, "root", "tbf", "rate", host.spec.link,
+                         "burst", "64kb", "latency", "100ms")  # fmt: skip
+            host.cgroup.mkdir(exist_ok=True)
+            (host.cgroup / "cpu.cfs_period_us").write_text(str(PERIOD_US))
+            (host.cgroup / "cpu.cfs_quota_us").write_text(str(max(1000, int(host.spec.cpu * PERIOD_US))))
+
+    def command(self, host: Host, argv: list[str]) -> list[str]:
+        """``argv`` run on ``host``: in its namespace and its CPU cgroup."""
+        # The cgroup first: `ip netns exec` mounts a sysfs of its own, without the cgroup tree.
+        enter = f'echo $$ > {host.cgroup / "cgroup.procs"} && exec ip netns exec {host.namespace} "$@"'
+        return ["sh", "-c", enter, "paratrain-host", *argv]
+
+    # ----- faults -------------------------------------------------------------------------------
+    def kill(self, host: Host) -> None:
+        """Every process of ``host``, at once (SIGKILL): a machine that dies."""
+        for pid in self.processes(host):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def cut(self, host: Host) -> None:
+        """``host``'s link goes down: its processes run on, unreachable."""
+        _run("ip", "link", "set", host.veth, "down")
+
+    def processes(self, host: Host) -> list[int]:
+        try:
+            return [int(p) for p in (host.cgroup / "cgroup.procs").read_text().split()]
+        except OSError:
+            return []
+
+    # ----- removing them ------------------------------------------------------------------------
+    def close(self) -> None:
+        """Kill what runs on the hosts and remove every namespace, link, qdisc and cgroup."""
+        for host in self.hosts:
+            self.kill(host)
+        deadline = time.monotonic() + 10
+        for host in self.hosts:
+            while self.processes(host) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            if host.cgroup.exists():
+                try:
+                    host.cgroup.rmdir()
+                except OSError:
+                    pass
+            subprocess.run(["ip", "link", "del", host.veth], capture_output=True)  # its qdisc goes with it
+            subprocess.run(["ip", "netns", "del", host.namespace], capture_output=True)
+        subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
+
+    def leftovers(self) -> list[str]:
+        return leftovers(self.prefix, self.id)
+
+
+def leftovers(prefix: str = "pt", cluster_id: int | None = None) -> list[str]:
+    """Namespaces, links and cgroups of emulated clusters still on this machine."""
+    found = []
+    namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
+    found += [f"netns {n}" for n in namespaces if _ours(n, prefix)]
+    links = subprocess.run(["ip", "-o", "link", "show"], capture_output=True, text=True).stdout.splitlines()
+    for line in links:
+        name = line.split(":")[1].strip().split("@")[0] if ":" in line else ""
+        if _ours(name, prefix):
+            found.append(f"link {name}")
+    group = f"paratrain-{cluster_id}-" if cluster_id is not None else "paratrain-"
+    if CGROUP_CPU.exists():
+        found += [f"cgroup {p}" for p in CGROUP_CPU.glob(f"{group}*")]
+    return found
+
+
+def _ours(name: str, prefix: str) -> bool:
+    rest = name.removeprefix(prefix)
+    return name.startswith(prefix) and rest[:1].isdigit() if prefix == "pt" else name.startswith(prefix)

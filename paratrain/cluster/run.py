@@ -1,0 +1,226 @@
+"""``paratrain cluster run``: a real multi-host run on emulated hosts (``hosts.py``).
+
+Each host runs torchrun with ``--nnodes H --node-rank i`` and the rendezvous on host 0's
+address, exactly as on a real cluster; the command after ``--`` is ``paratrain ARGS`` (run
+as ``-m paratrain ARGS``) or ``python SCRIPT ARGS``. Global ranks follow the hosts: host
+``i`` holds ranks ``i*P .. i*P+P-1`` for ``P`` processes per host, so under a parameter
+server host 0 holds shard 0 (and the other shards when ``--ps-shards`` > 1 fits on it),
+and the workers follow.
+
+Every host's output streams to this terminal, each line prefixed with its host
+(``[host1] done: ...``), and to ``--logs`` (default: a temporary folder).
+
+Faults: ``--fail host2@30s`` kills every process of host 2 at 30 s (SIGKILL: the machine
+dies); ``--cut host1@20s`` takes host 1's link down (its processes run on, unreachable).
+Everything is torn down on exit, on error and on Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from paratrain.cluster.hosts import EmulatedCluster, Host, HostSpec
+from paratrain.errors import ConfigError
+
+PORT = 29500
+SETTLE_SECONDS = 5.0
+_FAULT = re.compile(r"host(\d+)@(\d+(?:\.\d+)?)s")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--hosts", type=int, default=2, help="emulated hosts (default 2)")
+    parser.add_argument("--procs-per-host", type=int, default=1, help="processes per host (default 1)")
+    parser.add_argument("--cpu", type=float, default=1.0, help="cores' worth of CPU per host (default 1.0)")
+    parser.add_argument(
+        "--link", default=None, help="each host's link rate, tc units: 1gbit, 100mbit (default: unshaped)"
+    )
+    parser.add_argument(
+        "--host",
+        action="append",
+        default=[],
+        metavar="I:cpu=X[,link=R]",
+        help="one host's own share or link, e.g. 3:cpu=0.2 (a straggler); repeatable",
+    )
+    parser.add_argument("--fail", action="append", default=[], metavar="hostI@Ts", help="kill host I at T seconds")
+    parser.add_argument("--cut", action="append", default=[], metavar="hostI@Ts", help="cut host I's link at T seconds")
+    parser.add_argument("--logs", default=None, metavar="DIR", help="folder for each host's output")
+    parser.add_argument("command", nargs=argparse.REMAINDER, help="-- paratrain train ... (or -- python script.py ...)")
+
+
+def host_specs(args: argparse.Namespace) -> list[HostSpec]:
+    if args.hosts < 1:
+        raise ConfigError(f"--hosts must be >= 1, got {args.hosts}")
+    if not args.cpu > 0:
+        raise ConfigError(f"--cpu must be > 0, got {args.cpu}")
+    specs = [HostSpec(cpu=args.cpu, link=args.link) for _ in range(args.hosts)]
+    for text in args.host:
+        index, _, settings = text.partition(":")
+        if not index.isdigit() or int(index) >= args.hosts or not settings:
+            raise ConfigError(f"--host {text}: expected I:cpu=X[,link=R] with I < --hosts {args.hosts}")
+        for setting in settings.split(","):
+            key, _, value = setting.partition("=")
+            if key == "cpu":
+                try:
+                    specs[int(index)].cpu = float(value)
+                except ValueError:
+                    raise ConfigError(f"--host {text}: cpu must be a number, got {value!r}") from None
+            elif key == "link" and value:
+                specs[int(index)].link = value
+            else:
+                raise ConfigError(f"--host {text}: unknown setting {key!r}; valid: cpu=X, link=RATE")
+    return specs
+
+
+def faults(texts: list[str], flag: str, hosts: int) -> list[tuple[float, int]]:
+    out = []
+    for text in texts:
+        match = _FAULT.fullmatch(text)
+        if match is None or int(match.group(1)) >= hosts:
+            raise ConfigError(f"{flag} {text}: expected hostI@Ts with I < --hosts {hosts} (e.g. host1@20s)")
+        out.append((float(match.group(2)), int(match.group(1))))
+    return out
+
+
+def user_command(argv: list[str]) -> list[str]:
+    """What torchrun runs on each host: ``-m paratrain ARGS`` or ``SCRIPT ARGS``."""
+    argv = argv[1:] if argv[:1] == ["--"] else argv
+    if not argv:
+        raise ConfigError("paratrain cluster run needs a command after --: -- paratrain train ...")
+    if Path(argv[0]).name == "paratrain":
+        return ["-m", "paratrain", *argv[1:]]
+    if Path(argv[0]).name.startswith("python") and len(argv) > 1:
+        return argv[1:]
+    raise ConfigError(
+        f"paratrain cluster run: the command must be `paratrain ...` or `python SCRIPT ...`, got {argv[0]!r}"
+    )
+
+
+def torchrun(cluster: EmulatedCluster, host: Host, procs: int, command: list[str]) -> list[str]:
+    master = cluster.hosts[0].address
+    return cluster.command(
+        host,
+        [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(len(cluster.hosts)),
+         "--nproc-per-node", str(procs), "--node-rank", str(host.index), "--master-addr", master,
+         "--master-port", str(PORT), "--local-addr", host.address, *command],
+    )  # fmt: skip
+
+
+def _relay(process: subprocess.Popen, host: Host, logs: Path) -> None:
+    """Each line of a host's output to its log and, prefixed with the host, to this terminal
+    (torchrun's own chatter about sockets stays in the log)."""
+    with open(logs / f"{host.name}.log", "w") as log:
+        for line in process.stdout:  # type: ignore[union-attr]
+            log.write(line)
+            if "socket.cpp" not in line:
+                print(f"[{host.name}] {line}", end="", flush=True)
+
+
+def cluster_command(args: argparse.Namespace) -> int:
+    specs = host_specs(args)
+    fails, cuts = faults(args.fail, "--fail", args.hosts), faults(args.cut, "--cut", args.hosts)
+    command = user_command(args.command)
+    if args.procs_per_host < 1:
+        raise ConfigError(f"--procs-per-host must be >= 1, got {args.procs_per_host}")
+    logs = Path(args.logs or tempfile.mkdtemp(prefix="paratrain-cluster-"))
+    logs.mkdir(parents=True, exist_ok=True)
+    stop = threading.Event()
+    previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        with EmulatedCluster(specs) as cluster:
+            return _run(cluster, args.procs_per_host, command, fails, cuts, logs, stop)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _run(
+    cluster: EmulatedCluster,
+    procs: int,
+    command: list[str],
+    fails: list[tuple[float, int]],
+    cuts: list[tuple[float, int]],
+    logs: Path,
+    stop: threading.Event,
+) -> int:
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    started = time.monotonic()
+    running: list[subprocess.Popen] = []
+    readers = []
+    for host in cluster.hosts:
+        process = subprocess.Popen(
+            torchrun(cluster, host, procs, command),
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            bufsize=1,
+        )
+        running.append(process)
+        readers.append(threading.Thread(target=_relay, args=(process, host, logs), daemon=True))
+        readers[-1].start()
+    events = sorted([(t, "fail", h) for t, h in fails] + [(t, "cut", h) for t, h in cuts])
+    killed: set[int] = set()
+    settled = False
+    try:
+        idle_since = None
+        while not stop.is_set():
+            now = time.monotonic() - started
+            while events and events[0][0] <= now:
+                _, kind, index = events.pop(0)
+                host = cluster.hosts[index]
+                print(f"paratrain cluster: {kind} {host.name} at {now:.1f} s", file=sys.stderr, flush=True)
+                if kind == "fail":
+                    killed.add(index)
+                    cluster.kill(host)
+                else:
+                    cluster.cut(host)
+            if all(p.poll() is not None for p in running):
+                break
+            # torchrun's agents wait for each other at exit (300 s, not configurable), a dead
+            # host's agent forever: once no host has a training process left, give the live
+            # agents a moment to pass their barrier, then end them. An agent reaches that
+            # barrier only when its processes succeeded.
+            training = [
+                i for i, (h, p) in enumerate(zip(cluster.hosts, running))
+                if p.poll() is None and set(cluster.processes(h)) - {p.pid}
+            ]  # fmt: skip
+            if training:
+                idle_since = None
+            elif idle_since is None:
+                idle_since = now
+            elif now - idle_since > SETTLE_SECONDS:
+                settled = True
+                break
+            time.sleep(0.05)
+    except KeyboardInterrupt:
+        print("paratrain cluster: interrupted; removing the hosts", file=sys.stderr)
+        return 130
+    finally:
+        # host 0's agent holds the rendezvous store: the others go first, so none of them
+        # reports the store's connection closing under it
+        for process in reversed(running):
+            if process.poll() is None:
+                process.kill()
+            process.wait()
+        for reader in readers:
+            reader.join(timeout=5)
+    if stop.is_set():
+        return 143
+    codes = {
+        h.index: p.returncode
+        for h, p in zip(cluster.hosts, running)
+        if h.index not in killed and not (settled and p.returncode == -signal.SIGKILL)
+    }
+    failed = [i for i, code in codes.items() if code]
+    for index in failed:
+        log = logs / f"{cluster.hosts[index].name}.log"
+        print(f"paratrain cluster: host{index} exited with {codes[index]} (its output: {log})", file=sys.stderr)
+    return (codes[failed[0]] if codes[failed[0]] > 0 else 1) if failed else 0

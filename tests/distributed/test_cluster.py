@@ -1,0 +1,141 @@
+"""Real multi-host runs on emulated hosts (network namespaces, a bridge, tc-shaped links,
+CPU cgroups): the strategies across hosts against the single-process reference, a cut
+link, a dead host, and nothing left behind in any case."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from paratrain.cluster.hosts import check_support, leftovers
+from paratrain.errors import ConfigError
+
+pytestmark = pytest.mark.distributed
+
+
+def _unsupported():
+    try:
+        check_support()
+    except ConfigError as error:
+        return str(error)
+    return None
+
+
+needs_hosts = pytest.mark.skipif(_unsupported() is not None, reason=str(_unsupported()))
+FAST = ["--epochs", "3", "--no-progress", "--log-every", "0"]
+
+
+def cluster(*args, timeout=240, cwd=None):
+    return subprocess.run(
+        [sys.executable, "-m", "paratrain", "cluster", "run", *args],
+        capture_output=True, text=True, timeout=timeout, cwd=cwd,
+    )  # fmt: skip
+
+
+def train(*args, timeout=120):
+    return subprocess.run(
+        [sys.executable, "-m", "paratrain", "train", *args], capture_output=True, text=True, timeout=timeout
+    )
+
+
+@pytest.fixture(autouse=True)
+def nothing_left_behind():
+    yield
+    if shutil.which("ip") is not None:
+        assert leftovers() == []
+
+
+@needs_hosts
+@pytest.mark.parametrize(
+    "hosts, flags, global_batch",
+    [
+        ("2", ["--strategy", "allreduce"], 64),
+        ("3", ["--strategy", "ps-sync"], 64),  # host 0: the shard; hosts 1, 2: the workers
+        ("2", ["--strategy", "pipeline", "--stages", "2"], 32),
+    ],
+)
+def test_a_strategy_across_hosts_gives_the_single_process_result(tmp_path, hosts, flags, global_batch):
+    """allreduce and ps-sync on N hosts equal one process with the global batch, a pipeline
+    of 2 stages on 2 hosts one process with its batch: the same accuracy to rounding."""
+    out, reference = tmp_path / "m.json", tmp_path / "single.json"
+    result = cluster("--hosts", hosts, "--cpu", "0.6", "--link", "1gbit", "--",
+                     "paratrain", "train", *flags, *FAST, "--metrics-out", str(out))  # fmt: skip
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    single = train("--batch-size", str(global_batch), *FAST, "--metrics-out", str(reference))
+    assert single.returncode == 0, single.stderr[-2000:]
+    metrics, expected = json.loads(out.read_text()), json.loads(reference.read_text())
+    assert metrics["global_steps"] == expected["global_steps"]
+    assert abs(metrics["test_accuracy"] - expected["test_accuracy"]) < 0.01
+
+
+@needs_hosts
+def test_a_killed_host_under_ps_async_is_survived(tmp_path):
+    out = tmp_path / "m.json"
+    result = cluster("--hosts", "4", "--cpu", "0.45", "--fail", "host3@8s", "--",
+                     "paratrain", "train", "--strategy", "ps-async", "--epochs", "6", "--no-progress",
+                     "--metrics-out", str(out))  # fmt: skip
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "fail host3 at 8." in result.stderr
+    metrics = json.loads(out.read_text())
+    assert metrics["workers_lost"] == [2]  # host 3 held worker 2
+    assert metrics["test_accuracy"] > 0.9
+
+
+@needs_hosts
+def test_a_cut_link_under_allreduce_ends_within_the_timeout_naming_the_host():
+    started = time.monotonic()
+    result = cluster("--hosts", "2", "--cpu", "0.6", "--cut", "host1@6s", "--",
+                     "paratrain", "train", "--strategy", "allreduce", "--epochs", "200", "--no-progress",
+                     "--timeout", "15")  # fmt: skip
+    assert result.returncode != 0
+    assert time.monotonic() - started < 90  # 6 s + the 15 s timeout + start-up and teardown
+    assert "cut host1 at 6." in result.stderr
+    assert "worker 1" in result.stdout + result.stderr  # host 1's rank, named by the survivor
+
+
+@needs_hosts
+def test_ctrl_c_removes_every_host():
+    process = subprocess.Popen(
+        [sys.executable, "-m", "paratrain", "cluster", "run", "--hosts", "2", "--cpu", "0.5", "--",
+         "paratrain", "train", "--strategy", "allreduce", "--epochs", "200", "--no-progress"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    deadline = time.monotonic() + 60
+    while not any("pt" in entry for entry in leftovers()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(5)  # mid-run
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=60)
+    assert process.returncode == 130, stderr[-2000:]
+    assert "interrupted" in stderr
+
+
+@pytest.mark.skipif(shutil.which("setpriv") is None or os.geteuid() != 0, reason="needs root and setpriv")
+def test_without_root_it_is_one_line_and_exit_2():
+    result = subprocess.run(
+        ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups",
+         sys.executable, "-m", "paratrain", "cluster", "run", "--hosts", "2", "--", "paratrain", "train"],
+        capture_output=True, text=True, timeout=60, cwd="/",
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and "needs root" in result.stderr
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--hosts", "2", "--fail", "host5@3s", "--", "paratrain", "train"], "--fail host5@3s: expected hostI@Ts"),
+        (["--hosts", "2", "--host", "1:speed=2", "--", "paratrain", "train"], "unknown setting 'speed'"),
+        (["--hosts", "2", "--"], "needs a command after --"),
+        (["--hosts", "2", "--", "bash", "x"], "must be `paratrain ...` or `python SCRIPT ...`"),
+    ],
+)
+def test_bad_cluster_flags_are_one_line_and_exit_2(args, words):
+    result = cluster(*args, timeout=60)
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1 and words in result.stderr
