@@ -190,6 +190,32 @@ def leftovers(prefix: str = "pt", cluster_id: int | None = None) -> list[str]:
     return found
 
 
+def remove_leftovers() -> list[str]:
+    """Remove what emulated clusters left on this machine (a runner killed with SIGKILL
+    cannot clean up after itself): their processes, cgroups, links and namespaces."""
+    found = leftovers()
+    for entry in found:
+        kind, name = entry.split(" ", 1)
+        if kind == "cgroup":
+            for pid in (Path(name) / "cgroup.procs").read_text().split():
+                try:
+                    os.kill(int(pid), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+    deadline = time.monotonic() + 10
+    for entry in found:
+        kind, name = entry.split(" ", 1)
+        if kind == "cgroup":
+            while (Path(name) / "cgroup.procs").read_text().strip() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            Path(name).rmdir()
+        elif kind == "link":
+            subprocess.run(["ip", "link", "del", name], capture_output=True)
+        else:
+            subprocess.run(["ip", "netns", "del", name], capture_output=True)
+    return found
+
+
 def _ours(name: str, prefix: str) -> bool:
     rest = name.removeprefix(prefix)
     return name.startswith(prefix) and rest[:1].isdigit() if prefix == "pt" else name.startswith(prefix)

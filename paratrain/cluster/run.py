@@ -33,6 +33,7 @@ from paratrain.errors import ConfigError
 
 PORT = 29500
 SETTLE_SECONDS = 5.0
+FAILURE_GRACE_SECONDS = 10.0
 _FAULT = re.compile(r"host(\d+)@(\d+(?:\.\d+)?)s")
 
 
@@ -124,6 +125,16 @@ def _relay(process: subprocess.Popen, host: Host, logs: Path) -> None:
                 print(f"[{host.name}] {line}", end="", flush=True)
 
 
+def clean_command(args: argparse.Namespace) -> int:
+    """``paratrain cluster clean``: remove what a runner killed with SIGKILL left behind."""
+    from paratrain.cluster.hosts import check_support, remove_leftovers
+
+    check_support()
+    removed = remove_leftovers()
+    print(f"paratrain cluster clean: removed {len(removed)}" + "".join(f"\n  {entry}" for entry in removed))
+    return 0
+
+
 def cluster_command(args: argparse.Namespace) -> int:
     specs = host_specs(args)
     fails, cuts = faults(args.fail, "--fail", args.hosts), faults(args.cut, "--cut", args.hosts)
@@ -168,9 +179,8 @@ def _run(
         readers[-1].start()
     events = sorted([(t, "fail", h) for t, h in fails] + [(t, "cut", h) for t, h in cuts])
     killed: set[int] = set()
-    settled = False
     try:
-        idle_since = None
+        idle_since = failed_at = None
         while not stop.is_set():
             now = time.monotonic() - started
             while events and events[0][0] <= now:
@@ -183,6 +193,13 @@ def _run(
                 else:
                     cluster.cut(host)
             if all(p.poll() is not None for p in running):
+                break
+            failed_now = [i for i, p in enumerate(running) if i not in killed and p.poll() not in (None, 0)]
+            if failed_now and failed_at is None:
+                failed_at = now
+            if failed_at is not None and now - failed_at > FAILURE_GRACE_SECONDS:
+                # A host failed: the others have had time to fail alike; one cut off from the
+                # rendezvous store may block in TCP for minutes.
                 break
             # torchrun's agents wait for each other at exit (300 s, not configurable), a dead
             # host's agent forever: once no host has a training process left, give the live
@@ -197,7 +214,6 @@ def _run(
             elif idle_since is None:
                 idle_since = now
             elif now - idle_since > SETTLE_SECONDS:
-                settled = True
                 break
             time.sleep(0.05)
     except KeyboardInterrupt:
@@ -217,7 +233,7 @@ def _run(
     codes = {
         h.index: p.returncode
         for h, p in zip(cluster.hosts, running)
-        if h.index not in killed and not (settled and p.returncode == -signal.SIGKILL)
+        if h.index not in killed and p.returncode != -signal.SIGKILL
     }
     failed = [i for i, code in codes.items() if code]
     for index in failed:

@@ -96,6 +96,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_cluster_arguments(cluster_run)
     cluster_run.set_defaults(handler=cluster_command)
+    cluster_clean = cluster_commands.add_parser(
+        "clean", help="remove the hosts a killed `cluster run` left behind (namespaces, links, cgroups)"
+    )
+    cluster_clean.set_defaults(handler=cluster_clean_command)
 
     env = commands.add_parser(
         "env",
@@ -123,6 +127,12 @@ def cluster_command(args: argparse.Namespace) -> int:
     from paratrain.cluster.run import cluster_command as run_cluster
 
     return run_cluster(args)
+
+
+def cluster_clean_command(args: argparse.Namespace) -> int:
+    from paratrain.cluster.run import clean_command
+
+    return clean_command(args)
 
 
 def env_command(args: argparse.Namespace) -> int:

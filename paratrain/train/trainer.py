@@ -112,7 +112,10 @@ class Trainer:
         self.recipe = StepRecipe(precision, accumulate, clip_grad_norm, channels_last)
         self.loss_fn = loss
         self.metrics = tuple(self.metric_fns)
-        self.model, self.optimizer = self.strategy.prepare(model, optimizer, self.recipe)
+        try:  # DDP's first broadcast: a peer gone already is named like one lost mid-run
+            self.model, self.optimizer = self.strategy.prepare(model, optimizer, self.recipe)
+        except RuntimeError as error:
+            raise (self.strategy.diagnose(error, 0) or error) from None
         if compile:
             self.model = torch.compile(self.model)
         self.learning_rate = optimizer.param_groups[0]["lr"]

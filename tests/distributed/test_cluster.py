@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from paratrain.cluster.hosts import check_support, leftovers
+from paratrain.cluster.hosts import check_support, leftovers, remove_leftovers
 from paratrain.errors import ConfigError
 
 pytestmark = pytest.mark.distributed
@@ -46,8 +46,10 @@ def train(*args, timeout=120):
 @pytest.fixture(autouse=True)
 def nothing_left_behind():
     yield
-    if shutil.which("ip") is not None:
-        assert leftovers() == []
+    if shutil.which("ip") is not None and os.geteuid() == 0:
+        found = leftovers()
+        remove_leftovers()  # so that one failure does not fail the tests after it
+        assert found == []
 
 
 @needs_hosts
@@ -76,11 +78,12 @@ def test_a_strategy_across_hosts_gives_the_single_process_result(tmp_path, hosts
 @needs_hosts
 def test_a_killed_host_under_ps_async_is_survived(tmp_path):
     out = tmp_path / "m.json"
-    result = cluster("--hosts", "4", "--cpu", "0.45", "--fail", "host3@8s", "--",
-                     "paratrain", "train", "--strategy", "ps-async", "--epochs", "6", "--no-progress",
-                     "--metrics-out", str(out))  # fmt: skip
+    # at 14 s: after start-up (the group has formed), well before the 200 epochs end (digits: ~20 s)
+    result = cluster("--hosts", "4", "--cpu", "0.45", "--fail", "host3@14s", "--",
+                     "paratrain", "train", "--strategy", "ps-async", "--epochs", "200", "--no-progress",
+                     "--metrics-out", str(out), timeout=400)  # fmt: skip
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-    assert "fail host3 at 8." in result.stderr
+    assert "fail host3 at 14." in result.stderr
     metrics = json.loads(out.read_text())
     assert metrics["workers_lost"] == [2]  # host 3 held worker 2
     assert metrics["test_accuracy"] > 0.9
