@@ -162,18 +162,10 @@ def train_config(args: argparse.Namespace, cluster: Any) -> Any:
         if cluster.num_ps:  # TF_CONFIG names the ps jobs
             overrides["workers"] = cluster.world_size - cluster.num_ps
         else:  # torchrun: as many workers as the processes left beside the mode's own (shards)
-            overrides["workers"] = _workers_for(make_config(file_values, overrides), cluster.world_size)
+            probe = make_config(file_values, {**overrides, "workers": cluster.world_size})
+            others = probe.topology.num_processes - cluster.world_size  # shards, backups
+            overrides["workers"] = max(1, cluster.world_size - others)
     return make_config(file_values, overrides)
-
-
-def _workers_for(config: Any, world_size: int) -> int:
-    """The ``--workers`` whose topology has ``world_size`` processes (workers count replicas,
-    or processes where the mode says so: the pipeline's); the world size when none fits."""
-    others = config.topology.num_processes - 1  # processes beside one worker: shards, backups
-    workers = max(1, world_size - others)
-    if config.replace(workers=workers).topology.num_processes == world_size:
-        return workers
-    return world_size
 
 
 def train_command(args: argparse.Namespace) -> int:

@@ -95,3 +95,22 @@ def test_help_lists_every_option(cli):
     assert result.returncode == 0
     for flag in ("--strategy", "--workers", "--batch-size", "--lr-schedule", "--metrics-out", "--config"):
         assert flag in result.stdout
+
+
+@pytest.mark.parametrize(
+    "argv, world, workers",
+    [
+        (["--strategy", "allreduce", "--fail", "1@25"], 2, 2),
+        (["--strategy", "ps-sync"], 3, 2),  # one shard beside two workers
+        (["--strategy", "ps-backup", "--backup-workers", "1", "--ps-shards", "2"], 5, 2),
+        (["--strategy", "pipeline", "--stages", "2"], 4, 4),  # pipeline --workers counts processes
+    ],
+)
+def test_under_torchrun_workers_are_the_processes_beside_the_modes_own(argv, world, workers):
+    from paratrain.comm.transport import ClusterEnv
+    from paratrain.launch.cli import build_parser, train_config
+
+    cluster = ClusterEnv(rank=0, world_size=world, local_rank=0, master_addr="127.0.0.1", master_port=1)
+    config = train_config(build_parser().parse_args(["train", *argv]), cluster)
+    assert config.workers == workers
+    assert config.topology.num_processes == world
