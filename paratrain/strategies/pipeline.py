@@ -16,6 +16,7 @@ replica once: the last stage speaks for its replica, the others add zeros. The c
 
 from __future__ import annotations
 
+import gc
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -237,6 +238,15 @@ class PipelineStrategy(Strategy):
             if stage == self.stage:
                 self._stage_group = group
         super().setup()
+
+    def teardown(self) -> None:
+        """The schedule and its stage hold this run's process groups and pending sends: they
+        go first, while the interpreter is whole (freed during shutdown, after the groups,
+        they abort the process), then the groups."""
+        self._schedule = None
+        self._stage_group = self._pipeline_group = None
+        gc.collect()
+        super().teardown()
 
     @property
     def stage(self) -> int:
