@@ -186,13 +186,7 @@ class TrainConfig:
         self._check_scores()
         strategy = STRATEGIES.get(self.strategy)
         self._check_sections(strategy)
-        if self.precision == "fp16" and not strategy.scales_loss:
-            raise ConfigError(
-                f"--precision fp16 needs a gradient scaler beside the optimizer, which --strategy {self.strategy} "
-                "runs elsewhere; use --precision bf16, or --strategy single or allreduce"
-            )
-        if self.compile and not strategy.compiles:
-            raise ConfigError(f"--compile is not available with --strategy {self.strategy}")
+        strategy.check_step(self.strategy, self.precision, self.compile)
         strategy.check_config(self)
         self.faults.check(strategy.topology_for(self), self.strategy)
 

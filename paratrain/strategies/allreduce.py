@@ -25,7 +25,7 @@ from paratrain.comm.codecs import Codec
 from paratrain.comm.hooks import CommHook, make_hook
 from paratrain.comm.transport import cluster_from_env, default_backend
 from paratrain.errors import ConfigError
-from paratrain.strategies.base import Strategy, resolve_device, staleness_summary
+from paratrain.strategies.base import Strategy, resolve_device, staleness_summary, uncompiled
 from paratrain.strategies.recipe import StepRecipe
 from paratrain.strategies.topology import Topology
 
@@ -100,11 +100,11 @@ class AllReduceStrategy(Strategy):
         return ddp, optimizer
 
     def unwrap(self, model: nn.Module) -> nn.Module:
-        model = _uncompiled(model)
+        model = uncompiled(model)
         return model.module if isinstance(model, DistributedDataParallel) else model
 
     def no_sync(self, model: nn.Module) -> Any:
-        model = _uncompiled(model)
+        model = uncompiled(model)
         return model.no_sync() if isinstance(model, DistributedDataParallel) else super().no_sync(model)
 
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
@@ -147,11 +147,6 @@ class AllReduceStrategy(Strategy):
             self.hook.load_state_dict(state.get("hook", {}))
         else:
             self._hook_state = state.get("hook") or None
-
-
-def _uncompiled(model: nn.Module) -> nn.Module:
-    """The module ``torch.compile`` wrapped (DDP, when the prepared model was compiled)."""
-    return getattr(model, "_orig_mod", model)
 
 
 def _timed_allreduce_hook(state, bucket):  # noqa: ANN001 - DDP checks the real annotations, not strings

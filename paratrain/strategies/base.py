@@ -264,14 +264,22 @@ class Strategy:
         self.use_recipe(recipe)
         return self.recipe.prepare_model(model.to(self.device)), optimizer
 
+    @classmethod
+    def check_step(cls, name: str, precision: str, compile: bool = False) -> None:
+        """ConfigError for step options this mode cannot run (``name``: the mode's name):
+        fp16's scaler needs the optimizer local, and some modes cannot be compiled."""
+        if precision == "fp16" and not cls.scales_loss:
+            raise ConfigError(
+                f"--precision fp16 needs a gradient scaler beside the optimizer, which --strategy {name} "
+                "runs elsewhere; use --precision bf16, or --strategy single or allreduce"
+            )
+        if compile and not cls.compiles:
+            raise ConfigError(f"--compile is not available with --strategy {name}")
+
     def use_recipe(self, recipe: StepRecipe | None) -> None:
         """Take ``recipe`` (ConfigError where this mode cannot run it)."""
         recipe = recipe or StepRecipe()
-        if recipe.scaled and not self.scales_loss:
-            raise ConfigError(
-                f"--precision fp16 needs its gradient scaler beside the optimizer, which {self.name} runs "
-                "elsewhere; use --precision bf16 (no scaler), or --strategy single or allreduce"
-            )
+        self.check_step(self.name, recipe.precision)
         self.recipe = recipe
         self.scaler = torch.amp.GradScaler(self.device.type) if recipe.scaled else None
 
@@ -285,8 +293,8 @@ class Strategy:
         clip_norm(self.unwrap(model).parameters(), self.recipe.clip_grad_norm)
 
     def unwrap(self, model: nn.Module) -> nn.Module:
-        """The user's own module inside whatever ``prepare`` wrapped it in."""
-        return model
+        """The user's own module inside whatever ``prepare`` (and ``torch.compile``) wrapped it in."""
+        return uncompiled(model)
 
     def train_step(
         self,
@@ -452,6 +460,11 @@ class Strategy:
 
 def _ignore(version: int) -> None:
     pass
+
+
+def uncompiled(model: nn.Module) -> nn.Module:
+    """The module ``torch.compile`` wrapped, or ``model`` itself."""
+    return getattr(model, "_orig_mod", model)
 
 
 def _same(loss: torch.Tensor) -> torch.Tensor:

@@ -107,8 +107,7 @@ class Trainer:
         if optimizer is None:
             raise ConfigError("Trainer needs an optimizer, e.g. torch.optim.SGD(model.parameters(), lr=0.05)")
         self.strategy = strategy or get_strategy()
-        if compile and not self.strategy.compiles:
-            raise ConfigError(f"--compile is not available with --strategy {self.strategy.name}")
+        self.strategy.check_step(self.strategy.name, precision, compile)
         self.recipe = StepRecipe(precision, accumulate, clip_grad_norm, channels_last)
         self.loss_fn = loss
         self.metrics = tuple(self.metric_fns)
@@ -138,7 +137,7 @@ class Trainer:
     @property
     def module(self) -> nn.Module:
         """The user's model, unwrapped from whatever the strategy (and torch.compile) wrapped it in."""
-        return self.strategy.unwrap(getattr(self.model, "_orig_mod", self.model))
+        return self.strategy.unwrap(self.model)
 
     def log_keys(self, validation: bool) -> tuple[str, ...]:
         """The keys of every epoch's log that depend on the metrics."""
