@@ -13,8 +13,10 @@ from paratrain.config import TrainConfig
 from paratrain.errors import ConfigError, DivergedError, ParatrainError, WorkerFailed
 from paratrain.launch.local import launch
 from paratrain.strategies.allreduce import AllReduceStrategy
+from paratrain.strategies.averaging import DiLoCoStrategy, LocalSGDStrategy
 from paratrain.strategies.base import StepOutput, Strategy, current_strategy
 from paratrain.strategies.factory import make_strategy, strategy_from_flags
+from paratrain.strategies.fsdp import FSDPStrategy
 from paratrain.strategies.ps import ParameterServerStrategy
 from paratrain.strategies.recipe import StepRecipe
 from paratrain.strategies.single import SingleDeviceStrategy, get_strategy
@@ -44,12 +46,15 @@ __all__ = [
     "Checkpoint",
     "ConfigError",
     "Constant",
+    "DiLoCoStrategy",
     "DivergedError",
     "EarlyStopping",
     "ExponentialDecay",
+    "FSDPStrategy",
     "History",
     "LearningRateScheduler",
     "LinearScalingWarmup",
+    "LocalSGDStrategy",
     "MirroredStrategy",
     "ParameterServerStrategy",
     "ParatrainError",

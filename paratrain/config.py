@@ -3,7 +3,8 @@ command line, validated once.
 
 TrainConfig holds the run-level options and composes the sections each component owns:
 ``codec`` (comm/codec_config.py), ``ps`` (strategies/ps/modes.py), ``pipeline``
-(strategies/pipeline.py) and ``faults`` (train/faults.py). Every option is one
+(strategies/pipeline.py), ``averaging`` (strategies/averaging.py: local-sgd, diloco),
+``fsdp`` (strategies/fsdp.py) and ``faults`` (train/faults.py). Every option is one
 command-line flag (``batch_size`` <-> ``--batch-size``) and one key of a ``--config`` TOML
 file, whichever section it lives in: flags and keys are flat, as they always were. A
 section's options are refused with one line when the chosen strategy does not take them.
@@ -24,6 +25,8 @@ from paratrain.comm.codec_config import CodecConfig
 from paratrain.errors import ConfigError
 from paratrain.options import at_least, check_options, field_type, flag, non_default, option, option_fields
 from paratrain.registry import DATASETS, MODELS, OPTIMIZERS, SCHEDULES, STRATEGIES, is_reference
+from paratrain.strategies.averaging import AveragingConfig
+from paratrain.strategies.fsdp import FSDPConfig
 from paratrain.strategies.pipeline import PipelineConfig
 from paratrain.strategies.ps.modes import PSConfig
 from paratrain.strategies.recipe import PRECISIONS
@@ -37,10 +40,22 @@ except ModuleNotFoundError:  # pragma: no cover - Python 3.10
     import tomli as tomllib
 
 #: The sections of a TrainConfig: attribute -> the config class of the component that owns it.
-SECTIONS: dict[str, type] = {"codec": CodecConfig, "ps": PSConfig, "pipeline": PipelineConfig, "faults": FaultConfig}
+SECTIONS: dict[str, type] = {
+    "codec": CodecConfig,
+    "ps": PSConfig,
+    "pipeline": PipelineConfig,
+    "averaging": AveragingConfig,
+    "fsdp": FSDPConfig,
+    "faults": FaultConfig,
+}
 
 #: Who takes a section's options, for the line that refuses them elsewhere.
-_TAKEN_BY = {PSConfig: "the ps-* strategies", PipelineConfig: "--strategy pipeline"}
+_TAKEN_BY = {
+    PSConfig: "the ps-* strategies",
+    PipelineConfig: "--strategy pipeline",
+    AveragingConfig: "--strategy local-sgd and diloco",
+    FSDPConfig: "--strategy fsdp",
+}
 
 
 @dataclass(init=False)
@@ -134,6 +149,8 @@ class TrainConfig:
     codec: CodecConfig = field(default_factory=CodecConfig)
     ps: PSConfig = field(default_factory=PSConfig)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    averaging: AveragingConfig = field(default_factory=AveragingConfig)
+    fsdp: FSDPConfig = field(default_factory=FSDPConfig)
     faults: FaultConfig = field(default_factory=FaultConfig)
 
     def __init__(self, **options: Any):

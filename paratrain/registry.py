@@ -94,6 +94,9 @@ STRATEGIES = Registry(
         "ps-backup": "paratrain.strategies.ps:ParameterServerStrategy",
         "ps-async": "paratrain.strategies.ps:ParameterServerStrategy",
         "pipeline": "paratrain.strategies.pipeline:PipelineStrategy",
+        "local-sgd": "paratrain.strategies.averaging:LocalSGDStrategy",
+        "diloco": "paratrain.strategies.averaging:DiLoCoStrategy",
+        "fsdp": "paratrain.strategies.fsdp:FSDPStrategy",
     },
     aliases={"mirrored": "allreduce"},
 )
@@ -138,6 +141,7 @@ OPTIMIZERS = Registry(
     {
         "sgd": "paratrain.train.optimizers:make_sgd",
         "adam": "paratrain.train.optimizers:make_adam",
+        "adamw": "paratrain.train.optimizers:make_adamw",
     },
 )
 

@@ -30,7 +30,7 @@ from typing import Any
 
 #: The span names: what each phase of a step is called on the timeline.
 COMPUTE_SPANS = ("data", "forward", "backward", "optimizer", "evaluate", "checkpoint")
-COMM_SPANS = ("allreduce", "pull", "push")  # pull: a worker waiting for the shards' reply
+COMM_SPANS = ("allreduce", "pull", "push", "synchronize")  # pull: a worker waiting for the shards' reply
 
 COMPUTE, COMM = 0, 1  # thread ids within a rank's track
 

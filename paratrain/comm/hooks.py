@@ -34,6 +34,7 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as torch_powersgd
 
+from paratrain.comm.average import pack, unpack
 from paratrain.comm.codecs import BF16Codec, Codec, FP16Codec, IdentityCodec, PowerSGDCodec
 from paratrain.comm.error_feedback import ErrorFeedback
 
@@ -318,8 +319,9 @@ class AllGatherHook(CommHook):
         layouts, pieces = [], []
         for parameter, gradient in zip(bucket.parameters(), gradients):
             payload, ctx = codec.compress(gradient, state.names[parameter])
-            layouts.append(([(t.shape, t.dtype, t.numel() * t.element_size()) for t in payload], ctx))
-            pieces += [t.reshape(-1).view(torch.uint8) for t in payload]
+            data, layout = pack(payload)
+            layouts.append((layout, ctx))
+            pieces.append(data)
         packed = torch.cat(pieces) if pieces else buffer.new_empty(0, dtype=torch.uint8)
         state.bytes_sent += packed.numel()
         gathered = [torch.empty_like(packed) for _ in range(state.world_size)]
@@ -331,14 +333,8 @@ class AllGatherHook(CommHook):
             for data in gathered:
                 offset = 0
                 for (layout, ctx), gradient in zip(layouts, gradients):
-                    payload = []
-                    for shape, dtype, size in layout:
-                        chunk = data[offset : offset + size]
-                        if offset % chunk.new_empty((), dtype=dtype).element_size():
-                            chunk = chunk.clone()  # a view as a wider type must be aligned
-                        payload.append(chunk.view(dtype).view(shape))
-                        offset += size
-                    gradient.add_(codec.decompress(tuple(payload), ctx))
+                    payload, offset = unpack(data, offset, layout)
+                    gradient.add_(codec.decompress(payload, ctx))
             return buffer.div_(len(gathered))
 
         return work.get_future().then(decode)

@@ -23,11 +23,9 @@ from paratrain import timeline
 from paratrain.comm.codec_config import make_codec
 from paratrain.comm.codecs import Codec
 from paratrain.comm.hooks import CommHook, make_hook
-from paratrain.comm.transport import cluster_from_env, default_backend
 from paratrain.errors import ConfigError
-from paratrain.strategies.base import Strategy, resolve_device, staleness_summary, uncompiled
+from paratrain.strategies.base import Strategy, staleness_summary, uncompiled
 from paratrain.strategies.recipe import StepRecipe
-from paratrain.strategies.topology import Topology
 
 if TYPE_CHECKING:
     from paratrain.config import TrainConfig
@@ -66,12 +64,7 @@ class AllReduceStrategy(Strategy):
     def setup(self) -> None:
         if self._ready:
             return
-        # The local rank decides the device, and the device decides the backend.
-        cluster = cluster_from_env()
-        self.device = resolve_device(self.device_preference, cluster.local_rank if cluster else 0)
-        self._join_group(default_backend(self.device))
-        self.process_rank = dist.get_rank()
-        self.topology = Topology(num_replicas=dist.get_world_size())
+        self._join_replicas()
         super().setup()
 
     def prepare(

@@ -25,13 +25,14 @@ import weakref
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from paratrain.comm.transport import destroy_process_group, ensure_process_group
+from paratrain.comm.transport import cluster_from_env, default_backend, destroy_process_group, ensure_process_group
 from paratrain.data.sharding import ShardedBatches
 from paratrain.errors import ConfigError, DivergedError, WorkerLost
 from paratrain.strategies.recipe import StepRecipe, clip_norm
@@ -86,6 +87,8 @@ class Strategy:
     """Whether the optimizer runs where the gradient is made, as fp16's GradScaler needs."""
     compiles: ClassVar[bool] = True
     """Whether ``torch.compile`` of the prepared model works under this mode."""
+    reshards: ClassVar[bool] = False
+    """Whether a checkpoint of this mode resumes on another number of replicas."""
 
     def __init__(self, device: str = "auto", timeout: float = 300.0, workers: int | None = None):
         if workers is not None and (not isinstance(workers, int) or workers < 1):
@@ -127,9 +130,14 @@ class Strategy:
     options: ClassVar[type | None] = None
 
     @classmethod
+    def topology_of(cls, num_replicas: int) -> Topology:
+        """The topology of ``num_replicas`` replicas, one process each (the default layout)."""
+        return Topology(num_replicas=num_replicas)
+
+    @classmethod
     def topology_for(cls, config: TrainConfig) -> Topology:
         """Who is who in a run of ``config``: one replica per worker by default."""
-        return Topology(num_replicas=config.workers)
+        return cls.topology_of(config.workers)
 
     @classmethod
     def check_config(cls, config: TrainConfig) -> None:
@@ -148,7 +156,7 @@ class Strategy:
     def planned_topology(self) -> Topology:
         """Who is who in the run this object was made for (its ``workers`` and its mode's
         own sizes): the processes ``paratrain.launch(fn, strategy=self)`` starts."""
-        return Topology(num_replicas=self.workers or 1)
+        return self.topology_of(self.workers or 1)
 
     def __getstate__(self) -> dict[str, Any]:
         """A strategy travels to the processes of a launch before it joins a run."""
@@ -222,6 +230,15 @@ class Strategy:
         self._owns_group = self._owns_group or not dist.is_initialized()
         ensure_process_group(backend, self.timeout)
 
+    def _join_replicas(self) -> None:
+        """Join as one of the run's data-parallel replicas, one per process (allreduce,
+        local-sgd, diloco, fsdp): the local rank decides the device, the device the backend."""
+        cluster = cluster_from_env()
+        self.device = resolve_device(self.device_preference, cluster.local_rank if cluster else 0)
+        self._join_group(default_backend(self.device))
+        self.process_rank = dist.get_rank()
+        self.topology = self.topology_of(dist.get_world_size())
+
     def teardown(self) -> None:
         """Leave the run: release what ``prepare`` wrapped, then the process group if this
         strategy formed it. Idempotent; called at interpreter exit too."""
@@ -287,6 +304,16 @@ class Strategy:
         """Backward passes without communication (all but the last of an accumulated step)."""
         return contextlib.nullcontext()
 
+    def reduce_gradients(self, model: nn.Module) -> None:
+        """Average this step's gradient over the replicas, in a mode that does it after the
+        backward pass rather than in it (DDP does it in it: nothing to do by default)."""
+
+    @contextlib.contextmanager
+    def evaluating(self, model: nn.Module) -> Iterator[None]:
+        """Evaluation runs inside: a mode whose replicas differ between synchronizations puts
+        the model they share in place (and its own back after)."""
+        yield
+
     def clip_gradients(self, model: nn.Module) -> None:
         """Scale this step's gradient to the recipe's global norm; the norm is the whole
         model's (every replica holds the whole gradient here)."""
@@ -316,6 +343,7 @@ class Strategy:
             no_sync=lambda: self.no_sync(model),
             scale=scaler.scale if scaler is not None else _same,
         )
+        self.reduce_gradients(model)
         self.steps_taken += 1
         if scaler is not None:  # fp16: the scaler skips a step whose gradient overflowed
             scaler.unscale_(optimizer)
@@ -329,7 +357,7 @@ class Strategy:
         if self.recipe.clip_grad_norm:
             self.clip_gradients(model)
         # Gradients are already averaged: every replica sees the same and skips alike.
-        if self.skip_nonfinite(model, loss, lambda: finite_gradients(optimizer)):
+        if self.skip_nonfinite(model, loss, lambda: self.gradients_finite(optimizer)):
             return StepOutput(loss, outputs, skipped=True)
         with span("optimizer"):
             optimizer.step()
@@ -346,9 +374,16 @@ class Strategy:
         if self.on_nan != "skip" or finite():
             return False
         self.skipped_updates += 1
-        if not finite_parameters(model):
+        if not self.parameters_finite(model):
             raise DivergedError(float(loss), self.steps_taken)
         return True
+
+    def gradients_finite(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Whether every gradient the optimizer would apply is finite."""
+        return finite_gradients(optimizer)
+
+    def parameters_finite(self, model: nn.Module) -> bool:
+        return finite_parameters(model)
 
     def diagnose(self, error: RuntimeError, step: int) -> Exception | None:
         """A clearer error for ``error``, raised by a collective at ``step``: on a timeout,
@@ -443,6 +478,16 @@ class Strategy:
     def state_dict(self) -> dict[str, Any]:
         """This process's state for a checkpoint (the checkpointer calls it)."""
         return {"name": self.name, "steps": self._steps, "skipped_updates": self.skipped_updates}
+
+    def save_model(self, module: nn.Module, optimizer: torch.optim.Optimizer, folder: Path) -> list[str] | None:
+        """Write the model and optimizer into checkpoint ``folder`` in this mode's own form
+        (every process calls it) and return the files written, relative to ``folder``;
+        None (the default): they go whole into the model part of the checkpoint."""
+        return None
+
+    def load_model(self, module: nn.Module, optimizer: torch.optim.Optimizer, folder: Path) -> None:
+        """Read back what ``save_model`` wrote into ``folder`` (every process calls it)."""
+        raise NotImplementedError(f"{self.name} saves its model in the checkpoint's parts")
 
     def resume_position(self) -> dict[str, int] | None:
         """Where the loop goes on (``global_step``, ``epoch``) after a resume, on a process whose

@@ -53,8 +53,14 @@ def run_signature(strategy: Strategy, model_name: str) -> dict[str, Any]:
     }
 
 
-def check_signature(folder: Path, manifest: dict[str, Any], signature: dict[str, Any]) -> None:
-    differ = [key for key in signature if manifest.get(key) != signature[key]]
+#: What may differ when a mode's checkpoints reshard (``Strategy.reshards``): how many replicas.
+_RESHARDABLE = ("workers", "part_names")
+
+
+def check_signature(folder: Path, manifest: dict[str, Any], signature: dict[str, Any], reshards: bool = False) -> None:
+    differ = [
+        key for key in signature if manifest.get(key) != signature[key] and not (reshards and key in _RESHARDABLE)
+    ]
     if differ:
         then = ", ".join(f"{k}={manifest.get(k)}" for k in differ if k != "part_names")
         now = ", ".join(f"{k}={signature[k]}" for k in differ if k != "part_names")
@@ -228,13 +234,17 @@ class Checkpoint(Callback):
         trainer = self.trainer
         trainer.check_finite()  # never save a model that has diverged
         state: dict[str, Any] = {"trainer": trainer.state_dict(), "strategy": self.strategy.state_dict()}
-        if self._model_part == part:
+        folder = self.store.folder(step)
+        self.store._makedirs(folder)
+        own_files = self.strategy.save_model(trainer.module, trainer.optimizer, folder)
+        if own_files is None and self._model_part == part:
             state["model"] = trainer.module.state_dict()
             state["optimizer"] = trainer.optimizer.state_dict()
         self.store.write_part(step, part, state)
         self._last_saved = step
         if self.strategy.is_chief:
-            self.store.commit(step, self.strategy.topology.checkpoint_parts(), self.signature(), self._timeout())
+            parts = self.strategy.topology.checkpoint_parts() + (own_files or [])
+            self.store.commit(step, parts, self.signature(), self._timeout())
 
     def restore(self) -> None:
         """Load the newest complete checkpoint into this process (nothing if there is none)."""
@@ -247,8 +257,11 @@ class Checkpoint(Callback):
                 console.print(f"paratrain: no complete checkpoint in {self.store.root}; training from the start")
             return
         manifest = CheckpointStore.read_manifest(folder)
-        check_signature(folder, manifest, self.signature())
+        reshards = self.strategy.reshards
+        check_signature(folder, manifest, self.signature(), reshards)
         part, model_part = self._part, self._model_part
+        if reshards and part not in manifest["parts"]:  # a replica the saving run did not have
+            part = model_part = "rank-0"
         device = self.strategy.device
         own = CheckpointStore.read_part(folder, part, manifest, map_location=device) if part is not None else None
         if model_part is not None:
@@ -257,10 +270,18 @@ class Checkpoint(Callback):
                 if model_part == part
                 else CheckpointStore.read_part(folder, model_part, manifest, map_location=device)
             )
-            self._load_model(folder, held)
+            self._load_model(folder, held, manifest)
         if own is not None:
             self.strategy.load_state_dict(own["strategy"])
             self.trainer.load_state_dict(own["trainer"])
+            saved_replicas, replicas = manifest.get("workers"), self.strategy.num_replicas
+            if reshards and saved_replicas != replicas:
+                self.trainer.carry_position(int(saved_replicas), replicas)
+                if self.strategy.is_chief:
+                    console.print(
+                        f"paratrain: {folder} was written by {saved_replicas} replicas, this run has {replicas}: "
+                        f"the model is resharded and epoch {self.trainer.epoch + 1} goes on at batch {self.trainer.batch}"
+                    )
         else:  # the state is the servers' (parameter-server workers): they say where to go on
             self._resume_elsewhere(folder)
         self.restored_step = int(manifest["step"])
@@ -286,7 +307,12 @@ class Checkpoint(Callback):
         else:
             self.strategy.load_state_dict(state)
 
-    def _load_model(self, folder: Path, state: dict[str, Any]) -> None:
+    def _load_model(self, folder: Path, state: dict[str, Any], manifest: dict[str, Any]) -> None:
+        if "model" not in state and any("/" in name for name in manifest["parts"]):
+            # The mode wrote the model in its own files (fsdp: sharded), every process its part.
+            CheckpointStore.check_files(folder, manifest)
+            self.strategy.load_model(self.trainer.module, self.trainer.optimizer, folder)
+            return
         if "model" not in state:
             raise ConfigError(f"checkpoint {folder}: its part for this process holds no model")
         try:

@@ -53,15 +53,15 @@ class CheckpointStore:
         that makes the checkpoint complete, and drop the checkpoints beyond ``keep``."""
         folder = self.folder(step)
         deadline = time.monotonic() + timeout
-        missing = [p for p in parts if not (folder / f"{p}.pt").exists()]
+        missing = [p for p in parts if not part_path(folder, p).exists()]
         while missing and time.monotonic() < deadline:
             time.sleep(0.01)
-            missing = [p for p in missing if not (folder / f"{p}.pt").exists()]
+            missing = [p for p in missing if not part_path(folder, p).exists()]
         if missing:
             raise RuntimeError(
                 f"checkpoint {folder}: the part of {', '.join(missing)} did not arrive within {timeout:g} s"
             )
-        files = {p: _describe_file(folder / f"{p}.pt") for p in parts}
+        files = {p: _describe_file(part_path(folder, p)) for p in parts}
         manifest = {
             "format": FORMAT,
             "version": FORMAT_VERSION,
@@ -159,13 +159,14 @@ class CheckpointStore:
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
             return f"unreadable {MANIFEST} ({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''})"
         for part, described in parts:
+            path = part_path(folder, part)
             try:
-                size = (folder / f"{part}.pt").stat().st_size
+                size = path.stat().st_size
             except OSError:
-                return f"part {part}.pt is missing"
+                return f"part {path.relative_to(folder)} is missing"
             expected = described.get("bytes") if isinstance(described, dict) else described
             if size != expected:
-                return f"part {part}.pt has {size} bytes, the manifest says {expected}"
+                return f"part {path.relative_to(folder)} has {size} bytes, the manifest says {expected}"
         return None
 
     def latest(self) -> Path | None:
@@ -213,6 +214,23 @@ class CheckpointStore:
         return manifest
 
     @staticmethod
+    def check_files(folder: str | os.PathLike, manifest: dict[str, Any]) -> None:
+        """The manifest's files in subfolders (a mode's own files: fsdp's sharded model)
+        checked against their sizes and SHA-256; ConfigError naming the first that differs."""
+        folder = Path(folder)
+        for part, expected in manifest["parts"].items():
+            if "/" not in part:
+                continue
+            try:
+                found = _describe_file(folder / part)
+            except FileNotFoundError:
+                raise ConfigError(f"checkpoint {folder}: file {part} is missing") from None
+            if found != expected:
+                raise ConfigError(
+                    f"checkpoint {folder / part}: corrupt or truncated (its SHA-256 differs from the manifest's)"
+                )
+
+    @staticmethod
     def read_extra(folder: str | os.PathLike, name: str, map_location: Any = "cpu") -> dict[str, Any] | None:
         """A file a process writes beside the parts at its own pace (``name``.pt), outside
         the manifest: None where there is none."""
@@ -247,6 +265,12 @@ class CheckpointStore:
             return torch.load(path, map_location=map_location, weights_only=True)
         except (RuntimeError, OSError, EOFError, ValueError, pickle.UnpicklingError) as error:
             raise ConfigError(f"checkpoint {path}: not a readable checkpoint ({str(error).splitlines()[0]})") from None
+
+
+def part_path(folder: Path, part: str) -> Path:
+    """Where part ``part`` lives: ``rank-0`` -> ``rank-0.pt``; a name with a folder in it
+    (a mode's own files, ``model/__0_0.distcp``) is that file."""
+    return folder / part if "/" in part else folder / f"{part}.pt"
 
 
 def _describe_file(path: Path) -> dict[str, Any]:

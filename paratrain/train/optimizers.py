@@ -17,3 +17,8 @@ def make_sgd(params: Iterable[torch.nn.Parameter], config: TrainConfig) -> torch
 
 def make_adam(params: Iterable[torch.nn.Parameter], config: TrainConfig) -> torch.optim.Optimizer:
     return torch.optim.Adam(params, lr=config.lr, weight_decay=config.weight_decay)
+
+
+def make_adamw(params: Iterable[torch.nn.Parameter], config: TrainConfig) -> torch.optim.Optimizer:
+    """AdamW (decoupled weight decay): DiLoCo's inner optimizer."""
+    return torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)

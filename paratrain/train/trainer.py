@@ -316,6 +316,13 @@ class Trainer:
         set_rng_state(state["rng"])
         self._resumed = True
 
+    def carry_position(self, saved_replicas: int, replicas: int) -> None:
+        """After resuming a checkpoint written by ``saved_replicas`` replicas on ``replicas``:
+        the current epoch goes on after the examples already read (global batches cover
+        consecutive stretches of the epoch's order, so the same examples, rounded down to a
+        whole batch of this run)."""
+        self.batch = self.batch * saved_replicas // replicas
+
     @torch.no_grad()
     def evaluate(self, data: object, batch_size: int = 256) -> dict[str, float | None]:
         """``loss`` and each metric on ``data``, each replica on its own part, reduced across
@@ -336,14 +343,15 @@ class Trainer:
         scores = list(self.metric_fns.values())
         # [examples, loss x n, metric_1 x n, ...]: one all-reduce for all of them
         sums = torch.zeros(2 + len(scores), dtype=torch.float64, device=self.strategy.device)
-        for inputs, targets in self.strategy.distribute(data, batch_size, shuffle=False, drop_last=False):
-            outputs = self.strategy.forward(model, inputs)
-            if outputs is None:  # a pipeline stage before the last: it passed its activations on
-                continue
-            n = num_examples(targets)
-            values = [self.loss_fn(outputs, targets), *(score(outputs, targets) for score in scores)]
-            sums[0] += n
-            sums[1:] += torch.stack([v.detach().double().reshape(()) for v in values]) * n
+        with self.strategy.evaluating(model):
+            for inputs, targets in self.strategy.distribute(data, batch_size, shuffle=False, drop_last=False):
+                outputs = self.strategy.forward(model, inputs)
+                if outputs is None:  # a pipeline stage before the last: it passed its activations on
+                    continue
+                n = num_examples(targets)
+                values = [self.loss_fn(outputs, targets), *(score(outputs, targets) for score in scores)]
+                sums[0] += n
+                sums[1:] += torch.stack([v.detach().double().reshape(()) for v in values]) * n
         model.train(was_training)
         count, *totals = self.strategy.all_reduce_sum(sums).tolist()
         return dict(zip(("loss", *self.metrics), (t / max(count, 1) for t in totals)))

@@ -1,0 +1,259 @@
+"""``fsdp``: fully sharded data parallelism (ZeRO-3), with PyTorch's FSDP2
+(``torch.distributed.fsdp.fully_shard``).
+
+Every replica holds 1/N of each parameter, of its gradient and of the optimizer state.
+Before a layer's forward (and again before its backward) the replicas all-gather its
+parameters; after the backward its gradient is reduce-scattered, so each replica keeps the
+mean gradient of its own shard and steps its optimizer on that shard alone. Numerically it
+is ``allreduce``: one step of the global batch. What it saves is memory: parameters,
+gradients and optimizer state take about 1/N per process, plus the largest layer gathered.
+
+- ``--reshard-after-forward`` (default, ZeRO-3): a layer's gathered parameters are freed
+  after its forward and gathered again for its backward. ``--no-reshard-after-forward``
+  keeps them from forward to backward (ZeRO-2-like memory for the parameters in flight,
+  one all-gather fewer per layer and step).
+- Each module that holds parameters of its own is one FSDP unit (one all-gather), the
+  root module the last.
+- ``--compression fp16`` / ``bf16``: gradients are reduce-scattered in that type
+  (FSDP2's ``MixedPrecisionPolicy(reduce_dtype=...)``). int8, topk and powersgd are not
+  taken: a reduce-scatter adds payloads element by element, which their per-chunk scales,
+  indices and low-rank factors do not allow; carrying them would mean all-gathering every
+  replica's whole coded gradient, the memory fsdp exists to save.
+
+Checkpoints are sharded: every process writes its own shard of the model and optimizer
+through ``torch.distributed.checkpoint`` (``model/`` in the checkpoint folder, each file in
+the manifest), so no process ever holds the whole state; a checkpoint resumes on any
+number of processes (DCP reshards on load), with the data position carried over.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from paratrain.comm.codec_config import make_codec
+from paratrain.comm.codecs import Codec
+from paratrain.errors import ConfigError
+from paratrain.options import check_options, option
+from paratrain.strategies.base import Strategy, staleness_summary, uncompiled
+from paratrain.strategies.recipe import StepRecipe
+
+if TYPE_CHECKING:
+    from paratrain.config import TrainConfig
+
+#: The codecs a reduce-scatter carries (the type gradients are reduced in).
+REDUCE_DTYPES = {"none": None, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+#: The folder of a checkpoint that holds the sharded model and optimizer.
+SHARDS = "model"
+
+
+@dataclass
+class FSDPConfig:
+    """Options of ``fsdp``."""
+
+    reshard_after_forward: bool = option(
+        True,
+        "fsdp: free each layer's gathered parameters after its forward (ZeRO-3); "
+        "--no-reshard-after-forward keeps them until its backward (more memory, fewer all-gathers)",
+    )
+
+    def __post_init__(self) -> None:
+        check_options(self)
+
+
+class FSDPStrategy(Strategy):
+    name = "fsdp"
+    takes_compression = True
+    compiles = False
+    reshards: ClassVar[bool] = True
+    options = FSDPConfig
+
+    def __init__(
+        self,
+        device: str = "auto",
+        timeout: float = 300.0,
+        reshard_after_forward: bool = True,
+        compression: str | Codec = "none",
+        workers: int | None = None,
+    ):
+        super().__init__(device=device, timeout=timeout, workers=workers)
+        self.reshard_after_forward = reshard_after_forward
+        self.codec = make_codec(compression) if isinstance(compression, str) else compression
+        if self.codec.name not in REDUCE_DTYPES:
+            raise ConfigError(_codec_refusal(self.codec.name))
+        self._grad_bytes = 0
+        self._units = 0
+
+    @classmethod
+    def check_config(cls, config: TrainConfig) -> None:
+        if config.codec.compression not in REDUCE_DTYPES:
+            raise ConfigError(_codec_refusal(config.codec.compression))
+
+    @classmethod
+    def check_step(cls, name: str, precision: str, compile: bool = False) -> None:
+        if precision == "fp16":
+            raise ConfigError(
+                "--precision fp16 needs a gradient scaler that fsdp's sharded gradients do not have here; "
+                "use --precision bf16"
+            )
+        super().check_step(name, precision, compile)
+
+    @classmethod
+    def from_config(cls, config: TrainConfig) -> FSDPStrategy:
+        return cls(
+            device=config.device,
+            timeout=config.timeout,
+            reshard_after_forward=config.fsdp.reshard_after_forward,
+            compression=make_codec(config.codec.compression, config.codec),
+        )
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "compression": self.codec.name}
+
+    def setup(self) -> None:
+        if not self._ready:
+            self._join_replicas()
+        super().setup()
+
+    # ----- model ---------------------------------------------------------------------------------
+    def prepare(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, recipe: StepRecipe | None = None
+    ) -> tuple[nn.Module, torch.optim.Optimizer]:
+        """Shard ``model`` in place (each module with parameters of its own one unit, the root
+        last) and rebuild ``optimizer`` on the sharded parameters, with its settings and
+        parameter groups."""
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        model, optimizer = super().prepare(model, optimizer, recipe)
+        model = uncompiled(model)
+        names = {id(p): name for name, p in model.named_parameters()}
+        groups = [
+            {**{k: v for k, v in group.items() if k != "params"}, "params": [names[id(p)] for p in group["params"]]}
+            for group in optimizer.param_groups
+        ]
+        self._grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+        policy = MixedPrecisionPolicy(reduce_dtype=REDUCE_DTYPES[self.codec.name])
+        units = [m for m in model.modules() if m is not model and any(True for _ in m.parameters(recurse=False))]
+        for unit in units:
+            fully_shard(unit, reshard_after_forward=self.reshard_after_forward, mp_policy=policy)
+        fully_shard(model, reshard_after_forward=self.reshard_after_forward, mp_policy=policy)
+        self._units = len(units) + 1
+        sharded = dict(model.named_parameters())
+        for group in groups:
+            group["params"] = [sharded[name] for name in group["params"]]
+        try:
+            optimizer = type(optimizer)(groups, **optimizer.defaults)
+        except TypeError as error:
+            raise ConfigError(
+                f"fsdp rebuilds the optimizer on the sharded parameters; {type(optimizer).__name__} "
+                f"cannot be rebuilt from its param_groups and defaults ({error})"
+            ) from None
+        return model, optimizer
+
+    def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
+        return _gradient_sync_off(uncompiled(model))
+
+    def gradients_finite(self, optimizer: torch.optim.Optimizer) -> bool:
+        local = [
+            _local(p.grad)
+            for group in optimizer.param_groups
+            for p in group["params"]
+            if p.grad is not None and _local(p.grad).numel()
+        ]
+        return self._all_finite(local)
+
+    def parameters_finite(self, model: nn.Module) -> bool:
+        return self._all_finite([_local(p.detach()) for p in model.parameters() if _local(p).numel()])
+
+    def _all_finite(self, shards: list[torch.Tensor]) -> bool:
+        """Whether every process's ``shards`` are finite (every process gets the same answer)."""
+        bad = torch.zeros(1, device=self.device)
+        if shards:
+            bad += (~torch.isfinite(torch.stack(torch._foreach_norm(shards)).sum())).float()
+        dist.all_reduce(bad)
+        return not bool(bad.item())
+
+    # ----- accounting ----------------------------------------------------------------------------------
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        return tensor
+
+    def _step_bytes(self) -> int:
+        """What one replica hands to its collectives per step: the parameters all-gathered
+        for the forward and (resharded after it) again for the backward, its gradient to
+        the reduce-scatter (in the codec's type)."""
+        reduce_dtype = REDUCE_DTYPES[self.codec.name]
+        grad = self._grad_bytes // 2 if reduce_dtype is not None else self._grad_bytes
+        gathers = 2 if self.reshard_after_forward else 1
+        return (gathers * self._grad_bytes + grad) // self.num_replicas
+
+    def step_counters(self) -> dict[str, float]:
+        return {"bytes_sent": self._step_bytes() * self._steps, "wait_seconds": self.wait_seconds, "staleness": 0}
+
+    def stats(self) -> dict[str, Any]:
+        total = self._steps * self.num_replicas
+        return {
+            "bytes_sent": self._step_bytes() * total,
+            "dropped_gradients": 0,
+            "staleness": staleness_summary({0: total}),
+        }
+
+    # ----- sharded checkpoints -------------------------------------------------------------------------
+    def save_model(self, module: nn.Module, optimizer: torch.optim.Optimizer, folder: Path) -> list[str]:
+        """Every process writes its shard of the model and optimizer to ``folder/model/``
+        (a collective); returns the files written there, relative to ``folder``."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model_state, optimizer_state = get_state_dict(module, optimizer)
+        target = folder / SHARDS
+        dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=target)
+        return sorted(f"{SHARDS}/{path.name}" for path in target.iterdir() if path.is_file())
+
+    def load_model(self, module: nn.Module, optimizer: torch.optim.Optimizer, folder: Path) -> None:
+        """Read the sharded model and optimizer of ``folder``, resharded to this run's
+        processes (a collective)."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        model_state, optimizer_state = get_state_dict(module, optimizer)
+        state = {"model": model_state, "optimizer": optimizer_state}
+        try:
+            dcp.load(state, checkpoint_id=folder / SHARDS)
+        except Exception as error:  # DCP wraps every rank's failure in CheckpointException
+            first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+            raise ConfigError(
+                f"checkpoint {folder}: its sharded model does not load into this model ({first})"
+            ) from None
+        set_state_dict(module, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+
+
+def _codec_refusal(name: str) -> str:
+    return (
+        f"--compression {name}: fsdp reduce-scatters gradients, which only none, fp16 and bf16 can be "
+        "(a coded payload cannot be summed shard by shard); use one of those, or --strategy allreduce"
+    )
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    """This process's shard of a DTensor (a plain tensor is its own)."""
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
+@contextlib.contextmanager
+def _gradient_sync_off(model: nn.Module) -> Iterator[None]:
+    """Backward passes that keep their unsharded gradients (no reduce-scatter) until the
+    last micro-batch of an accumulated step."""
+    model.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)

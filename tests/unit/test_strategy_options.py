@@ -1,0 +1,50 @@
+"""Options of local-sgd, diloco and fsdp: where they apply, and what they refuse."""
+
+import pytest
+
+from paratrain.config import TrainConfig
+from paratrain.errors import ConfigError
+from paratrain.strategies.averaging import _fragments
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"strategy": "local-sgd", "outer_lr": 0.5}, "--outer-lr applies to --strategy diloco, not to --strategy local-sgd"),
+        ({"strategy": "allreduce", "sync_every": 4}, "--sync-every applies to --strategy local-sgd and diloco, not to --strategy allreduce"),
+        ({"strategy": "diloco", "sync_every": 10, "fragments": 3}, "--fragments 3 must divide --sync-every 10 (one fragment is synchronized every H/F steps)"),
+        ({"strategy": "diloco", "outer_momentum": 1.0}, "--outer-momentum must be < 1, got 1.0"),
+        ({"strategy": "diloco", "sync_every": 0}, "--sync-every must be >= 1, got 0"),
+        ({"strategy": "allreduce", "reshard_after_forward": False}, "--reshard-after-forward applies to --strategy fsdp, not to --strategy allreduce"),
+        ({"strategy": "fsdp", "compression": "int8"}, "--compression int8: fsdp reduce-scatters gradients, which only none, fp16 and bf16 can be (a coded payload cannot be summed shard by shard); use one of those, or --strategy allreduce"),
+        ({"strategy": "fsdp", "precision": "fp16"}, "--precision fp16 needs a gradient scaler that fsdp's sharded gradients do not have here; use --precision bf16"),
+        ({"strategy": "fsdp", "compile": True}, "--compile is not available with --strategy fsdp"),
+    ],
+)  # fmt: skip
+def test_refused_with_one_line(options, message):
+    with pytest.raises(ConfigError) as caught:
+        TrainConfig(**options)
+    assert str(caught.value) == message
+
+
+def test_taken_where_they_apply():
+    config = TrainConfig(strategy="diloco", workers=4, sync_every=20, fragments=4, outer_lr=0.5, compression="fp16")
+    assert (config.averaging.sync_every, config.averaging.fragments, config.averaging.outer_lr) == (20, 4, 0.5)
+    assert config.global_batch == 4 * 32
+    assert TrainConfig(strategy="local-sgd", local_after=100).averaging.local_after == 100
+    assert TrainConfig(strategy="fsdp", reshard_after_forward=False).fsdp.reshard_after_forward is False
+    assert TrainConfig(strategy="fsdp", workers=3).topology.model_part(2) == "rank-0"
+    assert TrainConfig(strategy="local-sgd", workers=3).topology.model_part(2) == "rank-2"  # replicas differ
+
+
+@pytest.mark.parametrize(
+    ("sizes", "count", "expected"),
+    [
+        ([10, 10, 10, 10], 2, [[0, 1], [2, 3]]),
+        ([100, 1, 1, 1], 2, [[0], [1, 2, 3]]),
+        ([1, 1, 100], 3, [[0], [1], [2]]),
+        ([5], 1, [[0]]),
+    ],
+)
+def test_fragments_are_contiguous_and_balanced(sizes, count, expected):
+    assert _fragments(sizes, count) == expected
