@@ -128,17 +128,13 @@ class FSDPStrategy(Strategy):
         self, model: nn.Module, optimizer: torch.optim.Optimizer, recipe: StepRecipe | None = None
     ) -> tuple[nn.Module, torch.optim.Optimizer]:
         """Shard ``model`` in place (each module with parameters of its own one unit, the root
-        last) and rebuild ``optimizer`` on the sharded parameters, with its settings and
-        parameter groups."""
+        last) and point ``optimizer``'s parameter groups at the sharded parameters."""
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         model, optimizer = super().prepare(model, optimizer, recipe)
         model = uncompiled(model)
         names = {id(p): name for name, p in model.named_parameters()}
-        groups = [
-            {**{k: v for k, v in group.items() if k != "params"}, "params": [names[id(p)] for p in group["params"]]}
-            for group in optimizer.param_groups
-        ]
+        groups = [{"params": [names[id(p)] for p in group["params"]]} for group in optimizer.param_groups]
         self._grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
         policy = MixedPrecisionPolicy(reduce_dtype=REDUCE_DTYPES[self.codec.name])
         units = [m for m in model.modules() if m is not model and any(True for _ in m.parameters(recurse=False))]
@@ -146,16 +142,14 @@ class FSDPStrategy(Strategy):
             fully_shard(unit, reshard_after_forward=self.reshard_after_forward, mp_policy=policy)
         fully_shard(model, reshard_after_forward=self.reshard_after_forward, mp_policy=policy)
         self._units = len(units) + 1
-        sharded = dict(model.named_parameters())
-        for group in groups:
-            group["params"] = [sharded[name] for name in group["params"]]
-        try:
-            optimizer = type(optimizer)(groups, **optimizer.defaults)
-        except TypeError as error:
+        if optimizer.state:
             raise ConfigError(
-                f"fsdp rebuilds the optimizer on the sharded parameters; {type(optimizer).__name__} "
-                f"cannot be rebuilt from its param_groups and defaults ({error})"
-            ) from None
+                "fsdp shards the parameters the optimizer steps: give it an optimizer that has not stepped yet "
+                "(load optimizer state through a checkpoint, after prepare)"
+            )
+        sharded = dict(model.named_parameters())
+        for group, names_of_group in zip(optimizer.param_groups, groups):
+            group["params"] = [sharded[name] for name in names_of_group["params"]]
         return model, optimizer
 
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:

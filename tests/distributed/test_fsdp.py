@@ -1,0 +1,134 @@
+"""fsdp (FSDP2 over Gloo) against the single-process reference, and its sharded checkpoints."""
+
+import json
+import shutil
+
+import pytest
+import torch
+
+import paratrain
+from paratrain.data.datasets import load_digits
+from paratrain.models import build_model
+from paratrain.testing import flat_parameters, relative_difference, run_distributed
+
+pytestmark = pytest.mark.distributed
+
+B, STEPS = 16, 12
+
+
+def _train(strategy, batch_size, accumulate=1, optimizer="sgd", nan_at=None):
+    torch.manual_seed(0)
+    splits = load_digits()
+    model = build_model("mlp", splits.spec)
+    if optimizer == "sgd":
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    else:  # two parameter groups, one without weight decay: both must survive the rebuild
+        decay = [p for n, p in model.named_parameters() if n.endswith("weight")]
+        rest = [p for n, p in model.named_parameters() if not n.endswith("weight")]
+        opt = torch.optim.AdamW([{"params": decay}, {"params": rest, "weight_decay": 0.0}], lr=0.003)
+    loss = "cross_entropy" if nan_at is None else _nan_at(nan_at, strategy)
+    trainer = paratrain.Trainer(model, loss, opt, strategy=strategy, accumulate=accumulate)
+    x, y = splits.train.tensors
+    n = STEPS * batch_size * accumulate * strategy.num_replicas
+    trainer.fit((x[:n], y[:n]), epochs=1, batch_size=batch_size, seed=0, verbose=0)
+    assert trainer.global_step == STEPS
+    module = trainer.module
+    if isinstance(strategy, paratrain.FSDPStrategy):
+        shards = [p.to_local().numel() for p in module.parameters()]
+        full = torch.cat([p.detach().full_tensor().reshape(-1) for p in module.parameters()])
+        groups = [len(g["params"]) for g in trainer.optimizer.param_groups]
+        strategy.teardown()
+        return full, shards, groups
+    return flat_parameters(module)
+
+
+def _nan_at(call, strategy):
+    """Cross-entropy that is NaN at its ``call``-th evaluation on the last replica only."""
+    calls = {"n": 0}
+
+    def loss(logits, targets):
+        calls["n"] += 1
+        value = torch.nn.functional.cross_entropy(logits, targets)
+        return value * float("nan") if calls["n"] == call and strategy.rank == strategy.num_replicas - 1 else value
+
+    return loss
+
+
+def _fsdp(accumulate, optimizer, reshard, nan_at=None):
+    strategy = paratrain.FSDPStrategy(device="cpu", reshard_after_forward=reshard)
+    strategy.on_nan = "skip"
+    result = _train(strategy, B, accumulate, optimizer, nan_at)
+    return (*result, strategy.skipped_updates)
+
+
+def test_on_nan_skip_skips_the_step_on_every_shard_as_single_does():
+    """Replica 1's NaN at step 4 reaches every shard through the reduce-scatter: all skip
+    that update, as one process of the global batch skips it."""
+    single = paratrain.SingleDeviceStrategy(device="cpu")
+    single.on_nan = "skip"
+    reference = _train(single, 2 * B, nan_at=4)
+    assert single.skipped_updates == 1
+    for full, _, _, skipped in run_distributed(_fsdp, 1, "sgd", True, 4, world_size=2):
+        assert skipped == 1
+        assert relative_difference(full, reference) < 1e-5
+
+
+@pytest.mark.parametrize(
+    ("accumulate", "optimizer", "reshard"),
+    [(1, "sgd", True), (2, "adamw", False)],
+    ids=["zero3-sgd", "zero2-accumulate-adamw-groups"],
+)
+def test_fsdp_equals_single_with_the_global_batch(accumulate, optimizer, reshard):
+    reference = _train(paratrain.SingleDeviceStrategy(device="cpu"), 2 * B, accumulate, optimizer)
+    ranks = run_distributed(_fsdp, accumulate, optimizer, reshard, world_size=2)
+    total = reference.numel()
+    for full, shards, groups, _ in ranks:
+        assert relative_difference(full, reference) < 1e-5
+        assert sum(shards) <= total // 2 + 64  # each process holds about half of every parameter
+        names = [n for n, _ in build_model("mlp", load_digits().spec).named_parameters()]
+        weights = sum(n.endswith("weight") for n in names)
+        assert groups == ([len(names)] if optimizer == "sgd" else [weights, len(names) - weights])
+
+
+def _run(cli, tmp_path, name, *args):
+    out = tmp_path / f"{name}.json"
+    result = cli("train", "--strategy", "fsdp", "--log-every", "0", "--metrics-out", str(out), *args)
+    assert result.returncode == 0, result.stderr
+    return json.loads(out.read_text()), result
+
+
+def test_sharded_checkpoints_resume_exactly_and_on_another_number_of_processes(cli, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    whole, _ = _run(cli, tmp_path, "whole", "--workers", "2", "--epochs", "4", "--compression", "bf16")
+    assert whole["test_accuracy"] >= 0.9
+    first, _ = _run(cli, tmp_path, "first", "--workers", "2", "--epochs", "2", "--compression", "bf16",
+                    "--checkpoint-dir", str(ckpt), "--checkpoint-every", "10")  # fmt: skip
+    folder = ckpt / "ckpt-000000044"
+    manifest = json.loads((folder / "manifest.json").read_text())
+    shard_files = sorted(name for name in manifest["parts"] if name.startswith("model/"))
+    assert shard_files == ["model/.metadata", "model/__0_0.distcp", "model/__1_0.distcp"]
+    assert "model" not in torch.load(folder / "rank-0.pt", weights_only=True)  # no process held it whole
+    shutil.copytree(ckpt, tmp_path / "copy")
+    # The same number of processes: exactly the uninterrupted run.
+    second, _ = _run(cli, tmp_path, "second", "--workers", "2", "--epochs", "4", "--compression", "bf16",
+                     "--checkpoint-dir", str(ckpt), "--resume")  # fmt: skip
+    assert second["resumed_from_step"] == 44
+    assert second["test_loss"] == pytest.approx(whole["test_loss"], rel=1e-6)
+    # Three processes read the two shards: nothing left to train, the same model evaluated.
+    resharded, result = _run(cli, tmp_path, "three", "--workers", "3", "--epochs", "2", "--compression", "bf16",
+                             "--checkpoint-dir", str(tmp_path / "copy"), "--resume")  # fmt: skip
+    assert "was written by 2 replicas, this run has 3: the model is resharded" in result.stdout
+    assert resharded["test_loss"] == pytest.approx(first["test_loss"], rel=1e-5)
+
+
+def test_a_corrupt_shard_is_one_line_and_nothing_is_deleted(cli, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    _run(cli, tmp_path, "first", "--workers", "2", "--epochs", "1", "--checkpoint-dir", str(ckpt))
+    shard = next(ckpt.glob("ckpt-*/model/__1_0.distcp"))
+    shard.write_bytes(b"\0" * shard.stat().st_size)  # same size: only the checksum can tell
+    before = sorted(p.name for p in ckpt.rglob("*"))
+    result = cli("train", "--strategy", "fsdp", "--workers", "2", "--epochs", "2", "--checkpoint-dir", str(ckpt),
+                 "--resume")  # fmt: skip
+    assert result.returncode == 2
+    assert "model/__1_0.distcp: corrupt or truncated" in result.stderr.strip().splitlines()[-1]
+    assert sorted(p.name for p in ckpt.rglob("*")) == before
