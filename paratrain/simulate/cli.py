@@ -22,7 +22,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     a(
         "--strategy",
         default="allreduce",
-        help="allreduce, ps-sync, ps-backup, ps-async, local-sgd, or several comma-separated (default allreduce)",
+        help="allreduce, ps-sync, ps-backup, ps-async, local-sgd, diloco, fsdp, or several comma-separated "
+        "(default allreduce)",
     )
     a(
         "--workers",
@@ -88,7 +89,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=4,
         help="ps-async with --stale-policy drop: largest staleness applied (default 4)",
     )
-    a("--period", type=int, default=8, help="local-sgd: local steps H between parameter averages (default 8)")
+    a("--period", type=int, default=8, help="local-sgd, diloco: local steps H between synchronizations (default 8)")
+    a("--fragments", type=int, default=1, help="local-sgd, diloco: fragments synchronized in turn (default 1)")
+    a(
+        "--reshard-after-forward",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="fsdp: gather the parameters again for the backward pass (default: yes, ZeRO-3)",
+    )
+    a("--fsdp-units", type=int, default=4, help="fsdp: units, one all-gather each per pass (default 4)")
     a("--compression", default="none", help="gradient codec: none, fp16, bf16, int8, topk, powersgd (default none)")
     a("--topk-ratio", type=float, default=0.01, help="topk: share of gradient entries sent (default 0.01)")
     a("--powersgd-rank", type=int, default=4, help="powersgd: rank of the low-rank factors (default 4)")
@@ -160,7 +169,7 @@ def check_arguments(args: argparse.Namespace) -> tuple[list[str], list[int]]:
             raise ValueError
     except ValueError:
         raise ConfigError(f"--workers must be counts >= 1, comma-separated, e.g. 1,2,4; got {args.workers!r}") from None
-    for name in ("steps", "batch_size", "ps_shards", "period", "powersgd_rank", "epochs"):
+    for name in ("steps", "batch_size", "ps_shards", "period", "powersgd_rank", "epochs", "fragments", "fsdp_units"):
         if getattr(args, name) < 1:
             raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     for name in ("compute_ms", "model_mb", "bandwidth_gbps", "lr", "host_cores"):
@@ -187,6 +196,12 @@ def check_arguments(args: argparse.Namespace) -> tuple[list[str], list[int]]:
         _positive("staleness-bound", args.staleness_bound, allow_zero=True)
     if "ps-backup" in strategies and args.backup_workers < 1:
         raise ConfigError("--strategy ps-backup needs --backup-workers K >= 1 (K = 0 is ps-sync)")
+    if args.period % args.fragments:
+        raise ConfigError(f"--fragments {args.fragments} must divide --period {args.period}")
+    if "fsdp" in strategies and args.compression not in ("none", "fp16", "bf16"):
+        raise ConfigError(f"--compression {args.compression}: fsdp reduce-scatters gradients in none, fp16 or bf16")
+    if args.train and "diloco" in strategies:
+        raise ConfigError("--train replays plain gradient steps; diloco's outer optimizer is not modelled there")
     if args.train and (len(strategies) != 1 or len(workers) != 1):
         raise ConfigError("--train takes one --strategy and one --workers count, e.g. --strategy ps-async --workers 8")
     for name in ("json_out", "plot"):
@@ -273,6 +288,9 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
         "stale_policy": args.stale_policy,
         "max_staleness": args.max_staleness,
         "period": args.period,
+        "fragments": args.fragments,
+        "reshard": args.reshard_after_forward,
+        "units": args.fsdp_units,
     }
 
 

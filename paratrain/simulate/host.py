@@ -20,6 +20,7 @@ simulator.py agree on the closed forms (tests/unit/test_simulator_host.py).
 
 from __future__ import annotations
 
+import functools
 import heapq
 import math
 from collections import Counter, deque
@@ -115,11 +116,21 @@ class HostRun:
 
 
 class AllReduceHost(HostRun):
-    """allreduce (``period`` 1) and local-sgd: every ``period`` steps the workers wait for
-    each other and all-reduce; a step's duration runs to the end of its all-reduce."""
+    """allreduce and fsdp (``period`` 1), local-sgd and diloco: every ``period`` steps the
+    workers wait for each other and communicate; the step's duration runs to the end of
+    its communication (``step_s``: from the slowest worker's compute)."""
 
-    def __init__(self, cluster: Cluster, rng: np.random.Generator, steps: int, period: int, record: bool):
+    def __init__(
+        self,
+        cluster: Cluster,
+        rng: np.random.Generator,
+        steps: int,
+        period: int,
+        record: bool,
+        step_s: Callable[[Cluster, float], float] | None = None,
+    ):
         super().__init__(cluster, rng, steps * period, cluster.workers)
+        self.step_s = step_s or _allreduce_step
         self.rounds, self.period, self.record = steps, period, record
         self.done_rounds = 0
         self.arrived: list[tuple[float, float]] = []  # (compute end, compute start) this round
@@ -140,7 +151,7 @@ class AllReduceHost(HostRun):
         if len(self.arrived) < self.n:
             return
         last_end, last_start = max(self.arrived)
-        end = last_start + float(_allreduce_step(self.cluster, last_end - last_start))
+        end = last_start + float(self.step_s(self.cluster, last_end - last_start))
         self.arrived = []
         self.at(end, self.reduced)
 
@@ -160,6 +171,12 @@ def _allreduce_step(cluster: Cluster, slowest: float) -> float:
     from paratrain.simulate.simulator import allreduce_step_s
 
     return allreduce_step_s(cluster, np.float64(slowest))
+
+
+def _fsdp_step(cluster: Cluster, slowest: float, **options: Any) -> float:
+    from paratrain.simulate.simulator import fsdp_step_s
+
+    return fsdp_step_s(cluster, np.float64(slowest), **options)
 
 
 class ParameterServerHost(HostRun):
@@ -330,10 +347,13 @@ def simulate_on_host(
     """``simulate`` for the event-driven engine: the same Outcome as simulator.py's models."""
     from paratrain.simulate.simulator import Outcome
 
-    if strategy in ("allreduce", "local-sgd"):
-        period = options.get("period", 8) if strategy == "local-sgd" else 1
+    if strategy in ("allreduce", "local-sgd", "diloco", "fsdp"):
+        period = options.get("period", 8) if strategy in ("local-sgd", "diloco") else 1
         rounds = -(-steps // period)
-        run: Any = AllReduceHost(cluster, rng, rounds, period, record)
+        step_s = _allreduce_step
+        if strategy == "fsdp":
+            step_s = functools.partial(_fsdp_step, **{k: options[k] for k in ("reshard", "units") if k in options})
+        run: Any = AllReduceHost(cluster, rng, rounds, period, record, step_s)
         for w in range(run.n):
             run.begin(0.0, w)
         run.run()

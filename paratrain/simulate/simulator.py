@@ -12,6 +12,8 @@ because there every push changes what the next pull sees.
 | ``ps-backup`` | N+K workers compute, the first N pushes make the update, K are dropped (Chen et al. 2016) |
 | ``ps-async`` | each push is applied on arrival; staleness = versions since its pull; ``--staleness-bound S`` holds a worker S steps ahead of the slowest (Ho et al. 2013) |
 | ``local-sgd`` | H local steps, then one ring all-reduce of the parameters (Lin et al. 2020) |
+| ``diloco`` | local-sgd's rounds plus the outer optimizer step; ``--fragments F``: 1/F of the model every H/F steps |
+| ``fsdp`` | per step: all-gather (forward), all-gather again (backward, when resharded) and reduce-scatter, each overlapped with its pass unit by unit but the first |
 
 With ``host_cores`` set (every process on one machine, sharing its cores) or a
 ``sleep:`` straggler, ``simulate`` runs host.py's event-driven engine instead.
@@ -283,21 +285,37 @@ class AsyncPSModel:
 
 
 class LocalSGDModel:
-    """H local steps per worker, then the parameters are averaged by a ring all-reduce
-    (no overlap: averaging starts after the last local step)."""
+    """local-sgd and diloco: H local steps per worker, then the parameter deltas are averaged
+    by a ring all-reduce (no overlap: averaging starts after the last local step) and, for
+    diloco, an outer optimizer step follows on every worker (``ps_update_s``). With F
+    fragments, 1/F of the model is averaged every H/F steps."""
 
-    name = "local-sgd"
+    def __init__(self, name: str, outer_step: bool = False):
+        self.name, self.outer_step = name, outer_step
 
     def run(
-        self, cluster: Cluster, steps: int, rng: np.random.Generator, record: bool, period: int = 8, **_: Any
+        self,
+        cluster: Cluster,
+        steps: int,
+        rng: np.random.Generator,
+        record: bool,
+        period: int = 8,
+        fragments: int = 1,
+        **_: Any,
     ) -> Outcome:
+        if fragments < 1 or period % fragments:
+            raise ConfigError(f"--fragments {fragments} must divide --period {period}")
         n = cluster.workers
+        share = 1 / fragments
+        period //= fragments  # steps between two synchronizations, of one fragment each
         periods = -(-steps // period)
         compute = cluster.compute_times(rng, periods * period).reshape(periods, period, n).sum(axis=1)
         slowest = compute.max(axis=1)
-        average = cluster.ring_allreduce_s(cluster.codec.wire_bytes(cluster.model_bytes))
+        average = cluster.ring_allreduce_s(cluster.codec.wire_bytes(cluster.model_bytes * share))
         if n > 1:
-            average += cluster.codec.cost_s(cluster.model_bytes)
+            average += cluster.codec.cost_s(cluster.model_bytes * share)
+        if self.outer_step:
+            average += cluster.ps_update_s * share
         step = slowest + average
         ends = np.cumsum(step)
         trace = [Update(float(t), list(range(n)), [r] * n) for r, t in enumerate(ends)] if record else []
@@ -313,12 +331,62 @@ class LocalSGDModel:
         )
 
 
+#: FSDP units (all-gathers per pass) when a run does not say: one per layer of a small net.
+FSDP_UNITS = 4
+
+
+def fsdp_step_s(cluster: Cluster, slowest: Any, reshard: bool = True, units: int = FSDP_UNITS) -> Any:
+    """Seconds of one fsdp step given the slowest worker's compute: the forward all-gathers
+    every unit's parameters (ring all-gather: half an all-reduce's traffic), the backward
+    all-gathers them again (when resharded after the forward) and reduce-scatters the
+    gradients (half an all-reduce, in the codec's type). Each pass overlaps its
+    communication with its compute, unit by unit (FSDP2 prefetches the next unit's
+    all-gather), except the first unit's all-gather and the last unit's reduce-scatter."""
+    if cluster.workers == 1:
+        return slowest
+    gather = cluster.ring_allreduce_s(cluster.model_bytes) / 2
+    scatter = cluster.ring_allreduce_s(cluster.codec.wire_bytes(cluster.model_bytes)) / 2
+    forward, backward = slowest * (1 - BACKWARD_SHARE), slowest * BACKWARD_SHARE
+    backward_comm = scatter + (gather if reshard else 0.0)
+    return (
+        np.maximum(forward, gather * (units - 1) / units)
+        + gather / units
+        + np.maximum(backward, backward_comm * (units - 1) / units)
+        + backward_comm / units
+    )
+
+
+class FSDPModel:
+    """fsdp: rounds like allreduce, with fsdp_step_s's all-gathers and reduce-scatter."""
+
+    name = "fsdp"
+
+    def run(
+        self,
+        cluster: Cluster,
+        steps: int,
+        rng: np.random.Generator,
+        record: bool,
+        reshard: bool = True,
+        units: int = FSDP_UNITS,
+        **_: Any,
+    ) -> Outcome:
+        n = cluster.workers
+        slowest = cluster.compute_times(rng, steps).max(axis=1)
+        step = fsdp_step_s(cluster, slowest, reshard, units)
+        ends = np.cumsum(step)
+        trace = [Update(float(t), list(range(n)), [r] * n) for r, t in enumerate(ends)] if record else []
+        return Outcome(self.name, n, steps, float(ends[-1]), steps * n, float((step - slowest).sum()), trace=trace)
+
+
 STRATEGIES = {
     "allreduce": AllReduceModel(),
     "ps-sync": SyncPSModel("ps-sync"),
     "ps-backup": SyncPSModel("ps-backup"),
     "ps-async": AsyncPSModel(),
-    "local-sgd": LocalSGDModel(),
+    "local-sgd": LocalSGDModel("local-sgd"),
+    "diloco": LocalSGDModel("diloco", outer_step=True),
+    "fsdp": FSDPModel(),
 }
 
 
@@ -333,7 +401,8 @@ def simulate(
     """One run of ``strategy`` on ``cluster`` for ``steps`` global steps; deterministic per seed.
 
     options: ``backup`` (ps-backup K), ``staleness_bound``, ``stale_policy``,
-    ``max_staleness`` (ps-async), ``period`` (local-sgd H).
+    ``max_staleness`` (ps-async), ``period`` (local-sgd, diloco H), ``fragments`` (diloco),
+    ``reshard`` and ``units`` (fsdp).
     """
     if strategy not in STRATEGIES:
         raise ConfigError(f"--strategy must be one of {', '.join(STRATEGIES)}; got {strategy!r}")

@@ -151,3 +151,35 @@ def test_failures_slow_sync_rounds_more_than_backup_rounds():
     backup = simulate("ps-backup", c, 200, seed=0, backup=2).summary(32)["examples_per_second"]
     assert backup > sync
     assert np.isfinite(sync)
+
+
+# ----- local-sgd, diloco, fsdp ------------------------------------------------------------------
+def test_diloco_is_local_sgd_plus_the_outer_step_and_fragments_spread_the_traffic():
+    c = cluster(4, bandwidth=1e8, latency=0.0)
+    average = c.ring_allreduce_s(c.model_bytes)
+    assert step_s("local-sgd", c, steps=16, period=8) == pytest.approx(C + average / 8, rel=1e-12)
+    assert step_s("diloco", c, steps=16, period=8) == pytest.approx(C + average / 8, rel=1e-12)
+    with_outer = cluster(4, bandwidth=1e8, latency=0.0, ps_update_s=0.01)
+    assert step_s("diloco", with_outer, steps=16, period=8) == pytest.approx(C + (average + 0.01) / 8, rel=1e-12)
+    # Four fragments: a quarter of the model every 2 steps: the same bytes per step.
+    assert step_s("diloco", c, steps=16, period=8, fragments=4) == pytest.approx(C + average / 8, rel=1e-12)
+
+
+def test_fsdp_moves_one_and_a_half_all_reduces_per_step_and_hides_all_but_a_unit():
+    c = cluster(4, bandwidth=1e10, latency=0.0)
+    allreduce = c.ring_allreduce_s(c.model_bytes)
+    # Communication far longer than compute: everything shows, 1.5 all-reduces (ZeRO-3)...
+    slow = cluster(4, bandwidth=1e6, latency=0.0)
+    ar_slow = slow.ring_allreduce_s(slow.model_bytes)
+    assert step_s("fsdp", slow) == pytest.approx(1.5 * ar_slow, rel=1e-9)
+    assert step_s("fsdp", slow, reshard=False) == pytest.approx(1.0 * ar_slow, rel=1e-9)
+    # ...and compute far longer than communication: only the first gather and last scatter show.
+    fast = step_s("fsdp", c, units=4)
+    assert fast == pytest.approx(C + allreduce / 2 / 4 + allreduce / 4, rel=1e-9)
+    assert step_s("fsdp", cluster(1)) == pytest.approx(C, rel=1e-12)
+
+
+def test_the_host_engine_runs_the_new_strategies():
+    for strategy in ("local-sgd", "diloco", "fsdp"):
+        outcome = simulate(strategy, cluster(2, host_cores=2.0), 16, period=4)
+        assert outcome.wall_s >= 16 * C
