@@ -43,6 +43,9 @@ What it does (from the repository root):
    itself found the machine, and made the predictions worse.
 
 Writes benchmarks/results/simulator_validation.json and .md, and prints the table.
+``--strategies local-sgd,diloco,fsdp --out benchmarks/results/simulator_validation_more.json``
+validates the other data-parallel modes the same way, each with the compute of its own
+1-worker run (fsdp's hooks and copies count as compute there).
 """
 
 from __future__ import annotations
@@ -61,6 +64,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # this checkout's paratrain, also in the spawned processes
 
 STRATEGIES = ("allreduce", "ps-sync", "ps-backup", "ps-async")
+#: Also validated (``--strategies local-sgd,diloco,fsdp``): at the default --sync-every 8.
+MORE_STRATEGIES = ("local-sgd", "diloco", "fsdp")
+#: fsdp's units on the mlp: its two Linear layers (the root holds no parameters of its own).
+FSDP_UNITS = 2
 TARGET = 0.20  # relative error of throughput and of mean staleness
 
 
@@ -252,8 +259,13 @@ def measure_link(pings: int, model_bytes: int) -> dict:
     }
 
 
-def profile(epochs: int, pings: int, model_bytes: int, max_processes: int) -> dict:
+def profile(epochs: int, pings: int, model_bytes: int, max_processes: int, strategies: list[str]) -> dict:
     links = [measure_link(pings, model_bytes) for _ in range(3)]
+    # local-sgd, diloco, fsdp: their own 1-worker step (fsdp's hooks and copies are compute here).
+    own = {}
+    for strategy in (s for s in strategies if s in MORE_STRATEGIES):
+        run = next(r for r in profile_strategy(strategy, epochs) if r["role"] == "worker")
+        own[strategy] = (run["cpu"] - run["eval_cpu"]) / run["steps"]
     speedup = host_speedup(max_processes)
     allreduce = next(r for r in profile_strategy("allreduce", epochs) if r["role"] == "worker")
     pair = profile_strategy("allreduce", epochs, workers=2)
@@ -275,7 +287,7 @@ def profile(epochs: int, pings: int, model_bytes: int, max_processes: int) -> di
         **link,
         "ring_latency_s": ring,
         "allreduce_step2_s": step2,
-        "compute_s": {"allreduce": compute, "ps": (worker["cpu"] - worker["eval_cpu"]) / worker["steps"]},
+        "compute_s": {"allreduce": compute, "ps": (worker["cpu"] - worker["eval_cpu"]) / worker["steps"], **own},
         "ps_message_s": (shard["cpu"] - shard["updates"] * update_s) / shard["pushes"],
         "ps_update_s": update_s,
         "links": links,
@@ -401,7 +413,9 @@ def simulate_setting(settings: dict, machine: dict, model_bytes: float, batch_si
     straggler = settings.get("straggler")
     cluster = Cluster(
         workers=settings["workers"],
-        compute_s=machine["compute_s"]["allreduce" if strategy == "allreduce" else "ps"],
+        compute_s=machine["compute_s"].get(
+            strategy, machine["compute_s"]["ps" if strategy.startswith("ps-") else "allreduce"]
+        ),
         model_bytes=model_bytes,
         bandwidth=machine["bandwidth_bytes_per_s"],
         latency=machine["latency_s"],
@@ -412,7 +426,7 @@ def simulate_setting(settings: dict, machine: dict, model_bytes: float, batch_si
         host_speedup=tuple(machine["host_speedup"]),
         straggler=parse_straggler("sleep:" + straggler if straggler else None),
     )
-    outcome = simulate(strategy, cluster, steps, backup=settings.get("backup_workers", 0))
+    outcome = simulate(strategy, cluster, steps, backup=settings.get("backup_workers", 0), units=FSDP_UNITS)
     summary = outcome.summary(batch_size)
     return {"examples_per_second": summary["examples_per_second"], "staleness_mean": summary["staleness"]["mean"]}
 
@@ -449,7 +463,9 @@ def markdown(document: dict) -> str:
         f"Simulator (simulate/host.py) against real runs: mlp on digits, batch {document['batch_size']} per worker, "
         f"Gloo on loopback, {m['cores']} cores; real = median of {document['repeats']} runs of {document['epochs']} "
         f"epochs (throughput while every worker trains). Measured: compute {m['compute_s']['allreduce'] * 1e3:.3f} ms "
-        f"(allreduce) / {m['compute_s']['ps'] * 1e3:.3f} ms (ps worker) per step, shard {m['ps_message_s'] * 1e3:.3f} ms "
+        f"(allreduce) / {m['compute_s']['ps'] * 1e3:.3f} ms (ps worker)"
+        + "".join(f" / {v * 1e3:.3f} ms ({k})" for k, v in m["compute_s"].items() if k in MORE_STRATEGIES)
+        + f" per step, shard {m['ps_message_s'] * 1e3:.3f} ms "
         f"per push + {m['ps_update_s'] * 1e3:.3f} ms per update, latency {m['latency_s'] * 1e6:.0f} us, "
         f"bandwidth {m['bandwidth_bytes_per_s'] / 1e9:.2f} GB/s (medians of 3 ping-pong runs), "
         f"ring step {m['ring_latency_s'] * 1e6:.0f} us (from a 2-worker allreduce profiling run's mean step "
@@ -528,14 +544,16 @@ def main(argv: list[str] | None = None) -> int:
     model = build_model("mlp", load_digits().spec)
     model_bytes = 4.0 * sum(p.numel() for p in model.parameters())
     wait_for_quiet(args.quiet_below, args.patience)
+    strategies = args.strategies.split(",")
     settings = [
         setting(s, n, straggler)
         for straggler in (False, True)
         for n in map(int, args.workers.split(","))
-        for s in args.strategies.split(",")
+        for s in strategies
     ]
     most = max(
-        one["workers"] + one.get("backup_workers", 0) + (0 if one["strategy"] == "allreduce" else 1) for one in settings
+        one["workers"] + one.get("backup_workers", 0) + (1 if one["strategy"].startswith("ps-") else 0)
+        for one in settings
     )
     profiles = []
 
@@ -544,7 +562,7 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.repeats):
             # A profile before every pass: on a shared machine one profile is a snapshot of
             # its neighbours' load; the simulation takes the median of them all.
-            profiles.append(profile(args.profile_epochs, args.pings, int(model_bytes), most))
+            profiles.append(profile(args.profile_epochs, args.pings, int(model_bytes), most, strategies))
             print(json.dumps({"machine": profiles[-1]}), flush=True)
             for i, one in enumerate(settings):
                 before = wait_for_quiet(args.quiet_below, args.patience)

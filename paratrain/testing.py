@@ -37,8 +37,13 @@ def run_distributed(fn: Callable[..., Any], *args: Any, world_size: int = 2) -> 
 
 
 def flat_parameters(module: torch.nn.Module) -> torch.Tensor:
-    """All parameters of ``module`` as one detached CPU vector (to compare runs)."""
-    return torch.cat([p.detach().cpu().reshape(-1) for p in module.parameters()])
+    """All parameters of ``module`` as one detached CPU vector (to compare runs); a sharded
+    parameter (fsdp's DTensor) is gathered whole, so every process must call it."""
+    return torch.cat([_whole(p.detach()).cpu().reshape(-1) for p in module.parameters()])
+
+
+def _whole(tensor: torch.Tensor) -> torch.Tensor:
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
 
 
 def relative_difference(a: torch.Tensor, b: torch.Tensor) -> float:

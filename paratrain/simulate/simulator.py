@@ -339,13 +339,20 @@ def fsdp_step_s(cluster: Cluster, slowest: Any, reshard: bool = True, units: int
     """Seconds of one fsdp step given the slowest worker's compute: the forward all-gathers
     every unit's parameters (ring all-gather: half an all-reduce's traffic), the backward
     all-gathers them again (when resharded after the forward) and reduce-scatters the
-    gradients (half an all-reduce, in the codec's type). Each pass overlaps its
+    gradients (half an all-reduce, in the codec's type); every unit's collective pays the
+    ring's step latency of its own. Each pass overlaps its
     communication with its compute, unit by unit (FSDP2 prefetches the next unit's
     all-gather), except the first unit's all-gather and the last unit's reduce-scatter."""
-    if cluster.workers == 1:
+    n = cluster.workers
+    if n == 1:
         return slowest
-    gather = cluster.ring_allreduce_s(cluster.model_bytes) / 2
-    scatter = cluster.ring_allreduce_s(cluster.codec.wire_bytes(cluster.model_bytes)) / 2
+    step = cluster.latency if cluster.ring_latency is None else cluster.ring_latency
+
+    def ring_half(nbytes: float) -> float:  # all-gather or reduce-scatter: n-1 ring steps per unit
+        return (n - 1) / n * nbytes / cluster.bandwidth + units * (n - 1) * step
+
+    gather = ring_half(cluster.model_bytes)
+    scatter = ring_half(cluster.codec.wire_bytes(cluster.model_bytes))
     forward, backward = slowest * (1 - BACKWARD_SHARE), slowest * BACKWARD_SHARE
     backward_comm = scatter + (gather if reshard else 0.0)
     return (

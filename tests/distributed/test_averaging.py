@@ -147,3 +147,39 @@ def test_cli_trains_to_single_accuracy_with_a_codec_and_resumes_exactly(cli, tmp
     assert [e["train_loss"] for e in resumed["history"]] == pytest.approx(
         [e["train_loss"] for e in done["history"]], rel=1e-6
     )
+
+
+def _coded_means():
+    import torch.distributed as dist
+
+    from paratrain.comm.average import average
+    from paratrain.comm.codec_config import make_codec
+    from paratrain.config import TrainConfig
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(rank)
+    tensors = [torch.randn(300, 20), torch.randn(50)]
+    results = {}
+    for name in ("none", "fp16", "bf16", "int8", "topk", "powersgd"):
+        codec = make_codec(name, TrainConfig(compression="none").codec)
+        means, sent = average(tensors, codec, ["a", "b"])
+        results[name] = ([m.clone() for m in means], sent, sum(codec.wire_bytes(tuple(t.shape)) for t in tensors))
+    dist.destroy_process_group()
+    return results, tensors
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_a_coded_mean_over_processes(world_size):
+    """comm/average.py: every process gets the same mean, as close as each codec carries it,
+    and hands exactly the codec's wire bytes to the collective."""
+    ranks = run_distributed(_coded_means, world_size=world_size)
+    exact = [torch.stack([inputs[i] for _, inputs in ranks]).mean(0) for i in range(2)]
+    tolerance = {"none": 1e-6, "fp16": 1e-3, "bf16": 1e-2, "int8": 2e-2}
+    for name, (means, sent, wire) in ranks[0][0].items():
+        assert sent == wire, name
+        for other, _ in ranks[1:]:
+            assert all(torch.equal(a, b) for a, b in zip(means, other[name][0])), name
+        if name in tolerance:
+            for mean, truth in zip(means, exact):
+                assert relative_difference(mean, truth) < tolerance[name], name

@@ -65,6 +65,8 @@ def _reference(global_batch, steps):
         ("allreduce", {"workers": 2}, True),  # a DataLoader with its own worker process
         ("ps-sync", {"workers": 2}, False),
         ("pipeline", {"stages": 2}, False),
+        ("fsdp", {"workers": 2}, False),
+        ("local-sgd", {"workers": 2, "sync_every": 1}, False),
     ],
 )
 def test_a_plain_dataset_gives_the_single_process_result(name, options, as_loader):
@@ -128,6 +130,8 @@ def _readme_python(index):
         (["--strategy", "ps-backup", "--backup-workers", "1"], 3),
         (["--strategy", "ps-async"], 3),
         (["--strategy", "pipeline", "--stages", "2"], 2),
+        (["--strategy", "diloco", "--sync-every", "4"], 2),
+        (["--strategy", "fsdp"], 2),
     ],
 )
 def test_the_readme_script_runs_under_torchrun_and_exits(tmp_path, flags, processes):
