@@ -373,9 +373,12 @@ def real_run(settings: dict, epochs: int, folder: Path) -> dict:
         metrics = run_locally(config)
     applied = sum(metrics["staleness"]["histogram"].values())
     share = applied / (applied + metrics["dropped_gradients"])  # ps-backup drops some
-    steps_per_second = steady_steps_per_second(json.loads(trace.read_text())["traceEvents"])
+    events = json.loads(trace.read_text())["traceEvents"]
+    steps_per_second = steady_steps_per_second(events)
+    training_only = steady_steps_per_second(events, exclude_evaluation=True)
     return {
         "examples_per_second": None if steps_per_second is None else steps_per_second * config.batch_size * share,
+        "training_examples_per_second": (None if training_only is None else training_only * config.batch_size * share),
         "whole_run_examples_per_second": metrics["examples_per_second"],
         "staleness_mean": metrics["staleness"]["mean"],
         "dropped_gradients": metrics["dropped_gradients"],
@@ -385,15 +388,20 @@ def real_run(settings: dict, epochs: int, folder: Path) -> dict:
     }
 
 
-def steady_steps_per_second(events: list[dict], skip: int = 2) -> float | None:
+def steady_steps_per_second(events: list[dict], skip: int = 2, exclude_evaluation: bool = False) -> float | None:
     """Worker steps per second, all workers together, while every worker trains: from the
     moment the last worker to start has done ``skip`` steps to the moment the first worker
-    to finish does its last (a step ends with its backward pass; evaluation pauses count).
-    None when no worker overlaps the others that long (one started after another ended)."""
+    to finish does its last (a step ends with its backward pass). Evaluation pauses count,
+    unless ``exclude_evaluation``: then the workers' mean time in ``evaluate`` spans within
+    that window is taken out of it (the simulator does not evaluate). None when no worker
+    overlaps the others that long (one started after another ended)."""
     ends: dict[int, list[float]] = {}
+    evaluations: dict[int, list[tuple[float, float]]] = {}
     for e in events:
         if e.get("ph") == "X" and e["name"] == "backward":
             ends.setdefault(e["pid"], []).append(e["ts"] + e["dur"])
+        elif e.get("ph") == "X" and e["name"] == "evaluate":
+            evaluations.setdefault(e["pid"], []).append((e["ts"], e["ts"] + e["dur"]))
     workers = [sorted(v) for v in ends.values()]
     if not workers or min(len(w) for w in workers) <= skip:
         return None
@@ -401,7 +409,13 @@ def steady_steps_per_second(events: list[dict], skip: int = 2) -> float | None:
     if last <= first:
         return None
     steps = sum(sum(1 for t in w if first < t <= last) for w in workers)
-    return steps / ((last - first) / 1e6)
+    window = last - first
+    if exclude_evaluation:
+        inside = [
+            sum(max(0.0, min(end, last) - max(start, first)) for start, end in evaluations.get(pid, [])) for pid in ends
+        ]
+        window -= statistics.mean(inside)
+    return steps / (window / 1e6)
 
 
 # ----- 3. simulation ------------------------------------------------------------------------------
@@ -462,7 +476,8 @@ def markdown(document: dict) -> str:
     lines = [
         f"Simulator (simulate/host.py) against real runs: mlp on digits, batch {document['batch_size']} per worker, "
         f"Gloo on loopback, {m['cores']} cores; real = median of {document['repeats']} runs of {document['epochs']} "
-        f"epochs (throughput while every worker trains). Measured: compute {m['compute_s']['allreduce'] * 1e3:.3f} ms "
+        f"epochs (throughput while every worker trains"
+        f"{', evaluation pauses taken out' if document.get('exclude_evaluation') else ''}). Measured: compute {m['compute_s']['allreduce'] * 1e3:.3f} ms "
         f"(allreduce) / {m['compute_s']['ps'] * 1e3:.3f} ms (ps worker)"
         + "".join(f" / {v * 1e3:.3f} ms ({k})" for k, v in m["compute_s"].items() if k in MORE_STRATEGIES)
         + f" per step, shard {m['ps_message_s'] * 1e3:.3f} ms "
@@ -516,6 +531,36 @@ def summarise(rows: list[dict], cores: int) -> dict:
     }
 
 
+def resimulate(out: Path, steps: int) -> int:
+    """The recorded real runs of ``out`` against the simulator as it is now: each run is
+    simulated with the profile and the run's recorded other load (runs recorded before
+    ``real_background`` existed: the setting's median)."""
+    document = json.loads(out.read_text())
+    machine = document["machine"]
+    for row in document["rows"]:
+        setting_only = {k: row[k] for k in ("strategy", "workers", "backup_workers", "straggler") if k in row}
+        loads = row.get("real_background") or [row["real"]["background_cores"]] * len(row["real_runs"])
+        sims = [
+            simulate_setting(setting_only, as_run_found(machine, {"background_cores": load}),
+                             document["model_bytes"], document["batch_size"], steps)
+            for load in loads
+        ]  # fmt: skip
+        row["simulated_runs"] = [x["examples_per_second"] for x in sims]
+        row["simulated"] = {key: statistics.median(x[key] for x in sims) for key in sims[0]}
+        row["throughput_error"] = relative_error(
+            row["simulated"]["examples_per_second"], row["real"]["examples_per_second"]
+        )
+        if row["staleness_error"] is not None:
+            row["staleness_error"] = relative_error(row["simulated"]["staleness_mean"], row["real"]["staleness_mean"])
+    document["summary"] = summarise(document["rows"], machine["cores"])
+    document["resimulated"] = True
+    out.write_text(json.dumps(document, indent=2) + "\n")
+    table = markdown(document)
+    out.with_suffix(".md").write_text(table)
+    print(table, end="")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--workers", default="2,3,4")
@@ -533,8 +578,20 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--patience", type=float, default=120, help="...but at most this many seconds")
     parser.add_argument("--out", default=str(ROOT / "benchmarks/results/simulator_validation.json"))
+    parser.add_argument(
+        "--exclude-evaluation",
+        action="store_true",
+        help="compare the real runs' throughput with their evaluation pauses taken out",
+    )
+    parser.add_argument(
+        "--resimulate",
+        action="store_true",
+        help="simulate the real runs recorded in --out again with the simulator as it is now (no real runs)",
+    )
     args = parser.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    if args.resimulate:
+        return resimulate(Path(args.out), args.sim_steps)
 
     import torch
 
@@ -567,6 +624,9 @@ def main(argv: list[str] | None = None) -> int:
             for i, one in enumerate(settings):
                 before = wait_for_quiet(args.quiet_below, args.patience)
                 run = {**real_run(one, args.epochs, Path(folder)), "background_cores_before": before}
+                if args.exclude_evaluation:  # the simulator does not evaluate
+                    run["examples_per_second_with_evaluation"] = run["examples_per_second"]
+                    run["examples_per_second"] = run["training_examples_per_second"]
                 print(json.dumps({**one, **run}), flush=True)
                 if run["examples_per_second"] is not None:
                     runs[i].append(run)
@@ -593,6 +653,7 @@ def main(argv: list[str] | None = None) -> int:
                 "processes": samples[0]["processes"],
                 "real": real,
                 "real_runs": [s["examples_per_second"] for s in samples],
+                "real_background": [s["background_cores"] for s in samples],
                 "simulated_runs": [x["examples_per_second"] for x in sims],
                 "simulated": simulated,
                 "throughput_error": relative_error(simulated["examples_per_second"], real["examples_per_second"]),
@@ -609,6 +670,7 @@ def main(argv: list[str] | None = None) -> int:
         ),
         "epochs": args.epochs,
         "repeats": args.repeats,
+        "exclude_evaluation": args.exclude_evaluation,
         "batch_size": 32,
         "model_bytes": model_bytes,
         "machine": machine,

@@ -94,11 +94,26 @@ def _pipeline(quick: bool) -> dict[str, Any]:
     return {"settings": settings, "results": document, "markdown": pipeline.table(document["rows"], document["meta"])}
 
 
+def _overhead(quick: bool) -> dict[str, Any]:
+    from paratrain.bench import overhead
+
+    settings = (
+        {"models": ["mlp"], "rounds": 3, "repeats": 1, "epochs": 2, "batch_size": 32}
+        if quick
+        else {"models": ["mlp", "cifar_cnn"], "rounds": 11, "repeats": 3, "epochs": 4, "batch_size": 32}
+    )
+    rows = overhead.measure(
+        settings["models"], settings["rounds"], settings["repeats"], settings["epochs"], settings["batch_size"]
+    )
+    return {"settings": settings, "results": rows, "markdown": overhead.markdown(rows, settings)}
+
+
 SUITES: dict[str, tuple[str, Callable[[bool], dict[str, Any]]]] = {
     "allreduce": ("paratrain allreduce vs a raw DDP loop, ms per step", _allreduce),
     "ps": ("parameter-server modes vs allreduce, examples/s", _ps),
     "codecs": ("gradient codecs with allreduce: bytes/step, step time, accuracy", _codecs),
     "pipeline": ("GPipe vs 1F1B: bubble and activation memory", _pipeline),
+    "overhead": ("each mode's per-step cost against the PyTorch loop (or the mode) it replaces", _overhead),
 }
 
 

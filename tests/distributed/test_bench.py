@@ -20,3 +20,17 @@ def test_quick_allreduce_suite_writes_json_and_markdown(cli, tmp_path):
     markdown = (tmp_path / "bench" / "bench.md").read_text()
     assert "## allreduce" in markdown and "| mlp | 22 |" in markdown
     assert markdown.strip() in result.stdout
+
+
+@pytest.mark.parametrize("mode", ["local-sgd", "fsdp"])
+def test_overhead_rounds_take_the_same_steps_as_pytorchs_own_loop(mode):
+    """The overhead suite's pairs: paratrain's local-sgd against PyTorch's
+    PeriodicModelAverager, fsdp against a plain fully_shard loop, alternating in the same
+    processes, end with the same weights (so they timed the same work)."""
+    from paratrain.bench.overhead import pair_worker
+    from paratrain.launch.local import launch
+
+    result = launch(pair_worker, mode, ["mlp"], 32, 2, num_processes=2)[0]["mlp"]
+    assert result["steps_per_round"] == 1433 // 64
+    assert result["max_weight_difference_at_end"] < 1e-5
+    assert result["mode_ms_per_step"] > 0 and result["reference_ms_per_step"] > 0
