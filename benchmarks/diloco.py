@@ -11,7 +11,7 @@ every mode:
 - ``local-sgd --sync-every H``: parameters averaged every H steps;
 - ``diloco --sync-every H``: outer Nesterov SGD (lr 0.7, momentum 0.9, the paper's) on the
   averaged delta every H steps; also with ``--compression int8`` on the delta and with
-  ``--fragments 4`` (Streaming DiLoCo).
+  ``--fragments 2`` (Streaming DiLoCo; the mlp has 4 parameter tensors).
 
 Records the test accuracy (mean and range over ``--seeds``) and the bytes each mode sent,
 against allreduce's. The shape to reproduce (Douillard et al. 2023): at H >= 20, DiLoCo
@@ -42,7 +42,7 @@ def settings(h_values: list[int]) -> list[tuple[str, dict]]:
         rows.append((f"diloco H={h}", {"strategy": "diloco", "sync_every": h}))
     h = max(h_values)
     rows.append((f"diloco H={h} int8", {"strategy": "diloco", "sync_every": h, "compression": "int8"}))
-    rows.append((f"diloco H={h} 4 fragments", {"strategy": "diloco", "sync_every": h, "fragments": 4}))
+    rows.append((f"diloco H={h} 2 fragments", {"strategy": "diloco", "sync_every": h, "fragments": 2}))
     return rows
 
 

@@ -10,7 +10,8 @@ does. Every process reports:
 - ``training_mb``: the peak resident memory while training (Linux's VmHWM, its high-water
   mark reset through /proc/self/clear_refs once the model is prepared), less the
   resident memory before the model was built: what training holds on top of the
-  interpreter, PyTorch and the process group;
+  interpreter, PyTorch and the process group (with a fixed ``MALLOC_MMAP_THRESHOLD_``, so
+  that freed tensors leave the resident set);
 - ``state_mb``: what the process holds of the parameters, gradients and Adam's two
   moments after training (the tensors' own bytes: for fsdp, its shards).
 
@@ -112,6 +113,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=str(ROOT / "benchmarks/results/fsdp_memory.json"))
     args = parser.parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    # Tensors from 128 KiB up go to their own mappings, returned to the system when freed:
+    # glibc otherwise raises that threshold after the first large frees (the unsharded model
+    # fsdp replaces) and keeps freed memory resident, which RSS would count as training's.
+    os.environ["MALLOC_MMAP_THRESHOLD_"] = str(128 * 1024)
     import torch
 
     from paratrain.testing import run_distributed
