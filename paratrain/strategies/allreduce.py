@@ -12,6 +12,7 @@ communication hook (``comm/hooks.py``); ``none`` keeps DDP's own all-reduce.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -24,6 +25,7 @@ from paratrain.comm.codec_config import make_codec
 from paratrain.comm.codecs import Codec
 from paratrain.comm.hooks import CommHook, make_hook
 from paratrain.errors import ConfigError
+from paratrain.options import check_options, option
 from paratrain.strategies.base import Strategy, staleness_summary, uncompiled
 from paratrain.strategies.recipe import StepRecipe
 
@@ -31,9 +33,24 @@ if TYPE_CHECKING:
     from paratrain.config import TrainConfig
 
 
+@dataclass
+class AllReduceConfig:
+    """Options of ``allreduce``."""
+
+    bucket_cap_mb: float = option(
+        25.0, "allreduce: MB of gradients per all-reduce bucket (DDP's; smaller overlaps more, larger sends fewer)"
+    )
+
+    def __post_init__(self) -> None:
+        check_options(self)
+        if not self.bucket_cap_mb > 0:
+            raise ConfigError(f"--bucket-cap-mb must be > 0, got {self.bucket_cap_mb}")
+
+
 class AllReduceStrategy(Strategy):
     name = "allreduce"
     takes_compression = True
+    options = AllReduceConfig
 
     def __init__(
         self,
@@ -55,6 +72,7 @@ class AllReduceStrategy(Strategy):
         return cls(
             device=config.device,
             timeout=config.timeout,
+            bucket_cap_mb=config.allreduce.bucket_cap_mb,
             compression=make_codec(config.codec.compression, config.codec),
         )
 
