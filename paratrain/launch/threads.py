@@ -5,7 +5,9 @@ A process's compute threads share the cores with the other processes of the run 
 same machine: by default each takes the cores it may use (its CPU affinity, and its cgroup's
 CPU quota where one is set) divided by the processes on this machine (``LOCAL_WORLD_SIZE``,
 which torchrun and ``paratrain train --workers N`` set), at least one. Two workers on a
-16-core host compute with 8 threads each instead of one.
+16-core host compute with 8 threads each instead of one. ``--threads-per-worker`` or
+``$PARATRAIN_THREADS_PER_WORKER`` choose otherwise (``OMP_NUM_THREADS``, which torchrun sets
+to 1 for every multi-process run, is not read).
 """
 
 from __future__ import annotations
@@ -56,8 +58,10 @@ def default_threads(environ: dict[str, str] | None = None) -> int:
 
 
 def set_threads(requested: int | None) -> int:
-    """Set this process's compute threads (``requested``, or the default); returns them."""
-    threads = requested or default_threads()
+    """Set this process's compute threads: ``requested``, else ``$PARATRAIN_THREADS_PER_WORKER``
+    (the emulated cluster sets it from each host's CPU share), else the default; returns them."""
+    from_env = os.environ.get("PARATRAIN_THREADS_PER_WORKER", "")
+    threads = requested or (int(from_env) if from_env.isdigit() and int(from_env) > 0 else default_threads())
     torch.set_num_threads(threads)
     return threads
 

@@ -19,10 +19,13 @@ def test_the_cores_are_shared_among_the_processes_of_this_machine():
     assert default_threads({}) == cores
 
 
-def test_set_threads_takes_the_request_or_the_default():
+def test_set_threads_takes_the_request_then_the_environment_then_the_default(monkeypatch):
     before = torch.get_num_threads()
     try:
+        monkeypatch.setenv("PARATRAIN_THREADS_PER_WORKER", "3")
         assert set_threads(1) == 1 and torch.get_num_threads() == 1
+        assert set_threads(None) == 3 and torch.get_num_threads() == 3
+        monkeypatch.delenv("PARATRAIN_THREADS_PER_WORKER")
         assert set_threads(None) == default_threads()
     finally:
         torch.set_num_threads(before)
@@ -43,7 +46,7 @@ def test_channels_last_by_default_for_conv_nets_on_the_cpu():
 def test_the_run_says_what_it_used(cli, tmp_path, flags, threads, channels_last):
     out = tmp_path / "m.json"
     result = cli("train", "--model", "cifar_cnn", "--epochs", "1", "--log-every", "0", "--metrics-out", str(out),
-                 *flags)  # fmt: skip
+                 *flags, env={"PARATRAIN_THREADS_PER_WORKER": ""})  # fmt: skip
     assert result.returncode == 0, result.stderr
     metrics = json.loads(out.read_text())
     assert metrics["threads_per_worker"] == (threads or usable_cores())
