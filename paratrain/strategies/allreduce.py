@@ -24,6 +24,7 @@ from paratrain import timeline
 from paratrain.comm.codec_config import make_codec
 from paratrain.comm.codecs import Codec
 from paratrain.comm.hooks import CommHook, make_hook
+from paratrain.console import console
 from paratrain.errors import ConfigError
 from paratrain.options import check_options, option
 from paratrain.strategies.base import Strategy, staleness_summary, uncompiled
@@ -51,6 +52,7 @@ class AllReduceStrategy(Strategy):
     name = "allreduce"
     takes_compression = True
     options = AllReduceConfig
+    reshards = True  # every replica holds the whole model: any number can go on from it
 
     def __init__(
         self,
@@ -140,6 +142,17 @@ class AllReduceStrategy(Strategy):
             "dropped_gradients": 0,
             "staleness": staleness_summary({0: total_steps}),
         }
+
+    def reshard_state(self, state: dict[str, Any], saved_replicas: int) -> dict[str, Any]:
+        """On another number of replicas, a codec's per-rank state (error-feedback residuals,
+        PowerSGD's factors) belongs to ranks that no longer read the same data: it starts empty."""
+        if saved_replicas == self.num_replicas or not state.get("hook"):
+            return state
+        if self.is_chief:
+            console.print(
+                f"paratrain: the {self.codec.name} state of {saved_replicas} replicas starts empty on {self.num_replicas}"
+            )
+        return {**state, "hook": {}}
 
     def state_dict(self) -> dict[str, Any]:
         """Adds the codec's name and this rank's hook state (error-feedback residuals and
