@@ -2,7 +2,8 @@
 command line, validated once.
 
 TrainConfig holds the run-level options and composes the sections each component owns:
-``codec`` (comm/codec_config.py), ``ps`` (strategies/ps/modes.py), ``pipeline``
+``codec`` (comm/codec_config.py), ``allreduce`` (strategies/allreduce.py), ``ps``
+(strategies/ps/modes.py), ``pipeline``
 (strategies/pipeline.py), ``averaging`` (strategies/averaging.py: local-sgd, diloco),
 ``fsdp`` (strategies/fsdp.py) and ``faults`` (train/faults.py). Every option is one
 command-line flag (``batch_size`` <-> ``--batch-size``) and one key of a ``--config`` TOML
@@ -25,6 +26,7 @@ from paratrain.comm.codec_config import CodecConfig
 from paratrain.errors import ConfigError
 from paratrain.options import at_least, check_options, field_type, flag, non_default, option, option_fields
 from paratrain.registry import DATASETS, MODELS, OPTIMIZERS, SCHEDULES, STRATEGIES, is_reference
+from paratrain.strategies.allreduce import AllReduceConfig
 from paratrain.strategies.averaging import AveragingConfig
 from paratrain.strategies.fsdp import FSDPConfig
 from paratrain.strategies.pipeline import PipelineConfig
@@ -42,6 +44,7 @@ except ModuleNotFoundError:  # pragma: no cover - Python 3.10
 #: The sections of a TrainConfig: attribute -> the config class of the component that owns it.
 SECTIONS: dict[str, type] = {
     "codec": CodecConfig,
+    "allreduce": AllReduceConfig,
     "ps": PSConfig,
     "pipeline": PipelineConfig,
     "averaging": AveragingConfig,
@@ -51,6 +54,7 @@ SECTIONS: dict[str, type] = {
 
 #: Who takes a section's options, for the line that refuses them elsewhere.
 _TAKEN_BY = {
+    AllReduceConfig: "--strategy allreduce",
     PSConfig: "the ps-* strategies",
     PipelineConfig: "--strategy pipeline",
     AveragingConfig: "--strategy local-sgd and diloco",
@@ -111,7 +115,14 @@ class TrainConfig:
     clip_grad_norm: float | None = option(
         None, "clip the gradient to this global norm (parameter servers: each worker its own, before the push)"
     )
-    channels_last: bool = option(False, "conv nets: parameters and 4-d inputs in channels-last (NHWC) memory order")
+    channels_last: bool | None = option(
+        None,
+        "conv nets: parameters and 4-d inputs in channels-last (NHWC) memory order "
+        "(default: on for a model with 2-d convolutions on the CPU, where it is faster)",
+    )
+    threads_per_worker: int | None = option(
+        None, "CPU threads each process computes with (default: its usable cores / the processes on this machine)"
+    )
     compile: bool = option(False, "torch.compile the model (a slower first step while it compiles)")
     lr_schedule: str = option("constant", "learning-rate schedule", choices=SCHEDULES)
     lr_decay_rate: float = option(0.1, "exponential schedule: factor applied every --lr-decay-steps")
@@ -149,6 +160,7 @@ class TrainConfig:
     codec: CodecConfig = field(default_factory=CodecConfig)
     ps: PSConfig = field(default_factory=PSConfig)
     pipeline: PipelineConfig = field(default_factory=PipelineConfig)
+    allreduce: AllReduceConfig = field(default_factory=AllReduceConfig)
     averaging: AveragingConfig = field(default_factory=AveragingConfig)
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)
     faults: FaultConfig = field(default_factory=FaultConfig)
@@ -171,7 +183,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         check_options(self)
         for name in ("workers", "epochs", "batch_size", "lr_decay_steps", "reference_batch", "max_len",
-                     "checkpoint_every", "keep", "accumulate"):  # fmt: skip
+                     "checkpoint_every", "keep", "accumulate", "threads_per_worker"):  # fmt: skip
             at_least(name, getattr(self, name), 1)
         at_least("vocab_size", self.vocab_size, 3)  # padding, unknown, and one word
         for name in (

@@ -9,6 +9,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 # Distributed tests run Gloo on loopback with one thread per process.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("PARATRAIN_THREADS_PER_WORKER", "1")  # tests run side by side (pytest -n 2)
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
 
 

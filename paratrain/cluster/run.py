@@ -18,6 +18,7 @@ Everything is torn down on exit, on error and on Ctrl-C.
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 import signal
@@ -166,9 +167,12 @@ def _run(
     running: list[subprocess.Popen] = []
     readers = []
     for host in cluster.hosts:
+        # Each process computes with its share of the host's CPU quota (the quota's cgroup
+        # files are not visible inside the namespace, where /sys is mounted anew).
+        threads = max(1, math.ceil(host.spec.cpu / procs))
         process = subprocess.Popen(
             torchrun(cluster, host, procs, command),
-            env=env,
+            env={**env, "PARATRAIN_THREADS_PER_WORKER": str(threads)},
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,

@@ -12,6 +12,7 @@ communication hook (``comm/hooks.py``); ``none`` keeps DDP's own all-reduce.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -23,7 +24,9 @@ from paratrain import timeline
 from paratrain.comm.codec_config import make_codec
 from paratrain.comm.codecs import Codec
 from paratrain.comm.hooks import CommHook, make_hook
+from paratrain.console import console
 from paratrain.errors import ConfigError
+from paratrain.options import check_options, option
 from paratrain.strategies.base import Strategy, staleness_summary, uncompiled
 from paratrain.strategies.recipe import StepRecipe
 
@@ -31,9 +34,25 @@ if TYPE_CHECKING:
     from paratrain.config import TrainConfig
 
 
+@dataclass
+class AllReduceConfig:
+    """Options of ``allreduce``."""
+
+    bucket_cap_mb: float = option(
+        25.0, "allreduce: MB of gradients per all-reduce bucket (DDP's; smaller overlaps more, larger sends fewer)"
+    )
+
+    def __post_init__(self) -> None:
+        check_options(self)
+        if not self.bucket_cap_mb > 0:
+            raise ConfigError(f"--bucket-cap-mb must be > 0, got {self.bucket_cap_mb}")
+
+
 class AllReduceStrategy(Strategy):
     name = "allreduce"
     takes_compression = True
+    options = AllReduceConfig
+    reshards = True  # every replica holds the whole model: any number can go on from it
 
     def __init__(
         self,
@@ -55,6 +74,7 @@ class AllReduceStrategy(Strategy):
         return cls(
             device=config.device,
             timeout=config.timeout,
+            bucket_cap_mb=config.allreduce.bucket_cap_mb,
             compression=make_codec(config.codec.compression, config.codec),
         )
 
@@ -122,6 +142,17 @@ class AllReduceStrategy(Strategy):
             "dropped_gradients": 0,
             "staleness": staleness_summary({0: total_steps}),
         }
+
+    def reshard_state(self, state: dict[str, Any], saved_replicas: int) -> dict[str, Any]:
+        """On another number of replicas, a codec's per-rank state (error-feedback residuals,
+        PowerSGD's factors) belongs to ranks that no longer read the same data: it starts empty."""
+        if saved_replicas == self.num_replicas or not state.get("hook"):
+            return state
+        if self.is_chief:
+            console.print(
+                f"paratrain: the {self.codec.name} state of {saved_replicas} replicas starts empty on {self.num_replicas}"
+            )
+        return {**state, "hook": {}}
 
     def state_dict(self) -> dict[str, Any]:
         """Adds the codec's name and this rank's hook state (error-feedback residuals and

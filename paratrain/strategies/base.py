@@ -489,6 +489,11 @@ class Strategy:
         """Read back what ``save_model`` wrote into ``folder`` (every process calls it)."""
         raise NotImplementedError(f"{self.name} saves its model in the checkpoint's parts")
 
+    def reshard_state(self, state: dict[str, Any], saved_replicas: int) -> dict[str, Any]:
+        """This process's strategy state from a checkpoint written by ``saved_replicas``
+        replicas (a mode that ``reshards``): what still holds with this run's replicas."""
+        return state
+
     def resume_position(self) -> dict[str, int] | None:
         """Where the loop goes on (``global_step``, ``epoch``) after a resume, on a process whose
         checkpoint state lives elsewhere (a parameter-server worker: the shards hold it); None

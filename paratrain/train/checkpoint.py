@@ -272,9 +272,12 @@ class Checkpoint(Callback):
             )
             self._load_model(folder, held, manifest)
         if own is not None:
-            self.strategy.load_state_dict(own["strategy"])
-            self.trainer.load_state_dict(own["trainer"])
             saved_replicas, replicas = manifest.get("workers"), self.strategy.num_replicas
+            strategy_state = own["strategy"]
+            if reshards:
+                strategy_state = self.strategy.reshard_state(strategy_state, int(saved_replicas))
+            self.strategy.load_state_dict(strategy_state)
+            self.trainer.load_state_dict(own["trainer"])
             if reshards and saved_replicas != replicas:
                 self.trainer.carry_position(int(saved_replicas), replicas)
                 if self.strategy.is_chief:

@@ -19,6 +19,7 @@ from paratrain import timeline
 from paratrain.config import TrainConfig
 from paratrain.data.datasets import load_dataset
 from paratrain.data.sharding import as_source, is_map_style
+from paratrain.launch.threads import prefers_channels_last, set_threads
 from paratrain.models import build_model
 from paratrain.registry import OPTIMIZERS, SCHEDULES, STRATEGIES, is_reference, load_reference
 from paratrain.strategies.topology import Role
@@ -77,9 +78,13 @@ def user_score(name: str, what: str) -> Any:
 
 
 def _run(config: TrainConfig, strategy: Any, started: float) -> dict[str, Any]:
+    threads = set_threads(config.threads_per_worker)
     torch.manual_seed(config.seed)
     splits = load_dataset(config)
     model = build_model(config.model, splits.spec, first_example(splits.train))
+    channels_last = config.channels_last
+    if channels_last is None:
+        channels_last = prefers_channels_last(model, strategy.device)
     optimizer = OPTIMIZERS.get(config.optimizer)(model.parameters(), config)
     trainer = Trainer(
         model,
@@ -90,7 +95,7 @@ def _run(config: TrainConfig, strategy: Any, started: float) -> dict[str, Any]:
         precision=config.precision,
         accumulate=config.accumulate,
         clip_grad_norm=config.clip_grad_norm,
-        channels_last=config.channels_last,
+        channels_last=channels_last,
         compile=config.compile,
     )
     steps_per_epoch = _steps_per_epoch(splits.train, config.batch_size * config.accumulate, strategy.num_replicas)
@@ -170,6 +175,8 @@ def _run(config: TrainConfig, strategy: Any, started: float) -> dict[str, Any]:
             "resumed_from_step": checkpoint.restored_step if checkpoint else None,
             "restarts": restart_count(),
             "skipped_updates": skipped,
+            "threads_per_worker": threads,
+            "channels_last": channels_last,
         },
     )
     if config.metrics_out:

@@ -48,3 +48,11 @@ def test_taken_where_they_apply():
 )
 def test_fragments_are_contiguous_and_balanced(sizes, count, expected):
     assert _fragments(sizes, count) == expected
+
+
+def test_bucket_cap_mb_is_allreduces():
+    assert TrainConfig(strategy="mirrored", workers=2, bucket_cap_mb=4).allreduce.bucket_cap_mb == 4.0
+    with pytest.raises(ConfigError, match="--bucket-cap-mb applies to --strategy allreduce, not to --strategy fsdp"):
+        TrainConfig(strategy="fsdp", bucket_cap_mb=4)
+    with pytest.raises(ConfigError, match="--bucket-cap-mb must be > 0, got 0"):
+        TrainConfig(strategy="allreduce", bucket_cap_mb=0)

@@ -1,0 +1,287 @@
+"""paratrain against TensorFlow's MirroredStrategy on the seeds' three models, same batches.
+
+TensorFlow is never a dependency of paratrain: this benchmark runs it from a virtual
+environment of its own, made once:
+
+    python3 -m venv /tmp/tf-venv && /tmp/tf-venv/bin/pip install tensorflow-cpu==2.21.0
+    .venv/bin/python benchmarks/tensorflow_mirrored.py --tf-python /tmp/tf-venv/bin/python [--rounds 3]
+
+The models, as the tutorials build them and as paratrain's own (``paratrain/models``):
+
+- ``mlp``: Fashion-MNIST's (28x28 inputs, Dense 256 ReLU, Dense 10), 128 per replica;
+- ``cifar_cnn``: the CIFAR-10 tutorial's (24x24x3 inputs; conv 5x5x64, max-pool 3/2, local
+  response normalization; conv 5x5x64, LRN, max-pool; Dense 384, 192, 10), 128 per replica;
+- ``lstm``: the text classifier (200 token ids of a 20,000-word vocabulary, embedding 64,
+  LSTM 128, Dense 2), 64 per replica.
+
+Both sides train on the same synthetic examples (one seeded draw, written to a ``.npz``
+file both read), SGD lr 0.01 momentum 0.9, cross-entropy, 2 replicas (global batch twice
+the per-replica batch), ``--steps`` steps per epoch and ``--epochs`` epochs; a run's
+throughput is the median examples/s of its epochs after the first (start-up, graph tracing
+and the first epoch's warm-up excluded). Each side runs in configurations a user would
+pick, and its best is taken:
+
+- TensorFlow: ``MirroredStrategy`` over 2 logical CPU devices in one process (the seeds'
+  towers on one host), and the default strategy (one replica of the global batch);
+- paratrain: ``allreduce --workers 2`` (one process per replica, each with the threads
+  ``--threads-per-worker`` gives it by default) and ``single`` (one process, every core,
+  the global batch), both with the defaults ``paratrain train`` picks (channels-last for
+  the CNN on the CPU).
+
+Rounds alternate the two sides (the order flips every round), so drift of a shared
+machine hits both; the median over ``--rounds`` is reported, with paratrain's best over
+TensorFlow's best (target: >= 1.1).
+
+Writes benchmarks/results/tensorflow_mirrored.json and .md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+MODELS = {
+    "mlp": {"shape": (28, 28), "classes": 10, "batch": 128, "kind": "image"},
+    "cifar_cnn": {"shape": (24, 24, 3), "classes": 10, "batch": 128, "kind": "image"},
+    "lstm": {"shape": (200,), "classes": 2, "batch": 64, "kind": "tokens", "vocab": 20000},
+}
+REPLICAS, LR, MOMENTUM = 2, 0.01, 0.9
+
+
+def write_data(path: Path, name: str, steps: int) -> None:
+    """One seeded draw of ``steps`` global batches of ``name``'s inputs (NHWC for images,
+    as TensorFlow wants them; paratrain's side permutes its view to NCHW)."""
+    import numpy as np
+
+    spec = MODELS[name]
+    n = steps * spec["batch"] * REPLICAS
+    rng = np.random.default_rng(0)
+    if spec["kind"] == "tokens":
+        x = rng.integers(2, spec["vocab"], size=(n, *spec["shape"]), dtype=np.int64)
+    else:
+        x = rng.standard_normal((n, *spec["shape"]), dtype=np.float32)
+    y = rng.integers(0, spec["classes"], size=n, dtype=np.int64)
+    np.savez(path, x=x, y=y)
+
+
+# ----- TensorFlow's side: runs in the TensorFlow environment ------------------------------------
+def tf_run(name: str, data: str, strategy_name: str, epochs: int) -> dict:
+    import time
+
+    import numpy as np
+    import tensorflow as tf
+
+    cpus = tf.config.list_physical_devices("CPU")
+    tf.config.set_logical_device_configuration(cpus[0], [tf.config.LogicalDeviceConfiguration()] * REPLICAS)
+    if strategy_name == "mirrored":
+        strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(REPLICAS)])
+    else:
+        strategy = tf.distribute.get_strategy()
+    spec = MODELS[name]
+    arrays = np.load(data)
+    x, y = arrays["x"], arrays["y"]
+    global_batch = spec["batch"] * REPLICAS
+    steps = len(x) // global_batch
+    layers = tf.keras.layers
+    with strategy.scope():
+        if name == "mlp":
+            model = tf.keras.Sequential(
+                [layers.Input(spec["shape"]), layers.Flatten(), layers.Dense(256, activation="relu"), layers.Dense(10)]
+            )
+        elif name == "cifar_cnn":
+
+            def lrn(t):
+                return tf.nn.local_response_normalization(t, depth_radius=4, bias=1.0, alpha=0.001 / 9.0, beta=0.75)
+
+            model = tf.keras.Sequential(
+                [
+                    layers.Input(spec["shape"]),
+                    layers.Conv2D(64, 5, padding="same", activation="relu"),
+                    layers.MaxPooling2D(3, 2, padding="same"),
+                    layers.Lambda(lrn),
+                    layers.Conv2D(64, 5, padding="same", activation="relu"),
+                    layers.Lambda(lrn),
+                    layers.MaxPooling2D(3, 2, padding="same"),
+                    layers.Flatten(),
+                    layers.Dense(384, activation="relu"),
+                    layers.Dense(192, activation="relu"),
+                    layers.Dense(10),
+                ]
+            )
+        else:
+            model = tf.keras.Sequential(
+                [
+                    layers.Input(spec["shape"], dtype="int64"),
+                    layers.Embedding(spec["vocab"], 64),
+                    layers.LSTM(128),
+                    layers.Dense(spec["classes"]),
+                ]
+            )
+        model.compile(
+            optimizer=tf.keras.optimizers.SGD(LR, momentum=MOMENTUM),
+            loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        )
+    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(global_batch, drop_remainder=True).cache().repeat()
+    dataset = dataset.prefetch(tf.data.AUTOTUNE)
+
+    class Timer(tf.keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            self.start = time.perf_counter()
+
+        def on_epoch_end(self, epoch, logs=None):
+            rates.append(steps * global_batch / (time.perf_counter() - self.start))
+
+    rates: list[float] = []
+    model.fit(dataset, epochs=epochs, steps_per_epoch=steps, verbose=0, callbacks=[Timer()])
+    return {"examples_per_second": statistics.median(rates[1:]), "epochs": rates}
+
+
+# ----- paratrain's side ---------------------------------------------------------------------------
+def _fit(name: str, data: str, epochs: int) -> list[float] | None:
+    """In each process of a paratrain run: the model trained on the shared draw; the chief's
+    examples/s per epoch."""
+    import numpy as np
+    import torch
+
+    import paratrain
+    from paratrain.data.datasets import DataSpec
+    from paratrain.launch.threads import prefers_channels_last, set_threads
+    from paratrain.models import build_model
+
+    strategy = paratrain.current_strategy()
+    set_threads(None)  # what paratrain train does: usable cores / processes here
+    spec = MODELS[name]
+    arrays = np.load(data)
+    x, y = torch.from_numpy(arrays["x"]), torch.from_numpy(arrays["y"])
+    if spec["kind"] == "image" and len(spec["shape"]) == 3:
+        x = x.permute(0, 3, 1, 2)  # NHWC -> NCHW view, as the model takes it
+    if spec["kind"] == "image" and len(spec["shape"]) == 2:
+        x = x.unsqueeze(1)  # one channel
+    data_spec = DataSpec(tuple(x.shape[1:]), spec["classes"], input_kind=spec["kind"], vocab_size=spec.get("vocab", 0))
+    torch.manual_seed(0)
+    model = build_model(name, data_spec)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    trainer = paratrain.Trainer(
+        model, "cross_entropy", optimizer, channels_last=prefers_channels_last(model, strategy.device)
+    )
+    batch = spec["batch"] * REPLICAS // strategy.num_replicas
+    history = trainer.fit((x, y), epochs=epochs, batch_size=batch, verbose=0, log_every=0)
+    return [e["examples_per_second"] for e in history.epochs] if strategy.is_chief else None
+
+
+def paratrain_run(name: str, data: str, strategy_name: str, epochs: int) -> dict:
+    import paratrain
+
+    workers = REPLICAS if strategy_name == "allreduce" else 1
+    strategy = paratrain.make_strategy(strategy_name, device="cpu", workers=workers)
+    rates = next(r for r in paratrain.launch(_fit, name, data, epochs, strategy=strategy) if r is not None)
+    return {"examples_per_second": statistics.median(rates[1:]), "epochs": rates}
+
+
+# ----- the comparison -----------------------------------------------------------------------------
+SIDES = {
+    "tensorflow": ("mirrored", "default"),
+    "paratrain": ("allreduce", "single"),
+}
+
+
+def run_tf(python: str, name: str, data: str, strategy: str, epochs: int) -> dict:
+    command = [python, __file__, "--tf-side", name, data, strategy, str(epochs)]
+    env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"} | {"TF_CPP_MIN_LOG_LEVEL": "2"}
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=1800)
+    if result.returncode:
+        raise RuntimeError(f"TensorFlow run failed: {result.stderr[-3000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def markdown(document: dict) -> str:
+    lines = [
+        f"paratrain against TensorFlow {document['tensorflow']} on this machine ({document['cpus']} CPU cores): "
+        f"{REPLICAS} replicas, the same synthetic batches, SGD momentum 0.9, {document['steps']} steps per epoch, "
+        f"{document['epochs']} epochs (the first excluded); median examples/s of {document['rounds']} alternating "
+        "rounds. Best: the faster configuration of each side.",
+        "",
+        "| model | batch per replica | TF mirrored | TF default | paratrain allreduce | paratrain single "
+        "| paratrain best / TF best |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for name, row in document["models"].items():
+        m = row["median"]
+        lines.append(
+            f"| {name} | {MODELS[name]['batch']} | {m['tensorflow/mirrored']:.0f} | {m['tensorflow/default']:.0f} "
+            f"| {m['paratrain/allreduce']:.0f} | {m['paratrain/single']:.0f} | {row['ratio']:.2f}x |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "--tf-side":  # the TensorFlow half, in its own environment
+        name, data, strategy, epochs = argv[1:5]
+        print(json.dumps(tf_run(name, data, strategy, int(epochs))))
+        return 0
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tf-python", required=True, help="the python of an environment with tensorflow-cpu")
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=30, help="global steps per epoch")
+    parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--out", default=str(ROOT / "benchmarks/results/tensorflow_mirrored.json"))
+    args = parser.parse_args(argv)
+    version = subprocess.run(
+        [args.tf_python, "-c", "import tensorflow as tf; print(tf.__version__)"], capture_output=True, text=True
+    ).stdout.strip()
+    import torch
+
+    document = {
+        "command": " ".join(["python", "benchmarks/tensorflow_mirrored.py", *argv]),
+        "tensorflow": version,
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "cpus": os.cpu_count(),
+        "rounds": args.rounds,
+        "steps": args.steps,
+        "epochs": args.epochs,
+        "models": {},
+    }
+    with tempfile.TemporaryDirectory() as folder:
+        for name in args.models.split(","):
+            data = str(Path(folder) / f"{name}.npz")
+            write_data(Path(data), name, args.steps)
+            samples: dict[str, list[float]] = {}
+            for index in range(args.rounds):
+                order = list(SIDES) if index % 2 == 0 else list(reversed(SIDES))
+                for side in order:
+                    for strategy in SIDES[side]:
+                        if side == "tensorflow":
+                            result = run_tf(args.tf_python, name, data, strategy, args.epochs)
+                        else:
+                            result = paratrain_run(name, data, strategy, args.epochs)
+                        samples.setdefault(f"{side}/{strategy}", []).append(result["examples_per_second"])
+                        print(json.dumps({"model": name, "round": index, "run": f"{side}/{strategy}", **result}))
+            median = {key: statistics.median(values) for key, values in samples.items()}
+            best = {side: max(median[f"{side}/{s}"] for s in SIDES[side]) for side in SIDES}
+            document["models"][name] = {
+                "samples": samples,
+                "median": median,
+                "best": best,
+                "ratio": best["paratrain"] / best["tensorflow"],
+            }
+    out = Path(args.out)
+    out.write_text(json.dumps(document, indent=2) + "\n")
+    table = markdown(document)
+    out.with_suffix(".md").write_text(table)
+    print(table, end="")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,73 @@
+"""How many CPU threads each process of a run computes with, and whether a conv net runs in
+channels-last memory order: the defaults ``paratrain train`` picks from the machine.
+
+A process's compute threads share the cores with the other processes of the run on the
+same machine: by default each takes the cores it may use (its CPU affinity, and its cgroup's
+CPU quota where one is set) divided by the processes on this machine (``LOCAL_WORLD_SIZE``,
+which torchrun and ``paratrain train --workers N`` set), at least one. Two workers on a
+16-core host compute with 8 threads each instead of one. ``--threads-per-worker`` or
+``$PARATRAIN_THREADS_PER_WORKER`` choose otherwise (``OMP_NUM_THREADS``, which torchrun sets
+to 1 for every multi-process run, is not read).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import torch
+from torch import nn
+
+
+def usable_cores() -> int:
+    """Cores this process may run on: its affinity, capped by a cgroup CPU quota (v2
+    ``cpu.max`` or v1 ``cpu.cfs_quota_us``) rounded up."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    quota = _cgroup_quota()
+    return max(1, min(cores, math.ceil(quota))) if quota else cores
+
+
+def _cgroup_quota() -> float | None:
+    try:
+        lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        _, controllers, path = line.split(":", 2)
+        try:
+            if controllers == "":  # cgroup v2
+                quota, period = (Path("/sys/fs/cgroup") / path.lstrip("/") / "cpu.max").read_text().split()
+                if quota != "max":
+                    return int(quota) / int(period)
+            elif "cpu" in controllers.split(","):  # cgroup v1
+                folder = Path("/sys/fs/cgroup/cpu") / path.lstrip("/")
+                quota = int((folder / "cpu.cfs_quota_us").read_text())
+                if quota > 0:
+                    return quota / int((folder / "cpu.cfs_period_us").read_text())
+        except (OSError, ValueError):
+            continue
+    return None
+
+
+def default_threads(environ: dict[str, str] | None = None) -> int:
+    """The usable cores divided by the processes on this machine, at least one."""
+    environ = os.environ if environ is None else environ
+    local = max(1, int(environ.get("LOCAL_WORLD_SIZE", "1")))
+    return max(1, usable_cores() // local)
+
+
+def set_threads(requested: int | None) -> int:
+    """Set this process's compute threads: ``requested``, else ``$PARATRAIN_THREADS_PER_WORKER``
+    (the emulated cluster sets it from each host's CPU share), else the default; returns them."""
+    from_env = os.environ.get("PARATRAIN_THREADS_PER_WORKER", "")
+    threads = requested or (int(from_env) if from_env.isdigit() and int(from_env) > 0 else default_threads())
+    torch.set_num_threads(threads)
+    return threads
+
+
+def prefers_channels_last(model: nn.Module, device: torch.device) -> bool:
+    """Whether ``--channels-last`` is on by default: for a model with 2-d convolutions on
+    the CPU, where oneDNN's convolutions are faster in NHWC (the tutorial CNN here: 0.79x
+    the step time, benchmarks/results/step_options.md)."""
+    return device.type == "cpu" and any(isinstance(m, nn.Conv2d) for m in model.modules())

@@ -1,0 +1,81 @@
+"""Resume: exact for allreduce and ps-sync (every epoch's losses, the final parameters to
+the bit), and allreduce on another number of workers."""
+
+import json
+import shutil
+
+import pytest
+import torch
+
+from paratrain.train.checkpoint import load_checkpoint
+
+pytestmark = pytest.mark.distributed
+
+COMMON = ["--workers", "2", "--no-progress", "--log-every", "0", "--checkpoint-every", "15"]
+
+
+def _run(cli, tmp_path, name, *args):
+    out = tmp_path / f"{name}.json"
+    result = cli("train", *COMMON, *args, "--metrics-out", str(out))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(out.read_text()), result
+
+
+def _tensors(state):
+    """Every tensor of a checkpoint part, by its path in the nesting."""
+    found = {}
+
+    def walk(value, path):
+        if torch.is_tensor(value):
+            found[path] = value
+        elif isinstance(value, dict):
+            for key, item in value.items():
+                walk(item, f"{path}/{key}")
+        elif isinstance(value, (list, tuple)):
+            for index, item in enumerate(value):
+                walk(item, f"{path}/{index}")
+
+    walk(state, "")
+    return found
+
+
+def _losses(metrics):
+    return [(e["train_loss"], e["test_loss"]) for e in metrics["history"]]
+
+
+@pytest.mark.parametrize(("strategy", "part", "model"), [("allreduce", "rank-0", "model"), ("ps-sync", "shard-0", "")])
+def test_a_resumed_run_is_the_uninterrupted_run_to_the_bit(cli, tmp_path, strategy, part, model):
+    """Stopped at the end of epoch 2 (mid-way between two checkpoints of every 15 steps),
+    resumed to epoch 4: every epoch's train and test loss, and every parameter and optimizer
+    tensor of the final checkpoint, equal those of the run never stopped."""
+    whole, _ = _run(cli, tmp_path, "whole", "--strategy", strategy, "--epochs", "4", "--checkpoint-dir",
+                    str(tmp_path / "a"))  # fmt: skip
+    _run(cli, tmp_path, "first", "--strategy", strategy, "--epochs", "2", "--checkpoint-dir", str(tmp_path / "b"))
+    resumed, _ = _run(cli, tmp_path, "second", "--strategy", strategy, "--epochs", "4", "--checkpoint-dir",
+                      str(tmp_path / "b"), "--resume")  # fmt: skip
+    assert resumed["resumed_from_step"] == 44
+    assert _losses(resumed) == _losses(whole)
+    assert resumed["global_steps"] == whole["global_steps"]
+    ours, theirs = (_tensors(load_checkpoint(tmp_path / d, part=part)) for d in ("b", "a"))
+    params = [key for key in ours if key.startswith(f"/{model}")] if model else list(ours)
+    assert params and ours.keys() == theirs.keys()
+    for key in ours:
+        assert torch.equal(ours[key], theirs[key]), key
+
+
+def test_allreduce_resumes_on_another_number_of_workers(cli, tmp_path):
+    """Written by 2 workers, read by 3: the same model (its test loss before any step), and
+    training goes on from where the epoch stood, to the accuracy of the run never stopped."""
+    first, _ = _run(cli, tmp_path, "first", "--strategy", "allreduce", "--epochs", "2", "--checkpoint-dir",
+                    str(tmp_path / "c"), "--compression", "topk")  # fmt: skip
+    shutil.copytree(tmp_path / "c", tmp_path / "d")
+    same, result = _run(cli, tmp_path, "same", "--strategy", "allreduce", "--workers", "3", "--epochs", "2",
+                        "--checkpoint-dir", str(tmp_path / "c"), "--resume", "--compression", "topk")  # fmt: skip
+    assert "was written by 2 replicas, this run has 3: the model is resharded" in result.stdout
+    assert "the topk state of 2 replicas starts empty on 3" in result.stdout
+    assert same["test_loss"] == pytest.approx(first["test_loss"], rel=1e-5)
+    longer, _ = _run(cli, tmp_path, "longer", "--strategy", "allreduce", "--workers", "3", "--epochs", "6",
+                     "--checkpoint-dir", str(tmp_path / "d"), "--resume", "--compression", "topk")  # fmt: skip
+    assert longer["resumed_from_step"] == 44
+    assert longer["global_steps"] == 44 + 4 * (1437 // 96)
+    assert longer["test_accuracy"] >= 0.93

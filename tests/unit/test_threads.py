@@ -1,0 +1,54 @@
+"""Compute threads per process and the channels-last default (launch/threads.py)."""
+
+import json
+
+import pytest
+import torch
+
+from paratrain.data.datasets import DataSpec
+from paratrain.launch.threads import default_threads, prefers_channels_last, set_threads, usable_cores
+from paratrain.models import build_model
+
+
+def test_the_cores_are_shared_among_the_processes_of_this_machine():
+    cores = usable_cores()
+    assert cores >= 1
+    assert default_threads({"LOCAL_WORLD_SIZE": "1"}) == cores
+    assert default_threads({"LOCAL_WORLD_SIZE": "2"}) == max(1, cores // 2)
+    assert default_threads({"LOCAL_WORLD_SIZE": str(cores * 4)}) == 1  # never zero
+    assert default_threads({}) == cores
+
+
+def test_set_threads_takes_the_request_then_the_environment_then_the_default(monkeypatch):
+    before = torch.get_num_threads()
+    try:
+        monkeypatch.setenv("PARATRAIN_THREADS_PER_WORKER", "3")
+        assert set_threads(1) == 1 and torch.get_num_threads() == 1
+        assert set_threads(None) == 3 and torch.get_num_threads() == 3
+        monkeypatch.delenv("PARATRAIN_THREADS_PER_WORKER")
+        assert set_threads(None) == default_threads()
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_channels_last_by_default_for_conv_nets_on_the_cpu():
+    cnn = build_model("cifar_cnn", DataSpec(input_shape=(3, 24, 24), num_classes=10))
+    mlp = build_model("mlp", DataSpec(input_shape=(64,), num_classes=10))
+    assert prefers_channels_last(cnn, torch.device("cpu"))
+    assert not prefers_channels_last(mlp, torch.device("cpu"))
+    assert not prefers_channels_last(cnn, torch.device("cuda", 0))
+
+
+@pytest.mark.parametrize(
+    ("flags", "threads", "channels_last"),
+    [(["--threads-per-worker", "1"], 1, True), (["--no-channels-last"], None, False)],
+)
+def test_the_run_says_what_it_used(cli, tmp_path, flags, threads, channels_last):
+    out = tmp_path / "m.json"
+    result = cli("train", "--model", "cifar_cnn", "--epochs", "1", "--log-every", "0", "--metrics-out", str(out),
+                 *flags, env={"PARATRAIN_THREADS_PER_WORKER": ""})  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    metrics = json.loads(out.read_text())
+    assert metrics["threads_per_worker"] == (threads or usable_cores())
+    assert metrics["channels_last"] is channels_last
+    assert metrics["config"]["channels_last"] is (None if channels_last else False)  # what was asked
