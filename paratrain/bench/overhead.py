@@ -64,6 +64,7 @@ def _plain(mode: str, model: nn.Module) -> tuple[nn.Module, Callable[[nn.Module]
         from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
 
         averager = PeriodicModelAverager(period=SYNC_EVERY, warmup_steps=0)
+        averager.step = 1  # count steps from 1, as paratrain does: average after step H, 2H, ...
         return model, lambda m: averager.average_parameters(m.parameters())
     return model, _nothing
 

@@ -56,3 +56,14 @@ def test_bucket_cap_mb_is_allreduces():
         TrainConfig(strategy="fsdp", bucket_cap_mb=4)
     with pytest.raises(ConfigError, match="--bucket-cap-mb must be > 0, got 0"):
         TrainConfig(strategy="allreduce", bucket_cap_mb=0)
+
+
+def test_a_codecs_per_rank_state_starts_empty_on_another_number_of_replicas():
+    from paratrain.strategies.allreduce import AllReduceStrategy
+    from paratrain.strategies.topology import Topology
+
+    strategy = AllReduceStrategy(device="cpu", compression="topk")
+    strategy.topology = Topology(num_replicas=3)
+    state = {"name": "allreduce", "steps": 5, "compression": "topk", "hook": {"residuals": 1}}
+    assert strategy.reshard_state(state, saved_replicas=3) is state
+    assert strategy.reshard_state(state, saved_replicas=2) == {**state, "hook": {}}
