@@ -4,6 +4,7 @@ import torch
 from paratrain.data.datasets import DataSpec, load_digits
 from paratrain.errors import ConfigError
 from paratrain.models import build_model
+from paratrain.models.cifar_cnn import LocalResponseNorm
 
 DIGITS = DataSpec((1, 8, 8), 10)
 CIFAR = DataSpec((3, 32, 32), 10)
@@ -39,7 +40,8 @@ def test_cifar_cnn_is_the_tutorial_network():
     model = build_model("cifar_cnn", CIFAR_CROP)
     linear = [m for m in model if isinstance(m, torch.nn.Linear)]
     assert [(m.in_features, m.out_features) for m in linear] == [(6 * 6 * 64, 384), (384, 192), (192, 10)]
-    assert sum(isinstance(m, torch.nn.LocalResponseNorm) for m in model) == 2
+    lrn = [m for m in model if isinstance(m, LocalResponseNorm)]
+    assert [(m.size, m.alpha, m.beta, m.k) for m in lrn] == [(9, 0.001, 0.75, 1.0)] * 2
 
 
 def test_a_model_that_does_not_fit_the_data_is_bad_input():
@@ -54,3 +56,21 @@ def test_digits_split_is_fixed_and_stratified():
     counts = torch.bincount(a.test.tensors[1], minlength=10)
     assert counts.min() >= 35
     assert 0.0 <= float(a.train.tensors[0].min()) and float(a.train.tensors[0].max()) <= 1.0
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_the_cifar_cnns_local_response_norm_is_pytorchs(channels_last):
+    torch.manual_seed(0)
+    x = torch.randn(4, 64, 6, 6) * 3
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    x.requires_grad_()
+    ours, theirs = LocalResponseNorm(9, 0.001, 0.75, 1.0), torch.nn.LocalResponseNorm(9, 0.001, 0.75, 1.0)
+    a, b = ours(x), theirs(x)
+    assert torch.allclose(a, b, rtol=1e-5, atol=1e-6)
+    weights = torch.randn_like(a)
+    (ga,) = torch.autograd.grad((a * weights).sum(), x)
+    (gb,) = torch.autograd.grad((b * weights).sum(), x)
+    assert torch.allclose(ga, gb, rtol=1e-5, atol=1e-6)
+    even = LocalResponseNorm(4, 0.01, 0.5, 2.0)(x)  # an even window: one more channel before than after
+    assert torch.allclose(even, torch.nn.LocalResponseNorm(4, 0.01, 0.5, 2.0)(x), rtol=1e-5, atol=1e-6)
