@@ -14,8 +14,8 @@ Two kinds of rows, each a real multi-process run on this machine (Gloo over loop
   parameter server's round trips cost), ``pipeline`` against ``single`` (what splitting
   the model into stages costs on one machine). Each is a whole run (``paratrain.launch``,
   as ``paratrain train`` starts it), ``repeats`` times alternating; a run's step time is
-  the median of its epochs after the first (evaluation and start-up excluded), both at
-  the same global batch.
+  its global batch over its training throughput (evaluation and start-up excluded), both
+  at the same global batch.
 
 On a machine with fewer cores than processes, absolute numbers measure the scheduler as
 much as paratrain; the ratios, measured side by side, are the result.
@@ -143,14 +143,14 @@ def pair_worker(mode: str, models: list[str], batch_size: int, rounds: int) -> d
 
 
 def _step_ms(options: dict[str, Any], model: str, epochs: int) -> float:
-    """A whole run's median step time over its epochs after the first, in ms."""
+    """A whole run's step time, in ms: its global batch over its training throughput
+    (evaluation and start-up excluded)."""
     from paratrain.config import TrainConfig
     from paratrain.launch.local import run_locally
 
     config = TrainConfig(model=model, epochs=epochs, progress=False, log_every=0, device="cpu", **options)
     metrics = run_locally(config)
-    rates = [e["examples_per_second"] for e in metrics["history"][1:]] or [metrics["examples_per_second"]]
-    return config.global_batch / statistics.median(rates) * 1e3
+    return config.global_batch / metrics["examples_per_second"] * 1e3
 
 
 def measure(models: list[str], rounds: int, repeats: int, epochs: int, batch_size: int = 32) -> list[dict[str, Any]]:
@@ -187,7 +187,7 @@ def markdown(rows: list[dict[str, Any]], settings: dict[str, Any]) -> str:
         f"Per-step cost of each mode against what it replaces: digits, batch {settings['batch_size']} per replica, "
         f"SGD momentum 0.9, Gloo on this machine's CPU. Against PyTorch: median of {settings['rounds']} alternating "
         f"one-epoch rounds in the same processes; against another mode: median of {settings['repeats']} whole "
-        f"runs each, {settings['epochs']} epochs, the first excluded. Overhead: the mode's time per step over the "
+        f"runs each of {settings['epochs']} epochs. Overhead: the mode's time per step over the "
         "reference's (1.00: none).",
         "",
         "| mode | against | model | mode ms/step | reference ms/step | overhead |",

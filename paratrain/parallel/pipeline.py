@@ -16,6 +16,7 @@ vary in size, and the schedules fix their buffers' shapes at the first step.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -34,7 +35,28 @@ _MAX_DIMS = 8
 def stage_module(layers: list[nn.Module], bounds: Bounds, stage: int) -> nn.Sequential:
     """The layers of ``stage`` as one module (the same layer objects, not copies)."""
     start, stop = bounds[stage]
-    return nn.Sequential(*layers[start:stop])
+    return Stage(*layers[start:stop])
+
+
+class Stage(nn.Sequential):
+    """A stage's layers, whose activations and input gradients leave it contiguous: what
+    crosses to a neighbour is sent as it is, and c10d sends only contiguous tensors (a
+    conv net in channels-last order makes NHWC activations). The state_dict keys are a
+    plain Sequential's."""
+
+    def forward(self, x: Any) -> Any:
+        out = super().forward(_Contiguous.apply(x) if torch.is_tensor(x) else x)
+        return _Contiguous.apply(out) if torch.is_tensor(out) else out
+
+
+class _Contiguous(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, x: torch.Tensor) -> torch.Tensor:
+        return x.contiguous()
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> torch.Tensor:
+        return grad.contiguous()
 
 
 def make_schedule(

@@ -225,3 +225,17 @@ def test_cli_bad_splits_exit_2_with_one_line(cli, args, words):
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and words in lines[0] and lines[0].startswith("paratrain: error: ")
+
+
+def test_a_conv_net_in_channels_last_order_crosses_the_stages(cli, tmp_path):
+    """paratrain train puts a conv net in channels-last order on the CPU: the activations
+    and gradients stages exchange are sent contiguous, and the run is the single process's."""
+    runs = {}
+    for name, flags in (("single", []), ("pipeline", ["--strategy", "pipeline", "--stages", "2"])):
+        out = tmp_path / f"{name}.json"
+        result = cli("train", "--model", "cifar_cnn", "--epochs", "1", "--log-every", "0", "--metrics-out", str(out),
+                     *flags)  # fmt: skip
+        assert result.returncode == 0, result.stderr[-2000:]
+        runs[name] = json.loads(out.read_text())
+    assert runs["pipeline"]["channels_last"] is True
+    assert runs["pipeline"]["test_loss"] == pytest.approx(runs["single"]["test_loss"], rel=1e-4)
