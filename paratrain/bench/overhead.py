@@ -57,7 +57,9 @@ def _plain(mode: str, model: nn.Module) -> tuple[nn.Module, Callable[[nn.Module]
     if mode == "fsdp":
         from torch.distributed.fsdp import fully_shard
 
-        for module in [m for m in model.modules() if m is not model and any(True for _ in m.parameters(False))]:
+        from paratrain.strategies.fsdp import fsdp_units
+
+        for module in fsdp_units(model):  # the same units as paratrain's fsdp
             fully_shard(module)
         return fully_shard(model), _nothing
     if mode == "local-sgd":

@@ -16,7 +16,6 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -27,7 +26,7 @@ from paratrain.comm.hooks import CommHook, make_hook
 from paratrain.console import console
 from paratrain.errors import ConfigError
 from paratrain.options import check_options, option
-from paratrain.strategies.base import Strategy, staleness_summary, uncompiled
+from paratrain.strategies.base import ReplicaStrategy, staleness_summary, uncompiled
 from paratrain.strategies.recipe import StepRecipe
 
 if TYPE_CHECKING:
@@ -48,7 +47,7 @@ class AllReduceConfig:
             raise ConfigError(f"--bucket-cap-mb must be > 0, got {self.bucket_cap_mb}")
 
 
-class AllReduceStrategy(Strategy):
+class AllReduceStrategy(ReplicaStrategy):
     name = "allreduce"
     takes_compression = True
     options = AllReduceConfig
@@ -77,15 +76,6 @@ class AllReduceStrategy(Strategy):
             bucket_cap_mb=config.allreduce.bucket_cap_mb,
             compression=make_codec(config.codec.compression, config.codec),
         )
-
-    def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "compression": self.codec.name}
-
-    def setup(self) -> None:
-        if self._ready:
-            return
-        self._join_replicas()
-        super().setup()
 
     def prepare(
         self, model: nn.Module, optimizer: torch.optim.Optimizer, recipe: StepRecipe | None = None
@@ -119,10 +109,6 @@ class AllReduceStrategy(Strategy):
     def no_sync(self, model: nn.Module) -> Any:
         model = uncompiled(model)
         return model.no_sync() if isinstance(model, DistributedDataParallel) else super().no_sync(model)
-
-    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
-        return tensor
 
     def step_counters(self) -> dict[str, float]:
         return {"bytes_sent": self._grad_bytes * self._steps, "wait_seconds": self.wait_seconds, "staleness": 0}

@@ -48,7 +48,7 @@ from paratrain.comm.codec_config import make_codec
 from paratrain.comm.codecs import Codec
 from paratrain.errors import ConfigError
 from paratrain.options import at_least, check_options, flag, non_default, option
-from paratrain.strategies.base import Strategy, staleness_summary
+from paratrain.strategies.base import ReplicaStrategy, staleness_summary
 from paratrain.strategies.recipe import StepRecipe
 from paratrain.strategies.topology import Topology
 from paratrain.timeline import COMM, span
@@ -96,7 +96,7 @@ class AveragingTopology(Topology):
         return f"rank-{rank}"
 
 
-class PeriodicAveragingStrategy(Strategy):
+class PeriodicAveragingStrategy(ReplicaStrategy):
     """Local steps, and every ``sync_every`` steps an outer step on the averaged delta."""
 
     name = "periodic-averaging"
@@ -104,6 +104,8 @@ class PeriodicAveragingStrategy(Strategy):
     options = AveragingConfig
     #: Options of AveragingConfig this mode does not take.
     refuses: tuple[str, ...] = ()
+    #: The outer optimizer's (lr, momentum) when not given.
+    outer: tuple[float, float] = (1.0, 0.0)
 
     def __init__(
         self,
@@ -112,12 +114,16 @@ class PeriodicAveragingStrategy(Strategy):
         sync_every: int = 8,
         local_after: int = 0,
         fragments: int = 1,
-        outer_lr: float = 1.0,
-        outer_momentum: float = 0.0,
+        outer_lr: float | None = None,
+        outer_momentum: float | None = None,
         compression: str | Codec = "none",
         workers: int | None = None,
     ):
         super().__init__(device=device, timeout=timeout, workers=workers)
+        self.refuse([name for name, value in (("outer_lr", outer_lr), ("outer_momentum", outer_momentum))
+                     if value is not None])  # fmt: skip
+        outer_lr = self.outer[0] if outer_lr is None else outer_lr
+        outer_momentum = self.outer[1] if outer_momentum is None else outer_momentum
         AveragingConfig(sync_every=sync_every, local_after=local_after, fragments=fragments,
                         outer_lr=outer_lr, outer_momentum=outer_momentum)  # fmt: skip
         self.sync_every, self.local_after, self.fragments = sync_every, local_after, fragments
@@ -136,9 +142,14 @@ class PeriodicAveragingStrategy(Strategy):
 
     @classmethod
     def check_config(cls, config: TrainConfig) -> None:
-        given = [name for name in non_default(config.averaging) if name in cls.refuses]
-        if given:
-            raise ConfigError(f"{flag(given[0])} applies to --strategy diloco, not to --strategy {cls.name}")
+        cls.refuse(non_default(config.averaging))
+
+    @classmethod
+    def refuse(cls, given: list[str]) -> None:
+        """ConfigError naming the first of ``given`` (AveragingConfig fields) this mode refuses."""
+        refused = [name for name in given if name in cls.refuses]
+        if refused:
+            raise ConfigError(f"{flag(refused[0])} applies to --strategy diloco, not to --strategy {cls.name}")
 
     @classmethod
     def topology_of(cls, num_replicas: int) -> Topology:
@@ -156,14 +167,6 @@ class PeriodicAveragingStrategy(Strategy):
             compression=make_codec(config.codec.compression, config.codec),
             **kwargs,
         )
-
-    def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "compression": self.codec.name}
-
-    def setup(self) -> None:
-        if not self._ready:
-            self._join_replicas()
-        super().setup()
 
     # ----- model ---------------------------------------------------------------------------------
     def prepare(
@@ -276,10 +279,6 @@ class PeriodicAveragingStrategy(Strategy):
                     p.copy_(mine)
 
     # ----- accounting and state ------------------------------------------------------------------------
-    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
-        return tensor
-
     def step_counters(self) -> dict[str, float]:
         return {"bytes_sent": self._bytes, "wait_seconds": self.wait_seconds, "staleness": 0}
 
@@ -337,39 +336,12 @@ class LocalSGDStrategy(PeriodicAveragingStrategy):
     name = "local-sgd"
     refuses = ("outer_lr", "outer_momentum")
 
-    def __init__(
-        self,
-        device: str = "auto",
-        timeout: float = 300.0,
-        sync_every: int = 8,
-        local_after: int = 0,
-        fragments: int = 1,
-        compression: str | Codec = "none",
-        workers: int | None = None,
-    ):
-        super().__init__(device, timeout, sync_every, local_after, fragments, 1.0, 0.0, compression, workers)
-
 
 class DiLoCoStrategy(PeriodicAveragingStrategy):
     """``diloco``: an outer Nesterov step on the averaged delta every ``sync_every`` steps."""
 
     name = "diloco"
-
-    def __init__(
-        self,
-        device: str = "auto",
-        timeout: float = 300.0,
-        sync_every: int = 8,
-        local_after: int = 0,
-        fragments: int = 1,
-        outer_lr: float = 0.7,
-        outer_momentum: float = 0.9,
-        compression: str | Codec = "none",
-        workers: int | None = None,
-    ):
-        super().__init__(
-            device, timeout, sync_every, local_after, fragments, outer_lr, outer_momentum, compression, workers
-        )
+    outer = (0.7, 0.9)
 
 
 def _fragments(sizes: list[int], count: int) -> list[list[int]]:

@@ -40,6 +40,7 @@ from paratrain.strategies.topology import Role, Topology
 from paratrain.timeline import span
 
 if TYPE_CHECKING:
+    from paratrain.comm.codecs import Codec
     from paratrain.config import TrainConfig
 
 LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
@@ -229,15 +230,6 @@ class Strategy:
         destroys it at teardown, one that joined an existing group leaves it be."""
         self._owns_group = self._owns_group or not dist.is_initialized()
         ensure_process_group(backend, self.timeout)
-
-    def _join_replicas(self) -> None:
-        """Join as one of the run's data-parallel replicas, one per process (allreduce,
-        local-sgd, diloco, fsdp): the local rank decides the device, the device the backend."""
-        cluster = cluster_from_env()
-        self.device = resolve_device(self.device_preference, cluster.local_rank if cluster else 0)
-        self._join_group(default_backend(self.device))
-        self.process_rank = dist.get_rank()
-        self.topology = self.topology_of(dist.get_world_size())
 
     def teardown(self) -> None:
         """Leave the run: release what ``prepare`` wrapped, then the process group if this
@@ -506,6 +498,32 @@ class Strategy:
         self._steps = int(state["steps"])
         self.skipped_updates = int(state.get("skipped_updates", 0))
         self.steps_taken = self._steps + self.skipped_updates
+
+
+class ReplicaStrategy(Strategy):
+    """Data parallelism with one replica per process, all in the default process group
+    (allreduce, local-sgd, diloco, fsdp): joining it, sums over the replicas, and the
+    codec (``self.codec``) in the metrics file's description."""
+
+    codec: Codec
+
+    def setup(self) -> None:
+        """Join as one of the run's replicas: the local rank decides the device, the device
+        the backend."""
+        if not self._ready:
+            cluster = cluster_from_env()
+            self.device = resolve_device(self.device_preference, cluster.local_rank if cluster else 0)
+            self._join_group(default_backend(self.device))
+            self.process_rank = dist.get_rank()
+            self.topology = self.topology_of(dist.get_world_size())
+        super().setup()
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "compression": self.codec.name}
+
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+        return tensor
 
 
 def _ignore(version: int) -> None:

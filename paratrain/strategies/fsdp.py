@@ -42,7 +42,7 @@ from paratrain.comm.codec_config import make_codec
 from paratrain.comm.codecs import Codec
 from paratrain.errors import ConfigError
 from paratrain.options import check_options, option
-from paratrain.strategies.base import Strategy, staleness_summary, uncompiled
+from paratrain.strategies.base import ReplicaStrategy, staleness_summary, uncompiled
 from paratrain.strategies.recipe import StepRecipe
 
 if TYPE_CHECKING:
@@ -69,7 +69,7 @@ class FSDPConfig:
         check_options(self)
 
 
-class FSDPStrategy(Strategy):
+class FSDPStrategy(ReplicaStrategy):
     name = "fsdp"
     takes_compression = True
     compiles = False
@@ -115,14 +115,6 @@ class FSDPStrategy(Strategy):
             compression=make_codec(config.codec.compression, config.codec),
         )
 
-    def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "compression": self.codec.name}
-
-    def setup(self) -> None:
-        if not self._ready:
-            self._join_replicas()
-        super().setup()
-
     # ----- model ---------------------------------------------------------------------------------
     def prepare(
         self, model: nn.Module, optimizer: torch.optim.Optimizer, recipe: StepRecipe | None = None
@@ -137,7 +129,7 @@ class FSDPStrategy(Strategy):
         groups = [{"params": [names[id(p)] for p in group["params"]]} for group in optimizer.param_groups]
         self._grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
         policy = MixedPrecisionPolicy(reduce_dtype=REDUCE_DTYPES[self.codec.name])
-        units = [m for m in model.modules() if m is not model and any(True for _ in m.parameters(recurse=False))]
+        units = fsdp_units(model)
         for unit in units:
             fully_shard(unit, reshard_after_forward=self.reshard_after_forward, mp_policy=policy)
         fully_shard(model, reshard_after_forward=self.reshard_after_forward, mp_policy=policy)
@@ -176,10 +168,6 @@ class FSDPStrategy(Strategy):
         return not bool(bad.item())
 
     # ----- accounting ----------------------------------------------------------------------------------
-    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
-        return tensor
-
     def _step_bytes(self) -> int:
         """What one replica hands to its collectives per step: the parameters all-gathered
         for the forward and (resharded after it) again for the backward, its gradient to
@@ -228,6 +216,12 @@ class FSDPStrategy(Strategy):
                 f"checkpoint {folder}: its sharded model does not load into this model ({first})"
             ) from None
         set_state_dict(module, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+
+
+def fsdp_units(model: nn.Module) -> list[nn.Module]:
+    """The modules fsdp shards as units of their own: every one below the root that holds
+    parameters of its own (the root is the last unit)."""
+    return [m for m in model.modules() if m is not model and any(True for _ in m.parameters(recurse=False))]
 
 
 def _codec_refusal(name: str) -> str:
