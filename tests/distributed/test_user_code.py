@@ -130,7 +130,7 @@ def _readme_python(index):
         (["--strategy", "ps-backup", "--backup-workers", "1"], 3),
         (["--strategy", "ps-async"], 3),
         (["--strategy", "pipeline", "--stages", "2"], 2),
-        (["--strategy", "diloco", "--sync-every", "4"], 2),
+        (["--strategy", "local-sgd", "--sync-every", "4"], 2),
         (["--strategy", "fsdp"], 2),
     ],
 )
