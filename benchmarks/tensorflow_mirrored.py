@@ -28,6 +28,11 @@ pick, and its best is taken:
   the global batch), both with the defaults ``paratrain train`` picks (channels-last for
   the CNN on the CPU).
 
+With ``--bf16``, each of those also runs in mixed precision, bfloat16 compute with float32
+weights: Keras's ``mixed_bfloat16`` policy (the output layer kept in float32, as Keras
+advises) and paratrain's ``--precision bf16`` (autocast). The table then gives the best of
+each side in float32 and the best of all.
+
 Rounds alternate the two sides (the order flips every round), so drift of a shared
 machine hits both; the median over ``--rounds`` is reported, with paratrain's best over
 TensorFlow's best (target: >= 1.1).
@@ -79,6 +84,10 @@ def tf_run(name: str, data: str, strategy_name: str, epochs: int) -> dict:
     import numpy as np
     import tensorflow as tf
 
+    strategy_name, _, precision = strategy_name.partition("+")
+    if precision == "bf16":
+        tf.keras.mixed_precision.set_global_policy("mixed_bfloat16")
+
     cpus = tf.config.list_physical_devices("CPU")
     tf.config.set_logical_device_configuration(cpus[0], [tf.config.LogicalDeviceConfiguration()] * REPLICAS)
     if strategy_name == "mirrored":
@@ -94,7 +103,12 @@ def tf_run(name: str, data: str, strategy_name: str, epochs: int) -> dict:
     with strategy.scope():
         if name == "mlp":
             model = tf.keras.Sequential(
-                [layers.Input(spec["shape"]), layers.Flatten(), layers.Dense(256, activation="relu"), layers.Dense(10)]
+                [
+                    layers.Input(spec["shape"]),
+                    layers.Flatten(),
+                    layers.Dense(256, activation="relu"),
+                    layers.Dense(10, dtype="float32"),
+                ]
             )
         elif name == "cifar_cnn":
 
@@ -113,7 +127,7 @@ def tf_run(name: str, data: str, strategy_name: str, epochs: int) -> dict:
                     layers.Flatten(),
                     layers.Dense(384, activation="relu"),
                     layers.Dense(192, activation="relu"),
-                    layers.Dense(10),
+                    layers.Dense(10, dtype="float32"),
                 ]
             )
         else:
@@ -122,7 +136,7 @@ def tf_run(name: str, data: str, strategy_name: str, epochs: int) -> dict:
                     layers.Input(spec["shape"], dtype="int64"),
                     layers.Embedding(spec["vocab"], 64),
                     layers.LSTM(128),
-                    layers.Dense(spec["classes"]),
+                    layers.Dense(spec["classes"], dtype="float32"),
                 ]
             )
         model.compile(
@@ -145,7 +159,7 @@ def tf_run(name: str, data: str, strategy_name: str, epochs: int) -> dict:
 
 
 # ----- paratrain's side ---------------------------------------------------------------------------
-def _fit(name: str, data: str, epochs: int) -> list[float] | None:
+def _fit(name: str, data: str, epochs: int, precision: str) -> list[float] | None:
     """In each process of a paratrain run: the model trained on the shared draw; the chief's
     examples/s per epoch."""
     import numpy as np
@@ -170,7 +184,11 @@ def _fit(name: str, data: str, epochs: int) -> list[float] | None:
     model = build_model(name, data_spec)
     optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
     trainer = paratrain.Trainer(
-        model, "cross_entropy", optimizer, channels_last=prefers_channels_last(model, strategy.device)
+        model,
+        "cross_entropy",
+        optimizer,
+        channels_last=prefers_channels_last(model, strategy.device),
+        precision=precision,
     )
     batch = spec["batch"] * REPLICAS // strategy.num_replicas
     history = trainer.fit((x, y), epochs=epochs, batch_size=batch, verbose=0, log_every=0)
@@ -180,9 +198,11 @@ def _fit(name: str, data: str, epochs: int) -> list[float] | None:
 def paratrain_run(name: str, data: str, strategy_name: str, epochs: int) -> dict:
     import paratrain
 
+    strategy_name, _, precision = strategy_name.partition("+")
     workers = REPLICAS if strategy_name == "allreduce" else 1
     strategy = paratrain.make_strategy(strategy_name, device="cpu", workers=workers)
-    rates = next(r for r in paratrain.launch(_fit, name, data, epochs, strategy=strategy) if r is not None)
+    run = paratrain.launch(_fit, name, data, epochs, precision or "fp32", strategy=strategy)
+    rates = next(r for r in run if r is not None)
     return {"examples_per_second": statistics.median(rates[1:]), "epochs": rates}
 
 
@@ -202,22 +222,33 @@ def run_tf(python: str, name: str, data: str, strategy: str, epochs: int) -> dic
     return json.loads(result.stdout.strip().splitlines()[-1])
 
 
+def configurations(side: str, bf16: bool) -> list[str]:
+    """``strategy`` or ``strategy+bf16`` for each configuration ``side`` runs in."""
+    return [*SIDES[side], *(f"{s}+bf16" for s in SIDES[side] if bf16)]
+
+
 def markdown(document: dict) -> str:
+    bf16 = document.get("bf16", False)
+    runs = [f"{side}/{c}" for side in SIDES for c in configurations(side, bf16)]
     lines = [
         f"paratrain against TensorFlow {document['tensorflow']} on this machine ({document['cpus']} CPU cores): "
         f"{REPLICAS} replicas, the same synthetic batches, SGD momentum 0.9, {document['steps']} steps per epoch, "
         f"{document['epochs']} epochs (the first excluded); median examples/s of {document['rounds']} alternating "
-        "rounds. Best: the faster configuration of each side.",
+        "rounds. Best: the faster configuration of each side"
+        + (" in float32, and of all (+bf16: mixed precision, bfloat16 compute)." if bf16 else "."),
         "",
-        "| model | batch per replica | TF mirrored | TF default | paratrain allreduce | paratrain single "
-        "| paratrain best / TF best |",
-        "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| model | batch per replica | "
+        + " | ".join(runs)
+        + " | paratrain best / TF best (fp32) "
+        + ("| paratrain best / TF best (all) |" if bf16 else "|"),
+        "| --- | ---: | " + " | ".join("---:" for _ in runs) + " | ---: |" + (" ---: |" if bf16 else ""),
     ]
     for name, row in document["models"].items():
         m = row["median"]
+        cells = " | ".join(f"{m[run]:.0f}" for run in runs)
         lines.append(
-            f"| {name} | {MODELS[name]['batch']} | {m['tensorflow/mirrored']:.0f} | {m['tensorflow/default']:.0f} "
-            f"| {m['paratrain/allreduce']:.0f} | {m['paratrain/single']:.0f} | {row['ratio']:.2f}x |"
+            f"| {name} | {MODELS[name]['batch']} | {cells} | {row['ratio']:.2f}x |"
+            + (f" {row['ratio_all']:.2f}x |" if bf16 else "")
         )
     return "\n".join(lines) + "\n"
 
@@ -234,6 +265,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=30, help="global steps per epoch")
     parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--bf16", action="store_true", help="also run each configuration in mixed bfloat16")
     parser.add_argument("--out", default=str(ROOT / "benchmarks/results/tensorflow_mirrored.json"))
     args = parser.parse_args(argv)
     version = subprocess.run(
@@ -250,6 +282,7 @@ def main(argv: list[str] | None = None) -> int:
         "rounds": args.rounds,
         "steps": args.steps,
         "epochs": args.epochs,
+        "bf16": args.bf16,
         "models": {},
     }
     with tempfile.TemporaryDirectory() as folder:
@@ -260,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
             for index in range(args.rounds):
                 order = list(SIDES) if index % 2 == 0 else list(reversed(SIDES))
                 for side in order:
-                    for strategy in SIDES[side]:
+                    for strategy in configurations(side, args.bf16):
                         if side == "tensorflow":
                             result = run_tf(args.tf_python, name, data, strategy, args.epochs)
                         else:
@@ -269,11 +302,14 @@ def main(argv: list[str] | None = None) -> int:
                         print(json.dumps({"model": name, "round": index, "run": f"{side}/{strategy}", **result}))
             median = {key: statistics.median(values) for key, values in samples.items()}
             best = {side: max(median[f"{side}/{s}"] for s in SIDES[side]) for side in SIDES}
+            best_all = {side: max(median[f"{side}/{s}"] for s in configurations(side, args.bf16)) for side in SIDES}
             document["models"][name] = {
                 "samples": samples,
                 "median": median,
                 "best": best,
                 "ratio": best["paratrain"] / best["tensorflow"],
+                "best_all": best_all,
+                "ratio_all": best_all["paratrain"] / best_all["tensorflow"],
             }
     out = Path(args.out)
     out.write_text(json.dumps(document, indent=2) + "\n")

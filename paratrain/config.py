@@ -28,6 +28,7 @@ from paratrain.options import at_least, check_options, field_type, flag, non_def
 from paratrain.registry import DATASETS, MODELS, OPTIMIZERS, SCHEDULES, STRATEGIES, is_reference
 from paratrain.strategies.allreduce import AllReduceConfig
 from paratrain.strategies.averaging import AveragingConfig
+from paratrain.strategies.base import DEFAULT_TIMEOUT_S
 from paratrain.strategies.fsdp import FSDPConfig
 from paratrain.strategies.pipeline import PipelineConfig
 from paratrain.strategies.ps.modes import PSConfig
@@ -150,7 +151,9 @@ class TrainConfig:
         "a NaN or Inf loss or gradient: stop (exit 3) or skip that update and count it",
         choices=("stop", "skip"),
     )
-    timeout: float = option(300.0, "seconds any collective or rendezvous may wait before the run fails")
+    timeout: float = option(
+        DEFAULT_TIMEOUT_S, "seconds any collective, rendezvous or shard reply may wait before the run fails"
+    )
     metrics_out: str | None = option(None, "write the run's metrics as one JSON object to this file")
     logdir: str | None = option(
         None, "write TensorBoard scalars to this folder (run-level by the chief, per-rank timing in rank-N/)"

@@ -185,6 +185,7 @@ def _run(
     killed: set[int] = set()
     try:
         idle_since = failed_at = None
+        started_hosts: set[int] = set()
         while not stop.is_set():
             now = time.monotonic() - started
             while events and events[0][0] <= now:
@@ -206,14 +207,18 @@ def _run(
                 # rendezvous store may block in TCP for minutes.
                 break
             # torchrun's agents wait for each other at exit (300 s, not configurable), a dead
-            # host's agent forever: once no host has a training process left, give the live
-            # agents a moment to pass their barrier, then end them. An agent reaches that
-            # barrier only when its processes succeeded.
+            # host's agent forever: once every host has started its training processes and
+            # none has one left, give the live agents a moment to pass their barrier, then
+            # end them. An agent reaches that barrier only when its processes succeeded. A
+            # host on a small CPU share takes many seconds to start torch: until each has,
+            # no host is idle.
             training = [
                 i for i, (h, p) in enumerate(zip(cluster.hosts, running))
                 if p.poll() is None and set(cluster.processes(h)) - {p.pid}
             ]  # fmt: skip
-            if training:
+            started_hosts.update(training)
+            started_hosts.update(i for i, p in enumerate(running) if p.poll() is not None)
+            if training or len(started_hosts | killed) < len(running):
                 idle_since = None
             elif idle_since is None:
                 idle_since = now

@@ -18,12 +18,13 @@ import os
 import socket
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from paratrain.errors import ConfigError
+from paratrain.errors import ConfigError, WorkerLost
 
 TF_JOB_ORDER = ("ps", "chief", "worker")
 
@@ -129,11 +130,22 @@ def ensure_process_group(backend: str, timeout: float) -> ClusterEnv:
     try:
         dist.init_process_group(backend, rank=cluster.rank, world_size=cluster.world_size, timeout=wait, **options)
     except (RuntimeError, ValueError) as error:
-        raise RuntimeError(
-            f"rank {cluster.rank} could not join the process group at {init} "
-            f"({cluster.world_size} processes, backend {backend}): {error}"
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise WorkerLost(
+            f"rank {cluster.rank} could not join the process group at {init} ({cluster.world_size} processes, "
+            f"backend {backend}, --timeout {timeout:g} s): a process of the run did not come or died while "
+            f"the group formed ({first})"
         ) from error
+    mark_joined(cluster.rank)
     return cluster
+
+
+def mark_joined(rank: int) -> None:
+    """Under paratrain's local launcher: tell it this process is in the group (a process
+    lost before that is fatal, since the others cannot form the group without it)."""
+    progress = os.environ.get("PARATRAIN_PROGRESS")
+    if progress:
+        (Path(progress).parent / f"joined-{rank}").touch()
 
 
 def _url_host(host: str) -> str:

@@ -5,8 +5,10 @@ written where the supervising parent reads them (the elastic agent's error file 
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
+import signal
 import sys
 import time
 import traceback
@@ -24,6 +26,7 @@ def run_entry(fn: Callable[..., Any], *args: Any) -> Any:
     The process ends with ``os._exit`` on errors: a parameter-server thread may still be
     blocked in a receive that would hold up a normal interpreter shutdown.
     """
+    die_with_parent()
     try:
         return fn(*args)
     except ParatrainError as error:
@@ -32,6 +35,19 @@ def run_entry(fn: Callable[..., Any], *args: Any) -> Any:
     except Exception as error:
         record_error(f"{type(error).__name__}: {error}", traceback.format_exc(), 1)
         exit_now(1)
+
+
+def die_with_parent() -> None:
+    """Linux: this process gets SIGKILL when the launcher dies (kill -9 included), so no
+    process of a run outlives the launcher to train on, or wait, alone."""
+    parent = os.getppid()
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return  # not Linux: the supervisor's own teardown is all there is
+    if os.getppid() != parent:  # the launcher died before the request took hold
+        os.kill(os.getpid(), signal.SIGKILL)
 
 
 def exit_now(code: int) -> None:

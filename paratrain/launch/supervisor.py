@@ -5,7 +5,9 @@ them, and decides what a failure means.
   the failure is raised, naming the process and its exit code or signal; a process
   killed without a word (SIGKILL) is taken as the cause of its peers' failures.
 - An expendable process is lost (a worker in ps-async or ps-backup): one line says so and
-  the others finish; one that is stuck is stopped once the run is done.
+  the others finish; one that is stuck is stopped once the run is done. Lost before it
+  joined the process group (each process says so with a ``joined-<rank>`` file), it is
+  fatal like any other: the group cannot form without it.
 - With restarts left (``--max-restarts``): the whole group is started again
   (``TORCHELASTIC_RESTART_COUNT`` tells its processes to resume from their checkpoint),
   with one line saying who died, after which step, and how many steps are redone.
@@ -137,7 +139,13 @@ def _attempt(
                 for rank, p in enumerate(processes)
                 if p.exitcode not in (None, 0) and rank not in lost
             }
-            fatal = {rank: failure for rank, failure in failed.items() if rank not in expendable}
+            # An expendable process lost before it joined the group is fatal all the same:
+            # the others cannot form the group without it.
+            fatal = {
+                rank: failure
+                for rank, failure in failed.items()
+                if rank not in expendable or not (folder / f"joined-{rank}").exists()
+            }
             if fatal:
                 raise first_failure(fatal, names)
             for rank, (code, _, _) in failed.items():

@@ -26,7 +26,7 @@ from paratrain.comm.hooks import CommHook, make_hook
 from paratrain.console import console
 from paratrain.errors import ConfigError
 from paratrain.options import check_options, option
-from paratrain.strategies.base import ReplicaStrategy, staleness_summary, uncompiled
+from paratrain.strategies.base import DEFAULT_TIMEOUT_S, ReplicaStrategy, staleness_summary, uncompiled
 from paratrain.strategies.recipe import StepRecipe
 
 if TYPE_CHECKING:
@@ -56,7 +56,7 @@ class AllReduceStrategy(ReplicaStrategy):
     def __init__(
         self,
         device: str = "auto",
-        timeout: float = 300.0,
+        timeout: float = DEFAULT_TIMEOUT_S,
         bucket_cap_mb: float = 25.0,
         compression: str | Codec = "none",
         workers: int | None = None,

@@ -48,7 +48,7 @@ from paratrain.comm.codec_config import make_codec
 from paratrain.comm.codecs import Codec
 from paratrain.errors import ConfigError
 from paratrain.options import at_least, check_options, flag, non_default, option
-from paratrain.strategies.base import ReplicaStrategy, staleness_summary
+from paratrain.strategies.base import DEFAULT_TIMEOUT_S, ReplicaStrategy, staleness_summary
 from paratrain.strategies.recipe import StepRecipe
 from paratrain.strategies.topology import Topology
 from paratrain.timeline import COMM, span
@@ -110,7 +110,7 @@ class PeriodicAveragingStrategy(ReplicaStrategy):
     def __init__(
         self,
         device: str = "auto",
-        timeout: float = 300.0,
+        timeout: float = DEFAULT_TIMEOUT_S,
         sync_every: int = 8,
         local_after: int = 0,
         fragments: int = 1,

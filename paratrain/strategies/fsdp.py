@@ -42,7 +42,7 @@ from paratrain.comm.codec_config import make_codec
 from paratrain.comm.codecs import Codec
 from paratrain.errors import ConfigError
 from paratrain.options import check_options, option
-from paratrain.strategies.base import ReplicaStrategy, staleness_summary, uncompiled
+from paratrain.strategies.base import DEFAULT_TIMEOUT_S, ReplicaStrategy, staleness_summary, uncompiled
 from paratrain.strategies.recipe import StepRecipe
 
 if TYPE_CHECKING:
@@ -79,7 +79,7 @@ class FSDPStrategy(ReplicaStrategy):
     def __init__(
         self,
         device: str = "auto",
-        timeout: float = 300.0,
+        timeout: float = DEFAULT_TIMEOUT_S,
         reshard_after_forward: bool = True,
         compression: str | Codec = "none",
         workers: int | None = None,

@@ -37,7 +37,15 @@ from paratrain.parallel.split import (
     parse_split_points,
     sequential_layers,
 )
-from paratrain.strategies.base import LossFn, StepOutput, Strategy, finite_gradients, resolve_device, staleness_summary
+from paratrain.strategies.base import (
+    DEFAULT_TIMEOUT_S,
+    LossFn,
+    StepOutput,
+    Strategy,
+    finite_gradients,
+    resolve_device,
+    staleness_summary,
+)
 from paratrain.strategies.recipe import StepRecipe
 from paratrain.strategies.topology import Topology
 
@@ -109,7 +117,7 @@ class PipelineStrategy(Strategy):
         balance: str = "params",
         split_points: list[int] | None = None,
         device: str = "auto",
-        timeout: float = 300.0,
+        timeout: float = DEFAULT_TIMEOUT_S,
         workers: int | None = None,
     ):
         # `workers` counts processes, as --workers does: replicas x stages.

@@ -148,7 +148,7 @@ class Checkpoint(Callback):
         folder = self.store.resume_from()[0] if self.resume else None
         if folder is not None:
             manifest = CheckpointStore.read_manifest(folder)
-            check_signature(folder, manifest, self._signature)
+            check_signature(folder, manifest, self._signature, self.strategy.reshards)
             self.strategy.load_state_dict(CheckpointStore.read_part(folder, self._part, manifest))
             self.restored_step = int(manifest["step"])
             self._last_saved = self.restored_step
@@ -260,7 +260,7 @@ class Checkpoint(Callback):
         reshards = self.strategy.reshards
         check_signature(folder, manifest, self.signature(), reshards)
         part, model_part = self._part, self._model_part
-        if reshards and part not in manifest["parts"]:  # a replica the saving run did not have
+        if reshards and part is not None and part not in manifest["parts"]:  # a replica the saving run lacked
             part = model_part = "rank-0"
         device = self.strategy.device
         own = CheckpointStore.read_part(folder, part, manifest, map_location=device) if part is not None else None
@@ -287,6 +287,12 @@ class Checkpoint(Callback):
                     )
         else:  # the state is the servers' (parameter-server workers): they say where to go on
             self._resume_elsewhere(folder)
+            saved_replicas = manifest.get("workers")
+            if self.strategy.is_chief and saved_replicas != self.strategy.describe()["workers"]:
+                console.print(
+                    f"paratrain: {folder} was written by a run with {saved_replicas} workers, this one has "
+                    f"{self.strategy.describe()['workers']}: the shards go on with the workers there are"
+                )
         self.restored_step = int(manifest["step"])
         self._last_saved = self.restored_step
         if self.strategy.is_chief:

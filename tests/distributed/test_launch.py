@@ -1,14 +1,19 @@
-"""Joining a cluster started by someone else: torchrun, and a TF_CONFIG description."""
+"""Joining a cluster started by someone else (torchrun, a TF_CONFIG description), and the local
+launcher's start-up."""
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
+import torch.distributed
 
-from paratrain.comm.transport import free_port, parse_tf_config
-from paratrain.errors import ConfigError
+from paratrain.comm.transport import ensure_process_group, free_port, parse_tf_config
+from paratrain.errors import ConfigError, WorkerFailed
+from paratrain.launch.local import launch
 
 pytestmark = pytest.mark.distributed
 
@@ -95,3 +100,32 @@ def test_ps_tasks_with_allreduce_are_bad_input(cli):
     result = cli(*TRAIN, "--workers", "1", env={"TF_CONFIG": json.dumps(doc)})
     assert result.returncode == 2
     assert "parameter-server" in result.stderr.strip().splitlines()[-1]
+
+
+def _join_unless_dying(dying):
+    if int(os.environ["RANK"]) == dying:
+        os.kill(os.getpid(), signal.SIGKILL)  # dies while the others form the group
+    ensure_process_group("gloo", 30.0)
+    return int(os.environ["RANK"])
+
+
+def test_an_expendable_process_lost_before_the_group_formed_ends_the_run_at_once():
+    """A ps-backup or ps-async worker may be lost mid-run, but not before it joined: the
+    others cannot form the group without it, and would wait out the 30 s timeout."""
+    started = time.monotonic()
+    with pytest.raises(WorkerFailed) as failure:
+        launch(_join_unless_dying, 2, num_processes=3, expendable=frozenset({2}))
+    assert failure.value.rank == 2 and "SIGKILL" in str(failure.value)
+    assert time.monotonic() - started < 15
+
+
+def _join_then_die(dying):
+    ensure_process_group("gloo", 30.0)
+    torch.distributed.barrier()  # every process is in the group (not only this one)
+    if int(os.environ["RANK"]) == dying:
+        os.kill(os.getpid(), signal.SIGKILL)
+    return int(os.environ["RANK"])
+
+
+def test_an_expendable_process_lost_after_joining_leaves_the_others_to_finish():
+    assert launch(_join_then_die, 2, num_processes=3, expendable=frozenset({2})) == [0, 1, None]

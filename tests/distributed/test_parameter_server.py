@@ -190,6 +190,26 @@ def test_a_killed_worker_does_not_stop_async_or_backup(cli, tmp_path, mode):
     assert metrics["test_accuracy"] > 0.8
 
 
+def test_ps_sync_goes_on_in_rounds_of_the_workers_left(cli, tmp_path):
+    # 3 workers, 14 rounds an epoch of digits at batch 32: worker 2 dies after its 5th step;
+    # every round after that holds 2 gradients, counted as short, and training ends well.
+    metrics, result = _metrics(
+        cli, tmp_path, "--strategy", "ps-sync", "--workers", "3", "--on-worker-lost", "continue",
+        "--fail", "2@5", "--heartbeat-timeout", "2", "--epochs", "4", "--no-progress", "--log-every", "0",
+    )  # fmt: skip
+    assert "paratrain: worker 2 was lost (killed by SIGKILL); the run goes on without it" in result.stderr
+    assert metrics["workers_lost"] == [2] and metrics["restarts"] == 0
+    # every round after the loss is short: all but the 4 to 6 whole ones before it
+    assert metrics["global_steps"] - 6 <= metrics["short_rounds"] <= metrics["global_steps"] - 4
+    assert metrics["test_accuracy"] > 0.85
+
+
+def test_on_worker_lost_is_a_ps_sync_option(cli):
+    result = cli("train", "--strategy", "ps-async", "--workers", "2", "--on-worker-lost", "continue", *FAST)
+    assert result.returncode == 2
+    assert "--on-worker-lost applies to --strategy ps-sync, not ps-async" in result.stderr
+
+
 def test_a_killed_worker_stops_ps_sync_with_its_name(cli):
     result = cli("train", "--strategy", "ps-sync", "--workers", "2", "--fail", "1@5", *FAST)
     assert result.returncode == 1

@@ -1,5 +1,5 @@
 """Resume: exact for allreduce and ps-sync (every epoch's losses, the final parameters to
-the bit), and allreduce on another number of workers."""
+the bit), and allreduce and a parameter server on another number of workers."""
 
 import json
 import shutil
@@ -86,3 +86,23 @@ def test_allreduce_resumes_on_another_number_of_workers(cli, tmp_path):
     assert longer["resumed_from_step"] == 44
     assert longer["global_steps"] == 44 + 4 * (1437 // 96)
     assert longer["test_accuracy"] >= 0.93
+
+
+def test_a_parameter_server_resumes_on_another_number_of_workers(cli, tmp_path):
+    """ps-sync written by 2 workers goes on with 3 from the shards' state and the epoch's
+    position, to the accuracy of the run never stopped; another number of shards is
+    refused in one line, the checkpoint untouched."""
+    _run(cli, tmp_path, "first", "--strategy", "ps-sync", "--epochs", "2", "--checkpoint-dir", str(tmp_path / "c"))
+    longer, result = _run(cli, tmp_path, "longer", "--strategy", "ps-sync", "--workers", "3", "--epochs", "4",
+                          "--checkpoint-dir", str(tmp_path / "c"), "--resume")  # fmt: skip
+    assert "was written by a run with 2 workers, this one has 3" in result.stdout
+    assert longer["resumed_from_step"] == 44 and longer["workers"] == 3
+    assert longer["global_steps"] == 44 + 2 * (1437 // 96)  # two epochs of rounds of 3 batches
+    whole, _ = _run(cli, tmp_path, "whole", "--strategy", "ps-sync", "--epochs", "4")
+    assert longer["test_accuracy"] >= whole["test_accuracy"] - 0.02
+    saved = sorted(p.name for p in (tmp_path / "c").iterdir())
+    refused = cli("train", *COMMON, "--strategy", "ps-sync", "--ps-shards", "2", "--epochs", "6",
+                  "--checkpoint-dir", str(tmp_path / "c"), "--resume")  # fmt: skip
+    assert refused.returncode == 2
+    assert "ps_shards=1; this run has ps_shards=2" in refused.stderr
+    assert sorted(p.name for p in (tmp_path / "c").iterdir()) == saved

@@ -136,7 +136,7 @@ def _readme_python(index):
 )
 def test_the_readme_script_runs_under_torchrun_and_exits(tmp_path, flags, processes):
     """Verbatim, without a teardown call: every process must exit 0 (no SIGABRT at exit, no
-    shard waiting out the 300 s timeout) well within the limit here."""
+    shard waiting out the 60 s timeout) well within the limit here."""
     script = tmp_path / "script.py"
     script.write_text(_readme_python(0))
     command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(processes),

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from paratrain.strategies.ps.modes import MODES, PULL_DTYPES, PSConfig, PSMode
+from paratrain.strategies.ps.modes import MODES, PULL_DTYPES, PSConfig, PSMode, survives_lost_worker
 from paratrain.strategies.ps.server import ShardServer
 
 
@@ -55,7 +55,7 @@ class ShardHost:
             self.store,
             rule_name=self.mode.strategy_name,
             heartbeat_timeout=self.heartbeat_timeout,
-            tolerate_loss=facts.survives_lost_worker,
+            tolerate_loss=survives_lost_worker(self.mode, self.config),
             wait_timeout=self.timeout,
             codec_factory=self.codec_factory,
             tags=self.tags,

@@ -72,6 +72,12 @@ class PSConfig:
     pull_compression: str = option(
         "none", "parameter server: parameters sent to workers in none (fp32), fp16 or bf16", choices=tuple(PULL_DTYPES)
     )
+    on_worker_lost: str = option(
+        "stop",
+        "ps-sync: stop (the run ends, or restarts with --max-restarts) or continue (later rounds take the "
+        "workers left; the short rounds are counted)",
+        choices=("stop", "continue"),
+    )
 
     def __post_init__(self) -> None:
         check_options(self)
@@ -92,7 +98,8 @@ class ModeFacts:
     make_rule: Callable[[PSConfig, int], Any]
     """``(config, num_workers) -> rule``: what the shards do with each gradient and pull."""
     survives_lost_worker: bool
-    """The run goes on without a lost worker (never the chief, which evaluates)."""
+    """The run goes on without a lost worker (never the chief, which evaluates); ps-sync
+    does with ``--on-worker-lost continue``."""
     whole_rounds: bool
     """Epochs hand out whole rounds of N batches: with plain SGD the run equals one process
     with the global batch. Otherwise workers take batches one at a time, as they come."""
@@ -113,12 +120,17 @@ def _async_rule(config: PSConfig, num_workers: int) -> AsyncRule:
 
 MODES: dict[PSMode, ModeFacts] = {
     PSMode.SYNC: ModeFacts(_sync_rule, survives_lost_worker=False, whole_rounds=True, one_update_per_gradient=False,
-                           options=()),
+                           options=("on_worker_lost",)),
     PSMode.BACKUP: ModeFacts(_sync_rule, survives_lost_worker=True, whole_rounds=False, one_update_per_gradient=False,
                              options=("backup_workers",)),
     PSMode.ASYNC: ModeFacts(_async_rule, survives_lost_worker=True, whole_rounds=False, one_update_per_gradient=True,
                             options=("staleness_bound", "stale_policy", "max_staleness", "warmup_steps")),
 }  # fmt: skip
+
+
+def survives_lost_worker(mode: PSMode, config: PSConfig) -> bool:
+    """Whether a run in ``mode`` goes on without a lost worker."""
+    return MODES[mode].survives_lost_worker or config.on_worker_lost == "continue"
 
 
 def check_mode_options(mode: PSMode, config: PSConfig) -> None:
@@ -139,6 +151,8 @@ class PSTopology(Topology):
     num_shards: int = 1
     num_backups: int = 0
     mode: PSMode = PSMode.SYNC
+    survives_loss: bool = False
+    """Workers other than the chief may be lost without ending the run."""
 
     @property
     def num_workers(self) -> int:
@@ -155,7 +169,7 @@ class PSTopology(Topology):
 
     @property
     def expendable_ranks(self) -> frozenset[int]:
-        if not MODES[self.mode].survives_lost_worker:
+        if not self.survives_loss:
             return frozenset()
         return frozenset(range(self.num_shards + 1, self.num_processes))
 

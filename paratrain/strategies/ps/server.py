@@ -116,6 +116,7 @@ class ShardServer:
         self.staleness: Counter[int] = Counter()
         self.dropped = self.dropped_samples = self.samples = 0
         self.skipped = 0  # updates skipped for a NaN or Inf gradient (--on-nan skip)
+        self.short_rounds = 0  # synchronous versions made of fewer gradients than a round
         self.bytes_sent = 0
         self.max_clock_gap = 0
         self.lock = threading.Lock()
@@ -237,6 +238,8 @@ class ShardServer:
     def _progress(self) -> None:
         """Publish a version if the held gradients make one; answer the pulls that may go."""
         if self._held and self.rule.ready({g.worker for g in self._held}, self):
+            # fewer than a round's gradients: workers were lost (or an epoch's end under backups)
+            self.short_rounds += len(self._held) < self.rule.required
             if all(g.finite for g in self._held):
                 total = sum(g.samples for g in self._held)
                 self.grad.copy_(self.held).div_(total)
@@ -342,7 +345,7 @@ class ShardServer:
         if not self.tolerate_loss:
             self.fatal = (
                 f"worker {worker} (rank {worker + self.num_shards}) was lost ({why}) at version "
-                f"{self.version}; {self.rule_name} needs every worker"
+                f"{self.version}; {self.rule_name} needs every worker (--on-worker-lost continue goes on without it)"
             )
             self.finished.set()
 
@@ -359,6 +362,7 @@ class ShardServer:
             "dropped_samples": self.dropped_samples,
             "samples": self.samples,
             "skipped": self.skipped,
+            "short_rounds": self.short_rounds,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -374,6 +378,7 @@ class ShardServer:
         self.staleness = Counter({int(k): int(v) for k, v in state["staleness"].items()})
         self.dropped, self.dropped_samples, self.samples = state["dropped"], state["dropped_samples"], state["samples"]
         self.skipped = int(state.get("skipped", 0))
+        self.short_rounds = int(state.get("short_rounds", 0))
 
     def position(self) -> dict[str, int]:
         """Where a resumed run goes on: the version, and the first epoch with batches left."""
@@ -392,6 +397,7 @@ class ShardServer:
             "dropped_gradients": self.dropped,
             "dropped_samples": self.dropped_samples,
             "skipped_updates": self.skipped,
+            "short_rounds": self.short_rounds,
             "staleness": {str(k): v for k, v in sorted(self.staleness.items())},
             "workers_lost": sorted(self.lost),
             "max_clock_gap": self.max_clock_gap,

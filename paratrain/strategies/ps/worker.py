@@ -38,7 +38,7 @@ from paratrain.comm.transport import cluster_from_env
 from paratrain.data.batch import num_examples
 from paratrain.data.sharding import ShardedBatches
 from paratrain.errors import ConfigError, WorkerLost
-from paratrain.strategies.base import LossFn, StepOutput, Strategy, resolve_device, staleness_summary
+from paratrain.strategies.base import DEFAULT_TIMEOUT_S, LossFn, StepOutput, Strategy, resolve_device, staleness_summary
 from paratrain.strategies.ps.batches import AssignedBatches
 from paratrain.strategies.ps.host import ShardHost
 from paratrain.strategies.ps.layout import (
@@ -67,7 +67,15 @@ from paratrain.strategies.ps.layout import (
     ShardLayout,
     encode_version,
 )
-from paratrain.strategies.ps.modes import MODES, PULL_DTYPES, PSConfig, PSMode, PSTopology, check_mode_options
+from paratrain.strategies.ps.modes import (
+    MODES,
+    PULL_DTYPES,
+    PSConfig,
+    PSMode,
+    PSTopology,
+    check_mode_options,
+    survives_lost_worker,
+)
 from paratrain.strategies.recipe import StepRecipe
 from paratrain.strategies.topology import Role
 from paratrain.timeline import COMM, span
@@ -84,6 +92,9 @@ class ParameterServerStrategy(Strategy):
     options = PSConfig
     takes_compression = True
     scales_loss = False  # the optimizer runs on the shards
+    # The shards hold the whole state and hand out batches by their index in the epoch's
+    # order: any number of workers goes on from a checkpoint (not another --ps-shards).
+    reshards = True
     _runs = 0
 
     def __init__(
@@ -97,10 +108,11 @@ class ParameterServerStrategy(Strategy):
         warmup_steps: int = 0,
         heartbeat_timeout: float = 10.0,
         device: str = "auto",
-        timeout: float = 300.0,
+        timeout: float = DEFAULT_TIMEOUT_S,
         compression: str = "none",
         codec_options: CodecConfig | None = None,
         pull_compression: str = "none",
+        on_worker_lost: str = "stop",
         workers: int | None = None,
     ):
         # `workers` counts the workers of a round; backup workers come on top of them.
@@ -116,6 +128,7 @@ class ParameterServerStrategy(Strategy):
             max_staleness=max_staleness,
             warmup_steps=warmup_steps,
             pull_compression=pull_compression,
+            on_worker_lost=on_worker_lost,
         )
         self.name = self.mode.strategy_name
         self.facts = MODES[self.mode]
@@ -152,6 +165,7 @@ class ParameterServerStrategy(Strategy):
             num_shards=config.ps.num_shards,
             num_backups=config.ps.backup_workers,
             mode=PSMode.of(config.strategy),
+            survives_loss=survives_lost_worker(PSMode.of(config.strategy), config.ps),
         )
 
     @classmethod
@@ -161,7 +175,7 @@ class ParameterServerStrategy(Strategy):
         if config.early_stopping:
             raise ConfigError(f"--early-stopping is not available with --strategy {config.strategy}")
         fail = config.faults.fail_at
-        if fail and fail[0] == 0 and MODES[mode].survives_lost_worker:
+        if fail and fail[0] == 0 and survives_lost_worker(mode, config.ps):
             raise ConfigError(
                 "--fail names worker 0, the chief (it evaluates and writes the metrics); name another worker"
             )
@@ -183,6 +197,7 @@ class ParameterServerStrategy(Strategy):
             compression=config.codec.compression,
             codec_options=config.codec,
             pull_compression=ps.pull_compression,
+            on_worker_lost=ps.on_worker_lost,
         )
 
     def planned_topology(self) -> PSTopology:
@@ -191,6 +206,7 @@ class ParameterServerStrategy(Strategy):
             num_shards=self.num_shards,
             num_backups=self.backup_workers,
             mode=self.mode,
+            survives_loss=survives_lost_worker(self.mode, self.config),
         )
 
     def __getstate__(self) -> dict[str, Any]:
@@ -228,6 +244,7 @@ class ParameterServerStrategy(Strategy):
             num_shards=self.num_shards,
             num_backups=self.backup_workers,
             mode=self.mode,
+            survives_loss=survives_lost_worker(self.mode, self.config),
         )
         if self.role is Role.WORKER:
             self.device = resolve_device(self.device_preference, cluster.local_rank)
@@ -567,6 +584,7 @@ class ParameterServerStrategy(Strategy):
             "dropped_gradients": first["dropped_gradients"],
             "dropped_samples": first["dropped_samples"],
             "skipped_updates": first["skipped_updates"],
+            "short_rounds": first["short_rounds"],
             "staleness": staleness_summary({int(k): v for k, v in first["staleness"].items()}),
             "workers_lost": lost,
             "bytes_per_shard": [s["bytes"] for s in self._server_stats],

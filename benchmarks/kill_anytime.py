@@ -1,0 +1,210 @@
+"""Kill drills at random moments: for each strategy, SIGKILL one process of a local run
+(any worker, shard, stage or the chief; the launcher itself too) at a random moment from
+launch to exit, and check that the run ends within --timeout in one of four ways:
+finishing, going on without the process, restarting from its checkpoint, or failing with
+one `paratrain:` line that names who died; and that no process of the run is left.
+
+    python benchmarks/kill_anytime.py [--drills 20] [--seed 0] [--strategies allreduce,ps-sync]
+
+Moments are drawn uniformly from 0 to 1.2x the run's undisturbed length (measured first),
+so group formation, checkpoint writes (every 10 steps) and the end of the run are all
+hit. The seed is printed; a drill is repeated with `--seed S --strategies X --drills N`.
+Writes benchmarks/results/kill_anytime.json and .md, and the table between the markers of
+docs/reliability.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+DOC = ROOT / "docs" / "reliability.md"
+BEGIN, END = "<!-- kill-anytime:begin -->", "<!-- kill-anytime:end -->"
+TIMEOUT_S = 20
+RUN = ["--epochs", "3", "--no-progress", "--log-every", "0", "--checkpoint-every", "10", "--max-restarts", "1",
+       "--timeout", str(TIMEOUT_S), "--heartbeat-timeout", "2"]  # fmt: skip
+STRATEGIES = {
+    "single": ["--strategy", "single"],
+    "allreduce": ["--strategy", "allreduce", "--workers", "2"],
+    "ps-sync": ["--strategy", "ps-sync", "--workers", "2"],
+    "ps-backup": ["--strategy", "ps-backup", "--workers", "2", "--backup-workers", "1"],
+    "ps-async": ["--strategy", "ps-async", "--workers", "2"],
+    "pipeline": ["--strategy", "pipeline", "--stages", "2"],
+    "local-sgd": ["--strategy", "local-sgd", "--workers", "2", "--sync-every", "4"],
+    "diloco": ["--strategy", "diloco", "--workers", "2", "--sync-every", "4"],
+    "fsdp": ["--strategy", "fsdp", "--workers", "2"],
+}
+
+
+def descendants(root: int) -> list[int]:
+    """Every live process under ``root`` (from /proc), oldest first."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            ppid = int(stat.rsplit(")", 1)[1].split()[1])
+            children.setdefault(ppid, []).append(int(entry.name))
+    found, todo = [], [root]
+    while todo:
+        for child in sorted(children.get(todo.pop(), [])):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def _is_helper(pid: int) -> bool:
+    """multiprocessing's resource tracker: not a process of the run."""
+    try:
+        return b"resource_tracker" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return True
+
+
+def start(flags: list[str], folder: Path) -> subprocess.Popen:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo", "PARATRAIN_THREADS_PER_WORKER": "1"}
+    command = [sys.executable, "-m", "paratrain", "train", *flags, *RUN, "--checkpoint-dir", str(folder / "ckpt"),
+               "--metrics-out", str(folder / "m.json")]  # fmt: skip
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+
+
+def undisturbed(flags: list[str]) -> float:
+    with tempfile.TemporaryDirectory() as tmp:
+        began = time.monotonic()
+        process = start(flags, Path(tmp))
+        _, err = process.communicate(timeout=600)
+        if process.returncode:
+            raise SystemExit(f"{flags}: the undisturbed run failed:\n{err[-2000:]}")
+        return time.monotonic() - began
+
+
+def drill(flags: list[str], moment: float, rng: random.Random, limit: float) -> dict:
+    """One run, one process killed at ``moment`` seconds: what happened."""
+    with tempfile.TemporaryDirectory() as tmp:
+        began = time.monotonic()
+        process = start(flags, Path(tmp))
+        victim = "nothing (the run had ended)"
+        while time.monotonic() - began < moment and process.poll() is None:
+            time.sleep(0.01)
+        if process.poll() is None:
+            tree = [pid for pid in descendants(process.pid) if not _is_helper(pid)]
+            targets = [process.pid, *tree]
+            pid = rng.choice(targets)
+            victim = "the launcher" if pid == process.pid else f"process {targets.index(pid)} of {len(tree)}"
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                victim += " (already gone)"
+            tree_at_kill = tree
+        else:
+            tree_at_kill = []
+        try:
+            _, err = process.communicate(timeout=limit)
+            hung = False
+        except subprocess.TimeoutExpired:
+            hung = True
+            for pid in [process.pid, *descendants(process.pid)]:
+                os.kill(pid, signal.SIGKILL)
+            _, err = process.communicate()
+        ended = time.monotonic() - began
+        time.sleep(1.0)  # the launcher's children get their parent-death signal
+        left = [pid for pid in tree_at_kill if Path(f"/proc/{pid}").exists() and not _is_zombie(pid)]
+        metrics = json.loads((Path(tmp) / "m.json").read_text()) if (Path(tmp) / "m.json").exists() else None
+    lines = [line for line in err.splitlines() if line.strip()]
+    last = lines[-1] if lines else ""
+    code = process.returncode
+    if hung:
+        outcome, ok = "HUNG", False
+    elif code == 0:
+        outcome = ("restarted" if metrics and metrics.get("restarts") else
+                   "went on without it" if metrics and metrics.get("workers_lost") else "finished")  # fmt: skip
+        ok = True
+    elif victim == "the launcher":
+        outcome, ok = "launcher killed", True
+    else:
+        outcome, ok = f"failed (exit {code})", last.startswith("paratrain:")
+    ok = ok and not left
+    return {"moment": round(moment, 2), "victim": victim, "exit": code, "outcome": outcome, "seconds": round(ended, 1),
+            "left": len(left), "last_line": last[:300], "ok": ok}  # fmt: skip
+
+
+def _is_zombie(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def run_drills(strategy: str, drills: int, seed: int, log=print, length: float | None = None) -> list[dict]:
+    """``drills`` kills in ``strategy``'s runs; ``length``: the undisturbed run's seconds
+    (measured when not given)."""
+    flags = STRATEGIES[strategy]
+    length = length or undisturbed(flags)
+    rng = random.Random(f"{seed}-{strategy}")
+    rows = []
+    for index in range(drills):
+        moment = rng.uniform(0, 1.2 * length)
+        row = {"strategy": strategy, "seed": seed, "drill": index,
+               **drill(flags, moment, rng, limit=length + TIMEOUT_S + 30)}  # fmt: skip
+        log(
+            f"{strategy:9} #{index:2} kill {row['victim']} at {row['moment']:5.2f} s: {row['outcome']} in "
+            f"{row['seconds']} s{'' if row['ok'] else '  <-- NOT OK'}  {row['last_line'][:120]}"
+        )
+        rows.append(row)
+    return rows
+
+
+def table(rows: list[dict]) -> list[str]:
+    lines = ["| strategy | drills | finished | went on | restarted | failed, named | launcher killed | not ok | longest s |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]  # fmt: skip
+    for strategy in dict.fromkeys(r["strategy"] for r in rows):
+        mine = [r for r in rows if r["strategy"] == strategy]
+
+        def count(prefix: str) -> int:
+            return sum(r["outcome"].startswith(prefix) and r["ok"] for r in mine)  # noqa: B023
+
+        lines.append(f"| {strategy} | {len(mine)} | {count('finished')} | {count('went on')} | {count('restarted')} "
+                     f"| {count('failed')} | {count('launcher')} | {sum(not r['ok'] for r in mine)} "
+                     f"| {max(r['seconds'] for r in mine):.0f} |")  # fmt: skip
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--drills", type=int, default=20)
+    parser.add_argument("--seed", type=int, default=None, help="default: a fresh one, printed")
+    parser.add_argument("--strategies", default=",".join(STRATEGIES))
+    parser.add_argument("--length", type=float, default=None, help="the run's seconds (default: measured)")
+    parser.add_argument("--out", default=str(RESULTS / "kill_anytime"))
+    args = parser.parse_args()
+    seed = args.seed if args.seed is not None else random.SystemRandom().randrange(10**6)
+    print(f"seed {seed}", flush=True)
+    rows = []
+    for strategy in args.strategies.split(","):
+        rows += run_drills(strategy, args.drills, seed, log=lambda line: print(line, flush=True), length=args.length)
+    lines = table(rows)
+    out = Path(args.out)
+    out.with_suffix(".json").write_text(json.dumps({"seed": seed, "timeout": TIMEOUT_S, "rows": rows}, indent=2) + "\n")
+    heading = [f"# Kill drills at random moments (seed {seed}, --timeout {TIMEOUT_S})", ""]
+    out.with_suffix(".md").write_text("\n".join(heading + lines) + "\n")
+    text = DOC.read_text()
+    if BEGIN in text and END in text:
+        head, rest = text.split(BEGIN)
+        DOC.write_text(head + BEGIN + "\n" + "\n".join(lines) + "\n" + END + rest.split(END, 1)[1])
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
