@@ -40,13 +40,13 @@ def run_entry(fn: Callable[..., Any], *args: Any) -> Any:
 def die_with_parent() -> None:
     """Linux: this process gets SIGKILL when the launcher dies (kill -9 included), so no
     process of a run outlives the launcher to train on, or wait, alone."""
-    parent = os.getppid()
+    launcher = int(os.environ.get("PARATRAIN_LAUNCHER_PID", os.getppid()))
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         return  # not Linux: the supervisor's own teardown is all there is
-    if os.getppid() != parent:  # the launcher died before the request took hold
+    if os.getppid() != launcher:  # the launcher died while this process was starting
         os.kill(os.getpid(), signal.SIGKILL)
 
 

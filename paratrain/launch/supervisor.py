@@ -110,6 +110,7 @@ def _attempt(
             "TORCHELASTIC_ERROR_FILE": str(folder / f"error-{rank}.json"),
             "TORCHELASTIC_RESTART_COUNT": str(restart),
             "PARATRAIN_PROGRESS": str(folder / "progress"),
+            "PARATRAIN_LAUNCHER_PID": str(os.getpid()),
         }
         process = context.Process(target=_run, args=(env, str(folder / f"result-{rank}.pkl"), fn, args), daemon=False)
         process.start()
