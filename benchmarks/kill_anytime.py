@@ -172,15 +172,15 @@ def run_drills(strategy: str, drills: int, seed: int, log=print, length: float |
 
 
 def table(rows: list[dict]) -> list[str]:
-    lines = ["| strategy | drills | finished | went on | restarted | failed, named | launcher killed | not ok | longest s |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]  # fmt: skip
+    lines = ["| strategy | seed | drills | finished | went on | restarted | failed, named | launcher killed | not ok "
+             "| longest s |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]  # fmt: skip
     for strategy in dict.fromkeys(r["strategy"] for r in rows):
         mine = [r for r in rows if r["strategy"] == strategy]
 
         def count(prefix: str) -> int:
             return sum(r["outcome"].startswith(prefix) and r["ok"] for r in mine)  # noqa: B023
 
-        lines.append(f"| {strategy} | {len(mine)} | {count('finished')} | {count('went on')} | {count('restarted')} "
+        lines.append(f"| {strategy} | {mine[0]['seed']} | {len(mine)} | {count('finished')} | {count('went on')} | {count('restarted')} "
                      f"| {count('failed')} | {count('launcher')} | {sum(not r['ok'] for r in mine)} "
                      f"| {max(r['seconds'] for r in mine):.0f} |")  # fmt: skip
     return lines
@@ -196,13 +196,19 @@ def main() -> None:
     args = parser.parse_args()
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(10**6)
     print(f"seed {seed}", flush=True)
+    strategies = args.strategies.split(",")
     rows = []
-    for strategy in args.strategies.split(","):
+    for strategy in strategies:
         rows += run_drills(strategy, args.drills, seed, log=lambda line: print(line, flush=True), length=args.length)
-    lines = table(rows)
     out = Path(args.out)
-    out.with_suffix(".json").write_text(json.dumps({"seed": seed, "timeout": TIMEOUT_S, "rows": rows}, indent=2) + "\n")
-    heading = [f"# Kill drills at random moments (seed {seed}, --timeout {TIMEOUT_S})", ""]
+    if out.with_suffix(".json").exists() and args.length is None:
+        # drills of other strategies recorded before stay: one table for every strategy
+        earlier = json.loads(out.with_suffix(".json").read_text())["rows"]
+        rows = [r for r in earlier if r["strategy"] not in strategies] + rows
+        rows.sort(key=lambda r: list(STRATEGIES).index(r["strategy"]))
+    lines = table(rows)
+    out.with_suffix(".json").write_text(json.dumps({"timeout": TIMEOUT_S, "rows": rows}, indent=2) + "\n")
+    heading = [f"# Kill drills at random moments (--timeout {TIMEOUT_S})", ""]
     out.with_suffix(".md").write_text("\n".join(heading + lines) + "\n")
     text = DOC.read_text()
     if BEGIN in text and END in text:

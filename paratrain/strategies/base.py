@@ -495,11 +495,16 @@ class Strategy:
         replicas (a mode that ``reshards``): what still holds with this run's replicas."""
         return state
 
-    def resume_position(self) -> dict[str, int] | None:
-        """Where the loop goes on (``global_step``, ``epoch``) after a resume, on a process whose
-        checkpoint state lives elsewhere (a parameter-server worker: the shards hold it); None
-        where the process's own part says it."""
+    def resume_position(self) -> dict[str, Any] | None:
+        """Where the loop goes on (``global_step``, ``epoch``, and the checkpoint ``folder``, None
+        for none) after a resume, on a process whose checkpoint state lives elsewhere (a
+        parameter-server worker: the shards hold it and chose the checkpoint); None where the
+        process's own part says it."""
         return None
+
+    def announce_resume(self, folder: str | None) -> None:
+        """On a process that serves: which checkpoint it resumed from (None: none), for the
+        processes whose state it holds (``resume_position``)."""
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("name") != self.name:

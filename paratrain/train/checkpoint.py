@@ -145,13 +145,25 @@ class Checkpoint(Callback):
         """Before serving: with ``resume``, load this shard's part of the newest complete
         checkpoint. The shard then saves its part every ``every_steps`` versions."""
         self._signature = self.signature()
-        folder = self.store.resume_from()[0] if self.resume else None
+        if not self.resume:
+            return
+        folder, corrupt = self.store.resume_from()
+        first = self.strategy.rank == 0  # shard 0 speaks for the shards
+        if first:
+            for line in corrupt:
+                console.print(f"paratrain: {line}")
         if folder is not None:
             manifest = CheckpointStore.read_manifest(folder)
             check_signature(folder, manifest, self._signature, self.strategy.reshards)
             self.strategy.load_state_dict(CheckpointStore.read_part(folder, self._part, manifest))
             self.restored_step = int(manifest["step"])
             self._last_saved = self.restored_step
+            if first:
+                for aside in self.store.clear_after(self.restored_step):
+                    console.print(f"paratrain: moved the corrupt checkpoint aside to {aside}")
+        elif first and self.store.root.is_dir() and any(self.store.root.iterdir()):
+            console.print(f"paratrain: no complete checkpoint in {self.store.root}; training from the start")
+        self.strategy.announce_resume(str(folder) if folder is not None else None)
 
     def on_version(self, version: int) -> None:
         """A shard published ``version`` (its state is that version's), or a worker received it."""
@@ -248,6 +260,9 @@ class Checkpoint(Callback):
 
     def restore(self) -> None:
         """Load the newest complete checkpoint into this process (nothing if there is none)."""
+        if self._part is None:  # a parameter-server worker: the shards chose the checkpoint
+            self._resume_elsewhere()
+            return
         folder, corrupt = self.store.resume_from()
         if self.strategy.is_chief:
             for line in corrupt:
@@ -285,14 +300,6 @@ class Checkpoint(Callback):
                         f"paratrain: {folder} was written by {saved_replicas} replicas, this run has {replicas}: "
                         f"the model is resharded and epoch {self.trainer.epoch + 1} goes on at batch {self.trainer.batch}"
                     )
-        else:  # the state is the servers' (parameter-server workers): they say where to go on
-            self._resume_elsewhere(folder)
-            saved_replicas = manifest.get("workers")
-            if self.strategy.is_chief and saved_replicas != self.strategy.describe()["workers"]:
-                console.print(
-                    f"paratrain: {folder} was written by a run with {saved_replicas} workers, this one has "
-                    f"{self.strategy.describe()['workers']}: the shards go on with the workers there are"
-                )
         self.restored_step = int(manifest["step"])
         self._last_saved = self.restored_step
         if self.strategy.is_chief:
@@ -300,11 +307,26 @@ class Checkpoint(Callback):
                 console.print(f"paratrain: moved the corrupt checkpoint aside to {aside}")
             console.print(f"paratrain: resumed from {folder} (step {self.restored_step})")
 
-    def _resume_elsewhere(self, folder: Path) -> None:
+    def _resume_elsewhere(self) -> None:
         """A process whose state another holds (a parameter-server worker: the shards) goes
-        on where the strategy says; its own state, if it keeps any, is in its file beside."""
+        on from the checkpoint they took, where they say; its own state, if it keeps any, is
+        in its file beside. Shards and workers never pick a checkpoint each: a slow worker
+        could find one the resumed shards have written since."""
         position = self.strategy.resume_position()
+        if position is None or position["folder"] is None:
+            return  # the shards start afresh
+        folder = Path(position["folder"])
+        manifest = CheckpointStore.read_manifest(folder)
         self.trainer.global_step, self.trainer.epoch = position["global_step"], position["epoch"]
+        self.restored_step = self._last_saved = int(manifest["step"])
+        saved_workers, workers = manifest.get("workers"), self.strategy.describe()["workers"]
+        if self.strategy.is_chief:
+            if saved_workers != workers:
+                console.print(
+                    f"paratrain: {folder} was written by a run with {saved_workers} workers, this one has "
+                    f"{workers}: the shards go on with the workers there are"
+                )
+            console.print(f"paratrain: resumed from {folder} (step {self.restored_step})")
         if not self._keeps_own_state:
             return
         state = CheckpointStore.read_extra(folder, self._beside_name, map_location="cpu")

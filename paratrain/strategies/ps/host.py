@@ -8,7 +8,6 @@ side is worker.py.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from typing import Any
 
@@ -76,8 +75,6 @@ class ShardHost:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.server.load_state_dict(state)
-        if self.shard == 0:  # where the workers go on: shard 0 hands out the batches
-            self.store.set("resume", json.dumps(self.server.position()))
 
     @property
     def version(self) -> int:

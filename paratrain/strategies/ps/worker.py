@@ -360,16 +360,31 @@ class ParameterServerStrategy(Strategy):
         else:
             self.codec.load_state_dict(state["codec"])
 
-    def resume_position(self) -> dict[str, int]:
-        """A worker goes on at the epoch and step shard 0 restored (its parameters came with
-        its first pull); the shards' state is the run's, so the epochs' logs start anew."""
-        self._store.wait(["resume"], timedelta(seconds=self.timeout))
+    def announce_resume(self, folder: str | None) -> None:
+        """On shard 0 of a resumed run: tell the workers which checkpoint the shards took
+        (None: none, they start afresh), so that every process goes on from the same one."""
+        if self.host is not None and self.host.shard == 0:
+            position = self.host.server.position() if folder is not None else {"version": 0, "epoch": 0}
+            self._store.set("resume", json.dumps({**position, "folder": folder}))
+
+    def resume_position(self) -> dict[str, Any]:
+        """A worker goes on from the checkpoint shard 0 took, at the epoch and step it
+        restored (its parameters come with its first pull); the shards' state is the run's,
+        so the epochs' logs start anew. ``folder`` is None when the shards started afresh."""
+        try:
+            self._store.wait(["resume"], timedelta(seconds=self.timeout))
+        except RuntimeError as error:  # the store's timeout (DistStoreError)
+            raise WorkerLost(
+                f"worker {self.rank}: ps shard 0 did not say which checkpoint the shards resumed from within "
+                f"--timeout {self.timeout:g} s ({str(error).splitlines()[0]})"
+            ) from None
         position = json.loads(self._store.get("resume"))
         per_worker = self.num_replicas if self.facts.one_update_per_gradient else 1
         return {
             "global_step": position["version"] // per_worker,
             "epoch": position["epoch"],
             "version": position["version"],
+            "folder": position["folder"],
         }
 
     def _codec_has_state(self) -> bool:
