@@ -113,7 +113,12 @@ def tf_run(name: str, data: str, strategy_name: str, epochs: int) -> dict:
         elif name == "cifar_cnn":
 
             def lrn(t):
-                return tf.nn.local_response_normalization(t, depth_radius=4, bias=1.0, alpha=0.001 / 9.0, beta=0.75)
+                # TensorFlow's CPU LRN kernel takes float32 (and half) only: under mixed_bfloat16
+                # the normalization runs in float32, as a user of that policy would write it
+                out = tf.nn.local_response_normalization(
+                    tf.cast(t, tf.float32), depth_radius=4, bias=1.0, alpha=0.001 / 9.0, beta=0.75
+                )
+                return tf.cast(out, t.dtype)
 
             model = tf.keras.Sequential(
                 [
