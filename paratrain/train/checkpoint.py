@@ -147,22 +147,14 @@ class Checkpoint(Callback):
         self._signature = self.signature()
         if not self.resume:
             return
-        folder, corrupt = self.store.resume_from()
-        first = self.strategy.rank == 0  # shard 0 speaks for the shards
-        if first:
-            for line in corrupt:
-                console.print(f"paratrain: {line}")
+        speaks = self.strategy.rank == 0  # shard 0 speaks for the shards
+        folder = self._choose(speaks)
         if folder is not None:
             manifest = CheckpointStore.read_manifest(folder)
             check_signature(folder, manifest, self._signature, self.strategy.reshards)
             self.strategy.load_state_dict(CheckpointStore.read_part(folder, self._part, manifest))
-            self.restored_step = int(manifest["step"])
-            self._last_saved = self.restored_step
-            if first:
-                for aside in self.store.clear_after(self.restored_step):
-                    console.print(f"paratrain: moved the corrupt checkpoint aside to {aside}")
-        elif first and self.store.root.is_dir() and any(self.store.root.iterdir()):
-            console.print(f"paratrain: no complete checkpoint in {self.store.root}; training from the start")
+            self.restored_step = self._last_saved = int(manifest["step"])
+            self._clear_after(speaks)
         self.strategy.announce_resume(str(folder) if folder is not None else None)
 
     def on_version(self, version: int) -> None:
@@ -263,22 +255,18 @@ class Checkpoint(Callback):
         if self._part is None:  # a parameter-server worker: the shards chose the checkpoint
             self._resume_elsewhere()
             return
-        folder, corrupt = self.store.resume_from()
-        if self.strategy.is_chief:
-            for line in corrupt:
-                console.print(f"paratrain: {line}")
+        speaks = self.strategy.is_chief
+        folder = self._choose(speaks)
         if folder is None:
-            if self.store.root.is_dir() and any(self.store.root.iterdir()) and self.strategy.is_chief:
-                console.print(f"paratrain: no complete checkpoint in {self.store.root}; training from the start")
             return
         manifest = CheckpointStore.read_manifest(folder)
         reshards = self.strategy.reshards
         check_signature(folder, manifest, self.signature(), reshards)
         part, model_part = self._part, self._model_part
-        if reshards and part is not None and part not in manifest["parts"]:  # a replica the saving run lacked
+        if reshards and part not in manifest["parts"]:  # a replica the saving run did not have
             part = model_part = "rank-0"
         device = self.strategy.device
-        own = CheckpointStore.read_part(folder, part, manifest, map_location=device) if part is not None else None
+        own = CheckpointStore.read_part(folder, part, manifest, map_location=device)
         if model_part is not None:
             held = (
                 own
@@ -286,26 +274,41 @@ class Checkpoint(Callback):
                 else CheckpointStore.read_part(folder, model_part, manifest, map_location=device)
             )
             self._load_model(folder, held, manifest)
-        if own is not None:
-            saved_replicas, replicas = manifest.get("workers"), self.strategy.num_replicas
-            strategy_state = own["strategy"]
-            if reshards:
-                strategy_state = self.strategy.reshard_state(strategy_state, int(saved_replicas))
-            self.strategy.load_state_dict(strategy_state)
-            self.trainer.load_state_dict(own["trainer"])
-            if reshards and saved_replicas != replicas:
-                self.trainer.carry_position(int(saved_replicas), replicas)
-                if self.strategy.is_chief:
-                    console.print(
-                        f"paratrain: {folder} was written by {saved_replicas} replicas, this run has {replicas}: "
-                        f"the model is resharded and epoch {self.trainer.epoch + 1} goes on at batch {self.trainer.batch}"
-                    )
-        self.restored_step = int(manifest["step"])
-        self._last_saved = self.restored_step
-        if self.strategy.is_chief:
+        saved_replicas, replicas = manifest.get("workers"), self.strategy.num_replicas
+        strategy_state = own["strategy"]
+        if reshards:
+            strategy_state = self.strategy.reshard_state(strategy_state, int(saved_replicas))
+        self.strategy.load_state_dict(strategy_state)
+        self.trainer.load_state_dict(own["trainer"])
+        if reshards and saved_replicas != replicas:
+            self.trainer.carry_position(int(saved_replicas), replicas)
+            if speaks:
+                console.print(
+                    f"paratrain: {folder} was written by {saved_replicas} replicas, this run has {replicas}: "
+                    f"the model is resharded and epoch {self.trainer.epoch + 1} goes on at batch {self.trainer.batch}"
+                )
+        self.restored_step = self._last_saved = int(manifest["step"])
+        self._clear_after(speaks)
+        if speaks:
+            console.print(f"paratrain: resumed from {folder} (step {self.restored_step})")
+
+    def _choose(self, speaks: bool) -> Path | None:
+        """The newest complete checkpoint (None: start afresh); the process that ``speaks``
+        for the run names the corrupt ones newer than it, or says none is complete."""
+        folder, corrupt = self.store.resume_from()
+        if speaks:
+            for line in corrupt:
+                console.print(f"paratrain: {line}")
+            if folder is None and self.store.root.is_dir() and any(self.store.root.iterdir()):
+                console.print(f"paratrain: no complete checkpoint in {self.store.root}; training from the start")
+        return folder
+
+    def _clear_after(self, speaks: bool) -> None:
+        """The process that ``speaks`` for the run moves corrupt checkpoints newer than the
+        restored one aside, before a save writes their steps again."""
+        if speaks:
             for aside in self.store.clear_after(self.restored_step):
                 console.print(f"paratrain: moved the corrupt checkpoint aside to {aside}")
-            console.print(f"paratrain: resumed from {folder} (step {self.restored_step})")
 
     def _resume_elsewhere(self) -> None:
         """A process whose state another holds (a parameter-server worker: the shards) goes

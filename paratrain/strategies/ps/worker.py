@@ -201,8 +201,11 @@ class ParameterServerStrategy(Strategy):
         )
 
     def planned_topology(self) -> PSTopology:
+        return self._topology((self.workers or 1) + self.backup_workers)
+
+    def _topology(self, num_workers: int) -> PSTopology:
         return PSTopology(
-            num_replicas=(self.workers or 1) + self.backup_workers,
+            num_replicas=num_workers,
             num_shards=self.num_shards,
             num_backups=self.backup_workers,
             mode=self.mode,
@@ -239,13 +242,7 @@ class ParameterServerStrategy(Strategy):
                 "`paratrain train --strategy ps-... --workers N`, or under torchrun / TF_CONFIG"
             )
         self.process_rank = cluster.rank
-        self.topology = PSTopology(
-            num_replicas=cluster.world_size - self.num_shards,
-            num_shards=self.num_shards,
-            num_backups=self.backup_workers,
-            mode=self.mode,
-            survives_loss=survives_lost_worker(self.mode, self.config),
-        )
+        self.topology = self._topology(cluster.world_size - self.num_shards)
         if self.role is Role.WORKER:
             self.device = resolve_device(self.device_preference, cluster.local_rank)
         # Parameter-server traffic is host memory over Gloo, on GPUs too.
