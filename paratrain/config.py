@@ -5,7 +5,7 @@ TrainConfig holds the run-level options and composes the sections each component
 ``codec`` (comm/codec_config.py), ``allreduce`` (strategies/allreduce.py), ``ps``
 (strategies/ps/modes.py), ``pipeline``
 (strategies/pipeline.py), ``averaging`` (strategies/averaging.py: local-sgd, diloco),
-``fsdp`` (strategies/fsdp.py) and ``faults`` (train/faults.py). Every option is one
+``fsdp`` (strategies/fsdp.py), ``ft`` (strategies/fault_tolerant.py) and ``faults`` (train/faults.py). Every option is one
 command-line flag (``batch_size`` <-> ``--batch-size``) and one key of a ``--config`` TOML
 file, whichever section it lives in: flags and keys are flat, as they always were. A
 section's options are refused with one line when the chosen strategy does not take them.
@@ -29,6 +29,7 @@ from paratrain.registry import DATASETS, MODELS, OPTIMIZERS, SCHEDULES, STRATEGI
 from paratrain.strategies.allreduce import AllReduceConfig
 from paratrain.strategies.averaging import AveragingConfig
 from paratrain.strategies.base import DEFAULT_TIMEOUT_S
+from paratrain.strategies.fault_tolerant import FTConfig
 from paratrain.strategies.fsdp import FSDPConfig
 from paratrain.strategies.pipeline import PipelineConfig
 from paratrain.strategies.ps.modes import PSConfig
@@ -50,6 +51,7 @@ SECTIONS: dict[str, type] = {
     "pipeline": PipelineConfig,
     "averaging": AveragingConfig,
     "fsdp": FSDPConfig,
+    "ft": FTConfig,
     "faults": FaultConfig,
 }
 
@@ -60,6 +62,7 @@ _TAKEN_BY = {
     PipelineConfig: "--strategy pipeline",
     AveragingConfig: "--strategy local-sgd and diloco",
     FSDPConfig: "--strategy fsdp",
+    FTConfig: "--strategy allreduce-ft",
 }
 
 
@@ -166,6 +169,7 @@ class TrainConfig:
     allreduce: AllReduceConfig = field(default_factory=AllReduceConfig)
     averaging: AveragingConfig = field(default_factory=AveragingConfig)
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)
+    ft: FTConfig = field(default_factory=FTConfig)
     faults: FaultConfig = field(default_factory=FaultConfig)
 
     def __init__(self, **options: Any):
@@ -209,7 +213,9 @@ class TrainConfig:
                 _check_writable(name, getattr(self, name))
         if self.checkpoint_dir is not None and Path(self.checkpoint_dir).expanduser().is_file():
             raise ConfigError(f"--checkpoint-dir {self.checkpoint_dir} is a file; give a folder")
-        if (self.resume or self.max_restarts) and self.checkpoint_dir is None:
+        # allreduce-ft's replacements take the live state from a peer, not from a checkpoint.
+        restarts_need_checkpoint = self.max_restarts and not getattr(self.topology, "replaces_lost", False)
+        if (self.resume or restarts_need_checkpoint) and self.checkpoint_dir is None:
             raise ConfigError(
                 f"{'--resume' if self.resume else '--max-restarts'} needs --checkpoint-dir (the folder to go on from)"
             )

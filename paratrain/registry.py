@@ -90,6 +90,7 @@ STRATEGIES = Registry(
     {
         "single": "paratrain.strategies.single:SingleDeviceStrategy",
         "allreduce": "paratrain.strategies.allreduce:AllReduceStrategy",
+        "allreduce-ft": "paratrain.strategies.fault_tolerant:FaultTolerantAllReduceStrategy",
         "ps-sync": "paratrain.strategies.ps:ParameterServerStrategy",
         "ps-backup": "paratrain.strategies.ps:ParameterServerStrategy",
         "ps-async": "paratrain.strategies.ps:ParameterServerStrategy",

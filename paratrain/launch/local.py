@@ -17,6 +17,7 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from paratrain.launch.replacing import supervise_replacing
 from paratrain.launch.supervisor import supervise
 
 if TYPE_CHECKING:
@@ -35,6 +36,8 @@ def launch(
     checkpoint_dir: str | None = None,
     topology: Topology | None = None,
     strategy: Strategy | None = None,
+    min_replicas: int = 1,
+    heartbeat_timeout: float = 2.0,
 ) -> list[Any]:
     """Run ``fn(*args)`` on ``num_processes`` local processes; their return values by rank.
 
@@ -53,10 +56,17 @@ def launch(
     resume from the newest checkpoint in ``checkpoint_dir``. ``rank_names`` name ranks in
     messages ("ps shard 0", "worker 1"). A ``topology`` gives the number of processes,
     the names and the expendable ranks at once.
+
+    A topology whose replicas are replaced alone (``allreduce-ft``) runs under
+    ``launch/replacing.py``: ``max_restarts`` replacements over the run, the others going on
+    while ``min_replicas`` are alive, a replica dropped after ``heartbeat_timeout`` seconds
+    of silence (a ``strategy`` gives its own).
     """
     if strategy is not None:
         topology = strategy.planned_topology()
         fn, args = _in_scope, (strategy, fn, *args)
+        min_replicas = getattr(strategy, "min_replicas", min_replicas)
+        heartbeat_timeout = getattr(strategy, "heartbeat_timeout", heartbeat_timeout)
     if topology is not None:
         num_processes = topology.num_processes
         expendable, rank_names = topology.expendable_ranks, topology.rank_names()
@@ -67,6 +77,8 @@ def launch(
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     names = rank_names or [f"worker {rank}" for rank in range(num_processes)]
+    if getattr(topology, "replaces_lost", False):
+        return supervise_replacing(fn, args, num_processes, names, max_restarts, min_replicas, heartbeat_timeout)
     return supervise(fn, args, num_processes, expendable, names, max_restarts, checkpoint_dir)
 
 
@@ -88,6 +100,14 @@ def run_locally(config: TrainConfig) -> dict[str, Any]:
     if topology.num_processes == 1 and not config.max_restarts:
         return job.run(config)
     results = launch(
-        job.run, config, topology=topology, max_restarts=config.max_restarts, checkpoint_dir=config.checkpoint_dir
+        job.run,
+        config,
+        topology=topology,
+        max_restarts=config.max_restarts,
+        checkpoint_dir=config.checkpoint_dir,
+        min_replicas=config.ft.min_replicas,
+        heartbeat_timeout=config.ft.replica_heartbeat_timeout,
     )
-    return results[topology.chief_rank]
+    # The chief's document: rank 0's, or (allreduce-ft) the replica that led the last quorum.
+    documents = [r for r in results if isinstance(r, dict) and "global_steps" in r]
+    return documents[0] if documents else results[topology.chief_rank]

@@ -112,7 +112,9 @@ def _attempt(
             "PARATRAIN_PROGRESS": str(folder / "progress"),
             "PARATRAIN_LAUNCHER_PID": str(os.getpid()),
         }
-        process = context.Process(target=_run, args=(env, str(folder / f"result-{rank}.pkl"), fn, args), daemon=False)
+        process = context.Process(
+            target=run_process, args=(env, str(folder / f"result-{rank}.pkl"), fn, args), daemon=False
+        )
         process.start()
         processes.append(process)
     lost: dict[int, tuple[int, float, str]] = {}
@@ -136,7 +138,7 @@ def _attempt(
                         )
                 break
             failed = {
-                rank: (p.exitcode, _failed_at(folder, rank, p.exitcode), _message(folder, rank, p.exitcode))
+                rank: (p.exitcode, failed_at(folder, rank, p.exitcode), failure_message(folder, rank, p.exitcode))
                 for rank, p in enumerate(processes)
                 if p.exitcode not in (None, 0) and rank not in lost
             }
@@ -157,7 +159,7 @@ def _attempt(
                     file=sys.stderr,
                     flush=True,
                 )
-        return [_result(folder, rank) for rank in range(num_processes)]
+        return [read_result(folder, rank) for rank in range(num_processes)]
     finally:
         for process in processes:
             if process.exitcode is None:
@@ -168,7 +170,7 @@ def _attempt(
                 process.kill()
 
 
-def _run(env: dict[str, str], result_path: str, fn: Callable[..., Any], args: tuple) -> None:
+def run_process(env: dict[str, str], result_path: str, fn: Callable[..., Any], args: tuple) -> None:
     os.environ.update(env)
     result = run_entry(fn, *args)
     with open(result_path, "wb") as handle:
@@ -179,7 +181,7 @@ def _run(env: dict[str, str], result_path: str, fn: Callable[..., Any], args: tu
     exit_now(0)
 
 
-def _result(folder: Path, rank: int) -> Any:
+def read_result(folder: Path, rank: int | str) -> Any:
     path = folder / f"result-{rank}.pkl"
     if not path.exists():
         return None
@@ -187,7 +189,7 @@ def _result(folder: Path, rank: int) -> Any:
         return pickle.load(handle)
 
 
-def _failed_at(folder: Path, rank: int, code: int) -> float:
+def failed_at(folder: Path, rank: int | str, code: int) -> float:
     path = folder / f"error-{rank}.json"
     if path.exists():
         return float(json.loads(path.read_text())["message"]["extraInfo"].get("paratrain_time", time.time()))
@@ -195,7 +197,7 @@ def _failed_at(folder: Path, rank: int, code: int) -> float:
     return 0.0 if code == -signal.SIGKILL else time.time()
 
 
-def _message(folder: Path, rank: int, code: int) -> str:
+def failure_message(folder: Path, rank: int | str, code: int) -> str:
     path = folder / f"error-{rank}.json"
     if path.exists():
         message = json.loads(path.read_text())["message"]

@@ -430,6 +430,11 @@ class Strategy:
         for group in optimizer.param_groups:
             group["lr"] = lr
 
+    def begin_fit(self, trainer: Any) -> None:
+        """Called by ``Trainer.fit`` once its callbacks began (and a checkpoint may have set
+        the loop's position): a mode whose replicas join a running job takes the live
+        position here (``trainer.load_state_dict``)."""
+
     def refresh(self, model: nn.Module) -> None:
         """Bring this replica's parameters up to date before evaluating (parameter servers pull)."""
 

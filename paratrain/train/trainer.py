@@ -195,6 +195,8 @@ class Trainer:
         start = time.perf_counter()
         # A callback may restore a checkpoint here: the loop goes on from the position it set.
         hooks.on_train_begin({"epochs": epochs, "steps_per_epoch": len(batches), "global_batch": global_batch})
+        # A replica joining a running job (allreduce-ft) takes the live position here.
+        strategy.begin_fit(self)
         if not self._resumed:
             self.history, self._window, self._epoch_sums, self.batch = History(keys=keys), StepWindow(), [0.0, 0.0], 0
             self._window.first_step = self.global_step + 1

@@ -1,0 +1,475 @@
+"""``allreduce-ft``: synchronous data parallelism that keeps training through a lost replica.
+
+Each replica is its own process and its own replica group of torchft (``torchft.Manager``):
+before every step the replicas alive form a quorum through a Lighthouse, and the step's
+gradient is summed over that quorum only. A replica killed at any moment is dropped (at
+once when it dies inside the all-reduce, after ``--replica-heartbeat-timeout`` otherwise)
+and the survivors go on at the next step; none of them restarts. A replacement (local
+``--max-restarts``, or a new ``torchrun`` node) rejoins at its first quorum by fetching
+the model, the optimizer and the loop's position from a live peer over HTTP
+(``comm/live_state.py``): no checkpoint is read.
+
+The global batch does not change when replicas are lost: every replica reads the whole
+global batch of the step (``batch_size x workers`` examples, the same as ``allreduce``)
+and, once the quorum is known, computes the gradient of its own part of it, the
+``p``-th of ``P`` near-equal slices for participant ``p`` of ``P``. Each part's gradient is
+weighted by its share of the global batch before the sum, so every committed step is
+exactly one step of the global batch's mean loss whoever took part: with ``P`` replicas
+left, each computes ``N/P`` times its usual share. A step that did not commit (a peer
+died during it) is done again with the same batch, so no example is lost or seen twice,
+and the learning-rate schedule follows committed steps.
+
+Why torchft and not c10d alone: the per-step quorum (who is alive, agreed by all), the
+heal (who is behind, who sends it the state) and the reconfiguration of the gradient
+group after each membership change are what torchft's Lighthouse and Manager do and
+are tested for; paratrain adds what they leave to the user (global-batch semantics,
+a reduction that never raises out of ``backward()``, safe loading of a peer's state,
+the launcher that replaces only the dead). See docs/reliability.md.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+from collections import Counter
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import nn
+
+from paratrain.data.batch import map_tensors, num_examples
+from paratrain.data.sharding import ShardedBatches
+from paratrain.errors import ConfigError, WorkerLost
+from paratrain.options import check_options, option
+from paratrain.strategies.base import DEFAULT_TIMEOUT_S, LossFn, StepOutput, Strategy, resolve_device
+from paratrain.strategies.topology import Topology
+from paratrain.timeline import span
+from paratrain.train.faults import restart_count
+
+if TYPE_CHECKING:
+    from paratrain.comm.transport import ClusterEnv
+    from paratrain.config import TrainConfig
+    from paratrain.train.trainer import Trainer
+
+INSTALL_HINT = "pip install 'paratrain[ft]' (torchft: Linux x86_64, Python 3.10-3.13)"
+
+
+@dataclass
+class FTConfig:
+    """Options of ``allreduce-ft``."""
+
+    lighthouse: str | None = option(
+        None,
+        "allreduce-ft: the Lighthouse's address (http://HOST:PORT, from torchft_lighthouse) for runs across "
+        "machines; a local run starts its own",
+    )
+    min_replicas: int = option(1, "allreduce-ft: fewest replicas a step may commit with; below it the run waits")
+    replica_heartbeat_timeout: float = option(
+        2.0, "allreduce-ft: seconds without a heartbeat before the Lighthouse drops a replica (a local run's own)"
+    )
+
+    def __post_init__(self) -> None:
+        check_options(self)
+        if self.min_replicas < 1:
+            raise ConfigError(f"--min-replicas must be >= 1, got {self.min_replicas}")
+        if not self.replica_heartbeat_timeout > 0:
+            raise ConfigError(f"--replica-heartbeat-timeout must be > 0, got {self.replica_heartbeat_timeout}")
+        if self.lighthouse is not None and not self.lighthouse.startswith(("http://", "https://")):
+            raise ConfigError(f"--lighthouse must be an address like http://HOST:29510, got {self.lighthouse!r}")
+
+
+@dataclass(frozen=True)
+class ReplicaGroups(Topology):
+    """``num_replicas`` replicas, one process each, each its own group: none is needed by
+    the others, and a lost one is replaced alone (``launch/replacing.py``)."""
+
+    replaces_lost = True
+
+    @property
+    def expendable_ranks(self) -> frozenset[int]:
+        return frozenset(range(self.num_replicas))
+
+    def check_cluster(self, cluster: ClusterEnv, strategy: str) -> None:
+        """Under torchrun, each replica is its own job of one process (``--nproc-per-node 1``)."""
+        if cluster.world_size != 1:
+            raise ConfigError(
+                f"--strategy {strategy} runs one torchrun job per replica (--nnodes 1 --nproc-per-node 1, "
+                f"REPLICA_GROUP_ID set, --lighthouse given), got a job of {cluster.world_size} processes"
+            )
+
+
+def torchft_modules() -> Any:
+    """``torchft``, imported quietly (its Rust side logs every quorum at INFO); ConfigError
+    when it is not installed."""
+    os.environ.setdefault("RUST_LOG", "warn")
+    os.environ.setdefault("TOKIO_WORKER_THREADS", "1")
+    try:
+        import torchft
+    except ImportError:
+        raise ConfigError(f"--strategy allreduce-ft needs torchft: {INSTALL_HINT}") from None
+    # One warning per reconfiguration on builds without NCCL's flight recorder.
+    logging.getLogger("torchft.manager").setLevel(logging.ERROR)
+    return torchft
+
+
+def replica_slot() -> int:
+    """This process's replica: ``REPLICA_GROUP_ID`` (torchft's name, set by the launcher or by
+    the user for each torchrun job)."""
+    text = os.environ.get("REPLICA_GROUP_ID", "0")
+    if not text.isdigit():
+        raise ConfigError(f"REPLICA_GROUP_ID must be a replica index 0, 1, ..., got {text!r}")
+    return int(text)
+
+
+class FaultTolerantAllReduceStrategy(Strategy):
+    name = "allreduce-ft"
+    options = FTConfig
+    # fp16's scaler skips steps on its own; replicas must agree on every commit.
+    scales_loss = False
+
+    def __init__(
+        self,
+        device: str = "auto",
+        timeout: float = DEFAULT_TIMEOUT_S,
+        workers: int | None = None,
+        lighthouse: str | None = None,
+        min_replicas: int = 1,
+        heartbeat_timeout: float = 2.0,
+    ):
+        super().__init__(device=device, timeout=timeout, workers=workers)
+        self.lighthouse = lighthouse
+        self.min_replicas = min_replicas
+        self.heartbeat_timeout = heartbeat_timeout
+        """Seconds of silence before a local launch's Lighthouse drops a replica."""
+        self.manager: Any = None
+        self.incarnation = 0
+        self.trainer: Trainer | None = None
+        self._quorum_ready = False  # begin_fit formed the quorum of the first step already
+        self._joined_state: dict[str, Any] | None = None
+        self._last_loss = 0.0
+        self._grad_bytes = 0
+        self._participants: Counter[int] = Counter()  # P -> steps committed with P replicas
+        self._spans: list[list[int]] = []  # [first step, last step, P], run-length
+        self.uncommitted_steps = 0
+        self.behind_heals = 0
+        self.quorums = 0
+        self.recoveries: list[dict[str, Any]] = []
+
+    @classmethod
+    def topology_of(cls, num_replicas: int) -> Topology:
+        return ReplicaGroups(num_replicas=num_replicas)
+
+    @classmethod
+    def check_config(cls, config: TrainConfig) -> None:
+        if config.checkpoint_dir is not None:
+            raise ConfigError(
+                "--strategy allreduce-ft recovers from live peers, not checkpoints: drop --checkpoint-dir "
+                "(or use --strategy allreduce, which restarts the run from its checkpoints)"
+            )
+        if config.ft.min_replicas > config.workers:
+            raise ConfigError(
+                f"--min-replicas {config.ft.min_replicas} is more than --workers {config.workers}: no step could commit"
+            )
+
+    @classmethod
+    def from_config(cls, config: TrainConfig) -> FaultTolerantAllReduceStrategy:
+        return cls(
+            device=config.device,
+            timeout=config.timeout,
+            workers=config.workers,
+            lighthouse=config.ft.lighthouse,
+            min_replicas=config.ft.min_replicas,
+            heartbeat_timeout=config.ft.replica_heartbeat_timeout,
+        )
+
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), "fault_tolerance": "per-step", "min_replicas": self.min_replicas}
+
+    # ----- process -----------------------------------------------------------------------
+    def setup(self) -> None:
+        """One replica: no process group to join (the Manager forms one per quorum)."""
+        if not self._ready:
+            torchft_modules()
+            self.device = resolve_device(self.device_preference)
+            self.incarnation = restart_count()
+            replicas = self.workers or int(os.environ.get("NUM_REPLICA_GROUPS", "1"))
+            self.topology = self.topology_of(replicas)
+            self.process_rank = replica_slot()
+            if self.process_rank >= replicas:
+                raise ConfigError(f"REPLICA_GROUP_ID {self.process_rank}: the run has replicas 0..{replicas - 1}")
+        super().setup()
+
+    @property
+    def is_chief(self) -> bool:
+        """The first replica of the current quorum (the lowest alive), else replica 0."""
+        if self.manager is None or self.manager.participating_rank() is None:
+            return self.process_rank == 0
+        return self.manager.participating_rank() == 0
+
+    def teardown(self) -> None:
+        if self.manager is not None:
+            with contextlib.suppress(Exception):
+                self.manager.shutdown(wait=False)
+            self.manager = None
+        super().teardown()
+
+    def prepare(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, recipe: Any = None
+    ) -> tuple[nn.Module, torch.optim.Optimizer]:
+        model, optimizer = super().prepare(model, optimizer, recipe)
+        self._grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+        return model, optimizer
+
+    def begin_fit(self, trainer: Trainer) -> None:
+        """Join the run: the Manager starts (last, so that the Lighthouse never waits on a
+        replica still building its model), then the first quorum; a replacement takes the
+        live state from a peer there and the loop goes on from the peer's position."""
+        self.trainer = trainer
+        if self.manager is None:
+            self.manager = self._start_manager()
+            _wait_for_all_first_replicas(self.incarnation, self.num_replicas, self.timeout)
+        self._quorum()
+        self._quorum_ready = True
+        if self._joined_state is not None:
+            state, self._joined_state = self._joined_state, None
+            trainer.load_state_dict(state)
+        elif self.incarnation > 0 and self.manager.num_participants() < 2 and self.num_replicas > 1:
+            raise WorkerLost(
+                f"worker {self.process_rank}'s replacement found no live replica to take the state from "
+                "(the others are gone or done)"
+            )
+
+    def _start_manager(self) -> Any:
+        torchft = torchft_modules()
+        from torch.distributed import TCPStore
+
+        from paratrain.comm.live_state import LiveStateTransport
+
+        host = os.environ.get("PARATRAIN_REPLICA_HOST", "127.0.0.1")
+        wait = timedelta(seconds=self.timeout)
+        # The replica's own store: the gradient group of a quorum meets in its first member's.
+        self._store = TCPStore(host, 0, is_master=True, wait_for_workers=False, timeout=wait)
+        lighthouse = self.lighthouse or os.environ.get("TORCHFT_LIGHTHOUSE")
+        if not lighthouse:
+            raise ConfigError("--strategy allreduce-ft under torchrun needs --lighthouse http://HOST:PORT")
+        return torchft.Manager(
+            pg=torchft.ProcessGroupGloo(timeout=wait),
+            load_state_dict=self._load_live_state,
+            state_dict=self._live_state,
+            min_replica_size=self.min_replicas,
+            use_async_quorum=False,  # the quorum (and a heal) completes before the step's forward
+            timeout=wait,
+            quorum_timeout=wait,
+            connect_timeout=wait,
+            rank=0,
+            world_size=1,
+            store_addr=host,
+            store_port=self._store.port,
+            lighthouse_addr=lighthouse,
+            replica_id=f"replica_{self.process_rank}",
+            hostname=host,
+            checkpoint_transport=LiveStateTransport(wait, host),
+            init_sync=False,  # every replica builds the same initial model from --seed
+            max_retries=max(3, self.num_replicas * 2),  # then a replica that cannot commit leaves
+        )
+
+    def _quorum(self) -> None:
+        """The quorum of the next step: who takes part, and a heal if this replica is behind."""
+        started = time.perf_counter()
+        step = self.manager.current_step()
+        with span("quorum"):
+            try:
+                self.manager.start_quorum()
+            except TimeoutError:
+                raise WorkerLost(
+                    f"worker {self.process_rank}: no quorum of --min-replicas {self.min_replicas} formed "
+                    f"within --timeout {self.timeout:g} s (the Lighthouse or the other replicas are gone)"
+                ) from None
+        self.quorums += 1
+        if self.manager.current_step() > step:  # healed: took a peer's state
+            self.recoveries.append(
+                {
+                    "worker": self.process_rank,
+                    "incarnation": self.incarnation,
+                    "from_step": step,
+                    "to_step": self.manager.current_step(),
+                    "seconds": time.perf_counter() - started,
+                }
+            )
+
+    # ----- live state (what a joining replica takes from a peer) ---------------------------
+    def _live_state(self) -> dict[str, Any]:
+        """Served to a joiner during a quorum, while this replica's loop waits in it: the
+        step being started is the joiner's first, so the loop's position is one batch back."""
+        trainer = self.trainer
+        assert trainer is not None, "a replica serves state only once it trains"
+        position = trainer.state_dict()
+        position["batch"] = max(trainer.batch - 1, 0)
+        return {
+            "model": trainer.module.state_dict(),
+            "optimizer": trainer.optimizer.state_dict(),
+            "trainer": position,
+            "strategy": {**self.state_dict(), "last_loss": self._last_loss},
+        }
+
+    def _load_live_state(self, state: dict[str, Any]) -> None:
+        trainer = self.trainer
+        assert trainer is not None
+        trainer.module.load_state_dict(state["model"])
+        trainer.optimizer.load_state_dict(state["optimizer"])
+        own = state["strategy"]
+        self._last_loss = float(own["last_loss"])
+        self.skipped_updates = int(own["skipped_updates"])
+        self._joined_state = state["trainer"]
+
+    # ----- data and step -----------------------------------------------------------------
+    def distribute(
+        self, dataset: object, batch_size: int, *, shuffle: bool = True, drop_last: bool = True, seed: int = 0
+    ) -> ShardedBatches:
+        """Every replica reads whole global batches (``batch_size`` per replica times the
+        run's replicas): its part is chosen once the step's quorum is known."""
+        self.setup()
+        return ShardedBatches(
+            dataset,
+            batch_size * self.num_replicas,
+            num_replicas=1,
+            rank=0,
+            shuffle=shuffle,
+            drop_last=drop_last,
+            seed=seed,
+            device=self.device,
+        )
+
+    def train_step(
+        self,
+        model: nn.Module,
+        loss_fn: LossFn,
+        optimizer: torch.optim.Optimizer,
+        inputs: Any,
+        targets: Any,
+    ) -> StepOutput:
+        """One committed step of the global batch ``(inputs, targets)``: done again until the
+        quorum commits it, or taken from a peer that committed it while this replica could not."""
+        step = self.manager.current_step() + 1
+        while True:
+            if not self._quorum_ready:
+                self._quorum()
+            self._quorum_ready = False
+            done = self.manager.current_step()
+            if done >= step:
+                if done > step:  # cannot happen with a synchronous quorum; never train on a wrong position
+                    raise WorkerLost(f"worker {self.process_rank} fell {done - step + 1} steps behind its peers")
+                self.behind_heals += 1
+                self._joined_state = None  # the loop's position is this replica's own
+                self._steps += 1
+                self._count_step(step, self.manager.num_participants())
+                return StepOutput(torch.tensor(self._last_loss, device=self.device), None)
+            loss, outputs = self._gradient(model, loss_fn, optimizer, inputs, targets)
+            self.steps_taken += 1
+            if self.recipe.clip_grad_norm:
+                self.clip_gradients(model)
+            skip = self.skip_nonfinite(model, loss, lambda: self.gradients_finite(optimizer))
+            if self.manager.should_commit():
+                if not skip:
+                    with span("optimizer"):
+                        optimizer.step()
+                self._last_loss = float(loss)
+                self._steps += 1
+                self._count_step(step, self.manager.num_participants())
+                return StepOutput(loss, outputs, skipped=skip)
+            self.uncommitted_steps += 1
+
+    def _gradient(
+        self, model: nn.Module, loss_fn: LossFn, optimizer: torch.optim.Optimizer, inputs: Any, targets: Any
+    ) -> tuple[torch.Tensor, Any]:
+        """This participant's part of the global batch: its gradient, weighted by the part's
+        share, summed over the quorum in one flat all-reduce (with the loss) that never
+        raises: a peer lost during it makes the step uncommitted instead."""
+        optimizer.zero_grad(set_to_none=True)
+        total = num_examples(targets)
+        parts, part = self.manager.num_participants(), self.manager.participating_rank()
+        lo, hi = part * total // parts, (part + 1) * total // parts
+        piece = slice(lo, hi)
+        x, y = map_tensors(inputs, lambda t: t[piece]), map_tensors(targets, lambda t: t[piece])
+        loss, outputs = self.recipe.forward_backward(model, loss_fn, x, y, self.device)
+        params = [p for p in self.unwrap(model).parameters() if p.requires_grad]
+        flat = torch.cat(
+            [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params]
+            + [loss.detach().reshape(1).to(params[0].dtype)]
+        )
+        flat.mul_((hi - lo) / total)
+        with span("allreduce"):
+            work = self.manager.allreduce(flat, reduce_op=_sum_op())
+            work.wait()
+        offset = 0
+        for p in params:
+            n = p.numel()
+            if p.grad is None:
+                p.grad = torch.empty_like(p)
+            p.grad.copy_(flat[offset : offset + n].view_as(p))
+            offset += n
+        return flat[-1].detach().clone(), outputs
+
+    def _count_step(self, step: int, participants: int) -> None:
+        self._participants[participants] += 1
+        if self._spans and self._spans[-1][2] == participants and self._spans[-1][1] == step - 1:
+            self._spans[-1][1] = step
+        else:
+            self._spans.append([step, step, participants])
+
+    # ----- accounting ----------------------------------------------------------------------
+    def step_counters(self) -> dict[str, float]:
+        return {"bytes_sent": self._grad_bytes * self._steps, "wait_seconds": self.wait_seconds, "staleness": 0}
+
+    def stats(self) -> dict[str, Any]:
+        """This replica's view of the run: every committed step's participants (the same on
+        every replica that took part), the steps that had to be done again, and the heals."""
+        from paratrain.strategies.base import staleness_summary
+
+        steps = sum(self._participants.values())
+        return {
+            "bytes_sent": self._grad_bytes * sum(p * c for p, c in self._participants.items()),
+            "dropped_gradients": 0,
+            "staleness": staleness_summary({0: steps}),
+            "participants": {
+                "min": min(self._participants, default=0),
+                "max": max(self._participants, default=0),
+                "histogram": {str(p): c for p, c in sorted(self._participants.items())},
+                "per_step": [list(span) for span in self._spans],
+            },
+            "uncommitted_steps": self.uncommitted_steps,
+            "quorums": self.quorums,
+            "recoveries": list(self.recoveries),
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "participants": {str(p): c for p, c in self._participants.items()}}
+
+
+def _sum_op() -> Any:
+    from torch.distributed import ReduceOp
+
+    return ReduceOp.SUM
+
+
+def _wait_for_all_first_replicas(incarnation: int, replicas: int, timeout: float) -> None:
+    """A local launch's first replicas wait for each other's Managers before their first
+    quorum, so that it holds them all (not whichever replica imported torch first, the
+    others then taking its state); a replacement joins whatever quorum there is."""
+    address = os.environ.get("PARATRAIN_FT_STORE")
+    if incarnation > 0 or not address:
+        return
+    from torch.distributed import TCPStore
+
+    host, _, port = address.rpartition(":")
+    store = TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=timeout))
+    store.add("ready", 1)
+    deadline = time.monotonic() + timeout
+    while int(store.add("ready", 0)) < replicas:
+        if time.monotonic() > deadline:
+            raise WorkerLost(f"the {replicas} replicas did not all start within --timeout {timeout:g} s")
+        time.sleep(0.02)
