@@ -16,6 +16,7 @@ from paratrain.strategies.allreduce import AllReduceStrategy
 from paratrain.strategies.averaging import DiLoCoStrategy, LocalSGDStrategy
 from paratrain.strategies.base import StepOutput, Strategy, current_strategy
 from paratrain.strategies.factory import make_strategy, strategy_from_flags
+from paratrain.strategies.fault_tolerant import FaultTolerantAllReduceStrategy
 from paratrain.strategies.fsdp import FSDPStrategy
 from paratrain.strategies.ps import ParameterServerStrategy
 from paratrain.strategies.recipe import StepRecipe
@@ -51,6 +52,7 @@ __all__ = [
     "EarlyStopping",
     "ExponentialDecay",
     "FSDPStrategy",
+    "FaultTolerantAllReduceStrategy",
     "History",
     "LearningRateScheduler",
     "LinearScalingWarmup",

@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sys
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -237,7 +238,20 @@ class FaultTolerantAllReduceStrategy(Strategy):
         if self._joined_state is not None:
             state, self._joined_state = self._joined_state, None
             trainer.load_state_dict(state)
+            heal = self.recoveries[-1]
+            print(
+                f"paratrain: worker {self.process_rank} joined the run at step {heal['to_step']} with a live "
+                f"peer's state ({heal['seconds']:.2f} s from its first quorum)",
+                file=sys.stderr,
+                flush=True,
+            )
+        elif self.manager.errored() is not None:
+            raise WorkerLost(
+                f"worker {self.process_rank} could not take the live state from a peer: "
+                f"{str(self.manager.errored().original_exception).splitlines()[0]}"
+            )
         elif self.incarnation > 0 and self.manager.num_participants() < 2 and self.num_replicas > 1:
+            # Alone at step 0, a replacement would train the run again from the start.
             raise WorkerLost(
                 f"worker {self.process_rank}'s replacement found no live replica to take the state from "
                 "(the others are gone or done)"
@@ -391,9 +405,7 @@ class FaultTolerantAllReduceStrategy(Strategy):
         raises: a peer lost during it makes the step uncommitted instead."""
         optimizer.zero_grad(set_to_none=True)
         total = num_examples(targets)
-        parts, part = self.manager.num_participants(), self.manager.participating_rank()
-        lo, hi = part * total // parts, (part + 1) * total // parts
-        piece = slice(lo, hi)
+        piece = part_of(total, self.manager.participating_rank(), self.manager.num_participants())
         x, y = map_tensors(inputs, lambda t: t[piece]), map_tensors(targets, lambda t: t[piece])
         loss, outputs = self.recipe.forward_backward(model, loss_fn, x, y, self.device)
         params = [p for p in self.unwrap(model).parameters() if p.requires_grad]
@@ -401,7 +413,7 @@ class FaultTolerantAllReduceStrategy(Strategy):
             [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params]
             + [loss.detach().reshape(1).to(params[0].dtype)]
         )
-        flat.mul_((hi - lo) / total)
+        flat.mul_((piece.stop - piece.start) / total)
         with span("allreduce"):
             work = self.manager.allreduce(flat, reduce_op=_sum_op())
             work.wait()
@@ -450,6 +462,12 @@ class FaultTolerantAllReduceStrategy(Strategy):
         return {**super().state_dict(), "participants": {str(p): c for p, c in self._participants.items()}}
 
 
+def part_of(total: int, part: int, parts: int) -> slice:
+    """Participant ``part``'s examples of a global batch of ``total`` among ``parts``:
+    consecutive, sizes within one of each other, every example in exactly one part."""
+    return slice(part * total // parts, (part + 1) * total // parts)
+
+
 def _sum_op() -> Any:
     from torch.distributed import ReduceOp
 
@@ -461,13 +479,15 @@ def _wait_for_all_first_replicas(incarnation: int, replicas: int, timeout: float
     quorum, so that it holds them all (not whichever replica imported torch first, the
     others then taking its state); a replacement joins whatever quorum there is."""
     address = os.environ.get("PARATRAIN_FT_STORE")
-    if incarnation > 0 or not address:
+    if not address:
         return
     from torch.distributed import TCPStore
 
     host, _, port = address.rpartition(":")
     store = TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=timeout))
-    store.add("ready", 1)
+    store.add("ready", 1)  # a replacement counts for the replica it replaces, lost before it got here
+    if incarnation > 0:
+        return
     deadline = time.monotonic() + timeout
     while int(store.add("ready", 0)) < replicas:
         if time.monotonic() > deadline:
