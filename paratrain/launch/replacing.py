@@ -117,7 +117,9 @@ def supervise_replacing(
                     raise first_failure(failure, names)
                 lost.add(slot)
                 if not finished:
-                    print(f"{what}; the run goes on with {alive} replica{'s' * (alive != 1)}", file=sys.stderr, flush=True)
+                    print(
+                        f"{what}; the run goes on with {alive} replica{'s' * (alive != 1)}", file=sys.stderr, flush=True
+                    )
         if not finished:
             raise first_failure({s: (processes[s].exitcode, 0.0, "lost") for s in lost}, names)
         return [read_result(folder, f"{slot}-{incarnation[slot]}") for slot in range(num_replicas)]
