@@ -45,6 +45,8 @@ STRATEGIES = {
     "local-sgd": ["--strategy", "local-sgd", "--workers", "2", "--sync-every", "4"],
     "diloco": ["--strategy", "diloco", "--workers", "2", "--sync-every", "4"],
     "fsdp": ["--strategy", "fsdp", "--workers", "2"],
+    # recovers from live peers: no checkpoints (--max-restarts: replacements)
+    "allreduce-ft": ["--strategy", "allreduce-ft", "--workers", "2", "--replica-heartbeat-timeout", "2"],
 }
 
 
@@ -77,7 +79,8 @@ def _is_helper(pid: int) -> bool:
 
 def start(flags: list[str], folder: Path) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo", "PARATRAIN_THREADS_PER_WORKER": "1"}
-    command = [sys.executable, "-m", "paratrain", "train", *flags, *RUN, "--checkpoint-dir", str(folder / "ckpt"),
+    checkpoints = [] if "allreduce-ft" in flags else ["--checkpoint-dir", str(folder / "ckpt")]
+    command = [sys.executable, "-m", "paratrain", "train", *flags, *RUN, *checkpoints,
                "--metrics-out", str(folder / "m.json")]  # fmt: skip
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
@@ -132,8 +135,9 @@ def drill(flags: list[str], moment: float, rng: random.Random, limit: float) -> 
     if hung:
         outcome, ok = "HUNG", False
     elif code == 0:
-        outcome = ("restarted" if metrics and metrics.get("restarts") else
-                   "went on without it" if metrics and metrics.get("workers_lost") else "finished")  # fmt: skip
+        outcome = ("went on without it" if metrics and (metrics.get("workers_lost") or _dropped(metrics)) else
+                   "restarted" if metrics and metrics.get("restarts") and "fault_tolerance" not in metrics else
+                   "finished")  # fmt: skip
         ok = True
     elif victim == "the launcher":
         # its processes die with it (at once, or as soon as a starting one checks)
@@ -143,6 +147,13 @@ def drill(flags: list[str], moment: float, rng: random.Random, limit: float) -> 
     ok = ok and not left
     return {"moment": round(moment, 2), "victim": victim, "exit": code, "outcome": outcome, "seconds": round(ended, 1),
             "left": len(left), "last_line": last[:300], "ok": ok}  # fmt: skip
+
+
+def _dropped(metrics: dict) -> bool:
+    """allreduce-ft: some steps committed with fewer replicas than the run's (a replica was
+    lost, and maybe replaced live)."""
+    participants = metrics.get("participants") or {}
+    return bool(participants) and participants["min"] < metrics["workers"]
 
 
 def _is_zombie(pid: int) -> bool:

@@ -5,6 +5,7 @@
 | ``ConfigError``  | 2         | bad input: a flag, config file, data file, checkpoint |
 | ``DivergedError``| 3         | the loss became NaN or infinite                      |
 | ``WorkerFailed`` | the worker's | a process of a multi-process run failed           |
+| ``ReplicaLeft``  | 0         | an allreduce-ft replica left the run it asked to leave |
 
 Anything else is a bug or an environment failure and exits with 1.
 """
@@ -37,6 +38,13 @@ class DivergedError(ParatrainError, ArithmeticError):
 
 class WorkerLost(ParatrainError):
     """A worker that the run cannot do without stopped answering."""
+
+
+class ReplicaLeft(ParatrainError):
+    """An ``allreduce-ft`` replica asked to leave (SIGTERM) finished its step and left; the
+    others go on. Not a failure: the process exits 0 with this line."""
+
+    exit_code = 0
 
 
 class WorkerFailed(ParatrainError):

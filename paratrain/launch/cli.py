@@ -11,7 +11,7 @@ import sys
 from collections.abc import Callable
 from typing import Any, NoReturn
 
-from paratrain.errors import DivergedError, ParatrainError, WorkerFailed
+from paratrain.errors import DivergedError, ParatrainError, ReplicaLeft, WorkerFailed
 
 EPILOG = (
     "--batch-size is per replica: the global batch is batch-size x workers. "
@@ -179,7 +179,7 @@ def train_command(args: argparse.Namespace) -> int:
     if cluster is not None:  # joined a cluster started elsewhere: this process is one rank of it
         topology.check_cluster(cluster, config.strategy)
         metrics = job.run(config)
-        is_chief = cluster.rank == topology.chief_rank
+        is_chief = "global_steps" in metrics  # the process that wrote the run's document
     else:
         if topology.num_processes > 1 or config.max_restarts:
             preflight(config)
@@ -232,7 +232,7 @@ def report_errors(fn: Callable[..., Any], *args: Any, prog: str = "paratrain") -
         detail = str(error) if error.exit_code == 1 else error.message
         print(f"{prog}: {prefix}{detail}", file=sys.stderr)
         return error.exit_code
-    except DivergedError as error:
+    except (DivergedError, ReplicaLeft) as error:
         print(f"{prog}: {error}", file=sys.stderr)
         return error.exit_code
     except ParatrainError as error:

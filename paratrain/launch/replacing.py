@@ -5,6 +5,7 @@ alone while the others keep training.
 - A replica that exits 0 is done; once one is done, training is over and no replacement
   is started (it would find nobody to take the state from).
 - Bad input or a diverged model (exit 2 or 3) ends the run as everywhere else.
+- A replica asked to leave (SIGTERM) finishes its step, says so, and is not replaced.
 - Any other loss (a signal, an error): one line names the replica and the step it had
   reached; with restarts left (``--max-restarts``, counted over the run) a replacement
   starts in its place (``TORCHELASTIC_RESTART_COUNT`` = its incarnation) and takes the
@@ -92,10 +93,14 @@ def supervise_replacing(
                 if slot in finished or slot in lost or process.exitcode is None:
                     continue
                 code = process.exitcode
+                tag = f"{slot}-{incarnation[slot]}"
+                if code == 0 and (folder / f"error-{tag}.json").exists():  # left when asked (SIGTERM)
+                    print(f"paratrain: {failure_message(folder, tag, code)}", file=sys.stderr, flush=True)
+                    lost.add(slot)
+                    continue
                 if code == 0:
                     finished.add(slot)
                     continue
-                tag = f"{slot}-{incarnation[slot]}"
                 failure = {slot: (code, failed_at(folder, tag, code), failure_message(folder, tag, code))}
                 if code in (2, 3):
                     raise first_failure(failure, names)
@@ -125,8 +130,8 @@ def supervise_replacing(
         return [read_result(folder, f"{slot}-{incarnation[slot]}") for slot in range(num_replicas)]
     finally:
         for process in processes:
-            if process.exitcode is None:
-                process.terminate()
+            if process.exitcode is None:  # SIGTERM would only ask it to leave after its step
+                process.kill()
         for process in processes:
             process.join(timeout=10)
             if process.exitcode is None:

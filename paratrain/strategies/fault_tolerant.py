@@ -32,7 +32,9 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import signal
 import sys
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -44,7 +46,7 @@ from torch import nn
 
 from paratrain.data.batch import map_tensors, num_examples
 from paratrain.data.sharding import ShardedBatches
-from paratrain.errors import ConfigError, WorkerLost
+from paratrain.errors import ConfigError, ReplicaLeft, WorkerLost
 from paratrain.options import check_options, option
 from paratrain.strategies.base import DEFAULT_TIMEOUT_S, LossFn, StepOutput, Strategy, resolve_device
 from paratrain.strategies.topology import Topology
@@ -149,6 +151,7 @@ class FaultTolerantAllReduceStrategy(Strategy):
         self.manager: Any = None
         self.incarnation = 0
         self.trainer: Trainer | None = None
+        self._leaving = False  # SIGTERM came: leave after the step
         self._quorum_ready = False  # begin_fit formed the quorum of the first step already
         self._joined_state: dict[str, Any] | None = None
         self._last_loss = 0.0
@@ -199,9 +202,9 @@ class FaultTolerantAllReduceStrategy(Strategy):
             self.incarnation = restart_count()
             replicas = self.workers or int(os.environ.get("NUM_REPLICA_GROUPS", "1"))
             self.topology = self.topology_of(replicas)
+            # A replica beyond --workers joins a running job: the global batch stays
+            # batch_size x workers, split over more replicas.
             self.process_rank = replica_slot()
-            if self.process_rank >= replicas:
-                raise ConfigError(f"REPLICA_GROUP_ID {self.process_rank}: the run has replicas 0..{replicas - 1}")
         super().setup()
 
     @property
@@ -230,6 +233,8 @@ class FaultTolerantAllReduceStrategy(Strategy):
         replica still building its model), then the first quorum; a replacement takes the
         live state from a peer there and the loop goes on from the peer's position."""
         self.trainer = trainer
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._asked_to_leave)
         if self.manager is None:
             self.manager = self._start_manager()
             _wait_for_all_first_replicas(self.incarnation, self.num_replicas, self.timeout)
@@ -256,6 +261,21 @@ class FaultTolerantAllReduceStrategy(Strategy):
                 f"worker {self.process_rank}'s replacement found no live replica to take the state from "
                 "(the others are gone or done)"
             )
+
+    def _asked_to_leave(self, signum: int, frame: Any) -> None:
+        """SIGTERM (a scale-down, a preemption notice): leave once the current step is
+        committed; a second SIGTERM ends the process at once."""
+        if self._leaving:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+        self._leaving = True
+
+    def _leave(self, step: int) -> None:
+        if self.manager is not None:
+            with contextlib.suppress(Exception):
+                self.manager.shutdown(wait=False)
+            self.manager = None
+        raise ReplicaLeft(f"worker {self.process_rank} left the run after step {step} (SIGTERM); the others go on")
 
     def _start_manager(self) -> Any:
         torchft = torchft_modules()
@@ -369,6 +389,8 @@ class FaultTolerantAllReduceStrategy(Strategy):
         """One committed step of the global batch ``(inputs, targets)``: done again until the
         quorum commits it, or taken from a peer that committed it while this replica could not."""
         step = self.manager.current_step() + 1
+        if self._leaving:  # asked between steps
+            self._leave(step - 1)
         while True:
             if not self._quorum_ready:
                 self._quorum()
@@ -394,6 +416,8 @@ class FaultTolerantAllReduceStrategy(Strategy):
                 self._last_loss = float(loss)
                 self._steps += 1
                 self._count_step(step, self.manager.num_participants())
+                if self._leaving:
+                    self._leave(step)
                 return StepOutput(loss, outputs, skipped=skip)
             self.uncommitted_steps += 1
 

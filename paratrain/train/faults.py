@@ -1,7 +1,7 @@
-"""Fault injection for drills and tests, in every strategy: ``--fail``, ``--hang`` and ``--straggler``;
+"""Fault injection for drills and tests, in every strategy: ``--fail``, ``--hang``, ``--terminate`` and ``--straggler``;
 ``--fail ps:SHARD@VERSION`` for a parameter-server shard.
 
-Both are callbacks keyed by the worker index (``strategy.rank``, 0..workers-1), so the
+They are callbacks keyed by the worker index (``strategy.rank``, 0..workers-1), so the
 same flags mean the same thing under allreduce and under a parameter server. A failure
 is injected in the first attempt of a run only: a run restarted by ``--max-restarts``
 goes through that step again and must get past it.
@@ -38,13 +38,18 @@ class FaultConfig:
     hang: str | None = option(
         None, "fault injection: WORKER@STEP makes that worker stop answering at that step (for --timeout drills)"
     )
+    terminate: str | None = option(
+        None,
+        "fault injection: WORKER@STEP sends that worker's process SIGTERM after that step (allreduce-ft: it "
+        "leaves the run; elsewhere it ends like any lost process)",
+    )
     straggler: str | None = option(None, "fault injection: WORKER:FACTOR makes that worker's steps FACTOR times slower")
 
     def __post_init__(self) -> None:
         parsed = self.fail_at or self.fail_shard_at  # each parses (and checks) its text
         if parsed is not None and parsed[1] < 1:
             raise ConfigError(f"--fail {self.fail}: the step or version must be >= 1")
-        _ = self.hang_at  # parsed for its errors
+        _ = self.hang_at, self.terminate_at  # parsed for their errors
         if self.straggler_factor and self.straggler_factor[1] < 1:
             raise ConfigError(f"--straggler factor must be >= 1, got {self.straggler_factor[1]}")
 
@@ -67,6 +72,10 @@ class FaultConfig:
         return _parse("hang", self.hang, "@", int, "WORKER@STEP, e.g. 1@40")
 
     @property
+    def terminate_at(self) -> tuple[int, int] | None:
+        return _parse("terminate", self.terminate, "@", int, "WORKER@STEP, e.g. 2@40")
+
+    @property
     def straggler_factor(self) -> tuple[int, float] | None:
         return _parse("straggler", self.straggler, ":", float, "WORKER:FACTOR, e.g. 2:3.0")
 
@@ -76,6 +85,7 @@ class FaultConfig:
         for name, parsed in (
             ("--fail", self.fail_at),
             ("--hang", self.hang_at),
+            ("--terminate", self.terminate_at),
             ("--straggler", self.straggler_factor),
         ):
             if parsed and parsed[0] >= workers:
@@ -125,6 +135,18 @@ class FailAt(Callback):
     def on_batch_end(self, step: int, logs: dict[str, Any]) -> None:
         if step == self.step and self.trainer.strategy.rank == self.worker and restart_count() == 0:
             _die(f"worker {self.worker}: injected failure at step {step}")
+
+
+class TerminateAt(Callback):
+    """Worker ``worker``'s process gets SIGTERM at the end of step ``step`` (as from a
+    scheduler scaling the job down, or a preemption notice)."""
+
+    def __init__(self, worker: int, step: int):
+        self.worker, self.step = worker, step
+
+    def on_batch_end(self, step: int, logs: dict[str, Any]) -> None:
+        if step == self.step and self.trainer.strategy.rank == self.worker and restart_count() == 0:
+            os.kill(os.getpid(), signal.SIGTERM)
 
 
 class ShardFailAt(Callback):
@@ -180,6 +202,8 @@ def fault_callbacks(config: Any, global_rank: int = 0) -> list[Callback]:
         callbacks.append(ShardFailAt(*faults.fail_shard_at))
     if faults.hang_at:
         callbacks.append(HangAt(*faults.hang_at))
+    if faults.terminate_at:
+        callbacks.append(TerminateAt(*faults.terminate_at))
     if faults.straggler_factor:
         callbacks.append(Straggler(*faults.straggler_factor))
     return callbacks

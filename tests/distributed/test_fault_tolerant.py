@@ -3,9 +3,15 @@ at the next step without restarting, a replacement takes the live state from it,
 run is the single-process run of the same global batch all along."""
 
 import json
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
+
+from paratrain.comm.transport import free_port
 
 pytest.importorskip("torchft")
 
@@ -85,4 +91,61 @@ def test_without_restarts_the_survivor_finishes_alone(cli, tmp_path, reference):
     metrics, stderr = _train(cli, tmp_path, "alone", "--strategy", "allreduce-ft", "--workers", "2", "--fail", "1@40")
     assert "paratrain: worker 1 was lost (killed by SIGKILL) after step 40; the run goes on with 1 replica" in stderr
     assert metrics["participants"]["per_step"] == [[1, 40, 2], [41, reference["global_steps"], 1]]
+    _same_run(metrics, reference)
+
+
+def test_a_replica_asked_to_leave_finishes_its_step_and_the_others_go_on(cli, tmp_path):
+    metrics, stderr = _train(
+        cli, tmp_path, "left", "--strategy", "allreduce-ft", "--workers", "3", "--terminate", "2@40"
+    )
+    assert "paratrain: worker 2 left the run after step 40 (SIGTERM); the others go on" in stderr
+    assert "was lost" not in stderr and "replacement" not in stderr
+    steps = metrics["global_steps"]
+    assert metrics["participants"]["per_step"] == [[1, 40, 3], [41, steps, 2]]
+    assert metrics["uncommitted_steps"] == 0
+    single = cli("train", *RUN[:2], "--batch-size", "24", *RUN[4:], "--metrics-out", str(tmp_path / "s.json"))
+    assert single.returncode == 0, single.stderr[-2000:]
+    _same_run(metrics, json.loads((tmp_path / "s.json").read_text()))
+
+
+def test_a_replica_added_to_a_running_torchrun_job_takes_the_live_state(tmp_path, reference):
+    """The multi-machine recipe on one machine: the user's Lighthouse, one torchrun job per
+    replica, and a third replica started while the two others train."""
+    port = free_port()
+    lighthouse = subprocess.Popen(
+        [str(Path(sys.executable).parent / "torchft_lighthouse"), "--min_replicas", "1", "--quorum_tick_ms", "50",
+         "--join_timeout_ms", "1000", "--heartbeat_timeout_ms", "2000", "--bind", f"127.0.0.1:{port}"],
+        env={**os.environ, "RUST_LOG": "warn"},
+    )  # fmt: skip
+    out = tmp_path / "m.json"
+
+    def job(replica, *extra):
+        command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "1",
+                   "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", "-m", "paratrain", "train",
+                   "--strategy", "allreduce-ft", "--workers", "2", "--lighthouse", f"http://127.0.0.1:{port}",
+                   *RUN, "--metrics-out", str(out), *extra]  # fmt: skip
+        env = {**os.environ, "REPLICA_GROUP_ID": str(replica)}
+        return subprocess.Popen(command, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+
+    # Replica 1's steps take twice as long (the others wait for it): time for a third to
+    # start. Replica 0 prints the step log; the third starts once the job is past step 40.
+    jobs = [job(0, "--progress", "--log-every", "20"), job(1, "--straggler", "1:2")]
+    try:
+        seen = []
+        for line in jobs[0].stdout:
+            seen.append(line)
+            if line.startswith("step ") and int(line.split()[1].rstrip(",")) >= 40:
+                break
+        jobs.append(job(2))
+        results = [j.communicate(timeout=180) for j in jobs]
+    finally:
+        lighthouse.kill()
+        for j in jobs:
+            j.kill()
+    for j, (_, err) in zip(jobs, results, strict=True):
+        assert j.returncode == 0, err[-3000:]
+    assert re.search(r"paratrain: worker 2 joined the run at step \d+ with a live peer.s state", results[2][1]), results
+    metrics = json.loads(out.read_text())
+    counts = [span[2] for span in metrics["participants"]["per_step"]]
+    assert counts[-1] == 3 and set(counts) <= {1, 2, 3}
     _same_run(metrics, reference)
