@@ -222,7 +222,7 @@ def main() -> None:
     heading = [f"# Kill drills at random moments (--timeout {TIMEOUT_S})", ""]
     out.with_suffix(".md").write_text("\n".join(heading + lines) + "\n")
     text = DOC.read_text()
-    if BEGIN in text and END in text:
+    if BEGIN in text and END in text and Path(args.out) == RESULTS / "kill_anytime":  # the recorded table only
         head, rest = text.split(BEGIN)
         DOC.write_text(head + BEGIN + "\n" + "\n".join(lines) + "\n" + END + rest.split(END, 1)[1])
     print("\n".join(lines))

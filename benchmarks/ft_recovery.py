@@ -1,0 +1,187 @@
+"""Recovery from a lost replica: allreduce-ft (the survivors go on, a replacement takes
+the live state) against allreduce with a whole-run restart from its last checkpoint.
+
+    python benchmarks/ft_recovery.py [--repeats 3] [--models mlp,cifar_cnn]
+
+Recovery: 2 replicas, worker 1 killed (SIGKILL, `--fail 1@K`) once. Every step's log line
+(`--log-every 1`) is timed as it arrives, and so is the killed process's last line, so:
+- `first step after`: seconds from the kill to the next step of the run (allreduce-ft: the
+  survivor's; allreduce: the restarted run's first, from its checkpoint);
+- `back at step K+1`: seconds from the kill until the run's step count passes K again
+  (lost progress: the restart redoes the steps since its checkpoint);
+- `replacement in`: allreduce-ft only, seconds from the kill to the first step the
+  replacement takes part in.
+
+Throughput kept: a run of 3x the epochs killed from outside every `--every` seconds (a
+random replica process, `--kills` times, wherever it is: in a step, in the all-reduce, in
+a checkpoint write, starting), against the same run undisturbed: undisturbed seconds
+divided by disturbed seconds, whole commands.
+
+The mlp trains on digits, cifar_cnn on digits at 3x32x32 (`benchmarks/digits32.py`).
+Writes benchmarks/results/ft_recovery.json and .md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cluster_common import RESULTS, record  # noqa: E402
+from kill_anytime import _is_helper, descendants  # noqa: E402
+
+MODELS = {
+    # model flags, epochs, kill step, checkpoint every (the restart's baseline)
+    "mlp": (["--model", "mlp"], 40, 130, 50),
+    "cifar_cnn": (["--model", "cifar_cnn", "--dataset", "benchmarks.digits32:load", "--optimizer", "adam",
+                   "--lr", "0.001"], 4, 30, 20),
+}  # fmt: skip
+STRATEGIES = {
+    "allreduce-ft": ["--strategy", "allreduce-ft", "--workers", "2"],
+    "allreduce (restart)": ["--strategy", "allreduce", "--workers", "2"],
+}
+STEP = re.compile(r"^step (\d+),")
+
+
+def train(
+    model: str, strategy: str, extra: list[str], folder: Path, kill_every: float = 0, kills: int = 0, longer: int = 1
+) -> dict:
+    """One run (``longer`` times the model's epochs); its step lines and stderr lines with
+    their arrival times, its metrics."""
+    flags, epochs, _, every = MODELS[model]
+    epochs *= longer
+    checkpoints = (
+        []
+        if strategy == "allreduce-ft"
+        else ["--checkpoint-dir", str(folder / "ckpt"), "--checkpoint-every", str(every)]
+    )
+    command = [sys.executable, "-m", "paratrain", "train", *STRATEGIES[strategy], *flags, "--epochs", str(epochs),
+               "--log-every", "1", "--progress", "--metrics-out", str(folder / "m.json"), *checkpoints, *extra]  # fmt: skip
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "PARATRAIN_THREADS_PER_WORKER": "1"}
+    began = time.monotonic()
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    steps: list[tuple[float, int]] = []
+    errors: list[tuple[float, str]] = []
+
+    def read_errors() -> None:
+        for line in process.stderr:
+            errors.append((time.monotonic() - began, line.rstrip()))
+
+    reader = threading.Thread(target=read_errors, daemon=True)
+    reader.start()
+    killer = None
+    if kills:
+        killer = threading.Thread(target=_kill_repeatedly, args=(process, kill_every, kills), daemon=True)
+        killer.start()
+    for line in process.stdout:
+        match = STEP.match(line)
+        if match:
+            steps.append((time.monotonic() - began, int(match.group(1))))
+    process.wait()
+    reader.join()
+    seconds = time.monotonic() - began
+    if process.returncode:
+        raise SystemExit(f"{' '.join(command)} failed:\n" + "\n".join(line for _, line in errors[-30:]))
+    metrics = json.loads((folder / "m.json").read_text())
+    return {"steps": steps, "errors": errors, "metrics": metrics, "seconds": seconds}
+
+
+def _kill_repeatedly(process: subprocess.Popen, every: float, kills: int) -> None:
+    rng = random.Random(0)
+    for _ in range(kills):
+        time.sleep(every)
+        replicas = [pid for pid in descendants(process.pid) if not _is_helper(pid)]
+        if process.poll() is not None or not replicas:
+            return
+        try:
+            os.kill(rng.choice(replicas), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def recovery(model: str, strategy: str) -> dict:
+    _, _, kill_step, _ = MODELS[model]
+    with tempfile.TemporaryDirectory() as tmp:
+        run = train(model, strategy, ["--fail", f"1@{kill_step}", "--max-restarts", "1"], Path(tmp))
+    killed = next(t for t, line in run["errors"] if "injected failure" in line)
+    # Lines of the last steps before the kill may arrive just after its line (two pipes).
+    after = [(t, s) for t, s in run["steps"] if t > killed and not kill_step - 2 <= s <= kill_step]
+    result = {
+        "first_step_after": after[0][0] - killed,
+        "back_past_kill": next(t for t, s in after if s > kill_step) - killed,
+    }
+    spans = run["metrics"].get("participants", {}).get("per_step", [])
+    if len(spans) >= 3:  # 2 -> 1 -> 2: the replacement's first step
+        rejoined = spans[2][0]
+        result["replacement_in"] = next(t for t, s in after if s >= rejoined) - killed
+    return result
+
+
+def throughput_kept(model: str, strategy: str, every: float, kills: int) -> dict:
+    with tempfile.TemporaryDirectory() as tmp:
+        calm = train(model, strategy, [], Path(tmp), longer=3)
+    with tempfile.TemporaryDirectory() as tmp:
+        hit = train(model, strategy, ["--max-restarts", str(kills)], Path(tmp), kill_every=every, kills=kills, longer=3)
+    return {
+        "undisturbed_seconds": calm["seconds"],
+        "disturbed_seconds": hit["seconds"],
+        "kept": calm["seconds"] / hit["seconds"],
+        "losses_reported": sum("was lost" in line or "restarting the run" in line for _, line in hit["errors"]),
+        "test_accuracy": hit["metrics"]["test_accuracy"],
+        "undisturbed_test_accuracy": calm["metrics"]["test_accuracy"],
+    }
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--every", type=float, default=6.0, help="seconds between kills (throughput kept)")
+    parser.add_argument("--kills", type=int, default=4)
+    parser.add_argument("--out", default=str(RESULTS / "ft_recovery"))
+    args = parser.parse_args()
+    rows, lines = [], []
+    lines += ["# Recovery from a lost replica (2 replicas, SIGKILL of worker 1 at step K)", "",
+              "| model | strategy | kill at step | first step after (s) | back past step K (s) | replacement in (s) |",
+              "| --- | --- | ---: | ---: | ---: | ---: |"]  # fmt: skip
+    for model in args.models.split(","):
+        for strategy in STRATEGIES:
+            runs = [recovery(model, strategy) for _ in range(args.repeats)]
+            median = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
+            rows.append({"kind": "recovery", "model": model, "strategy": strategy, "runs": runs, "median": median})
+            rejoin = f"{median['replacement_in']:.2f}" if "replacement_in" in median else "-"
+            lines.append(f"| {model} | {strategy} | {MODELS[model][2]} | {median['first_step_after']:.2f} "
+                         f"| {median['back_past_kill']:.2f} | {rejoin} |")  # fmt: skip
+            print(lines[-1], flush=True)
+    lines += ["", f"Medians of {args.repeats} runs. The restart's checkpoints: every {MODELS['mlp'][3]} steps (mlp), "
+              f"{MODELS['cifar_cnn'][3]} (cifar_cnn).", "",
+              f"# Throughput kept: a random replica process killed every {args.every:g} s, {args.kills} times", "",
+              "| model | strategy | undisturbed s | disturbed s | kept | losses | test accuracy (undisturbed) |",
+              "| --- | --- | ---: | ---: | ---: | ---: | --- |"]  # fmt: skip
+    for model in args.models.split(","):
+        for strategy in STRATEGIES:
+            kept = throughput_kept(model, strategy, args.every, args.kills)
+            rows.append({"kind": "throughput", "model": model, "strategy": strategy, **kept})
+            lines.append(f"| {model} | {strategy} | {kept['undisturbed_seconds']:.1f} | {kept['disturbed_seconds']:.1f} "
+                         f"| {kept['kept']:.0%} | {kept['losses_reported']} "
+                         f"| {kept['test_accuracy']:.3f} ({kept['undisturbed_test_accuracy']:.3f}) |")  # fmt: skip
+            print(lines[-1], flush=True)
+    record(Path(args.out), {"rows": rows, "every": args.every, "kills": args.kills}, lines)
+
+
+if __name__ == "__main__":
+    main()
