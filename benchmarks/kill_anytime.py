@@ -46,7 +46,7 @@ STRATEGIES = {
     "diloco": ["--strategy", "diloco", "--workers", "2", "--sync-every", "4"],
     "fsdp": ["--strategy", "fsdp", "--workers", "2"],
     # recovers from live peers: no checkpoints (--max-restarts: replacements)
-    "allreduce-ft": ["--strategy", "allreduce-ft", "--workers", "2", "--replica-heartbeat-timeout", "2"],
+    "allreduce-ft": ["--strategy", "allreduce-ft", "--workers", "2"],
 }
 
 

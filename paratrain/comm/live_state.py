@@ -20,7 +20,9 @@ import warnings
 from datetime import timedelta
 from typing import Any
 
+import torch
 from torch.distributed._serialization import _streaming_load
+from torch.utils._pytree import tree_map_only
 from torchft.checkpointing.http_transport import HTTPTransport
 
 
@@ -40,9 +42,12 @@ class LiveStateTransport(HTTPTransport):
     @classmethod
     def _load_from_address(cls, address: str, timeout: timedelta) -> Any:
         with urllib.request.urlopen(address, timeout=timeout.total_seconds()) as response:
-            with warnings.catch_warnings():  # tensors made over the read-only buffer are copied by load_state_dict
+            with warnings.catch_warnings():  # made over the response's read-only buffer: copied below
                 warnings.simplefilter("ignore", UserWarning)
-                return _streaming_load(response, weights_only=True)
+                state = _streaming_load(response, weights_only=True)
+        # Tensors of their own: an optimizer's load_state_dict keeps the tensors it is given
+        # (momentum buffers), which are then updated in place.
+        return tree_map_only(torch.Tensor, torch.Tensor.clone, state)
 
 
 def _quiet(handler: Any, format: str, *args: Any) -> None:

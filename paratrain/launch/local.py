@@ -37,7 +37,7 @@ def launch(
     topology: Topology | None = None,
     strategy: Strategy | None = None,
     min_replicas: int = 1,
-    heartbeat_timeout: float = 2.0,
+    heartbeat_timeout: float = 1.0,
 ) -> list[Any]:
     """Run ``fn(*args)`` on ``num_processes`` local processes; their return values by rank.
 

@@ -36,6 +36,7 @@ import signal
 import sys
 import threading
 import time
+import zlib
 from collections import Counter
 from dataclasses import dataclass
 from datetime import timedelta
@@ -43,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+from torch.utils._pytree import tree_leaves
 
 from paratrain.data.batch import map_tensors, num_examples
 from paratrain.data.sharding import ShardedBatches
@@ -51,7 +53,7 @@ from paratrain.options import check_options, option
 from paratrain.strategies.base import DEFAULT_TIMEOUT_S, LossFn, StepOutput, Strategy, resolve_device
 from paratrain.strategies.topology import Topology
 from paratrain.timeline import span
-from paratrain.train.faults import restart_count
+from paratrain.train.faults import StepBeacon, restart_count
 
 if TYPE_CHECKING:
     from paratrain.comm.transport import ClusterEnv
@@ -72,7 +74,7 @@ class FTConfig:
     )
     min_replicas: int = option(1, "allreduce-ft: fewest replicas a step may commit with; below it the run waits")
     replica_heartbeat_timeout: float = option(
-        2.0, "allreduce-ft: seconds without a heartbeat before the Lighthouse drops a replica (a local run's own)"
+        1.0, "allreduce-ft: seconds without a heartbeat before the Lighthouse drops a replica (a local run's own)"
     )
 
     def __post_init__(self) -> None:
@@ -141,7 +143,7 @@ class FaultTolerantAllReduceStrategy(Strategy):
         workers: int | None = None,
         lighthouse: str | None = None,
         min_replicas: int = 1,
-        heartbeat_timeout: float = 2.0,
+        heartbeat_timeout: float = 1.0,
     ):
         super().__init__(device=device, timeout=timeout, workers=workers)
         self.lighthouse = lighthouse
@@ -151,6 +153,7 @@ class FaultTolerantAllReduceStrategy(Strategy):
         self.manager: Any = None
         self.incarnation = 0
         self.trainer: Trainer | None = None
+        self._beacon: StepBeacon | None = None
         self._leaving = False  # SIGTERM came: leave after the step
         self._quorum_ready = False  # begin_fit formed the quorum of the first step already
         self._joined_state: dict[str, Any] | None = None
@@ -233,6 +236,8 @@ class FaultTolerantAllReduceStrategy(Strategy):
         replica still building its model), then the first quorum; a replacement takes the
         live state from a peer there and the loop goes on from the peer's position."""
         self.trainer = trainer
+        if os.environ.get("PARATRAIN_PROGRESS") and self._beacon is None:
+            self._beacon = StepBeacon(os.environ["PARATRAIN_PROGRESS"], self.process_rank)
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._asked_to_leave)
         if self.manager is None:
@@ -438,9 +443,19 @@ class FaultTolerantAllReduceStrategy(Strategy):
             + [loss.detach().reshape(1).to(params[0].dtype)]
         )
         flat.mul_((piece.stop - piece.start) / total)
+        # Every participant must hold the same step's same global batch: their marks then sum
+        # to P times each one's (exact in float32).
+        mark = _batch_mark(self.manager.current_step() + 1, targets)
+        flat = torch.cat([flat, torch.tensor([float(mark)], dtype=flat.dtype, device=flat.device)])
         with span("allreduce"):
             work = self.manager.allreduce(flat, reduce_op=_sum_op())
             work.wait()
+        if self.manager.errored() is None and int(flat[-1]) != mark * self.manager.num_participants():
+            raise WorkerLost(
+                f"worker {self.process_rank}: the replicas disagree on the global batch of step "
+                f"{self.manager.current_step() + 1} (a position was not carried over)"
+            )
+        flat = flat[:-1]
         offset = 0
         for p in params:
             n = p.numel()
@@ -451,6 +466,8 @@ class FaultTolerantAllReduceStrategy(Strategy):
         return flat[-1].detach().clone(), outputs
 
     def _count_step(self, step: int, participants: int) -> None:
+        if self._beacon is not None:  # the launcher's record of how far this replica got
+            self._beacon.on_batch_end(step, {})
         self._participants[participants] += 1
         if self._spans and self._spans[-1][2] == participants and self._spans[-1][1] == step - 1:
             self._spans[-1][1] = step
@@ -490,6 +507,15 @@ def part_of(total: int, part: int, parts: int) -> slice:
     """Participant ``part``'s examples of a global batch of ``total`` among ``parts``:
     consecutive, sizes within one of each other, every example in exactly one part."""
     return slice(part * total // parts, (part + 1) * total // parts)
+
+
+def _batch_mark(step: int, targets: Any) -> int:
+    """A 16-bit fingerprint of ``step`` and its batch's targets."""
+    mark = zlib.crc32(step.to_bytes(8, "little"))
+    for leaf in tree_leaves(targets):
+        if torch.is_tensor(leaf):
+            mark = zlib.crc32(leaf.detach().cpu().contiguous().numpy().tobytes(), mark)
+    return mark % 65536
 
 
 def _sum_op() -> Any:
