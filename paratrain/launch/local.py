@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from paratrain.launch.replacing import supervise_replacing
 from paratrain.launch.supervisor import supervise
+from paratrain.strategies.base import DEFAULT_TIMEOUT_S
 
 if TYPE_CHECKING:
     from paratrain.config import TrainConfig
@@ -38,6 +39,7 @@ def launch(
     strategy: Strategy | None = None,
     min_replicas: int = 1,
     heartbeat_timeout: float = 1.0,
+    timeout: float = DEFAULT_TIMEOUT_S,
 ) -> list[Any]:
     """Run ``fn(*args)`` on ``num_processes`` local processes; their return values by rank.
 
@@ -60,13 +62,15 @@ def launch(
     A topology whose replicas are replaced alone (``allreduce-ft``) runs under
     ``launch/replacing.py``: ``max_restarts`` replacements over the run, the others going on
     while ``min_replicas`` are alive, a replica dropped after ``heartbeat_timeout`` seconds
-    of silence (a ``strategy`` gives its own).
+    of silence, the run stopped when no replica steps for ``timeout`` seconds (a
+    ``strategy`` gives its own).
     """
     if strategy is not None:
         topology = strategy.planned_topology()
         fn, args = _in_scope, (strategy, fn, *args)
         min_replicas = getattr(strategy, "min_replicas", min_replicas)
         heartbeat_timeout = getattr(strategy, "heartbeat_timeout", heartbeat_timeout)
+        timeout = strategy.timeout
     if topology is not None:
         num_processes = topology.num_processes
         expendable, rank_names = topology.expendable_ranks, topology.rank_names()
@@ -78,7 +82,9 @@ def launch(
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     names = rank_names or [f"worker {rank}" for rank in range(num_processes)]
     if getattr(topology, "replaces_lost", False):
-        return supervise_replacing(fn, args, num_processes, names, max_restarts, min_replicas, heartbeat_timeout)
+        return supervise_replacing(
+            fn, args, num_processes, names, max_restarts, min_replicas, heartbeat_timeout, timeout
+        )
     return supervise(fn, args, num_processes, expendable, names, max_restarts, checkpoint_dir)
 
 
@@ -107,6 +113,7 @@ def run_locally(config: TrainConfig) -> dict[str, Any]:
         checkpoint_dir=config.checkpoint_dir,
         min_replicas=config.ft.min_replicas,
         heartbeat_timeout=config.ft.replica_heartbeat_timeout,
+        timeout=config.timeout,
     )
     # The chief's document: rank 0's, or (allreduce-ft) the replica that led the last quorum.
     documents = [r for r in results if isinstance(r, dict) and "global_steps" in r]

@@ -11,6 +11,8 @@ alone while the others keep training.
   starts in its place (``TORCHELASTIC_RESTART_COUNT`` = its incarnation) and takes the
   live state from a peer at its first quorum; without, the run goes on with the others
   while at least ``min_replicas`` are alive, and fails naming who died otherwise.
+- No replica stepping for longer than ``timeout`` (a hung one): the run is stopped with
+  one line naming the replicas left.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from paratrain.comm.transport import free_port
-from paratrain.errors import signal_name
+from paratrain.errors import WorkerLost, signal_name
 from paratrain.launch.supervisor import failed_at, failure_message, first_failure, read_result, run_process
 from paratrain.train.faults import read_progress
 
@@ -40,6 +42,7 @@ def supervise_replacing(
     max_restarts: int,
     min_replicas: int,
     heartbeat_timeout: float,
+    timeout: float = 60.0,
 ) -> list[Any]:
     from paratrain.strategies.fault_tolerant import torchft_modules
 
@@ -86,9 +89,22 @@ def supervise_replacing(
     finished: set[int] = set()
     lost: set[int] = set()
     restarts = 0
+    # No replica stepping for longer than --timeout (plus the time to drop a dead one): the
+    # ones left are hung (a hung replica still heartbeats, and one survivor cannot outvote it).
+    stall_limit = timeout + heartbeat_timeout + 5.0
+    last_top, last_move = 0, time.monotonic()
     try:
         while len(finished) + len(lost) < num_replicas:
             time.sleep(0.1)
+            top = max(read_progress(folder / "progress", num_replicas))
+            if top != last_top:
+                last_top, last_move = top, time.monotonic()
+            if not finished and time.monotonic() - last_move > stall_limit:
+                alive = [names[s] for s, p in enumerate(processes) if s not in lost and p.exitcode is None]
+                raise WorkerLost(
+                    f"no replica took a step for {stall_limit:g} s after step {last_top} (--timeout {timeout:g}); "
+                    f"stopped {', '.join(alive) or 'none'}"
+                )
             for slot, process in enumerate(processes):
                 if slot in finished or slot in lost or process.exitcode is None:
                     continue
