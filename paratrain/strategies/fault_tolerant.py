@@ -53,7 +53,7 @@ from paratrain.options import check_options, option
 from paratrain.strategies.base import DEFAULT_TIMEOUT_S, LossFn, StepOutput, Strategy, resolve_device
 from paratrain.strategies.topology import Topology
 from paratrain.timeline import span
-from paratrain.train.faults import StepBeacon, restart_count
+from paratrain.train.faults import restart_count
 
 if TYPE_CHECKING:
     from paratrain.comm.transport import ClusterEnv
@@ -153,7 +153,6 @@ class FaultTolerantAllReduceStrategy(Strategy):
         self.manager: Any = None
         self.incarnation = 0
         self.trainer: Trainer | None = None
-        self._beacon: StepBeacon | None = None
         self._leaving = False  # SIGTERM came: leave after the step
         self._quorum_ready = False  # begin_fit formed the quorum of the first step already
         self._joined_state: dict[str, Any] | None = None
@@ -236,8 +235,6 @@ class FaultTolerantAllReduceStrategy(Strategy):
         replica still building its model), then the first quorum; a replacement takes the
         live state from a peer there and the loop goes on from the peer's position."""
         self.trainer = trainer
-        if os.environ.get("PARATRAIN_PROGRESS") and self._beacon is None:
-            self._beacon = StepBeacon(os.environ["PARATRAIN_PROGRESS"], self.process_rank)
         if threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._asked_to_leave)
         if self.manager is None:
@@ -466,8 +463,6 @@ class FaultTolerantAllReduceStrategy(Strategy):
         return flat[-1].detach().clone(), outputs
 
     def _count_step(self, step: int, participants: int) -> None:
-        if self._beacon is not None:  # the launcher's record of how far this replica got
-            self._beacon.on_batch_end(step, {})
         self._participants[participants] += 1
         if self._spans and self._spans[-1][2] == participants and self._spans[-1][1] == step - 1:
             self._spans[-1][1] = step

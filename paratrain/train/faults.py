@@ -189,12 +189,9 @@ class Straggler(Callback):
             time.sleep((self.factor - 1.0) * (time.perf_counter() - self._start))
 
 
-def fault_callbacks(config: Any, global_rank: int = 0) -> list[Callback]:
-    """The callbacks that ``--fail``, ``--hang`` and ``--straggler`` ask for, and the
-    progress beacon when a supervisor watches this process."""
+def fault_callbacks(config: Any) -> list[Callback]:
+    """The callbacks that ``--fail``, ``--hang``, ``--terminate`` and ``--straggler`` ask for."""
     callbacks: list[Callback] = []
-    if os.environ.get("PARATRAIN_PROGRESS"):
-        callbacks.append(StepBeacon(os.environ["PARATRAIN_PROGRESS"], global_rank))
     faults = config.faults
     if faults.fail_at:
         callbacks.append(FailAt(*faults.fail_at))
@@ -242,6 +239,13 @@ class StepBeacon(Callback):
         # A parameter-server shard's step is its version: the global step of a ps-* run.
         if self.trainer.strategy.role is Role.PS:
             self._slot[self.rank] = version
+
+
+def progress_beacon(rank: int) -> list[Callback]:
+    """The StepBeacon of global rank ``rank`` when a supervisor watches this process (it
+    sets ``PARATRAIN_PROGRESS``), else none."""
+    path = os.environ.get("PARATRAIN_PROGRESS")
+    return [StepBeacon(path, rank)] if path else []
 
 
 def read_progress(path: str | os.PathLike, num_processes: int) -> list[int]:

@@ -109,7 +109,7 @@ def _run(config: TrainConfig, strategy: Any, started: float) -> dict[str, Any]:
         resume = config.resume or restart_count() > 0
         checkpoint = Checkpoint(config.checkpoint_dir, config.checkpoint_every, config.keep, resume, config.model)
         callbacks.append(checkpoint)
-    callbacks += fault_callbacks(config, strategy.process_rank)
+    callbacks += fault_callbacks(config)
     seen = ExamplesApplied()
     callbacks.append(seen)
     tensorboard = TensorBoardLogger(config.logdir) if config.logdir else None

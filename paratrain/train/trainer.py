@@ -27,6 +27,7 @@ from paratrain.strategies.single import get_strategy
 from paratrain.strategies.topology import Role
 from paratrain.timeline import span
 from paratrain.train.callbacks import Callback, CallbackList, EpochLog, ProgressBar, StepLog
+from paratrain.train.faults import progress_beacon
 from paratrain.train.metrics import StepWindow
 from paratrain.train.scores import Score, resolve_loss, resolve_metrics
 
@@ -176,7 +177,7 @@ class Trainer:
         keys = self.log_keys(validation_data is not None)
         if strategy.role is Role.PS:
             # A parameter-server shard serves until training ends, like `server.join()`.
-            hooks = CallbackList(list(callbacks), self)
+            hooks = CallbackList(progress_beacon(strategy.process_rank) + list(callbacks), self)
             hooks.on_serve_begin({})
             strategy.on_version = hooks.on_version
             strategy.serve()
@@ -189,7 +190,9 @@ class Trainer:
         defaults: list[Callback] = [ProgressBar(), EpochLog()] if verbose else []
         if verbose and log_every:
             defaults.append(StepLog())
-        hooks = CallbackList(list(callbacks) + defaults, self)
+        # The launcher's record of this process's steps comes first: a callback that kills the
+        # process at a step (a fault drill) finds it recorded.
+        hooks = CallbackList(progress_beacon(strategy.process_rank) + list(callbacks) + defaults, self)
         strategy.on_version = hooks.on_version
         self.stop_training = False
         start = time.perf_counter()
