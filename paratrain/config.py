@@ -214,7 +214,7 @@ class TrainConfig:
         if self.checkpoint_dir is not None and Path(self.checkpoint_dir).expanduser().is_file():
             raise ConfigError(f"--checkpoint-dir {self.checkpoint_dir} is a file; give a folder")
         # allreduce-ft's replacements take the live state from a peer, not from a checkpoint.
-        restarts_need_checkpoint = self.max_restarts and not getattr(self.topology, "replaces_lost", False)
+        restarts_need_checkpoint = self.max_restarts and not self.topology.replaces_lost
         if (self.resume or restarts_need_checkpoint) and self.checkpoint_dir is None:
             raise ConfigError(
                 f"{'--resume' if self.resume else '--max-restarts'} needs --checkpoint-dir (the folder to go on from)"

@@ -81,7 +81,7 @@ def launch(
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     names = rank_names or [f"worker {rank}" for rank in range(num_processes)]
-    if getattr(topology, "replaces_lost", False):
+    if topology is not None and topology.replaces_lost:
         return supervise_replacing(
             fn, args, num_processes, names, max_restarts, min_replicas, heartbeat_timeout, timeout
         )

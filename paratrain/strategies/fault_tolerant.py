@@ -44,13 +44,21 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+from torch.distributed import ReduceOp, TCPStore
 from torch.utils._pytree import tree_leaves
 
 from paratrain.data.batch import map_tensors, num_examples
 from paratrain.data.sharding import ShardedBatches
 from paratrain.errors import ConfigError, ReplicaLeft, WorkerLost
 from paratrain.options import check_options, option
-from paratrain.strategies.base import DEFAULT_TIMEOUT_S, LossFn, StepOutput, Strategy, resolve_device
+from paratrain.strategies.base import (
+    DEFAULT_TIMEOUT_S,
+    LossFn,
+    StepOutput,
+    Strategy,
+    resolve_device,
+    staleness_summary,
+)
 from paratrain.strategies.topology import Topology
 from paratrain.timeline import span
 from paratrain.train.faults import restart_count
@@ -217,11 +225,15 @@ class FaultTolerantAllReduceStrategy(Strategy):
         return self.manager.participating_rank() == 0
 
     def teardown(self) -> None:
+        self._stop_manager()
+        super().teardown()
+
+    def _stop_manager(self) -> None:
+        """Leave the quorums: the heartbeats stop, and the Lighthouse drops this replica."""
         if self.manager is not None:
             with contextlib.suppress(Exception):
                 self.manager.shutdown(wait=False)
             self.manager = None
-        super().teardown()
 
     def prepare(
         self, model: nn.Module, optimizer: torch.optim.Optimizer, recipe: Any = None
@@ -273,15 +285,11 @@ class FaultTolerantAllReduceStrategy(Strategy):
         self._leaving = True
 
     def _leave(self, step: int) -> None:
-        if self.manager is not None:
-            with contextlib.suppress(Exception):
-                self.manager.shutdown(wait=False)
-            self.manager = None
+        self._stop_manager()
         raise ReplicaLeft(f"worker {self.process_rank} left the run after step {step} (SIGTERM); the others go on")
 
     def _start_manager(self) -> Any:
         torchft = torchft_modules()
-        from torch.distributed import TCPStore
 
         from paratrain.comm.live_state import LiveStateTransport
 
@@ -406,7 +414,7 @@ class FaultTolerantAllReduceStrategy(Strategy):
                 self._steps += 1
                 self._count_step(step, self.manager.num_participants())
                 return StepOutput(torch.tensor(self._last_loss, device=self.device), None)
-            loss, outputs = self._gradient(model, loss_fn, optimizer, inputs, targets)
+            loss, outputs = self._gradient(model, loss_fn, optimizer, inputs, targets, step)
             self.steps_taken += 1
             if self.recipe.clip_grad_norm:
                 self.clip_gradients(model)
@@ -424,7 +432,13 @@ class FaultTolerantAllReduceStrategy(Strategy):
             self.uncommitted_steps += 1
 
     def _gradient(
-        self, model: nn.Module, loss_fn: LossFn, optimizer: torch.optim.Optimizer, inputs: Any, targets: Any
+        self,
+        model: nn.Module,
+        loss_fn: LossFn,
+        optimizer: torch.optim.Optimizer,
+        inputs: Any,
+        targets: Any,
+        step: int,
     ) -> tuple[torch.Tensor, Any]:
         """This participant's part of the global batch: its gradient, weighted by the part's
         share, summed over the quorum in one flat all-reduce (with the loss) that never
@@ -442,15 +456,15 @@ class FaultTolerantAllReduceStrategy(Strategy):
         flat.mul_((piece.stop - piece.start) / total)
         # Every participant must hold the same step's same global batch: their marks then sum
         # to P times each one's (exact in float32).
-        mark = _batch_mark(self.manager.current_step() + 1, targets)
+        mark = _batch_mark(step, targets)
         flat = torch.cat([flat, torch.tensor([float(mark)], dtype=flat.dtype, device=flat.device)])
         with span("allreduce"):
-            work = self.manager.allreduce(flat, reduce_op=_sum_op())
+            work = self.manager.allreduce(flat, reduce_op=ReduceOp.SUM)
             work.wait()
         if self.manager.errored() is None and int(flat[-1]) != mark * self.manager.num_participants():
             raise WorkerLost(
                 f"worker {self.process_rank}: the replicas disagree on the global batch of step "
-                f"{self.manager.current_step() + 1} (a position was not carried over)"
+                f"{step} (a position was not carried over)"
             )
         flat = flat[:-1]
         offset = 0
@@ -476,8 +490,6 @@ class FaultTolerantAllReduceStrategy(Strategy):
     def stats(self) -> dict[str, Any]:
         """This replica's view of the run: every committed step's participants (the same on
         every replica that took part), the steps that had to be done again, and the heals."""
-        from paratrain.strategies.base import staleness_summary
-
         steps = sum(self._participants.values())
         return {
             "bytes_sent": self._grad_bytes * sum(p * c for p, c in self._participants.items()),
@@ -513,12 +525,6 @@ def _batch_mark(step: int, targets: Any) -> int:
     return mark % 65536
 
 
-def _sum_op() -> Any:
-    from torch.distributed import ReduceOp
-
-    return ReduceOp.SUM
-
-
 def _wait_for_all_first_replicas(incarnation: int, replicas: int, timeout: float) -> None:
     """A local launch's first replicas wait for each other's Managers before their first
     quorum, so that it holds them all (not whichever replica imported torch first, the
@@ -526,15 +532,14 @@ def _wait_for_all_first_replicas(incarnation: int, replicas: int, timeout: float
     address = os.environ.get("PARATRAIN_FT_STORE")
     if not address:
         return
-    from torch.distributed import TCPStore
-
     host, _, port = address.rpartition(":")
     store = TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=timeout))
-    store.add("ready", 1)  # a replacement counts for the replica it replaces, lost before it got here
+    # A replacement counts for the replica it replaces, lost before it got here.
+    if store.add("ready", 1) >= replicas:
+        store.set("all-ready", "1")
     if incarnation > 0:
         return
-    deadline = time.monotonic() + timeout
-    while int(store.add("ready", 0)) < replicas:
-        if time.monotonic() > deadline:
-            raise WorkerLost(f"the {replicas} replicas did not all start within --timeout {timeout:g} s")
-        time.sleep(0.02)
+    try:
+        store.wait(["all-ready"], timedelta(seconds=timeout))
+    except RuntimeError:  # the store's timeout (DistStoreError)
+        raise WorkerLost(f"the {replicas} replicas did not all start within --timeout {timeout:g} s") from None

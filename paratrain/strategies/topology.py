@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 from paratrain.errors import ConfigError
 
@@ -39,6 +39,10 @@ class Topology:
     """Data parallelism over ``num_replicas`` processes, one replica each (single, allreduce)."""
 
     num_replicas: int = 1
+
+    replaces_lost: ClassVar[bool] = False
+    """Whether a lost replica is replaced alone while the others go on (``allreduce-ft``),
+    rather than the run restarting or going on without it."""
 
     @property
     def num_processes(self) -> int:
