@@ -500,6 +500,11 @@ class Strategy:
         replicas (a mode that ``reshards``): what still holds with this run's replicas."""
         return state
 
+    def load_resharded_state(self, states: list[dict[str, Any]]) -> None:
+        """On a process that serves: its state from every part of a checkpoint that was split
+        into another number of parts (a parameter-server run's other --ps-shards)."""
+        raise NotImplementedError(f"{self.name} reads only checkpoints split as this run is")
+
     def resume_position(self) -> dict[str, Any] | None:
         """Where the loop goes on (``global_step``, ``epoch``, and the checkpoint ``folder``, None
         for none) after a resume, on a process whose checkpoint state lives elsewhere (a

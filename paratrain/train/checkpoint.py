@@ -53,8 +53,9 @@ def run_signature(strategy: Strategy, model_name: str) -> dict[str, Any]:
     }
 
 
-#: What may differ when a mode's checkpoints reshard (``Strategy.reshards``): how many replicas.
-_RESHARDABLE = ("workers", "part_names")
+#: What may differ when a mode's checkpoints reshard (``Strategy.reshards``): how many
+#: replicas, and how many parameter-server shards.
+_RESHARDABLE = ("workers", "ps_shards", "part_names")
 
 
 def check_signature(folder: Path, manifest: dict[str, Any], signature: dict[str, Any], reshards: bool = False) -> None:
@@ -152,7 +153,18 @@ class Checkpoint(Callback):
         if folder is not None:
             manifest = CheckpointStore.read_manifest(folder)
             check_signature(folder, manifest, self._signature, self.strategy.reshards)
-            self.strategy.load_state_dict(CheckpointStore.read_part(folder, self._part, manifest))
+            saved_parts = manifest["part_names"]
+            if saved_parts == self._signature["part_names"]:
+                self.strategy.load_state_dict(CheckpointStore.read_part(folder, self._part, manifest))
+            else:  # split into another number of parts: every part holds some of this one's
+                self.strategy.load_resharded_state(
+                    [CheckpointStore.read_part(folder, part, manifest) for part in saved_parts]
+                )
+                if speaks:
+                    console.print(
+                        f"paratrain: {folder} was written by {len(saved_parts)} ps shards, this run has "
+                        f"{len(self._signature['part_names'])}: the parameters and optimizer state are resharded"
+                    )
             self.restored_step = self._last_saved = int(manifest["step"])
             self._clear_after(speaks)
         self.strategy.announce_resume(str(folder) if folder is not None else None)
@@ -331,6 +343,13 @@ class Checkpoint(Callback):
                 )
             console.print(f"paratrain: resumed from {folder} (step {self.restored_step})")
         if not self._keeps_own_state:
+            return
+        if manifest.get("ps_shards") != self.strategy.describe()["ps_shards"]:
+            if self.strategy.is_chief:
+                console.print(
+                    f"paratrain: the workers' {self.strategy.codec.name} state was kept per shard of "
+                    f"{manifest.get('ps_shards')}: it starts empty"
+                )
             return
         state = CheckpointStore.read_extra(folder, self._beside_name, map_location="cpu")
         if state is None:

@@ -1,5 +1,5 @@
 """Resume: exact for allreduce and ps-sync (every epoch's losses, the final parameters to
-the bit), and allreduce and a parameter server on another number of workers."""
+the bit), and allreduce and a parameter server on another number of workers (and shards)."""
 
 import json
 import shutil
@@ -88,11 +88,13 @@ def test_allreduce_resumes_on_another_number_of_workers(cli, tmp_path):
     assert longer["test_accuracy"] >= 0.93
 
 
-def test_a_parameter_server_resumes_on_another_number_of_workers(cli, tmp_path):
-    """ps-sync written by 2 workers goes on with 3 from the shards' state and the epoch's
-    position, to the accuracy of the run never stopped; another number of shards is
-    refused in one line, the checkpoint untouched."""
+def test_a_parameter_server_resumes_on_another_number_of_workers_and_shards(cli, tmp_path):
+    """ps-sync written by 2 workers and 1 shard goes on with 3 workers from the shards' state
+    and the epoch's position, to the accuracy of the run never stopped; on 2 shards, the
+    resharded run is the run never stopped to the bit (every epoch's test loss). Another
+    strategy is refused in one line, the checkpoint untouched."""
     _run(cli, tmp_path, "first", "--strategy", "ps-sync", "--epochs", "2", "--checkpoint-dir", str(tmp_path / "c"))
+    shutil.copytree(tmp_path / "c", tmp_path / "d")
     longer, result = _run(cli, tmp_path, "longer", "--strategy", "ps-sync", "--workers", "3", "--epochs", "4",
                           "--checkpoint-dir", str(tmp_path / "c"), "--resume")  # fmt: skip
     assert "was written by a run with 2 workers, this one has 3" in result.stdout
@@ -100,9 +102,17 @@ def test_a_parameter_server_resumes_on_another_number_of_workers(cli, tmp_path):
     assert longer["global_steps"] == 44 + 2 * (1437 // 96)  # two epochs of rounds of 3 batches
     whole, _ = _run(cli, tmp_path, "whole", "--strategy", "ps-sync", "--epochs", "4")
     assert longer["test_accuracy"] >= whole["test_accuracy"] - 0.02
-    saved = sorted(p.name for p in (tmp_path / "c").iterdir())
-    refused = cli("train", *COMMON, "--strategy", "ps-sync", "--ps-shards", "2", "--epochs", "6",
-                  "--checkpoint-dir", str(tmp_path / "c"), "--resume")  # fmt: skip
+    sharded, result = _run(cli, tmp_path, "sharded", "--strategy", "ps-sync", "--ps-shards", "2", "--epochs", "4",
+                           "--checkpoint-dir", str(tmp_path / "d"), "--resume")  # fmt: skip
+    assert "was written by 1 ps shards, this run has 2: the parameters and optimizer state are resharded" in (
+        result.stdout
+    )
+    assert sharded["resumed_from_step"] == 44 and sharded["global_steps"] == whole["global_steps"]
+    ran = len(sharded["history"])
+    assert ran >= 2 and [e[1] for e in _losses(sharded)] == [e[1] for e in _losses(whole)[-ran:]]
+    saved = sorted(p.name for p in (tmp_path / "d").iterdir())
+    refused = cli("train", *COMMON, "--strategy", "ps-async", "--epochs", "6",
+                  "--checkpoint-dir", str(tmp_path / "d"), "--resume")  # fmt: skip
     assert refused.returncode == 2
-    assert "ps_shards=1; this run has ps_shards=2" in refused.stderr
-    assert sorted(p.name for p in (tmp_path / "c").iterdir()) == saved
+    assert "strategy=ps-sync; this run has strategy=ps-async" in refused.stderr
+    assert sorted(p.name for p in (tmp_path / "d").iterdir()) == saved

@@ -76,6 +76,10 @@ class ShardHost:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.server.load_state_dict(state)
 
+    def load_resharded(self, states: list[dict[str, Any]]) -> None:
+        """From every part of a checkpoint saved by another number of shards (reshard.py)."""
+        self.server.load_resharded(states)
+
     @property
     def version(self) -> int:
         return self.server.version if self.server is not None else 0

@@ -58,6 +58,7 @@ from paratrain.strategies.ps.layout import (
     decode_version,
 )
 from paratrain.strategies.ps.policies import Gradient
+from paratrain.strategies.ps.reshard import optimizer_order, reshard
 
 
 class ShardServer:
@@ -88,6 +89,8 @@ class ShardServer:
         self.heartbeat_timeout, self.tolerate_loss, self.wait_timeout = heartbeat_timeout, tolerate_loss, wait_timeout
         self.layout = ShardLayout.of(model, num_shards)
         params = [p for p in model.parameters() if p.requires_grad]
+        group_of = {id(p): g for g, group in enumerate(optimizer.param_groups) for p in group["params"]}
+        self.group_of = [group_of[id(p)] for p in params]  # each parameter's group in the user's optimizer
         flat = torch.cat([p.detach().reshape(-1).cpu() for p in params])
         self.params = flat[self.layout.shard_range(shard)].clone()
         self.grad = torch.zeros_like(self.params)
@@ -102,7 +105,7 @@ class ShardServer:
         self.pull_dtype = pull_dtype
         self._cast: tuple[int, torch.Tensor] | None = None
         self._sending: list[Any] = []  # replies in flight, read from self.params
-        self.optimizer = self._shard_optimizer(optimizer, params)
+        self.optimizer = self._shard_optimizer(optimizer)
         self.base_lrs = [group["lr"] for group in self.optimizer.param_groups]
         self.version = 0
         self._held: list[Gradient] = []
@@ -123,17 +126,16 @@ class ShardServer:
         self.finished = threading.Event()
         self.fatal: str | None = None
 
-    def _shard_optimizer(self, optimizer: torch.optim.Optimizer, params: list[nn.Parameter]) -> torch.optim.Optimizer:
+    def _shard_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         """The user's optimizer class and hyper-parameters, over this shard's pieces."""
-        group_of = {id(p): g for g, group in enumerate(optimizer.param_groups) for p in group["params"]}
         groups: list[dict[str, Any]] = [
             {**{k: v for k, v in group.items() if k != "params"}, "params": []} for group in optimizer.param_groups
         ]
-        for piece in self.layout.pieces[self.shard]:
+        for piece in optimizer_order(self.layout, self.shard, self.group_of):
             data = self.params[piece.offset : piece.offset + piece.numel]
             param = nn.Parameter(data)  # shares storage: the optimizer updates self.params
             param.grad = self.grad[piece.offset : piece.offset + piece.numel]
-            groups[group_of[id(params[piece.index])]]["params"].append(param)
+            groups[self.group_of[piece.index]]["params"].append(param)
         return type(optimizer)([g for g in groups if g["params"]], **optimizer.defaults)
 
     # ----- state the rules read ---------------------------------------------------------
@@ -379,6 +381,11 @@ class ShardServer:
         self.dropped, self.dropped_samples, self.samples = state["dropped"], state["dropped_samples"], state["samples"]
         self.skipped = int(state.get("skipped", 0))
         self.short_rounds = int(state.get("short_rounds", 0))
+
+    def load_resharded(self, states: list[dict[str, Any]]) -> None:
+        """This shard's state from the parts of a checkpoint saved by another number of
+        shards (every part, in shard order)."""
+        self.load_state_dict(reshard(states, self.layout, self.shard, self.group_of))
 
     def position(self) -> dict[str, int]:
         """Where a resumed run goes on: the version, and the first epoch with batches left."""

@@ -93,7 +93,8 @@ class ParameterServerStrategy(Strategy):
     takes_compression = True
     scales_loss = False  # the optimizer runs on the shards
     # The shards hold the whole state and hand out batches by their index in the epoch's
-    # order: any number of workers goes on from a checkpoint (not another --ps-shards).
+    # order: any number of workers goes on from a checkpoint, on any number of shards
+    # (reshard.py).
     reshards = True
     _runs = 0
 
@@ -356,6 +357,12 @@ class ParameterServerStrategy(Strategy):
             self.host.load_state_dict(state)
         else:
             self.codec.load_state_dict(state["codec"])
+
+    def load_resharded_state(self, states: list[dict[str, Any]]) -> None:
+        """On a shard: its slice from the parts of a checkpoint saved by another --ps-shards."""
+        if self.host is None:
+            raise RuntimeError(f"{self.name}: only a parameter-server shard holds a part of the checkpoint")
+        self.host.load_resharded(states)
 
     def announce_resume(self, folder: str | None) -> None:
         """On shard 0 of a resumed run: tell the workers which checkpoint the shards took
