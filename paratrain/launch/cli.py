@@ -146,15 +146,16 @@ def parse_train_config(argv: list[str]) -> Any:
     return train_config(build_parser().parse_args(["train", *argv]), cluster=None)
 
 
-def train_config(args: argparse.Namespace, cluster: Any) -> Any:
-    """The run's TrainConfig from ``--config``/``--config-from`` and the flags given on top;
-    under a cluster started elsewhere, ``--workers`` defaults to its worker count."""
+def train_config(args: argparse.Namespace, cluster: Any, base: dict[str, Any] | None = None) -> Any:
+    """The run's TrainConfig from ``--config``/``--config-from`` (or ``base``: the options of
+    the run a worker joins) and the flags given on top; under a cluster started elsewhere,
+    ``--workers`` defaults to its worker count."""
     from paratrain.config import config_fields, config_from_run, load_toml, make_config
     from paratrain.errors import ConfigError
 
-    if args.config and args.config_from:
-        raise ConfigError("give --config or --config-from, not both")
-    file_values = load_toml(args.config) if args.config else {}
+    if sum(map(bool, (args.config, args.config_from, base))) > 1:
+        raise ConfigError("give one of --config, --config-from and --join (a joiner takes the run's options)")
+    file_values = load_toml(args.config) if args.config else dict(base or {})
     if args.config_from:
         file_values = config_from_run(args.config_from)
     overrides = {f.name: getattr(args, f.name) for f in config_fields() if getattr(args, f.name) is not None}
@@ -173,6 +174,8 @@ def train_command(args: argparse.Namespace) -> int:
     from paratrain.launch.local import run_locally
     from paratrain.train import job
 
+    if args.join:
+        return join_command(args)
     cluster = cluster_from_env()
     config = train_config(args, cluster)
     topology = config.topology
@@ -187,6 +190,31 @@ def train_command(args: argparse.Namespace) -> int:
         is_chief = True
     if is_chief:
         print_summary(metrics, config.metrics_out)
+    return 0
+
+
+def join_command(args: argparse.Namespace) -> int:
+    """One more worker for the running ps-async or ps-backup run at ``--join``: this process
+    is it. It takes the run's options (the flags given here override them)."""
+    from paratrain.console import console
+    from paratrain.errors import ConfigError
+    from paratrain.strategies.base import DEFAULT_TIMEOUT_S
+    from paratrain.strategies.ps.joining import read_run
+    from paratrain.train import job
+
+    if args.strategy:  # the flags given make sense on their own (--join with its mode) before any wait
+        train_config(args, None)
+    _, run = read_run(args.join, args.timeout or DEFAULT_TIMEOUT_S)
+    if run.get("options") is None and not args.config:
+        raise ConfigError(
+            f"--join {args.join}: the run there publishes no options (started from Python): give --config"
+        )
+    config = train_config(args, None, base=run.get("options"))
+    mine = job.run(config)
+    console.print(
+        f"done: worker {mine['rank']} took {mine['steps']} steps ({mine['examples']} examples) in the run at "
+        f"{args.join}; its chief writes the run's results"
+    )
     return 0
 
 

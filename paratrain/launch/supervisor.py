@@ -118,6 +118,7 @@ def _attempt(
         process.start()
         processes.append(process)
     lost: dict[int, tuple[int, float, str]] = {}
+    left: set[int] = set()
     try:
         # Until the processes the run needs are done; an expendable one that is stuck (the
         # run counted it lost) gets a grace period, then is stopped.
@@ -151,6 +152,10 @@ def _attempt(
             }
             if fatal:
                 raise first_failure(fatal, names)
+            for rank, process in enumerate(processes):  # left when asked (SIGTERM), with a word
+                if process.exitcode == 0 and rank not in left and (folder / f"error-{rank}.json").exists():
+                    left.add(rank)
+                    print(f"paratrain: {failure_message(folder, rank, 0)}", file=sys.stderr, flush=True)
             for rank, (code, _, _) in failed.items():
                 lost[rank] = failed[rank]
                 how = f"exit code {code}" if code > 0 else f"killed by {signal_name(-code)}"

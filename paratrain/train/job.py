@@ -138,7 +138,12 @@ def _run(config: TrainConfig, strategy: Any, started: float) -> dict[str, Any]:
     total, count = strategy.all_reduce_sum(wait).tolist()
     loader_wait = total / count
     if not strategy.is_chief:
-        return {"role": "worker", "rank": strategy.rank}
+        return {
+            "role": "worker",
+            "rank": strategy.rank,
+            "steps": strategy.steps_taken,
+            "examples": trainer.examples_seen,
+        }
     examples = stats.pop("examples_processed", trainer.examples_seen)
     global_steps = stats.pop("global_steps", trainer.global_step)
     # every replica skips alike; a parameter server's shards count the updates they skipped

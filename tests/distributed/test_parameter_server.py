@@ -226,6 +226,9 @@ def test_a_killed_worker_stops_ps_sync_with_its_name(cli):
         (["--strategy", "ps-async", "--fail", "0@3"], "names worker 0, the chief"),
         (["--strategy", "ps-async", "--fail", "5@3"], "workers 0..0"),
         (["--strategy", "ps-async", "--straggler", "0"], "--straggler must be WORKER:FACTOR"),
+        (["--strategy", "ps-sync", "--join", "127.0.0.1:1"], "--join applies to --strategy ps-backup, not ps-sync"),
+        (["--strategy", "ps-async", "--join", "h:1", "--checkpoint-dir", "c"], "drop --checkpoint-dir and --max-r"),
+        (["--strategy", "ps-async", "--join", "nohost"], "--join must be HOST:PORT (the run's rendezvous address)"),
     ],
 )
 def test_bad_parameter_server_flags(cli, args, words):

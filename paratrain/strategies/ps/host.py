@@ -55,6 +55,7 @@ class ShardHost:
             rule_name=self.mode.strategy_name,
             heartbeat_timeout=self.heartbeat_timeout,
             tolerate_loss=survives_lost_worker(self.mode, self.config),
+            admits=facts.admits_joiners,
             wait_timeout=self.timeout,
             codec_factory=self.codec_factory,
             tags=self.tags,

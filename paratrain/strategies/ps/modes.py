@@ -72,6 +72,11 @@ class PSConfig:
     pull_compression: str = option(
         "none", "parameter server: parameters sent to workers in none (fp32), fp16 or bf16", choices=tuple(PULL_DTYPES)
     )
+    join: str | None = option(
+        None,
+        "ps-async, ps-backup: join the running run whose rendezvous is HOST:PORT (it prints it) as one more "
+        "worker; it starts from the shards' current parameters",
+    )
     on_worker_lost: str = option(
         "stop",
         "ps-sync: stop (the run ends, or restarts with --max-restarts) or continue (later rounds take the "
@@ -105,6 +110,9 @@ class ModeFacts:
     with the global batch. Otherwise workers take batches one at a time, as they come."""
     one_update_per_gradient: bool
     """Every gradient is its own update (async); else a round of N gradients is one."""
+    admits_joiners: bool
+    """Workers may join the running run (``--join``; joining.py): in ps-sync a round is
+    every worker, so one more would change what a version is."""
     options: tuple[str, ...]
     """PSConfig fields only this mode takes."""
 
@@ -120,11 +128,12 @@ def _async_rule(config: PSConfig, num_workers: int) -> AsyncRule:
 
 MODES: dict[PSMode, ModeFacts] = {
     PSMode.SYNC: ModeFacts(_sync_rule, survives_lost_worker=False, whole_rounds=True, one_update_per_gradient=False,
-                           options=("on_worker_lost",)),
+                           admits_joiners=False, options=("on_worker_lost",)),
     PSMode.BACKUP: ModeFacts(_sync_rule, survives_lost_worker=True, whole_rounds=False, one_update_per_gradient=False,
-                             options=("backup_workers",)),
+                             admits_joiners=True, options=("backup_workers", "join")),
     PSMode.ASYNC: ModeFacts(_async_rule, survives_lost_worker=True, whole_rounds=False, one_update_per_gradient=True,
-                            options=("staleness_bound", "stale_policy", "max_staleness", "warmup_steps")),
+                            admits_joiners=True,
+                            options=("staleness_bound", "stale_policy", "max_staleness", "warmup_steps", "join")),
 }  # fmt: skip
 
 

@@ -31,6 +31,7 @@ from torch import nn
 from paratrain.comm.codec_config import make_codec
 from paratrain.comm.packing import PackedGradient
 from paratrain.errors import ConfigError, WorkerLost
+from paratrain.strategies.ps.joining import Door
 from paratrain.strategies.ps.layout import (
     DONE,
     EPOCH,
@@ -57,6 +58,7 @@ from paratrain.strategies.ps.layout import (
     ShardLayout,
     decode_version,
 )
+from paratrain.strategies.ps.links import WorldLink
 from paratrain.strategies.ps.policies import Gradient
 from paratrain.strategies.ps.reshard import optimizer_order, reshard
 
@@ -74,6 +76,7 @@ class ShardServer:
         heartbeat_timeout: float,
         tolerate_loss: bool,
         wait_timeout: float,
+        admits: bool = False,
         codec_factory: Any = None,
         pull_dtype: torch.dtype = torch.float32,
         tags: int = 0,
@@ -87,6 +90,7 @@ class ShardServer:
         self.shard, self.num_shards, self.num_workers = shard, num_shards, num_workers
         self.rule, self.store = rule, store
         self.heartbeat_timeout, self.tolerate_loss, self.wait_timeout = heartbeat_timeout, tolerate_loss, wait_timeout
+        self.admits = admits  # workers may join while it serves (joining.py)
         self.layout = ShardLayout.of(model, num_shards)
         params = [p for p in model.parameters() if p.requires_grad]
         group_of = {id(p): g for g, group in enumerate(optimizer.param_groups) for p in group["params"]}
@@ -112,6 +116,9 @@ class ShardServer:
         self._waiting: list[tuple[int, int, tuple[int, int] | None]] = []  # (worker, wanted, (epoch, batches))
         self._next_batch: dict[int, int] = {}  # shard 0 hands out each epoch's batches in turn
         self._num_batches: dict[int, int] = {}
+        self.workers = set(range(num_workers))  # the run's workers, and those that joined it since
+        self.joined: list[int] = []
+        self.links: dict[int, Any] = {}  # worker -> its link (links.py), made by serve() and admit()
         self._clocks = dict.fromkeys(range(num_workers), 0)
         self._last_message = dict.fromkeys(range(num_workers), 0.0)
         self.done: set[int] = set()
@@ -141,7 +148,7 @@ class ShardServer:
     # ----- state the rules read ---------------------------------------------------------
     def active_workers(self) -> set[int]:
         """Workers that may still send gradients."""
-        return set(range(self.num_workers)) - self.done - self.lost
+        return self.workers - self.done - self.lost
 
     def clocks(self) -> dict[int, int]:
         return self._clocks
@@ -151,10 +158,13 @@ class ShardServer:
         """Serve until every worker is done or lost; returns this shard's statistics."""
         now = time.monotonic()
         self._last_message = dict.fromkeys(range(self.num_workers), now)
+        self.links.update({w: WorldLink(w + self.num_shards) for w in range(self.num_workers)})
         receiver = threading.Thread(target=self._receive_loop, name="ps-receiver", daemon=True)
         monitor = threading.Thread(target=self._monitor_loop, name="ps-monitor", daemon=True)
         receiver.start()
         monitor.start()
+        if self.admits:
+            Door(self, self.wait_timeout).start()
         self.finished.wait()
         # The monitor uses the store; it must be out of it before this process may exit.
         monitor.join()
@@ -177,6 +187,7 @@ class ShardServer:
                 self.finished.set()
 
     def _receive(self) -> None:
+        """The run's own workers, from any of them in arrival order."""
         current, broken = 0, 0
         work = dist.irecv(self.messages[current], src=None, tag=TAG_MESSAGE + self.tags)
         while True:
@@ -191,33 +202,64 @@ class ShardServer:
                     raise
                 work = dist.irecv(self.messages[current], src=None, tag=TAG_MESSAGE + self.tags)
                 continue
-            rank = work._source_rank()
-            message = self.messages[current]
-            header = message[:HEADER_BYTES].view(torch.float32).tolist()
-            kind = int(header[KIND])
-            if kind != SHUTDOWN:  # a receive left posted would take a later run's message
+            worker, message = work._source_rank() - self.num_shards, self.messages[current]
+            if int(message[:HEADER_BYTES].view(torch.float32)[KIND]) != SHUTDOWN:
+                # the next receive, posted now (one left posted would take a later run's message)
                 current = 1 - current
                 work = dist.irecv(self.messages[current], src=None, tag=TAG_MESSAGE + self.tags)
-            worker = rank - self.num_shards
-            self._last_message[worker] = time.monotonic()  # a message is a sign of life too
-            batch = (int(header[EPOCH]), int(header[NUM_BATCHES])) if header[WANTS_BATCH] else None
-            with self.lock:
-                if kind == PUSH:
-                    finite = not header[NONFINITE]
-                    if finite:  # a non-finite push carries no payload
-                        self.packer.decompress_into(message[HEADER_BYTES:], self.incoming)
-                    version = decode_version(header[VERSION_HI], header[VERSION_LO])
-                    grad = Gradient(worker, version, int(header[SAMPLES]), header[LR_SCALE], finite)
-                    self._on_push(grad)
-                    if header[WANTS_REPLY]:
-                        self._waiting.append((worker, self.rule.wanted_after(grad), batch))
-                elif kind == PULL:
-                    self._waiting.append((worker, decode_version(header[WANTED_HI], header[WANTED_LO]), batch))
-                elif kind == DONE:
-                    self.done.add(worker)
-                elif kind == SHUTDOWN:
-                    return
-                self._progress()
+            if not self._handle(worker, message):
+                return
+
+    def _receive_joined(self, worker: int, link: Any) -> None:
+        """A worker that joined, over its own link, until it is done or its link fails (its
+        loss is then the monitor's to judge)."""
+        message = torch.zeros_like(self.messages[0])
+        while worker not in self.done:
+            try:
+                link.irecv(message, TAG_MESSAGE + self.tags).wait()
+            except RuntimeError:
+                return
+            self._handle(worker, message)
+
+    def _handle(self, worker: int, message: torch.Tensor) -> bool:
+        """One message from ``worker``; False for the chief's word that the run is over."""
+        header = message[:HEADER_BYTES].view(torch.float32).tolist()
+        kind = int(header[KIND])
+        self._last_message[worker] = time.monotonic()  # a message is a sign of life too
+        batch = (int(header[EPOCH]), int(header[NUM_BATCHES])) if header[WANTS_BATCH] else None
+        with self.lock:
+            if kind == PUSH:
+                finite = not header[NONFINITE]
+                if finite:  # a non-finite push carries no payload
+                    self.packer.decompress_into(message[HEADER_BYTES:], self.incoming)
+                version = decode_version(header[VERSION_HI], header[VERSION_LO])
+                grad = Gradient(worker, version, int(header[SAMPLES]), header[LR_SCALE], finite)
+                self._on_push(grad)
+                if header[WANTS_REPLY]:
+                    self._waiting.append((worker, self.rule.wanted_after(grad), batch))
+            elif kind == PULL:
+                self._waiting.append((worker, decode_version(header[WANTED_HI], header[WANTED_LO]), batch))
+            elif kind == DONE:
+                self.done.add(worker)
+            elif kind == SHUTDOWN:
+                return False
+            self._progress()
+        return True
+
+    def admit(self, worker: int, link: Any) -> dict[str, int]:
+        """Serve ``worker``, which joined the running run over ``link``: it starts level with
+        the slowest live worker (a staleness bound must not hold the others back for it).
+        Returns where the run stands (``position``)."""
+        with self.lock:
+            live = [self._clocks[w] for w in self.active_workers()]
+            self._clocks[worker] = min(live, default=0)
+            self._last_message[worker] = time.monotonic()
+            self.links[worker] = link
+            self.workers.add(worker)
+            self.joined.append(worker)
+            position = self.position()
+        threading.Thread(target=self._receive_joined, args=(worker, link), name="ps-joined", daemon=True).start()
+        return position
 
     def _on_push(self, grad: Gradient) -> None:
         self._clocks[grad.worker] += 1
@@ -292,11 +334,11 @@ class ShardServer:
         live = [self._clocks[w] for w in self.active_workers()]
         if live:
             self.max_clock_gap = max(self.max_clock_gap, self._clocks[worker] - min(live))
-        rank = worker + self.num_shards
+        link = self.links[worker]
         version = torch.tensor([float(self.version), float(batch)], dtype=torch.float64)
         params = self._pull_payload()
-        self._sending.append((worker, dist.isend(version, dst=rank, tag=TAG_REPLY_HEADER + self.tags), version))
-        self._sending.append((worker, dist.isend(params, dst=rank, tag=TAG_REPLY + self.tags), None))
+        self._sending.append((worker, link.isend(version, TAG_REPLY_HEADER + self.tags), version))
+        self._sending.append((worker, link.isend(params, TAG_REPLY + self.tags), None))
         self.bytes_sent += version.numel() * 8 + params.numel() * params.element_size()
 
     def _pull_payload(self) -> torch.Tensor:
@@ -407,5 +449,6 @@ class ShardServer:
             "short_rounds": self.short_rounds,
             "staleness": {str(k): v for k, v in sorted(self.staleness.items())},
             "workers_lost": sorted(self.lost),
+            "workers_joined": list(self.joined),
             "max_clock_gap": self.max_clock_gap,
         }

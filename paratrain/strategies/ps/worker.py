@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import json
 import os
+import signal
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -37,10 +39,11 @@ from paratrain.comm.packing import PackedGradient
 from paratrain.comm.transport import cluster_from_env
 from paratrain.data.batch import num_examples
 from paratrain.data.sharding import ShardedBatches
-from paratrain.errors import ConfigError, WorkerLost
+from paratrain.errors import ConfigError, ReplicaLeft, WorkerLost
 from paratrain.strategies.base import DEFAULT_TIMEOUT_S, LossFn, StepOutput, Strategy, resolve_device, staleness_summary
 from paratrain.strategies.ps.batches import AssignedBatches
 from paratrain.strategies.ps.host import ShardHost
+from paratrain.strategies.ps.joining import describe_run, join_run, run_options
 from paratrain.strategies.ps.layout import (
     DONE,
     EPOCH,
@@ -67,6 +70,7 @@ from paratrain.strategies.ps.layout import (
     ShardLayout,
     encode_version,
 )
+from paratrain.strategies.ps.links import WorldLink
 from paratrain.strategies.ps.modes import (
     MODES,
     PULL_DTYPES,
@@ -115,6 +119,7 @@ class ParameterServerStrategy(Strategy):
         pull_compression: str = "none",
         on_worker_lost: str = "stop",
         workers: int | None = None,
+        join: str | None = None,
     ):
         # `workers` counts the workers of a round; backup workers come on top of them.
         super().__init__(device=device, timeout=timeout, workers=workers)
@@ -130,7 +135,12 @@ class ParameterServerStrategy(Strategy):
             warmup_steps=warmup_steps,
             pull_compression=pull_compression,
             on_worker_lost=on_worker_lost,
+            join=join,
         )
+        self.join = join
+        self.run_options: dict[str, Any] | None = None
+        """The run's options (``paratrain train`` flags), published to the workers that join it."""
+        """HOST:PORT of a running run this worker joins (joining.py); None: a worker of its own run."""
         self.name = self.mode.strategy_name
         self.facts = MODES[self.mode]
         self.num_shards, self.backup_workers = num_shards, backup_workers
@@ -151,7 +161,12 @@ class ParameterServerStrategy(Strategy):
         self._samples = 0
         self._finished = False
         self._server_stats: list[dict[str, Any]] = []
+        self._links: list[Any] = []  # one per shard (links.py)
+        self._joined: dict[str, Any] | None = None  # where the run stood when this worker joined it
+        self._per_update = 1  # gradients per version: 1 (ps-async), else a round's
+        self._leaving = False  # SIGTERM came: say done after this step and leave
         self._tags = 0
+        self._address = ""  # HOST:PORT of this run's rendezvous, where workers join it
         self._pushed_on: int | None = None
         self._last_staleness = 0
         self._samples_per_push = 0
@@ -175,6 +190,11 @@ class ParameterServerStrategy(Strategy):
         check_mode_options(mode, config.ps)
         if config.early_stopping:
             raise ConfigError(f"--early-stopping is not available with --strategy {config.strategy}")
+        if config.ps.join and (config.checkpoint_dir or config.max_restarts):
+            raise ConfigError(
+                "--join adds a worker to a running run, whose shards keep its checkpoints: drop "
+                "--checkpoint-dir and --max-restarts"
+            )
         fail = config.faults.fail_at
         if fail and fail[0] == 0 and survives_lost_worker(mode, config.ps):
             raise ConfigError(
@@ -184,7 +204,7 @@ class ParameterServerStrategy(Strategy):
     @classmethod
     def from_config(cls, config: TrainConfig) -> ParameterServerStrategy:
         ps = config.ps
-        return cls(
+        strategy = cls(
             mode=PSMode.of(config.strategy),
             num_shards=ps.num_shards,
             backup_workers=ps.backup_workers,
@@ -199,7 +219,10 @@ class ParameterServerStrategy(Strategy):
             codec_options=config.codec,
             pull_compression=ps.pull_compression,
             on_worker_lost=ps.on_worker_lost,
+            join=ps.join,
         )
+        strategy.run_options = run_options(config.to_dict())
+        return strategy
 
     def planned_topology(self) -> PSTopology:
         return self._topology((self.workers or 1) + self.backup_workers)
@@ -236,6 +259,33 @@ class ParameterServerStrategy(Strategy):
     def setup(self) -> None:
         if self._ready:
             return
+        if self.join:
+            self._join_running_run()
+        else:
+            self._join_own_run()
+        self._per_update = 1 if self.facts.one_update_per_gradient else self.num_replicas - self.backup_workers
+        if self._joined is not None:
+            self._per_update = self._joined["run"]["per_update"]
+        if self.role is Role.PS:
+            self.host = ShardHost(
+                self.rank,
+                self.num_shards,
+                self.num_replicas,
+                self.mode,
+                self.config,
+                self._store,
+                heartbeat_timeout=self.heartbeat_timeout,
+                timeout=self.timeout,
+                codec_factory=self._fresh_codec,
+                tags=self._tags,
+            )
+        else:
+            self._heartbeat = threading.Thread(target=self._beat, name="ps-heartbeat", daemon=True)
+            self._heartbeat.start()
+        super().setup()
+
+    def _join_own_run(self) -> None:
+        """One of the processes the run started with: a rank of its process group."""
         cluster = cluster_from_env()
         if cluster is None or cluster.world_size < self.num_shards + 1:
             raise ConfigError(
@@ -255,29 +305,24 @@ class ParameterServerStrategy(Strategy):
         # ...and its own message tags: a process that moved on to the next run must not
         # reach the previous run's shard, still serving until its chief says it is over.
         self._tags = RUN_TAG_STRIDE * ParameterServerStrategy._runs
-        self._store = dist.PrefixStore(
-            f"paratrain/{restart}/ps{ParameterServerStrategy._runs}/",
-            dist.TCPStore(
-                cluster.master_addr, cluster.master_port, is_master=False, timeout=timedelta(seconds=self.timeout)
-            ),
+        self._root_store = dist.TCPStore(
+            cluster.master_addr, cluster.master_port, is_master=False, timeout=timedelta(seconds=self.timeout)
         )
-        if self.role is Role.PS:
-            self.host = ShardHost(
-                self.rank,
-                self.num_shards,
-                self.num_replicas,
-                self.mode,
-                self.config,
-                self._store,
-                heartbeat_timeout=self.heartbeat_timeout,
-                timeout=self.timeout,
-                codec_factory=self._fresh_codec,
-                tags=self._tags,
-            )
-        else:
-            self._heartbeat = threading.Thread(target=self._beat, name="ps-heartbeat", daemon=True)
-            self._heartbeat.start()
-        super().setup()
+        self._prefix = f"paratrain/{restart}/ps{ParameterServerStrategy._runs}/"
+        self._store = dist.PrefixStore(self._prefix, self._root_store)
+        self._links = [WorldLink(shard) for shard in range(self.num_shards)]
+        self._address = f"{cluster.master_addr}:{cluster.master_port}"
+
+    def _join_running_run(self) -> None:
+        """A worker added to a running run (``--join``): no rank of its process group; it
+        meets each shard over a link of its own (joining.py)."""
+        self._joined = join_run(self.join, self._joining_facts(), self.timeout)
+        worker, run = self._joined["worker"], self._joined["run"]
+        self._store, self._tags, self._links = self._joined["store"], run["tags"], self._joined["links"]
+        self.topology = self._topology(worker + 1)
+        self.process_rank = self.num_shards + worker
+        self.workers = None  # this process's place is the one the run gave it, not --workers
+        self.device = resolve_device(self.device_preference, 0)
 
     def _beat(self) -> None:
         interval = self.heartbeat_timeout / 5
@@ -301,10 +346,26 @@ class ParameterServerStrategy(Strategy):
             # The version listener is read when a version is published, so that the Trainer
             # may point on_version at its callbacks after this.
             self.host.prepare(model, optimizer, lambda version: self.on_version(version))
+            if self.rank == 0 and self.facts.admits_joiners:
+                describe_run(
+                    self._root_store,
+                    self._prefix,
+                    **self._joining_facts(),
+                    workers=self.num_replicas,
+                    parameters=self.host.server.layout.total,
+                    tags=self._tags,
+                    per_update=self._per_update,
+                    options=self.run_options,
+                )
             return model, optimizer
         model = self.recipe.prepare_model(model.to(self.device))
         params = [p for p in model.parameters() if p.requires_grad]
         self.layout = ShardLayout.of(model, self.num_shards)
+        if self._joined is not None and self._joined["run"]["parameters"] != self.layout.total:
+            raise ConfigError(
+                f"--join {self.join}: this model has {self.layout.total} parameters, the run's "
+                f"{self._joined['run']['parameters']}: give the run's --model and data"
+            )
         # Parameters and gradients become views of two flat buffers (DDP's bucket-view idea).
         self._flat = torch.cat([p.detach().reshape(-1) for p in params])
         self._flat_grad = torch.zeros_like(self._flat)
@@ -331,6 +392,44 @@ class ParameterServerStrategy(Strategy):
         self._versions = [0] * self.num_shards
         self._pull(wanted=0)
         return model, optimizer
+
+    def _joining_facts(self) -> dict[str, Any]:
+        """What a joining worker must share with the run (joining.py checks them)."""
+        return {
+            "strategy": self.name,
+            "shards": self.num_shards,
+            "compression": self.codec.name,
+            "pull_compression": self.pull_compression,
+        }
+
+    def begin_fit(self, trainer: Any) -> None:
+        """A worker that joined goes on from where the run stands (the epoch whose batches
+        shard 0 hands out now). A worker the run may lose (not the chief) leaves cleanly
+        on SIGTERM: it finishes its step, says done, and exits 0."""
+        if self.role is not Role.WORKER:
+            return
+        if self._joined is not None:
+            position = self._joined["position"]
+            per_worker = self._joined["run"]["workers"] if self.facts.one_update_per_gradient else 1
+            trainer.epoch, trainer.global_step = position["epoch"], position["version"] // per_worker
+            print(
+                f"paratrain: worker {self.rank} joined the run at {self.join} at version {position['version']} "
+                f"(epoch {position['epoch'] + 1}) with the shards' current parameters",
+                file=sys.stderr,
+                flush=True,
+            )
+        elif self.is_chief and self.facts.admits_joiners:
+            print(f"paratrain: more workers may join this run: paratrain train ... --join {self._address}", flush=True)
+        may_leave = not self.is_chief and survives_lost_worker(self.mode, self.config)
+        if may_leave and threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self._asked_to_leave)
+
+    def _asked_to_leave(self, signum: int, frame: Any) -> None:
+        """SIGTERM: leave after the current step; a second one ends the process at once."""
+        if self._leaving:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGTERM)
+        self._leaving = True
 
     def serve(self) -> dict[str, Any]:
         """On a shard: serve until training ends (the classic ``server.join()``)."""
@@ -418,6 +517,9 @@ class ParameterServerStrategy(Strategy):
         # and ps-backup: the whole round it is part of).
         finite = not self.skip_nonfinite(model, loss, lambda: bool(torch.isfinite(self._flat_grad).all()))
         samples = num_examples(targets)
+        leaving = self._leaving  # asked to leave (SIGTERM): this batch is the last one it asks for
+        if leaving:
+            self._epoch_asking = None
         with span("push", COMM):
             self._post_reply()
             self._send(PUSH, samples=samples, wants_reply=True, finite=finite)
@@ -425,6 +527,11 @@ class ParameterServerStrategy(Strategy):
         self._samples += samples
         self._samples_per_push = samples
         self._steps += 1
+        if leaving:
+            self.finish(model)  # done: the shards stop counting on this worker
+            raise ReplicaLeft(
+                f"worker {self.rank} left the run after step {self.steps_taken} (SIGTERM); the others go on"
+            )
         return StepOutput(loss, outputs, skipped=not finite)
 
     def step_counters(self) -> dict[str, float]:
@@ -433,8 +540,7 @@ class ParameterServerStrategy(Strategy):
     def examples_applied(self) -> int | None:
         # Shard 0's version counts updates: one gradient each in async mode, a round of
         # workers - backup_workers gradients in sync and backup mode (full batches: drop_last).
-        per_update = 1 if self.facts.one_update_per_gradient else self.num_replicas - self.backup_workers
-        return self._versions[0] * per_update * self._samples_per_push
+        return self._versions[0] * self._per_update * self._samples_per_push
 
     def set_learning_rate(self, optimizer: torch.optim.Optimizer, lr: float) -> None:
         # Shards scale each parameter group's rate by this factor (sent with every push).
@@ -452,10 +558,9 @@ class ParameterServerStrategy(Strategy):
         self._replies = [torch.zeros(REPLY_HEADER_SIZE, dtype=torch.float64) for _ in range(self.num_shards)]
         self._reply_works = []
         for shard in range(self.num_shards):
-            self._reply_works.append(dist.irecv(self._replies[shard], src=shard, tag=TAG_REPLY_HEADER + self._tags))
-            self._reply_works.append(
-                dist.irecv(self._pulled[self.layout.shard_range(shard)], src=shard, tag=TAG_REPLY + self._tags)
-            )
+            link = self._links[shard]
+            self._reply_works.append(link.irecv(self._replies[shard], TAG_REPLY_HEADER + self._tags))
+            self._reply_works.append(link.irecv(self._pulled[self.layout.shard_range(shard)], TAG_REPLY + self._tags))
 
     def _await_reply(self) -> None:
         if not self._reply_works:
@@ -505,7 +610,7 @@ class ParameterServerStrategy(Strategy):
                 self._packers[shard].compress_into(
                     self._host_grad[self.layout.shard_range(shard)], message[HEADER_BYTES:]
                 )
-            works.append(dist.isend(message, dst=shard, tag=TAG_MESSAGE + self._tags))
+            works.append(self._links[shard].isend(message, TAG_MESSAGE + self._tags))
             self._bytes_sent += message.numel() * message.element_size()
         self._sends = works
 
@@ -590,7 +695,7 @@ class ParameterServerStrategy(Strategy):
         lost = first["workers_lost"]
         others = sum(
             json.loads(self._store.get(f"worker/{w}"))["bytes_sent"]
-            for w in range(1, self.num_replicas)
+            for w in [*range(1, self.num_replicas), *first["workers_joined"]]
             if w not in lost
         )
         # The chief's own count is live (its final pull and the coming shutdown included);
@@ -606,6 +711,7 @@ class ParameterServerStrategy(Strategy):
             "short_rounds": first["short_rounds"],
             "staleness": staleness_summary({int(k): v for k, v in first["staleness"].items()}),
             "workers_lost": lost,
+            "workers_joined": first["workers_joined"],
             "bytes_per_shard": [s["bytes"] for s in self._server_stats],
             "max_clock_gap": max(s["max_clock_gap"] for s in self._server_stats),
             "global_steps": first["version"],

@@ -1,0 +1,142 @@
+"""Workers that join a running ps-async or ps-backup run (``--join HOST:PORT``).
+
+A Gloo process group cannot grow, so a joining worker is no rank of the run's. It meets
+the run in its store (the rendezvous store at HOST:PORT, where the run's workers meet):
+
+1. shard 0 publishes the run under ``RUN_KEY`` (its store prefix and message tags, mode,
+   shards, workers, parameter count); the joiner checks its own configuration against it;
+2. the joiner takes the next worker number (``joins``: the first joiner of a run of N
+   workers is worker N) and posts ``join/<k>``;
+3. each shard's door (``Door``, a thread) sees the request and makes a two-process Gloo
+   group with the joiner (links.PairLink); the shard then serves it as any other worker,
+   and shard 0 tells it where the run stands (``joined/<worker>``: version and epoch);
+4. the joiner's first pull brings the current parameters; shard 0 hands it batches of
+   the current epoch as to everyone else. It beats, pushes and says done as the others.
+
+A run that has finished closes its doors (``closed``): a late joiner is told so.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+import torch.distributed as dist
+
+from paratrain.errors import ConfigError, WorkerLost
+from paratrain.strategies.ps.links import PairLink
+
+if TYPE_CHECKING:
+    from paratrain.strategies.ps.server import ShardServer
+
+#: The key, outside any run's prefix, under which shard 0 describes the run joiners join.
+RUN_KEY = "paratrain/ps-run"
+#: Gloo's key for rank 1's address in a two-process group's store (torch's ProcessGroupGloo
+#: rendezvous: "<device>/<rank>"): a shard makes the group once the joiner has written it.
+_JOINER_ADDRESS = "0/1"
+
+
+def pair_prefix(worker: int, shard: int) -> str:
+    return f"pair/{worker}/{shard}"
+
+
+def describe_run(store: Any, prefix: str, **facts: Any) -> None:
+    """Shard 0: publish the run to joiners (``store`` is the unprefixed rendezvous store)."""
+    store.set(RUN_KEY, json.dumps({"prefix": prefix, **facts}))
+
+
+class Door:
+    """On each shard: admits the workers that join while the run serves."""
+
+    def __init__(self, server: ShardServer, timeout: float):
+        self.server, self.store, self.timeout = server, server.store, timeout
+        self.thread = threading.Thread(target=self._run, name="ps-door", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def _run(self) -> None:
+        server, request = self.server, 0
+        while not server.finished.wait(0.1):
+            if not self.store.check([f"join/{request}"]):
+                continue
+            worker = json.loads(self.store.get(f"join/{request}"))["worker"]
+            request += 1
+            prefix = pair_prefix(worker, server.shard)
+            # Making the group blocks this process until the joiner is there: wait until it
+            # is about to connect (its address written), 2 s at most.
+            waited = time.monotonic()
+            pair_store = dist.PrefixStore(prefix, self.store)
+            while not pair_store.check([_JOINER_ADDRESS]) and time.monotonic() - waited < 2.0:
+                time.sleep(0.01)
+            try:
+                link = PairLink(self.store, prefix, 0, self.timeout)
+            except RuntimeError as error:
+                print(f"paratrain: ps shard {server.shard}: worker {worker} could not join: {error}", flush=True)
+                continue
+            position = server.admit(worker, link)
+            if server.shard == 0:
+                self.store.set(f"joined/{worker}", json.dumps(position))
+        if server.shard == 0:
+            self.store.set("closed", "1")
+
+
+#: Options of the run a joiner does not take: its outputs, its own worker count, restarts,
+#: and fault injections (they name the run's workers).
+NOT_TAKEN = ("metrics_out", "logdir", "timeline", "checkpoint_dir", "resume", "workers", "max_restarts",
+             "fail_at", "fail_shard_at", "hang", "terminate", "straggler")  # fmt: skip
+
+
+def run_options(options: dict[str, Any]) -> dict[str, Any]:
+    """What a run publishes of its options for joiners (``TrainConfig.to_dict()``'s)."""
+    return {k: v for k, v in options.items() if k not in NOT_TAKEN}
+
+
+def read_run(address: str, timeout: float) -> tuple[Any, dict[str, Any]]:
+    """The rendezvous store at ``address`` (HOST:PORT) and what shard 0 published there."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigError(f"--join must be HOST:PORT (the run's rendezvous address), got {address!r}")
+    wait = timedelta(seconds=timeout)
+    try:
+        root = dist.TCPStore(host, int(port), is_master=False, timeout=wait)
+        root.wait([RUN_KEY], wait)
+    except RuntimeError as error:
+        raise WorkerLost(
+            f"--join {address}: no paratrain ps-async or ps-backup run answered within --timeout {timeout:g} s "
+            f"({str(error).splitlines()[0]})"
+        ) from None
+    return root, json.loads(root.get(RUN_KEY))
+
+
+def join_run(address: str, facts: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """The joiner: find the run at ``address`` (HOST:PORT), check that it runs with the
+    ``facts`` this worker has (strategy, shards, codecs), take a worker number, and make a
+    link with every shard. Returns ``store`` (the run's prefixed store), ``run`` (what shard 0
+    published), ``worker``, ``links`` (one per shard) and ``position`` (version, epoch)."""
+    root, run = read_run(address, timeout)
+    wait = timedelta(seconds=timeout)
+    differ = [key for key in facts if run.get(key) != facts[key]]
+    if differ:
+        raise ConfigError(
+            f"--join {address}: the run there has {', '.join(f'{k}={run.get(k)}' for k in differ)}; "
+            f"this worker has {', '.join(f'{k}={facts[k]}' for k in differ)}"
+        )
+    store = dist.PrefixStore(run["prefix"], root)
+    if store.check(["closed"]):
+        raise WorkerLost(f"--join {address}: the run there has finished; there is nothing to join")
+    worker = run["workers"] + store.add("joins", 1) - 1
+    store.set(f"join/{worker - run['workers']}", json.dumps({"worker": worker}))
+    try:
+        links = [PairLink(store, pair_prefix(worker, shard), 1, timeout) for shard in range(run["shards"])]
+        store.wait([f"joined/{worker}"], wait)
+    except RuntimeError as error:
+        raise WorkerLost(
+            f"--join {address}: the shards did not take worker {worker} within --timeout {timeout:g} s "
+            f"(the run may have finished; {str(error).splitlines()[0]})"
+        ) from None
+    position = json.loads(store.get(f"joined/{worker}"))
+    return {"store": store, "run": run, "worker": worker, "links": links, "position": position}

@@ -1,0 +1,89 @@
+"""Membership of a running parameter-server run: a worker joins it (``--join``) and takes
+the shards' current parameters and its share of each epoch's batches; a worker asked to
+leave (SIGTERM) finishes its step, says done, and exits 0 while the others go on."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.conftest import REPO
+
+pytestmark = pytest.mark.distributed
+
+QUIET = ["--no-progress", "--log-every", "0"]
+BATCHES = 1433 // 32  # digits' training batches of an epoch at batch 32, handed out one at a time
+
+
+@pytest.mark.parametrize(
+    ("mode", "joiner"),
+    [(["ps-async", "--ps-shards", "2"], 2), (["ps-backup", "--backup-workers", "1"], 3)],
+    ids=["async", "backup"],
+)
+def test_a_worker_joins_a_running_run(cli, tmp_path, mode, joiner):
+    """The joiner is the next worker (backups count), takes the run's options (only --join
+    given), starts in the epoch shard 0 hands out, and every batch of every epoch still
+    makes exactly one gradient (applied or dropped): none is handed out twice or skipped
+    for the joiner. The run ends at the accuracy of 3 workers."""
+    epochs = 60
+    out = tmp_path / "run.json"
+    command = [sys.executable, "-m", "paratrain", "train", "--strategy", *mode, "--workers", "2",
+               "--epochs", str(epochs), "--metrics-out", str(out), *QUIET]  # fmt: skip
+    run = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        address = None
+        for line in run.stdout:
+            if "--join " in line:
+                address = line.split("--join ")[1].strip()
+                break
+        assert address, run.stderr.read()[-3000:]
+        joined = cli("train", "--join", address, *QUIET)
+        stdout, stderr = run.communicate(timeout=240)
+    finally:
+        run.kill()
+    assert joined.returncode == 0, joined.stderr[-3000:]
+    assert f"paratrain: worker {joiner} joined the run at {address}" in joined.stderr
+    done = joined.stdout.strip().splitlines()[-1]
+    assert done.startswith(f"done: worker {joiner} took") and "its chief writes the run's results" in done
+    assert int(done.split(" took ")[1].split()[0]) >= 10, joined.stderr[-3000:]
+    assert run.returncode == 0, stderr[-3000:]
+    metrics = json.loads(out.read_text())
+    assert metrics["workers_joined"] == [joiner] and metrics["workers_lost"] == []
+    applied = sum(metrics["staleness"]["histogram"].values())
+    assert applied + metrics["dropped_gradients"] == epochs * BATCHES
+    reached = max([e["test_accuracy"] for e in metrics["history"]] + [metrics["test_accuracy"]])
+    assert reached >= 0.95 and metrics["test_accuracy"] >= 0.93
+
+
+def test_a_worker_asked_to_leave_finishes_its_step_and_the_run_goes_on(cli, tmp_path):
+    out = tmp_path / "run.json"
+    result = cli("train", "--strategy", "ps-async", "--workers", "3", "--epochs", "8", "--terminate", "2@20",
+                 "--metrics-out", str(out), *QUIET)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    # SIGTERM comes at the end of step 20, when shard 0 has handed it its next batch already:
+    # it computes and pushes that one too, asking for none after it.
+    assert "paratrain: worker 2 left the run after step 21 (SIGTERM); the others go on" in result.stderr
+    metrics = json.loads(out.read_text())
+    assert metrics["workers_lost"] == []  # it said done: nobody waited for its heartbeat to stop
+    applied = sum(metrics["staleness"]["histogram"].values())
+    assert applied + metrics["dropped_gradients"] == 8 * BATCHES
+    assert metrics["test_accuracy"] >= 0.93
+
+
+def test_a_joiner_with_another_setting_is_refused_in_one_line(cli, tmp_path):
+    run = subprocess.Popen(
+        [sys.executable, "-m", "paratrain", "train", "--strategy", "ps-async", "--workers", "2", "--epochs", "40",
+         *QUIET],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+    )  # fmt: skip
+    try:
+        address = next(line.split("--join ")[1].strip() for line in run.stdout if "--join " in line)
+        refused = cli("train", "--strategy", "ps-async", "--compression", "fp16", "--join", address, *QUIET)
+    finally:
+        run.kill()
+        run.communicate()
+    assert refused.returncode == 2
+    assert refused.stderr.strip() == (
+        f"paratrain: error: --join {address}: the run there has compression=none; this worker has compression=fp16"
+    )
