@@ -40,7 +40,7 @@ import zlib
 from collections import Counter
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import nn
@@ -143,6 +143,9 @@ class FaultTolerantAllReduceStrategy(Strategy):
     options = FTConfig
     # fp16's scaler skips steps on its own; replicas must agree on every commit.
     scales_loss = False
+    takes_compression = True
+    #: Codecs whose payloads add up: the Manager's one all-reduce sums them (in 16 bits).
+    WIRE_DTYPES: ClassVar[dict[str, torch.dtype | None]] = {"none": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 
     def __init__(
         self,
@@ -152,8 +155,16 @@ class FaultTolerantAllReduceStrategy(Strategy):
         lighthouse: str | None = None,
         min_replicas: int = 1,
         heartbeat_timeout: float = 1.0,
+        compression: str = "none",
     ):
         super().__init__(device=device, timeout=timeout, workers=workers)
+        if compression not in self.WIRE_DTYPES:
+            raise ConfigError(
+                f"--strategy allreduce-ft sums each step's gradient in one all-reduce: --compression must be "
+                f"one of {', '.join(self.WIRE_DTYPES)} (payloads that add up), got {compression!r}"
+            )
+        self.compression = compression
+        self._wire_dtype = self.WIRE_DTYPES[compression]
         self.lighthouse = lighthouse
         self.min_replicas = min_replicas
         self.heartbeat_timeout = heartbeat_timeout
@@ -198,10 +209,16 @@ class FaultTolerantAllReduceStrategy(Strategy):
             lighthouse=config.ft.lighthouse,
             min_replicas=config.ft.min_replicas,
             heartbeat_timeout=config.ft.replica_heartbeat_timeout,
+            compression=config.codec.compression,
         )
 
     def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "fault_tolerance": "per-step", "min_replicas": self.min_replicas}
+        return {
+            **super().describe(),
+            "compression": self.compression,
+            "fault_tolerance": "per-step",
+            "min_replicas": self.min_replicas,
+        }
 
     # ----- process -----------------------------------------------------------------------
     def setup(self) -> None:
@@ -239,7 +256,8 @@ class FaultTolerantAllReduceStrategy(Strategy):
         self, model: nn.Module, optimizer: torch.optim.Optimizer, recipe: Any = None
     ) -> tuple[nn.Module, torch.optim.Optimizer]:
         model, optimizer = super().prepare(model, optimizer, recipe)
-        self._grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+        size = None if self._wire_dtype is None else torch.empty(0, dtype=self._wire_dtype).element_size()
+        self._grad_bytes = sum(p.numel() * (size or p.element_size()) for p in model.parameters() if p.requires_grad)
         return model, optimizer
 
     def begin_fit(self, trainer: Trainer) -> None:
@@ -449,24 +467,29 @@ class FaultTolerantAllReduceStrategy(Strategy):
         x, y = map_tensors(inputs, lambda t: t[piece]), map_tensors(targets, lambda t: t[piece])
         loss, outputs = self.recipe.forward_backward(model, loss_fn, x, y, self.device)
         params = [p for p in self.unwrap(model).parameters() if p.requires_grad]
-        flat = torch.cat(
-            [(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params]
-            + [loss.detach().reshape(1).to(params[0].dtype)]
-        )
-        flat.mul_((piece.stop - piece.start) / total)
+        share = (piece.stop - piece.start) / total
+        grads = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
         # Every participant must hold the same step's same global batch: their marks then sum
-        # to P times each one's (exact in float32).
+        # to P times each one's (exact in float32, as the loss must be: never in 16 bits).
         mark = _batch_mark(step, targets)
-        flat = torch.cat([flat, torch.tensor([float(mark)], dtype=flat.dtype, device=flat.device)])
+        tail = torch.stack([loss.detach().to(torch.float32) * share, torch.tensor(float(mark), device=grads.device)])
         with span("allreduce"):
-            work = self.manager.allreduce(flat, reduce_op=ReduceOp.SUM)
-            work.wait()
-        if self.manager.errored() is None and int(flat[-1]) != mark * self.manager.num_participants():
+            if self._wire_dtype is None:  # one all-reduce: gradient, loss and mark
+                flat = torch.cat([grads.mul_(share), tail.to(grads.dtype)])
+                self.manager.allreduce(flat, reduce_op=ReduceOp.SUM).wait()
+                grads, tail = flat[:-2], flat[-2:]
+            else:  # the gradient in 16 bits (scaled first: a share is never below 1/P)
+                wire = grads.mul_(share).to(self._wire_dtype)
+                works = [self.manager.allreduce(t, reduce_op=ReduceOp.SUM) for t in (wire, tail)]
+                for work in works:
+                    work.wait()
+                grads = wire.to(grads.dtype)
+        if self.manager.errored() is None and int(tail[1]) != mark * self.manager.num_participants():
             raise WorkerLost(
                 f"worker {self.process_rank}: the replicas disagree on the global batch of step "
                 f"{step} (a position was not carried over)"
             )
-        flat = flat[:-1]
+        flat = grads
         offset = 0
         for p in params:
             n = p.numel()
@@ -474,7 +497,7 @@ class FaultTolerantAllReduceStrategy(Strategy):
                 p.grad = torch.empty_like(p)
             p.grad.copy_(flat[offset : offset + n].view_as(p))
             offset += n
-        return flat[-1].detach().clone(), outputs
+        return tail[0].detach().clone(), outputs
 
     def _count_step(self, step: int, participants: int) -> None:
         self._participants[participants] += 1
