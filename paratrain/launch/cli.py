@@ -153,8 +153,10 @@ def train_config(args: argparse.Namespace, cluster: Any, base: dict[str, Any] | 
     from paratrain.config import config_fields, config_from_run, load_toml, make_config
     from paratrain.errors import ConfigError
 
-    if sum(map(bool, (args.config, args.config_from, base))) > 1:
-        raise ConfigError("give one of --config, --config-from and --join (a joiner takes the run's options)")
+    if args.config and args.config_from:
+        raise ConfigError("give --config or --config-from, not both")
+    if base and (args.config or args.config_from):
+        raise ConfigError("--join takes the options of the run it joins: give no --config or --config-from")
     file_values = load_toml(args.config) if args.config else dict(base or {})
     if args.config_from:
         file_values = config_from_run(args.config_from)

@@ -5,6 +5,7 @@ leave (SIGTERM) finishes its step, says done, and exits 0 while the others go on
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -54,6 +55,35 @@ def test_a_worker_joins_a_running_run(cli, tmp_path, mode, joiner):
     assert applied + metrics["dropped_gradients"] == epochs * BATCHES
     reached = max([e["test_accuracy"] for e in metrics["history"]] + [metrics["test_accuracy"]])
     assert reached >= 0.95 and metrics["test_accuracy"] >= 0.93
+
+
+def test_a_joiner_killed_mid_run_is_a_lost_worker_and_the_run_goes_on(tmp_path):
+    out = tmp_path / "run.json"
+    run = subprocess.Popen(
+        [sys.executable, "-m", "paratrain", "train", "--strategy", "ps-async", "--workers", "2", "--epochs", "60",
+         "--heartbeat-timeout", "2", "--metrics-out", str(out), *QUIET],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+    )  # fmt: skip
+    joiner = None
+    try:
+        address = next(line.split("--join ")[1].strip() for line in run.stdout if "--join " in line)
+        joiner = subprocess.Popen(
+            [sys.executable, "-m", "paratrain", "train", "--join", address, *QUIET],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+        )  # fmt: skip
+        assert any("joined the run" in line for line in joiner.stderr), "the joiner never joined"
+        time.sleep(1.0)  # training
+        joiner.kill()
+        _, stderr = run.communicate(timeout=240)
+    finally:
+        run.kill()
+        if joiner is not None:
+            joiner.kill()
+            joiner.communicate()
+    assert run.returncode == 0, stderr[-3000:]
+    metrics = json.loads(out.read_text())
+    assert metrics["workers_joined"] == [2] and metrics["workers_lost"] == [2]
+    assert metrics["test_accuracy"] >= 0.93
 
 
 def test_a_worker_asked_to_leave_finishes_its_step_and_the_run_goes_on(cli, tmp_path):
