@@ -47,6 +47,7 @@ STRATEGIES = {
     "fsdp": ["--strategy", "fsdp", "--workers", "2"],
     # recovers from live peers: no checkpoints (--max-restarts: replacements)
     "allreduce-ft": ["--strategy", "allreduce-ft", "--workers", "2"],
+    "pipeline-ft": ["--strategy", "pipeline-ft", "--stages", "2", "--workers", "4"],
 }
 
 
@@ -79,7 +80,8 @@ def _is_helper(pid: int) -> bool:
 
 def start(flags: list[str], folder: Path) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo", "PARATRAIN_THREADS_PER_WORKER": "1"}
-    checkpoints = [] if "allreduce-ft" in flags else ["--checkpoint-dir", str(folder / "ckpt")]
+    live = any(flag.endswith("-ft") for flag in flags)  # recovers from live peers: no checkpoints
+    checkpoints = [] if live else ["--checkpoint-dir", str(folder / "ckpt")]
     command = [sys.executable, "-m", "paratrain", "train", *flags, *RUN, *checkpoints,
                "--metrics-out", str(folder / "m.json")]  # fmt: skip
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
@@ -150,10 +152,10 @@ def drill(flags: list[str], moment: float, rng: random.Random, limit: float) -> 
 
 
 def _dropped(metrics: dict) -> bool:
-    """allreduce-ft: some steps committed with fewer replicas than the run's (a replica was
-    lost, and maybe replaced live)."""
+    """allreduce-ft, pipeline-ft: some steps committed with fewer replicas than the run's (a
+    replica was lost, and maybe replaced live)."""
     participants = metrics.get("participants") or {}
-    return bool(participants) and participants["min"] < metrics["workers"]
+    return bool(participants) and participants["min"] < metrics.get("replicas", metrics["workers"])
 
 
 def _is_zombie(pid: int) -> bool:

@@ -17,6 +17,7 @@ from paratrain.strategies.averaging import DiLoCoStrategy, LocalSGDStrategy
 from paratrain.strategies.base import StepOutput, Strategy, current_strategy
 from paratrain.strategies.factory import make_strategy, strategy_from_flags
 from paratrain.strategies.fault_tolerant import FaultTolerantAllReduceStrategy
+from paratrain.strategies.fault_tolerant_pipeline import FaultTolerantPipelineStrategy
 from paratrain.strategies.fsdp import FSDPStrategy
 from paratrain.strategies.ps import ParameterServerStrategy
 from paratrain.strategies.recipe import StepRecipe
@@ -53,6 +54,7 @@ __all__ = [
     "ExponentialDecay",
     "FSDPStrategy",
     "FaultTolerantAllReduceStrategy",
+    "FaultTolerantPipelineStrategy",
     "History",
     "LearningRateScheduler",
     "LinearScalingWarmup",

@@ -59,10 +59,10 @@ SECTIONS: dict[str, type] = {
 _TAKEN_BY = {
     AllReduceConfig: "--strategy allreduce",
     PSConfig: "the ps-* strategies",
-    PipelineConfig: "--strategy pipeline",
+    PipelineConfig: "--strategy pipeline and pipeline-ft",
     AveragingConfig: "--strategy local-sgd and diloco",
     FSDPConfig: "--strategy fsdp",
-    FTConfig: "--strategy allreduce-ft",
+    FTConfig: "--strategy allreduce-ft and pipeline-ft",
 }
 
 
@@ -247,7 +247,8 @@ class TrainConfig:
         for section, taken_by in _TAKEN_BY.items():
             name = next(n for n, c in SECTIONS.items() if c is section)
             changed = non_default(getattr(self, name))
-            if changed and strategy.options is not section:
+            sections = strategy.options if isinstance(strategy.options, tuple) else (strategy.options,)
+            if changed and section not in sections:
                 raise ConfigError(f"{flag(changed[0])} applies to {taken_by}, not to --strategy {self.strategy}")
         self.codec.check()
         if self.codec.compression != "none" and not strategy.takes_compression:

@@ -95,6 +95,7 @@ STRATEGIES = Registry(
         "ps-backup": "paratrain.strategies.ps:ParameterServerStrategy",
         "ps-async": "paratrain.strategies.ps:ParameterServerStrategy",
         "pipeline": "paratrain.strategies.pipeline:PipelineStrategy",
+        "pipeline-ft": "paratrain.strategies.fault_tolerant_pipeline:FaultTolerantPipelineStrategy",
         "local-sgd": "paratrain.strategies.averaging:LocalSGDStrategy",
         "diloco": "paratrain.strategies.averaging:DiLoCoStrategy",
         "fsdp": "paratrain.strategies.fsdp:FSDPStrategy",

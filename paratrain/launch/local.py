@@ -59,7 +59,7 @@ def launch(
     messages ("ps shard 0", "worker 1"). A ``topology`` gives the number of processes,
     the names and the expendable ranks at once.
 
-    A topology whose replicas are replaced alone (``allreduce-ft``) runs under
+    A topology whose replicas are replaced alone (``allreduce-ft``, ``pipeline-ft``) runs under
     ``launch/replacing.py``: ``max_restarts`` replacements over the run, the others going on
     while ``min_replicas`` are alive, a replica dropped after ``heartbeat_timeout`` seconds
     of silence, the run stopped when no replica steps for ``timeout`` seconds (a
@@ -82,8 +82,9 @@ def launch(
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     names = rank_names or [f"worker {rank}" for rank in range(num_processes)]
     if topology is not None and topology.replaces_lost:
+        replicas = topology.num_replicas
         return supervise_replacing(
-            fn, args, num_processes, names, max_restarts, min_replicas, heartbeat_timeout, timeout
+            fn, args, replicas, names, max_restarts, min_replicas, heartbeat_timeout, timeout, num_processes // replicas
         )
     return supervise(fn, args, num_processes, expendable, names, max_restarts, checkpoint_dir)
 

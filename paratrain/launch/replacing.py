@@ -1,6 +1,8 @@
-"""The local launcher of runs whose replicas go on without a lost one (``allreduce-ft``):
-a Lighthouse in this process, one process per replica, and a lost replica replaced
-alone while the others keep training.
+"""The local launcher of runs whose replicas go on without a lost one (``allreduce-ft``,
+``pipeline-ft``): a Lighthouse in this process, one process per replica (a pipeline
+replica: one per stage, a process group of their own), and a lost replica replaced alone
+while the others keep training. A replica is lost and replaced as a unit: when one of its
+processes dies, its other processes are stopped.
 
 - A replica that exits 0 is done; once one is done, training is over and no replacement
   is started (it would find nobody to take the state from).
@@ -43,7 +45,11 @@ def supervise_replacing(
     min_replicas: int,
     heartbeat_timeout: float,
     timeout: float = 60.0,
+    per_replica: int = 1,
 ) -> list[Any]:
+    """``num_replicas`` replicas of ``per_replica`` processes each (``pipeline-ft``: its
+    stages, a process group of their own); ``names`` names every process. A replica is
+    replaced as a unit: when one of its processes is lost, the others are stopped too."""
     from paratrain.strategies.fault_tolerant import torchft_modules
 
     torchft_modules()
@@ -51,7 +57,8 @@ def supervise_replacing(
     from torchft.coordination import LighthouseServer
 
     folder = Path(tempfile.mkdtemp(prefix="paratrain-"))
-    (folder / "progress").write_bytes(bytes(8 * num_replicas))
+    num_processes = num_replicas * per_replica
+    (folder / "progress").write_bytes(bytes(8 * num_processes))
     lighthouse = LighthouseServer(
         bind=f"127.0.0.1:{free_port()}",
         min_replicas=min_replicas,
@@ -73,19 +80,25 @@ def supervise_replacing(
     context = multiprocessing.get_context("spawn")
     incarnation = [0] * num_replicas
 
-    def start(slot: int) -> Any:
-        tag = f"{slot}-{incarnation[slot]}"
-        env = {
-            **base,
-            "REPLICA_GROUP_ID": str(slot),
-            "TORCHELASTIC_RESTART_COUNT": str(incarnation[slot]),
-            "TORCHELASTIC_ERROR_FILE": str(folder / f"error-{tag}.json"),
-        }
-        process = context.Process(target=run_process, args=(env, str(folder / f"result-{tag}.pkl"), fn, args))
-        process.start()
-        return process
+    def start(slot: int) -> list[Any]:
+        """Replica ``slot``'s processes; several form a process group of their own."""
+        group = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(per_replica)}
+        started = []
+        for member in range(per_replica):
+            tag = _tag(slot, member, incarnation[slot], per_replica)
+            env = {
+                **base,
+                "REPLICA_GROUP_ID": str(slot),
+                "TORCHELASTIC_RESTART_COUNT": str(incarnation[slot]),
+                "TORCHELASTIC_ERROR_FILE": str(folder / f"error-{tag}.json"),
+                **({**group, "RANK": str(member), "LOCAL_RANK": str(member)} if per_replica > 1 else {}),
+            }
+            process = context.Process(target=run_process, args=(env, str(folder / f"result-{tag}.pkl"), fn, args))
+            process.start()
+            started.append(process)
+        return started
 
-    processes = [start(slot) for slot in range(num_replicas)]
+    replicas = [start(slot) for slot in range(num_replicas)]
     finished: set[int] = set()
     lost: set[int] = set()
     restarts = 0
@@ -96,33 +109,48 @@ def supervise_replacing(
     try:
         while len(finished) + len(lost) < num_replicas:
             time.sleep(0.1)
-            top = max(read_progress(folder / "progress", num_replicas))
+            top = max(read_progress(folder / "progress", num_processes))
             if top != last_top:
                 last_top, last_move = top, time.monotonic()
             if not finished and time.monotonic() - last_move > stall_limit:
-                alive = [names[s] for s, p in enumerate(processes) if s not in lost and p.exitcode is None]
+                alive = [
+                    names[slot * per_replica + m]
+                    for slot, members in enumerate(replicas)
+                    for m, p in enumerate(members)
+                    if slot not in lost and p.exitcode is None
+                ]
                 raise WorkerLost(
                     f"no replica took a step for {stall_limit:g} s after step {last_top} (--timeout {timeout:g}); "
                     f"stopped {', '.join(alive) or 'none'}"
                 )
-            for slot, process in enumerate(processes):
-                if slot in finished or slot in lost or process.exitcode is None:
+            for slot, members in enumerate(replicas):
+                if slot in finished or slot in lost:
                     continue
-                code = process.exitcode
-                tag = f"{slot}-{incarnation[slot]}"
-                if code == 0 and (folder / f"error-{tag}.json").exists():  # left when asked (SIGTERM)
-                    print(f"paratrain: {failure_message(folder, tag, code)}", file=sys.stderr, flush=True)
+                codes = [p.exitcode for p in members]
+                tags = [_tag(slot, m, incarnation[slot], per_replica) for m in range(per_replica)]
+                left = [m for m, code in enumerate(codes) if code == 0 and (folder / f"error-{tags[m]}.json").exists()]
+                if left:  # left when asked (SIGTERM)
+                    print(f"paratrain: {failure_message(folder, tags[left[0]], 0)}", file=sys.stderr, flush=True)
+                    _stop(members)
                     lost.add(slot)
                     continue
-                if code == 0:
+                if all(code == 0 for code in codes):
                     finished.add(slot)
                     continue
-                failure = {slot: (code, failed_at(folder, tag, code), failure_message(folder, tag, code))}
+                failed = [m for m, code in enumerate(codes) if code not in (None, 0)]
+                if not failed:
+                    continue
+                # The cause: the process that failed first (one killed without a word counts
+                # as first); the others of its replica failed because it did.
+                member = min(failed, key=lambda m: failed_at(folder, tags[m], codes[m]))
+                _stop(members)  # a replica is replaced as a unit: its other processes go too
+                code, tag, index = codes[member], tags[member], slot * per_replica + member
+                failure = {index: (code, failed_at(folder, tag, code), failure_message(folder, tag, code))}
                 if code in (2, 3):
                     raise first_failure(failure, names)
-                step = read_progress(folder / "progress", num_replicas)[slot]
+                step = read_progress(folder / "progress", num_processes)[index]
                 how = f"exit code {code}" if code > 0 else f"killed by {signal_name(-code)}"
-                what = f"paratrain: {names[slot]} was lost ({how}) after step {step}"
+                what = f"paratrain: {names[index]} was lost ({how}) after step {step}"
                 if not finished and restarts < max_restarts:
                     restarts += 1
                     incarnation[slot] += 1
@@ -131,9 +159,11 @@ def supervise_replacing(
                         file=sys.stderr,
                         flush=True,
                     )
-                    processes[slot] = start(slot)
+                    replicas[slot] = start(slot)
                     continue
-                alive = sum(1 for s, p in enumerate(processes) if s not in lost and s != slot and p.exitcode is None)
+                alive = sum(
+                    1 for s, ps in enumerate(replicas) if s not in lost and s != slot and ps[0].exitcode is None
+                )
                 if not finished and alive < min_replicas:
                     raise first_failure(failure, names)
                 lost.add(slot)
@@ -142,15 +172,28 @@ def supervise_replacing(
                         f"{what}; the run goes on with {alive} replica{'s' * (alive != 1)}", file=sys.stderr, flush=True
                     )
         if not finished:
-            raise first_failure({s: (processes[s].exitcode, 0.0, "lost") for s in lost}, names)
-        return [read_result(folder, f"{slot}-{incarnation[slot]}") for slot in range(num_replicas)]
+            raise first_failure({s * per_replica: (replicas[s][0].exitcode, 0.0, "lost") for s in lost}, names)
+        return [
+            read_result(folder, _tag(slot, m, incarnation[slot], per_replica))
+            for slot in range(num_replicas)
+            for m in range(per_replica)
+        ]
     finally:
-        for process in processes:
-            if process.exitcode is None:  # SIGTERM would only ask it to leave after its step
-                process.kill()
-        for process in processes:
-            process.join(timeout=10)
-            if process.exitcode is None:
-                process.kill()
+        for members in replicas:
+            _stop(members)
         lighthouse.shutdown()
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _tag(slot: int, member: int, incarnation: int, per_replica: int) -> str:
+    """A process's name in the run's folder (error and result files)."""
+    return f"{slot}-{incarnation}" if per_replica == 1 else f"{slot}.{member}-{incarnation}"
+
+
+def _stop(processes: list[Any]) -> None:
+    """SIGKILL at once (SIGTERM would only ask a replica to leave after its step), and reap."""
+    for process in processes:
+        if process.exitcode is None:
+            process.kill()
+    for process in processes:
+        process.join(timeout=10)

@@ -123,7 +123,9 @@ def torchft_modules() -> Any:
     try:
         import torchft
     except ImportError:
-        raise ConfigError(f"--strategy allreduce-ft needs torchft: {INSTALL_HINT}") from None
+        raise ConfigError(
+            f"per-step fault tolerance (allreduce-ft, pipeline-ft) needs torchft: {INSTALL_HINT}"
+        ) from None
     # One warning per reconfiguration on builds without NCCL's flight recorder.
     logging.getLogger("torchft.manager").setLevel(logging.ERROR)
     return torchft
@@ -144,6 +146,8 @@ class FaultTolerantAllReduceStrategy(Strategy):
     # fp16's scaler skips steps on its own; replicas must agree on every commit.
     scales_loss = False
     takes_compression = True
+    leaves_on_sigterm: ClassVar[bool] = True
+    """SIGTERM makes the replica leave after its step (one process: it can leave alone)."""
     #: Codecs whose payloads add up: the Manager's one all-reduce sums them (in 16 bits).
     WIRE_DTYPES: ClassVar[dict[str, torch.dtype | None]] = {"none": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -158,11 +162,7 @@ class FaultTolerantAllReduceStrategy(Strategy):
         compression: str = "none",
     ):
         super().__init__(device=device, timeout=timeout, workers=workers)
-        if compression not in self.WIRE_DTYPES:
-            raise ConfigError(
-                f"--strategy allreduce-ft sums each step's gradient in one all-reduce: --compression must be "
-                f"one of {', '.join(self.WIRE_DTYPES)} (payloads that add up), got {compression!r}"
-            )
+        self.check_compression(compression)
         self.compression = compression
         self._wire_dtype = self.WIRE_DTYPES[compression]
         self.lighthouse = lighthouse
@@ -189,7 +189,16 @@ class FaultTolerantAllReduceStrategy(Strategy):
         return ReplicaGroups(num_replicas=num_replicas)
 
     @classmethod
+    def check_compression(cls, compression: str) -> None:
+        if compression not in cls.WIRE_DTYPES:
+            raise ConfigError(
+                f"--strategy {cls.name} sums each step's gradient in one all-reduce: --compression must be "
+                f"one of {', '.join(cls.WIRE_DTYPES)} (payloads that add up), got {compression!r}"
+            )
+
+    @classmethod
     def check_config(cls, config: TrainConfig) -> None:
+        cls.check_compression(config.codec.compression)
         if config.checkpoint_dir is not None:
             raise ConfigError(
                 "--strategy allreduce-ft recovers from live peers, not checkpoints: drop --checkpoint-dir "
@@ -265,11 +274,11 @@ class FaultTolerantAllReduceStrategy(Strategy):
         replica still building its model), then the first quorum; a replacement takes the
         live state from a peer there and the loop goes on from the peer's position."""
         self.trainer = trainer
-        if threading.current_thread() is threading.main_thread():
+        if self.leaves_on_sigterm and threading.current_thread() is threading.main_thread():
             signal.signal(signal.SIGTERM, self._asked_to_leave)
         if self.manager is None:
             self.manager = self._start_manager()
-            _wait_for_all_first_replicas(self.incarnation, self.num_replicas, self.timeout)
+            _wait_for_all_first_replicas(self.incarnation, self.topology.num_processes, self.timeout)
         self._quorum()
         self._quorum_ready = True
         if self._joined_state is not None:
@@ -313,11 +322,10 @@ class FaultTolerantAllReduceStrategy(Strategy):
 
         host = os.environ.get("PARATRAIN_REPLICA_HOST", "127.0.0.1")
         wait = timedelta(seconds=self.timeout)
-        # The replica's own store: the gradient group of a quorum meets in its first member's.
-        self._store = TCPStore(host, 0, is_master=True, wait_for_workers=False, timeout=wait)
+        store_host, store_port, group_rank, group_size = self._replica_group(host)
         lighthouse = self.lighthouse or os.environ.get("TORCHFT_LIGHTHOUSE")
         if not lighthouse:
-            raise ConfigError("--strategy allreduce-ft under torchrun needs --lighthouse http://HOST:PORT")
+            raise ConfigError(f"--strategy {self.name} under torchrun needs --lighthouse http://HOST:PORT")
         return torchft.Manager(
             pg=torchft.ProcessGroupGloo(timeout=wait),
             load_state_dict=self._load_live_state,
@@ -327,17 +335,24 @@ class FaultTolerantAllReduceStrategy(Strategy):
             timeout=wait,
             quorum_timeout=wait,
             connect_timeout=wait,
-            rank=0,
-            world_size=1,
-            store_addr=host,
-            store_port=self._store.port,
+            rank=group_rank,
+            world_size=group_size,
+            store_addr=store_host,
+            store_port=store_port,
             lighthouse_addr=lighthouse,
-            replica_id=f"replica_{self.process_rank}",
+            replica_id=f"replica_{self.rank}",
             hostname=host,
             checkpoint_transport=LiveStateTransport(wait, host),
             init_sync=False,  # every replica builds the same initial model from --seed
             max_retries=max(3, self.num_replicas * 2),  # then a replica that cannot commit leaves
         )
+
+    def _replica_group(self, host: str) -> tuple[str, int, int, int]:
+        """Where this replica's processes meet (a store's host and port) and this process's
+        rank among them, of how many: one process, and a store of its own (the gradient
+        group of a quorum meets in its first member's)."""
+        self._store = TCPStore(host, 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=self.timeout))
+        return host, self._store.port, 0, 1
 
     def _quorum(self) -> None:
         """The quorum of the next step: who takes part, and a heal if this replica is behind."""
@@ -436,7 +451,7 @@ class FaultTolerantAllReduceStrategy(Strategy):
             self.steps_taken += 1
             if self.recipe.clip_grad_norm:
                 self.clip_gradients(model)
-            skip = self.skip_nonfinite(model, loss, lambda: self.gradients_finite(optimizer))
+            skip = self.skip_nonfinite(self.unwrap(model), loss, lambda: self.gradients_finite(optimizer))
             if self.manager.should_commit():
                 if not skip:
                     with span("optimizer"):
@@ -467,7 +482,14 @@ class FaultTolerantAllReduceStrategy(Strategy):
         x, y = map_tensors(inputs, lambda t: t[piece]), map_tensors(targets, lambda t: t[piece])
         loss, outputs = self.recipe.forward_backward(model, loss_fn, x, y, self.device)
         params = [p for p in self.unwrap(model).parameters() if p.requires_grad]
-        share = (piece.stop - piece.start) / total
+        return self._sum_over_quorum(params, loss, (piece.stop - piece.start) / total, step, targets), outputs
+
+    def _sum_over_quorum(
+        self, params: list[nn.Parameter], loss: torch.Tensor, share: float, step: int, targets: Any
+    ) -> torch.Tensor:
+        """This participant's gradients of ``params`` and its ``loss``, weighted by its
+        ``share`` of the global batch, summed over the quorum in place (one flat all-reduce
+        that never raises: a peer lost during it leaves the step uncommitted); the summed loss."""
         grads = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
         # Every participant must hold the same step's same global batch: their marks then sum
         # to P times each one's (exact in float32, as the loss must be: never in 16 bits).
@@ -489,15 +511,14 @@ class FaultTolerantAllReduceStrategy(Strategy):
                 f"worker {self.process_rank}: the replicas disagree on the global batch of step "
                 f"{step} (a position was not carried over)"
             )
-        flat = grads
         offset = 0
         for p in params:
             n = p.numel()
             if p.grad is None:
                 p.grad = torch.empty_like(p)
-            p.grad.copy_(flat[offset : offset + n].view_as(p))
+            p.grad.copy_(grads[offset : offset + n].view_as(p))
             offset += n
-        return tail[0].detach().clone(), outputs
+        return tail[0].detach().clone()
 
     def _count_step(self, step: int, participants: int) -> None:
         self._participants[participants] += 1

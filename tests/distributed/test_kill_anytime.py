@@ -15,7 +15,7 @@ SEED = random.SystemRandom().randrange(10**6)
 
 
 @pytest.mark.parametrize(
-    "strategy", ["allreduce", "ps-backup", "ps-sync", "pipeline", "fsdp", "diloco", "allreduce-ft"]
+    "strategy", ["allreduce", "ps-backup", "ps-sync", "pipeline", "fsdp", "diloco", "allreduce-ft", "pipeline-ft"]
 )
 def test_a_kill_at_a_random_moment_never_hangs(strategy):
     print(f"kill drill seed {SEED}: repeat with python benchmarks/kill_anytime.py --seed {SEED} "

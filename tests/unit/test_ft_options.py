@@ -21,7 +21,12 @@ from paratrain.strategies.fault_tolerant import ReplicaGroups, part_of
         ({"strategy": "allreduce-ft", "min_replicas": 0}, "--min-replicas must be >= 1, got 0"),
         ({"strategy": "allreduce-ft", "lighthouse": "host:29510"}, "--lighthouse must be an address like http://HOST:29510, got 'host:29510'"),
         ({"strategy": "allreduce-ft", "replica_heartbeat_timeout": 0.0}, "--replica-heartbeat-timeout must be > 0, got 0.0"),
-        ({"strategy": "allreduce", "min_replicas": 2}, "--min-replicas applies to --strategy allreduce-ft, not to --strategy allreduce"),
+        ({"strategy": "allreduce", "min_replicas": 2}, "--min-replicas applies to --strategy allreduce-ft and pipeline-ft, not to --strategy allreduce"),
+        ({"strategy": "pipeline-ft", "workers": 4, "checkpoint_dir": "ckpt"}, "--strategy pipeline-ft recovers from live peers, not checkpoints: drop --checkpoint-dir (or use --strategy pipeline, which restarts the run from its checkpoints)"),
+        ({"strategy": "pipeline-ft", "workers": 4, "min_replicas": 3}, "--min-replicas 3 is more than the run's 2 pipeline replicas (--workers 4 / --stages 2): no step could commit"),
+        ({"strategy": "pipeline-ft", "workers": 4, "balance": "time"}, "--strategy pipeline-ft splits by --balance params or --split-points: a replacement takes its stage from a peer before any batch, when a split by time is not known yet"),
+        ({"strategy": "pipeline-ft", "workers": 3}, "--workers 3 is not a multiple of --stages 2: the run has workers / stages pipeline replicas of 2 processes each (e.g. --workers 4)"),
+        ({"strategy": "pipeline-ft", "compression": "int8"}, "--strategy pipeline-ft sums each step's gradient in one all-reduce: --compression must be one of none, fp16, bf16 (payloads that add up), got 'int8'"),
         ({"strategy": "allreduce-ft", "precision": "fp16"}, "--precision fp16 needs a gradient scaler beside the optimizer, which --strategy allreduce-ft runs elsewhere; use --precision bf16, or --strategy single or allreduce"),
     ],
 )  # fmt: skip
@@ -38,6 +43,19 @@ def test_replacements_need_no_checkpoint_folder():
     assert config.global_batch == 3 * 32  # the global batch of allreduce, whoever is alive
     with pytest.raises(ConfigError, match="--max-restarts needs --checkpoint-dir"):
         TrainConfig(strategy="allreduce", workers=2, max_restarts=1)
+
+
+def test_pipeline_replicas_are_replaced_as_units_and_keep_the_global_batch():
+    from paratrain.strategies.fault_tolerant_pipeline import PipelineReplicaGroups
+
+    config = TrainConfig(strategy="pipeline-ft", stages=2, workers=6, max_restarts=1, batch_size=8, microbatches=4)
+    assert config.topology == PipelineReplicaGroups(num_replicas=3, num_stages=2)
+    assert config.topology.replaces_lost and config.topology.expendable_ranks == frozenset(range(6))
+    assert config.topology.rank_name(3) == "stage 1 of replica 1"
+    assert config.global_batch == 3 * 8
+    config.topology.check_cluster(ClusterEnv(0, 2, 0, "127.0.0.1", 29500), "pipeline-ft")
+    with pytest.raises(ConfigError, match="one torchrun job per replica, of --stages 2 processes"):
+        config.topology.check_cluster(ClusterEnv(0, 6, 0, "127.0.0.1", 29500), "pipeline-ft")
 
 
 def test_under_torchrun_each_replica_is_a_job_of_one_process():

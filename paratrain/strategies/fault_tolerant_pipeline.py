@@ -1,0 +1,286 @@
+"""``pipeline-ft``: pipeline replicas that keep training through a lost replica.
+
+Each replica is one pipeline: ``--stages S`` processes, a process group of their own
+(the stages pass activations and gradients in it, as in ``pipeline``). Across replicas,
+each replica is one replica group of torchft (``allreduce-ft``'s design, with S ranks per
+group): before every step the replica's first stage takes the quorum from the
+Lighthouse and every stage of the replica learns it; each stage's gradient is summed
+with the same stage of the other replicas in that quorum, and all stages of a replica
+commit the step or none does.
+
+A replica drops out as a unit: when one of its processes dies, the launcher stops the
+others (``launch/replacing.py``), the quorum goes on without the replica at the next step,
+and a replacement (``--max-restarts``) is a whole new pipeline whose every stage takes its
+state from the same stage of a live replica.
+
+The global batch stays ``batch_size x replicas`` whoever is alive, as in ``allreduce-ft``,
+in whole micro-batches: the global batch is ``replicas x micro-batches`` micro-batches
+of ``batch_size / --microbatches`` examples, and participant ``p`` of ``P`` runs its
+pipeline over the ``p``-th of ``P`` near-equal runs of them (a stage's receive buffers
+have the micro-batch's shape, which never changes; the number of micro-batches does,
+and each count has its schedule). Each part's gradient is weighted by its share.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from paratrain.comm.transport import cluster_from_env, default_backend
+from paratrain.data.batch import map_tensors, num_examples
+from paratrain.errors import ConfigError, WorkerLost
+from paratrain.parallel.pipeline import make_schedule
+from paratrain.parallel.split import parse_split_points
+from paratrain.strategies.base import LossFn, Strategy, resolve_device
+from paratrain.strategies.fault_tolerant import (
+    FaultTolerantAllReduceStrategy,
+    FTConfig,
+    part_of,
+    replica_slot,
+    torchft_modules,
+)
+from paratrain.strategies.pipeline import PipelineConfig, PipelineStrategy, PipelineTopology
+from paratrain.train.faults import restart_count
+
+if TYPE_CHECKING:
+    from paratrain.comm.transport import ClusterEnv
+    from paratrain.config import TrainConfig
+
+
+@dataclass(frozen=True)
+class PipelineReplicaGroups(PipelineTopology):
+    """``num_replicas`` pipelines of ``num_stages`` processes; each replica is its own
+    process group and replica group, lost and replaced as a unit."""
+
+    replaces_lost = True
+
+    @property
+    def expendable_ranks(self) -> frozenset[int]:
+        return frozenset(range(self.num_processes))
+
+    def check_cluster(self, cluster: ClusterEnv, strategy: str) -> None:
+        """Under torchrun, each replica is its own job of ``num_stages`` processes."""
+        if cluster.world_size != self.num_stages:
+            raise ConfigError(
+                f"--strategy {strategy} runs one torchrun job per replica, of --stages {self.num_stages} "
+                f"processes (REPLICA_GROUP_ID set, --lighthouse given), got a job of {cluster.world_size}"
+            )
+
+
+class FaultTolerantPipelineStrategy(FaultTolerantAllReduceStrategy, PipelineStrategy):
+    """The quorum, the heal, the step loop and the accounting are ``allreduce-ft``'s; the
+    stage, its schedules and evaluation are ``pipeline``'s."""
+
+    name = "pipeline-ft"
+    options = (PipelineConfig, FTConfig)
+    leaves_on_sigterm = False  # a stage cannot leave alone: a replica is lost or kept whole
+
+    def __init__(
+        self,
+        num_stages: int = 2,
+        num_microbatches: int = 4,
+        schedule: str = "1f1b",
+        split_points: list[int] | None = None,
+        device: str = "auto",
+        timeout: float = 60.0,
+        workers: int | None = None,
+        lighthouse: str | None = None,
+        min_replicas: int = 1,
+        heartbeat_timeout: float = 1.0,
+        compression: str = "none",
+    ):
+        # `workers` counts processes, as in pipeline: replicas x stages.
+        FaultTolerantAllReduceStrategy.__init__(
+            self, device, timeout, workers, lighthouse, min_replicas, heartbeat_timeout, compression
+        )
+        probe = PipelineStrategy(num_stages, num_microbatches, schedule, "params", split_points, device, timeout)
+        self.num_stages, self.num_microbatches = probe.num_stages, probe.num_microbatches
+        self.schedule_name, self.balance, self.split_points = schedule, "params", split_points
+        self._schedules: dict[int, Any] = {}  # micro-batches of this replica's part -> its schedule
+        self._counting = False
+
+    # ----- configuration ---------------------------------------------------------------
+    @classmethod
+    def topology_for(cls, config: TrainConfig) -> PipelineReplicaGroups:
+        stages = config.pipeline.stages
+        processes = config.workers if config.workers > 1 else stages
+        return PipelineReplicaGroups(num_replicas=processes // stages, num_stages=stages)
+
+    @classmethod
+    def check_config(cls, config: TrainConfig) -> None:
+        PipelineStrategy.check_config(config)
+        cls.check_compression(config.codec.compression)
+        replicas = cls.topology_for(config).num_replicas
+        if config.checkpoint_dir is not None:
+            raise ConfigError(
+                "--strategy pipeline-ft recovers from live peers, not checkpoints: drop --checkpoint-dir "
+                "(or use --strategy pipeline, which restarts the run from its checkpoints)"
+            )
+        if config.ft.min_replicas > replicas:
+            raise ConfigError(
+                f"--min-replicas {config.ft.min_replicas} is more than the run's {replicas} pipeline replicas "
+                f"(--workers {config.workers} / --stages {config.pipeline.stages}): no step could commit"
+            )
+        if config.pipeline.balance == "time":
+            raise ConfigError(
+                "--strategy pipeline-ft splits by --balance params or --split-points: a replacement takes its "
+                "stage from a peer before any batch, when a split by time is not known yet"
+            )
+
+    @classmethod
+    def from_config(cls, config: TrainConfig) -> FaultTolerantPipelineStrategy:
+        options = config.pipeline
+        return cls(
+            num_stages=options.stages,
+            num_microbatches=options.microbatches,
+            schedule=options.schedule,
+            split_points=parse_split_points(options.split_points) if options.split_points else None,
+            device=config.device,
+            timeout=config.timeout,
+            workers=config.workers,
+            lighthouse=config.ft.lighthouse,
+            min_replicas=config.ft.min_replicas,
+            heartbeat_timeout=config.ft.replica_heartbeat_timeout,
+            compression=config.codec.compression,
+        )
+
+    def planned_topology(self) -> PipelineReplicaGroups:
+        processes = self.workers if self.workers and self.workers > 1 else self.num_stages
+        return PipelineReplicaGroups(num_replicas=processes // self.num_stages, num_stages=self.num_stages)
+
+    # ----- process -----------------------------------------------------------------------
+    def setup(self) -> None:
+        """One stage of one replica: the replica's own process group (its stages), and the
+        run's place of it (``REPLICA_GROUP_ID``)."""
+        if self._ready:
+            return
+        torchft_modules()
+        cluster = cluster_from_env()
+        if cluster is None:
+            raise ConfigError(
+                "--strategy pipeline-ft runs as `paratrain train`, or under torchrun as one job of --stages "
+                "processes per replica"
+            )
+        self.device = resolve_device(self.device_preference, cluster.local_rank)
+        self._join_group(default_backend(self.device))
+        if dist.get_world_size() != self.num_stages:
+            raise ConfigError(f"a replica has {dist.get_world_size()} processes, not --stages {self.num_stages}")
+        self.incarnation = restart_count()
+        processes = self.workers if self.workers and self.workers > 1 else None
+        replicas = processes // self.num_stages if processes else int(os.environ.get("NUM_REPLICA_GROUPS", "1"))
+        self.topology = PipelineReplicaGroups(num_replicas=replicas, num_stages=self.num_stages)
+        self.process_rank = replica_slot() * self.num_stages + dist.get_rank()
+        Strategy.setup(self)
+
+    def _replica_group(self, host: str) -> tuple[str, int, int, int]:
+        """The replica's stages meet in their process group's store; this stage is its rank."""
+        return os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), dist.get_rank(), self.num_stages
+
+    @property
+    def is_chief(self) -> bool:
+        """The last stage (it holds the loss and the logits) of the quorum's first replica."""
+        if not self.is_last_stage:
+            return False
+        if self.manager is None or self.manager.participating_rank() is None:
+            return self.rank == 0
+        return self.manager.participating_rank() == 0
+
+    # ----- step --------------------------------------------------------------------------
+    def _gradient(
+        self,
+        model: nn.Module,
+        loss_fn: LossFn,
+        optimizer: torch.optim.Optimizer,
+        inputs: Any,
+        targets: Any,
+        step: int,
+    ) -> tuple[torch.Tensor, Any]:
+        """This replica's run of the global batch's micro-batches through its pipeline; each
+        stage's gradient weighted by the run's share and summed with the same stage of the
+        other participants."""
+        if not torch.is_tensor(inputs):
+            raise ConfigError(
+                f"--strategy pipeline-ft feeds stage 0 one tensor; this batch's inputs are a {type(inputs).__name__}"
+            )
+        optimizer.zero_grad(set_to_none=True)
+        inputs = self.recipe.prepare_inputs(inputs)
+        micro = self.step_microbatches * self.num_replicas  # micro-batches of the global batch
+        size = num_examples(targets) // micro
+        run = part_of(micro, self.manager.participating_rank(), self.manager.num_participants())
+        count = run.stop - run.start
+        rows = slice(run.start * size, run.stop * size)
+        schedule = self._schedule_of(loss_fn, count)
+        losses: list[torch.Tensor] = []
+        with self.recipe.autocast(self.device), self._pipeline_intact():
+            if self.stage == 0:
+                outputs = schedule.step(inputs[rows])
+            elif self.is_last_stage:
+                outputs = schedule.step(target=map_tensors(targets, lambda t: t[rows]), losses=losses)
+            else:
+                outputs = schedule.step()
+        self._bytes_sent += count * self._microbatch_bytes
+        # Equal micro-batches: the mean of their mean losses is the run's mean loss.
+        loss = torch.stack([l.detach() for l in losses]).mean() if losses else torch.zeros((), device=self.device)
+        params = [p for p in self._module.parameters() if p.requires_grad]
+        summed = self._sum_over_quorum(params, loss, count / micro, step, targets)
+        if self.is_last_stage:
+            return summed, outputs.detach()
+        return summed, torch.empty(0, device=self.device)
+
+    def _schedule_of(self, loss_fn: LossFn, count: int) -> Any:
+        """The schedule over ``count`` micro-batches (1F1B needs at least one per stage: fewer
+        run as GPipe)."""
+        if self._loss_fn is not loss_fn:
+            self._loss_fn, self._schedules = loss_fn, {}
+        if count not in self._schedules:
+            name = "gpipe" if self.schedule_name == "1f1b" and count < self.num_stages else self.schedule_name
+            self._schedules[count] = make_schedule(
+                name, self._module, self.stage, self.num_stages, self.device, None, count, loss_fn
+            )
+            if not self._counting:
+                self._count_traffic(self._module)
+                self._counting = True
+        return self._schedules[count]
+
+    def gradients_finite(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Each stage sees its own gradients (summed over the quorum, so every replica's
+        stage sees the same): the replica's stages agree in one all-reduce of a flag."""
+        return not self._nonfinite_anywhere(optimizer)
+
+    def forward(self, model: nn.Module, inputs: torch.Tensor) -> torch.Tensor | None:
+        """Evaluation's forward pass through this replica's stages (ranks 0..S-1 of its group)."""
+        inputs = self.recipe.prepare_inputs(inputs)
+        with self.recipe.autocast(self.device), self._pipeline_intact():
+            return self._forward_only(inputs, 0)
+
+    @contextlib.contextmanager
+    def _pipeline_intact(self) -> Iterator[None]:
+        """A stage of this replica died (its connection closed): this stage cannot go on
+        alone; it says so in one line, and the launcher replaces the replica as a unit."""
+        try:
+            yield
+        except RuntimeError as error:
+            raise WorkerLost(
+                f"{self.topology.rank_name(self.process_rank)}: another stage of its replica stopped answering "
+                f"({str(error).splitlines()[0][-120:]})"
+            ) from None
+
+    def stats(self) -> dict[str, Any]:
+        """``allreduce-ft``'s view of the run (participants, heals), with the gradient bytes of
+        every stage of the replica: what went between replicas, summed over the quorums."""
+        stats = FaultTolerantAllReduceStrategy.stats(self)
+        stages = torch.tensor([float(self._grad_bytes)], dtype=torch.float64)
+        dist.all_reduce(stages)  # this replica's stages (the process group)
+        stats["bytes_sent"] = int(stages.item()) * sum(p * c for p, c in self._participants.items())
+        return stats
+
+    def teardown(self) -> None:
+        self._schedules = {}
+        super().teardown()

@@ -1,0 +1,98 @@
+"""pipeline-ft on Gloo processes: 2 pipeline replicas of 2 stages; one stage of replica 1
+killed mid-run takes its replica out as a unit (the launcher stops the other stage), the
+survivor goes on, a replacement pipeline takes every stage's state from the same stage of
+the survivor, and the run is the single-process run of the same global batch all along."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torchft")
+
+pytestmark = pytest.mark.distributed
+
+REPO = Path(__file__).resolve().parents[2]
+# Batch 8 per replica, 4 micro-batches of 2, 2 replicas: a global batch of 16, 89 steps an epoch.
+RUN = ["--epochs", "3", "--no-progress", "--log-every", "0"]
+FT = ["--strategy", "pipeline-ft", "--stages", "2", "--workers", "4", "--batch-size", "8", "--microbatches", "4"]
+
+
+def _same_run(metrics, reference):
+    """Every committed step took the whole global batch in whole micro-batches, whoever was
+    alive: the single-process run up to the order of float sums (each replica's micro-batch
+    means weighted, against one batch mean), a relative 1e-4 on every epoch's losses."""
+    assert metrics["global_steps"] == reference["global_steps"]
+    for epoch, (mine, theirs) in enumerate(zip(metrics["history"], reference["history"], strict=True)):
+        assert mine["train_loss"] == pytest.approx(theirs["train_loss"], rel=1e-4), epoch
+        assert mine["test_loss"] == pytest.approx(theirs["test_loss"], rel=1e-4), epoch
+    assert abs(metrics["test_accuracy"] - reference["test_accuracy"]) <= 0.01
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+    from tests.conftest import run_cli
+
+    out = tmp_path_factory.mktemp("single") / "single.json"
+    result = run_cli("train", *RUN, "--batch-size", "16", "--metrics-out", str(out))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def test_without_a_fault_it_is_the_single_process_run(cli, tmp_path, reference):
+    out = tmp_path / "m.json"
+    result = cli("train", *FT, *RUN, "--metrics-out", str(out))
+    assert result.returncode == 0, result.stderr[-3000:]
+    metrics = json.loads(out.read_text())
+    assert metrics["participants"]["per_step"] == [[1, reference["global_steps"], 2]]
+    assert metrics["replicas"] == 2 and metrics["stages"] == 2 and metrics["fault_tolerance"] == "per-step"
+    _same_run(metrics, reference)
+
+
+def _stage_process(launcher: int, replica: int, stage: int) -> int:
+    """The pid of ``stage`` of ``replica`` of a local run: the launcher starts each replica's
+    stages in turn, so its children in the order they started (the multiprocessing helper
+    left out) are replica 0's stages, then replica 1's."""
+    children = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            helper = b"resource_tracker" in (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(fields[1]) == launcher and not helper:
+            children.append((int(fields[19]), int(entry.name)))  # start time, pid
+    started = [pid for _, pid in sorted(children)]
+    assert len(started) == 4, started
+    return started[replica * 2 + stage]
+
+
+def test_a_killed_stage_takes_its_replica_out_and_a_whole_new_pipeline_rejoins_live(tmp_path, reference):
+    out = tmp_path / "m.json"
+    command = [sys.executable, "-m", "paratrain", "train", *FT, *RUN[:2], "--progress", "--log-every", "10",
+               "--max-restarts", "1", "--metrics-out", str(out)]  # fmt: skip
+    run = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        for line in run.stdout:
+            if line.startswith("step ") and int(line.split()[1].rstrip(",")) >= 30:
+                break
+        os.kill(_stage_process(run.pid, replica=1, stage=1), signal.SIGKILL)
+        _, stderr = run.communicate(timeout=300)
+    finally:
+        run.kill()
+    assert run.returncode == 0, stderr[-3000:]
+    assert re.search(r"paratrain: stage 1 of replica 1 was lost \(killed by SIGKILL\) after step \d+; a replacement "
+                     r"joins the run \(restart 1 of 1\)", stderr), stderr[-3000:]  # fmt: skip
+    assert len(re.findall(r"paratrain: worker \d joined the run at step \d+ with a live peer's state", stderr)) == 2
+    metrics = json.loads(out.read_text())
+    counts = [span[2] for span in metrics["participants"]["per_step"]]
+    assert counts[0] == 2 and 1 in counts and counts[-1] == 2, metrics["participants"]
+    assert metrics["restarts"] == 0
+    _same_run(metrics, reference)
