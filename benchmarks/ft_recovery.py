@@ -1,9 +1,12 @@
-"""Recovery from a lost replica: allreduce-ft (the survivors go on, a replacement takes
-the live state) against allreduce with a whole-run restart from its last checkpoint.
+"""Recovery from a lost replica: allreduce-ft and pipeline-ft (the survivors go on, a
+replacement takes the live state) against allreduce and pipeline with a whole-run restart
+from the last checkpoint.
 
-    python benchmarks/ft_recovery.py [--repeats 3] [--models mlp,cifar_cnn]
+    python benchmarks/ft_recovery.py [--repeats 3] [--models mlp,cifar_cnn] [--strategies ...]
+        [--parts recovery,throughput]   (rows of other models, strategies or parts recorded before stay)
 
-Recovery: 2 replicas, worker 1 killed (SIGKILL, `--fail 1@K`) once. Every step's log line
+Recovery: 2 replicas (pipelines: of 2 stages), replica 1 killed (SIGKILL, `--fail 1@K`:
+every stage of a pipeline replica) once. Every step's log line
 (`--log-every 1`) is timed as it arrives, and so is the killed process's last line, so:
 - `first step after`: seconds from the kill to the next step of the run (allreduce-ft: the
   survivor's; allreduce: the restarted run's first, from its checkpoint);
@@ -50,6 +53,8 @@ MODELS = {
 STRATEGIES = {
     "allreduce-ft": ["--strategy", "allreduce-ft", "--workers", "2"],
     "allreduce (restart)": ["--strategy", "allreduce", "--workers", "2"],
+    "pipeline-ft": ["--strategy", "pipeline-ft", "--stages", "2", "--workers", "4"],
+    "pipeline (restart)": ["--strategy", "pipeline", "--stages", "2", "--workers", "4"],
 }
 STEP = re.compile(r"^step (\d+),")
 
@@ -63,7 +68,7 @@ def train(
     epochs *= longer
     checkpoints = (
         []
-        if strategy == "allreduce-ft"
+        if strategy.endswith("-ft")  # recovers from live peers
         else ["--checkpoint-dir", str(folder / "ckpt"), "--checkpoint-every", str(every)]
     )
     command = [sys.executable, "-m", "paratrain", "train", *STRATEGIES[strategy], *flags, "--epochs", str(epochs),
@@ -146,41 +151,65 @@ def throughput_kept(model: str, strategy: str, every: float, kills: int) -> dict
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def tables(rows: list[dict], repeats: int, every: float, kills: int) -> list[str]:
+    lines = ["# Recovery from a lost replica (2 replicas, SIGKILL of replica 1 at step K)", "",
+             "| model | strategy | kill at step | first step after (s) | back past step K (s) | replacement in (s) |",
+             "| --- | --- | ---: | ---: | ---: | ---: |"]  # fmt: skip
+    for row in (r for r in rows if r["kind"] == "recovery"):
+        median = row["median"]
+        rejoin = f"{median['replacement_in']:.2f}" if "replacement_in" in median else "-"
+        lines.append(f"| {row['model']} | {row['strategy']} | {MODELS[row['model']][2]} | "
+                     f"{median['first_step_after']:.2f} | {median['back_past_kill']:.2f} | {rejoin} |")  # fmt: skip
+    lines += ["", f"Medians of {repeats} runs. The restart's checkpoints: every {MODELS['mlp'][3]} steps (mlp), "
+              f"{MODELS['cifar_cnn'][3]} (cifar_cnn). Pipelines: 2 replicas of 2 stages (4 processes); `--fail 1@K` "
+              "kills both stages of replica 1.", "",
+              f"# Throughput kept: a random replica process killed every {every:g} s, {kills} times", "",
+              "| model | strategy | undisturbed s | disturbed s | kept | losses | test accuracy (undisturbed) |",
+              "| --- | --- | ---: | ---: | ---: | ---: | --- |"]  # fmt: skip
+    for kept in (r for r in rows if r["kind"] == "throughput"):
+        lines.append(f"| {kept['model']} | {kept['strategy']} | {kept['undisturbed_seconds']:.1f} "
+                     f"| {kept['disturbed_seconds']:.1f} | {kept['kept']:.0%} | {kept['losses_reported']} "
+                     f"| {kept['test_accuracy']:.3f} ({kept['undisturbed_test_accuracy']:.3f}) |")  # fmt: skip
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--strategies", default=",".join(STRATEGIES))
     parser.add_argument("--every", type=float, default=6.0, help="seconds between kills (throughput kept)")
     parser.add_argument("--kills", type=int, default=4)
+    parser.add_argument("--parts", default="recovery,throughput", help="which measurements to run")
     parser.add_argument("--out", default=str(RESULTS / "ft_recovery"))
     args = parser.parse_args()
-    rows, lines = [], []
-    lines += ["# Recovery from a lost replica (2 replicas, SIGKILL of worker 1 at step K)", "",
-              "| model | strategy | kill at step | first step after (s) | back past step K (s) | replacement in (s) |",
-              "| --- | --- | ---: | ---: | ---: | ---: |"]  # fmt: skip
-    for model in args.models.split(","):
-        for strategy in STRATEGIES:
+    models, strategies = args.models.split(","), args.strategies.split(",")
+    rows, parts = [], args.parts.split(",")
+    for model in models if "recovery" in parts else []:
+        for strategy in strategies:
             runs = [recovery(model, strategy) for _ in range(args.repeats)]
             median = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
             rows.append({"kind": "recovery", "model": model, "strategy": strategy, "runs": runs, "median": median})
-            rejoin = f"{median['replacement_in']:.2f}" if "replacement_in" in median else "-"
-            lines.append(f"| {model} | {strategy} | {MODELS[model][2]} | {median['first_step_after']:.2f} "
-                         f"| {median['back_past_kill']:.2f} | {rejoin} |")  # fmt: skip
-            print(lines[-1], flush=True)
-    lines += ["", f"Medians of {args.repeats} runs. The restart's checkpoints: every {MODELS['mlp'][3]} steps (mlp), "
-              f"{MODELS['cifar_cnn'][3]} (cifar_cnn).", "",
-              f"# Throughput kept: a random replica process killed every {args.every:g} s, {args.kills} times", "",
-              "| model | strategy | undisturbed s | disturbed s | kept | losses | test accuracy (undisturbed) |",
-              "| --- | --- | ---: | ---: | ---: | ---: | --- |"]  # fmt: skip
-    for model in args.models.split(","):
-        for strategy in STRATEGIES:
+            print(tables(rows[-1:], args.repeats, args.every, args.kills)[4], flush=True)
+    for model in models if "throughput" in parts else []:
+        for strategy in strategies:
             kept = throughput_kept(model, strategy, args.every, args.kills)
             rows.append({"kind": "throughput", "model": model, "strategy": strategy, **kept})
-            lines.append(f"| {model} | {strategy} | {kept['undisturbed_seconds']:.1f} | {kept['disturbed_seconds']:.1f} "
-                         f"| {kept['kept']:.0%} | {kept['losses_reported']} "
-                         f"| {kept['test_accuracy']:.3f} ({kept['undisturbed_test_accuracy']:.3f}) |")  # fmt: skip
-            print(lines[-1], flush=True)
-    record(Path(args.out), {"rows": rows, "every": args.every, "kills": args.kills}, lines)
+            print(tables(rows[-1:], args.repeats, args.every, args.kills)[-1], flush=True)
+    out = Path(args.out)
+    if out.with_suffix(".json").exists():
+        # rows of other models and strategies recorded before, with the same settings, stay
+        earlier = json.loads(out.with_suffix(".json").read_text())
+        if (earlier.get("every"), earlier.get("kills")) == (args.every, args.kills):
+            done = {(r["kind"], r["model"], r["strategy"]) for r in rows}
+            rows = [r for r in earlier["rows"] if (r["kind"], r["model"], r["strategy"]) not in done] + rows
+    order = {name: index for index, name in enumerate(STRATEGIES)}
+    rows.sort(key=lambda r: (r["kind"] != "recovery", list(MODELS).index(r["model"]), order[r["strategy"]]))
+    record(
+        out,
+        {"rows": rows, "every": args.every, "kills": args.kills},
+        tables(rows, args.repeats, args.every, args.kills),
+    )
 
 
 if __name__ == "__main__":

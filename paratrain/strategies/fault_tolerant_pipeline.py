@@ -96,13 +96,15 @@ class FaultTolerantPipelineStrategy(FaultTolerantAllReduceStrategy, PipelineStra
         heartbeat_timeout: float = 1.0,
         compression: str = "none",
     ):
-        # `workers` counts processes, as in pipeline: replicas x stages.
+        # `workers` counts processes, as in pipeline: replicas x stages. allreduce-ft's part
+        # first (its chain of __init__ reaches pipeline's with pipeline's defaults), then
+        # pipeline's own with these options, which checks them; neither resets the other's.
         FaultTolerantAllReduceStrategy.__init__(
             self, device, timeout, workers, lighthouse, min_replicas, heartbeat_timeout, compression
         )
-        probe = PipelineStrategy(num_stages, num_microbatches, schedule, "params", split_points, device, timeout)
-        self.num_stages, self.num_microbatches = probe.num_stages, probe.num_microbatches
-        self.schedule_name, self.balance, self.split_points = schedule, "params", split_points
+        PipelineStrategy.__init__(
+            self, num_stages, num_microbatches, schedule, "params", split_points, device, timeout, workers
+        )
         self._schedules: dict[int, Any] = {}  # micro-batches of this replica's part -> its schedule
         self._counting = False
 
