@@ -6,7 +6,15 @@ links of --link. The simulator gets the same cluster: each host's compute per st
 measured once, by a 1-host `single` run at that CPU share (batch 32), and the link's
 rate is the shaped one. ps-async puts the shard on host 0 and H-1 workers on the rest.
 
+A message's latency on a host with a CPU share c is mostly CPU: the framework's work for
+each hop (DDP, Gloo, Python) runs at c of a core, and under a CFS quota a host that has
+spent its quota waits for the next period. So the simulator gets a latency per message of
+L / c, with L (CPU-seconds per hop) calibrated once: the latency at which it reproduces
+the smallest allreduce run (2 hosts), times that run's share. That row is the
+calibration; every other row is a prediction.
+
     sudo .venv/bin/python benchmarks/cluster_scale.py [--hosts 2,4,8,16] [--budget 1.6]
+    .venv/bin/python benchmarks/cluster_scale.py --resimulate   (the recorded runs, simulated again)
 
 Writes benchmarks/results/cluster_scale.json and .md.
 """
@@ -37,15 +45,38 @@ def _link_gbps(link: str) -> float:
     raise SystemExit(f"--link {link}: expected a rate in kbit, mbit or gbit")
 
 
-def simulated(strategy: str, hosts: int, compute_ms: float, args: argparse.Namespace, folder: Path) -> float:
+def simulated(strategy: str, hosts: int, compute_ms: float, link: str, latency_us: float, folder: Path) -> float:
     out = folder / "sim.json"
     command = [
         sys.executable, "-m", "paratrain", "simulate", "--strategy", strategy, *LAYOUTS[strategy][1](hosts),
-        "--compute-ms", f"{compute_ms:.4f}", "--model", "mlp", "--bandwidth-gbps", f"{_link_gbps(args.link):g}",
-        "--steps", "400", "--json-out", str(out),
+        "--compute-ms", f"{compute_ms:.4f}", "--model", "mlp", "--bandwidth-gbps", f"{_link_gbps(link):g}",
+        "--latency-us", f"{latency_us:.3f}", "--steps", "400", "--json-out", str(out),
     ]  # fmt: skip
     subprocess.run(command, check=True, capture_output=True)
     return json.loads(out.read_text())["results"][0]["examples_per_second"]
+
+
+def calibrate(row: dict, link: str, folder: Path) -> float:
+    """CPU-seconds per message hop (L): the latency at which the simulator gives ``row``'s
+    rate (bisection on a log scale), times the row's CPU share."""
+    low, high = 1.0, 1e6  # microseconds
+    for _ in range(30):
+        middle = (low * high) ** 0.5
+        rate = simulated(row["strategy"], row["hosts"], row["compute_ms"], link, middle, folder)
+        low, high = (middle, high) if rate > row["examples_per_second"] else (low, middle)
+    return (low * high) ** 0.5 * 1e-6 * row["cpu"]
+
+
+def simulate_rows(rows: list[dict], link: str, folder: Path) -> float:
+    """Each row's simulated rate and error, with a latency of L / share; returns L."""
+    reference = min((r for r in rows if r["strategy"] == "allreduce"), key=lambda r: r["hosts"])
+    hop = calibrate(reference, link, folder)
+    for row in rows:
+        row["latency_us"] = hop / row["cpu"] * 1e6
+        row["simulated"] = simulated(row["strategy"], row["hosts"], row["compute_ms"], link, row["latency_us"], folder)
+        row["error"] = row["simulated"] / row["examples_per_second"] - 1
+        row["calibration"] = row is reference
+    return hop
 
 
 def main() -> None:
@@ -54,8 +85,41 @@ def main() -> None:
     parser.add_argument("--budget", type=float, default=1.6, help="cores shared by all hosts")
     parser.add_argument("--link", default="1gbit")
     parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--resimulate", action="store_true", help="simulate the recorded runs again; run nothing")
     parser.add_argument("--out", default=str(RESULTS / "cluster_scale"))
     args = parser.parse_args()
+    if args.resimulate:
+        recorded = json.loads(Path(args.out).with_suffix(".json").read_text())
+        rows, setup = recorded["rows"], recorded["setup"]
+        args.budget, args.link, args.epochs = setup["budget"], setup["link"], setup["epochs"]
+    else:
+        rows = measure(args)
+    with tempfile.TemporaryDirectory() as tmp:
+        hop = simulate_rows(rows, args.link, Path(tmp))
+    lines = [
+        f"# Scale on emulated hosts: the mlp on digits, {args.budget:g} cores shared evenly, {args.link} links",
+        "",
+        f"{args.epochs} epochs, batch 32 per worker (`sudo python benchmarks/cluster_scale.py`). Rates count from "
+        "the end of epoch 1. The simulator gets each host's compute per step (a 1-host `single` run at that share), "
+        f"the link rate, and a latency per message of L / share, L = {hop * 1e3:.2f} ms of CPU per hop calibrated on "
+        "the 2-host allreduce run (marked: the calibration, not a prediction); ps-async has the shard on host 0, "
+        "whose work per push the simulator is not given.",
+        "",
+        "| hosts | CPU each | strategy | compute ms/step | latency ms | examples/s | simulated | error | test accuracy |",
+        "| ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in rows:
+        error = "calibration" if r["calibration"] else f"{r['error']:+.0%}"
+        lines.append(
+            f"| {r['hosts']} | {r['cpu']:.3f} | {r['strategy']} | {r['compute_ms']:.1f} | {r['latency_us'] / 1e3:.2f} "
+            f"| {r['examples_per_second']:,.0f} | {r['simulated']:,.0f} | {error} | {r['test_accuracy']:.3f} |"
+        )
+    setup = {k: v for k, v in vars(args).items() if k not in ("out", "resimulate")}
+    record(Path(args.out), {"setup": setup, "cpu_seconds_per_hop": hop, "rows": rows}, lines)
+
+
+def measure(args: argparse.Namespace) -> list[dict]:
+    """The real runs: for each host count, each host's compute at its share, then each strategy."""
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for hosts in [int(h) for h in args.hosts.split(",")]:
@@ -68,37 +132,17 @@ def main() -> None:
                 metrics = cluster_train(
                     cluster, [*flags(hosts), *TRAIN, "--epochs", str(args.epochs)], Path(tmp) / "m.json"
                 )
-                predicted = simulated(strategy, hosts, compute_ms, args, Path(tmp))
-                row = {
+                rows.append({
                     "hosts": hosts,
                     "cpu": cpu,
                     "strategy": strategy,
                     "compute_ms": compute_ms,
                     "examples_per_second": metrics["steady_examples_per_second"],
-                    "simulated": predicted,
-                    "error": predicted / metrics["steady_examples_per_second"] - 1,
                     "test_accuracy": metrics["test_accuracy"],
-                }
-                rows.append(row)
-                print(f"{hosts:3} hosts at {cpu:.3f} {strategy:9} {row['examples_per_second']:8.0f} examples/s, "
-                      f"simulated {predicted:8.0f} ({row['error']:+.0%}), accuracy {row['test_accuracy']:.3f}",
-                      flush=True)  # fmt: skip
-    lines = [
-        f"# Scale on emulated hosts: the mlp on digits, {args.budget:g} cores shared evenly, {args.link} links",
-        "",
-        f"{args.epochs} epochs, batch 32 per worker (`sudo python benchmarks/cluster_scale.py`). Rates count from "
-        "the end of epoch 1. The simulator gets each host's compute per step (a 1-host `single` run at that share) "
-        "and the link rate; ps-async has the shard on host 0.",
-        "",
-        "| hosts | CPU each | strategy | compute ms/step | examples/s | simulated | error | test accuracy |",
-        "| ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: |",
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r['hosts']} | {r['cpu']:.3f} | {r['strategy']} | {r['compute_ms']:.1f} | {r['examples_per_second']:,.0f} "
-            f"| {r['simulated']:,.0f} | {r['error']:+.0%} | {r['test_accuracy']:.3f} |"
-        )
-    record(Path(args.out), {"setup": {k: v for k, v in vars(args).items() if k != "out"}, "rows": rows}, lines)
+                })  # fmt: skip
+                print(f"{hosts:3} hosts at {cpu:.3f} {strategy:9} {rows[-1]['examples_per_second']:8.0f} examples/s, "
+                      f"accuracy {rows[-1]['test_accuracy']:.3f}", flush=True)  # fmt: skip
+    return rows
 
 
 if __name__ == "__main__":
