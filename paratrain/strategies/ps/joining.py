@@ -34,9 +34,9 @@ if TYPE_CHECKING:
 
 #: The key, outside any run's prefix, under which shard 0 describes the run joiners join.
 RUN_KEY = "paratrain/ps-run"
-#: Gloo's key for rank 1's address in a two-process group's store (torch's ProcessGroupGloo
-#: rendezvous: "<device>/<rank>"): a shard makes the group once the joiner has written it.
-_JOINER_ADDRESS = "0/1"
+#: Seconds a door waits for a joiner that took a number but has not asked to join, when a
+#: later joiner has: then it serves the later ones.
+SKIP_AFTER_S = 5.0
 
 
 def pair_prefix(worker: int, shard: int) -> str:
@@ -65,21 +65,19 @@ class Door:
             return
 
     def _admit_all(self) -> None:
-        server, request = self.server, 0
+        server, request, missing_since = self.server, 0, None
         while not server.finished.wait(0.1):
             if not self.store.check([f"join/{request}"]):
+                # A joiner that took a number and died before asking holds no one up for long.
+                taken = self.store.add("joins", 0)
+                missing_since = (missing_since or time.monotonic()) if taken > request else None
+                if missing_since is not None and time.monotonic() - missing_since > SKIP_AFTER_S:
+                    request, missing_since = request + 1, None
                 continue
             worker = json.loads(self.store.get(f"join/{request}"))["worker"]
-            request += 1
-            prefix = pair_prefix(worker, server.shard)
-            # Making the group blocks this process until the joiner is there: wait until it
-            # is about to connect (its address written), 2 s at most.
-            waited = time.monotonic()
-            pair_store = dist.PrefixStore(prefix, self.store)
-            while not pair_store.check([_JOINER_ADDRESS]) and time.monotonic() - waited < 2.0:
-                time.sleep(0.01)
-            try:
-                link = PairLink(self.store, prefix, 0, self.timeout)
+            request, missing_since = request + 1, None
+            try:  # blocks this thread (not the shard's others) until the joiner connects
+                link = PairLink(self.store, pair_prefix(worker, server.shard), 0, self.timeout)
             except RuntimeError as error:
                 print(f"paratrain: ps shard {server.shard}: worker {worker} could not join: {error}", flush=True)
                 continue
