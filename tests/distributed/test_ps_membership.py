@@ -88,7 +88,9 @@ def test_a_joiner_killed_mid_run_is_a_lost_worker_and_the_run_goes_on(tmp_path):
 
 def test_a_worker_asked_to_leave_finishes_its_step_and_the_run_goes_on(cli, tmp_path):
     out = tmp_path / "run.json"
-    result = cli("train", "--strategy", "ps-async", "--workers", "3", "--epochs", "8", "--terminate", "2@20",
+    # 15 epochs, as the 3-worker ps-async run of test_parameter_server.py: with fewer, where the
+    # final epoch lands among ps-async's +-0.02 swings decides a 0.93 bound half the time.
+    result = cli("train", "--strategy", "ps-async", "--workers", "3", "--epochs", "15", "--terminate", "2@20",
                  "--metrics-out", str(out), *QUIET)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     # SIGTERM comes at the end of step 20, when shard 0 has handed it its next batch already:
@@ -97,7 +99,7 @@ def test_a_worker_asked_to_leave_finishes_its_step_and_the_run_goes_on(cli, tmp_
     metrics = json.loads(out.read_text())
     assert metrics["workers_lost"] == []  # it said done: nobody waited for its heartbeat to stop
     applied = sum(metrics["staleness"]["histogram"].values())
-    assert applied + metrics["dropped_gradients"] == 8 * BATCHES
+    assert applied + metrics["dropped_gradients"] == 15 * BATCHES
     assert metrics["test_accuracy"] >= 0.93
 
 
