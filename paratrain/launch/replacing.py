@@ -32,7 +32,14 @@ from typing import Any
 
 from paratrain.comm.transport import free_port
 from paratrain.errors import WorkerLost, signal_name
-from paratrain.launch.supervisor import failed_at, failure_message, first_failure, read_result, run_process
+from paratrain.launch.supervisor import (
+    failed_at,
+    failure_message,
+    first_failure,
+    left_when_asked,
+    read_result,
+    run_process,
+)
 from paratrain.train.faults import read_progress
 
 
@@ -128,7 +135,7 @@ def supervise_replacing(
                     continue
                 codes = [p.exitcode for p in members]
                 tags = [_tag(slot, m, incarnation[slot], per_replica) for m in range(per_replica)]
-                left = [m for m, code in enumerate(codes) if code == 0 and (folder / f"error-{tags[m]}.json").exists()]
+                left = [m for m, code in enumerate(codes) if left_when_asked(folder, tags[m], code)]
                 if left:  # left when asked (SIGTERM)
                     print(f"paratrain: {failure_message(folder, tags[left[0]], 0)}", file=sys.stderr, flush=True)
                     _stop(members)

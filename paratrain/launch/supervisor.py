@@ -153,7 +153,7 @@ def _attempt(
             if fatal:
                 raise first_failure(fatal, names)
             for rank, process in enumerate(processes):  # left when asked (SIGTERM), with a word
-                if process.exitcode == 0 and rank not in left and (folder / f"error-{rank}.json").exists():
+                if rank not in left and left_when_asked(folder, rank, process.exitcode):
                     left.add(rank)
                     print(f"paratrain: {failure_message(folder, rank, 0)}", file=sys.stderr, flush=True)
             for rank, (code, _, _) in failed.items():
@@ -192,6 +192,12 @@ def read_result(folder: Path, rank: int | str) -> Any:
         return None
     with open(path, "rb") as handle:  # written by this run's own processes
         return pickle.load(handle)
+
+
+def left_when_asked(folder: Path, rank: int | str, code: int | None) -> bool:
+    """Whether a process that exited left the run when asked (SIGTERM): exit 0 with its
+    word in the error file (``ReplicaLeft``), not a finish."""
+    return code == 0 and (folder / f"error-{rank}.json").exists()
 
 
 def failed_at(folder: Path, rank: int | str, code: int) -> float:

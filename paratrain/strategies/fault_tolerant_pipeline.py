@@ -81,6 +81,7 @@ class FaultTolerantPipelineStrategy(FaultTolerantAllReduceStrategy, PipelineStra
     name = "pipeline-ft"
     options = (PipelineConfig, FTConfig)
     leaves_on_sigterm = False  # a stage cannot leave alone: a replica is lost or kept whole
+    topology_class = PipelineReplicaGroups  # pipeline's topology_for and planned_topology make it
 
     def __init__(
         self,
@@ -109,12 +110,6 @@ class FaultTolerantPipelineStrategy(FaultTolerantAllReduceStrategy, PipelineStra
         self._counting = False
 
     # ----- configuration ---------------------------------------------------------------
-    @classmethod
-    def topology_for(cls, config: TrainConfig) -> PipelineReplicaGroups:
-        stages = config.pipeline.stages
-        processes = config.workers if config.workers > 1 else stages
-        return PipelineReplicaGroups(num_replicas=processes // stages, num_stages=stages)
-
     @classmethod
     def check_config(cls, config: TrainConfig) -> None:
         PipelineStrategy.check_config(config)
@@ -152,10 +147,6 @@ class FaultTolerantPipelineStrategy(FaultTolerantAllReduceStrategy, PipelineStra
             heartbeat_timeout=config.ft.replica_heartbeat_timeout,
             compression=config.codec.compression,
         )
-
-    def planned_topology(self) -> PipelineReplicaGroups:
-        processes = self.workers if self.workers and self.workers > 1 else self.num_stages
-        return PipelineReplicaGroups(num_replicas=processes // self.num_stages, num_stages=self.num_stages)
 
     # ----- process -----------------------------------------------------------------------
     def setup(self) -> None:

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import gc
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 import torch.distributed as dist
@@ -108,6 +108,7 @@ class PipelineStrategy(Strategy):
     options = PipelineConfig
     scales_loss = False  # no GradScaler across stages: bf16 needs none
     compiles = False  # stages are cut from the model's layers, not from a compiled graph
+    topology_class: ClassVar[type[PipelineTopology]] = PipelineTopology
 
     def __init__(
         self,
@@ -150,7 +151,7 @@ class PipelineStrategy(Strategy):
         """``--workers`` counts processes; the default 1 means one pipeline."""
         stages = config.pipeline.stages
         processes = config.workers if config.workers > 1 else stages
-        return PipelineTopology(num_replicas=processes // stages, num_stages=stages)
+        return cls.topology_class(num_replicas=processes // stages, num_stages=stages)
 
     @classmethod
     def check_config(cls, config: TrainConfig) -> None:
@@ -210,7 +211,7 @@ class PipelineStrategy(Strategy):
         processes = self.workers if self.workers and self.workers > 1 else self.num_stages
         if processes % self.num_stages:
             raise ConfigError(f"pipeline workers={processes} is not a multiple of num_stages={self.num_stages}")
-        return PipelineTopology(num_replicas=processes // self.num_stages, num_stages=self.num_stages)
+        return self.topology_class(num_replicas=processes // self.num_stages, num_stages=self.num_stages)
 
     def describe(self) -> dict[str, Any]:
         return {

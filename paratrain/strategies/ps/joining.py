@@ -67,11 +67,12 @@ class Door:
     def _admit_all(self) -> None:
         server, request, missing_since = self.server, 0, None
         while not server.finished.wait(0.1):
+            if self.store.add("joins", 0) <= request:  # no one has taken a number since
+                continue
             if not self.store.check([f"join/{request}"]):
                 # A joiner that took a number and died before asking holds no one up for long.
-                taken = self.store.add("joins", 0)
-                missing_since = (missing_since or time.monotonic()) if taken > request else None
-                if missing_since is not None and time.monotonic() - missing_since > SKIP_AFTER_S:
+                missing_since = missing_since or time.monotonic()
+                if time.monotonic() - missing_since > SKIP_AFTER_S:
                     request, missing_since = request + 1, None
                 continue
             worker = json.loads(self.store.get(f"join/{request}"))["worker"]

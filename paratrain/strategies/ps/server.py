@@ -203,11 +203,12 @@ class ShardServer:
                 work = dist.irecv(self.messages[current], src=None, tag=TAG_MESSAGE + self.tags)
                 continue
             worker, message = work._source_rank() - self.num_shards, self.messages[current]
-            if int(message[:HEADER_BYTES].view(torch.float32)[KIND]) != SHUTDOWN:
+            header = message[:HEADER_BYTES].view(torch.float32).tolist()
+            if int(header[KIND]) != SHUTDOWN:
                 # the next receive, posted now (one left posted would take a later run's message)
                 current = 1 - current
                 work = dist.irecv(self.messages[current], src=None, tag=TAG_MESSAGE + self.tags)
-            if not self._handle(worker, message):
+            if not self._handle(worker, message, header):
                 return
 
     def _receive_joined(self, worker: int, link: Any) -> None:
@@ -219,11 +220,11 @@ class ShardServer:
                 link.irecv(message, TAG_MESSAGE + self.tags).wait()
             except RuntimeError:
                 return
-            self._handle(worker, message)
+            self._handle(worker, message, message[:HEADER_BYTES].view(torch.float32).tolist())
 
-    def _handle(self, worker: int, message: torch.Tensor) -> bool:
-        """One message from ``worker``; False for the chief's word that the run is over."""
-        header = message[:HEADER_BYTES].view(torch.float32).tolist()
+    def _handle(self, worker: int, message: torch.Tensor, header: list[float]) -> bool:
+        """One message from ``worker`` (``header``: its first fields, read); False for the
+        chief's word that the run is over."""
         kind = int(header[KIND])
         self._last_message[worker] = time.monotonic()  # a message is a sign of life too
         batch = (int(header[EPOCH]), int(header[NUM_BATCHES])) if header[WANTS_BATCH] else None
