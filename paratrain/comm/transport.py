@@ -113,6 +113,7 @@ def ensure_process_group(backend: str, timeout: float) -> ClusterEnv:
     cluster = cluster_from_env()
     if dist.is_initialized():
         return cluster or ClusterEnv(dist.get_rank(), dist.get_world_size(), 0, "127.0.0.1", 0)
+    load_compiler()
     wait = timedelta(seconds=timeout)
     if cluster is None:
         cluster = ClusterEnv(0, 1, 0, "127.0.0.1", free_port(), source="local")
@@ -138,6 +139,17 @@ def ensure_process_group(backend: str, timeout: float) -> ClusterEnv:
         ) from error
     mark_joined(cluster.rank)
     return cluster
+
+
+def load_compiler() -> None:
+    """Import torch._dynamo before this process makes any process group.
+
+    Importing it while a group exists (the first optimizer a script builds does) leaves
+    references to the group that ``destroy_process_group`` cannot drop (torch 2.13): the
+    group and its Gloo threads then live until the interpreter ends, and a thread that
+    frees a finished collective's tensor during shutdown aborts the process ("terminate
+    called without an active exception"). Imported first, it holds none."""
+    import torch._dynamo  # noqa: F401
 
 
 def mark_joined(rank: int) -> None:

@@ -47,6 +47,7 @@ from torch import nn
 from torch.distributed import ReduceOp, TCPStore
 from torch.utils._pytree import tree_leaves
 
+from paratrain.comm.transport import load_compiler
 from paratrain.data.batch import map_tensors, num_examples
 from paratrain.data.sharding import ShardedBatches
 from paratrain.errors import ConfigError, ReplicaLeft, WorkerLost
@@ -326,6 +327,7 @@ class FaultTolerantAllReduceStrategy(Strategy):
         lighthouse = self.lighthouse or os.environ.get("TORCHFT_LIGHTHOUSE")
         if not lighthouse:
             raise ConfigError(f"--strategy {self.name} under torchrun needs --lighthouse http://HOST:PORT")
+        load_compiler()
         return torchft.Manager(
             pg=torchft.ProcessGroupGloo(timeout=wait),
             load_state_dict=self._load_live_state,
