@@ -112,6 +112,8 @@ def test_ctrl_c_removes_every_host():
         [sys.executable, "-m", "paratrain", "cluster", "run", "--hosts", "2", "--cpu", "0.5", "--",
          "paratrain", "train", "--strategy", "allreduce", "--epochs", "200", "--no-progress"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        # as from a terminal: a suite started in the background (`cmd &`) ignores SIGINT, and so would the runner
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
     deadline = time.monotonic() + 60
     while not any("pt" in entry for entry in leftovers()) and time.monotonic() < deadline:
