@@ -42,7 +42,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cluster_common import RESULTS, record  # noqa: E402
-from kill_anytime import _is_helper, descendants  # noqa: E402
+from kill_anytime import run_processes  # noqa: E402
 
 MODELS = {
     # model flags, epochs, kill step, checkpoint every (the restart's baseline)
@@ -106,7 +106,7 @@ def _kill_repeatedly(process: subprocess.Popen, every: float, kills: int) -> Non
     rng = random.Random(0)
     for _ in range(kills):
         time.sleep(every)
-        replicas = [pid for pid in descendants(process.pid) if not _is_helper(pid)]
+        replicas = run_processes(process.pid)
         if process.poll() is not None or not replicas:
             return
         try:

@@ -70,12 +70,20 @@ def descendants(root: int) -> list[int]:
     return found
 
 
-def _is_helper(pid: int) -> bool:
-    """multiprocessing's resource tracker: not a process of the run."""
+def run_processes(root: int) -> list[int]:
+    """The processes of the run under launcher ``root``, oldest first: its descendants less
+    multiprocessing's helpers (its resource tracker and fork server, the launcher's own
+    children; the run's processes are forked from the latter and share its command line)."""
+    return [pid for pid in descendants(root) if not _is_helper(pid, root)]
+
+
+def _is_helper(pid: int, root: int) -> bool:
     try:
-        return b"resource_tracker" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        command = Path(f"/proc/{pid}/cmdline").read_bytes()
+        parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
     except OSError:
         return True
+    return parent == root and (b"resource_tracker" in command or b"forkserver" in command)
 
 
 def start(flags: list[str], folder: Path) -> subprocess.Popen:
@@ -107,7 +115,7 @@ def drill(flags: list[str], moment: float, rng: random.Random, limit: float) -> 
         while time.monotonic() - began < moment and process.poll() is None:
             time.sleep(0.01)
         if process.poll() is None:
-            tree = [pid for pid in descendants(process.pid) if not _is_helper(pid)]
+            tree = run_processes(process.pid)
             targets = [process.pid, *tree]
             pid = rng.choice(targets)
             victim = "the launcher" if pid == process.pid else f"process {targets.index(pid)} of {len(tree)}"

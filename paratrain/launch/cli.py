@@ -174,6 +174,7 @@ def train_config(args: argparse.Namespace, cluster: Any, base: dict[str, Any] | 
 def train_command(args: argparse.Namespace) -> int:
     from paratrain.comm.transport import cluster_from_env
     from paratrain.launch.local import run_locally
+    from paratrain.launch.process import start_server
     from paratrain.train import job
 
     if args.join:
@@ -187,6 +188,7 @@ def train_command(args: argparse.Namespace) -> int:
         is_chief = "global_steps" in metrics  # the process that wrote the run's document
     else:
         if topology.num_processes > 1 or config.max_restarts:
+            start_server()
             preflight(config)
         metrics = run_locally(config)
         is_chief = True

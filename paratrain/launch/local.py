@@ -49,7 +49,8 @@ def launch(
     does ``paratrain.current_strategy()``. On a parameter-server shard, ``Trainer.fit``
     serves until the workers are done. Each process leaves the run when ``fn`` returns.
 
-    ``fn`` must be importable (a module-level function): processes are spawned fresh.
+    ``fn`` must be importable (a module-level function): each process starts as a spawned one
+    (on Linux forked from a fork server that has imported torch and paratrain).
     When a process fails the others are stopped at once, so a failed run never hangs,
     and the failure is raised as WorkerFailed naming the rank, its exit code or signal
     and its error. Ranks in ``expendable`` may die without ending the run

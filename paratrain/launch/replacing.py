@@ -19,7 +19,6 @@ processes dies, its other processes are stopped.
 
 from __future__ import annotations
 
-import multiprocessing
 import os
 import shutil
 import sys
@@ -32,6 +31,7 @@ from typing import Any
 
 from paratrain.comm.transport import free_port
 from paratrain.errors import WorkerLost, signal_name
+from paratrain.launch.process import launcher_env, process_context
 from paratrain.launch.supervisor import (
     failed_at,
     failure_message,
@@ -84,7 +84,7 @@ def supervise_replacing(
         "PARATRAIN_PROGRESS": str(folder / "progress"),
         "PARATRAIN_LAUNCHER_PID": str(os.getpid()),
     }
-    context = multiprocessing.get_context("spawn")
+    context = process_context()
     incarnation = [0] * num_replicas
 
     def start(slot: int) -> list[Any]:
@@ -100,7 +100,9 @@ def supervise_replacing(
                 "TORCHELASTIC_ERROR_FILE": str(folder / f"error-{tag}.json"),
                 **({**group, "RANK": str(member), "LOCAL_RANK": str(member)} if per_replica > 1 else {}),
             }
-            process = context.Process(target=run_process, args=(env, str(folder / f"result-{tag}.pkl"), fn, args))
+            process = context.Process(
+                target=run_process, args=(launcher_env(env), str(folder / f"result-{tag}.pkl"), fn, args)
+            )
             process.start()
             started.append(process)
         return started

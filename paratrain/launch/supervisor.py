@@ -20,7 +20,6 @@ steps of a process that was killed without a word.
 from __future__ import annotations
 
 import json
-import multiprocessing
 import os
 import pickle
 import shutil
@@ -34,7 +33,7 @@ from typing import Any
 
 from paratrain.comm.transport import free_port
 from paratrain.errors import WorkerFailed, signal_name
-from paratrain.launch.process import exit_now, run_entry
+from paratrain.launch.process import exit_now, launcher_env, process_context, run_entry, take_env
 from paratrain.train.faults import read_progress
 
 
@@ -95,7 +94,7 @@ def _attempt(
     folder: Path,
     restart: int,
 ) -> list[Any]:
-    context = multiprocessing.get_context("spawn")
+    context = process_context()
     port = free_port()
     (folder / "progress").write_bytes(bytes(8 * num_processes))
     processes = []
@@ -113,7 +112,7 @@ def _attempt(
             "PARATRAIN_LAUNCHER_PID": str(os.getpid()),
         }
         process = context.Process(
-            target=run_process, args=(env, str(folder / f"result-{rank}.pkl"), fn, args), daemon=False
+            target=run_process, args=(launcher_env(env), str(folder / f"result-{rank}.pkl"), fn, args), daemon=False
         )
         process.start()
         processes.append(process)
@@ -176,7 +175,7 @@ def _attempt(
 
 
 def run_process(env: dict[str, str], result_path: str, fn: Callable[..., Any], args: tuple) -> None:
-    os.environ.update(env)
+    take_env(env)
     result = run_entry(fn, *args)
     with open(result_path, "wb") as handle:
         pickle.dump(result, handle)

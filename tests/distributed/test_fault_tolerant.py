@@ -73,12 +73,18 @@ def test_a_killed_replica_is_replaced_live_while_the_survivor_goes_on(cli, tmp_p
     joined = re.search(r"paratrain: worker 1 joined the run at step (\d+) with a live peer's state", stderr)
     assert joined, stderr[-2000:]
     assert "restarting the run" not in stderr
-    # The survivor never restarted: it is the chief, first incarnation, and saw 2 -> 1 -> 2.
+    # The survivor never restarted: it is the chief, first incarnation. It saw 2 -> 1 -> 2, or
+    # 2 throughout when the replacement (forked in a fraction of a second) was in the quorum
+    # before the survivor committed a step alone.
     assert metrics["restarts"] == 0
-    (first, second, third) = metrics["participants"]["per_step"]
-    assert first == [1, 40, 2] and second[0] == 41 and second[2] == 1
-    assert third == [second[1] + 1, reference["global_steps"], 2]
-    assert third[0] == int(joined.group(1)) + 1  # the replacement's first step is the survivor's next
+    segments = metrics["participants"]["per_step"]
+    if len(segments) == 1:
+        assert segments == [[1, reference["global_steps"], 2]] and int(joined.group(1)) == 40
+    else:
+        (first, second, third) = segments
+        assert first == [1, 40, 2] and second[0] == 41 and second[2] == 1
+        assert third == [second[1] + 1, reference["global_steps"], 2]
+        assert third[0] == int(joined.group(1)) + 1  # the replacement's first step is the survivor's next
     _same_run(metrics, reference)
 
 

@@ -56,22 +56,33 @@ def test_without_a_fault_it_is_the_single_process_run(cli, tmp_path, reference):
 
 def _stage_process(launcher: int, replica: int, stage: int) -> int:
     """The pid of ``stage`` of ``replica`` of a local run: the launcher starts each replica's
-    stages in turn, so its children in the order they started (the multiprocessing helper
-    left out) are replica 0's stages, then replica 1's."""
-    children = []
+    stages in turn, so the run's processes in the order they started are replica 0's stages,
+    then replica 1's. multiprocessing's helpers, the launcher's own children (its resource
+    tracker, and the fork server the run's processes are forked from), are left out."""
+    parents, started, helpers = {}, {}, set()
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
             fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            helper = b"resource_tracker" in (entry / "cmdline").read_bytes()
+            command = (entry / "cmdline").read_bytes()
         except OSError:
             continue
-        if int(fields[1]) == launcher and not helper:
-            children.append((int(fields[19]), int(entry.name)))  # start time, pid
-    started = [pid for _, pid in sorted(children)]
-    assert len(started) == 4, started
-    return started[replica * 2 + stage]
+        pid = int(entry.name)
+        parents[pid], started[pid] = int(fields[1]), int(fields[19])
+        if parents[pid] == launcher and (b"resource_tracker" in command or b"forkserver" in command):
+            helpers.add(pid)
+
+    def under_launcher(pid: int) -> bool:
+        while pid in parents and pid != launcher:
+            pid = parents[pid]
+        return pid == launcher
+
+    run = sorted(
+        (when, pid) for pid, when in started.items() if pid not in helpers | {launcher} and under_launcher(pid)
+    )
+    assert len(run) == 4, run
+    return run[replica * 2 + stage][1]
 
 
 def test_a_killed_stage_takes_its_replica_out_and_a_whole_new_pipeline_rejoins_live(tmp_path, reference):
@@ -93,6 +104,8 @@ def test_a_killed_stage_takes_its_replica_out_and_a_whole_new_pipeline_rejoins_l
     assert len(re.findall(r"paratrain: worker \d joined the run at step \d+ with a live peer's state", stderr)) == 2
     metrics = json.loads(out.read_text())
     counts = [span[2] for span in metrics["participants"]["per_step"]]
-    assert counts[0] == 2 and 1 in counts and counts[-1] == 2, metrics["participants"]
+    # 2 -> 1 -> 2, or 2 throughout when the new pipeline was in the quorum before the
+    # survivor committed a step alone
+    assert counts[0] == 2 and counts[-1] == 2 and set(counts) <= {1, 2}, metrics["participants"]
     assert metrics["restarts"] == 0
     _same_run(metrics, reference)
