@@ -72,5 +72,16 @@ def test_the_cifar_cnns_local_response_norm_is_pytorchs(channels_last):
     (ga,) = torch.autograd.grad((a * weights).sum(), x)
     (gb,) = torch.autograd.grad((b * weights).sum(), x)
     assert torch.allclose(ga, gb, rtol=1e-5, atol=1e-6)
-    even = LocalResponseNorm(4, 0.01, 0.5, 2.0)(x)  # an even window: one more channel before than after
-    assert torch.allclose(even, torch.nn.LocalResponseNorm(4, 0.01, 0.5, 2.0)(x), rtol=1e-5, atol=1e-6)
+    # an even window (one more channel before than after: the backward's window is its mirror), another beta
+    ours, theirs = LocalResponseNorm(4, 0.01, 0.5, 2.0), torch.nn.LocalResponseNorm(4, 0.01, 0.5, 2.0)
+    a, b = ours(x), theirs(x)
+    assert torch.allclose(a, b, rtol=1e-5, atol=1e-6)
+    (ga,) = torch.autograd.grad((a * weights).sum(), x)
+    (gb,) = torch.autograd.grad((b * weights).sum(), x)
+    assert torch.allclose(ga, gb, rtol=1e-5, atol=1e-6)
+
+
+def test_the_local_response_norms_backward_is_its_derivative():
+    x = (torch.randn(2, 12, 3, 3, dtype=torch.float64) * 3).requires_grad_()
+    for size, beta in ((9, 0.75), (4, 0.5), (5, 1.3)):
+        assert torch.autograd.gradcheck(LocalResponseNorm(size, 0.01, beta, 1.0), (x,))
