@@ -1,0 +1,241 @@
+"""The cluster simulator against real runs on emulated hosts, with known CPU shares and links.
+
+The 24 settings of benchmarks/simulator_validation.py (allreduce, ps-sync, ps-backup with one
+backup worker, ps-async; 2, 3 and 4 workers; without and with a straggler), each process on
+a host of its own: every host gets ``--cpu`` of a core and a ``--link`` link, the
+straggler is the last worker's host at half that CPU (a slow machine, not a sleep). A
+parameter server's shard is host 0. On loopback the same settings shared two cores, and
+the real runs themselves varied by 2x; here every host's speed is fixed.
+
+The simulator gets the real parameters, measured once on this machine (``--epochs`` runs
+of the real code, CPU time per step, as simulator_validation.py measures them):
+
+- a worker's compute per step (``allreduce``; a ps worker's own), and a shard's work per
+  push and per update, in CPU-seconds; on a host at a share c each takes 1/c as long;
+- the link's rate as shaped;
+- a latency per message of L / c: a message's cost is mostly the CPU of the framework's
+  work for each hop at c of a core, plus the wait for a throttled host's next period. L is
+  calibrated once, on the 2-worker allreduce run without a straggler (the latency at which
+  the simulator reproduces it, times c): that row is the calibration, every other row a
+  prediction;
+- the straggler: its compute 1/(c/2), twice the others' (``fixed:W:2``).
+
+Real throughput is examples in applied updates per second while every worker trains,
+evaluation excluded, from the run's own ``--timeline`` (as simulator_validation.py reads
+it); each setting's number is the median over ``--repeats`` passes, a pass running every
+setting once.
+
+    sudo .venv/bin/python benchmarks/cluster_validation.py [--cpu 0.3] [--repeats 2]
+    .venv/bin/python benchmarks/cluster_validation.py --resimulate   (the recorded runs again)
+
+Writes benchmarks/results/cluster_validation.json and .md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+from pathlib import Path
+
+from cluster_common import RESULTS, cluster_train, record
+from simulator_validation import STRATEGIES, profile_strategy, setting, steady_steps_per_second
+
+TARGET = 0.10  # relative error of throughput
+TRAIN = ["--model", "mlp", "--dataset", "digits", "--timeout", "300", "--batch-size", "32"]
+BATCH = 32
+
+
+def layout(settings: dict, cpu: float, link: str) -> tuple[list[str], list[str]]:
+    """``paratrain cluster run`` and ``paratrain train`` flags of one setting: one process per host."""
+    strategy, workers = settings["strategy"], settings["workers"]
+    backup = settings.get("backup_workers", 0)
+    hosts = workers + backup + (1 if strategy.startswith("ps-") else 0)
+    cluster = ["--hosts", str(hosts), "--cpu", f"{cpu:g}", "--link", link]
+    if "straggler" in settings:
+        cluster += ["--host", f"{hosts - 1}:cpu={cpu / 2:g}"]
+    train = ["--strategy", strategy, "--workers", str(workers), *TRAIN]
+    if backup:
+        train += ["--backup-workers", str(backup)]
+    return cluster, train
+
+
+def real_run(settings: dict, cpu: float, link: str, epochs: int, folder: Path) -> dict:
+    cluster, train = layout(settings, cpu, link)
+    trace = folder / "timeline.json"
+    metrics = cluster_train(cluster, [*train, "--epochs", str(epochs), "--timeline", str(trace)], folder / "m.json")
+    events = json.loads(trace.read_text())["traceEvents"]
+    trace.unlink()
+    applied = sum(metrics["staleness"]["histogram"].values())
+    share = applied / (applied + metrics["dropped_gradients"])  # ps-backup drops some
+    steps = steady_steps_per_second(events, exclude_evaluation=True)
+    return {
+        "examples_per_second": None if steps is None else steps * BATCH * share,
+        "staleness_mean": metrics["staleness"]["mean"],
+        "test_accuracy": metrics["test_accuracy"],
+    }
+
+
+def machine_profile(epochs: int) -> dict:
+    """CPU-seconds per step and per shard message on this machine, uncontended (one worker)."""
+    allreduce = next(r for r in profile_strategy("allreduce", epochs) if r["role"] == "worker")
+    ps = profile_strategy("ps-async", epochs)
+    shard = next(r for r in ps if r["role"] == "ps")
+    worker = next(r for r in ps if r["role"] == "worker")
+    update = shard["update_cpu"] / shard["updates"]
+    return {
+        "compute_s": {
+            "allreduce": (allreduce["cpu"] - allreduce["eval_cpu"]) / allreduce["steps"],
+            "ps": (worker["cpu"] - worker["eval_cpu"]) / worker["steps"],
+        },
+        "ps_message_s": (shard["cpu"] - shard["updates"] * update) / shard["pushes"],
+        "ps_update_s": update,
+    }
+
+
+def simulated(settings: dict, machine: dict, cpu: float, link_bytes_per_s: float, hop_s: float) -> dict:
+    """The simulator's throughput and staleness for one setting on hosts at ``cpu`` of a core."""
+    from paratrain.data.datasets import load_digits
+    from paratrain.models import build_model
+    from paratrain.simulate.cluster import Cluster, parse_straggler
+    from paratrain.simulate.simulator import simulate
+
+    model = build_model("mlp", load_digits().spec)
+    strategy = settings["strategy"]
+    latency = hop_s / cpu
+    straggler = settings.get("straggler")
+    cluster = Cluster(
+        workers=settings["workers"],
+        compute_s=machine["compute_s"]["ps" if strategy.startswith("ps-") else "allreduce"] / cpu,
+        model_bytes=4.0 * sum(p.numel() for p in model.parameters()),
+        bandwidth=link_bytes_per_s,
+        latency=latency,
+        ring_latency=latency,
+        ps_message_s=machine["ps_message_s"] / cpu,
+        ps_update_s=machine["ps_update_s"] / cpu,
+        straggler=parse_straggler("fixed:" + straggler if straggler else None),
+    )
+    outcome = simulate(strategy, cluster, 400, backup=settings.get("backup_workers", 0))
+    summary = outcome.summary(BATCH)
+    return {"examples_per_second": summary["examples_per_second"], "staleness_mean": summary["staleness"]["mean"]}
+
+
+def calibrate(row: dict, machine: dict, cpu: float, link_bytes_per_s: float) -> float:
+    """CPU-seconds per message hop (L): bisection on a log scale for the latency at which the
+    simulator gives ``row``'s real rate, times the share."""
+    low, high = 1e-7, 1.0  # CPU-seconds
+    for _ in range(40):
+        middle = (low * high) ** 0.5
+        rate = simulated(row["settings"], machine, cpu, link_bytes_per_s, middle)["examples_per_second"]
+        low, high = (middle, high) if rate > row["examples_per_second"] else (low, middle)
+    return (low * high) ** 0.5
+
+
+def _link_bytes_per_s(link: str) -> float:
+    for unit, scale in (("kbit", 1e3), ("mbit", 1e6), ("gbit", 1e9)):
+        if link.endswith(unit):
+            return float(link.removesuffix(unit)) * scale / 8
+    raise SystemExit(f"--link {link}: expected a rate in kbit, mbit or gbit")
+
+
+def measure(args: argparse.Namespace, settings: list[dict]) -> list[dict]:
+    runs: list[list[dict]] = [[] for _ in settings]
+    with tempfile.TemporaryDirectory() as tmp:
+        for repeat in range(args.repeats):
+            for index, one in enumerate(settings):
+                run = real_run(one, args.cpu, args.link, args.epochs, Path(tmp))
+                runs[index].append(run)
+                print(f"pass {repeat + 1}: {_name(one):36} {run['examples_per_second'] or 0:8.0f} examples/s, "
+                      f"staleness {run['staleness_mean']:.2f}, accuracy {run['test_accuracy']:.3f}", flush=True)  # fmt: skip
+    rows = []
+    for one, found in zip(settings, runs, strict=True):
+        rates = [r["examples_per_second"] for r in found if r["examples_per_second"] is not None]
+        rows.append({
+            "settings": one,
+            "examples_per_second": statistics.median(rates),
+            "range": [min(rates), max(rates)],
+            "staleness_mean": statistics.median(r["staleness_mean"] for r in found),
+            "runs": found,
+        })  # fmt: skip
+    return rows
+
+
+def _name(settings: dict) -> str:
+    straggler = settings.get("straggler", "none")
+    return f"{settings['strategy']} x{settings['workers']} straggler {straggler}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", default="2,3,4")
+    parser.add_argument("--cpu", type=float, default=0.3, help="CPU share of every host (the straggler's: half)")
+    parser.add_argument("--link", default="1gbit")
+    parser.add_argument("--epochs", type=int, default=10)
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--resimulate", action="store_true", help="simulate the recorded runs again; run nothing")
+    parser.add_argument("--out", default=str(RESULTS / "cluster_validation"))
+    args = parser.parse_args()
+    if args.resimulate:
+        recorded = json.loads(Path(args.out).with_suffix(".json").read_text())
+        rows, machine = recorded["rows"], recorded["machine"]
+        args.cpu, args.link, args.epochs, args.repeats = (
+            recorded["setup"][k] for k in ("cpu", "link", "epochs", "repeats")
+        )
+    else:
+        settings = [
+            setting(strategy, int(workers), straggler)
+            for straggler in (False, True)
+            for workers in args.workers.split(",")
+            for strategy in STRATEGIES
+        ]
+        machine = machine_profile(args.epochs)
+        rows = measure(args, settings)
+    link = _link_bytes_per_s(args.link)
+    reference = next(r for r in rows if r["settings"] == setting("allreduce", 2, False))
+    hop = calibrate(reference, machine, args.cpu, link)
+    for row in rows:
+        row.update(simulated=simulated(row["settings"], machine, args.cpu, link, hop), calibration=row is reference)
+        row["error"] = row["simulated"]["examples_per_second"] / row["examples_per_second"] - 1
+        if row["settings"]["strategy"] == "ps-async":
+            row["staleness_error"] = row["simulated"]["staleness_mean"] / row["staleness_mean"] - 1
+    predictions = [r for r in rows if not r["calibration"]]
+    within = sum(abs(r["error"]) <= TARGET for r in predictions)
+    median_error = statistics.median(abs(r["error"]) for r in predictions)
+    c = machine["compute_s"]
+    lines = [
+        f"# The simulator against emulated hosts: {args.cpu:g} of a core per host, {args.link} links",
+        "",
+        f"mlp on digits, batch {BATCH} per worker, {args.epochs} epochs, one process per host (a parameter server's "
+        f"shard on host 0), the straggler the last worker's host at {args.cpu / 2:g} of a core; real = median of "
+        f"{args.repeats} passes (`sudo python benchmarks/cluster_validation.py`). The simulator is given CPU-seconds "
+        f"measured on this machine, over the share: compute {c['allreduce'] * 1e3:.3f} ms (allreduce) / "
+        f"{c['ps'] * 1e3:.3f} ms (ps worker) per step, shard {machine['ps_message_s'] * 1e3:.3f} ms per push + "
+        f"{machine['ps_update_s'] * 1e3:.3f} ms per update; the link's rate; a latency per message of L / share, "
+        f"L = {hop * 1e3:.3f} ms of CPU per hop, calibrated on allreduce with 2 workers and no straggler (marked).",
+        "",
+        "| strategy | workers | straggler | real examples/s (min-max) | simulated | error | real staleness | simulated |",
+        "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in rows:
+        s, sim = r["settings"], r["simulated"]
+        error = "calibration" if r["calibration"] else f"{r['error']:+.0%}"
+        staleness = f"{r['staleness_mean']:.2f} | {sim['staleness_mean']:.2f}" if s["strategy"] == "ps-async" else " | "
+        workers = s["workers"] + s.get("backup_workers", 0)
+        lines.append(
+            f"| {s['strategy']} | {workers} | {s.get('straggler', 'none')} | {r['examples_per_second']:,.0f} "
+            f"({r['range'][0]:,.0f}-{r['range'][1]:,.0f}) | {sim['examples_per_second']:,.0f} | {error} | {staleness} |"
+        )
+    lines += [
+        "",
+        f"Throughput within {TARGET:.0%}: {within} of {len(predictions)} predictions (median absolute error "
+        f"{median_error:.0%}).",
+    ]
+    setup = {k: v for k, v in vars(args).items() if k not in ("out", "resimulate")}
+    document = {"setup": setup, "machine": machine, "cpu_seconds_per_hop": hop, "rows": rows}
+    document["within_target"], document["predictions"] = within, len(predictions)
+    record(Path(args.out), document, lines)
+
+
+if __name__ == "__main__":
+    main()
