@@ -38,6 +38,14 @@ def cluster_train(cluster: list[str], train: list[str], out: Path, timeout: floa
     return metrics
 
 
+def link_bytes_per_s(link: str) -> float:
+    """A ``--link`` rate (``100mbit``, ``1gbit``) in bytes per second."""
+    for unit, scale in (("kbit", 1e3), ("mbit", 1e6), ("gbit", 1e9)):
+        if link.endswith(unit):
+            return float(link.removesuffix(unit)) * scale / 8
+    raise SystemExit(f"--link {link}: expected a rate in kbit, mbit or gbit")
+
+
 def seconds_to(metrics: dict, target: float) -> float | None:
     """Seconds from the end of epoch 1 to the end of the first epoch at ``target`` test
     accuracy, or None if none reached it."""

@@ -28,7 +28,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from cluster_common import RESULTS, cluster_train, record
+from cluster_common import RESULTS, cluster_train, link_bytes_per_s, record
 
 TRAIN = ["--model", "mlp", "--dataset", "digits", "--timeout", "300"]
 LAYOUTS = {  # strategy -> (training flags for H hosts, simulator flags for H hosts)
@@ -37,19 +37,11 @@ LAYOUTS = {  # strategy -> (training flags for H hosts, simulator flags for H ho
 }
 
 
-def _link_gbps(link: str) -> float:
-    units = {"kbit": 1e-6, "mbit": 1e-3, "gbit": 1.0}
-    for unit, scale in units.items():
-        if link.endswith(unit):
-            return float(link.removesuffix(unit)) * scale
-    raise SystemExit(f"--link {link}: expected a rate in kbit, mbit or gbit")
-
-
 def simulated(strategy: str, hosts: int, compute_ms: float, link: str, latency_us: float, folder: Path) -> float:
     out = folder / "sim.json"
     command = [
         sys.executable, "-m", "paratrain", "simulate", "--strategy", strategy, *LAYOUTS[strategy][1](hosts),
-        "--compute-ms", f"{compute_ms:.4f}", "--model", "mlp", "--bandwidth-gbps", f"{_link_gbps(link):g}",
+        "--compute-ms", f"{compute_ms:.4f}", "--model", "mlp", "--bandwidth-gbps", f"{link_bytes_per_s(link) * 8 / 1e9:g}",
         "--latency-us", f"{latency_us:.3f}", "--steps", "400", "--json-out", str(out),
     ]  # fmt: skip
     subprocess.run(command, check=True, capture_output=True)

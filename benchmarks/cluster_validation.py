@@ -39,7 +39,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from cluster_common import RESULTS, cluster_train, record
+from cluster_common import RESULTS, cluster_train, link_bytes_per_s, record
 from simulator_validation import STRATEGIES, profile_strategy, setting, steady_steps_per_second
 
 TARGET = 0.10  # relative error of throughput
@@ -132,13 +132,6 @@ def calibrate(row: dict, machine: dict, cpu: float, link_bytes_per_s: float) -> 
     return (low * high) ** 0.5
 
 
-def _link_bytes_per_s(link: str) -> float:
-    for unit, scale in (("kbit", 1e3), ("mbit", 1e6), ("gbit", 1e9)):
-        if link.endswith(unit):
-            return float(link.removesuffix(unit)) * scale / 8
-    raise SystemExit(f"--link {link}: expected a rate in kbit, mbit or gbit")
-
-
 def measure(args: argparse.Namespace, settings: list[dict]) -> list[dict]:
     runs: list[list[dict]] = [[] for _ in settings]
     with tempfile.TemporaryDirectory() as tmp:
@@ -191,7 +184,7 @@ def main() -> None:
         ]
         machine = machine_profile(args.epochs)
         rows = measure(args, settings)
-    link = _link_bytes_per_s(args.link)
+    link = link_bytes_per_s(args.link)
     reference = next(r for r in rows if r["settings"] == setting("allreduce", 2, False))
     hop = calibrate(reference, machine, args.cpu, link)
     for row in rows:
