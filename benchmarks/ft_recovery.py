@@ -130,6 +130,9 @@ def recovery(model: str, strategy: str) -> dict:
     if len(spans) >= 3:  # 2 -> 1 -> 2: the replacement's first step
         rejoined = spans[2][0]
         result["replacement_in"] = next(t for t, s in after if s >= rejoined) - killed
+    elif len(spans) == 1 and spans[0][2] == 2 and strategy.endswith("-ft"):
+        # 2 throughout: the replacement was in the quorum before the survivor stepped alone
+        result["replacement_in"] = result["first_step_after"]
     return result
 
 
