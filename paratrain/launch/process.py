@@ -103,8 +103,8 @@ def _release_fork_server() -> None:
     from multiprocessing import forkserver
 
     server = getattr(forkserver, "_forkserver", None)
-    fd = getattr(server, "_forkserver_alive_fd", None)
-    if isinstance(fd, int) and os.getppid() != int(os.environ.get("PARATRAIN_LAUNCHER_PID", "-1")):
+    fd = getattr(server, "_forkserver_alive_fd", None)  # None in a spawned process
+    if isinstance(fd, int):
         try:
             os.close(fd)
         except OSError:
