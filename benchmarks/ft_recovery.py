@@ -42,7 +42,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cluster_common import RESULTS, record  # noqa: E402
-from kill_anytime import run_processes  # noqa: E402
+
+from paratrain.testing import run_processes  # noqa: E402
 
 MODELS = {
     # model flags, epochs, kill step, checkpoint every (the restart's baseline)

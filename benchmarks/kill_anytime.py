@@ -27,6 +27,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from paratrain.testing import alive, descendants, run_processes
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 DOC = ROOT / "docs" / "reliability.md"
@@ -49,41 +51,6 @@ STRATEGIES = {
     "allreduce-ft": ["--strategy", "allreduce-ft", "--workers", "2"],
     "pipeline-ft": ["--strategy", "pipeline-ft", "--stages", "2", "--workers", "4"],
 }
-
-
-def descendants(root: int) -> list[int]:
-    """Every live process under ``root`` (from /proc), oldest first."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                stat = (entry / "stat").read_text()
-            except OSError:
-                continue
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
-            children.setdefault(ppid, []).append(int(entry.name))
-    found, todo = [], [root]
-    while todo:
-        for child in sorted(children.get(todo.pop(), [])):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
-def run_processes(root: int) -> list[int]:
-    """The processes of the run under launcher ``root``, oldest first: its descendants less
-    multiprocessing's helpers (its resource tracker and fork server, the launcher's own
-    children; the run's processes are forked from the latter and share its command line)."""
-    return [pid for pid in descendants(root) if not _is_helper(pid, root)]
-
-
-def _is_helper(pid: int, root: int) -> bool:
-    try:
-        command = Path(f"/proc/{pid}/cmdline").read_bytes()
-        parent = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-    except OSError:
-        return True
-    return parent == root and (b"resource_tracker" in command or b"forkserver" in command)
 
 
 def start(flags: list[str], folder: Path) -> subprocess.Popen:
@@ -137,7 +104,7 @@ def drill(flags: list[str], moment: float, rng: random.Random, limit: float) -> 
             _, err = process.communicate()
         ended = time.monotonic() - began
         time.sleep(1.0)  # the launcher's children get their parent-death signal
-        left = [pid for pid in tree_at_kill if Path(f"/proc/{pid}").exists() and not _is_zombie(pid)]
+        left = [pid for pid in tree_at_kill if alive(pid)]
         metrics = json.loads((Path(tmp) / "m.json").read_text()) if (Path(tmp) / "m.json").exists() else None
     lines = [line for line in err.splitlines() if line.strip()]
     last = lines[-1] if lines else ""
@@ -164,13 +131,6 @@ def _dropped(metrics: dict) -> bool:
     replica was lost, and maybe replaced live)."""
     participants = metrics.get("participants") or {}
     return bool(participants) and participants["min"] < metrics.get("replicas", metrics["workers"])
-
-
-def _is_zombie(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True
 
 
 def run_drills(strategy: str, drills: int, seed: int, log=print, length: float | None = None) -> list[dict]:

@@ -10,6 +10,9 @@
 The processes are started by the same elastic launcher as ``paratrain train --workers N``;
 a failure in any of them raises WorkerFailed instead of hanging the test.
 
+``run_processes`` finds the processes of a run under a launcher (to kill one from outside,
+as a machine or the OOM killer would), ``alive`` whether one still runs.
+
 ``write_fashion_mnist``, ``write_cifar10`` and ``write_text_folders`` write small data
 sets in the real file formats (IDX, CIFAR-10 binary records, IMDB-style folders), so
 that tests and first tries of the examples need no download.
@@ -34,6 +37,55 @@ def run_distributed(fn: Callable[..., Any], *args: Any, world_size: int = 2) -> 
     """``fn(*args)`` on ``world_size`` processes; their results by rank."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     return launch(fn, *args, num_processes=world_size)
+
+
+def _stat(pid: int) -> list[str]:
+    """The fields of /proc/PID/stat after the command name: state, parent, ..., start time (19)."""
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+def descendants(root: int) -> list[int]:
+    """Every process under ``root`` (from /proc), oldest first."""
+    children: dict[int, list[int]] = {}
+    started: dict[int, int] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                fields = _stat(int(entry.name))
+            except OSError:
+                continue
+            children.setdefault(int(fields[1]), []).append(int(entry.name))
+            started[int(entry.name)] = int(fields[19])
+    found, todo = [], [root]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return sorted(found, key=lambda pid: (started[pid], pid))
+
+
+def run_processes(root: int) -> list[int]:
+    """The processes of the run under launcher ``root``, oldest first: its descendants less
+    multiprocessing's helpers (its resource tracker and fork server, the launcher's own
+    children; the run's processes are forked from the latter and share its command line)."""
+    return [pid for pid in descendants(root) if not _is_helper(pid, root)]
+
+
+def _is_helper(pid: int, root: int) -> bool:
+    try:
+        command = Path(f"/proc/{pid}/cmdline").read_bytes()
+        parent = int(_stat(pid)[1])
+    except OSError:
+        return True
+    return parent == root and (b"resource_tracker" in command or b"forkserver" in command)
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie (dead, its exit not yet collected)."""
+    try:
+        return _stat(pid)[0] != "Z"
+    except OSError:
+        return False
 
 
 def flat_parameters(module: torch.nn.Module) -> torch.Tensor:

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from paratrain.testing import run_processes
+
 pytest.importorskip("torchft")
 
 pytestmark = pytest.mark.distributed
@@ -57,32 +59,10 @@ def test_without_a_fault_it_is_the_single_process_run(cli, tmp_path, reference):
 def _stage_process(launcher: int, replica: int, stage: int) -> int:
     """The pid of ``stage`` of ``replica`` of a local run: the launcher starts each replica's
     stages in turn, so the run's processes in the order they started are replica 0's stages,
-    then replica 1's. multiprocessing's helpers, the launcher's own children (its resource
-    tracker, and the fork server the run's processes are forked from), are left out."""
-    parents, started, helpers = {}, {}, set()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-            command = (entry / "cmdline").read_bytes()
-        except OSError:
-            continue
-        pid = int(entry.name)
-        parents[pid], started[pid] = int(fields[1]), int(fields[19])
-        if parents[pid] == launcher and (b"resource_tracker" in command or b"forkserver" in command):
-            helpers.add(pid)
-
-    def under_launcher(pid: int) -> bool:
-        while pid in parents and pid != launcher:
-            pid = parents[pid]
-        return pid == launcher
-
-    run = sorted(
-        (when, pid) for pid, when in started.items() if pid not in helpers | {launcher} and under_launcher(pid)
-    )
+    then replica 1's."""
+    run = run_processes(launcher)
     assert len(run) == 4, run
-    return run[replica * 2 + stage][1]
+    return run[replica * 2 + stage]
 
 
 def test_a_killed_stage_takes_its_replica_out_and_a_whole_new_pipeline_rejoins_live(tmp_path, reference):

@@ -14,6 +14,7 @@ import torch.distributed
 from paratrain.comm.transport import ensure_process_group, free_port, parse_tf_config
 from paratrain.errors import ConfigError, WorkerFailed
 from paratrain.launch.local import launch
+from paratrain.testing import alive, descendants, run_processes
 
 pytestmark = pytest.mark.distributed
 
@@ -143,47 +144,6 @@ def test_a_process_sees_the_launchers_environment_as_it_is_when_the_process_star
     assert launch(_variable, "PARATRAIN_TEST_VARIABLE", num_processes=2) == ["set later", "set later"]
 
 
-def _descendants(root):
-    parents = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                with open(f"/proc/{entry}/stat") as stat:
-                    parents[int(entry)] = int(stat.read().rsplit(")", 1)[1].split()[1])
-            except OSError:
-                continue
-    found, todo = [], [root]
-    while todo:
-        parent = todo.pop()
-        children = [pid for pid, ppid in parents.items() if ppid == parent]
-        found += children
-        todo += children
-    return found
-
-
-def _run_processes(root):
-    """The processes of the run under launcher ``root``: its descendants less multiprocessing's
-    helpers (the resource tracker and the fork server are the launcher's own children)."""
-    run = []
-    for pid in _descendants(root):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as command, open(f"/proc/{pid}/stat") as stat:
-                text, parent = command.read(), int(stat.read().rsplit(")", 1)[1].split()[1])
-        except OSError:
-            continue
-        if not (parent == root and (b"resource_tracker" in text or b"forkserver" in text)):
-            run.append(pid)
-    return run
-
-
-def _alive(pid):
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="Linux: a parent-death signal")
 def test_no_process_outlives_a_launcher_killed_with_sigkill(tmp_path):
     progress = tmp_path / "m.json"
@@ -193,14 +153,14 @@ def test_no_process_outlives_a_launcher_killed_with_sigkill(tmp_path):
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )  # fmt: skip
     deadline = time.monotonic() + 60
-    while len(_run_processes(launcher.pid)) < 3 and time.monotonic() < deadline:  # the shard and 2 workers
+    while len(run_processes(launcher.pid)) < 3 and time.monotonic() < deadline:  # the shard and 2 workers
         time.sleep(0.1)
     time.sleep(1.0)
-    run = _descendants(launcher.pid)  # multiprocessing's helpers too
-    assert len(_run_processes(launcher.pid)) == 3, run
+    run = descendants(launcher.pid)  # multiprocessing's helpers too
+    assert len(run_processes(launcher.pid)) == 3, run
     launcher.kill()
     launcher.wait()
     deadline = time.monotonic() + 15
-    while any(_alive(pid) for pid in run) and time.monotonic() < deadline:
+    while any(alive(pid) for pid in run) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert not [pid for pid in run if _alive(pid)]
+    assert not [pid for pid in run if alive(pid)]
