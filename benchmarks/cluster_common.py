@@ -38,6 +38,15 @@ def cluster_train(cluster: list[str], train: list[str], out: Path, timeout: floa
     return metrics
 
 
+def recorded(out: str, args: object, names: tuple[str, ...]) -> dict:
+    """``--resimulate``: the document recorded at ``out`` (.json), with its setup's ``names``
+    put back into ``args`` (the runs are simulated as they were measured)."""
+    document = json.loads(Path(out).with_suffix(".json").read_text())
+    for name in names:
+        setattr(args, name, document["setup"][name])
+    return document
+
+
 def link_bytes_per_s(link: str) -> float:
     """A ``--link`` rate (``100mbit``, ``1gbit``) in bytes per second."""
     for unit, scale in (("kbit", 1e3), ("mbit", 1e6), ("gbit", 1e9)):

@@ -28,7 +28,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from cluster_common import RESULTS, cluster_train, link_bytes_per_s, record
+from cluster_common import RESULTS, cluster_train, link_bytes_per_s, record, recorded
 
 TRAIN = ["--model", "mlp", "--dataset", "digits", "--timeout", "300"]
 LAYOUTS = {  # strategy -> (training flags for H hosts, simulator flags for H hosts)
@@ -81,9 +81,7 @@ def main() -> None:
     parser.add_argument("--out", default=str(RESULTS / "cluster_scale"))
     args = parser.parse_args()
     if args.resimulate:
-        recorded = json.loads(Path(args.out).with_suffix(".json").read_text())
-        rows, setup = recorded["rows"], recorded["setup"]
-        args.budget, args.link, args.epochs = setup["budget"], setup["link"], setup["epochs"]
+        rows = recorded(args.out, args, ("budget", "link", "epochs"))["rows"]
     else:
         rows = measure(args)
     with tempfile.TemporaryDirectory() as tmp:

@@ -39,7 +39,7 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from cluster_common import RESULTS, cluster_train, link_bytes_per_s, record
+from cluster_common import RESULTS, cluster_train, link_bytes_per_s, record, recorded
 from simulator_validation import STRATEGIES, profile_strategy, setting, steady_steps_per_second
 
 TARGET = 0.10  # relative error of throughput
@@ -170,11 +170,8 @@ def main() -> None:
     parser.add_argument("--out", default=str(RESULTS / "cluster_validation"))
     args = parser.parse_args()
     if args.resimulate:
-        recorded = json.loads(Path(args.out).with_suffix(".json").read_text())
-        rows, machine = recorded["rows"], recorded["machine"]
-        args.cpu, args.link, args.epochs, args.repeats = (
-            recorded["setup"][k] for k in ("cpu", "link", "epochs", "repeats")
-        )
+        document = recorded(args.out, args, ("cpu", "link", "epochs", "repeats"))
+        rows, machine = document["rows"], document["machine"]
     else:
         settings = [
             setting(strategy, int(workers), straggler)
