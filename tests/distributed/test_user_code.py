@@ -171,6 +171,34 @@ def test_teardown_ends_the_group_and_its_gloo_threads(flags):
     assert result.stdout.strip().splitlines()[-1] == "['python']"
 
 
+DESTROY_RIGHT_AFTER_A_COLLECTIVE = """
+import torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+from paratrain.comm.transport import destroy_process_group
+
+def step():
+    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+    model = DistributedDataParallel(torch.nn.Linear(64, 64))
+    model(torch.randn(8, 64)).sum().backward()  # ends with the gradients' all-reduce
+    destroy_process_group()
+    # returning drops the model: its reducer holds the group's last reference
+
+for _ in range(60):
+    step()
+print("done")
+"""
+
+
+def test_a_group_destroyed_right_after_a_collective_does_not_hang():
+    """Dropping the group's last reference (a DDP reducer's, from Python, the GIL held) while
+    a Gloo thread still frees the last all-reduce's tensors (needing the GIL) hung a test
+    process forever; without the fix this loop hangs within ~20 rounds."""
+    result = subprocess.run(
+        [sys.executable, "-c", DESTROY_RIGHT_AFTER_A_COLLECTIVE], capture_output=True, text=True, timeout=90
+    )
+    assert result.returncode == 0 and result.stdout.strip() == "done", result.stderr[-3000:]
+
+
 def test_the_readme_launch_example_runs(tmp_path):
     script = tmp_path / "launch_example.py"
     script.write_text(_readme_python(1))
