@@ -8,17 +8,21 @@ parameter server's shard is host 0. On loopback the same settings shared two cor
 the real runs themselves varied by 2x; here every host's speed is fixed.
 
 The simulator gets the real parameters, measured once on this machine (``--epochs`` runs
-of the real code, CPU time per step, as simulator_validation.py measures them):
+of the real code, CPU time per step, as simulator_validation.py measures them), and models
+each host as the kernel runs it (``Cluster(cpu_share=..., cpu_period_s=...)``,
+paratrain/simulate/quota.py): a quota of ``--cpu`` x 10 ms of CPU in every 10 ms period, at
+a full core's speed until it is spent, each host's periods at a phase of their own:
 
 - a worker's compute per step (``allreduce``; a ps worker's own), and a shard's work per
-  push and per update, in CPU-seconds; on a host at a share c each takes 1/c as long;
+  push and per update, in CPU-seconds;
 - the link's rate as shaped;
-- a latency per message of L / c: a message's cost is mostly the CPU of the framework's
-  work for each hop at c of a core, plus the wait for a throttled host's next period. L is
-  calibrated once, on the 2-worker allreduce run without a straggler (the latency at which
-  the simulator reproduces it, times c): that row is the calibration, every other row a
+- the CPU each message costs its receiver (a ring hop, a push at the shard, a reply at a
+  worker), M: calibrated once, on the 2-worker allreduce run without a straggler (the M at
+  which the simulator reproduces it): that row is the calibration, every other row a
   prediction;
-- the straggler: its compute 1/(c/2), twice the others' (``fixed:W:2``).
+- the straggler: its host at half the share (``fixed:W:2``: a node at 1/2 of the share).
+
+The simulated rate is the mean over ``SEEDS`` draws of the hosts' phases.
 
 Real throughput is examples in applied updates per second while every worker trains,
 evaluation excluded, from the run's own ``--timeline`` (as simulator_validation.py reads
@@ -42,7 +46,10 @@ from pathlib import Path
 from cluster_common import RESULTS, cluster_train, link_bytes_per_s, record, recorded
 from simulator_validation import STRATEGIES, profile_strategy, setting, steady_steps_per_second
 
+from paratrain.cluster.hosts import PERIOD_US
+
 TARGET = 0.10  # relative error of throughput
+SEEDS = 5  # draws of the hosts' quota phases per simulated setting
 TRAIN = ["--model", "mlp", "--dataset", "digits", "--timeout", "300", "--batch-size", "32"]
 BATCH = 32
 
@@ -94,8 +101,9 @@ def machine_profile(epochs: int) -> dict:
     }
 
 
-def simulated(settings: dict, machine: dict, cpu: float, link_bytes_per_s: float, hop_s: float) -> dict:
-    """The simulator's throughput and staleness for one setting on hosts at ``cpu`` of a core."""
+def simulated(settings: dict, machine: dict, cpu: float, link_bytes_per_s: float, message_cpu_s: float) -> dict:
+    """The simulator's throughput and staleness for one setting on hosts at ``cpu`` of a core
+    (means over ``SEEDS`` draws of the hosts' quota phases)."""
     from paratrain.data.datasets import load_digits
     from paratrain.models import build_model
     from paratrain.simulate.cluster import Cluster, parse_straggler
@@ -103,29 +111,33 @@ def simulated(settings: dict, machine: dict, cpu: float, link_bytes_per_s: float
 
     model = build_model("mlp", load_digits().spec)
     strategy = settings["strategy"]
-    latency = hop_s / cpu
     straggler = settings.get("straggler")
     cluster = Cluster(
         workers=settings["workers"],
-        compute_s=machine["compute_s"]["ps" if strategy.startswith("ps-") else "allreduce"] / cpu,
+        compute_s=machine["compute_s"]["ps" if strategy.startswith("ps-") else "allreduce"],
         model_bytes=4.0 * sum(p.numel() for p in model.parameters()),
         bandwidth=link_bytes_per_s,
-        latency=latency,
-        ring_latency=latency,
-        ps_message_s=machine["ps_message_s"] / cpu,
-        ps_update_s=machine["ps_update_s"] / cpu,
+        latency=0.0,  # a veth pair and a bridge: microseconds, against milliseconds of quota
+        ps_message_s=machine["ps_message_s"],
+        ps_update_s=machine["ps_update_s"],
         straggler=parse_straggler("fixed:" + straggler if straggler else None),
+        cpu_share=cpu,
+        cpu_period_s=PERIOD_US * 1e-6,
+        message_cpu_s=message_cpu_s,
     )
-    outcome = simulate(strategy, cluster, 400, backup=settings.get("backup_workers", 0))
-    summary = outcome.summary(BATCH)
-    return {"examples_per_second": summary["examples_per_second"], "staleness_mean": summary["staleness"]["mean"]}
+    backup = settings.get("backup_workers", 0)
+    summaries = [simulate(strategy, cluster, 400, seed=seed, backup=backup).summary(BATCH) for seed in range(SEEDS)]
+    return {
+        "examples_per_second": statistics.mean(s["examples_per_second"] for s in summaries),
+        "staleness_mean": statistics.mean(s["staleness"]["mean"] for s in summaries),
+    }
 
 
 def calibrate(row: dict, machine: dict, cpu: float, link_bytes_per_s: float) -> float:
-    """CPU-seconds per message hop (L): bisection on a log scale for the latency at which the
-    simulator gives ``row``'s real rate, times the share."""
-    low, high = 1e-7, 1.0  # CPU-seconds
-    for _ in range(40):
+    """CPU-seconds per message (M): bisection on a log scale for the M at which the simulator
+    gives ``row``'s real rate."""
+    low, high = 1e-7, 0.1  # CPU-seconds
+    for _ in range(30):
         middle = (low * high) ** 0.5
         rate = simulated(row["settings"], machine, cpu, link_bytes_per_s, middle)["examples_per_second"]
         low, high = (middle, high) if rate > row["examples_per_second"] else (low, middle)
@@ -198,11 +210,13 @@ def main() -> None:
         "",
         f"mlp on digits, batch {BATCH} per worker, {args.epochs} epochs, one process per host (a parameter server's "
         f"shard on host 0), the straggler the last worker's host at {args.cpu / 2:g} of a core; real = median of "
-        f"{args.repeats} passes (`sudo python benchmarks/cluster_validation.py`). The simulator is given CPU-seconds "
-        f"measured on this machine, over the share: compute {c['allreduce'] * 1e3:.3f} ms (allreduce) / "
-        f"{c['ps'] * 1e3:.3f} ms (ps worker) per step, shard {machine['ps_message_s'] * 1e3:.3f} ms per push + "
-        f"{machine['ps_update_s'] * 1e3:.3f} ms per update; the link's rate; a latency per message of L / share, "
-        f"L = {hop * 1e3:.3f} ms of CPU per hop, calibrated on allreduce with 2 workers and no straggler (marked).",
+        f"{args.repeats} passes (`sudo python benchmarks/cluster_validation.py`). The simulator models each host "
+        f"under its CPU quota ({args.cpu:g} x {PERIOD_US // 1000} ms per {PERIOD_US // 1000} ms period, full speed until "
+        f"spent; mean of {SEEDS} draws of the hosts' phases) and is given CPU-seconds measured on this machine: compute "
+        f"{c['allreduce'] * 1e3:.3f} ms (allreduce) / {c['ps'] * 1e3:.3f} ms (ps worker) per step, shard "
+        f"{machine['ps_message_s'] * 1e3:.3f} ms per push + {machine['ps_update_s'] * 1e3:.3f} ms per update; the "
+        f"link's rate; M = {hop * 1e3:.3f} ms of CPU per message received (a ring hop, a push, a reply), calibrated "
+        f"on allreduce with 2 workers and no straggler (marked).",
         "",
         "| strategy | workers | straggler | real examples/s (min-max) | simulated | error | real staleness | simulated |",
         "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |",
@@ -222,7 +236,7 @@ def main() -> None:
         f"{median_error:.0%}).",
     ]
     setup = {k: v for k, v in vars(args).items() if k not in ("out", "resimulate")}
-    document = {"setup": setup, "machine": machine, "cpu_seconds_per_hop": hop, "rows": rows}
+    document = {"setup": setup, "machine": machine, "cpu_seconds_per_message": hop, "rows": rows}
     document["within_target"], document["predictions"] = within, len(predictions)
     record(Path(args.out), document, lines)
 

@@ -117,6 +117,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         help="with --host-cores: measured throughput of 1, 2, ... processes computing at once, relative to one, e.g. 1,1.6,1.5,1.2",
     )
+    a(
+        "--cpu-share",
+        type=float,
+        default=None,
+        help="every node limited to this share of one core by a CPU quota, as a Kubernetes CPU limit or "
+        "paratrain cluster --cpu (default: whole cores)",
+    )
+    a("--cpu-period-ms", type=float, default=100.0, help="with --cpu-share: the quota's period (default 100)")
+    a(
+        "--message-cpu-us",
+        type=float,
+        default=0.0,
+        help="with --cpu-share: CPU microseconds a node spends on each message it receives (default 0)",
+    )
     a("--ps-message-us", type=float, default=0.0, help="ps-*: microseconds a shard works on each push (default 0)")
     a("--ps-update-us", type=float, default=0.0, help="ps-*: microseconds a shard works on each update (default 0)")
     a("--failure-rate", type=float, default=0.0, help="failures per worker per hour (default 0)")
@@ -190,6 +204,8 @@ def check_arguments(args: argparse.Namespace) -> tuple[list[str], list[int]]:
         if args.host_cores is None:
             raise ConfigError("--host-speedup needs --host-cores (processes on one host)")
         _speedup(args.host_speedup)
+    if args.cpu_share is None and (args.message_cpu_us or args.cpu_period_ms != 100.0):
+        raise ConfigError("--message-cpu-us and --cpu-period-ms need --cpu-share (nodes under a CPU quota)")
     if args.ring_latency_us is not None:
         _positive("ring-latency-us", args.ring_latency_us, allow_zero=True)
     if args.staleness_bound is not None:
@@ -278,6 +294,9 @@ def build_cluster(args: argparse.Namespace, workers: int, model: Any | None, com
         ps_update_s=args.ps_update_us * 1e-6,
         host_cores=args.host_cores,
         host_speedup=_speedup(args.host_speedup),
+        cpu_share=args.cpu_share,
+        cpu_period_s=args.cpu_period_ms * 1e-3,
+        message_cpu_s=args.message_cpu_us * 1e-6,
     )
 
 

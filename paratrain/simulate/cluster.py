@@ -208,6 +208,20 @@ class Cluster:
     """Measured throughput of k processes computing at once on the host, relative to one
     alone, for k = 1, 2, ... (the last value holds for more); None: min(k, host_cores).
     Cores that share caches or a physical core, and context switches, make it less."""
+    cpu_share: float | None = None
+    """None: every node has whole cores. A share of one core: every node is limited to it by a
+    CPU quota (cgroup CPU bandwidth control, as Kubernetes' CPU limits and ``paratrain
+    cluster --cpu``): full speed until ``cpu_share * cpu_period_s`` is spent in a period,
+    then nothing until the next (quota.py). ``compute_s``, ``ps_message_s``, ``ps_update_s``
+    are then CPU-seconds at a full core's speed, ``latency`` the wire's alone, and each
+    message costs its receiver ``message_cpu_s`` on top (a hop of a ring all-reduce, a push
+    at a shard, a reply at a worker). A ``fixed:W:F`` straggler is a node at 1/F of the
+    share (a slow machine)."""
+    cpu_period_s: float = 0.1
+    """The quota's period (the kernel's default, and Kubernetes', is 100 ms)."""
+    message_cpu_s: float = 0.0
+    """With ``cpu_share``: CPU-seconds a node spends on each message it receives (the
+    transport's and the framework's work, which waits for the node's quota like any other)."""
 
     def __post_init__(self) -> None:
         if self.ring_latency is not None and not self.ring_latency >= 0:
@@ -218,6 +232,17 @@ class Cluster:
             raise ConfigError(
                 f"--host-speedup must be throughputs > 0 for 1, 2, ... processes, got {self.host_speedup}"
             )
+        if self.cpu_share is not None:
+            if not 0 < self.cpu_share <= 1:
+                raise ConfigError(f"--cpu-share must be in (0, 1] (a share of one core), got {self.cpu_share}")
+            if self.host_cores is not None:
+                raise ConfigError(
+                    "--cpu-share (a node each, under a CPU quota) and --host-cores (one shared host) exclude each other"
+                )
+            if not self.message_cpu_s >= 0:
+                raise ConfigError(f"--message-cpu-us must be >= 0, got {self.message_cpu_s * 1e6}")
+            if not self.cpu_period_s > 0:
+                raise ConfigError(f"--cpu-period-ms must be > 0, got {self.cpu_period_s * 1e3}")
         for name in ("ps_message_s", "ps_update_s"):
             if not getattr(self, name) >= 0:
                 raise ConfigError(f"--{name[:-2].replace('_', '-')}-us must be >= 0, got {getattr(self, name) * 1e6}")
@@ -232,7 +257,18 @@ class Cluster:
     def event_driven(self) -> bool:
         """Whether host.py's engine is needed: processes share a host's cores, or a straggler
         sleeps between steps (neither fits simulator.py's rounds)."""
-        return self.host_cores is not None or isinstance(self.straggler, SleepStraggler)
+        return self.host_cores is not None or self.cpu_share is not None or isinstance(self.straggler, SleepStraggler)
+
+    def node_share(self, node: int) -> float:
+        """Node ``node``'s share of a core under ``cpu_share`` (workers first, then shards)."""
+        return self.cpu_share / self._slow_machine_factor(node)
+
+    def _slow_machine_factor(self, worker: int) -> float:
+        """How many times slower a ``fixed:`` straggler's node is, under CPU quotas (else 1)."""
+        straggler = self.straggler
+        if self.cpu_share is not None and type(straggler) is FixedStraggler and straggler.worker == worker:
+            return straggler.factor
+        return 1.0
 
     def sleep_factor(self, worker: int) -> float:
         """Seconds ``worker`` sleeps after a step per second of the step (injected stragglers)."""
@@ -241,7 +277,10 @@ class Cluster:
     def compute_times(self, rng: np.random.Generator, steps: int, workers: int | None = None) -> np.ndarray:
         """(steps, workers) seconds of compute per step, stragglers and failures included."""
         workers = self.workers if workers is None else workers
-        times = self.compute_s * self.straggler.factors(rng, steps, workers)
+        factors = self.straggler.factors(rng, steps, workers)
+        if self.cpu_share is not None and type(self.straggler) is FixedStraggler:
+            factors = np.ones_like(factors)  # a slower node's smaller share (node_share), not more work
+        times = self.compute_s * factors
         if self.failure_rate > 0:
             # P(at least one failure during a step of duration t) = 1 - exp(-rate t).
             p = 1 - np.exp(-self.failure_rate / 3600 * times)

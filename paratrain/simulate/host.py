@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from paratrain.simulate.cluster import Cluster
+from paratrain.simulate.quota import ThrottledCore
 
 
 class SharedCores:
@@ -78,7 +79,17 @@ class HostRun:
 
     def __init__(self, cluster: Cluster, rng: np.random.Generator, steps: int, workers: int):
         self.cluster, self.n = cluster, workers
-        self.cores = SharedCores(cluster.host_cores, cluster.host_capacity if cluster.host_cores is not None else None)
+        if cluster.cpu_share is None:
+            shared = SharedCores(cluster.host_cores, cluster.host_capacity if cluster.host_cores is not None else None)
+            self.nodes: list[Any] = [shared] * (workers + cluster.ps_shards)
+            self.cores = [shared]
+        else:  # a node each (workers, then shards), each under its CPU quota
+            period = cluster.cpu_period_s
+            self.nodes = [
+                ThrottledCore(cluster.node_share(i), period, float(rng.uniform(0, period)))
+                for i in range(workers + cluster.ps_shards)
+            ]
+            self.cores = self.nodes
         self.events: list[tuple[float, int, Callable[..., None], tuple]] = []
         self._seq = 0
         self.rows = 2 * steps + 2
@@ -91,11 +102,12 @@ class HostRun:
         heapq.heappush(self.events, (t, self._seq, fn, args))
         self._seq += 1
 
-    def compute(self, t: float, w: int, done: Callable[..., None]) -> None:
-        """Worker ``w`` starts a step's compute at ``t``; ``done(end, w, started)``."""
-        work = self.demand[w][self.step_of[w] % self.rows]
+    def compute(self, t: float, w: int, done: Callable[..., None], extra: float = 0.0) -> None:
+        """Worker ``w`` starts a step's compute (and ``extra`` CPU-seconds) at ``t``;
+        ``done(end, w, started)``."""
+        work = self.demand[w][self.step_of[w] % self.rows] + extra
         self.step_of[w] += 1
-        self.cores.start(t, work, self._computed, done, w, t)
+        self.nodes[w].start(t, work, self._computed, done, w, t)
 
     def _computed(self, end: float, done: Callable[..., None], w: int, started: float) -> None:
         self.computing_s += end - started
@@ -103,16 +115,22 @@ class HostRun:
 
     def run(self) -> None:
         while True:
-            t_job, t_event = self.cores.next_end(), self.events[0][0] if self.events else math.inf
+            t_job, first = min((c.next_end(), i) for i, c in enumerate(self.cores))
+            t_event = self.events[0][0] if self.events else math.inf
             if t_job == math.inf and t_event == math.inf:
                 return
             if t_job <= t_event:
-                done, args = self.cores.pop(t_job)
+                self._advance(t_job)
+                done, args = self.cores[first].pop(t_job)
                 done(t_job, *args)
             else:
                 t, _, fn, args = heapq.heappop(self.events)
-                self.cores.advance(t)
+                self._advance(t)
                 fn(t, *args)
+
+    def _advance(self, t: float) -> None:
+        for core in self.cores:
+            core.advance(t)
 
 
 class AllReduceHost(HostRun):
@@ -147,15 +165,36 @@ class AllReduceHost(HostRun):
         if self.step_of[w] % self.period:  # a local step: no waiting, then sleep if injected
             self.at(t + self.sleep[w] * (t - started), self.begin, w)
             return
-        self.arrived.append((t, started))
+        self.arrived.append((t, started, w))
         if len(self.arrived) < self.n:
             return
-        last_end, last_start = max(self.arrived)
+        if self.cluster.cpu_share is not None:
+            ends = self._ring_on_nodes({w: end for end, _, w in self.arrived})
+            self.arrived = []
+            self.reduced(max(ends), ends)
+            return
+        last_end, last_start, _ = max(self.arrived)
         end = last_start + float(self.step_s(self.cluster, last_end - last_start))
         self.arrived = []
         self.at(end, self.reduced)
 
-    def reduced(self, t: float) -> None:
+    def _ring_on_nodes(self, computed: dict[int, float]) -> list[float]:
+        """A ring all-reduce of the gradients (after the backward pass) across nodes under CPU
+        quotas, hop by hop: 2(N-1) steps, in each of which every node sends a 1/N slice to the
+        next and works ``message_cpu_s`` on the slice it receives, when its quota lets it.
+        When each node has the result."""
+        cluster, n = self.cluster, self.n
+        wire = cluster.codec.wire_bytes(cluster.model_bytes)
+        transfer = wire / n / cluster.bandwidth + cluster.latency
+        hop_s = cluster.message_cpu_s
+        codec_s = cluster.codec.cost_s(cluster.model_bytes)
+        done = [self.nodes[w].run(computed[w], codec_s) if codec_s else computed[w] for w in range(n)]
+        for _ in range(2 * (n - 1)):
+            done = [self.nodes[w].run(max(done[w - 1] + transfer, done[w]), hop_s) for w in range(n)]
+        return done
+
+    def reduced(self, t: float, ends: list[float] | None = None) -> None:
+        """A round is complete at ``t``; each worker goes on at ``ends[w]`` (default ``t``)."""
         from paratrain.simulate.simulator import Update
 
         self.done_rounds += 1
@@ -164,7 +203,8 @@ class AllReduceHost(HostRun):
             self.trace.append(Update(t, list(range(self.n)), [self.done_rounds - 1] * self.n))
         if self.done_rounds < self.rounds:
             for w in range(self.n):
-                self.at(t + self.sleep[w] * (t - self.started[w]), self.begin, w)
+                end = t if ends is None else ends[w]
+                self.at(end + self.sleep[w] * (end - self.started[w]), self.begin, w)
 
 
 def _allreduce_step(cluster: Cluster, slowest: float) -> float:
@@ -205,13 +245,16 @@ class ParameterServerHost(HostRun):
         self.target = steps * cluster.workers if mode == "async" else steps  # pushes, or versions
         self.policy, self.bound = StalePolicy(stale_policy, max_staleness), staleness_bound
         self.codec_s = cluster.codec.cost_s(cluster.model_bytes)
+        self.message_cpu = cluster.message_cpu_s if cluster.cpu_share is not None else 0.0
         self.push_own, self.push_shard = cluster.push_times()
         self.pull_own, self.pull_shard = cluster.pull_times()
         self.version = 0
         self.pulled = [0] * self.n  # the version each worker computes on
         self.clock = [0] * self.n  # pushes each worker has made
         self.issued = 0
-        self.link_free = 0.0  # the shards' links, one message after another
+        # The shards' links, one message after another in each direction (full duplex): pushes
+        # come in while replies go out.
+        self.link_in_free = self.link_out_free = 0.0
         self.queue: deque[tuple[int, int]] = deque()  # pushes waiting for the shard: (worker, version)
         self.busy = False
         self.held: list[int] = []
@@ -226,15 +269,15 @@ class ParameterServerHost(HostRun):
     # ----- workers ---------------------------------------------------------------------------
     def begin(self, t: float, w: int) -> None:
         self.issued += 1
-        self.compute(t, w, self.pushed)
+        self.compute(t, w, self.pushed, self.message_cpu if t > 0 else 0.0)  # the reply, then the step
 
     def pushed(self, t: float, w: int, started: float) -> None:
         # The push is handed to the transport: the step (as --straggler times it) ends here.
         self.awake_at[w] = t + self.sleep[w] * (t - started)
         sent = t + self.codec_s
-        start = max(sent, self.link_free)
-        self.link_free = start + self.push_shard
-        arrived = max(self.link_free, sent + self.push_own) + self.cluster.latency
+        start = max(sent, self.link_in_free)
+        self.link_in_free = start + self.push_shard
+        arrived = max(self.link_in_free, sent + self.push_own) + self.cluster.latency
         self.at(arrived, self.receive, w, self.pulled[w])
 
     def replied(self, t: float, w: int) -> None:
@@ -256,7 +299,7 @@ class ParameterServerHost(HostRun):
         self.busy = True
         w, version = self.queue.popleft()
         factor = self.policy.factor(self.version - version) if self.mode == "async" else 1.0
-        work = self.cluster.ps_message_s + self.codec_s
+        work = self.cluster.ps_message_s + self.codec_s + self.message_cpu
         if self.mode == "async" and factor is not None:
             work += self.cluster.ps_update_s
         self._on_shards(t, work, self.handled, w, version, factor)
@@ -271,8 +314,8 @@ class ParameterServerHost(HostRun):
             if not left[0]:
                 done(end, *args)
 
-        for _ in range(shards):
-            self.cores.start(t, work, one_done)
+        for shard in range(shards):
+            self.nodes[self.n + shard].start(t, work, one_done)
 
     def handled(self, t: float, w: int, version: int, factor: float | None) -> None:
         self.clock[w] += 1
@@ -330,10 +373,10 @@ class ParameterServerHost(HostRun):
         return self.clock[w] - min(self.clock) <= self.bound
 
     def _reply(self, t: float, w: int) -> None:
-        start = max(t, self.link_free)
-        self.link_free = start + self.pull_shard
+        start = max(t, self.link_out_free)
+        self.link_out_free = start + self.pull_shard
         self.version_sent[w] = self.version
-        self.at(max(self.link_free, t + self.pull_own) + self.cluster.latency, self.replied, w)
+        self.at(max(self.link_out_free, t + self.pull_own) + self.cluster.latency, self.replied, w)
 
     def go(self) -> None:
         for w in range(self.n):

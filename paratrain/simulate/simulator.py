@@ -190,7 +190,9 @@ class AsyncPSModel:
         own_push = codec_s + own  # a push can go no faster than the worker's own link
         pull = max(pull_shard, pull_own)
         check_policy = stale_policy != "none"
-        free = 0.0  # when the shards' links are next free (the shards are symmetric)
+        # When the shards' links are next free (the shards are symmetric), in each direction:
+        # a link is full duplex, so pushes come in while replies go out.
+        free = out_free = 0.0
         shard_free = 0.0  # when the shards are done with the last message they took
         message_s, update_s = cluster.ps_message_s, cluster.ps_update_s
         version = 0
@@ -243,8 +245,9 @@ class AsyncPSModel:
             while at_clock[slowest] == 0:
                 slowest += 1
             # the reply: current parameters through the same links
-            ready = now + pull + lat
-            free = now + pull_shard
+            reply = now if now > out_free else out_free
+            out_free = reply + pull_shard
+            ready = reply + pull + lat
             pulled[w] = version
             ready_at[w] = ready
             if staleness_bound is None:  # no one ever waits: start the next step at once

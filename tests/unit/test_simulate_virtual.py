@@ -176,6 +176,10 @@ def test_simulate_sweep_writes_json_and_plot(tmp_path, capsys):
         (["--train", "--workers", "1,2"], ["--train takes one"]),
         (["--model", "resnet"], ["unknown model 'resnet'"]),
         (["--steps", "two"], ["--steps", "invalid int value"]),
+        (["--cpu-share", "1.5"], ["--cpu-share must be in (0, 1]"]),
+        (["--cpu-share", "0.5", "--host-cores", "2"], ["--cpu-share", "--host-cores", "exclude"]),
+        (["--message-cpu-us", "300"], ["--message-cpu-us", "need --cpu-share"]),
+        (["--cpu-share", "0.5", "--cpu-period-ms", "0"], ["--cpu-period-ms must be > 0"]),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, words, capsys):

@@ -1,0 +1,76 @@
+"""A node limited to a share of one core by a CPU quota: cgroup CPU bandwidth control, which is
+how Kubernetes enforces a pod's CPU limit and how ``paratrain cluster run --cpu`` makes its
+hosts.
+
+The kernel gives the node's processes ``share x period`` CPU-seconds in every period. They
+run at a full core's speed until that is spent, then wait for the next period (they are
+throttled); unused quota does not carry over. So a node at 0.3 of a core with a 10 ms period
+does 3 ms of work at full speed, then nothing for 7 ms. A step's duration is not its work
+over the share: 1.8 ms of compute starting early in a period takes 1.8 ms, one that meets
+the end of the quota waits out the rest of the period. And every message that needs the
+receiver's CPU meets the same rule: in a ring all-reduce across N nodes, each hop waits
+whenever the next node is throttled, which makes a synchronous step slower with more nodes
+even when every link is idle. Each node's periods start at a phase of their own (its
+cgroup's period timer), drawn once per run.
+
+``ThrottledCore`` is one node's CPU for host.py's event loop: it runs the jobs given to it
+one at a time, in order, each at full speed within the quota.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+
+class ThrottledCore:
+    """One node's CPU: ``share`` of a core as a quota of ``share * period`` seconds per period,
+    periods starting at ``phase`` (seconds, in [0, period))."""
+
+    def __init__(self, share: float, period: float, phase: float = 0.0):
+        if not 0 < share <= 1:
+            raise ValueError(f"a CPU share must be in (0, 1], got {share}")
+        self.share, self.period, self.phase = share, period, phase
+        self.quota = share * period
+        self._index: int | None = None  # the period whose quota `_used` counts
+        self._used = 0.0
+        self.jobs: deque[tuple[float, Callable[..., None], tuple]] = deque()  # (work, done, args)
+        self._end = math.inf  # when the running job (the first) ends
+
+    def run(self, t: float, work: float) -> float:
+        """Do ``work`` CPU-seconds from ``t`` on (nothing else running here): when it ends."""
+        index = math.floor((t - self.phase) / self.period)
+        while True:
+            if index != self._index:
+                self._index, self._used = index, 0.0
+            period_end = self.phase + (index + 1) * self.period
+            span = min(self.quota - self._used, period_end - t)
+            if span > 0 and work <= span:
+                self._used += work
+                return t + work
+            if span > 0:
+                work -= span
+                self._used += span
+            index += 1  # the quota is spent (throttled), or the period is over
+            t = max(t, period_end)
+
+    # ----- host.py's core interface (as SharedCores) --------------------------------------------
+    def start(self, t: float, work: float, done: Callable[..., None], *args: Any) -> None:
+        """Queue a job of ``work`` CPU-seconds at ``t``; ``done(end, *args)`` when it is through."""
+        self.jobs.append((work, done, args))
+        if len(self.jobs) == 1:
+            self._end = self.run(t, work)
+
+    def next_end(self) -> float:
+        return self._end if self.jobs else math.inf
+
+    def advance(self, t: float) -> None:
+        """Nothing to do: a job's end is known when it starts."""
+
+    def pop(self, t: float) -> tuple[Callable[..., None], tuple]:
+        _, done, args = self.jobs.popleft()
+        if self.jobs:
+            self._end = self.run(t, self.jobs[0][0])
+        return done, args
