@@ -13,9 +13,12 @@ import json
 import statistics
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 RESULTS = Path(__file__).resolve().parent / "results"
+SEEDS = 5  # draws of the hosts' quota phases per simulated setting
 
 
 def cluster_train(cluster: list[str], train: list[str], out: Path, timeout: float = 1800) -> dict:
@@ -78,3 +81,46 @@ def record(out: Path, document: dict, lines: list[str]) -> None:
     out.with_suffix(".json").write_text(json.dumps(document, indent=2) + "\n")
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
+
+
+def simulated_on_quota_hosts(
+    strategy: str, workers: int, cpu: float, compute_s: float, link: str, message_cpu_s: float, **cluster: Any
+) -> dict:
+    """The simulator's rate (examples/s, batch 32) and mean staleness for ``strategy`` on the
+    mlp, on hosts as ``paratrain cluster run --cpu`` makes them: each at ``cpu`` of a core
+    under a quota of ``cpu`` x 10 ms per 10 ms period, links of ``link``; means over
+    ``SEEDS`` draws of the hosts' phases. ``cluster``: more ``Cluster`` fields (the shard's
+    work, a straggler), ``backup`` the backup workers."""
+    from paratrain.cluster.hosts import PERIOD_US
+    from paratrain.data.datasets import load_digits
+    from paratrain.models import build_model
+    from paratrain.simulate.cluster import Cluster
+    from paratrain.simulate.simulator import simulate
+
+    backup = cluster.pop("backup", 0)
+    model = build_model("mlp", load_digits().spec)
+    nodes = Cluster(
+        workers=workers,
+        compute_s=compute_s,
+        model_bytes=4.0 * sum(p.numel() for p in model.parameters()),
+        bandwidth=link_bytes_per_s(link),
+        latency=0.0,  # a veth pair and a bridge: microseconds, against milliseconds of quota
+        cpu_share=cpu,
+        cpu_period_s=PERIOD_US * 1e-6,
+        message_cpu_s=message_cpu_s,
+        **cluster,
+    )
+    runs = [simulate(strategy, nodes, 400, seed=seed, backup=backup).summary(32) for seed in range(SEEDS)]
+    return {
+        "examples_per_second": statistics.mean(r["examples_per_second"] for r in runs),
+        "staleness_mean": statistics.mean(r["staleness"]["mean"] for r in runs),
+    }
+
+
+def calibrate(rate_at: Callable[[float], float], target: float, low: float = 1e-7, high: float = 0.1) -> float:
+    """The value in [low, high] at which ``rate_at`` (decreasing) gives ``target``: bisection on
+    a log scale."""
+    for _ in range(30):
+        middle = (low * high) ** 0.5
+        low, high = (middle, high) if rate_at(middle) > target else (low, middle)
+    return (low * high) ** 0.5

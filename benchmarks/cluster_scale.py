@@ -2,16 +2,17 @@
 compares: allreduce and ps-async on the mlp (digits) on 2 to 16 emulated hosts.
 
 The machine's cores are split evenly: with H hosts each has --budget/H of a core, and
-links of --link. The simulator gets the same cluster: each host's compute per step is
-measured once, by a 1-host `single` run at that CPU share (batch 32), and the link's
-rate is the shaped one. ps-async puts the shard on host 0 and H-1 workers on the rest.
+links of --link. The simulator gets the same cluster, each host under its CPU quota as the
+kernel runs it (``Cluster(cpu_share=...)``, paratrain/simulate/quota.py): each host's CPU
+per step is measured once, by a 1-host ``single`` run at that share (batch 32; its
+seconds per step times the share, which is its CPU for a host that is always busy), the
+shard's CPU per push and per update are cluster_validation.py's (measured on this
+machine), and the link's rate is the shaped one. ps-async puts the shard on host 0 and
+H-1 workers on the rest.
 
-A message's latency on a host with a CPU share c is mostly CPU: the framework's work for
-each hop (DDP, Gloo, Python) runs at c of a core, and under a CFS quota a host that has
-spent its quota waits for the next period. So the simulator gets a latency per message of
-L / c, with L (CPU-seconds per hop) calibrated once: the latency at which it reproduces
-the smallest allreduce run (2 hosts), times that run's share. That row is the
-calibration; every other row is a prediction.
+The CPU each message costs its receiver, M, is calibrated once: the M at which the
+simulator reproduces the smallest allreduce run (2 hosts). That row is the calibration;
+every other row is a prediction.
 
     sudo .venv/bin/python benchmarks/cluster_scale.py [--hosts 2,4,8,16] [--budget 1.6]
     .venv/bin/python benchmarks/cluster_scale.py --resimulate   (the recorded runs, simulated again)
@@ -23,12 +24,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-from cluster_common import RESULTS, cluster_train, link_bytes_per_s, record, recorded
+from cluster_common import RESULTS, SEEDS, calibrate, cluster_train, record, recorded, simulated_on_quota_hosts
 
 TRAIN = ["--model", "mlp", "--dataset", "digits", "--timeout", "300"]
 LAYOUTS = {  # strategy -> (training flags for H hosts, simulator flags for H hosts)
@@ -37,38 +36,31 @@ LAYOUTS = {  # strategy -> (training flags for H hosts, simulator flags for H ho
 }
 
 
-def simulated(strategy: str, hosts: int, compute_ms: float, link: str, latency_us: float, folder: Path) -> float:
-    out = folder / "sim.json"
-    command = [
-        sys.executable, "-m", "paratrain", "simulate", "--strategy", strategy, *LAYOUTS[strategy][1](hosts),
-        "--compute-ms", f"{compute_ms:.4f}", "--model", "mlp", "--bandwidth-gbps", f"{link_bytes_per_s(link) * 8 / 1e9:g}",
-        "--latency-us", f"{latency_us:.3f}", "--steps", "400", "--json-out", str(out),
-    ]  # fmt: skip
-    subprocess.run(command, check=True, capture_output=True)
-    return json.loads(out.read_text())["results"][0]["examples_per_second"]
+def simulated(row: dict, link: str, message_cpu_s: float, shard: dict) -> float:
+    hosts, strategy = row["hosts"], row["strategy"]
+    workers = hosts if strategy == "allreduce" else hosts - 1
+    compute_s = row["compute_ms"] * 1e-3 * row["cpu"]  # seconds per step at the share, times it: CPU-seconds
+    return simulated_on_quota_hosts(strategy, workers, row["cpu"], compute_s, link, message_cpu_s, **shard)[
+        "examples_per_second"
+    ]
 
 
-def calibrate(row: dict, link: str, folder: Path) -> float:
-    """CPU-seconds per message hop (L): the latency at which the simulator gives ``row``'s
-    rate (bisection on a log scale), times the row's CPU share."""
-    low, high = 1.0, 1e6  # microseconds
-    for _ in range(30):
-        middle = (low * high) ** 0.5
-        rate = simulated(row["strategy"], row["hosts"], row["compute_ms"], link, middle, folder)
-        low, high = (middle, high) if rate > row["examples_per_second"] else (low, middle)
-    return (low * high) ** 0.5 * 1e-6 * row["cpu"]
-
-
-def simulate_rows(rows: list[dict], link: str, folder: Path) -> float:
-    """Each row's simulated rate and error, with a latency of L / share; returns L."""
+def simulate_rows(rows: list[dict], link: str, shard: dict) -> float:
+    """Each row's simulated rate and error; returns M, calibrated on the 2-host allreduce."""
     reference = min((r for r in rows if r["strategy"] == "allreduce"), key=lambda r: r["hosts"])
-    hop = calibrate(reference, link, folder)
+    message_cpu_s = calibrate(lambda m: simulated(reference, link, m, shard), reference["examples_per_second"])
     for row in rows:
-        row["latency_us"] = hop / row["cpu"] * 1e6
-        row["simulated"] = simulated(row["strategy"], row["hosts"], row["compute_ms"], link, row["latency_us"], folder)
+        row["simulated"] = simulated(row, link, message_cpu_s, shard)
         row["error"] = row["simulated"] / row["examples_per_second"] - 1
         row["calibration"] = row is reference
-    return hop
+        row.pop("latency_us", None)  # the model before the CPU quota's
+    return message_cpu_s
+
+
+def shard_profile() -> dict:
+    """The shard's CPU-seconds per push and per update, as cluster_validation.py measured them."""
+    machine = json.loads((RESULTS / "cluster_validation.json").read_text())["machine"]
+    return {"ps_message_s": machine["ps_message_s"], "ps_update_s": machine["ps_update_s"]}
 
 
 def main() -> None:
@@ -84,28 +76,30 @@ def main() -> None:
         rows = recorded(args.out, args, ("budget", "link", "epochs"))["rows"]
     else:
         rows = measure(args)
-    with tempfile.TemporaryDirectory() as tmp:
-        hop = simulate_rows(rows, args.link, Path(tmp))
+    shard = shard_profile()
+    message_cpu_s = simulate_rows(rows, args.link, shard)
     lines = [
         f"# Scale on emulated hosts: the mlp on digits, {args.budget:g} cores shared evenly, {args.link} links",
         "",
         f"{args.epochs} epochs, batch 32 per worker (`sudo python benchmarks/cluster_scale.py`). Rates count from "
-        "the end of epoch 1. The simulator gets each host's compute per step (a 1-host `single` run at that share), "
-        f"the link rate, and a latency per message of L / share, L = {hop * 1e3:.2f} ms of CPU per hop calibrated on "
-        "the 2-host allreduce run (marked: the calibration, not a prediction); ps-async has the shard on host 0, "
-        "whose work per push the simulator is not given.",
+        "the end of epoch 1. The simulator models each host under its CPU quota (the share x 10 ms per 10 ms "
+        f"period, full speed until spent; mean of {SEEDS} draws of the hosts' phases) and gets each host's CPU per "
+        "step (a 1-host `single` run at that share: its step time x the share), the shard's CPU per push "
+        f"({shard['ps_message_s'] * 1e3:.3f} ms) and per update ({shard['ps_update_s'] * 1e3:.3f} ms) from "
+        f"cluster_validation.json, the link rate, and M = {message_cpu_s * 1e3:.3f} ms of CPU per message received, "
+        "calibrated on the 2-host allreduce run (marked: the calibration, not a prediction).",
         "",
-        "| hosts | CPU each | strategy | compute ms/step | latency ms | examples/s | simulated | error | test accuracy |",
+        "| hosts | CPU each | strategy | step ms at the share | CPU ms/step | examples/s | simulated | error | test accuracy |",
         "| ---: | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in rows:
         error = "calibration" if r["calibration"] else f"{r['error']:+.0%}"
         lines.append(
-            f"| {r['hosts']} | {r['cpu']:.3f} | {r['strategy']} | {r['compute_ms']:.1f} | {r['latency_us'] / 1e3:.2f} "
+            f"| {r['hosts']} | {r['cpu']:.3f} | {r['strategy']} | {r['compute_ms']:.1f} | {r['compute_ms'] * r['cpu']:.2f} "
             f"| {r['examples_per_second']:,.0f} | {r['simulated']:,.0f} | {error} | {r['test_accuracy']:.3f} |"
         )
     setup = {k: v for k, v in vars(args).items() if k not in ("out", "resimulate")}
-    record(Path(args.out), {"setup": setup, "cpu_seconds_per_hop": hop, "rows": rows}, lines)
+    record(Path(args.out), {"setup": setup, "cpu_seconds_per_message": message_cpu_s, "rows": rows}, lines)
 
 
 def measure(args: argparse.Namespace) -> list[dict]:

@@ -43,13 +43,12 @@ import statistics
 import tempfile
 from pathlib import Path
 
-from cluster_common import RESULTS, cluster_train, link_bytes_per_s, record, recorded
+from cluster_common import RESULTS, SEEDS, calibrate, cluster_train, record, recorded, simulated_on_quota_hosts
 from simulator_validation import STRATEGIES, profile_strategy, setting, steady_steps_per_second
 
 from paratrain.cluster.hosts import PERIOD_US
 
 TARGET = 0.10  # relative error of throughput
-SEEDS = 5  # draws of the hosts' quota phases per simulated setting
 TRAIN = ["--model", "mlp", "--dataset", "digits", "--timeout", "300", "--batch-size", "32"]
 BATCH = 32
 
@@ -101,47 +100,24 @@ def machine_profile(epochs: int) -> dict:
     }
 
 
-def simulated(settings: dict, machine: dict, cpu: float, link_bytes_per_s: float, message_cpu_s: float) -> dict:
-    """The simulator's throughput and staleness for one setting on hosts at ``cpu`` of a core
-    (means over ``SEEDS`` draws of the hosts' quota phases)."""
-    from paratrain.data.datasets import load_digits
-    from paratrain.models import build_model
-    from paratrain.simulate.cluster import Cluster, parse_straggler
-    from paratrain.simulate.simulator import simulate
+def simulated(settings: dict, machine: dict, cpu: float, link: str, message_cpu_s: float) -> dict:
+    """The simulator's throughput and staleness for one setting on hosts at ``cpu`` of a core."""
+    from paratrain.simulate.cluster import parse_straggler
 
-    model = build_model("mlp", load_digits().spec)
     strategy = settings["strategy"]
     straggler = settings.get("straggler")
-    cluster = Cluster(
-        workers=settings["workers"],
-        compute_s=machine["compute_s"]["ps" if strategy.startswith("ps-") else "allreduce"],
-        model_bytes=4.0 * sum(p.numel() for p in model.parameters()),
-        bandwidth=link_bytes_per_s,
-        latency=0.0,  # a veth pair and a bridge: microseconds, against milliseconds of quota
+    return simulated_on_quota_hosts(
+        strategy,
+        settings["workers"],
+        cpu,
+        machine["compute_s"]["ps" if strategy.startswith("ps-") else "allreduce"],
+        link,
+        message_cpu_s,
         ps_message_s=machine["ps_message_s"],
         ps_update_s=machine["ps_update_s"],
         straggler=parse_straggler("fixed:" + straggler if straggler else None),
-        cpu_share=cpu,
-        cpu_period_s=PERIOD_US * 1e-6,
-        message_cpu_s=message_cpu_s,
+        backup=settings.get("backup_workers", 0),
     )
-    backup = settings.get("backup_workers", 0)
-    summaries = [simulate(strategy, cluster, 400, seed=seed, backup=backup).summary(BATCH) for seed in range(SEEDS)]
-    return {
-        "examples_per_second": statistics.mean(s["examples_per_second"] for s in summaries),
-        "staleness_mean": statistics.mean(s["staleness"]["mean"] for s in summaries),
-    }
-
-
-def calibrate(row: dict, machine: dict, cpu: float, link_bytes_per_s: float) -> float:
-    """CPU-seconds per message (M): bisection on a log scale for the M at which the simulator
-    gives ``row``'s real rate."""
-    low, high = 1e-7, 0.1  # CPU-seconds
-    for _ in range(30):
-        middle = (low * high) ** 0.5
-        rate = simulated(row["settings"], machine, cpu, link_bytes_per_s, middle)["examples_per_second"]
-        low, high = (middle, high) if rate > row["examples_per_second"] else (low, middle)
-    return (low * high) ** 0.5
 
 
 def measure(args: argparse.Namespace, settings: list[dict]) -> list[dict]:
@@ -193,11 +169,15 @@ def main() -> None:
         ]
         machine = machine_profile(args.epochs)
         rows = measure(args, settings)
-    link = link_bytes_per_s(args.link)
     reference = next(r for r in rows if r["settings"] == setting("allreduce", 2, False))
-    hop = calibrate(reference, machine, args.cpu, link)
+    hop = calibrate(
+        lambda m: simulated(reference["settings"], machine, args.cpu, args.link, m)["examples_per_second"],
+        reference["examples_per_second"],
+    )
     for row in rows:
-        row.update(simulated=simulated(row["settings"], machine, args.cpu, link, hop), calibration=row is reference)
+        row.update(
+            simulated=simulated(row["settings"], machine, args.cpu, args.link, hop), calibration=row is reference
+        )
         row["error"] = row["simulated"]["examples_per_second"] / row["examples_per_second"] - 1
         if row["settings"]["strategy"] == "ps-async":
             row["staleness_error"] = row["simulated"]["staleness_mean"] / row["staleness_mean"] - 1

@@ -253,7 +253,8 @@ class ParameterServerHost(HostRun):
         self.clock = [0] * self.n  # pushes each worker has made
         self.issued = 0
         # The shards' links, one message after another in each direction (full duplex): pushes
-        # come in while replies go out.
+        # come in while replies go out, but an update waits for the replies in flight
+        # (ShardServer sends them from the parameters the update rewrites).
         self.link_in_free = self.link_out_free = 0.0
         self.queue: deque[tuple[int, int]] = deque()  # pushes waiting for the shard: (worker, version)
         self.busy = False
@@ -302,6 +303,9 @@ class ParameterServerHost(HostRun):
         work = self.cluster.ps_message_s + self.codec_s + self.message_cpu
         if self.mode == "async" and factor is not None:
             work += self.cluster.ps_update_s
+            # The update rewrites the parameters the replies are sent from: it waits for them.
+            self.at(max(t, self.link_out_free), self._on_shards, work, self.handled, w, version, factor)
+            return
         self._on_shards(t, work, self.handled, w, version, factor)
 
     def _on_shards(self, t: float, work: float, done: Callable[..., None], *args: Any) -> None:
@@ -332,8 +336,9 @@ class ParameterServerHost(HostRun):
             self.dropped += 1  # late: a version was published since it pulled
         else:
             self.held.append(w)
-        if len(self.held) >= self.required:  # the round is complete: one optimizer step
-            self._on_shards(t, self.cluster.ps_update_s, self.published)
+        if len(self.held) >= self.required:  # the round is complete: one optimizer step, once
+            # the replies in flight (sent from the parameters it rewrites) are out
+            self.at(max(t, self.link_out_free), self._on_shards, self.cluster.ps_update_s, self.published)
             return
         self._answer(t)
 

@@ -191,7 +191,8 @@ class AsyncPSModel:
         pull = max(pull_shard, pull_own)
         check_policy = stale_policy != "none"
         # When the shards' links are next free (the shards are symmetric), in each direction:
-        # a link is full duplex, so pushes come in while replies go out.
+        # a link is full duplex, so pushes come in while replies go out (an update waits for
+        # the replies, sent from the parameters it rewrites).
         free = out_free = 0.0
         shard_free = 0.0  # when the shards are done with the last message they took
         message_s, update_s = cluster.ps_message_s, cluster.ps_update_s
@@ -229,7 +230,10 @@ class AsyncPSModel:
             # arrived, then the shard works on it (one message at a time) and decodes it:
             # applied at once, or dropped
             work = message_s + (update_s if factor is not None else 0.0)
-            now = (done + lat if done + lat > shard_free else shard_free) + work + codec_s
+            begin = done + lat if done + lat > shard_free else shard_free
+            if factor is not None and out_free > begin:
+                begin = out_free  # the update rewrites the parameters the replies in flight are sent from
+            now = begin + work + codec_s
             shard_free = now
             staleness[s] = staleness.get(s, 0) + 1
             if factor is None:
