@@ -428,6 +428,11 @@ def simulate(
         raise ConfigError("--strategy ps-backup needs --backup-workers K >= 1 (K = 0 is ps-sync)")
     if strategy != "ps-backup":
         options["backup"] = 0
+    if cluster.cpu_share is not None and strategy == "fsdp":
+        raise ConfigError(
+            "--cpu-share simulates allreduce, local-sgd, diloco and the parameter servers hop by hop; "
+            "fsdp's all-gathers and reduce-scatters are not modelled under a CPU quota"
+        )
     rng = np.random.default_rng(seed)
     if cluster.event_driven:
         from paratrain.simulate.host import simulate_on_host  # processes on one host: event by event
