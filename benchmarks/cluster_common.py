@@ -9,6 +9,7 @@ whose test accuracy reaches the target.
 
 from __future__ import annotations
 
+import functools
 import json
 import statistics
 import subprocess
@@ -92,17 +93,14 @@ def simulated_on_quota_hosts(
     ``SEEDS`` draws of the hosts' phases. ``cluster``: more ``Cluster`` fields (the shard's
     work, a straggler), ``backup`` the backup workers."""
     from paratrain.cluster.hosts import PERIOD_US
-    from paratrain.data.datasets import load_digits
-    from paratrain.models import build_model
     from paratrain.simulate.cluster import Cluster
     from paratrain.simulate.simulator import simulate
 
     backup = cluster.pop("backup", 0)
-    model = build_model("mlp", load_digits().spec)
     nodes = Cluster(
         workers=workers,
         compute_s=compute_s,
-        model_bytes=4.0 * sum(p.numel() for p in model.parameters()),
+        model_bytes=_mlp_bytes(),
         bandwidth=link_bytes_per_s(link),
         latency=0.0,  # a veth pair and a bridge: microseconds, against milliseconds of quota
         cpu_share=cpu,
@@ -115,6 +113,15 @@ def simulated_on_quota_hosts(
         "examples_per_second": statistics.mean(r["examples_per_second"] for r in runs),
         "staleness_mean": statistics.mean(r["staleness"]["mean"] for r in runs),
     }
+
+
+@functools.cache
+def _mlp_bytes() -> float:
+    """Bytes of the mlp's parameters on digits (built once: calibration simulates many times)."""
+    from paratrain.data.datasets import load_digits
+    from paratrain.models import build_model
+
+    return 4.0 * sum(p.numel() for p in build_model("mlp", load_digits().spec).parameters())
 
 
 def calibrate(rate_at: Callable[[float], float], target: float, low: float = 1e-7, high: float = 0.1) -> float:

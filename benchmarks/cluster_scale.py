@@ -30,15 +30,14 @@ from pathlib import Path
 from cluster_common import RESULTS, SEEDS, calibrate, cluster_train, record, recorded, simulated_on_quota_hosts
 
 TRAIN = ["--model", "mlp", "--dataset", "digits", "--timeout", "300"]
-LAYOUTS = {  # strategy -> (training flags for H hosts, simulator flags for H hosts)
-    "allreduce": (lambda h: ["--strategy", "allreduce", "--workers", str(h)], lambda h: ["--workers", str(h)]),
-    "ps-async": (lambda h: ["--strategy", "ps-async", "--workers", str(h - 1)], lambda h: ["--workers", str(h - 1)]),
+LAYOUTS = {  # strategy -> workers on H hosts (ps-async: the shard on one of them)
+    "allreduce": lambda h: h,
+    "ps-async": lambda h: h - 1,
 }
 
 
 def simulated(row: dict, link: str, message_cpu_s: float, shard: dict) -> float:
-    hosts, strategy = row["hosts"], row["strategy"]
-    workers = hosts if strategy == "allreduce" else hosts - 1
+    strategy, workers = row["strategy"], LAYOUTS[row["strategy"]](row["hosts"])
     compute_s = row["compute_ms"] * 1e-3 * row["cpu"]  # seconds per step at the share, times it: CPU-seconds
     return simulated_on_quota_hosts(strategy, workers, row["cpu"], compute_s, link, message_cpu_s, **shard)[
         "examples_per_second"
@@ -111,11 +110,10 @@ def measure(args: argparse.Namespace) -> list[dict]:
             one = cluster_train(["--hosts", "1", "--cpu", f"{cpu:g}"],
                                 ["--strategy", "single", *TRAIN, "--epochs", str(args.epochs)], Path(tmp) / "m.json")  # fmt: skip
             compute_ms = 32 / one["steady_examples_per_second"] * 1000
-            for strategy, (flags, _) in LAYOUTS.items():
+            for strategy, workers in LAYOUTS.items():
+                flags = ["--strategy", strategy, "--workers", str(workers(hosts))]
                 cluster = ["--hosts", str(hosts), "--cpu", f"{cpu:g}", "--link", args.link]
-                metrics = cluster_train(
-                    cluster, [*flags(hosts), *TRAIN, "--epochs", str(args.epochs)], Path(tmp) / "m.json"
-                )
+                metrics = cluster_train(cluster, [*flags, *TRAIN, "--epochs", str(args.epochs)], Path(tmp) / "m.json")
                 rows.append({
                     "hosts": hosts,
                     "cpu": cpu,

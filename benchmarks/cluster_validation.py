@@ -170,13 +170,14 @@ def main() -> None:
         machine = machine_profile(args.epochs)
         rows = measure(args, settings)
     reference = next(r for r in rows if r["settings"] == setting("allreduce", 2, False))
-    hop = calibrate(
+    message_cpu_s = calibrate(
         lambda m: simulated(reference["settings"], machine, args.cpu, args.link, m)["examples_per_second"],
         reference["examples_per_second"],
     )
     for row in rows:
         row.update(
-            simulated=simulated(row["settings"], machine, args.cpu, args.link, hop), calibration=row is reference
+            simulated=simulated(row["settings"], machine, args.cpu, args.link, message_cpu_s),
+            calibration=row is reference,
         )
         row["error"] = row["simulated"]["examples_per_second"] / row["examples_per_second"] - 1
         if row["settings"]["strategy"] == "ps-async":
@@ -195,7 +196,7 @@ def main() -> None:
         f"spent; mean of {SEEDS} draws of the hosts' phases) and is given CPU-seconds measured on this machine: compute "
         f"{c['allreduce'] * 1e3:.3f} ms (allreduce) / {c['ps'] * 1e3:.3f} ms (ps worker) per step, shard "
         f"{machine['ps_message_s'] * 1e3:.3f} ms per push + {machine['ps_update_s'] * 1e3:.3f} ms per update; the "
-        f"link's rate; M = {hop * 1e3:.3f} ms of CPU per message received (a ring hop, a push, a reply), calibrated "
+        f"link's rate; M = {message_cpu_s * 1e3:.3f} ms of CPU per message received (a ring hop, a push, a reply), calibrated "
         f"on allreduce with 2 workers and no straggler (marked).",
         "",
         "| strategy | workers | straggler | real examples/s (min-max) | simulated | error | real staleness | simulated |",
@@ -216,7 +217,7 @@ def main() -> None:
         f"{median_error:.0%}).",
     ]
     setup = {k: v for k, v in vars(args).items() if k not in ("out", "resimulate")}
-    document = {"setup": setup, "machine": machine, "cpu_seconds_per_message": hop, "rows": rows}
+    document = {"setup": setup, "machine": machine, "cpu_seconds_per_message": message_cpu_s, "rows": rows}
     document["within_target"], document["predictions"] = within, len(predictions)
     record(Path(args.out), document, lines)
 

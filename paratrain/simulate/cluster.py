@@ -259,16 +259,16 @@ class Cluster:
         sleeps between steps (neither fits simulator.py's rounds)."""
         return self.host_cores is not None or self.cpu_share is not None or isinstance(self.straggler, SleepStraggler)
 
+    @property
+    def _slow_node(self) -> bool:
+        """Whether the straggler is a node at a smaller share (``fixed:`` under CPU quotas)
+        rather than more compute."""
+        return self.cpu_share is not None and type(self.straggler) is FixedStraggler
+
     def node_share(self, node: int) -> float:
         """Node ``node``'s share of a core under ``cpu_share`` (workers first, then shards)."""
-        return self.cpu_share / self._slow_machine_factor(node)
-
-    def _slow_machine_factor(self, worker: int) -> float:
-        """How many times slower a ``fixed:`` straggler's node is, under CPU quotas (else 1)."""
-        straggler = self.straggler
-        if self.cpu_share is not None and type(straggler) is FixedStraggler and straggler.worker == worker:
-            return straggler.factor
-        return 1.0
+        slow = self._slow_node and self.straggler.worker == node
+        return self.cpu_share / (self.straggler.factor if slow else 1.0)
 
     def sleep_factor(self, worker: int) -> float:
         """Seconds ``worker`` sleeps after a step per second of the step (injected stragglers)."""
@@ -278,7 +278,7 @@ class Cluster:
         """(steps, workers) seconds of compute per step, stragglers and failures included."""
         workers = self.workers if workers is None else workers
         factors = self.straggler.factors(rng, steps, workers)
-        if self.cpu_share is not None and type(self.straggler) is FixedStraggler:
+        if self._slow_node:
             factors = np.ones_like(factors)  # a slower node's smaller share (node_share), not more work
         times = self.compute_s * factors
         if self.failure_rate > 0:

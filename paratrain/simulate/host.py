@@ -270,7 +270,7 @@ class ParameterServerHost(HostRun):
     # ----- workers ---------------------------------------------------------------------------
     def begin(self, t: float, w: int) -> None:
         self.issued += 1
-        self.compute(t, w, self.pushed, self.message_cpu if t > 0 else 0.0)  # the reply, then the step
+        self.compute(t, w, self.pushed, self.message_cpu if self.clock[w] else 0.0)  # the reply, then the step
 
     def pushed(self, t: float, w: int, started: float) -> None:
         # The push is handed to the transport: the step (as --straggler times it) ends here.
