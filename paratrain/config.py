@@ -128,6 +128,11 @@ class TrainConfig:
         None, "CPU threads each process computes with (default: its usable cores / the processes on this machine)"
     )
     compile: bool = option(False, "torch.compile the model (a slower first step while it compiles)")
+    keep_host_memory: bool = option(
+        True,
+        "keep memory freed by CPU tensors in the process for the next step's (glibc malloc's trim and mmap "
+        "thresholds raised; faster CPU steps, resident memory stays at its peak)",
+    )
     lr_schedule: str = option("constant", "learning-rate schedule", choices=SCHEDULES)
     lr_decay_rate: float = option(0.1, "exponential schedule: factor applied every --lr-decay-steps")
     lr_decay_steps: int = option(1000, "exponential schedule: steps between decays")

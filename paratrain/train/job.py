@@ -97,6 +97,7 @@ def _run(config: TrainConfig, strategy: Any, started: float) -> dict[str, Any]:
         clip_grad_norm=config.clip_grad_norm,
         channels_last=channels_last,
         compile=config.compile,
+        keep_host_memory=config.keep_host_memory,
     )
     steps_per_epoch = _steps_per_epoch(splits.train, config.batch_size * config.accumulate, strategy.num_replicas)
     schedule = SCHEDULES.get(config.lr_schedule).from_config(config, steps_per_epoch)

@@ -21,6 +21,7 @@ from torch import nn
 from paratrain.console import console
 from paratrain.data.batch import num_examples
 from paratrain.errors import ConfigError
+from paratrain.launch.allocator import keep_freed_memory
 from paratrain.strategies.base import Strategy
 from paratrain.strategies.recipe import StepRecipe
 from paratrain.strategies.single import get_strategy
@@ -98,11 +99,16 @@ class Trainer:
         clip_grad_norm: float | None = None,
         channels_last: bool = False,
         compile: bool = False,
+        keep_host_memory: bool = True,
     ):
         """``loss``: a name (``scores.LOSSES``) or a callable ``(outputs, targets)``; ``metrics``:
         names (``accuracy``, ``top5_accuracy``, ``mae``, ``mse``), callables, or a dict of them.
         ``precision``, ``accumulate``, ``clip_grad_norm``, ``channels_last``: how each step
-        computes (``strategies/recipe.py``); ``compile``: ``torch.compile`` the prepared model."""
+        computes (``strategies/recipe.py``); ``compile``: ``torch.compile`` the prepared model;
+        ``keep_host_memory``: this process's malloc keeps freed memory for the next step's
+        tensors (``launch/allocator.py``)."""
+        if keep_host_memory:
+            keep_freed_memory()
         self.metric_fns = resolve_metrics(metrics)
         loss = resolve_loss(loss)
         if optimizer is None:

@@ -44,6 +44,19 @@ def test_cifar_cnn_is_the_tutorial_network():
     assert [(m.size, m.alpha, m.beta, m.k) for m in lrn] == [(9, 0.001, 0.75, 1.0)] * 2
 
 
+def test_the_cifar_cnns_first_relu_after_its_pooling_is_the_tutorials_order():
+    torch.manual_seed(0)
+    model = build_model("cifar_cnn", CIFAR_CROP)
+    assert isinstance(model[1], torch.nn.MaxPool2d) and isinstance(model[2], torch.nn.ReLU)
+    tutorial = torch.nn.Sequential(model[0], model[2], model[1], *model[3:])
+    x = torch.randn(8, *CIFAR_CROP.input_shape)
+    ours, theirs = model(x), tutorial(x)
+    assert torch.equal(ours, theirs)
+    ours_grads = torch.autograd.grad(ours.square().sum(), list(model.parameters()))
+    theirs_grads = torch.autograd.grad(theirs.square().sum(), list(tutorial.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(ours_grads, theirs_grads, strict=True))
+
+
 def test_a_model_that_does_not_fit_the_data_is_bad_input():
     with pytest.raises(ConfigError, match="model mlp needs image-like"):
         build_model("mlp", TEXT)
