@@ -21,11 +21,11 @@ from paratrain.errors import ConfigError
 
 class LocalResponseNorm(nn.Module):
     """``torch.nn.LocalResponseNorm`` (the same arguments, the same values to float rounding),
-    about 8x faster forward and backward on the CPU: each channel's window sum of squares is
-    one matrix product with a band of ones (PyTorch's averages with a 3-d pooling), and the
-    backward pass is written out (one more band product, the band mirrored) instead of
-    recorded op by op. Its LRNs took half of this net's step in PyTorch's; a cumulative sum
-    along the channels in place of the band took 1.7x its time (benchmarks/step_options.py)."""
+    several times faster forward and backward on the CPU: each channel's window sum of
+    squares is one matrix product with a band of ones (PyTorch's averages with a 3-d
+    pooling), and the backward pass is written out (one more band product, the band
+    mirrored) instead of recorded op by op. PyTorch's LRNs took half of this net's step; a
+    cumulative sum along the channels (a sequential scan) is slower than the band product."""
 
     def __init__(self, size: int, alpha: float = 1e-4, beta: float = 0.75, k: float = 1.0):
         super().__init__()
