@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from paratrain.simulate.cluster import Cluster
-from paratrain.simulate.quota import ThrottledCore
+from paratrain.simulate.quota import ThrottledCore, ThrottledNodes
 
 
 class SharedCores:
@@ -89,9 +89,15 @@ class HostRun:
                 ThrottledCore(cluster.node_share(i), period, float(rng.uniform(0, period)))
                 for i in range(workers + cluster.ps_shards)
             ]
-            self.cores = self.nodes
+            self.cores = []  # their jobs' ends are kept in a heap instead (``ends``)
+            for i, node in enumerate(self.nodes):
+                node.on_end = functools.partial(self._node_end, i)
         self.events: list[tuple[float, int, Callable[..., None], tuple]] = []
         self._seq = 0
+        # (end, sequence, node) of each node's running job as it was set: an entry stands while
+        # its node's running job ends then (O(log N) an event, where the minimum over the
+        # nodes would be O(N): hundreds of nodes)
+        self.ends: list[tuple[float, int, int]] = []
         self.rows = 2 * steps + 2
         self.demand = cluster.compute_times(rng, self.rows, workers).T.tolist()  # demand[w][k]
         self.sleep = [cluster.sleep_factor(w) for w in range(workers)]
@@ -113,15 +119,32 @@ class HostRun:
         self.computing_s += end - started
         done(end, w, started)
 
+    def _node_end(self, number: int, node: ThrottledCore) -> None:
+        heapq.heappush(self.ends, (node.next_end(), self._seq, number))
+        self._seq += 1
+
+    def _next_job(self) -> tuple[float, Any]:
+        """The earliest end of a running job, and its core (``math.inf``, None: none)."""
+        if self.cores:
+            t_job, first = min((c.next_end(), i) for i, c in enumerate(self.cores))
+            return t_job, self.cores[first]
+        while self.ends:
+            end, _, number = self.ends[0]
+            node = self.nodes[number]
+            if node.jobs and node.next_end() == end:
+                return end, node
+            heapq.heappop(self.ends)  # that job has ended, its node moved on
+        return math.inf, None
+
     def run(self) -> None:
         while True:
-            t_job, first = min((c.next_end(), i) for i, c in enumerate(self.cores))
+            t_job, core = self._next_job()
             t_event = self.events[0][0] if self.events else math.inf
             if t_job == math.inf and t_event == math.inf:
                 return
             if t_job <= t_event:
                 self._advance(t_job)
-                done, args = self.cores[first].pop(t_job)
+                done, args = core.pop(t_job)
                 done(t_job, *args)
             else:
                 t, _, fn, args = heapq.heappop(self.events)
@@ -188,10 +211,14 @@ class AllReduceHost(HostRun):
         transfer = wire / n / cluster.bandwidth + cluster.latency
         hop_s = cluster.message_cpu_s
         codec_s = cluster.codec.cost_s(cluster.model_bytes)
-        done = [self.nodes[w].run(computed[w], codec_s) if codec_s else computed[w] for w in range(n)]
+        nodes = ThrottledNodes(self.nodes[:n])
+        done = np.array([computed[w] for w in range(n)])
+        if codec_s:
+            done = nodes.run(done, codec_s)
         for _ in range(2 * (n - 1)):
-            done = [self.nodes[w].run(max(done[w - 1] + transfer, done[w]), hop_s) for w in range(n)]
-        return done
+            done = nodes.run(np.maximum(np.roll(done, 1) + transfer, done), hop_s)
+        nodes.close()
+        return done.tolist()
 
     def reduced(self, t: float, ends: list[float] | None = None) -> None:
         """A round is complete at ``t``; each worker goes on at ``ends[w]`` (default ``t``)."""

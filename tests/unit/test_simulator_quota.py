@@ -1,9 +1,10 @@
 """Nodes under a CPU quota (simulate/quota.py, cgroup CPU bandwidth control): closed forms."""
 
+import numpy as np
 import pytest
 
 from paratrain.simulate.cluster import Cluster, parse_straggler
-from paratrain.simulate.quota import ThrottledCore
+from paratrain.simulate.quota import ThrottledCore, ThrottledNodes
 from paratrain.simulate.simulator import simulate
 
 MS = 1e-3
@@ -93,3 +94,22 @@ def test_an_async_shard_under_a_quota_bounds_the_pushes_per_second():
     )
     summary = simulate("ps-async", cluster, 400, seed=2).summary(32)
     assert summary["examples_per_second"] == pytest.approx(400 * 32, rel=0.03)
+
+
+def test_many_nodes_at_once_are_each_node_alone():
+    # ThrottledNodes (a ring hop on every node) against ThrottledCore.run node by node, on
+    # nodes with their own shares, phases and quota already partly used, over several hops
+    rng = np.random.default_rng(0)
+    shares, phases = rng.uniform(0.1, 1.0, 50), rng.uniform(0, 10 * MS, 50)
+    alone = [ThrottledCore(s, 10 * MS, p) for s, p in zip(shares, phases, strict=True)]
+    together_cores = [ThrottledCore(s, 10 * MS, p) for s, p in zip(shares, phases, strict=True)]
+    for core, twin in zip(alone[::2], together_cores[::2], strict=True):  # half have run before
+        core.run(0.0, 2 * MS), twin.run(0.0, 2 * MS)
+    t = rng.uniform(0, 30 * MS, 50)
+    together = ThrottledNodes(together_cores)
+    for work in (0.3 * MS, 4 * MS, 25 * MS, 0.0):
+        expected = np.array([core.run(start, work) for core, start in zip(alone, t, strict=True)])
+        t = together.run(t, work)
+        assert np.array_equal(t, expected)  # the same arithmetic: exactly
+    together.close()
+    assert [(c._index, c._used) for c in together_cores] == [(c._index, c._used) for c in alone]
