@@ -7,10 +7,10 @@ allocates and frees the same activations and gradients every step, megabytes eac
 kernel maps them, zero-fills them page by page on first touch, and unmaps them again, every
 step. ``keep_freed_memory`` raises both thresholds (``mallopt``), the way PyTorch's caching
 allocator keeps GPU memory: the tutorial CNN's channels-last CPU step takes 0.84x the
-time on this machine, 77 ms against 91 (benchmarks/results/step_options.md). The price: the process's resident memory
-stays at its peak instead of shrinking between steps. ``--no-keep-host-memory`` (or
-``Trainer(keep_host_memory=False)``) leaves malloc as it is; so do other C libraries
-(musl, macOS), where this does nothing.
+time on this machine, 77 ms against 91 (benchmarks/results/step_options.md). The price:
+the process's resident memory stays at its peak instead of shrinking between steps.
+``--no-keep-host-memory`` (or ``Trainer(keep_host_memory=False)``) leaves malloc as it
+is; so do other C libraries (musl, macOS), where this does nothing.
 """
 
 from __future__ import annotations

@@ -29,6 +29,9 @@ from typing import Any
 
 import numpy as np
 
+NO_PERIOD = np.iinfo(np.int64).min
+"""``ThrottledNodes``' period index for a node that has counted none yet (a core's None)."""
+
 
 class ThrottledCore:
     """One node's CPU: ``share`` of a core as a quota of ``share * period`` seconds per period,
@@ -97,8 +100,7 @@ class ThrottledNodes:
         self.phase = np.array([c.phase for c in cores])
         self.period = np.array([c.period for c in cores])
         self.quota = np.array([c.quota for c in cores])
-        # a period index no node has reached stands for "none counted yet"
-        self.index = np.array([c._index if c._index is not None else np.iinfo(np.int64).min for c in cores])
+        self.index = np.array([NO_PERIOD if c._index is None else c._index for c in cores])
         self.used = np.array([c._used for c in cores])
 
     def run(self, t: np.ndarray, work: float) -> np.ndarray:
@@ -113,9 +115,10 @@ class ThrottledNodes:
             self.used = np.where(fresh, 0.0, self.used)
             period_end = self.phase + (index + 1) * self.period
             span = np.minimum(self.quota - self.used, period_end - t)
-            finished = active & (span > 0) & (work_left <= span)
+            room = active & (span > 0)
+            finished = room & (work_left <= span)
             np.copyto(end, t + work_left, where=finished)
-            took = np.where(finished, work_left, np.where(active & (span > 0), span, 0.0))
+            took = np.where(finished, work_left, np.where(room, span, 0.0))
             self.used = self.used + took
             active &= ~finished  # the rest: quota spent (throttled) or period over, on to the next
             if not active.any():
@@ -126,6 +129,5 @@ class ThrottledNodes:
 
     def close(self) -> None:
         """Give the states back to the cores."""
-        none = np.iinfo(np.int64).min
         for core, index, used in zip(self.cores, self.index.tolist(), self.used.tolist(), strict=True):
-            core._index, core._used = (None if index == none else index), used
+            core._index, core._used = (None if index == NO_PERIOD else index), used
