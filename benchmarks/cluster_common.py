@@ -25,15 +25,18 @@ SEEDS = 5  # draws of the hosts' quota phases per simulated setting
 def cluster_train(cluster: list[str], train: list[str], out: Path, timeout: float = 1800) -> dict:
     """``paratrain cluster run CLUSTER -- paratrain train TRAIN``; its metrics, with
     ``steady_examples_per_second`` (examples in applied updates after epoch 1, per
-    second) and ``epoch_seconds`` (the mean epoch after the first)."""
+    second), ``epoch_seconds`` (the mean epoch after the first) and ``usage`` (each host's
+    CPU through the run: paratrain/cluster/usage.py)."""
+    logs = out.parent / "logs"
     command = [
-        sys.executable, "-m", "paratrain", "cluster", "run", *cluster, "--",
+        sys.executable, "-m", "paratrain", "cluster", "run", *cluster, "--logs", str(logs), "--",
         "paratrain", "train", *train, "--no-progress", "--log-every", "0", "--metrics-out", str(out),
     ]  # fmt: skip
     result = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
     if result.returncode or not out.exists():
         raise SystemExit(f"{' '.join(command)} failed ({result.returncode}):\n{result.stderr[-3000:]}")
     metrics = json.loads(out.read_text())
+    metrics["usage"] = json.loads((logs / "usage.json").read_text())
     out.unlink()
     first, last = metrics["history"][0], metrics["history"][-1]
     seconds = last["wall_seconds"] - first["wall_seconds"]

@@ -7,19 +7,21 @@ straggler is the last worker's host at half that CPU (a slow machine, not a slee
 parameter server's shard is host 0. On loopback the same settings shared two cores, and
 the real runs themselves varied by 2x; here every host's speed is fixed.
 
-The simulator gets the real parameters, measured once on this machine (``--epochs`` runs
-of the real code, CPU time per step, as simulator_validation.py measures them), and models
-each host as the kernel runs it (``Cluster(cpu_share=..., cpu_period_s=...)``,
-paratrain/simulate/quota.py): a quota of ``--cpu`` x 10 ms of CPU in every 10 ms period, at
-a full core's speed until it is spent, each host's periods at a phase of their own:
+The simulator gets the real parameters, measured once per host, and models each host as
+the kernel runs it (``Cluster(cpu_share=..., cpu_period_s=...)``, paratrain/simulate/quota.py):
+a quota of ``--cpu`` x 10 ms of CPU in every 10 ms period, at a full core's speed until it is
+spent, each host's periods at a phase of their own:
 
-- a worker's compute per step (``allreduce``; a ps worker's own), and a shard's work per
-  push and per update, in CPU-seconds;
+- CPU-seconds, from the hosts' own accounting (their cgroups' counters over the steady
+  steps, paratrain/cluster/usage.py) in two runs on emulated hosts that are none of the 24:
+  allreduce on one host (a worker's step), ps-async with one worker (a ps worker's step,
+  reply included; the shard's work per push, update included); and the optimizer's update
+  on the shard alone, measured on this machine (simulator_validation.py's profile);
 - the link's rate as shaped;
 - the CPU each message costs its receiver (a ring hop, a push at the shard, a reply at a
   worker), M: calibrated once, on the 2-worker allreduce run without a straggler (the M at
   which the simulator reproduces it): that row is the calibration, every other row a
-  prediction;
+  prediction. A ps worker's step and the shard's push are given as measured, M included;
 - the straggler: its host at half the share (``fixed:W:2``: a node at 1/2 of the share).
 
 The simulated rate is the mean over ``SEEDS`` draws of the hosts' phases.
@@ -44,9 +46,10 @@ import tempfile
 from pathlib import Path
 
 from cluster_common import RESULTS, SEEDS, calibrate, cluster_train, record, recorded, simulated_on_quota_hosts
-from simulator_validation import STRATEGIES, profile_strategy, setting, steady_steps_per_second
+from simulator_validation import STRATEGIES, profile_strategy, setting, steady_window
 
 from paratrain.cluster.hosts import PERIOD_US
+from paratrain.cluster.usage import window
 
 TARGET = 0.10  # relative error of throughput
 TRAIN = ["--model", "mlp", "--dataset", "digits", "--timeout", "300", "--batch-size", "32"]
@@ -58,7 +61,9 @@ def layout(settings: dict, cpu: float, link: str) -> tuple[list[str], list[str]]
     strategy, workers = settings["strategy"], settings["workers"]
     backup = settings.get("backup_workers", 0)
     hosts = workers + backup + (1 if strategy.startswith("ps-") else 0)
-    cluster = ["--hosts", str(hosts), "--cpu", f"{cpu:g}", "--link", link]
+    # every setting with the hosts sharing this machine's cores as the kernel places them
+    # (on 2 cores, only the 2-host settings would be pinned by default: docs/cluster.md)
+    cluster = ["--hosts", str(hosts), "--cpu", f"{cpu:g}", "--link", link, "--pin", "never"]
     if "straggler" in settings:
         cluster += ["--host", f"{hosts - 1}:cpu={cpu / 2:g}"]
     train = ["--strategy", strategy, "--workers", str(workers), *TRAIN]
@@ -71,32 +76,50 @@ def real_run(settings: dict, cpu: float, link: str, epochs: int, folder: Path) -
     cluster, train = layout(settings, cpu, link)
     trace = folder / "timeline.json"
     metrics = cluster_train(cluster, [*train, "--epochs", str(epochs), "--timeline", str(trace)], folder / "m.json")
-    events = json.loads(trace.read_text())["traceEvents"]
+    timeline = json.loads(trace.read_text())
     trace.unlink()
     applied = sum(metrics["staleness"]["histogram"].values())
     share = applied / (applied + metrics["dropped_gradients"])  # ps-backup drops some
-    steps = steady_steps_per_second(events, exclude_evaluation=True)
+    found = steady_window(timeline["traceEvents"])
+    if found is None:
+        return {"examples_per_second": None, "staleness_mean": metrics["staleness"]["mean"], "hosts": []}
+    first, last, steps, evaluating = found
+    seconds = (last - first - evaluating) / 1e6
+    # Each host's CPU over the same window (wall clock: the trace's origin plus its times).
+    origin = timeline["otherData"]["origin_unix_us"]
+    start, end = (origin + first) / 1e6, (origin + last) / 1e6
+    hosts = []
+    for host in metrics["usage"]["hosts"]:
+        used = window(host["samples"], start, end)
+        hosts.append({
+            "host": host["host"], "cpu": host["cpu"],
+            "cpu_ms_per_step": 1e3 * used.cpu_s / steps,
+            "core_fraction": used.cpu_s / (end - start),
+            "throttled": used.throttled_periods / max(1, used.periods),
+        })  # fmt: skip
     return {
-        "examples_per_second": None if steps is None else steps * BATCH * share,
+        "examples_per_second": steps / seconds * BATCH * share,
         "staleness_mean": metrics["staleness"]["mean"],
         "test_accuracy": metrics["test_accuracy"],
+        "hosts": hosts,
     }
 
 
-def machine_profile(epochs: int) -> dict:
-    """CPU-seconds per step and per shard message on this machine, uncontended (one worker)."""
-    allreduce = next(r for r in profile_strategy("allreduce", epochs) if r["role"] == "worker")
-    ps = profile_strategy("ps-async", epochs)
-    shard = next(r for r in ps if r["role"] == "ps")
-    worker = next(r for r in ps if r["role"] == "worker")
-    update = shard["update_cpu"] / shard["updates"]
+def machine_profile(args: argparse.Namespace) -> dict:
+    """CPU-seconds per step and per push, from the hosts' accounting in two runs on emulated
+    hosts (allreduce on one host; ps-async with one worker: host 0 the shard, host 1 the
+    worker); the shard's update from a profile on this machine."""
+    with tempfile.TemporaryDirectory() as tmp:
+        allreduce = real_run(setting("allreduce", 1, False), args.cpu, args.link, args.epochs, Path(tmp))
+        ps = real_run(setting("ps-async", 1, False), args.cpu, args.link, args.epochs, Path(tmp))
+    shard = next(r for r in profile_strategy("ps-async", args.epochs) if r["role"] == "ps")
     return {
         "compute_s": {
-            "allreduce": (allreduce["cpu"] - allreduce["eval_cpu"]) / allreduce["steps"],
-            "ps": (worker["cpu"] - worker["eval_cpu"]) / worker["steps"],
+            "allreduce": allreduce["hosts"][0]["cpu_ms_per_step"] * 1e-3,
+            "ps": ps["hosts"][1]["cpu_ms_per_step"] * 1e-3,
         },
-        "ps_message_s": (shard["cpu"] - shard["updates"] * update) / shard["pushes"],
-        "ps_update_s": update,
+        "ps_push_s": ps["hosts"][0]["cpu_ms_per_step"] * 1e-3,
+        "ps_update_s": shard["update_cpu"] / shard["updates"],
     }
 
 
@@ -106,14 +129,17 @@ def simulated(settings: dict, machine: dict, cpu: float, link: str, message_cpu_
 
     strategy = settings["strategy"]
     straggler = settings.get("straggler")
+    # the simulator adds M to a ps worker's step (the reply) and to each push at the shard
+    ps = strategy.startswith("ps-")
+    compute = machine["compute_s"]["ps"] - message_cpu_s if ps else machine["compute_s"]["allreduce"]
     return simulated_on_quota_hosts(
         strategy,
         settings["workers"],
         cpu,
-        machine["compute_s"]["ps" if strategy.startswith("ps-") else "allreduce"],
+        max(compute, 0.0),
         link,
         message_cpu_s,
-        ps_message_s=machine["ps_message_s"],
+        ps_message_s=max(machine["ps_push_s"] - message_cpu_s - machine["ps_update_s"], 0.0),
         ps_update_s=machine["ps_update_s"],
         straggler=parse_straggler("fixed:" + straggler if straggler else None),
         backup=settings.get("backup_workers", 0),
@@ -127,8 +153,10 @@ def measure(args: argparse.Namespace, settings: list[dict]) -> list[dict]:
             for index, one in enumerate(settings):
                 run = real_run(one, args.cpu, args.link, args.epochs, Path(tmp))
                 runs[index].append(run)
+                hosts = " ".join(f"{h['core_fraction']:.2f}/{h['throttled']:.0%}" for h in run["hosts"])
                 print(f"pass {repeat + 1}: {_name(one):36} {run['examples_per_second'] or 0:8.0f} examples/s, "
-                      f"staleness {run['staleness_mean']:.2f}, accuracy {run['test_accuracy']:.3f}", flush=True)  # fmt: skip
+                      f"staleness {run['staleness_mean']:.2f}, accuracy {run['test_accuracy']:.3f}, "
+                      f"hosts' cores/throttled {hosts}", flush=True)  # fmt: skip
     rows = []
     for one, found in zip(settings, runs, strict=True):
         rates = [r["examples_per_second"] for r in found if r["examples_per_second"] is not None]
@@ -167,7 +195,7 @@ def main() -> None:
             for workers in args.workers.split(",")
             for strategy in STRATEGIES
         ]
-        machine = machine_profile(args.epochs)
+        machine = machine_profile(args)
         rows = measure(args, settings)
     reference = next(r for r in rows if r["settings"] == setting("allreduce", 2, False))
     message_cpu_s = calibrate(
@@ -193,10 +221,11 @@ def main() -> None:
         f"shard on host 0), the straggler the last worker's host at {args.cpu / 2:g} of a core; real = median of "
         f"{args.repeats} passes (`sudo python benchmarks/cluster_validation.py`). The simulator models each host "
         f"under its CPU quota ({args.cpu:g} x {PERIOD_US // 1000} ms per {PERIOD_US // 1000} ms period, full speed until "
-        f"spent; mean of {SEEDS} draws of the hosts' phases) and is given CPU-seconds measured on this machine: compute "
-        f"{c['allreduce'] * 1e3:.3f} ms (allreduce) / {c['ps'] * 1e3:.3f} ms (ps worker) per step, shard "
-        f"{machine['ps_message_s'] * 1e3:.3f} ms per push + {machine['ps_update_s'] * 1e3:.3f} ms per update; the "
-        f"link's rate; M = {message_cpu_s * 1e3:.3f} ms of CPU per message received (a ring hop, a push, a reply), calibrated "
+        f"spent; mean of {SEEDS} draws of the hosts' phases) and is given CPU-seconds measured by the hosts' own "
+        f"accounting in two runs that are none of these (allreduce on 1 host, ps-async with 1 worker): "
+        f"{c['allreduce'] * 1e3:.3f} ms per allreduce step, {c['ps'] * 1e3:.3f} ms per ps worker step, "
+        f"{machine['ps_push_s'] * 1e3:.3f} ms per push at the shard (of it {machine['ps_update_s'] * 1e3:.3f} ms "
+        f"per update, measured alone); the link's rate; M = {message_cpu_s * 1e3:.3f} ms of CPU per message received (a ring hop, a push, a reply), calibrated "
         f"on allreduce with 2 workers and no straggler (marked).",
         "",
         "| strategy | workers | straggler | real examples/s (min-max) | simulated | error | real staleness | simulated |",

@@ -395,6 +395,16 @@ def steady_steps_per_second(events: list[dict], skip: int = 2, exclude_evaluatio
     unless ``exclude_evaluation``: then the workers' mean time in ``evaluate`` spans within
     that window is taken out of it (the simulator does not evaluate). None when no worker
     overlaps the others that long (one started after another ended)."""
+    found = steady_window(events, skip)
+    if found is None:
+        return None
+    first, last, steps, evaluating = found
+    return steps / ((last - first - (evaluating if exclude_evaluation else 0.0)) / 1e6)
+
+
+def steady_window(events: list[dict], skip: int = 2) -> tuple[float, float, int, float] | None:
+    """The window of steady_steps_per_second: its start and end (the trace's microseconds),
+    the worker steps in it, and the workers' mean time evaluating within it; None as there."""
     ends: dict[int, list[float]] = {}
     evaluations: dict[int, list[tuple[float, float]]] = {}
     for e in events:
@@ -409,13 +419,10 @@ def steady_steps_per_second(events: list[dict], skip: int = 2, exclude_evaluatio
     if last <= first:
         return None
     steps = sum(sum(1 for t in w if first < t <= last) for w in workers)
-    window = last - first
-    if exclude_evaluation:
-        inside = [
-            sum(max(0.0, min(end, last) - max(start, first)) for start, end in evaluations.get(pid, [])) for pid in ends
-        ]
-        window -= statistics.mean(inside)
-    return steps / (window / 1e6)
+    inside = [
+        sum(max(0.0, min(end, last) - max(start, first)) for start, end in evaluations.get(pid, [])) for pid in ends
+    ]
+    return first, last, steps, statistics.mean(inside)
 
 
 # ----- 3. simulation ------------------------------------------------------------------------------

@@ -8,7 +8,10 @@ server host 0 holds shard 0 (and the other shards when ``--ps-shards`` > 1 fits 
 and the workers follow.
 
 Every host's output streams to this terminal, each line prefixed with its host
-(``[host1] done: ...``), and to ``--logs`` (default: a temporary folder).
+(``[host1] done: ...``), and to ``--logs`` (default: a temporary folder). Each host's CPU
+use is sampled from its cgroups through the run: ``usage.json`` in the same folder, and one
+line per host at the end (its CPU-seconds against its share, and how often its quota ran
+out: usage.py).
 
 Faults: ``--fail host2@30s`` kills every process of host 2 at 30 s (SIGKILL: the machine
 dies); ``--cut host1@20s`` takes host 1's link down (its processes run on, unreachable).
@@ -29,7 +32,8 @@ import threading
 import time
 from pathlib import Path
 
-from paratrain.cluster.hosts import EmulatedCluster, Host, HostSpec
+from paratrain.cluster.hosts import PIN_MODES, EmulatedCluster, Host, HostSpec
+from paratrain.cluster.usage import UsageRecorder
 from paratrain.errors import ConfigError
 
 PORT = 29500
@@ -55,6 +59,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--fail", action="append", default=[], metavar="hostI@Ts", help="kill host I at T seconds")
     parser.add_argument("--cut", action="append", default=[], metavar="hostI@Ts", help="cut host I's link at T seconds")
     parser.add_argument("--logs", default=None, metavar="DIR", help="folder for each host's output")
+    parser.add_argument(
+        "--pin",
+        default="auto",
+        choices=PIN_MODES,
+        help="each host's processes on ceil(its cpu) cores of its own: auto (where every host's fit), always, never",
+    )
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- paratrain train ... (or -- python script.py ...)")
 
 
@@ -147,7 +157,7 @@ def cluster_command(args: argparse.Namespace) -> int:
     stop = threading.Event()
     previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
-        with EmulatedCluster(specs) as cluster:
+        with EmulatedCluster(specs, pin=args.pin) as cluster:
             return _run(cluster, args.procs_per_host, command, fails, cuts, logs, stop)
     finally:
         signal.signal(signal.SIGTERM, previous)
@@ -183,6 +193,7 @@ def _run(
         readers[-1].start()
     events = sorted([(t, "fail", h) for t, h in fails] + [(t, "cut", h) for t, h in cuts])
     killed: set[int] = set()
+    usage = UsageRecorder(cluster).start()
     try:
         idle_since = failed_at = None
         started_hosts: set[int] = set()
@@ -229,6 +240,7 @@ def _run(
         print("paratrain cluster: interrupted; removing the hosts", file=sys.stderr)
         return 130
     finally:
+        usage.stop()
         # host 0's agent holds the rendezvous store: the others go first, so none of them
         # reports the store's connection closing under it
         for process in reversed(running):
@@ -237,6 +249,9 @@ def _run(
             process.wait()
         for reader in readers:
             reader.join(timeout=5)
+    usage.write(logs / "usage.json")
+    for line in usage.summary():
+        print(f"paratrain cluster: {line}", file=sys.stderr)
     if stop.is_set():
         return 143
     codes = {

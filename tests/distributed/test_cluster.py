@@ -77,6 +77,39 @@ def test_a_strategy_across_hosts_gives_the_single_process_result(tmp_path, hosts
     assert abs(metrics["test_accuracy"] - expected["test_accuracy"]) < 0.01
 
 
+SPIN = """\
+import os, time
+end = time.process_time() + 1.5
+while time.process_time() < end:
+    pass
+print("cores", sorted(os.sched_getaffinity(0)), flush=True)
+"""
+
+
+@needs_hosts
+def test_each_host_runs_on_cores_of_its_own_and_its_cpu_is_counted(tmp_path):
+    """Each host's processes are pinned to its cores; its CPU-seconds are counted and never
+    exceed its share (the quota holds), and a CPU-bound host's quota runs out in most periods."""
+    (tmp_path / "spin.py").write_text(SPIN)
+    result = cluster("--hosts", "2", "--cpu", "0.5", "--host", "1:cpu=0.25", "--pin", "always",
+                     "--logs", str(tmp_path / "logs"), "--", "python", str(tmp_path / "spin.py"))  # fmt: skip
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    available = sorted(os.sched_getaffinity(0))
+    assert f"[host0] cores {[available[0]]}" in result.stdout
+    assert f"[host1] cores {[available[1 % len(available)]]}" in result.stdout
+    usage = json.loads((tmp_path / "logs" / "usage.json").read_text())
+    for host, share in zip(usage["hosts"], (0.5, 0.25), strict=True):
+        (t0, cpu0, periods0, throttled0, _), (t1, cpu1, periods1, throttled1, _) = (
+            host["samples"][0],
+            host["samples"][-1],
+        )
+        assert host["cpu"] == share
+        assert cpu1 - cpu0 > 1.5  # the spin, and torchrun's start-up
+        assert (cpu1 - cpu0) / (t1 - t0) < share * 1.1  # sampled every 0.25 s: a period's worth of slack
+        assert (throttled1 - throttled0) / (periods1 - periods0) > 0.5
+    assert "paratrain cluster: host1: " in result.stderr and "share 0.25), quota ran out in" in result.stderr
+
+
 @needs_hosts
 def test_a_killed_host_under_ps_async_is_survived(tmp_path):
     out = tmp_path / "m.json"
@@ -142,6 +175,7 @@ def test_without_root_it_is_one_line_and_exit_2():
         (["--hosts", "2", "--fail", "host5@3s", "--", "paratrain", "train"], "--fail host5@3s: expected hostI@Ts"),
         (["--hosts", "2", "--host", "1:speed=2", "--", "paratrain", "train"], "unknown setting 'speed'"),
         (["--hosts", "2", "--"], "needs a command after --"),
+        (["--hosts", "2", "--pin", "some", "--", "paratrain", "train"], "--pin: invalid choice: 'some'"),
         (["--hosts", "2", "--", "bash", "x"], "must be `paratrain ...` or `python SCRIPT ...`"),
     ],
 )
