@@ -57,9 +57,12 @@ def simulate_rows(rows: list[dict], link: str, shard: dict) -> float:
 
 
 def shard_profile() -> dict:
-    """The shard's CPU-seconds per push and per update, as cluster_validation.py measured them."""
-    machine = json.loads((RESULTS / "cluster_validation.json").read_text())["machine"]
-    return {"ps_message_s": machine["ps_message_s"], "ps_update_s": machine["ps_update_s"]}
+    """The shard's CPU-seconds per push and per update, as cluster_validation.py measured them
+    (its push less the M it was simulated with: the M calibrated here is added back)."""
+    validation = json.loads((RESULTS / "cluster_validation.json").read_text())
+    machine, message_cpu_s = validation["machine"], validation["cpu_seconds_per_message"]
+    own = max(machine["ps_push_s"] - message_cpu_s - machine["ps_update_s"], 0.0)
+    return {"ps_message_s": own, "ps_update_s": machine["ps_update_s"]}
 
 
 def main() -> None:
@@ -71,11 +74,11 @@ def main() -> None:
     parser.add_argument("--resimulate", action="store_true", help="simulate the recorded runs again; run nothing")
     parser.add_argument("--out", default=str(RESULTS / "cluster_scale"))
     args = parser.parse_args()
-    if args.resimulate:
-        rows = recorded(args.out, args, ("budget", "link", "epochs"))["rows"]
+    if args.resimulate:  # with the shard's costs the runs were simulated with when recorded
+        document = recorded(args.out, args, ("budget", "link", "epochs"))
+        rows, shard = document["rows"], document["shard"]
     else:
-        rows = measure(args)
-    shard = shard_profile()
+        rows, shard = measure(args), shard_profile()
     message_cpu_s = simulate_rows(rows, args.link, shard)
     lines = [
         f"# Scale on emulated hosts: the mlp on digits, {args.budget:g} cores shared evenly, {args.link} links",
@@ -98,7 +101,8 @@ def main() -> None:
             f"| {r['examples_per_second']:,.0f} | {r['simulated']:,.0f} | {error} | {r['test_accuracy']:.3f} |"
         )
     setup = {k: v for k, v in vars(args).items() if k not in ("out", "resimulate")}
-    record(Path(args.out), {"setup": setup, "cpu_seconds_per_message": message_cpu_s, "rows": rows}, lines)
+    document = {"setup": setup, "shard": shard, "cpu_seconds_per_message": message_cpu_s, "rows": rows}
+    record(Path(args.out), document, lines)
 
 
 def measure(args: argparse.Namespace) -> list[dict]:
@@ -107,12 +111,13 @@ def measure(args: argparse.Namespace) -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         for hosts in [int(h) for h in args.hosts.split(",")]:
             cpu = args.budget / hosts
-            one = cluster_train(["--hosts", "1", "--cpu", f"{cpu:g}"],
+            # every host count with the hosts sharing the cores as the kernel places them
+            one = cluster_train(["--hosts", "1", "--cpu", f"{cpu:g}", "--pin", "never"],
                                 ["--strategy", "single", *TRAIN, "--epochs", str(args.epochs)], Path(tmp) / "m.json")  # fmt: skip
             compute_ms = 32 / one["steady_examples_per_second"] * 1000
             for strategy, workers in LAYOUTS.items():
                 flags = ["--strategy", strategy, "--workers", str(workers(hosts))]
-                cluster = ["--hosts", str(hosts), "--cpu", f"{cpu:g}", "--link", args.link]
+                cluster = ["--hosts", str(hosts), "--cpu", f"{cpu:g}", "--link", args.link, "--pin", "never"]
                 metrics = cluster_train(cluster, [*flags, *TRAIN, "--epochs", str(args.epochs)], Path(tmp) / "m.json")
                 rows.append({
                     "hosts": hosts,

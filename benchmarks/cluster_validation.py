@@ -33,6 +33,7 @@ setting once.
 
     sudo .venv/bin/python benchmarks/cluster_validation.py [--cpu 0.3] [--repeats 2]
     .venv/bin/python benchmarks/cluster_validation.py --resimulate   (the recorded runs again)
+    sudo .venv/bin/python benchmarks/cluster_validation.py --more --repeats 1   (a pass more)
 
 Writes benchmarks/results/cluster_validation.json and .md.
 """
@@ -146,10 +147,12 @@ def simulated(settings: dict, machine: dict, cpu: float, link: str, message_cpu_
     )
 
 
-def measure(args: argparse.Namespace, settings: list[dict]) -> list[dict]:
-    runs: list[list[dict]] = [[] for _ in settings]
+def measure(args: argparse.Namespace, settings: list[dict], runs: list[list[dict]] | None = None) -> list[dict]:
+    """``args.repeats`` passes over ``settings``, after the ``runs`` already made of each."""
+    runs = runs or [[] for _ in settings]
+    done = min(len(found) for found in runs)
     with tempfile.TemporaryDirectory() as tmp:
-        for repeat in range(args.repeats):
+        for repeat in range(done, done + args.repeats):
             for index, one in enumerate(settings):
                 run = real_run(one, args.cpu, args.link, args.epochs, Path(tmp))
                 runs[index].append(run)
@@ -170,6 +173,17 @@ def measure(args: argparse.Namespace, settings: list[dict]) -> list[dict]:
     return rows
 
 
+def _pace(row: dict) -> str:
+    """The pace-setting host's CPU over the passes, min-max: a shard's per push, else the
+    slowest host's per step of its own."""
+    s = row["settings"]
+    if s["strategy"].startswith("ps-"):
+        values = [run["hosts"][0]["cpu_ms_per_step"] for run in row["runs"] if run["hosts"]]
+    else:
+        values = [max(h["cpu_ms_per_step"] for h in run["hosts"]) * s["workers"] for run in row["runs"] if run["hosts"]]
+    return f"{min(values):.2f}-{max(values):.2f}" if values else ""
+
+
 def _name(settings: dict) -> str:
     straggler = settings.get("straggler", "none")
     return f"{settings['strategy']} x{settings['workers']} straggler {straggler}"
@@ -183,11 +197,19 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--resimulate", action="store_true", help="simulate the recorded runs again; run nothing")
+    parser.add_argument(
+        "--more", action="store_true", help="add --repeats passes to the recorded ones (the same machine profile)"
+    )
     parser.add_argument("--out", default=str(RESULTS / "cluster_validation"))
     args = parser.parse_args()
-    if args.resimulate:
+    if args.resimulate or args.more:
+        more = args.repeats
         document = recorded(args.out, args, ("cpu", "link", "epochs", "repeats"))
         rows, machine = document["rows"], document["machine"]
+        if args.more:
+            args.repeats = more
+            rows = measure(args, [r["settings"] for r in rows], [r["runs"] for r in rows])
+            args.repeats = len(rows[0]["runs"])
     else:
         settings = [
             setting(strategy, int(workers), straggler)
@@ -228,8 +250,13 @@ def main() -> None:
         f"per update, measured alone); the link's rate; M = {message_cpu_s * 1e3:.3f} ms of CPU per message received (a ring hop, a push, a reply), calibrated "
         f"on allreduce with 2 workers and no straggler (marked).",
         "",
-        "| strategy | workers | straggler | real examples/s (min-max) | simulated | error | real staleness | simulated |",
-        "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: |",
+        "The last column is the CPU of the host that sets the pace, from its accounting in each pass (min-max): "
+        "under a parameter server the shard's per push (its quota ran out in most periods in most runs), under "
+        "allreduce the slowest host's per step of its own.",
+        "",
+        "| strategy | workers | straggler | real examples/s (min-max) | simulated | error | real staleness | simulated "
+        "| pace-setting CPU, ms |",
+        "| --- | ---: | --- | ---: | ---: | ---: | ---: | ---: | ---: |",
     ]
     for r in rows:
         s, sim = r["settings"], r["simulated"]
@@ -238,7 +265,8 @@ def main() -> None:
         workers = s["workers"] + s.get("backup_workers", 0)
         lines.append(
             f"| {s['strategy']} | {workers} | {s.get('straggler', 'none')} | {r['examples_per_second']:,.0f} "
-            f"({r['range'][0]:,.0f}-{r['range'][1]:,.0f}) | {sim['examples_per_second']:,.0f} | {error} | {staleness} |"
+            f"({r['range'][0]:,.0f}-{r['range'][1]:,.0f}) | {sim['examples_per_second']:,.0f} | {error} | {staleness} "
+            f"| {_pace(r)} |"
         )
     lines += [
         "",
