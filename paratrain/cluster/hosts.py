@@ -14,8 +14,8 @@ fit too, host after host taking cores in turn and round again; ``"never"``). A h
 a small machine of its own: let loose over every core, its threads migrate and each
 wake-up crosses cores. Where hosts must share cores, pinning puts a host's every wake-up
 behind its neighbour's on one core: measured here, on 2 cores, pinning made allreduce on 4
-hosts 45% faster but halved a parameter server's shard sharing its core with a worker, so
-shared cores are left to the kernel unless asked (docs/cluster.md).
+hosts 45% faster but cut ps-async to 40% of its rate (the shard sharing its core with a
+worker), so shared cores are left to the kernel unless asked (docs/cluster.md).
 
 Without netem (not in every kernel), latency comes only from queueing in the token
 bucket: a link has a rate, not a propagation delay.
