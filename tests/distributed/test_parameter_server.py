@@ -161,6 +161,35 @@ def test_backup_workers_drop_the_straggler(cli, tmp_path):
     assert metrics["global_steps"] >= 0.8 * (applied // 2)
 
 
+WIDE_MODEL = """\
+from torch import nn
+
+def model(spec=None):
+    # digits with 1.3 MB of parameters: pushes large enough to be checked for lateness
+    return nn.Sequential(nn.Flatten(), nn.Linear(64, 4800), nn.ReLU(), nn.Linear(4800, 10))
+"""
+
+
+def test_a_late_gradient_goes_as_its_header_alone(cli, tmp_path):
+    """Under backup workers a large push whose round has closed is not sent: the worker sees
+    the shard's version moved on and sends the header alone, which the shard counts as
+    dropped, as the whole gradient would have been. The straggler sleeps 9 steps' time after
+    each step, while the other two make rounds: nearly every push of its comes late."""
+    (tmp_path / "wide.py").write_text(WIDE_MODEL)
+    out = tmp_path / "m.json"
+    result = cli("train", "--model", "wide:model", "--strategy", "ps-backup", "--workers", "2",
+                 "--backup-workers", "1", "--straggler", "2:10", "--epochs", "2", "--no-progress",
+                 "--log-every", "0", "--metrics-out", str(out), env={"PYTHONPATH": str(tmp_path)})  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    metrics = json.loads(out.read_text())
+    applied = sum(metrics["staleness"]["histogram"].values())
+    assert applied + metrics["dropped_gradients"] == 2 * (1433 // 32)  # every batch counted once
+    # Every late push was dropped, and the dropped ones went late, but for the straggler's first
+    # of an epoch, made on the parameters it just pulled (late only if a round closes meanwhile).
+    assert 0 < metrics["late_pushes"] <= metrics["dropped_gradients"] <= metrics["late_pushes"] + 2 * 2
+    assert metrics["test_accuracy"] > 0.85
+
+
 def test_staleness_bound_is_never_exceeded(cli, tmp_path):
     bounded, _ = _metrics(
         cli, tmp_path, "--strategy", "ps-async", "--workers", "2", "--staleness-bound", "1", "--straggler", "1:4", *FAST

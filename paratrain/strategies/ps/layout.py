@@ -22,11 +22,12 @@ PULL, PUSH, DONE, SHUTDOWN = 1, 2, 3, 4
 # slice of the gradient. One message per step (a push that also asks for the next
 # parameters) means one wake-up of the shard per step; Gloo only moves a message once
 # the receiver has posted its buffer, so fewer messages is most of the latency. The
-# rare control messages (pull, done, shutdown) carry an unused payload so that a
-# shard's single any-source receive always matches.
+# rare control messages (pull, done, shutdown) carry an unused payload. A message may also
+# be shorter than the shard's posted buffer (Gloo fills what arrives): a late push is its
+# header alone.
 TAG_MESSAGE, TAG_REPLY_HEADER, TAG_REPLY = 11, 13, 14
 RUN_TAG_STRIDE = 16  # each run in a process group adds a multiple of this to its tags
-HEADER_SIZE = 12
+HEADER_SIZE = 13
 (
     KIND,
     VERSION_HI,
@@ -40,8 +41,16 @@ HEADER_SIZE = 12
     EPOCH,
     NUM_BATCHES,
     NONFINITE,
+    LATE,
 ) = range(HEADER_SIZE)
 # NONFINITE: the push's gradient held a NaN or Inf (--on-nan skip); its payload is not sent.
+# LATE: under backup workers, the round the push was computed for had closed before it was
+# sent (the shard's version, which it keeps in the store, had moved on): the header alone
+# goes, and the shard counts the gradient dropped, as it would have on its arrival.
+LATE_CHECK_BYTES = 1 << 20
+"""Pushes of at least this many bytes (per shard) are checked for lateness before they go:
+a store lookup (well under a millisecond) against the gradient's time on the link (8 ms
+at 1 Gbit/s) and the shard's to take it in."""
 # A reply: the shard's version, then (from shard 0, when asked) the next batch of the
 # epoch for this worker: its index, or NO_MORE_BATCHES; the other shards say NOT_ASSIGNED.
 HEADER_BYTES = HEADER_SIZE * 4  # the header travels as float32 at the front of a byte message

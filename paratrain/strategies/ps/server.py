@@ -37,6 +37,8 @@ from paratrain.strategies.ps.layout import (
     EPOCH,
     HEADER_BYTES,
     KIND,
+    LATE,
+    LATE_CHECK_BYTES,
     LR_SCALE,
     NO_MORE_BATCHES,
     NONFINITE,
@@ -59,7 +61,7 @@ from paratrain.strategies.ps.layout import (
     decode_version,
 )
 from paratrain.strategies.ps.links import WorldLink
-from paratrain.strategies.ps.policies import Gradient
+from paratrain.strategies.ps.policies import Gradient, SyncRule
 from paratrain.strategies.ps.reshard import optimizer_order, reshard
 
 
@@ -127,6 +129,11 @@ class ShardServer:
         self.dropped = self.dropped_samples = self.samples = 0
         self.skipped = 0  # updates skipped for a NaN or Inf gradient (--on-nan skip)
         self.short_rounds = 0  # synchronous versions made of fewer gradients than a round
+        self.late_pushes = 0  # pushes that came as a header alone, their round closed (LATE)
+        # Under backup workers a round closes without the slowest: its version goes to the
+        # store, where a worker looks before pushing a large gradient that would come late.
+        backups = isinstance(rule, SyncRule) and rule.required < num_workers
+        self.announces = backups and self.packer.nbytes >= LATE_CHECK_BYTES
         self.bytes_sent = 0
         self.max_clock_gap = 0
         self.lock = threading.Lock()
@@ -158,6 +165,7 @@ class ShardServer:
         """Serve until every worker is done or lost; returns this shard's statistics."""
         now = time.monotonic()
         self._last_message = dict.fromkeys(range(self.num_workers), now)
+        self._announce()
         self.links.update({w: WorldLink(w + self.num_shards) for w in range(self.num_workers)})
         receiver = threading.Thread(target=self._receive_loop, name="ps-receiver", daemon=True)
         monitor = threading.Thread(target=self._monitor_loop, name="ps-monitor", daemon=True)
@@ -230,8 +238,9 @@ class ShardServer:
         batch = (int(header[EPOCH]), int(header[NUM_BATCHES])) if header[WANTS_BATCH] else None
         with self.lock:
             if kind == PUSH:
-                finite = not header[NONFINITE]
-                if finite:  # a non-finite push carries no payload
+                finite, late = not header[NONFINITE], bool(header[LATE])
+                self.late_pushes += late
+                if finite and not late:  # a non-finite or late push carries no payload
                     self.packer.decompress_into(message[HEADER_BYTES:], self.incoming)
                 version = decode_version(header[VERSION_HI], header[VERSION_LO])
                 grad = Gradient(worker, version, int(header[SAMPLES]), header[LR_SCALE], finite)
@@ -314,9 +323,15 @@ class ShardServer:
                 group["lr"] = base * lr_scale
             self.optimizer.step()
         self.version += 1
+        self._announce()
         # Before this version's pulls are answered: a checkpoint taken now holds exactly the
         # batches of the gradients applied (in synchronous rounds).
         self.on_version(self.version)
+
+    def _announce(self) -> None:
+        """This shard's version to the store, where workers check a push for lateness."""
+        if self.announces:
+            self.store.set(f"version/{self.shard}", str(self.version))
 
     def _assign(self, batch: tuple[int, int] | None) -> int:
         """The next batch of the epoch for whoever asks first (dynamic sharding: a fast
@@ -448,6 +463,7 @@ class ShardServer:
             "dropped_samples": self.dropped_samples,
             "skipped_updates": self.skipped,
             "short_rounds": self.short_rounds,
+            "late_pushes": self.late_pushes,
             "staleness": {str(k): v for k, v in sorted(self.staleness.items())},
             "workers_lost": sorted(self.lost),
             "workers_joined": list(self.joined),

@@ -49,6 +49,8 @@ from paratrain.strategies.ps.layout import (
     EPOCH,
     HEADER_BYTES,
     KIND,
+    LATE,
+    LATE_CHECK_BYTES,
     LR_SCALE,
     NONFINITE,
     NUM_BATCHES,
@@ -606,13 +608,26 @@ class ParameterServerStrategy(Strategy):
             if epoch is not None:
                 header[WANTS_BATCH], header[EPOCH], header[NUM_BATCHES] = 1.0, epoch[0], epoch[1]
             header[NONFINITE] = float(not finite)
-            if kind == PUSH and finite:  # a NaN must not reach the codecs' state (residuals)
+            late = kind == PUSH and self._late(shard)
+            if late:  # its round has closed: the header alone says so
+                header[LATE] = 1.0
+                message = message[:HEADER_BYTES]
+            elif kind == PUSH and finite:  # a NaN must not reach the codecs' state (residuals)
                 self._packers[shard].compress_into(
                     self._host_grad[self.layout.shard_range(shard)], message[HEADER_BYTES:]
                 )
             works.append(self._links[shard].isend(message, TAG_MESSAGE + self._tags))
             self._bytes_sent += message.numel() * message.element_size()
         self._sends = works
+
+    def _late(self, shard: int) -> bool:
+        """Under backup workers, whether ``shard`` has published a version since this
+        worker's parameters: its round closed without it, and its gradient would be dropped
+        on arrival. Only large pushes ask (LATE_CHECK_BYTES): the lookup is a round trip to
+        the store."""
+        if not self.backup_workers or self._packers[shard].nbytes < LATE_CHECK_BYTES:
+            return False
+        return int(self._store.get(f"version/{shard}")) > self._versions[shard]
 
     def _drain_sends(self) -> None:
         # Each c10d/Gloo work may be waited on once: a second wait blocks for ever.
@@ -709,6 +724,7 @@ class ParameterServerStrategy(Strategy):
             "dropped_samples": first["dropped_samples"],
             "skipped_updates": first["skipped_updates"],
             "short_rounds": first["short_rounds"],
+            "late_pushes": first["late_pushes"],
             "staleness": staleness_summary({int(k): v for k, v in first["staleness"].items()}),
             "workers_lost": lost,
             "workers_joined": first["workers_joined"],
