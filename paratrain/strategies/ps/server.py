@@ -423,6 +423,7 @@ class ShardServer:
             "samples": self.samples,
             "skipped": self.skipped,
             "short_rounds": self.short_rounds,
+            "late_pushes": self.late_pushes,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -439,6 +440,7 @@ class ShardServer:
         self.dropped, self.dropped_samples, self.samples = state["dropped"], state["dropped_samples"], state["samples"]
         self.skipped = int(state.get("skipped", 0))
         self.short_rounds = int(state.get("short_rounds", 0))
+        self.late_pushes = int(state.get("late_pushes", 0))
 
     def load_resharded(self, states: list[dict[str, Any]]) -> None:
         """This shard's state from the parts of a checkpoint saved by another number of
