@@ -83,7 +83,12 @@ def real_run(settings: dict, cpu: float, link: str, epochs: int, folder: Path) -
     share = applied / (applied + metrics["dropped_gradients"])  # ps-backup drops some
     found = steady_window(timeline["traceEvents"])
     if found is None:
-        return {"examples_per_second": None, "staleness_mean": metrics["staleness"]["mean"], "hosts": []}
+        return {
+            "examples_per_second": None,
+            "staleness_mean": metrics["staleness"]["mean"],
+            "test_accuracy": metrics["test_accuracy"],
+            "hosts": [],
+        }
     first, last, steps, evaluating = found
     seconds = (last - first - evaluating) / 1e6
     # Each host's CPU over the same window (wall clock: the trace's origin plus its times).
@@ -147,12 +152,14 @@ def simulated(settings: dict, machine: dict, cpu: float, link: str, message_cpu_
     )
 
 
-def measure(args: argparse.Namespace, settings: list[dict], runs: list[list[dict]] | None = None) -> list[dict]:
-    """``args.repeats`` passes over ``settings``, after the ``runs`` already made of each."""
+def measure(
+    args: argparse.Namespace, settings: list[dict], repeats: int, runs: list[list[dict]] | None = None
+) -> list[dict]:
+    """``repeats`` passes over ``settings``, after the ``runs`` already made of each."""
     runs = runs or [[] for _ in settings]
     done = min(len(found) for found in runs)
     with tempfile.TemporaryDirectory() as tmp:
-        for repeat in range(done, done + args.repeats):
+        for repeat in range(done, done + repeats):
             for index, one in enumerate(settings):
                 run = real_run(one, args.cpu, args.link, args.epochs, Path(tmp))
                 runs[index].append(run)
@@ -203,12 +210,11 @@ def main() -> None:
     parser.add_argument("--out", default=str(RESULTS / "cluster_validation"))
     args = parser.parse_args()
     if args.resimulate or args.more:
-        more = args.repeats
+        more = args.repeats  # recorded() puts back the recorded passes' count
         document = recorded(args.out, args, ("cpu", "link", "epochs", "repeats"))
         rows, machine = document["rows"], document["machine"]
         if args.more:
-            args.repeats = more
-            rows = measure(args, [r["settings"] for r in rows], [r["runs"] for r in rows])
+            rows = measure(args, [r["settings"] for r in rows], more, [r["runs"] for r in rows])
             args.repeats = len(rows[0]["runs"])
     else:
         settings = [
@@ -218,7 +224,7 @@ def main() -> None:
             for strategy in STRATEGIES
         ]
         machine = machine_profile(args)
-        rows = measure(args, settings)
+        rows = measure(args, settings, args.repeats)
     reference = next(r for r in rows if r["settings"] == setting("allreduce", 2, False))
     message_cpu_s = calibrate(
         lambda m: simulated(reference["settings"], machine, args.cpu, args.link, m)["examples_per_second"],

@@ -98,7 +98,7 @@ class EmulatedCluster:
         if pin not in PIN_MODES:
             raise ConfigError(f"--pin must be one of {', '.join(PIN_MODES)}; got {pin!r}")
         available = sorted(os.sched_getaffinity(0))
-        fits = sum(max(1, math.ceil(spec.cpu)) for spec in specs) <= len(available)
+        fits = sum(_cores_wanted(spec) for spec in specs) <= len(available)
         pinned = pin == "always" or (pin == "auto" and fits)
         cores = host_cores(specs, available) if pinned else [None] * len(specs)
         self.id = cluster_id if cluster_id is not None else os.getpid() % 250
@@ -257,10 +257,15 @@ def host_cores(specs: list[HostSpec], available: list[int]) -> list[list[int]]:
     most all) in turn, round ``available`` again when they run out."""
     out, start = [], 0
     for spec in specs:
-        count = min(len(available), max(1, math.ceil(spec.cpu)))
+        count = min(len(available), _cores_wanted(spec))
         out.append([available[(start + j) % len(available)] for j in range(count)])
         start += count
     return out
+
+
+def _cores_wanted(spec: HostSpec) -> int:
+    """Cores a host of ``spec`` is pinned to where the machine has them: ceil(its share)."""
+    return max(1, math.ceil(spec.cpu))
 
 
 def _accounting(name: str) -> Path | None:

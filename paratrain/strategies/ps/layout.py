@@ -51,6 +51,14 @@ LATE_CHECK_BYTES = 1 << 20
 """Pushes of at least this many bytes (per shard) are checked for lateness before they go:
 a store lookup (well under a millisecond) against the gradient's time on the link (8 ms
 at 1 Gbit/s) and the shard's to take it in."""
+
+
+def checks_lateness(backup_workers: int, push_bytes: int) -> bool:
+    """Whether a run's pushes of ``push_bytes`` to a shard are checked for lateness: the one
+    rule by which a shard keeps its version in the store and a worker looks it up there."""
+    return backup_workers > 0 and push_bytes >= LATE_CHECK_BYTES
+
+
 # A reply: the shard's version, then (from shard 0, when asked) the next batch of the
 # epoch for this worker: its index, or NO_MORE_BATCHES; the other shards say NOT_ASSIGNED.
 HEADER_BYTES = HEADER_SIZE * 4  # the header travels as float32 at the front of a byte message

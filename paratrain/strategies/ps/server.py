@@ -38,7 +38,6 @@ from paratrain.strategies.ps.layout import (
     HEADER_BYTES,
     KIND,
     LATE,
-    LATE_CHECK_BYTES,
     LR_SCALE,
     NO_MORE_BATCHES,
     NONFINITE,
@@ -58,6 +57,7 @@ from paratrain.strategies.ps.layout import (
     WANTS_BATCH,
     WANTS_REPLY,
     ShardLayout,
+    checks_lateness,
     decode_version,
 )
 from paratrain.strategies.ps.links import WorldLink
@@ -132,8 +132,8 @@ class ShardServer:
         self.late_pushes = 0  # pushes that came as a header alone, their round closed (LATE)
         # Under backup workers a round closes without the slowest: its version goes to the
         # store, where a worker looks before pushing a large gradient that would come late.
-        backups = isinstance(rule, SyncRule) and rule.required < num_workers
-        self.announces = backups and self.packer.nbytes >= LATE_CHECK_BYTES
+        backups = num_workers - rule.required if isinstance(rule, SyncRule) else 0
+        self.announces = checks_lateness(backups, self.packer.nbytes)
         self.bytes_sent = 0
         self.max_clock_gap = 0
         self.lock = threading.Lock()

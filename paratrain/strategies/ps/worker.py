@@ -50,7 +50,6 @@ from paratrain.strategies.ps.layout import (
     HEADER_BYTES,
     KIND,
     LATE,
-    LATE_CHECK_BYTES,
     LR_SCALE,
     NONFINITE,
     NUM_BATCHES,
@@ -70,6 +69,7 @@ from paratrain.strategies.ps.layout import (
     WANTS_BATCH,
     WANTS_REPLY,
     ShardLayout,
+    checks_lateness,
     encode_version,
 )
 from paratrain.strategies.ps.links import WorldLink
@@ -623,9 +623,9 @@ class ParameterServerStrategy(Strategy):
     def _late(self, shard: int) -> bool:
         """Under backup workers, whether ``shard`` has published a version since this
         worker's parameters: its round closed without it, and its gradient would be dropped
-        on arrival. Only large pushes ask (LATE_CHECK_BYTES): the lookup is a round trip to
+        on arrival. Only large pushes ask (checks_lateness): the lookup is a round trip to
         the store."""
-        if not self.backup_workers or self._packers[shard].nbytes < LATE_CHECK_BYTES:
+        if not checks_lateness(self.backup_workers, self._packers[shard].nbytes):
             return False
         return int(self._store.get(f"version/{shard}")) > self._versions[shard]
 
