@@ -58,8 +58,9 @@ def formula_bytes(model_name: str, codec_name: str) -> tuple[int, int]:
 
 def run_all(jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """On every process of the launch: train each configuration in turn."""
-    from paratrain.comm.transport import destroy_process_group, ensure_process_group
+    from paratrain.comm.transport import ensure_process_group
     from paratrain.config import TrainConfig
+    from paratrain.session.teardown import destroy_groups
     from paratrain.train import job
 
     ensure_process_group("gloo", 300)
@@ -81,7 +82,7 @@ def run_all(jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
                 "wall_seconds": metrics["wall_seconds"],
             }
         )
-    destroy_process_group()
+    destroy_groups()
     return rows
 
 

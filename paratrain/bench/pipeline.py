@@ -48,7 +48,8 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.pipelining import schedules
 
-from paratrain.comm.transport import destroy_process_group, ensure_process_group
+from paratrain.comm.transport import ensure_process_group
+from paratrain.session.teardown import destroy_groups
 from paratrain.strategies.pipeline import PipelineStrategy
 
 
@@ -195,7 +196,7 @@ def measure(
             )
             dist.barrier()
             strategy.teardown()
-    destroy_process_group()
+    destroy_groups()
     return rows
 
 

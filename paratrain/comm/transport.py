@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import time
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -163,24 +162,6 @@ def mark_joined(rank: int) -> None:
 
 def _url_host(host: str) -> str:
     return f"[{host}]" if ":" in host and not host.startswith("[") else host
-
-
-#: How long ``destroy_process_group`` lets Gloo's worker threads finish with the last
-#: collective before the group goes.
-SETTLE_S = 0.05
-
-
-def destroy_process_group() -> None:
-    """Destroy the default group, safely right after a collective.
-
-    A Gloo worker thread frees a collective's tensors just after the collective completes,
-    and takes the GIL to do so. The group's destructor joins those threads, and runs with
-    the GIL held when the last reference to the group is a DDP model's reducer, dropped
-    from Python (a function returning its locals): caught in that moment, the two wait for
-    each other forever. A short sleep (the GIL released) lets the threads finish first."""
-    if dist.is_initialized():
-        time.sleep(SETTLE_S)
-        dist.destroy_process_group()
 
 
 def default_backend(device: torch.device) -> str:

@@ -18,7 +18,8 @@ def loopback_all_reduce() -> float:
     import torch
     import torch.distributed as dist
 
-    from paratrain.comm.transport import destroy_process_group, ensure_process_group
+    from paratrain.comm.transport import ensure_process_group
+    from paratrain.session.teardown import destroy_groups
 
     ensure_process_group("gloo", 30.0)
     try:
@@ -26,7 +27,7 @@ def loopback_all_reduce() -> float:
         dist.all_reduce(value)
         return value.item()
     finally:
-        destroy_process_group()
+        destroy_groups()
 
 
 def check_gloo() -> tuple[bool, str]:

@@ -32,9 +32,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from paratrain.comm.transport import cluster_from_env, default_backend, destroy_process_group, ensure_process_group
+from paratrain.comm.transport import cluster_from_env, default_backend, ensure_process_group
 from paratrain.data.sharding import ShardedBatches
 from paratrain.errors import ConfigError, DivergedError, WorkerLost
+from paratrain.session.teardown import destroy_groups, sever_groups
 from paratrain.strategies.recipe import StepRecipe, clip_norm
 from paratrain.strategies.topology import Role, Topology
 from paratrain.timeline import span
@@ -241,36 +242,30 @@ class Strategy:
         ensure_process_group(backend, self.timeout)
 
     def teardown(self) -> None:
-        """Leave the run: release what ``prepare`` wrapped, then the process group if this
-        strategy formed it. Idempotent; called at interpreter exit too."""
+        """Leave the run: take the process groups out of what ``prepare`` wrapped, then
+        destroy them if this strategy formed them, so that none outlives the run
+        (session/teardown.py says why). Idempotent; called at interpreter exit too."""
         self._release_wrapped()
         if self._owns_group:
-            destroy_process_group()
+            destroy_groups()
             self._owns_group = False
         self._ready = False
 
-    def track(self, wrapper: nn.Module) -> nn.Module:
-        """Note a wrapper ``prepare`` made (DistributedDataParallel), to release at teardown."""
+    def track(self, wrapper: Any) -> Any:
+        """Note an object ``prepare`` made that holds process groups (a DDP or FSDP model, a
+        pipeline schedule), to release at teardown."""
         self._wrapped.append(weakref.ref(wrapper))
         return wrapper
 
     def _release_wrapped(self) -> None:
-        """A DistributedDataParallel must go before its process group: its reducer holds the
-        group, and a group freed during interpreter shutdown aborts the process ("terminate
-        called without an active exception"). Cycles (trainer <-> callbacks) are collected
-        now; a wrapper the user still holds loses its reducer, logger and group reference,
-        as DDP's own ``__getstate__`` drops them: it cannot train after teardown anyway."""
+        """Take the groups out of the wrapped objects the user may still hold: a wrapper
+        freed during interpreter shutdown would free its group then, and abort the process.
+        A wrapper the user keeps cannot train after teardown, as after DDP's own pickling."""
         if not self._wrapped:
             return
         gc.collect()
-        for ref in self._wrapped:
-            wrapper = ref()
-            if wrapper is not None:
-                for name in ("reducer", "logger", "process_group"):
-                    wrapper.__dict__.pop(name, None)
-                getattr(wrapper, "_comm_hooks", []).clear()
+        sever_groups(wrapper for wrapper in (ref() for ref in self._wrapped) if wrapper is not None)
         self._wrapped.clear()
-        gc.collect()
 
     # ----- model -------------------------------------------------------------------------
     def prepare(

@@ -132,7 +132,7 @@ class FSDPStrategy(ReplicaStrategy):
         units = fsdp_units(model)
         for unit in units:
             fully_shard(unit, reshard_after_forward=self.reshard_after_forward, mp_policy=policy)
-        fully_shard(model, reshard_after_forward=self.reshard_after_forward, mp_policy=policy)
+        self.track(fully_shard(model, reshard_after_forward=self.reshard_after_forward, mp_policy=policy))
         self._units = len(units) + 1
         if optimizer.state:
             raise ConfigError(

@@ -330,15 +330,17 @@ class PipelineStrategy(Strategy):
     def _schedule_for(self, loss_fn: LossFn) -> Any:
         if self._schedule is None or self._loss_fn is not loss_fn:
             self._loss_fn = loss_fn
-            self._schedule = make_schedule(
-                self.schedule_name,
-                self._module,
-                self.stage,
-                self.num_stages,
-                self.device,
-                self._pipeline_group,
-                self.step_microbatches,
-                loss_fn,
+            self._schedule = self.track(
+                make_schedule(
+                    self.schedule_name,
+                    self._module,
+                    self.stage,
+                    self.num_stages,
+                    self.device,
+                    self._pipeline_group,
+                    self.step_microbatches,
+                    loss_fn,
+                )
             )
             self._count_traffic(self._module)
         return self._schedule

@@ -15,10 +15,11 @@ from paratrain.comm.codec_config import CodecOptions, make_codec
 from paratrain.comm.codecs import Int8Codec, TopKCodec
 from paratrain.comm.error_feedback import ErrorFeedback
 from paratrain.comm.hooks import make_hook
-from paratrain.comm.transport import destroy_process_group, ensure_process_group
+from paratrain.comm.transport import ensure_process_group
 from paratrain.config import TrainConfig
 from paratrain.data.datasets import load_digits
 from paratrain.models import build_model
+from paratrain.session.teardown import destroy_groups
 from paratrain.testing import flat_parameters, run_distributed
 from paratrain.train import job
 
@@ -65,7 +66,7 @@ def _hooked_and_reference_gradients(names, steps):
                 record[label] = {n: p.grad.clone() for n, p in strategy.unwrap(model).named_parameters()}
             records.append(record)
         results[name] = {"steps": records, "bytes_sent": strategy.hook.bytes_sent if strategy.hook else None}
-    destroy_process_group()
+    destroy_groups()
     return results
 
 
@@ -168,7 +169,7 @@ def _train_every_codec(names):
         if "test_accuracy" in metrics:  # the chief's metrics document
             keys = ("test_accuracy", "bytes_sent", "bytes_per_step", "global_steps", "compression")
             results[name] = {k: metrics[k] for k in keys}
-    destroy_process_group()
+    destroy_groups()
     return results
 
 
@@ -253,7 +254,7 @@ def _resume(names, directory):
             "q": checkpoint["strategy"]["hook"].get("q", {}),
             "bytes": (strategy.stats()["bytes_sent"], resumed.stats()["bytes_sent"]),
         }
-    destroy_process_group()
+    destroy_groups()
     return results
 
 
@@ -327,7 +328,7 @@ def _train_ps_every_codec(names):
         if "test_accuracy" in metrics:
             keys = ("test_accuracy", "bytes_sent", "global_steps", "compression", "pull_compression")
             results[f"{name}/{pull}"] = {k: metrics[k] for k in keys}
-    destroy_process_group()
+    destroy_groups()
     return results
 
 
@@ -373,7 +374,7 @@ def _ps_resume_codec_state(directory):
     common = dict(PS_RECIPE, compression="topk", checkpoint_dir=directory, checkpoint_every=10)
     job.run(TrainConfig(**{**common, "epochs": 1}))
     job.run(TrainConfig(**{**common, "epochs": 2, "resume": True}))
-    destroy_process_group()
+    destroy_groups()
     return resumed
 
 

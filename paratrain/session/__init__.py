@@ -1,0 +1,1 @@
+"""Membership of a run: process groups, and leaving them (teardown.py)."""

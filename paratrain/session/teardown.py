@@ -1,0 +1,90 @@
+"""Leaving a run so that no process group outlives it.
+
+Why this matters: every Gloo work remembers the Python thread-local state it was made in,
+and the Gloo worker thread that ran it drops it, which takes the GIL. Two things follow
+(both seen here, with gdb, in PyTorch 2.13):
+
+- a group destroyed while the GIL is held (its last reference dropped by a C++ holder such
+  as a DDP reducer, freed from Python) joins its worker threads while one of them waits for
+  the GIL: the process hangs;
+- a group alive when the interpreter finalizes (its last reference in a model the script
+  still holds, say) lets a worker thread reach for the GIL after finalization began; Python
+  ends that thread with a forced unwind, which meets a ``noexcept`` frame, and the process
+  aborts after training finished: "terminate called without an active exception".
+
+The one safe end for a group is its Python object's last reference going away before
+finalization: pybind frees a ``ProcessGroup`` with the GIL released, so its destructor
+waits for its worker threads, which finish their last work and exit. ``sever_groups``
+takes the groups out of everything the run wrapped (C++ holders first, while the Python
+objects still keep each group), and ``destroy_groups`` then lets the registry's
+references, the last ones, go.
+"""
+
+from __future__ import annotations
+
+import gc
+import types
+from collections.abc import Iterable
+
+import torch.distributed as dist
+from torch.distributed import ProcessGroup
+from torch.nn.parallel import DistributedDataParallel
+
+#: Attributes of DistributedDataParallel that hold its group from C++, where no Python
+#: reference shows: the reducer and its logger (DDP's own ``__getstate__`` drops them too).
+DDP_CPP_HOLDERS = ("reducer", "logger")
+
+#: Objects the walk never enters: code and classes lead to the whole interpreter, and a
+#: model reaches no run's group through them.
+_OPAQUE = (type, types.ModuleType, types.FunctionType, types.BuiltinFunctionType, types.CodeType, types.FrameType)
+
+
+def sever_groups(roots: Iterable[object]) -> int:
+    """Take every process group out of the objects reachable from ``roots`` (wrapped models,
+    pipeline schedules, optimizers): attributes and dict entries that hold a group go, a
+    device mesh forgets its groups, and a DDP wrapper drops its reducer and logger. The
+    objects cannot run a collective afterwards, which nothing does after a run ends.
+    Returns how many references were removed."""
+    removed, seen = 0, set()
+    stack = list(roots)
+    while stack:
+        obj = stack.pop()
+        if id(obj) in seen or isinstance(obj, _OPAQUE) or obj is None:
+            continue
+        seen.add(id(obj))
+        attrs = getattr(obj, "__dict__", None) if not isinstance(obj, dict) else None
+        if isinstance(obj, DistributedDataParallel):
+            for name in DDP_CPP_HOLDERS:
+                removed += attrs.pop(name, None) is not None
+        table = obj if isinstance(obj, dict) else attrs
+        if isinstance(table, dict):
+            for key in [k for k, v in table.items() if isinstance(v, ProcessGroup)]:
+                del table[key]
+                removed += 1
+        stack.extend(child for child in gc.get_referents(obj) if id(child) not in seen)
+    return removed
+
+
+def destroy_groups() -> None:
+    """Destroy every process group of this process (the default one and the groups made
+    from it). Call after ``sever_groups``: the registry then holds the last references, and
+    letting them go runs each group's destructor with the GIL released."""
+    if dist.is_initialized():
+        gc.collect()  # cycles (trainer <-> callbacks) that still reach a group
+        dist.destroy_process_group()
+
+
+def gloo_threads() -> list[str]:
+    """The names of this process's Gloo worker threads (Linux): none once every group is gone."""
+    import os
+
+    names = []
+    for task in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{task}/comm") as file:
+                name = file.read().strip()
+        except OSError:  # the thread ended while we looked
+            continue
+        if name == "pt_gloo_runloop":
+            names.append(name)
+    return names
