@@ -5,10 +5,17 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
-if [ $# -gt 0 ]; then
+if [ $# -gt 0 ] && [ "$1" != "--quick" ]; then
     exec .venv/bin/python -m pytest -q "$@"
 fi
-# Unit tests run in one process each: two at a time (pytest-xdist). Distributed tests start
-# 2-5 processes of their own and time heartbeats and timeouts: one at a time.
+# --quick: the unit tests that take under a few seconds and one short run of each strategy
+# (tests/smoke), for the edit-test loop; the whole suite before a commit.
+if [ "${1:-}" = "--quick" ]; then
+    exec .venv/bin/python -m pytest -q -n 2 -m "not slow" tests/unit tests/smoke
+fi
+# Unit tests run two at a time (pytest-xdist). Distributed tests start 2-5 processes of their
+# own and time heartbeats and joins: one at a time (tests/conftest.py gives each xdist worker
+# rendezvous ports of its own, so they can run two at a time once every timing-sensitive
+# test holds under that load).
 .venv/bin/python -m pytest -q -n 2 tests/unit
-.venv/bin/python -m pytest -q tests/distributed tests/examples
+.venv/bin/python -m pytest -q tests/smoke tests/distributed tests/examples

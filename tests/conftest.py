@@ -11,6 +11,12 @@ REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("PARATRAIN_THREADS_PER_WORKER", "1")  # tests run side by side (pytest -n 2)
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+# Tests run in two pytest-xdist workers: each takes its rendezvous ports from a range of its
+# own, below the kernel's ephemeral ports (32768 and up), so that neither another test's
+# run nor any process's outgoing connection takes a port between its pick and its bind.
+_WORKER = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+_INDEX = int(_WORKER[2:]) if _WORKER[2:].isdigit() else 0
+os.environ.setdefault("PARATRAIN_PORT_RANGE", f"{20000 + 3000 * _INDEX}-{22999 + 3000 * _INDEX}")
 
 
 def run_cli(

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import socket
 from dataclasses import dataclass
 from datetime import timedelta
@@ -97,11 +98,37 @@ def _split_address(address: str) -> tuple[str, int]:
     return host, int(port)
 
 
+#: Where a run's own rendezvous ports come from: ``PARATRAIN_PORT_RANGE=LOW-HIGH`` (say,
+#: the ports a firewall opens, or a range of its own for each of several runs started at once
+#: on one machine); unset, the kernel's ephemeral ports.
+PORT_RANGE_ENV = "PARATRAIN_PORT_RANGE"
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free on ``host`` a moment ago."""
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        return sock.getsockname()[1]
+    """A TCP port that was free on ``host`` a moment ago: from ``PARATRAIN_PORT_RANGE`` if
+    set, else one the kernel picks. A range below the kernel's ephemeral ports is never
+    taken meanwhile by the outgoing connections of another run on the machine."""
+    span = os.environ.get(PORT_RANGE_ENV)
+    if not span:
+        with socket.socket() as sock:
+            sock.bind((host, 0))
+            return sock.getsockname()[1]
+    try:
+        low, high = (int(part) for part in span.split("-"))
+        assert 0 < low <= high < 65536
+    except (ValueError, AssertionError):
+        raise ConfigError(f"{PORT_RANGE_ENV} must be LOW-HIGH, two ports (say 20000-24999), got {span!r}") from None
+    rng = random.Random()
+    for _ in range(4 * (high - low + 1)):
+        port = rng.randint(low, high)
+        with socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+            return port
+    raise ConfigError(f"no free port on {host} in {PORT_RANGE_ENV}={span}")
 
 
 def ensure_process_group(backend: str, timeout: float) -> ClusterEnv:

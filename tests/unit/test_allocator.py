@@ -29,6 +29,7 @@ def faulted_share(mode: str) -> float:
     return float(out.stdout)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the setting is glibc malloc's")
 def test_kept_memory_is_not_faulted_in_again_every_step():
     # glibc by default gives the freed heap top back and maps it in again, zero-filled, the

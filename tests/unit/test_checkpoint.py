@@ -109,6 +109,7 @@ def test_a_corrupt_or_truncated_part_is_named(saved):
     assert CheckpointStore(saved).latest().name == "ckpt-000000040"
 
 
+@pytest.mark.slow
 def test_every_checkpoint_garbled_is_one_line_exit_2_and_nothing_is_deleted(saved, cli):
     before = {}
     for path in sorted(saved.rglob("*")):
@@ -204,6 +205,7 @@ def test_a_crash_while_writing_leaves_the_previous_checkpoint_loadable(saved):
     assert not (saved / "ckpt-000000060").exists()
 
 
+@pytest.mark.slow
 def test_a_full_disk_while_saving_is_one_line_exit_2_and_keeps_the_checkpoints(saved, tmp_path):
     import resource
     import signal

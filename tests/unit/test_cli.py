@@ -8,6 +8,7 @@ import pytest
 from paratrain.train.metrics import METRICS_KEYS
 
 
+@pytest.mark.slow
 def test_default_run_reaches_95_percent_in_under_30_seconds(cli, tmp_path):
     out = tmp_path / "metrics.json"
     start = time.perf_counter()
@@ -72,6 +73,7 @@ def test_metrics_path_that_is_a_directory_keeps_the_directory(cli, tmp_path):
     assert tmp_path.is_dir()
 
 
+@pytest.mark.slow
 def test_divergence_exits_3_and_names_the_step(cli):
     result = cli("train", "--epochs", "1", "--lr", "1e30", "--log-every", "5")
     assert result.returncode == 3, result.stderr
@@ -79,6 +81,7 @@ def test_divergence_exits_3_and_names_the_step(cli):
     assert " at step " in result.stderr
 
 
+@pytest.mark.slow
 def test_config_file_with_flag_override(cli, tmp_path):
     config = tmp_path / "run.toml"
     config.write_text('epochs = 1\nbatch-size = 64\noptimizer = "adam"\nlr = 0.002\n')

@@ -21,6 +21,7 @@ def _train(cli, tmp_path, *args):
     return metrics
 
 
+@pytest.mark.slow
 def test_fashion_mnist_from_idx_files(cli, tmp_path):
     data = write_fashion_mnist(tmp_path / "fm", num_train=200, num_test=100)
     metrics = _train(
@@ -42,6 +43,7 @@ def test_fashion_mnist_from_idx_files(cli, tmp_path):
     assert metrics["test_accuracy"] >= 0.8  # each class is a template plus noise
 
 
+@pytest.mark.slow
 def test_cifar10_from_binary_records(cli, tmp_path):
     data = write_cifar10(tmp_path / "c", per_batch=40, num_test=40)
     metrics = _train(
@@ -62,6 +64,7 @@ def test_cifar10_from_binary_records(cli, tmp_path):
     assert 0.0 <= metrics["test_accuracy"] <= 1.0
 
 
+@pytest.mark.slow
 def test_text_folders_with_the_lstm(cli, tmp_path):
     data = write_text_folders(tmp_path / "t", docs_per_class=40, num_test=20)
     metrics = _train(

@@ -42,6 +42,7 @@ def metrics(strategy="allreduce", staleness=None, **extra):
     }
 
 
+@pytest.mark.slow
 def test_report_writes_plots_and_table(cli, tmp_path):
     from matplotlib import image
 
@@ -76,6 +77,7 @@ def test_report_bad_input_is_one_line_exit_2(cli, tmp_path, content, message):
     assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_report_unwritable_out_is_exit_2(cli, tmp_path):
     run = tmp_path / "run.json"
     run.write_text(json.dumps(metrics()))

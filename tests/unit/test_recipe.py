@@ -252,6 +252,7 @@ def test_cli_refuses_bad_recipe_flags_with_one_line(cli, args, words):
         assert word in lines[0]
 
 
+@pytest.mark.slow
 def test_compile_gives_the_eager_result_and_plain_state_dict_keys():
     """torch.compile changes kernels, not the math: 3 SGD steps of a small net agree with
     eager ones to float32 rounding (fused kernels sum in another order)."""

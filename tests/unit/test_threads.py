@@ -43,6 +43,7 @@ def test_channels_last_by_default_for_conv_nets_on_the_cpu():
     ("flags", "threads", "channels_last"),
     [(["--threads-per-worker", "1"], 1, True), (["--no-channels-last"], None, False)],
 )
+@pytest.mark.slow
 def test_the_run_says_what_it_used(cli, tmp_path, flags, threads, channels_last):
     out = tmp_path / "m.json"
     result = cli("train", "--model", "cifar_cnn", "--epochs", "1", "--log-every", "0", "--metrics-out", str(out),
