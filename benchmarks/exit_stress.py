@@ -2,13 +2,14 @@
 every strategy; counts the runs whose processes did not all exit 0, and among them the
 aborts at exit ("terminate called ...", SIGABRT) after training had finished.
 
-    python benchmarks/exit_stress.py [--runs 28] [--strategies allreduce,fsdp] [--seed 0]
+    python benchmarks/exit_stress.py [--runs 28] [--strategies allreduce,fsdp] [--seed 0] [--more]
 
 The per-step fault-tolerant strategies run as their docs say to run them under torchrun:
 a Lighthouse (torchft's), and one torchrun job per replica with its REPLICA_GROUP_ID and
 ``--lighthouse``. Runs go in a seeded random order over the strategies, so a strategy's
 runs meet different loads. Writes benchmarks/results/exit_stress.json and .md, and the
-table between the markers of docs/reliability.md.
+table between the markers of docs/reliability.md; ``--more`` adds the new runs to the
+recorded ones (use another seed).
 """
 
 from __future__ import annotations
@@ -115,6 +116,7 @@ def main() -> None:
     parser.add_argument("--strategies", default=",".join(STRATEGIES))
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-write", action="store_true", help="print only; leave the recorded results")
+    parser.add_argument("--more", action="store_true", help="add these runs to the recorded ones")
     args = parser.parse_args()
     names = args.strategies.split(",")
     unknown = [n for n in names if n not in STRATEGIES]
@@ -134,9 +136,16 @@ def main() -> None:
             print(f"[{i + 1}/{len(order)}] {name}: {mark} {result['codes']} {result['seconds']} s", flush=True)
             if not result["ok"]:
                 print(result["tail"], flush=True)
+    seeds = [args.seed]
+    if args.more:
+        recorded = json.loads((RESULTS / "exit_stress.json").read_text())
+        runs = recorded["runs"] + runs
+        seeds = recorded["seeds"] + seeds
     summary = {}
-    for name in names:
+    for name in STRATEGIES:
         mine = [r for r in runs if r["strategy"] == name]
+        if not mine:
+            continue
         seconds = sorted(r["seconds"] for r in mine)
         summary[name] = {
             "runs": len(mine),
@@ -149,10 +158,10 @@ def main() -> None:
     if args.no_write:
         return
     RESULTS.mkdir(parents=True, exist_ok=True)
-    record = {"seed": args.seed, "runs_per_strategy": args.runs, "summary": summary, "runs": runs}
+    record = {"seeds": seeds, "summary": summary, "runs": runs}
     (RESULTS / "exit_stress.json").write_text(json.dumps(record, indent=1) + "\n")
     (RESULTS / "exit_stress.md").write_text(
-        f"# Exit stress\n\n`python benchmarks/exit_stress.py --runs {args.runs} --seed {args.seed}`\n\n{text}\n"
+        f"# Exit stress\n\n`python benchmarks/exit_stress.py --runs N --seed S [--more]`, seeds {seeds}\n\n{text}\n"
     )
     doc = DOC.read_text()
     if BEGIN in doc and END in doc:

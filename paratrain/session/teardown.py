@@ -23,6 +23,7 @@ references, the last ones, go.
 from __future__ import annotations
 
 import gc
+import os
 import types
 from collections.abc import Iterable
 
@@ -76,8 +77,6 @@ def destroy_groups() -> None:
 
 def gloo_threads() -> list[str]:
     """The names of this process's Gloo worker threads (Linux): none once every group is gone."""
-    import os
-
     names = []
     for task in os.listdir("/proc/self/task"):
         try:

@@ -152,9 +152,12 @@ def test_a_replica_added_to_a_running_torchrun_job_takes_the_live_state(tmp_path
         env = {**os.environ, "REPLICA_GROUP_ID": str(replica)}
         return subprocess.Popen(command, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
 
-    # Replica 1's steps take twice as long (the others wait for it): time for a third to
-    # start. Replica 0 prints the step log; the third starts once the job is past step 40.
-    jobs = [job(0, "--progress", "--log-every", "20"), job(1, "--straggler", "1:2")]
+    # Replica 1's steps take four times as long (it sleeps; the others wait for it): ~30 s of
+    # run left for a third to start, which takes torchrun, an import of torch and a quorum,
+    # up to ~10 s on a loaded machine. With steps twice as long the run was over first when
+    # tests ran two at a time, and the third trained alone from step 0. Replica 0 prints the
+    # step log; the third starts once the job is past step 40.
+    jobs = [job(0, "--progress", "--log-every", "20"), job(1, "--straggler", "1:4")]
     try:
         seen = []
         for line in jobs[0].stdout:

@@ -5,7 +5,6 @@ leave (SIGTERM) finishes its step, says done, and exits 0 while the others go on
 import json
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -72,7 +71,9 @@ def test_a_joiner_killed_mid_run_is_a_lost_worker_and_the_run_goes_on(tmp_path):
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
         )  # fmt: skip
         assert any("joined the run" in line for line in joiner.stderr), "the joiner never joined"
-        time.sleep(1.0)  # training
+        # Killed as soon as it is in: a joiner slowed by a loaded machine may join near the
+        # run's end, and one left to train even a second then finished its share and said
+        # done (seen under two tests at a time), which is a departure, not a loss.
         joiner.kill()
         _, stderr = run.communicate(timeout=240)
     finally:
