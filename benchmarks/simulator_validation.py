@@ -82,7 +82,7 @@ def _process_cpu() -> float:
 def profiled_job(config) -> dict:
     """One process of a profiling run: ``job.run`` with the process's CPU time counted over
     training (``Trainer.fit`` less evaluation) or serving (a shard's fit), and per update."""
-    from paratrain.strategies.ps.server import ShardServer
+    from paratrain.strategies.ps.protocol.server import ShardServer
     from paratrain.train import job
     from paratrain.train.trainer import Trainer
 

@@ -15,7 +15,13 @@ out: usage.py).
 
 Faults: ``--fail host2@30s`` kills every process of host 2 at 30 s (SIGKILL: the machine
 dies); ``--cut host1@20s`` takes host 1's link down (its processes run on, unreachable).
-Everything is torn down on exit, on error and on Ctrl-C.
+A fault may be placed by the run's progress instead of the clock: ``--fail host2@step40``
+strikes once any process of the run has finished step 40 (a parameter-server shard: once
+it has published version 40). Each paratrain process records its step in a shared file
+(``PARATRAIN_PROGRESS``, the local launcher's beacon), so a step-placed fault lands after
+the group formed and mid-training however long start-up takes on a loaded machine; a
+script that does not train with paratrain's Trainer records no step. Everything is torn
+down on exit, on error and on Ctrl-C.
 """
 
 from __future__ import annotations
@@ -30,16 +36,19 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 from paratrain.cluster.hosts import PIN_MODES, EmulatedCluster, Host, HostSpec
 from paratrain.cluster.usage import UsageRecorder
 from paratrain.errors import ConfigError
+from paratrain.train.faults import read_progress
 
 PORT = 29500
 SETTLE_SECONDS = 5.0
 FAILURE_GRACE_SECONDS = 10.0
-_FAULT = re.compile(r"host(\d+)@(\d+(?:\.\d+)?)s")
+_FAULT = re.compile(r"host(\d+)@(?:(\d+(?:\.\d+)?)s|step(\d+))")
+FAULT_FORM = "hostI@Ts or hostI@stepN (e.g. host1@20s, host1@step40)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -56,8 +65,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="I:cpu=X[,link=R]",
         help="one host's own share or link, e.g. 3:cpu=0.2 (a straggler); repeatable",
     )
-    parser.add_argument("--fail", action="append", default=[], metavar="hostI@Ts", help="kill host I at T seconds")
-    parser.add_argument("--cut", action="append", default=[], metavar="hostI@Ts", help="cut host I's link at T seconds")
+    parser.add_argument(
+        "--fail",
+        action="append",
+        default=[],
+        metavar="hostI@Ts|hostI@stepN",
+        help="kill host I at T seconds, or once the run has finished step N",
+    )
+    parser.add_argument(
+        "--cut",
+        action="append",
+        default=[],
+        metavar="hostI@Ts|hostI@stepN",
+        help="cut host I's link at T seconds, or once the run has finished step N",
+    )
     parser.add_argument("--logs", default=None, metavar="DIR", help="folder for each host's output")
     parser.add_argument(
         "--pin",
@@ -92,13 +113,30 @@ def host_specs(args: argparse.Namespace) -> list[HostSpec]:
     return specs
 
 
-def faults(texts: list[str], flag: str, hosts: int) -> list[tuple[float, int]]:
+@dataclass(frozen=True)
+class Fault:
+    """One fault: ``kind`` (fail, cut) strikes host ``host`` at ``seconds`` into the run,
+    or once the run has finished step ``step``."""
+
+    kind: str
+    host: int
+    seconds: float | None = None
+    step: int | None = None
+
+    def due(self, now: float, step: int) -> bool:
+        return now >= self.seconds if self.seconds is not None else step >= self.step  # type: ignore[operator]
+
+
+def faults(texts: list[str], kind: str, hosts: int) -> list[Fault]:
     out = []
     for text in texts:
         match = _FAULT.fullmatch(text)
         if match is None or int(match.group(1)) >= hosts:
-            raise ConfigError(f"{flag} {text}: expected hostI@Ts with I < --hosts {hosts} (e.g. host1@20s)")
-        out.append((float(match.group(2)), int(match.group(1))))
+            raise ConfigError(f"--{kind} {text}: expected {FAULT_FORM} with I < --hosts {hosts}")
+        host, seconds, step = match.groups()
+        if step is not None and int(step) < 1:
+            raise ConfigError(f"--{kind} {text}: the step must be >= 1")
+        out.append(Fault(kind, int(host), float(seconds) if seconds else None, int(step) if step else None))
     return out
 
 
@@ -148,7 +186,7 @@ def clean_command(args: argparse.Namespace) -> int:
 
 def cluster_command(args: argparse.Namespace) -> int:
     specs = host_specs(args)
-    fails, cuts = faults(args.fail, "--fail", args.hosts), faults(args.cut, "--cut", args.hosts)
+    events = faults(args.fail, "fail", args.hosts) + faults(args.cut, "cut", args.hosts)
     command = user_command(args.command)
     if args.procs_per_host < 1:
         raise ConfigError(f"--procs-per-host must be >= 1, got {args.procs_per_host}")
@@ -157,8 +195,13 @@ def cluster_command(args: argparse.Namespace) -> int:
     stop = threading.Event()
     previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
-        with EmulatedCluster(specs, pin=args.pin) as cluster:
-            return _run(cluster, args.procs_per_host, command, fails, cuts, logs, stop)
+        # Every process's last finished step, for faults placed by step (the hosts share this
+        # machine's file system); the processes also mark there that they joined the group.
+        with tempfile.TemporaryDirectory(prefix="paratrain-progress-") as scratch:
+            progress = Path(scratch) / "progress"
+            progress.write_bytes(bytes(8 * args.hosts * args.procs_per_host))
+            with EmulatedCluster(specs, pin=args.pin) as cluster:
+                return _run(cluster, args.procs_per_host, command, events, logs, progress, stop)
     finally:
         signal.signal(signal.SIGTERM, previous)
 
@@ -167,12 +210,18 @@ def _run(
     cluster: EmulatedCluster,
     procs: int,
     command: list[str],
-    fails: list[tuple[float, int]],
-    cuts: list[tuple[float, int]],
+    events: list[Fault],
     logs: Path,
+    progress: Path,
     stop: threading.Event,
 ) -> int:
-    env = {**os.environ, "GLOO_SOCKET_IFNAME": "eth0", "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    num_processes = len(cluster.hosts) * procs
+    env = {
+        **os.environ,
+        "GLOO_SOCKET_IFNAME": "eth0",
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+        "PARATRAIN_PROGRESS": str(progress),
+    }
     started = time.monotonic()
     running: list[subprocess.Popen] = []
     readers = []
@@ -191,7 +240,6 @@ def _run(
         running.append(process)
         readers.append(threading.Thread(target=_relay, args=(process, host, logs), daemon=True))
         readers[-1].start()
-    events = sorted([(t, "fail", h) for t, h in fails] + [(t, "cut", h) for t, h in cuts])
     killed: set[int] = set()
     usage = UsageRecorder(cluster).start()
     try:
@@ -199,12 +247,14 @@ def _run(
         started_hosts: set[int] = set()
         while not stop.is_set():
             now = time.monotonic() - started
-            while events and events[0][0] <= now:
-                _, kind, index = events.pop(0)
-                host = cluster.hosts[index]
-                print(f"paratrain cluster: {kind} {host.name} at {now:.1f} s", file=sys.stderr, flush=True)
-                if kind == "fail":
-                    killed.add(index)
+            step = max(read_progress(progress, num_processes)) if events else 0
+            for fault in [fault for fault in events if fault.due(now, step)]:
+                events.remove(fault)
+                host = cluster.hosts[fault.host]
+                when = f"step {step}, {now:.1f} s" if fault.step is not None else f"{now:.1f} s"
+                print(f"paratrain cluster: {fault.kind} {host.name} at {when}", file=sys.stderr, flush=True)
+                if fault.kind == "fail":
+                    killed.add(fault.host)
                     cluster.kill(host)
                 else:
                     cluster.cut(host)
@@ -242,10 +292,12 @@ def _run(
     finally:
         usage.stop()
         # host 0's agent holds the rendezvous store: the others go first, so none of them
-        # reports the store's connection closing under it
-        for process in reversed(running):
+        # reports the store's connection closing under it. A host's every process goes (a
+        # training process cut off from the others may outlive its agent, and holds the
+        # output its reader waits on).
+        for host, process in reversed(list(zip(cluster.hosts, running))):
             if process.poll() is None:
-                process.kill()
+                cluster.kill(host)
             process.wait()
         for reader in readers:
             reader.join(timeout=5)

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from paratrain.errors import ConfigError
-from paratrain.strategies.ps.server import ShardServer
+from paratrain.strategies.ps.protocol.server import ShardServer
 
 
 def _model():

@@ -4,8 +4,9 @@ import pytest
 import torch
 
 from paratrain.errors import ConfigError
-from paratrain.strategies.ps.layout import ShardLayout, decode_version, encode_version
+from paratrain.strategies.ps.layout import ShardLayout
 from paratrain.strategies.ps.policies import AsyncRule, Gradient, StalePolicy, SyncRule
+from paratrain.strategies.ps.protocol.wire import decode_version, encode_version
 
 
 class View:

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from paratrain.strategies.ps.modes import MODES, PULL_DTYPES, PSConfig, PSMode, survives_lost_worker
-from paratrain.strategies.ps.server import ShardServer
+from paratrain.strategies.ps.protocol.server import ShardServer
 
 
 class ShardHost:

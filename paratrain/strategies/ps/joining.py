@@ -27,10 +27,10 @@ from typing import TYPE_CHECKING, Any
 import torch.distributed as dist
 
 from paratrain.errors import ConfigError, WorkerLost
-from paratrain.strategies.ps.links import PairLink
+from paratrain.strategies.ps.protocol.links import PairLink
 
 if TYPE_CHECKING:
-    from paratrain.strategies.ps.server import ShardServer
+    from paratrain.strategies.ps.protocol.server import ShardServer
 
 #: The key, outside any run's prefix, under which shard 0 describes the run joiners join.
 RUN_KEY = "paratrain/ps-run"

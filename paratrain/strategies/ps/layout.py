@@ -1,4 +1,4 @@
-"""How parameters are split across parameter-server shards, and the wire protocol.
+"""How parameters are split across parameter-server shards (the wire protocol: protocol/wire.py).
 
 All parameters are laid end to end in one flat vector (model order) and cut into P
 contiguous ranges of nearly equal bytes, so shards are balanced by bytes whatever the
@@ -15,64 +15,6 @@ import torch
 from torch import nn
 
 from paratrain.errors import ConfigError
-
-# Message kinds, in the first field of every message to a shard.
-PULL, PUSH, DONE, SHUTDOWN = 1, 2, 3, 4
-# Every message to a shard is one byte tensor: a HEADER_SIZE-field float32 header, then the shard's
-# slice of the gradient. One message per step (a push that also asks for the next
-# parameters) means one wake-up of the shard per step; Gloo only moves a message once
-# the receiver has posted its buffer, so fewer messages is most of the latency. The
-# rare control messages (pull, done, shutdown) carry an unused payload. A message may also
-# be shorter than the shard's posted buffer (Gloo fills what arrives): a late push is its
-# header alone.
-TAG_MESSAGE, TAG_REPLY_HEADER, TAG_REPLY = 11, 13, 14
-RUN_TAG_STRIDE = 16  # each run in a process group adds a multiple of this to its tags
-HEADER_SIZE = 13
-(
-    KIND,
-    VERSION_HI,
-    VERSION_LO,
-    SAMPLES,
-    LR_SCALE,
-    WANTS_REPLY,
-    WANTED_HI,
-    WANTED_LO,
-    WANTS_BATCH,
-    EPOCH,
-    NUM_BATCHES,
-    NONFINITE,
-    LATE,
-) = range(HEADER_SIZE)
-# NONFINITE: the push's gradient held a NaN or Inf (--on-nan skip); its payload is not sent.
-# LATE: under backup workers, the round the push was computed for had closed before it was
-# sent (the shard's version, which it keeps in the store, had moved on): the header alone
-# goes, and the shard counts the gradient dropped, as it would have on its arrival.
-LATE_CHECK_BYTES = 1 << 20
-"""Pushes of at least this many bytes (per shard) are checked for lateness before they go:
-a store lookup (well under a millisecond) against the gradient's time on the link (8 ms
-at 1 Gbit/s) and the shard's to take it in."""
-
-
-def checks_lateness(backup_workers: int, push_bytes: int) -> bool:
-    """Whether a run's pushes of ``push_bytes`` to a shard are checked for lateness: the one
-    rule by which a shard keeps its version in the store and a worker looks it up there."""
-    return backup_workers > 0 and push_bytes >= LATE_CHECK_BYTES
-
-
-# A reply: the shard's version, then (from shard 0, when asked) the next batch of the
-# epoch for this worker: its index, or NO_MORE_BATCHES; the other shards say NOT_ASSIGNED.
-HEADER_BYTES = HEADER_SIZE * 4  # the header travels as float32 at the front of a byte message
-REPLY_HEADER_SIZE = 2
-NO_MORE_BATCHES, NOT_ASSIGNED = -1, -2
-_SPLIT = 1 << 20  # versions travel as two float32 fields, each exact below 2**24
-
-
-def encode_version(version: int) -> tuple[float, float]:
-    return float(version // _SPLIT), float(version % _SPLIT)
-
-
-def decode_version(hi: float, lo: float) -> int:
-    return int(hi) * _SPLIT + int(lo)
 
 
 @dataclass(frozen=True)

@@ -24,7 +24,6 @@ import os
 import signal
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -44,35 +43,7 @@ from paratrain.strategies.base import DEFAULT_TIMEOUT_S, LossFn, StepOutput, Str
 from paratrain.strategies.ps.batches import AssignedBatches
 from paratrain.strategies.ps.host import ShardHost
 from paratrain.strategies.ps.joining import describe_run, join_run, run_options
-from paratrain.strategies.ps.layout import (
-    DONE,
-    EPOCH,
-    HEADER_BYTES,
-    KIND,
-    LATE,
-    LR_SCALE,
-    NONFINITE,
-    NUM_BATCHES,
-    PULL,
-    PUSH,
-    REPLY_HEADER_SIZE,
-    RUN_TAG_STRIDE,
-    SAMPLES,
-    SHUTDOWN,
-    TAG_MESSAGE,
-    TAG_REPLY,
-    TAG_REPLY_HEADER,
-    VERSION_HI,
-    VERSION_LO,
-    WANTED_HI,
-    WANTED_LO,
-    WANTS_BATCH,
-    WANTS_REPLY,
-    ShardLayout,
-    checks_lateness,
-    encode_version,
-)
-from paratrain.strategies.ps.links import WorldLink
+from paratrain.strategies.ps.layout import ShardLayout
 from paratrain.strategies.ps.modes import (
     MODES,
     PULL_DTYPES,
@@ -82,6 +53,9 @@ from paratrain.strategies.ps.modes import (
     check_mode_options,
     survives_lost_worker,
 )
+from paratrain.strategies.ps.protocol.client import ShardClient
+from paratrain.strategies.ps.protocol.links import WorldLink
+from paratrain.strategies.ps.protocol.wire import DONE, PULL, PUSH, REPLY_HEADER_SIZE, RUN_TAG_STRIDE, SHUTDOWN, Header
 from paratrain.strategies.recipe import StepRecipe
 from paratrain.strategies.topology import Role
 from paratrain.timeline import COMM, span
@@ -158,8 +132,7 @@ class ParameterServerStrategy(Strategy):
         self._stop = threading.Event()
         self._base_lr = 1.0
         self._lr_scale = 1.0
-        self._versions: list[int] = []
-        self._bytes_sent = 0
+        self._client: ShardClient | None = None  # the worker's links to the shards (protocol/client.py)
         self._samples = 0
         self._finished = False
         self._server_stats: list[dict[str, Any]] = []
@@ -382,16 +355,22 @@ class ParameterServerStrategy(Strategy):
         self._host_grad = self._flat_grad if on_host else torch.empty_like(self._flat, device="cpu").pin_memory()
         fresh = self._fresh_codec
         self._packers = [PackedGradient(self.codec, fresh, self.layout.piece_shapes(s)) for s in range(self.num_shards)]
-        self._messages = [torch.zeros(HEADER_BYTES + p.nbytes, dtype=torch.uint8) for p in self._packers]
         pull_dtype = self.PULL_DTYPES[self.pull_compression]
         # Parameters arrive in the pull dtype; with 16 bits they land in their own buffer first.
         self._pulled = self._host if pull_dtype == self._flat.dtype else torch.zeros_like(self._host, dtype=pull_dtype)
-        self._reply_works: list[Any] = []
-        self._sends: list[Any] = []
+        self._client = ShardClient(
+            self.rank,
+            self._links,
+            self.layout,
+            self._packers,
+            self._pulled,
+            tags=self._tags,
+            store=self._store,
+            backup_workers=self.backup_workers,
+            timeout=self.timeout,
+        )
         self._epoch_asking: tuple[int, int] | None = None
-        self._assigned = -1
         self._base_lr = optimizer.param_groups[0]["lr"]
-        self._versions = [0] * self.num_shards
         self._pull(wanted=0)
         return model, optimizer
 
@@ -523,9 +502,12 @@ class ParameterServerStrategy(Strategy):
         if leaving:
             self._epoch_asking = None
         with span("push", COMM):
-            self._post_reply()
-            self._send(PUSH, samples=samples, wants_reply=True, finite=finite)
-            self._pushed_on = self._versions[0]
+            client = self._client
+            client.post_reply()
+            if self._host_grad is not self._flat_grad:
+                self._host_grad.copy_(self._flat_grad)
+            client.send(self._header(PUSH, samples=samples, wants_reply=True, finite=finite), self._host_grad)
+            self._pushed_on = client.versions[0]
         self._samples += samples
         self._samples_per_push = samples
         self._steps += 1
@@ -537,12 +519,13 @@ class ParameterServerStrategy(Strategy):
         return StepOutput(loss, outputs, skipped=not finite)
 
     def step_counters(self) -> dict[str, float]:
-        return {"bytes_sent": self._bytes_sent, "wait_seconds": self.wait_seconds, "staleness": self._last_staleness}
+        client = self._client
+        return {"bytes_sent": client.bytes_sent, "wait_seconds": client.wait_seconds, "staleness": self._last_staleness}
 
     def examples_applied(self) -> int | None:
         # Shard 0's version counts updates: one gradient each in async mode, a round of
         # workers - backup_workers gradients in sync and backup mode (full batches: drop_last).
-        return self._versions[0] * self._per_update * self._samples_per_push
+        return self._client.versions[0] * self._per_update * self._samples_per_push
 
     def set_learning_rate(self, optimizer: torch.optim.Optimizer, lr: float) -> None:
         # Shards scale each parameter group's rate by this factor (sent with every push).
@@ -553,91 +536,34 @@ class ParameterServerStrategy(Strategy):
         if self.role is Role.WORKER:
             self._pull(wanted=0)
 
-    # ----- transport -----------------------------------------------------------------------
-    def _post_reply(self) -> None:
-        """Post the receives of every shard's next reply (version, then parameters straight
-        into the model's buffer): Gloo moves a message only once its receive is posted."""
-        self._replies = [torch.zeros(REPLY_HEADER_SIZE, dtype=torch.float64) for _ in range(self.num_shards)]
-        self._reply_works = []
-        for shard in range(self.num_shards):
-            link = self._links[shard]
-            self._reply_works.append(link.irecv(self._replies[shard], TAG_REPLY_HEADER + self._tags))
-            self._reply_works.append(link.irecv(self._pulled[self.layout.shard_range(shard)], TAG_REPLY + self._tags))
+    # ----- transport (protocol/client.py) ---------------------------------------------------
+    def _header(self, kind: int, *, samples: int = 0, wants_reply: bool = False, wanted: int = 0, finite: bool = True):
+        """A message to the shards; one that asks for a reply during an epoch of assigned
+        batches also asks for a batch."""
+        batch = self._epoch_asking if wants_reply else None
+        return Header(kind, samples=samples, lr_scale=self._lr_scale, wants_reply=wants_reply, wanted=wanted,
+                      batch=batch, nonfinite=not finite)  # fmt: skip
 
     def _await_reply(self) -> None:
-        if not self._reply_works:
+        if not self._client.await_reply():
             return
-        started = time.perf_counter()
-        self._wait(self._reply_works, "pull")
-        self.wait_seconds += time.perf_counter() - started
-        self._reply_works = []
-        self._versions = [int(r[0].item()) for r in self._replies]
-        self.version_seen = self._versions[0]
+        versions = self._client.versions
+        self.version_seen = versions[0]
         self.on_version(self.version_seen)
         if self._pushed_on is not None:
             # The reply to a push comes once the shard applied it, at version v'; a gradient
             # computed on v was then v' - 1 - v versions old (0 in synchronous rounds).
-            self._last_staleness = max(self._versions[0] - 1 - self._pushed_on, 0)
+            self._last_staleness = max(versions[0] - 1 - self._pushed_on, 0)
             self._pushed_on = None
-        self._assigned = int(self._replies[0][1].item())
         if self._pulled is not self._host:
             self._host.copy_(self._pulled)
         if self._host is not self._flat:
             self._flat.copy_(self._host, non_blocking=True)
 
-    def _send(
-        self, kind: int, *, samples: int = 0, wants_reply: bool = False, wanted: int = 0, finite: bool = True
-    ) -> None:
-        """One message to every shard: header, then (for a push) that shard's gradient slice."""
-        # A message that asks for a reply during an epoch of assigned batches also asks for a batch.
-        epoch = self._epoch_asking if wants_reply else None
-        # The previous message's buffers are reused now; its sends finished long ago in
-        # practice, so waiting for them here keeps the wait off the step's critical path.
-        self._drain_sends()
-        if kind == PUSH and self._host_grad is not self._flat_grad:
-            self._host_grad.copy_(self._flat_grad)
-        works = []
-        for shard in range(self.num_shards):
-            message = self._messages[shard]
-            header = message[:HEADER_BYTES].view(torch.float32)
-            header.zero_()
-            header[KIND] = kind
-            header[VERSION_HI], header[VERSION_LO] = encode_version(self._versions[shard])
-            header[SAMPLES], header[LR_SCALE], header[WANTS_REPLY] = samples, self._lr_scale, float(wants_reply)
-            header[WANTED_HI], header[WANTED_LO] = encode_version(wanted)
-            if epoch is not None:
-                header[WANTS_BATCH], header[EPOCH], header[NUM_BATCHES] = 1.0, epoch[0], epoch[1]
-            header[NONFINITE] = float(not finite)
-            late = kind == PUSH and self._late(shard)
-            if late:  # its round has closed: the header alone says so
-                header[LATE] = 1.0
-                message = message[:HEADER_BYTES]
-            elif kind == PUSH and finite:  # a NaN must not reach the codecs' state (residuals)
-                self._packers[shard].compress_into(
-                    self._host_grad[self.layout.shard_range(shard)], message[HEADER_BYTES:]
-                )
-            works.append(self._links[shard].isend(message, TAG_MESSAGE + self._tags))
-            self._bytes_sent += message.numel() * message.element_size()
-        self._sends = works
-
-    def _late(self, shard: int) -> bool:
-        """Under backup workers, whether ``shard`` has published a version since this
-        worker's parameters: its round closed without it, and its gradient would be dropped
-        on arrival. Only large pushes ask (checks_lateness): the lookup is a round trip to
-        the store."""
-        if not checks_lateness(self.backup_workers, self._packers[shard].nbytes):
-            return False
-        return int(self._store.get(f"version/{shard}")) > self._versions[shard]
-
-    def _drain_sends(self) -> None:
-        # Each c10d/Gloo work may be waited on once: a second wait blocks for ever.
-        sends, self._sends = self._sends, []
-        self._wait(sends, "send")
-
     def _pull(self, wanted: int) -> None:
         self._await_reply()
-        self._post_reply()
-        self._send(PULL, wanted=wanted, wants_reply=True)
+        self._client.post_reply()
+        self._client.send(self._header(PULL, wanted=wanted, wants_reply=True))
         self._await_reply()
 
     # ----- dynamically sharded data --------------------------------------------------------
@@ -646,25 +572,12 @@ class ParameterServerStrategy(Strategy):
         each comes with the parameters of the reply to the previous push."""
         self._epoch_asking = (epoch, num_batches)
         try:
-            self._pull(wanted=self._versions[0])  # the epoch's first batch
-            while self._assigned >= 0:
-                yield self._assigned
+            self._pull(wanted=self._client.versions[0])  # the epoch's first batch
+            while self._client.assigned >= 0:
+                yield self._client.assigned
                 self._await_reply()  # the reply to this step's push: parameters and next batch
         finally:
             self._epoch_asking = None
-
-    def _wait(self, works: list[Any], what: str) -> None:
-        """Wait for one operation per shard, or two (a reply's header and parameters)."""
-        per_shard = max(len(works) // max(self.num_shards, 1), 1)
-        for index, work in enumerate(works):
-            try:
-                work.wait()
-            except RuntimeError as error:
-                # Every wait ends within --timeout (the process group's); say whom it waited for.
-                raise WorkerLost(
-                    f"worker {self.rank}: {what} failed, ps shard {index // per_shard} stopped answering "
-                    f"(within --timeout {self.timeout:g} s): {str(error).splitlines()[0]}"
-                ) from None
 
     # ----- end of training -------------------------------------------------------------------
     def finish(self, model: nn.Module) -> None:
@@ -672,12 +585,12 @@ class ParameterServerStrategy(Strategy):
         final parameters, so the final evaluation sees every update (async ones too)."""
         if self.role is not Role.WORKER or self._finished:
             return
-        message_bytes = sum(m.numel() * m.element_size() for m in self._messages)
-        self._store.set(f"worker/{self.rank}", json.dumps({"bytes_sent": self._bytes_sent + message_bytes}))
+        client = self._client
+        self._store.set(f"worker/{self.rank}", json.dumps({"bytes_sent": client.bytes_sent + client.message_bytes()}))
         # Done first: a shard answers a done worker's last pull at once, whatever the rule.
-        self._send(DONE)
+        client.send(self._header(DONE))
         self._await_reply()
-        self._drain_sends()  # the shard must have all of it before this process may go
+        client.drain()  # the shard must have all of it before this process may go
         self._finished = True
         if self._codec_has_state():
             # The shards save the final version at the end; this worker's codec is done
@@ -705,7 +618,8 @@ class ParameterServerStrategy(Strategy):
     def stats(self) -> dict[str, Any]:
         """On the chief after finish(): totals over every shard and worker."""
         if not self._server_stats:
-            return {"bytes_sent": self._bytes_sent, "dropped_gradients": 0, "staleness": staleness_summary({})}
+            sent = self._client.bytes_sent if self._client is not None else 0
+            return {"bytes_sent": sent, "dropped_gradients": 0, "staleness": staleness_summary({})}
         first = self._server_stats[0]
         lost = first["workers_lost"]
         others = sum(
@@ -717,7 +631,7 @@ class ParameterServerStrategy(Strategy):
         # the shards published theirs before answering that final pull.
         pulled = self._pulled.element_size() / self._flat.element_size()
         final_replies = sum(int(s["bytes"] * pulled) + 8 * REPLY_HEADER_SIZE for s in self._server_stats)
-        chief = self._bytes_sent + sum(m.numel() * m.element_size() for m in self._messages)
+        chief = self._client.bytes_sent + self._client.message_bytes()
         return {
             "bytes_sent": others + chief + final_replies + sum(s["bytes_sent"] for s in self._server_stats),
             "dropped_gradients": first["dropped_gradients"],
@@ -736,8 +650,8 @@ class ParameterServerStrategy(Strategy):
 
     def teardown(self) -> None:
         if self._ready and self.is_chief and self._finished:
-            self._send(SHUTDOWN)
-            self._drain_sends()
+            self._client.send(self._header(SHUTDOWN))
+            self._client.drain()
         self._stop.set()
         if self._heartbeat is not None:
             self._heartbeat.join()  # out of the store before it goes

@@ -32,36 +32,24 @@ from paratrain.comm.codec_config import make_codec
 from paratrain.comm.packing import PackedGradient
 from paratrain.errors import ConfigError, WorkerLost
 from paratrain.strategies.ps.joining import Door
-from paratrain.strategies.ps.layout import (
+from paratrain.strategies.ps.layout import ShardLayout
+from paratrain.strategies.ps.policies import Gradient, SyncRule
+from paratrain.strategies.ps.protocol.links import WorldLink
+from paratrain.strategies.ps.protocol.wire import (
     DONE,
-    EPOCH,
     HEADER_BYTES,
-    KIND,
-    LATE,
-    LR_SCALE,
     NO_MORE_BATCHES,
-    NONFINITE,
     NOT_ASSIGNED,
-    NUM_BATCHES,
     PULL,
     PUSH,
-    SAMPLES,
     SHUTDOWN,
     TAG_MESSAGE,
     TAG_REPLY,
     TAG_REPLY_HEADER,
-    VERSION_HI,
-    VERSION_LO,
-    WANTED_HI,
-    WANTED_LO,
-    WANTS_BATCH,
-    WANTS_REPLY,
-    ShardLayout,
+    Header,
     checks_lateness,
-    decode_version,
+    reply_header,
 )
-from paratrain.strategies.ps.links import WorldLink
-from paratrain.strategies.ps.policies import Gradient, SyncRule
 from paratrain.strategies.ps.reshard import optimizer_order, reshard
 
 
@@ -211,8 +199,8 @@ class ShardServer:
                 work = dist.irecv(self.messages[current], src=None, tag=TAG_MESSAGE + self.tags)
                 continue
             worker, message = work._source_rank() - self.num_shards, self.messages[current]
-            header = message[:HEADER_BYTES].view(torch.float32).tolist()
-            if int(header[KIND]) != SHUTDOWN:
+            header = Header.read(message)
+            if header.kind != SHUTDOWN:
                 # the next receive, posted now (one left posted would take a later run's message)
                 current = 1 - current
                 work = dist.irecv(self.messages[current], src=None, tag=TAG_MESSAGE + self.tags)
@@ -228,30 +216,27 @@ class ShardServer:
                 link.irecv(message, TAG_MESSAGE + self.tags).wait()
             except RuntimeError:
                 return
-            self._handle(worker, message, message[:HEADER_BYTES].view(torch.float32).tolist())
+            self._handle(worker, message, Header.read(message))
 
-    def _handle(self, worker: int, message: torch.Tensor, header: list[float]) -> bool:
-        """One message from ``worker`` (``header``: its first fields, read); False for the
-        chief's word that the run is over."""
-        kind = int(header[KIND])
+    def _handle(self, worker: int, message: torch.Tensor, header: Header) -> bool:
+        """One message from ``worker`` (``header``: its header, read); False for the chief's
+        word that the run is over."""
         self._last_message[worker] = time.monotonic()  # a message is a sign of life too
-        batch = (int(header[EPOCH]), int(header[NUM_BATCHES])) if header[WANTS_BATCH] else None
         with self.lock:
-            if kind == PUSH:
-                finite, late = not header[NONFINITE], bool(header[LATE])
-                self.late_pushes += late
-                if finite and not late:  # a non-finite or late push carries no payload
+            if header.kind == PUSH:
+                finite = not header.nonfinite
+                self.late_pushes += header.late
+                if finite and not header.late:  # a non-finite or late push carries no payload
                     self.packer.decompress_into(message[HEADER_BYTES:], self.incoming)
-                version = decode_version(header[VERSION_HI], header[VERSION_LO])
-                grad = Gradient(worker, version, int(header[SAMPLES]), header[LR_SCALE], finite)
+                grad = Gradient(worker, header.version, header.samples, header.lr_scale, finite)
                 self._on_push(grad)
-                if header[WANTS_REPLY]:
-                    self._waiting.append((worker, self.rule.wanted_after(grad), batch))
-            elif kind == PULL:
-                self._waiting.append((worker, decode_version(header[WANTED_HI], header[WANTED_LO]), batch))
-            elif kind == DONE:
+                if header.wants_reply:
+                    self._waiting.append((worker, self.rule.wanted_after(grad), header.batch))
+            elif header.kind == PULL:
+                self._waiting.append((worker, header.wanted, header.batch))
+            elif header.kind == DONE:
                 self.done.add(worker)
-            elif kind == SHUTDOWN:
+            elif header.kind == SHUTDOWN:
                 return False
             self._progress()
         return True
@@ -351,7 +336,7 @@ class ShardServer:
         if live:
             self.max_clock_gap = max(self.max_clock_gap, self._clocks[worker] - min(live))
         link = self.links[worker]
-        version = torch.tensor([float(self.version), float(batch)], dtype=torch.float64)
+        version = reply_header(self.version, batch)
         params = self._pull_payload()
         self._sending.append((worker, link.isend(version, TAG_REPLY_HEADER + self.tags), version))
         self._sending.append((worker, link.isend(params, TAG_REPLY + self.tags), None))

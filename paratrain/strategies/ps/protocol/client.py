@@ -1,0 +1,143 @@
+"""A worker's side of the parameter-server protocol: one link to each shard (links.py),
+the messages it sends them (wire.py) and the replies it waits for.
+
+The client owns the buffers on the wire: one message a shard (header, then that shard's
+compressed slice of the gradient), and the receives of every shard's next reply posted
+ahead (Gloo moves a message only once its receive is posted), the parameters landing
+straight in ``pulled``. What a reply means to training (staleness, copying to a device)
+is the worker's (worker.py).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from paratrain.errors import WorkerLost
+from paratrain.strategies.ps.layout import ShardLayout
+from paratrain.strategies.ps.protocol.wire import (
+    HEADER_BYTES,
+    PUSH,
+    TAG_MESSAGE,
+    TAG_REPLY,
+    TAG_REPLY_HEADER,
+    Header,
+    checks_lateness,
+    empty_reply_header,
+    read_reply_header,
+)
+
+
+class ShardClient:
+    """Worker ``worker``'s links to every shard of ``layout``; ``pulled`` (host memory, the
+    pull dtype) receives the parameters; ``packers`` (one a shard) compress the gradient;
+    ``tags``: the run's offset of the message tags; ``store``: where, under backup workers,
+    each shard keeps its version for the lateness check; every wait ends within
+    ``timeout`` seconds (the links' own) and names the shard that did not answer."""
+
+    def __init__(
+        self,
+        worker: int,
+        links: list[Any],
+        layout: ShardLayout,
+        packers: list[Any],
+        pulled: torch.Tensor,
+        *,
+        tags: int,
+        store: Any,
+        backup_workers: int,
+        timeout: float,
+    ):
+        self.worker, self.links, self.layout, self.packers = worker, links, layout, packers
+        self.num_shards = len(links)
+        self.pulled, self.tags, self.store = pulled, tags, store
+        self.backup_workers, self.timeout = backup_workers, timeout
+        self.messages = [torch.zeros(HEADER_BYTES + p.nbytes, dtype=torch.uint8) for p in packers]
+        self.versions = [0] * self.num_shards
+        """Each shard's version, as of its last reply."""
+        self.assigned = -1
+        """The batch shard 0 handed out with its last reply (wire.NO_MORE_BATCHES, NOT_ASSIGNED)."""
+        self.bytes_sent = 0
+        self.wait_seconds = 0.0
+        self._replies: list[torch.Tensor] = []
+        self._reply_works: list[Any] = []
+        self._sends: list[Any] = []
+
+    def post_reply(self) -> None:
+        """Post the receives of every shard's next reply: its header, then its parameters
+        straight into ``pulled``."""
+        self._replies = [empty_reply_header() for _ in range(self.num_shards)]
+        self._reply_works = []
+        for shard, link in enumerate(self.links):
+            self._reply_works.append(link.irecv(self._replies[shard], TAG_REPLY_HEADER + self.tags))
+            self._reply_works.append(link.irecv(self.pulled[self.layout.shard_range(shard)], TAG_REPLY + self.tags))
+
+    def await_reply(self) -> bool:
+        """Wait for the posted reply of every shard; False when none was posted."""
+        if not self._reply_works:
+            return False
+        started = time.perf_counter()
+        self.wait(self._reply_works, "pull")
+        self.wait_seconds += time.perf_counter() - started
+        self._reply_works = []
+        replies = [read_reply_header(r) for r in self._replies]
+        self.versions = [version for version, _ in replies]
+        self.assigned = replies[0][1]
+        return True
+
+    def send(self, header: Header, gradient: torch.Tensor | None = None) -> None:
+        """One message to every shard: ``header`` (its version: that shard's), then for a
+        finite push in time that shard's slice of the flat ``gradient``."""
+        # The previous message's buffers are reused now; its sends finished long ago in
+        # practice, so waiting for them here keeps the wait off the step's critical path.
+        self.drain()
+        works = []
+        for shard, link in enumerate(self.links):
+            message = self.messages[shard]
+            header.version = self.versions[shard]
+            header.late = header.kind == PUSH and self._late(shard)
+            header.write(message)
+            if header.kind == PUSH and (header.late or header.nonfinite):
+                # Its round has closed, or it holds a NaN (which must not reach the codec's
+                # state): the header alone says so.
+                message = message[:HEADER_BYTES]
+            elif header.kind == PUSH:
+                assert gradient is not None
+                self.packers[shard].compress_into(gradient[self.layout.shard_range(shard)], message[HEADER_BYTES:])
+            works.append(link.isend(message, TAG_MESSAGE + self.tags))
+            self.bytes_sent += message.numel() * message.element_size()
+        self._sends = works
+
+    def message_bytes(self) -> int:
+        """The bytes of one whole message to every shard."""
+        return sum(m.numel() * m.element_size() for m in self.messages)
+
+    def drain(self) -> None:
+        """Wait for the sends of the last message (each c10d/Gloo work may be waited on
+        once: a second wait blocks for ever)."""
+        sends, self._sends = self._sends, []
+        self.wait(sends, "send")
+
+    def _late(self, shard: int) -> bool:
+        """Under backup workers, whether ``shard`` has published a version since this
+        worker's parameters: its round closed without it, and its gradient would be dropped
+        on arrival. Only large pushes ask (checks_lateness): the lookup is a round trip to
+        the store."""
+        if not checks_lateness(self.backup_workers, self.packers[shard].nbytes):
+            return False
+        return int(self.store.get(f"version/{shard}")) > self.versions[shard]
+
+    def wait(self, works: list[Any], what: str) -> None:
+        """Wait for one operation a shard, or two (a reply's header and parameters)."""
+        per_shard = max(len(works) // max(self.num_shards, 1), 1)
+        for index, work in enumerate(works):
+            try:
+                work.wait()
+            except RuntimeError as error:
+                # Every wait ends within --timeout (the process group's); say whom it waited for.
+                raise WorkerLost(
+                    f"worker {self.worker}: {what} failed, ps shard {index // per_shard} stopped answering "
+                    f"(within --timeout {self.timeout:g} s): {str(error).splitlines()[0]}"
+                ) from None
