@@ -177,7 +177,12 @@ class TrainConfig:
     ft: FTConfig = field(default_factory=FTConfig)
     faults: FaultConfig = field(default_factory=FaultConfig)
 
-    def __init__(self, **options: Any):
+    def __init__(self, _given: Any = None, **options: Any):
+        # The options given (flags, a config file's keys, keyword arguments), beside those
+        # that differ from their defaults: an option a strategy does not take is refused
+        # when given, even at its default value. ``_given``: the names, where ``options``
+        # holds more than was given (the options of an earlier run, --config-from).
+        self._given = frozenset(options if _given is None else _given)
         for name, section in SECTIONS.items():
             given = options.pop(name, None)
             own = {f.name: options.pop(f.name) for f in option_fields(section) if f.name in options}
@@ -246,12 +251,18 @@ class TrainConfig:
     def metric_names(self) -> list[str]:
         return [m.strip() for m in self.metrics.split(",") if m.strip()]
 
+    def changed(self, section: str) -> list[str]:
+        """The options of ``section`` (a SECTIONS name) that were given or differ from
+        their defaults, in the section's order."""
+        differ = set(non_default(getattr(self, section)))
+        return [f.name for f in option_fields(SECTIONS[section]) if f.name in self._given or f.name in differ]
+
     def _check_sections(self, strategy: Any) -> None:
-        """A strategy's own options are refused by every other strategy (when changed from
-        their defaults); a codec only by strategies that send gradients."""
+        """A strategy's own options are refused by every other strategy (when given or
+        changed from their defaults); a codec only by strategies that send gradients."""
         for section, taken_by in _TAKEN_BY.items():
             name = next(n for n, c in SECTIONS.items() if c is section)
-            changed = non_default(getattr(self, name))
+            changed = self.changed(name)
             sections = strategy.options if isinstance(strategy.options, tuple) else (strategy.options,)
             if changed and section not in sections:
                 raise ConfigError(f"{flag(changed[0])} applies to {taken_by}, not to --strategy {self.strategy}")
@@ -287,7 +298,7 @@ class TrainConfig:
         return values
 
     def replace(self, **changes: Any) -> TrainConfig:
-        return TrainConfig(**{**self.to_dict(), **changes})
+        return TrainConfig(_given=self._given | set(changes), **{**self.to_dict(), **changes})
 
 
 def config_fields() -> list[dataclasses.Field]:
@@ -360,10 +371,11 @@ def config_from_run(path: str) -> dict[str, Any]:
     return {k: v for k, v in document["config"].items() if k not in OUTPUT_FIELDS}
 
 
-def make_config(file_values: dict[str, Any], overrides: dict[str, Any]) -> TrainConfig:
-    """A validated TrainConfig from a config file's values and the flags given on top."""
+def make_config(file_values: dict[str, Any], overrides: dict[str, Any], given: Any = None) -> TrainConfig:
+    """A validated TrainConfig from a config file's values and the flags given on top;
+    ``given``: the names the user gave (default: all of them)."""
     try:
-        return TrainConfig(**{**file_values, **overrides})
+        return TrainConfig(_given=given, **{**file_values, **overrides})
     except TypeError as error:  # a key TrainConfig does not take
         raise ConfigError(str(error)) from None
 

@@ -161,14 +161,18 @@ def train_config(args: argparse.Namespace, cluster: Any, base: dict[str, Any] | 
     if args.config_from:
         file_values = config_from_run(args.config_from)
     overrides = {f.name: getattr(args, f.name) for f in config_fields() if getattr(args, f.name) is not None}
+    # What the user gave: the flags and a --config file's keys; the options of an earlier
+    # run (--config-from, or the run a worker joins) are all written, and count where they
+    # differ from their defaults.
+    given = set(overrides) | (set(file_values) if args.config else set())
     if cluster is not None and "workers" not in overrides and "workers" not in file_values:
         if cluster.num_ps:  # TF_CONFIG names the ps jobs
             overrides["workers"] = cluster.world_size - cluster.num_ps
         else:  # torchrun: as many workers as the processes left beside the mode's own (shards)
-            probe = make_config(file_values, {**overrides, "workers": cluster.world_size})
+            probe = make_config(file_values, {**overrides, "workers": cluster.world_size}, given)
             others = probe.topology.num_processes - cluster.world_size  # shards, backups
             overrides["workers"] = max(1, cluster.world_size - others)
-    return make_config(file_values, overrides)
+    return make_config(file_values, overrides, given)
 
 
 def train_command(args: argparse.Namespace) -> int:

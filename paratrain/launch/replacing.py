@@ -74,7 +74,7 @@ def supervise_replacing(
         heartbeat_timeout_ms=int(heartbeat_timeout * 1000),
     )
     # Where the first replicas meet before their first quorum (strategies/fault_tolerant.py).
-    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60))
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=timeout))
     port = lighthouse.address().rpartition(":")[2]
     base = {
         "NUM_REPLICA_GROUPS": str(num_replicas),

@@ -47,7 +47,7 @@ from paratrain.comm.average import average
 from paratrain.comm.codec_config import make_codec
 from paratrain.comm.codecs import Codec
 from paratrain.errors import ConfigError
-from paratrain.options import at_least, check_options, flag, non_default, option
+from paratrain.options import at_least, check_options, flag, option
 from paratrain.strategies.base import DEFAULT_TIMEOUT_S, ReplicaStrategy, staleness_summary
 from paratrain.strategies.recipe import StepRecipe
 from paratrain.strategies.topology import Topology
@@ -142,7 +142,7 @@ class PeriodicAveragingStrategy(ReplicaStrategy):
 
     @classmethod
     def check_config(cls, config: TrainConfig) -> None:
-        cls.refuse(non_default(config.averaging))
+        cls.refuse(config.changed("averaging"))
 
     @classmethod
     def refuse(cls, given: list[str]) -> None:

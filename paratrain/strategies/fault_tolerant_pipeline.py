@@ -38,7 +38,7 @@ from paratrain.data.batch import map_tensors, num_examples
 from paratrain.errors import ConfigError, WorkerLost
 from paratrain.parallel.pipeline import make_schedule
 from paratrain.parallel.split import parse_split_points
-from paratrain.strategies.base import LossFn, Strategy, resolve_device
+from paratrain.strategies.base import DEFAULT_TIMEOUT_S, LossFn, Strategy, resolve_device
 from paratrain.strategies.fault_tolerant import (
     FaultTolerantAllReduceStrategy,
     FTConfig,
@@ -90,7 +90,7 @@ class FaultTolerantPipelineStrategy(FaultTolerantAllReduceStrategy, PipelineStra
         schedule: str = "1f1b",
         split_points: list[int] | None = None,
         device: str = "auto",
-        timeout: float = 60.0,
+        timeout: float = DEFAULT_TIMEOUT_S,
         workers: int | None = None,
         lighthouse: str | None = None,
         min_replicas: int = 1,

@@ -13,7 +13,8 @@ gradients and optimizer state take about 1/N per process, plus the largest layer
   keeps them from forward to backward (ZeRO-2-like memory for the parameters in flight,
   one all-gather fewer per layer and step).
 - Each module that holds parameters of its own is one FSDP unit (one all-gather), the
-  root module the last.
+  root module the last; a module whose parameter another module shares (tied embeddings)
+  leaves it to the root.
 - ``--compression fp16`` / ``bf16``: gradients are reduce-scattered in that type
   (FSDP2's ``MixedPrecisionPolicy(reduce_dtype=...)``). int8, topk and powersgd are not
   taken: a reduce-scatter adds payloads element by element, which their per-chunk scales,
@@ -220,8 +221,19 @@ class FSDPStrategy(ReplicaStrategy):
 
 def fsdp_units(model: nn.Module) -> list[nn.Module]:
     """The modules fsdp shards as units of their own: every one below the root that holds
-    parameters of its own (the root is the last unit)."""
-    return [m for m in model.modules() if m is not model and any(True for _ in m.parameters(recurse=False))]
+    parameters of its own, none of them shared with another module (the root is the last
+    unit). A parameter two modules share (a language model's output layer tied to its input
+    embedding) stays with the root: FSDP2 shards each parameter in exactly one unit."""
+    owners: dict[int, int] = {}
+    for module in model.modules():
+        for param in module.parameters(recurse=False):
+            owners[id(param)] = owners.get(id(param), 0) + 1
+    units = []
+    for module in model.modules():
+        own = list(module.parameters(recurse=False))
+        if module is not model and own and all(owners[id(p)] == 1 for p in own):
+            units.append(module)
+    return units
 
 
 def _codec_refusal(name: str) -> str:

@@ -182,7 +182,7 @@ class Checkpoint(Callback):
         if state["version"] != self._last_saved:
             self._save_served(state)
         if self._committing is not None:
-            self._committing.join(60.0)
+            self._committing.join(self._timeout())
             self._committing = None
 
     def _save_served(self, state: dict[str, Any]) -> None:

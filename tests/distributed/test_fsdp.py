@@ -90,6 +90,56 @@ def test_fsdp_equals_single_with_the_global_batch(accumulate, optimizer, reshard
         assert groups == ([len(names)] if optimizer == "sgd" else [weights, len(names) - weights])
 
 
+class TiedLM(torch.nn.Module):
+    """A language model whose output layer is its input embedding (as GPT-2's is)."""
+
+    def __init__(self, vocab=40, dim=12):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab, dim)
+        self.mix = torch.nn.Linear(dim, dim)
+        self.head = torch.nn.Linear(dim, vocab, bias=False)
+        self.head.weight = self.embed.weight
+
+    def forward(self, tokens):
+        return self.head(torch.tanh(self.mix(self.embed(tokens))))
+
+
+def _next_token_loss(logits, targets):
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def _train_tied(strategy, batch_size):
+    torch.manual_seed(0)
+    model = TiedLM()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.01)
+    trainer = paratrain.Trainer(model, _next_token_loss, optimizer, strategy=strategy)
+    rows = STEPS * batch_size * strategy.num_replicas  # the replicas are known once the Trainer is made
+    tokens = torch.randint(0, 40, (rows, 9), generator=torch.Generator().manual_seed(1))
+    trainer.fit((tokens[:, :-1], tokens[:, 1:]), epochs=1, batch_size=batch_size, seed=0, verbose=0)
+    assert trainer.global_step == STEPS
+    module = trainer.module
+    tied = module.head.weight is module.embed.weight
+    if isinstance(strategy, paratrain.FSDPStrategy):
+        full = torch.cat([p.detach().full_tensor().reshape(-1) for p in module.parameters()])
+        strategy.teardown()
+        return full, tied
+    return flat_parameters(module), tied
+
+
+def _fsdp_tied():
+    return _train_tied(paratrain.FSDPStrategy(device="cpu"), B)
+
+
+def test_a_model_with_tied_embeddings_is_sharded_and_equals_single():
+    """The output layer shares the embedding's weight: it is sharded once (with the root),
+    stays shared, and training equals one process of the global batch."""
+    reference, tied = _train_tied(paratrain.SingleDeviceStrategy(device="cpu"), 2 * B)
+    assert tied
+    for full, tied in run_distributed(_fsdp_tied, world_size=2):
+        assert tied
+        assert relative_difference(full, reference) < 1e-5
+
+
 def _run(cli, tmp_path, name, *args):
     out = tmp_path / f"{name}.json"
     result = cli("train", "--strategy", "fsdp", "--log-every", "0", "--metrics-out", str(out), *args)

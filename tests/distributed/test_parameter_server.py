@@ -17,10 +17,14 @@ FAST = ["--epochs", "2", "--no-progress", "--log-every", "0"]
 
 
 def _fit(strategy, batch_size, steps, momentum=0.0, loss="cross_entropy"):
+    """``momentum``: SGD's, or "adamw" for AdamW with weight decay."""
     torch.manual_seed(0)
     splits = load_digits()
     model = build_model("mlp", splits.spec)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=momentum)
+    if momentum == "adamw":
+        optimizer = torch.optim.AdamW(model.parameters(), lr=0.003, weight_decay=0.1)
+    else:
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=momentum)
     trainer = paratrain.Trainer(model, loss, optimizer, strategy=strategy)
     x, y = splits.train.tensors
     n = steps * batch_size * max(strategy.num_replicas, 1)
@@ -36,10 +40,12 @@ def _ps_params(shards, batch_size, steps, momentum):
     return result
 
 
-@pytest.mark.parametrize("shards, momentum", [(1, 0.0), (2, 0.9)])
+@pytest.mark.parametrize("shards, momentum", [(1, 0.0), (2, 0.9), (2, "adamw")])
 def test_ps_sync_equals_single_with_the_global_batch(shards, momentum):
     """Two workers of batch b through 1 or 2 shards == one process of batch 2b.
-    With 2 shards the parameters (and SGD's momentum) are split mid-tensor."""
+    With 2 shards the parameters (and SGD's momentum, AdamW's moments) are split
+    mid-tensor; the shards rebuild the user's AdamW, whose defaults hold a key its
+    constructor does not take."""
     b, k = 16, 10
     reference = flat_parameters(_fit(paratrain.SingleDeviceStrategy(device="cpu"), 2 * b, k, momentum).module)
     results = run_distributed(_ps_params, shards, b, k, momentum, world_size=shards + 2)

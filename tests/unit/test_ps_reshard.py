@@ -89,3 +89,21 @@ def test_shards_of_different_versions_or_another_model_are_refused():
     states = [before[0].state_dict()]
     with pytest.raises(ConfigError, match="shards hold 33 parameters, this model has 66"):
         _servers("sgd", 3)[0].load_resharded(states)
+
+
+@pytest.mark.parametrize("kind", ["adamw", "adam", "sgd"])
+def test_a_shard_rebuilds_the_users_optimizer_with_its_settings(kind):
+    """AdamW keeps a default its constructor does not take (Adam's decoupled_weight_decay):
+    the shard's copy is built all the same, with the user's hyper-parameters per group."""
+    model = _model()
+    groups = [{"params": list(model[0].parameters())}, {"params": list(model[2].parameters()), "lr": 0.05}]
+    optimizer = {
+        "adamw": lambda: torch.optim.AdamW(groups, lr=0.01, weight_decay=0.1, betas=(0.8, 0.95)),
+        "adam": lambda: torch.optim.Adam(groups, lr=0.01, amsgrad=True),
+        "sgd": lambda: torch.optim.SGD(groups, lr=0.1, momentum=0.9),
+    }[kind]()
+    options = {"rule": None, "store": None, "heartbeat_timeout": 1.0, "tolerate_loss": False, "wait_timeout": 1.0}
+    server = ShardServer(0, 1, 2, model, optimizer, **options)
+    assert type(server.optimizer) is type(optimizer)
+    for mine, theirs in zip(server.optimizer.param_groups, optimizer.param_groups, strict=True):
+        assert {k: v for k, v in mine.items() if k != "params"} == {k: v for k, v in theirs.items() if k != "params"}

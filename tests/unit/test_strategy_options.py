@@ -1,5 +1,7 @@
 """Options of local-sgd, diloco and fsdp: where they apply, and what they refuse."""
 
+import json
+
 import pytest
 
 from paratrain.config import TrainConfig
@@ -11,6 +13,10 @@ from paratrain.strategies.averaging import _fragments
     ("options", "message"),
     [
         ({"strategy": "local-sgd", "outer_lr": 0.5}, "--outer-lr applies to --strategy diloco, not to --strategy local-sgd"),
+        # given at its default value, an option is still given: refused, never ignored
+        ({"strategy": "local-sgd", "outer_momentum": 0.9}, "--outer-momentum applies to --strategy diloco, not to --strategy local-sgd"),
+        ({"strategy": "allreduce", "sync_every": 8}, "--sync-every applies to --strategy local-sgd and diloco, not to --strategy allreduce"),
+        ({"strategy": "single", "ps_shards": 1}, "--ps-shards applies to the ps-* strategies, not to --strategy single"),
         ({"strategy": "allreduce", "sync_every": 4}, "--sync-every applies to --strategy local-sgd and diloco, not to --strategy allreduce"),
         ({"strategy": "diloco", "sync_every": 10, "fragments": 3}, "--fragments 3 must divide --sync-every 10 (one fragment is synchronized every H/F steps)"),
         ({"strategy": "diloco", "outer_momentum": 1.0}, "--outer-momentum must be < 1, got 1.0"),
@@ -25,6 +31,22 @@ def test_refused_with_one_line(options, message):
     with pytest.raises(ConfigError) as caught:
         TrainConfig(**options)
     assert str(caught.value) == message
+
+
+def test_flags_given_at_their_defaults_are_refused_but_a_written_run_is_not(tmp_path):
+    """From the command line, a flag given is refused even at its default; the options of an
+    earlier run (--config-from: every option written) count only where they differ."""
+    from paratrain.launch.cli import parse_train_config
+
+    with pytest.raises(ConfigError, match="--outer-momentum applies to --strategy diloco"):
+        parse_train_config(["--strategy", "local-sgd", "--outer-momentum", "0.9"])
+    run = tmp_path / "run.json"
+    run.write_text(json.dumps({"config": TrainConfig(strategy="allreduce", workers=2).to_dict()}))
+    config = parse_train_config(["--config-from", str(run), "--strategy", "local-sgd"])
+    assert config.strategy == "local-sgd" and config.averaging.outer_momentum == 0.9
+    assert config.replace(workers=3).workers == 3  # a copy keeps what was given
+    with pytest.raises(ConfigError, match="--sync-every applies to"):
+        config.replace(strategy="allreduce", sync_every=8)
 
 
 def test_taken_where_they_apply():

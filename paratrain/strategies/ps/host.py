@@ -80,7 +80,3 @@ class ShardHost:
     def load_resharded(self, states: list[dict[str, Any]]) -> None:
         """From every part of a checkpoint saved by another number of shards (reshard.py)."""
         self.server.load_resharded(states)
-
-    @property
-    def version(self) -> int:
-        return self.server.version if self.server is not None else 0

@@ -62,8 +62,6 @@ class SyncRule:
     with ``required`` < number of workers: the rest are backups, whose late gradients
     are dropped)."""
 
-    immediate = False
-
     def __init__(self, required: int):
         self.required = required
 
@@ -87,8 +85,6 @@ class SyncRule:
 
 class AsyncRule:
     """Every gradient applied on arrival; optional staleness bound on pulls."""
-
-    immediate = True
 
     def __init__(self, policy: StalePolicy, staleness_bound: int | None = None, warmup_steps: int = 0):
         self.policy, self.bound, self.warmup_steps = policy, staleness_bound, warmup_steps

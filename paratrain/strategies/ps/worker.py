@@ -67,7 +67,6 @@ if TYPE_CHECKING:
 class ParameterServerStrategy(Strategy):
     """Parameter-server training; ``mode`` is ``"sync"``, ``"backup"`` or ``"async"`` (or a PSMode)."""
 
-    MODES = tuple(m.value for m in PSMode)
     PULL_DTYPES = PULL_DTYPES
     options = PSConfig
     takes_compression = True

@@ -17,6 +17,7 @@ fail), which is what lets a shard outlive a worker.
 
 from __future__ import annotations
 
+import inspect
 import json
 import threading
 import time
@@ -51,6 +52,20 @@ from paratrain.strategies.ps.protocol.wire import (
     reply_header,
 )
 from paratrain.strategies.ps.reshard import optimizer_order, reshard
+
+MAX_BROKEN_RECEIVES = 100
+"""Receives failing in a row before the shard gives up serving: one dying worker breaks one
+message (its loss is then the monitor's to judge); a run of failures is the link itself gone."""
+
+
+def constructor_defaults(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The optimizer's defaults that its class's constructor takes: a subclass may keep more
+    in ``defaults`` than it accepts (``AdamW`` keeps Adam's ``decoupled_weight_decay``, which
+    it sets itself); the groups carry every key anyway."""
+    parameters = inspect.signature(type(optimizer).__init__).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return dict(optimizer.defaults)
+    return {k: v for k, v in optimizer.defaults.items() if k in parameters}
 
 
 class ShardServer:
@@ -138,7 +153,7 @@ class ShardServer:
             param = nn.Parameter(data)  # shares storage: the optimizer updates self.params
             param.grad = self.grad[piece.offset : piece.offset + piece.numel]
             groups[self.group_of[piece.index]]["params"].append(param)
-        return type(optimizer)([g for g in groups if g["params"]], **optimizer.defaults)
+        return type(optimizer)([g for g in groups if g["params"]], **constructor_defaults(optimizer))
 
     # ----- state the rules read ---------------------------------------------------------
     def active_workers(self) -> set[int]:
@@ -194,7 +209,7 @@ class ShardServer:
                 # A worker died in the middle of a message. Its loss is the monitor's to
                 # judge (heartbeats); keep serving the others, unless the link itself is gone.
                 broken += 1
-                if broken > 100:
+                if broken > MAX_BROKEN_RECEIVES:
                     raise
                 work = dist.irecv(self.messages[current], src=None, tag=TAG_MESSAGE + self.tags)
                 continue
