@@ -11,6 +11,6 @@ fi
 if ! .venv/bin/python -c "import torch" 2>/dev/null; then
     .venv/bin/python -m pip install -q --disable-pip-version-check "$TORCH_SPEC"
 fi
-if [ ! -x .venv/bin/paratrain ] || [ ! -x .venv/bin/ruff ] || ! .venv/bin/python -c "import pytest, xdist, pytest_timeout, matplotlib, torchft" 2>/dev/null; then
+if [ ! -x .venv/bin/paratrain ] || [ ! -x .venv/bin/ruff ] || ! .venv/bin/python -c "import pytest, xdist, pytest_timeout, matplotlib, torchft, transformers, datasets" 2>/dev/null; then
     .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test,plot,ft]"
 fi

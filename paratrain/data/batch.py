@@ -1,6 +1,9 @@
 """What a batch may be: ``(inputs, targets)``, where ``inputs`` is a tensor, a tuple or
 list of tensors (the model is called as ``model(*inputs)``), or a dict of tensors
-(``model(**inputs)``), and ``targets`` a tensor whose first dimension counts the examples.
+(``model(**inputs)``), and ``targets`` a tensor whose first dimension counts the examples;
+or a dict of tensors alone (``input_ids``, ``attention_mask``, ``labels``: what a
+``datasets.Dataset`` gives), which is both the inputs (``model(**batch)``) and what the
+loss is given (``loss(outputs, batch)``; the model's own loss by default, scores.py).
 
 Every strategy moves, slices and feeds batches through these few functions, so a
 multi-input model trains the same way under each of them.
@@ -74,11 +77,21 @@ def split_batch(inputs: Any, targets: Any, parts: int) -> list[tuple[Any, Any, i
     return out
 
 
+def as_pair(item: Any, where: str) -> tuple[Any, Any]:
+    """``item`` as ``(inputs, targets)``: a dict batch is both; ConfigError for what is
+    neither a pair nor a dict."""
+    if isinstance(item, Mapping):
+        return item, item
+    check_pair(item, where)
+    return item[0], item[1]
+
+
 def check_pair(item: Any, where: str) -> None:
     """ConfigError unless ``item`` is an ``(inputs, targets)`` pair."""
     if not isinstance(item, (tuple, list)) or len(item) != 2:
         kind = type(item).__name__ + (f" of {len(item)}" if isinstance(item, (tuple, list)) else "")
         raise ConfigError(
             f"{where} gave a {kind}; each example or batch must be an (inputs, targets) pair, "
-            "inputs a tensor, a tuple of tensors (model(*inputs)) or a dict of them (model(**inputs))"
+            "inputs a tensor, a tuple of tensors (model(*inputs)) or a dict of them (model(**inputs)); "
+            "or a dict of tensors alone (model(**batch), the model's own loss)"
         )

@@ -34,14 +34,14 @@ import itertools
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
-from paratrain.data.batch import check_pair, to_device
+from paratrain.data.batch import as_pair, to_device
 from paratrain.errors import ConfigError
 
 BatchTransform = Callable[[torch.Tensor, torch.Generator], torch.Tensor]
@@ -66,10 +66,24 @@ def _is_array(value: object) -> bool:
 
 
 def is_map_style(data: object) -> bool:
-    """Whether ``data`` can be indexed by example (``len`` and ``[i]``), like a map-style Dataset."""
-    if isinstance(data, torch.utils.data.IterableDataset):
+    """Whether ``data`` can be indexed by example (``len`` and ``[i]``), like a map-style
+    Dataset: a torch Dataset with a length, or any other object with both (a Hugging Face
+    ``datasets.Dataset``). A list or tuple is a stream of ready batches; a tensor or array
+    is not data on its own."""
+    if isinstance(data, (torch.utils.data.IterableDataset, list, tuple, str, bytes, Mapping)) or _is_array(data):
         return False
-    return isinstance(data, Dataset) and hasattr(data, "__len__")
+    if isinstance(data, Dataset):
+        return hasattr(data, "__len__")
+    return hasattr(type(data), "__getitem__") and hasattr(type(data), "__len__")
+
+
+def _torch_format(data: object) -> object:
+    """A Hugging Face ``datasets.Dataset`` with no output format gives Python lists: its
+    columns as tensors instead (``with_format("torch")``), which the default collate stacks."""
+    with_format, form = getattr(data, "with_format", None), getattr(data, "format", None)
+    if callable(with_format) and isinstance(form, Mapping) and form.get("type") is None:
+        return with_format("torch")
+    return data
 
 
 def as_source(data: object) -> tuple[object, Callable[[list[Any]], Any] | None, int]:
@@ -81,7 +95,7 @@ def as_source(data: object) -> tuple[object, Callable[[list[Any]], Any] | None, 
             return data.dataset, data.collate_fn, data.num_workers
         return data, None, 0  # a loader over a stream: its batches, as it makes them
     if is_map_style(data):
-        return data, None, 0
+        return _torch_format(data), None, 0
     if isinstance(data, (tuple, list)) and len(data) == 2 and all(_is_array(a) for a in data):
         inputs, targets = (torch.as_tensor(np.asarray(a)) if not torch.is_tensor(a) else a for a in data)
         if len(inputs) != len(targets):
@@ -268,8 +282,7 @@ class ShardedBatches:
             pin_memory=self.device.type == "cuda",
         )
         for item in loader:
-            check_pair(item, f"{type(self.dataset).__name__} (collated)")
-            inputs, targets = item
+            inputs, targets = as_pair(item, f"{type(self.dataset).__name__} (collated)")
             if self.transform is not None:
                 inputs = self.transform(inputs, self.transform_generator(numbers.get()))
             yield to_device(inputs, self.device, True), to_device(targets, self.device, True)
@@ -280,8 +293,8 @@ class ShardedBatches:
             if wanted is None:
                 return
             if place == wanted[0]:
-                check_pair(item, f"{type(self.dataset).__name__} (a batch)")
-                yield to_device(item[0], self.device, True), to_device(item[1], self.device, True)
+                inputs, targets = as_pair(item, f"{type(self.dataset).__name__} (a batch)")
+                yield to_device(inputs, self.device, True), to_device(targets, self.device, True)
                 wanted = next(numbered, None)
 
 

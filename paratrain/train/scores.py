@@ -6,7 +6,9 @@ metric is any callable ``(outputs, targets) -> tensor`` giving the batch's mean 
 all-reduce, so a metric is the mean over every example of the evaluation data.
 
 Built in: the losses ``cross_entropy``, ``mse``, ``l1``, ``smooth_l1``, ``bce`` (with
-logits), ``nll``; the metrics ``accuracy``, ``top<k>_accuracy`` (``top5_accuracy``),
+logits), ``nll``, and ``model``: the loss the model computes itself and returns (a Hugging
+Face model given ``labels``: ``outputs.loss``; a dict with ``"loss"``; a scalar tensor),
+the default where the batch is a dict of tensors alone; the metrics ``accuracy``, ``top<k>_accuracy`` (``top5_accuracy``),
 ``mae`` (mean absolute error) and ``mse``.
 """
 
@@ -48,7 +50,20 @@ def bce_loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.binary_cross_entropy_with_logits(*_like(outputs, targets))
 
 
+def model_loss(outputs: Any, batch: Any) -> torch.Tensor:
+    """The loss the model returned: ``outputs.loss`` or ``outputs["loss"]`` (a Hugging Face
+    ``ModelOutput`` is both), or ``outputs`` itself when it is a scalar tensor."""
+    loss = outputs.get("loss") if isinstance(outputs, Mapping) else getattr(outputs, "loss", outputs)
+    if not torch.is_tensor(loss) or loss.dim() != 0:
+        raise ConfigError(
+            f"loss 'model': the model returned {type(outputs).__name__} with no loss (a scalar tensor, .loss or "
+            "['loss']); give the batch its labels, or name a loss (cross_entropy, ...) or pass a callable"
+        )
+    return loss
+
+
 LOSSES: dict[str, Callable[[], Score]] = {
+    "model": lambda: model_loss,
     "cross_entropy": nn.CrossEntropyLoss,
     "nll": nn.NLLLoss,
     "mse": lambda: mse_loss,
@@ -88,7 +103,18 @@ _TOP_K = re.compile(r"top(\d+)_accuracy")
 METRIC_NAMES = (*METRICS, "top<k>_accuracy")
 
 
-def resolve_loss(loss: str | Score) -> Score:
+def default_loss(outputs: Any, targets: Any) -> torch.Tensor:
+    """The model's own loss for a batch that is a dict alone (its targets are the batch),
+    cross-entropy for an ``(inputs, targets)`` pair."""
+    if isinstance(targets, Mapping):
+        return model_loss(outputs, targets)
+    return F.cross_entropy(outputs, targets)
+
+
+def resolve_loss(loss: str | Score | None) -> Score:
+    """A loss by name, the callable given, or (None) ``default_loss``."""
+    if loss is None:
+        return default_loss
     if callable(loss):
         return loss
     if loss not in LOSSES:

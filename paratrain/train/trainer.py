@@ -89,7 +89,7 @@ class Trainer:
     def __init__(
         self,
         model: nn.Module,
-        loss: str | Score = "cross_entropy",
+        loss: str | Score | None = None,
         optimizer: torch.optim.Optimizer | None = None,
         metrics: Sequence[str | Score] | Mapping[str, Score] = ("accuracy",),
         strategy: Strategy | None = None,
@@ -101,7 +101,8 @@ class Trainer:
         compile: bool = False,
         keep_host_memory: bool = True,
     ):
-        """``loss``: a name (``scores.LOSSES``) or a callable ``(outputs, targets)``; ``metrics``:
+        """``loss``: a name (``scores.LOSSES``), a callable ``(outputs, targets)``, or None:
+        cross-entropy, or the model's own loss where a batch is a dict alone; ``metrics``:
         names (``accuracy``, ``top5_accuracy``, ``mae``, ``mse``), callables, or a dict of them.
         ``precision``, ``accumulate``, ``clip_grad_norm``, ``channels_last``: how each step
         computes (``strategies/recipe.py``); ``compile``: ``torch.compile`` the prepared model;

@@ -1,0 +1,122 @@
+"""A Hugging Face GPT-2 (built from a config: no download), its data as a
+``datasets.Dataset`` of dict examples and its own loss, through the strategies against the
+single-process reference: the synchronous ones equal one process of the global batch, the
+periodic ones reach its loss."""
+
+import json
+
+import pytest
+import torch
+
+import paratrain
+from paratrain.testing import flat_parameters, relative_difference, run_distributed
+
+pytestmark = pytest.mark.distributed
+transformers = pytest.importorskip("transformers")
+datasets = pytest.importorskip("datasets")
+
+B, STEPS, SEQ = 8, 6, 16
+
+
+def gpt2():
+    """A 2-layer GPT-2 whose output layer is tied to its input embedding; no dropout, so
+    that runs can be compared to the bit's rounding."""
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(
+        vocab_size=64, n_positions=SEQ, n_embd=32, n_layer=2, n_head=2, bos_token_id=0, eos_token_id=0,
+        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+    )  # fmt: skip
+    return transformers.GPT2LMHeadModel(config)
+
+
+def tokens(examples):
+    """Dict examples as a tokenizer and ``datasets`` make them, labels the inputs: counting
+    on from a random token (mod 64), which a model learns in a few steps."""
+    start = torch.randint(0, 64, (examples, 1), generator=torch.Generator().manual_seed(1))
+    ids = ((start + torch.arange(SEQ)) % 64).tolist()
+    return datasets.Dataset.from_dict({"input_ids": ids, "attention_mask": [[1] * SEQ] * examples, "labels": ids})
+
+
+def _train(strategy, batch_size, optimizer="sgd", epochs=1):
+    model = gpt2()
+    if optimizer == "sgd":
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    else:
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)
+    trainer = paratrain.Trainer(model, optimizer=opt, strategy=strategy, metrics=())  # the model's own loss
+    data = tokens(STEPS * batch_size * strategy.num_replicas)
+    history = trainer.fit(data, epochs=epochs, batch_size=batch_size, seed=0, verbose=0)
+    module = trainer.module
+    if isinstance(strategy, paratrain.FSDPStrategy):
+        params = torch.cat([p.detach().full_tensor().reshape(-1) for p in module.parameters()])
+    else:
+        params = flat_parameters(module) if strategy.is_chief else None
+    losses = history.history.get("train_loss") or [None]  # a parameter-server shard trains none
+    result = (params, losses[-1], module.lm_head.weight is module.transformer.wte.weight)
+    strategy.teardown()
+    return result
+
+
+def _distributed(name, optimizer, epochs):
+    strategy = {
+        "allreduce": lambda: paratrain.AllReduceStrategy(device="cpu"),
+        "fsdp": lambda: paratrain.FSDPStrategy(device="cpu"),
+        "ps-sync": lambda: paratrain.ParameterServerStrategy("sync", device="cpu"),
+        "local-sgd": lambda: paratrain.LocalSGDStrategy(device="cpu", sync_every=3),
+        "diloco": lambda: paratrain.DiLoCoStrategy(device="cpu", sync_every=3),
+    }[name]()
+    return _train(strategy, B, optimizer, epochs)
+
+
+@pytest.mark.parametrize("name", ["allreduce", "fsdp", "ps-sync"])
+def test_a_gpt2_under_a_synchronous_strategy_equals_one_process(name):
+    reference, _, tied = _train(paratrain.SingleDeviceStrategy(device="cpu"), 2 * B)
+    assert tied
+    world = 3 if name == "ps-sync" else 2
+    chief = [r for r in run_distributed(_distributed, name, "sgd", 1, world_size=world) if r[0] is not None]
+    for params, _, tied in chief:
+        assert tied  # the output layer still is the embedding
+        assert relative_difference(params, reference) < 1e-5
+
+
+@pytest.mark.parametrize("name", ["local-sgd", "diloco"])
+def test_a_gpt2_under_periodic_averaging_reaches_the_loss_of_one_process(name):
+    """AdamW: replicas that average every 3 steps end near one process's training loss."""
+    _, single, _ = _train(paratrain.SingleDeviceStrategy(device="cpu"), 2 * B, "adamw", epochs=5)
+    print(f"{name}: single's last epoch loss {single:.3f}")
+    assert single < 3.0  # from ln 64 = 4.16: it learns
+    for _, loss, _ in run_distributed(_distributed, name, "adamw", 5, world_size=2):
+        print(f"{name}: a replica's last epoch loss {loss:.3f}")
+        assert loss < single + 0.3
+
+
+PROJECT = """
+from datasets import Dataset
+from transformers import GPT2Config, GPT2LMHeadModel
+
+
+def model():
+    return GPT2LMHeadModel(GPT2Config(vocab_size=64, n_positions=16, n_embd=32, n_layer=2, n_head=2))
+
+
+def _counting(starts):
+    ids = [[(s + i) % 64 for i in range(16)] for s in starts]
+    return Dataset.from_dict({"input_ids": ids, "attention_mask": [[1] * 16] * len(ids), "labels": ids})
+
+
+def data():
+    return {"train": _counting(range(0, 64)), "test": _counting(range(3, 67, 4))}
+"""
+
+
+def test_a_gpt2_and_its_dataset_train_from_the_command_line(cli, tmp_path):
+    """--model and --dataset name the user's transformers model and datasets.Dataset; fsdp
+    shards the tied model, the model's own loss trains it (from ln 64 = 4.16)."""
+    (tmp_path / "hfgpt.py").write_text(PROJECT)
+    out = tmp_path / "m.json"
+    result = cli("train", "--model", "hfgpt:model", "--dataset", "hfgpt:data", "--loss", "model", "--metrics", "",
+                 "--optimizer", "adamw", "--lr", "0.01", "--epochs", "4", "--batch-size", "8", "--no-progress",
+                 "--strategy", "fsdp", "--workers", "2", "--metrics-out", str(out), cwd=tmp_path)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    metrics = json.loads(out.read_text())
+    assert metrics["global_steps"] == 4 * 64 // 16 and metrics["test_loss"] < 2.5
