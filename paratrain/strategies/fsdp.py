@@ -12,9 +12,10 @@ gradients and optimizer state take about 1/N per process, plus the largest layer
   after its forward and gathered again for its backward. ``--no-reshard-after-forward``
   keeps them from forward to backward (ZeRO-2-like memory for the parameters in flight,
   one all-gather fewer per layer and step).
-- Each module that holds parameters of its own is one FSDP unit (one all-gather), the
-  root module the last; a module whose parameter another module shares (tied embeddings)
-  leaves it to the root.
+- A model that names its blocks (``_no_split_modules``, as Hugging Face models do) is
+  sharded block by block; any other model, each module that holds parameters of its own
+  is one FSDP unit (one all-gather); the root module the last. A parameter shared across
+  units (tied embeddings) stays with the root.
 - ``--compression fp16`` / ``bf16``: gradients are reduce-scattered in that type
   (FSDP2's ``MixedPrecisionPolicy(reduce_dtype=...)``). int8, topk and powersgd are not
   taken: a reduce-scatter adds payloads element by element, which their per-chunk scales,
@@ -220,20 +221,32 @@ class FSDPStrategy(ReplicaStrategy):
 
 
 def fsdp_units(model: nn.Module) -> list[nn.Module]:
-    """The modules fsdp shards as units of their own: every one below the root that holds
-    parameters of its own, none of them shared with another module (the root is the last
-    unit). A parameter two modules share (a language model's output layer tied to its input
-    embedding) stays with the root: FSDP2 shards each parameter in exactly one unit."""
-    owners: dict[int, int] = {}
+    """The modules fsdp shards as units of their own (the root is the last unit).
+
+    A model that names its blocks (a Hugging Face model's ``_no_split_modules``: GPT-2's
+    ``GPT2Block``, Llama's ``LlamaDecoderLayer``) is sharded block by block, one all-gather
+    a block, as torchtitan and accelerate do; the embeddings and the final norm stay with
+    the root. Any other model: every module below the root that holds parameters of its
+    own. Either way a unit holds no parameter that a module outside it shares (a language
+    model's output layer tied to its input embedding): such a parameter stays with the
+    root, since FSDP2 shards each parameter in exactly one unit."""
+    owners: dict[int, list[nn.Module]] = {}
     for module in model.modules():
         for param in module.parameters(recurse=False):
-            owners[id(param)] = owners.get(id(param), 0) + 1
-    units = []
-    for module in model.modules():
+            owners.setdefault(id(param), []).append(module)
+
+    def self_contained(unit: nn.Module) -> bool:
+        inside = {id(m) for m in unit.modules()}
+        return all(id(owner) in inside for param in unit.parameters() for owner in owners[id(param)])
+
+    def own_unshared(module: nn.Module) -> bool:  # a child with parameters is a unit of its own
         own = list(module.parameters(recurse=False))
-        if module is not model and own and all(owners[id(p)] == 1 for p in own):
-            units.append(module)
-    return units
+        return bool(own) and all(len(owners[id(p)]) == 1 for p in own)
+
+    blocks = set(getattr(model, "_no_split_modules", None) or ())
+    if blocks:
+        return [m for m in model.modules() if m is not model and type(m).__name__ in blocks and self_contained(m)]
+    return [m for m in model.modules() if m is not model and own_unshared(m)]
 
 
 def _codec_refusal(name: str) -> str:
