@@ -53,6 +53,75 @@ def test_ps_sync_equals_single_with_the_global_batch(shards, momentum):
     assert relative_difference(chief, reference) < 1e-5
 
 
+OPTIMIZERS = {
+    "Adadelta": {"lr": 1.0},
+    "Adagrad": {"lr": 0.05},
+    "Adam": {"lr": 0.003, "amsgrad": True},
+    "AdamW": {"lr": 0.003, "weight_decay": 0.1},
+    "Adamax": {"lr": 0.003},
+    "ASGD": {"lr": 0.05},
+    "NAdam": {"lr": 0.003, "decoupled_weight_decay": True, "weight_decay": 0.01},
+    "RAdam": {"lr": 0.003},
+    "RMSprop": {"lr": 0.003, "momentum": 0.5, "centered": True},
+    "Rprop": {"lr": 0.001},
+    "SGD": {"lr": 0.1, "momentum": 0.9, "nesterov": True, "weight_decay": 1e-4},
+}
+
+
+class ScaledSGD(torch.optim.SGD):
+    """A user's own optimizer: a constructor of its own, a setting SGD does not have."""
+
+    def __init__(self, params, lr, scale=0.5):
+        super().__init__(params, lr=lr * scale)
+        self.defaults["scale"] = scale
+
+
+def _fit_with(strategy, name, batch_size, steps):
+    torch.manual_seed(0)
+    splits = load_digits()
+    model = build_model("mlp", splits.spec)
+    if name == "ScaledSGD":
+        optimizer = ScaledSGD(model.parameters(), lr=0.2)
+    else:
+        optimizer = getattr(torch.optim, name)(model.parameters(), **OPTIMIZERS[name])
+    trainer = paratrain.Trainer(model, "cross_entropy", optimizer, strategy=strategy)
+    x, y = splits.train.tensors
+    n = steps * batch_size * max(strategy.num_replicas, 1)
+    trainer.fit((x[:n], y[:n]), epochs=1, batch_size=batch_size, verbose=0)
+    return trainer
+
+
+def _ps_with(name, batch_size, steps):
+    strategy = ParameterServerStrategy("sync", num_shards=2, device="cpu")
+    trainer = _fit_with(strategy, name, batch_size, steps)
+    result = flat_parameters(trainer.module) if strategy.is_chief else None
+    strategy.teardown()
+    return result
+
+
+@pytest.mark.parametrize("name", [*OPTIMIZERS, "ScaledSGD"])
+def test_every_elementwise_optimizer_under_ps_sync_equals_one_process(name):
+    """The shards rebuild the user's optimizer (its class, its constructor's settings, its
+    groups) on their slices, cut mid-tensor over 2 shards; every torch.optim optimizer that
+    steps without a closure updates element by element, so ps-sync equals one process."""
+    b, k = 16, 8
+    reference = flat_parameters(_fit_with(paratrain.SingleDeviceStrategy(device="cpu"), name, 2 * b, k).module)
+    chief = run_distributed(_ps_with, name, b, k, world_size=4)[2]
+    assert relative_difference(chief, reference) < 1e-5
+
+
+def _ps_lbfgs():
+    torch.manual_seed(0)
+    model = build_model("mlp", load_digits().spec)
+    paratrain.Trainer(model, "cross_entropy", torch.optim.LBFGS(model.parameters()),
+                      strategy=ParameterServerStrategy("sync", device="cpu"))  # fmt: skip
+
+
+def test_an_optimizer_that_needs_a_closure_is_refused_in_one_line():
+    with pytest.raises(paratrain.WorkerFailed, match="LBFGS steps with a closure that re-evaluates the loss"):
+        run_distributed(_ps_lbfgs, world_size=2)
+
+
 def _nan_at(call, strategy, rank):
     """Cross-entropy that is NaN at its ``call``-th evaluation on worker ``rank`` only."""
     calls = {"n": 0}

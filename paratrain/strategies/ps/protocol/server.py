@@ -58,6 +58,17 @@ MAX_BROKEN_RECEIVES = 100
 message (its loss is then the monitor's to judge); a run of failures is the link itself gone."""
 
 
+def check_rebuildable(optimizer: torch.optim.Optimizer) -> None:
+    """ConfigError for an optimizer a shard cannot step: one whose ``step`` needs a closure
+    (LBFGS re-evaluates the loss, which lives on the workers)."""
+    closure = inspect.signature(type(optimizer).step).parameters.get("closure")
+    if closure is not None and closure.default is inspect.Parameter.empty:
+        raise ConfigError(
+            f"{type(optimizer).__name__} steps with a closure that re-evaluates the loss; parameter-server shards "
+            "step without the data (every other torch.optim optimizer works): use --strategy allreduce"
+        )
+
+
 def constructor_defaults(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """The optimizer's defaults that its class's constructor takes: a subclass may keep more
     in ``defaults`` than it accepts (``AdamW`` keeps Adam's ``decoupled_weight_decay``, which
@@ -153,6 +164,7 @@ class ShardServer:
             param = nn.Parameter(data)  # shares storage: the optimizer updates self.params
             param.grad = self.grad[piece.offset : piece.offset + piece.numel]
             groups[self.group_of[piece.index]]["params"].append(param)
+        check_rebuildable(optimizer)
         return type(optimizer)([g for g in groups if g["params"]], **constructor_defaults(optimizer))
 
     # ----- state the rules read ---------------------------------------------------------
