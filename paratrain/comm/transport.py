@@ -104,6 +104,10 @@ def _split_address(address: str) -> tuple[str, int]:
 PORT_RANGE_ENV = "PARATRAIN_PORT_RANGE"
 
 
+_REMEMBERED = 64
+_picked: list[int] = []  # the ports this process handed out last, never handed out twice in a row
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that was free on ``host`` a moment ago: from ``PARATRAIN_PORT_RANGE`` if
     set, else one the kernel picks. A range below the kernel's ephemeral ports is never
@@ -121,13 +125,18 @@ def free_port(host: str = "127.0.0.1") -> int:
     rng = random.Random()
     for _ in range(4 * (high - low + 1)):
         port = rng.randint(low, high)
+        if port in _picked and high - low + 1 > 2 * _REMEMBERED:  # its server may not have bound it yet
+            continue
+        # Without SO_REUSEADDR the probe fails on a port whose earlier connections linger in
+        # TIME_WAIT too, where a server's listen may fail (EADDRINUSE).
         with socket.socket() as sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 sock.bind((host, port))
             except OSError:
                 continue
-            return port
+        _picked.append(port)
+        del _picked[:-_REMEMBERED]
+        return port
     raise ConfigError(f"no free port on {host} in {PORT_RANGE_ENV}={span}")
 
 

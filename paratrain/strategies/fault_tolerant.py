@@ -32,9 +32,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import signal
 import sys
-import threading
 import time
 import zlib
 from collections import Counter
@@ -52,6 +50,7 @@ from paratrain.data.batch import map_tensors, num_examples
 from paratrain.data.sharding import ShardedBatches
 from paratrain.errors import ConfigError, ReplicaLeft, WorkerLost
 from paratrain.options import check_options, option
+from paratrain.session.leaving import LeaveOnSigterm
 from paratrain.strategies.base import (
     DEFAULT_TIMEOUT_S,
     LossFn,
@@ -173,7 +172,7 @@ class FaultTolerantAllReduceStrategy(Strategy):
         self.manager: Any = None
         self.incarnation = 0
         self.trainer: Trainer | None = None
-        self._leaving = False  # SIGTERM came: leave after the step
+        self._sigterm = LeaveOnSigterm()  # asked: leave after the step
         self._quorum_ready = False  # begin_fit formed the quorum of the first step already
         self._joined_state: dict[str, Any] | None = None
         self._last_loss = 0.0
@@ -275,8 +274,8 @@ class FaultTolerantAllReduceStrategy(Strategy):
         replica still building its model), then the first quorum; a replacement takes the
         live state from a peer there and the loop goes on from the peer's position."""
         self.trainer = trainer
-        if self.leaves_on_sigterm and threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, self._asked_to_leave)
+        if self.leaves_on_sigterm:
+            self._sigterm.install()
         if self.manager is None:
             self.manager = self._start_manager()
             _wait_for_all_first_replicas(self.incarnation, self.topology.num_processes, self.timeout)
@@ -303,14 +302,6 @@ class FaultTolerantAllReduceStrategy(Strategy):
                 f"worker {self.process_rank}'s replacement found no live replica to take the state from "
                 "(the others are gone or done)"
             )
-
-    def _asked_to_leave(self, signum: int, frame: Any) -> None:
-        """SIGTERM (a scale-down, a preemption notice): leave once the current step is
-        committed; a second SIGTERM ends the process at once."""
-        if self._leaving:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            os.kill(os.getpid(), signal.SIGTERM)
-        self._leaving = True
 
     def _leave(self, step: int) -> None:
         self._stop_manager()
@@ -434,7 +425,7 @@ class FaultTolerantAllReduceStrategy(Strategy):
         """One committed step of the global batch ``(inputs, targets)``: done again until the
         quorum commits it, or taken from a peer that committed it while this replica could not."""
         step = self.manager.current_step() + 1
-        if self._leaving:  # asked between steps
+        if self._sigterm.asked:  # asked between steps
             self._leave(step - 1)
         while True:
             if not self._quorum_ready:
@@ -461,7 +452,7 @@ class FaultTolerantAllReduceStrategy(Strategy):
                 self._last_loss = float(loss)
                 self._steps += 1
                 self._count_step(step, self.manager.num_participants())
-                if self._leaving:
+                if self._sigterm.asked:
                     self._leave(step)
                 return StepOutput(loss, outputs, skipped=skip)
             self.uncommitted_steps += 1

@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import sys
-import threading
 from collections.abc import Iterator
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -39,8 +37,10 @@ from paratrain.comm.transport import cluster_from_env
 from paratrain.data.batch import num_examples
 from paratrain.data.sharding import ShardedBatches
 from paratrain.errors import ConfigError, ReplicaLeft, WorkerLost
+from paratrain.session.leaving import LeaveOnSigterm
 from paratrain.strategies.base import DEFAULT_TIMEOUT_S, LossFn, StepOutput, Strategy, resolve_device, staleness_summary
 from paratrain.strategies.ps.batches import AssignedBatches
+from paratrain.strategies.ps.heartbeat import Heartbeat
 from paratrain.strategies.ps.host import ShardHost
 from paratrain.strategies.ps.joining import describe_run, join_run, run_options
 from paratrain.strategies.ps.layout import ShardLayout
@@ -127,8 +127,7 @@ class ParameterServerStrategy(Strategy):
         self.host: ShardHost | None = None
         """The shard this process serves as (None on a worker)."""
         self._store: Any = None
-        self._heartbeat: threading.Thread | None = None
-        self._stop = threading.Event()
+        self._heartbeat: Heartbeat | None = None
         self._base_lr = 1.0
         self._lr_scale = 1.0
         self._client: ShardClient | None = None  # the worker's links to the shards (protocol/client.py)
@@ -138,7 +137,7 @@ class ParameterServerStrategy(Strategy):
         self._links: list[Any] = []  # one per shard (links.py)
         self._joined: dict[str, Any] | None = None  # where the run stood when this worker joined it
         self._per_update = 1  # gradients per version: 1 (ps-async), else a round's
-        self._leaving = False  # SIGTERM came: say done after this step and leave
+        self._sigterm = LeaveOnSigterm()  # asked: say done after this step and leave
         self._tags = 0
         self._address = ""  # HOST:PORT of this run's rendezvous, where workers join it
         self._pushed_on: int | None = None
@@ -210,15 +209,6 @@ class ParameterServerStrategy(Strategy):
             survives_loss=survives_lost_worker(self.mode, self.config),
         )
 
-    def __getstate__(self) -> dict[str, Any]:
-        state = super().__getstate__()
-        del state["_stop"]  # a lock: each process makes its own
-        return state
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._stop = threading.Event()
-
     def describe(self) -> dict[str, Any]:
         return {
             "strategy": self.name,
@@ -254,8 +244,7 @@ class ParameterServerStrategy(Strategy):
                 tags=self._tags,
             )
         else:
-            self._heartbeat = threading.Thread(target=self._beat, name="ps-heartbeat", daemon=True)
-            self._heartbeat.start()
+            self._heartbeat = Heartbeat(self._store, self.rank, self.heartbeat_timeout).start()
         super().setup()
 
     def _join_own_run(self) -> None:
@@ -297,14 +286,6 @@ class ParameterServerStrategy(Strategy):
         self.process_rank = self.num_shards + worker
         self.workers = None  # this process's place is the one the run gave it, not --workers
         self.device = resolve_device(self.device_preference, 0)
-
-    def _beat(self) -> None:
-        interval = self.heartbeat_timeout / 5
-        while not self._stop.wait(interval):
-            try:
-                self._store.add(f"hb/{self.rank}", 1)
-            except RuntimeError:
-                return  # the store (on shard 0) is gone; the main thread will hear of it
 
     @property
     def evaluates(self) -> bool:
@@ -400,16 +381,8 @@ class ParameterServerStrategy(Strategy):
             )
         elif self.is_chief and self.facts.admits_joiners:
             print(f"paratrain: more workers may join this run: paratrain train ... --join {self._address}", flush=True)
-        may_leave = not self.is_chief and survives_lost_worker(self.mode, self.config)
-        if may_leave and threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, self._asked_to_leave)
-
-    def _asked_to_leave(self, signum: int, frame: Any) -> None:
-        """SIGTERM: leave after the current step; a second one ends the process at once."""
-        if self._leaving:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
-            os.kill(os.getpid(), signal.SIGTERM)
-        self._leaving = True
+        if not self.is_chief and survives_lost_worker(self.mode, self.config):
+            self._sigterm.install()
 
     def serve(self) -> dict[str, Any]:
         """On a shard: serve until training ends (the classic ``server.join()``)."""
@@ -497,7 +470,7 @@ class ParameterServerStrategy(Strategy):
         # and ps-backup: the whole round it is part of).
         finite = not self.skip_nonfinite(model, loss, lambda: bool(torch.isfinite(self._flat_grad).all()))
         samples = num_examples(targets)
-        leaving = self._leaving  # asked to leave (SIGTERM): this batch is the last one it asks for
+        leaving = self._sigterm.asked  # asked to leave (SIGTERM): this batch is the last one it asks for
         if leaving:
             self._epoch_asking = None
         with span("push", COMM):
@@ -651,8 +624,7 @@ class ParameterServerStrategy(Strategy):
         if self._ready and self.is_chief and self._finished:
             self._client.send(self._header(SHUTDOWN))
             self._client.drain()
-        self._stop.set()
         if self._heartbeat is not None:
-            self._heartbeat.join()  # out of the store before it goes
+            self._heartbeat.stop()  # out of the store before it goes
             self._heartbeat = None
         super().teardown()
