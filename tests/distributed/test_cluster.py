@@ -16,7 +16,10 @@ import pytest
 from paratrain.cluster.hosts import check_support, leftovers, remove_leftovers
 from paratrain.errors import ConfigError
 
-pytestmark = pytest.mark.distributed
+# One xdist worker runs them all, one after another: each test checks that no emulated
+# cluster is left on the machine and removes any it finds, which would be another test's
+# live one if two ran at once.
+pytestmark = [pytest.mark.distributed, pytest.mark.xdist_group("emulated-cluster")]
 
 
 def _unsupported():
