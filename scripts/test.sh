@@ -18,5 +18,4 @@ fi
 # test's work fills those waits. tests/conftest.py gives each worker rendezvous ports of its
 # own; faults are placed by a run's progress, not the clock, so load does not move them.
 # tests/smoke is left out: each strategy's one short run there is checked more strictly here.
-# --dist loadgroup: the emulated-cluster tests (one xdist_group) share one worker.
-exec .venv/bin/python -m pytest -q -n 3 --dist loadgroup tests/unit tests/distributed tests/examples
+exec .venv/bin/python -m pytest -q -n 3 tests/unit tests/distributed tests/examples

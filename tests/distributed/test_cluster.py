@@ -16,10 +16,7 @@ import pytest
 from paratrain.cluster.hosts import check_support, leftovers, remove_leftovers
 from paratrain.errors import ConfigError
 
-# One xdist worker runs them all, one after another: each test checks that no emulated
-# cluster is left on the machine and removes any it finds, which would be another test's
-# live one if two ran at once.
-pytestmark = [pytest.mark.distributed, pytest.mark.xdist_group("emulated-cluster")]
+pytestmark = pytest.mark.distributed
 
 
 def _unsupported():
