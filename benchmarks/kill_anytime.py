@@ -11,7 +11,7 @@ Moments are drawn uniformly from 0 to 1.2x the run's undisturbed length (measure
 so group formation, checkpoint writes (every 10 steps) and the end of the run are all
 hit. The seed is printed; a drill is repeated with `--seed S --strategies X --drills N`.
 Writes benchmarks/results/kill_anytime.json and .md, and the table between the markers of
-docs/reliability.md.
+docs/reliability.md (a repeat of one test's drill, with --length, writes nothing unless --out).
 """
 
 from __future__ import annotations
@@ -122,8 +122,11 @@ def drill(flags: list[str], moment: float, rng: random.Random, limit: float) -> 
     else:
         outcome, ok = f"failed (exit {code})", last.startswith("paratrain:")
     ok = ok and not left
-    return {"moment": round(moment, 2), "victim": victim, "exit": code, "outcome": outcome, "seconds": round(ended, 1),
-            "left": len(left), "last_line": last[:300], "ok": ok}  # fmt: skip
+    row = {"moment": round(moment, 2), "victim": victim, "exit": code, "outcome": outcome, "seconds": round(ended, 1),
+           "left": len(left), "last_line": last[:300], "ok": ok}  # fmt: skip
+    if not ok:  # what the run said before it ended, to find the cause
+        row["stderr_tail"] = err[-4000:]
+    return row
 
 
 def _dropped(metrics: dict) -> bool:
@@ -173,7 +176,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=None, help="default: a fresh one, printed")
     parser.add_argument("--strategies", default=",".join(STRATEGIES))
     parser.add_argument("--length", type=float, default=None, help="the run's seconds (default: measured)")
-    parser.add_argument("--out", default=str(RESULTS / "kill_anytime"))
+    parser.add_argument(
+        "--out", default=None, help="files' stem (default: the recorded results; none with --length, a repeat)"
+    )
     args = parser.parse_args()
     seed = args.seed if args.seed is not None else random.SystemRandom().randrange(10**6)
     print(f"seed {seed}", flush=True)
@@ -181,7 +186,11 @@ def main() -> None:
     rows = []
     for strategy in strategies:
         rows += run_drills(strategy, args.drills, seed, log=lambda line: print(line, flush=True), length=args.length)
-    out = Path(args.out)
+    lines = table(rows)
+    if args.out is None and args.length is not None:  # a test's drill repeated: the records stay as they are
+        print("\n".join(lines))
+        return
+    out = Path(args.out or RESULTS / "kill_anytime")
     if out.with_suffix(".json").exists() and args.length is None:
         # drills of other strategies recorded before stay: one table for every strategy
         earlier = json.loads(out.with_suffix(".json").read_text())["rows"]
@@ -192,7 +201,7 @@ def main() -> None:
     heading = [f"# Kill drills at random moments (--timeout {TIMEOUT_S})", ""]
     out.with_suffix(".md").write_text("\n".join(heading + lines) + "\n")
     text = DOC.read_text()
-    if BEGIN in text and END in text and Path(args.out) == RESULTS / "kill_anytime":  # the recorded table only
+    if BEGIN in text and END in text and out == RESULTS / "kill_anytime":  # the recorded table only
         head, rest = text.split(BEGIN)
         DOC.write_text(head + BEGIN + "\n" + "\n".join(lines) + "\n" + END + rest.split(END, 1)[1])
     print("\n".join(lines))

@@ -17,9 +17,11 @@ import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from paratrain.errors import WorkerLost
 from paratrain.launch.replacing import supervise_replacing
 from paratrain.launch.supervisor import supervise
 from paratrain.strategies.base import DEFAULT_TIMEOUT_S
+from paratrain.train.metrics import write_json_atomic
 
 if TYPE_CHECKING:
     from paratrain.config import TrainConfig
@@ -119,4 +121,16 @@ def run_locally(config: TrainConfig) -> dict[str, Any]:
     )
     # The chief's document: rank 0's, or (allreduce-ft) the replica that led the last quorum.
     documents = [r for r in results if isinstance(r, dict) and "global_steps" in r]
-    return documents[0] if documents else results[topology.chief_rank]
+    if documents:
+        return documents[0]
+    # A fault-tolerant run whose chief was lost after the last step: the replica that took
+    # the most steps reports the run (every replica that took part saw the same steps).
+    stand_ins = [r for r in results if isinstance(r, dict) and "document" in r]
+    if stand_ins:
+        document = max(stand_ins, key=lambda r: r["steps"])["document"]
+        if config.metrics_out:
+            write_json_atomic(config.metrics_out, document)
+        return document
+    if results[topology.chief_rank] is None:
+        raise WorkerLost(f"the run ended, but {topology.rank_name(topology.chief_rank)}, which reports it, was lost")
+    return results[topology.chief_rank]

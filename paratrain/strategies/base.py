@@ -223,6 +223,12 @@ class Strategy:
         """The chief (worker 0) prints, evaluates for the log, and writes files."""
         return self.process_rank == self.topology.chief_rank
 
+    @property
+    def stands_in_for_chief(self) -> bool:
+        """Whether this process reports the run (to its launcher, not in files) where the
+        chief is lost after the last step: a fault-tolerant run's every replica."""
+        return False
+
     @contextlib.contextmanager
     def scope(self) -> Iterator[Strategy]:
         """``with strategy.scope():`` models and tensors made inside land on its device,

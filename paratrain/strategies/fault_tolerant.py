@@ -250,6 +250,10 @@ class FaultTolerantAllReduceStrategy(Strategy):
             return self.process_rank == 0
         return self.manager.participating_rank() == 0
 
+    @property
+    def stands_in_for_chief(self) -> bool:
+        return True  # every replica trained the same committed steps
+
     def teardown(self) -> None:
         self._stop_manager()
         super().teardown()
@@ -383,7 +387,17 @@ class FaultTolerantAllReduceStrategy(Strategy):
             "model": trainer.module.state_dict(),
             "optimizer": trainer.optimizer.state_dict(),
             "trainer": position,
-            "strategy": {**self.state_dict(), "last_loss": self._last_loss},
+            "strategy": {**self.state_dict(), "last_loss": self._last_loss, "record": self._record()},
+        }
+
+    def _record(self) -> dict[str, Any]:
+        """The run's record so far: every committed step's participants and the heals. A
+        replica that joins takes it over, so that whichever replica reports the run reports
+        all of it."""
+        return {
+            "participants": [[p, c] for p, c in self._participants.items()],
+            "spans": [list(span) for span in self._spans],
+            "recoveries": [dict(heal) for heal in self.recoveries],
         }
 
     def _load_live_state(self, state: dict[str, Any]) -> None:
@@ -394,6 +408,10 @@ class FaultTolerantAllReduceStrategy(Strategy):
         own = state["strategy"]
         self._last_loss = float(own["last_loss"])
         self.skipped_updates = int(own["skipped_updates"])
+        record = own["record"]
+        self._participants = Counter({int(p): int(c) for p, c in record["participants"]})
+        self._spans = [[int(v) for v in span] for span in record["spans"]]
+        self.recoveries = [dict(heal) for heal in record["recoveries"]]
         self._joined_state = state["trainer"]
 
     # ----- data and step -----------------------------------------------------------------
@@ -437,8 +455,7 @@ class FaultTolerantAllReduceStrategy(Strategy):
                     raise WorkerLost(f"worker {self.process_rank} fell {done - step + 1} steps behind its peers")
                 self.behind_heals += 1
                 self._joined_state = None  # the loop's position is this replica's own
-                self._steps += 1
-                self._count_step(step, self.manager.num_participants())
+                self._steps += 1  # the peer's record, taken with its state, holds the step
                 return StepOutput(torch.tensor(self._last_loss, device=self.device), None)
             loss, outputs = self._gradient(model, loss_fn, optimizer, inputs, targets, step)
             self.steps_taken += 1

@@ -185,6 +185,10 @@ class FaultTolerantPipelineStrategy(FaultTolerantAllReduceStrategy, PipelineStra
             return self.rank == 0
         return self.manager.participating_rank() == 0
 
+    @property
+    def stands_in_for_chief(self) -> bool:
+        return self.is_last_stage  # it holds the loss and the logits
+
     # ----- step --------------------------------------------------------------------------
     def _gradient(
         self,

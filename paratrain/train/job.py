@@ -138,13 +138,14 @@ def _run(config: TrainConfig, strategy: Any, started: float) -> dict[str, Any]:
     wait = torch.tensor([trainer.loader_wait_seconds, 1.0], dtype=torch.float64, device=strategy.device)
     total, count = strategy.all_reduce_sum(wait).tolist()
     loader_wait = total / count
-    if not strategy.is_chief:
-        return {
-            "role": "worker",
-            "rank": strategy.rank,
-            "steps": strategy.steps_taken,
-            "examples": trainer.examples_seen,
-        }
+    summary = {
+        "role": "worker",
+        "rank": strategy.rank,
+        "steps": strategy.steps_taken,
+        "examples": trainer.examples_seen,
+    }
+    if not strategy.is_chief and not strategy.stands_in_for_chief:
+        return summary
     examples = stats.pop("examples_processed", trainer.examples_seen)
     global_steps = stats.pop("global_steps", trainer.global_step)
     # every replica skips alike; a parameter server's shards count the updates they skipped
@@ -185,6 +186,10 @@ def _run(config: TrainConfig, strategy: Any, started: float) -> dict[str, Any]:
             "channels_last": channels_last,
         },
     )
+    if not strategy.is_chief:
+        # The chief may yet be lost after the last step (a fault-tolerant run goes on without
+        # it): the launcher then reports the run from this replica's view of it.
+        return {**summary, "document": document}
     if config.metrics_out:
         write_json_atomic(config.metrics_out, document)
     if tensorboard:

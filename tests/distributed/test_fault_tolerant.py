@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from paratrain.comm.transport import free_port
+from tests.conftest import as_formed
 
 pytest.importorskip("torchft")
 
@@ -57,7 +58,7 @@ def _same_run(metrics, reference):
 
 def test_without_a_fault_it_is_the_single_process_run(cli, tmp_path, reference):
     metrics, _ = _train(cli, tmp_path, "plain", "--strategy", "allreduce-ft", "--workers", "2")
-    assert metrics["participants"]["per_step"] == [[1, reference["global_steps"], 2]]
+    assert as_formed(metrics["participants"]["per_step"], 2) == [[1, reference["global_steps"], 2]]
     assert metrics["uncommitted_steps"] == 0 and metrics["fault_tolerance"] == "per-step"
     _same_run(metrics, reference)
 
@@ -77,7 +78,7 @@ def test_a_killed_replica_is_replaced_live_while_the_survivor_goes_on(cli, tmp_p
     # 2 throughout when the replacement (forked in a fraction of a second) was in the quorum
     # before the survivor committed a step alone.
     assert metrics["restarts"] == 0
-    segments = metrics["participants"]["per_step"]
+    segments = as_formed(metrics["participants"]["per_step"], 2)
     if len(segments) == 1:
         assert segments == [[1, reference["global_steps"], 2]] and int(joined.group(1)) == 40
     else:
@@ -88,10 +89,42 @@ def test_a_killed_replica_is_replaced_live_while_the_survivor_goes_on(cli, tmp_p
     _same_run(metrics, reference)
 
 
+def test_the_chief_s_replacement_reports_the_whole_run(cli, tmp_path, reference):
+    """Worker 0 is lost and replaced; its replacement leads the quorums after it (the lowest
+    replica) and reports the run: the record it took over with the live state, every step
+    from the first, and its own heal."""
+    flags = ["--strategy", "allreduce-ft", "--workers", "2", "--straggler", "1:2"]
+    metrics, stderr = _train(cli, tmp_path, "chief", *flags, "--fail", "0@40", "--max-restarts", "1")
+    joined = re.search(r"paratrain: worker 0 joined the run at step (\d+) with a live peer's state", stderr)
+    assert joined, stderr[-2000:]
+    segments = as_formed(metrics["participants"]["per_step"], 2)
+    assert segments[0][0] == 1 and segments[-1][1:] == [reference["global_steps"], 2]
+    assert all(a[1] + 1 == b[0] for a, b in zip(segments, segments[1:])), segments  # every step, once
+    # 2 -> 1 -> 2, or 2 throughout when the replacement was in the quorum before the survivor
+    # committed a step alone
+    if len(segments) == 1:
+        assert int(joined.group(1)) == 40
+    else:
+        assert segments[0] == [1, 40, 2] and segments[-1][0] == int(joined.group(1)) + 1
+    assert [heal["worker"] for heal in metrics["recoveries"]][-1:] == [0]
+    _same_run(metrics, reference)
+
+
 def test_without_restarts_the_survivor_finishes_alone(cli, tmp_path, reference):
     metrics, stderr = _train(cli, tmp_path, "alone", "--strategy", "allreduce-ft", "--workers", "2", "--fail", "1@40")
     assert "paratrain: worker 1 was lost (killed by SIGKILL) after step 40; the run goes on with 1 replica" in stderr
-    assert metrics["participants"]["per_step"] == [[1, 40, 2], [41, reference["global_steps"], 1]]
+    assert as_formed(metrics["participants"]["per_step"], 2) == [[1, 40, 2], [41, reference["global_steps"], 1]]
+    _same_run(metrics, reference)
+
+
+def test_a_chief_lost_after_the_last_step_leaves_the_survivor_to_report_the_run(cli, tmp_path, reference):
+    """Replica 0 is the chief; lost once the last step is committed, before it wrote the run's
+    results (its replacement finds the run over), the survivor's view of the run is reported."""
+    last = reference["global_steps"]
+    metrics, stderr = _train(cli, tmp_path, "late", "--strategy", "allreduce-ft", "--workers", "2",
+                             "--fail", f"0@{last}", "--max-restarts", "1")  # fmt: skip
+    assert f"worker 0 was lost (killed by SIGKILL) after step {last}" in stderr
+    assert as_formed(metrics["participants"]["per_step"], 2) == [[1, last, 2]]
     _same_run(metrics, reference)
 
 
@@ -110,9 +143,10 @@ def test_a_16_bit_wire_through_a_loss_halves_the_bytes_and_keeps_single_accuracy
     metrics, _ = _train(cli, tmp_path, "bf16", "--strategy", "allreduce-ft", "--workers", "2", "--compression",
                         "bf16", "--fail", "1@40")  # fmt: skip
     assert metrics["compression"] == "bf16"
-    assert metrics["participants"]["per_step"] == [[1, 40, 2], [41, reference["global_steps"], 1]]
+    assert as_formed(metrics["participants"]["per_step"], 2) == [[1, 40, 2], [41, reference["global_steps"], 1]]
     params = sum(p.numel() for p in build_model("mlp", load_dataset(TrainConfig()).spec).parameters())
-    assert metrics["bytes_sent"] == 2 * params * (40 * 2 + reference["global_steps"] - 40)
+    sent = sum((last - first + 1) * replicas for first, last, replicas in metrics["participants"]["per_step"])
+    assert metrics["bytes_sent"] == 2 * params * sent  # 2 bytes a parameter, each participant each step
     for epoch, (mine, theirs) in enumerate(zip(metrics["history"], reference["history"], strict=True)):
         tolerance = 2e-2 if epoch < 3 else 5e-2
         assert mine["test_loss"] == pytest.approx(theirs["test_loss"], rel=tolerance), epoch
@@ -126,7 +160,7 @@ def test_a_replica_asked_to_leave_finishes_its_step_and_the_others_go_on(cli, tm
     assert "paratrain: worker 2 left the run after step 40 (SIGTERM); the others go on" in stderr
     assert "was lost" not in stderr and "replacement" not in stderr
     steps = metrics["global_steps"]
-    assert metrics["participants"]["per_step"] == [[1, 40, 3], [41, steps, 2]]
+    assert as_formed(metrics["participants"]["per_step"], 3) == [[1, 40, 3], [41, steps, 2]]
     assert metrics["uncommitted_steps"] == 0
     single = cli("train", *RUN[:2], "--batch-size", "24", *RUN[4:], "--metrics-out", str(tmp_path / "s.json"))
     assert single.returncode == 0, single.stderr[-2000:]

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from paratrain.testing import run_processes
+from tests.conftest import as_formed
 
 pytest.importorskip("torchft")
 
@@ -51,7 +52,7 @@ def test_without_a_fault_it_is_the_single_process_run(cli, tmp_path, reference):
     result = cli("train", *FT, *RUN, "--metrics-out", str(out))
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = json.loads(out.read_text())
-    assert metrics["participants"]["per_step"] == [[1, reference["global_steps"], 2]]
+    assert as_formed(metrics["participants"]["per_step"], 2) == [[1, reference["global_steps"], 2]]
     assert metrics["replicas"] == 2 and metrics["stages"] == 2 and metrics["fault_tolerance"] == "per-step"
     _same_run(metrics, reference)
 
@@ -83,9 +84,23 @@ def test_a_killed_stage_takes_its_replica_out_and_a_whole_new_pipeline_rejoins_l
                      r"joins the run \(restart 1 of 1\)", stderr), stderr[-3000:]  # fmt: skip
     assert len(re.findall(r"paratrain: worker \d joined the run at step \d+ with a live peer's state", stderr)) == 2
     metrics = json.loads(out.read_text())
-    counts = [span[2] for span in metrics["participants"]["per_step"]]
+    counts = [span[2] for span in as_formed(metrics["participants"]["per_step"], 2)]
     # 2 -> 1 -> 2, or 2 throughout when the new pipeline was in the quorum before the
     # survivor committed a step alone
     assert counts[0] == 2 and counts[-1] == 2 and set(counts) <= {1, 2}, metrics["participants"]
     assert metrics["restarts"] == 0
+    _same_run(metrics, reference)
+
+
+def test_a_chief_lost_after_the_last_step_leaves_the_survivor_to_report_the_run(cli, tmp_path, reference):
+    """Replica 0 holds the chief (its last stage); lost once the last step is committed, before
+    it wrote the run's results, the survivor's view of the run is reported: exit 0, the
+    metrics file written, every step with both replicas."""
+    out = tmp_path / "m.json"
+    last = reference["global_steps"]
+    result = cli("train", *FT, *RUN, "--fail", f"0@{last}", "--max-restarts", "1", "--metrics-out", str(out))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert f"replica 0 was lost (killed by SIGKILL) after step {last}" in result.stderr
+    metrics = json.loads(out.read_text())
+    assert as_formed(metrics["participants"]["per_step"], 2) == [[1, last, 2]]
     _same_run(metrics, reference)
