@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -101,7 +102,7 @@ class EmulatedCluster:
         fits = sum(_cores_wanted(spec) for spec in specs) <= len(available)
         pinned = pin == "always" or (pin == "auto" and fits)
         cores = host_cores(specs, available) if pinned else [None] * len(specs)
-        self.id = cluster_id if cluster_id is not None else os.getpid() % 250
+        self.id = cluster_id if cluster_id is not None else free_cluster_id()
         self.prefix = f"pt{self.id}"
         self.bridge = f"{self.prefix}br"
         self.hosts = [
@@ -209,8 +210,18 @@ class EmulatedCluster:
         return leftovers(self.prefix, self.id)
 
 
+def free_cluster_id() -> int:
+    """A cluster number no emulated cluster on this machine uses (its names and its /24 are
+    its own): this process's id modulo 250, or the next free one after it, so that runners
+    started together (tests in parallel) rarely try the same one."""
+    start = os.getpid() % 250
+    taken = {_cluster_of(entry) for entry in leftovers()}
+    return next((start + k) % 250 for k in range(250) if (start + k) % 250 not in taken)
+
+
 def leftovers(prefix: str = "pt", cluster_id: int | None = None) -> list[str]:
-    """Namespaces, links and cgroups of emulated clusters still on this machine."""
+    """Namespaces, links and cgroups of emulated clusters still on this machine (of cluster
+    ``cluster_id`` alone, with its ``prefix``)."""
     found = []
     namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
     found += [f"netns {n}" for n in namespaces if _ours(n, prefix)]
@@ -226,10 +237,11 @@ def leftovers(prefix: str = "pt", cluster_id: int | None = None) -> list[str]:
     return found
 
 
-def remove_leftovers() -> list[str]:
-    """Remove what emulated clusters left on this machine (a runner killed with SIGKILL
-    cannot clean up after itself): their processes, cgroups, links and namespaces."""
-    found = leftovers()
+def remove_leftovers(cluster_id: int | None = None) -> list[str]:
+    """Remove what emulated clusters (or cluster ``cluster_id`` alone) left on this machine
+    (a runner killed with SIGKILL cannot clean up after itself): their processes, cgroups,
+    links and namespaces."""
+    found = leftovers() if cluster_id is None else leftovers(f"pt{cluster_id}", cluster_id)
     for entry in found:
         kind, name = entry.split(" ", 1)
         if kind == "cgroup":
@@ -276,5 +288,12 @@ def _accounting(name: str) -> Path | None:
 
 
 def _ours(name: str, prefix: str) -> bool:
+    """``name`` is an emulated cluster's (``prefix`` "pt": any cluster's; "pt<c>": cluster
+    c's, whose names go on with a letter, so that pt1 is not pt12)."""
     rest = name.removeprefix(prefix)
-    return name.startswith(prefix) and rest[:1].isdigit() if prefix == "pt" else name.startswith(prefix)
+    return name.startswith(prefix) and (rest[:1].isdigit() if prefix == "pt" else rest[:1].isalpha())
+
+
+def _cluster_of(entry: str) -> int:
+    """The cluster number in a ``leftovers()`` entry (``netns pt12h0``, ``cgroup .../paratrain-12-h0``)."""
+    return int(re.search(r"(?:/paratrain-|\bpt)(\d+)", entry).group(1))

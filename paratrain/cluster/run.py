@@ -201,6 +201,9 @@ def cluster_command(args: argparse.Namespace) -> int:
             progress = Path(scratch) / "progress"
             progress.write_bytes(bytes(8 * args.hosts * args.procs_per_host))
             with EmulatedCluster(specs, pin=args.pin) as cluster:
+                # Which namespaces, links and cgroups are this run's (`ip netns exec pt<c>h0 ...`).
+                print(f"paratrain cluster: cluster {cluster.id}: hosts {cluster.prefix}h0-{len(specs) - 1} on "
+                      f"198.18.{cluster.id}.0/24", file=sys.stderr, flush=True)  # fmt: skip
                 return _run(cluster, args.procs_per_host, command, events, logs, progress, stop)
     finally:
         signal.signal(signal.SIGTERM, previous)

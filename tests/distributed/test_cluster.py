@@ -31,11 +31,26 @@ needs_hosts = pytest.mark.skipif(_unsupported() is not None, reason=str(_unsuppo
 FAST = ["--epochs", "3", "--no-progress", "--log-every", "0"]
 
 
+MADE: list[int] = []  # the clusters this test's runners made (each says its number first)
+
+
+def _made(stderr) -> None:
+    if isinstance(stderr, bytes):
+        stderr = stderr.decode(errors="replace")
+    MADE.extend(int(n) for n in re.findall(r"paratrain cluster: cluster (\d+): ", stderr or ""))
+
+
 def cluster(*args, timeout=240, cwd=None):
-    return subprocess.run(
-        [sys.executable, "-m", "paratrain", "cluster", "run", *args],
-        capture_output=True, text=True, timeout=timeout, cwd=cwd,
-    )  # fmt: skip
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "paratrain", "cluster", "run", *args],
+            capture_output=True, text=True, timeout=timeout, cwd=cwd,
+        )  # fmt: skip
+    except subprocess.TimeoutExpired as error:
+        _made(error.stderr)  # its runner was killed: its hosts are left for the check below
+        raise
+    _made(result.stderr)
+    return result
 
 
 def train(*args, timeout=120):
@@ -46,10 +61,14 @@ def train(*args, timeout=120):
 
 @pytest.fixture(autouse=True)
 def nothing_left_behind():
+    """Every cluster this test made is gone after it. Only its own: under pytest-xdist another
+    test's cluster may be running now."""
+    MADE.clear()
     yield
     if shutil.which("ip") is not None and os.geteuid() == 0:
-        found = leftovers()
-        remove_leftovers()  # so that one failure does not fail the tests after it
+        found = [entry for number in MADE for entry in leftovers(f"pt{number}", number)]
+        for number in MADE:
+            remove_leftovers(number)  # so that one failure does not fail the tests after it
         assert found == []
 
 
@@ -90,7 +109,8 @@ print("cores", sorted(os.sched_getaffinity(0)), flush=True)
 @needs_hosts
 def test_each_host_runs_on_cores_of_its_own_and_its_cpu_is_counted(tmp_path):
     """Each host's processes are pinned to its cores; its CPU-seconds are counted and never
-    exceed its share (the quota holds), and a CPU-bound host's quota runs out in most periods."""
+    exceed its share (the quota holds), and a CPU-bound host that got its share ran its quota
+    out in most periods."""
     (tmp_path / "spin.py").write_text(SPIN)
     result = cluster("--hosts", "2", "--cpu", "0.5", "--host", "1:cpu=0.25", "--pin", "always",
                      "--logs", str(tmp_path / "logs"), "--", "python", str(tmp_path / "spin.py"))  # fmt: skip
@@ -106,8 +126,13 @@ def test_each_host_runs_on_cores_of_its_own_and_its_cpu_is_counted(tmp_path):
         )
         assert host["cpu"] == share
         assert cpu1 - cpu0 > 1.5  # the spin, and torchrun's start-up
-        assert (cpu1 - cpu0) / (t1 - t0) < share * 1.1  # sampled every 0.25 s: a period's worth of slack
-        assert (throttled1 - throttled0) / (periods1 - periods0) > 0.5
+        rate = (cpu1 - cpu0) / (t1 - t0)
+        assert rate < share * 1.1  # sampled every 0.25 s: a period's worth of slack
+        assert throttled1 > throttled0  # the quota bit
+        # A spin that got its whole share ran it out in most periods; one whose core was busy
+        # with other processes (tests in parallel) got less than its share and ran out less.
+        if rate > share * 0.9:
+            assert (throttled1 - throttled0) / (periods1 - periods0) > 0.5
     assert "paratrain cluster: host1: " in result.stderr and "share 0.25), quota ran out in" in result.stderr
 
 
@@ -151,9 +176,11 @@ def test_ctrl_c_removes_every_host():
         # as from a terminal: a suite started in the background (`cmd &`) ignores SIGINT, and so would the runner
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )  # fmt: skip
-    deadline = time.monotonic() + 60
-    while not any("pt" in entry for entry in leftovers()) and time.monotonic() < deadline:
-        time.sleep(0.2)
+    for line in iter(process.stderr.readline, ""):  # the runner says so once its hosts exist
+        if made := re.search(r"paratrain cluster: cluster (\d+): ", line):
+            MADE.append(int(made.group(1)))
+            break
+    assert MADE, "the runner did not say which cluster it made"
     time.sleep(5)  # mid-run
     process.send_signal(signal.SIGINT)
     _, stderr = process.communicate(timeout=60)
