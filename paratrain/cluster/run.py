@@ -42,7 +42,7 @@ from pathlib import Path
 from paratrain.cluster.hosts import PIN_MODES, EmulatedCluster, Host, HostSpec
 from paratrain.cluster.usage import UsageRecorder
 from paratrain.errors import ConfigError
-from paratrain.train.faults import read_progress
+from paratrain.train.faults import new_progress, read_progress
 
 PORT = 29500
 SETTLE_SECONDS = 5.0
@@ -199,7 +199,7 @@ def cluster_command(args: argparse.Namespace) -> int:
         # machine's file system); the processes also mark there that they joined the group.
         with tempfile.TemporaryDirectory(prefix="paratrain-progress-") as scratch:
             progress = Path(scratch) / "progress"
-            progress.write_bytes(bytes(8 * args.hosts * args.procs_per_host))
+            new_progress(progress, args.hosts * args.procs_per_host)
             with EmulatedCluster(specs, pin=args.pin) as cluster:
                 # Which namespaces, links and cgroups are this run's (`ip netns exec pt<c>h0 ...`).
                 print(f"paratrain cluster: cluster {cluster.id}: hosts {cluster.prefix}h0-{len(specs) - 1} on "

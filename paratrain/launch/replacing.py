@@ -40,7 +40,7 @@ from paratrain.launch.supervisor import (
     read_result,
     run_process,
 )
-from paratrain.train.faults import read_progress
+from paratrain.train.faults import new_progress, read_progress
 
 
 def supervise_replacing(
@@ -65,7 +65,7 @@ def supervise_replacing(
 
     folder = Path(tempfile.mkdtemp(prefix="paratrain-"))
     num_processes = num_replicas * per_replica
-    (folder / "progress").write_bytes(bytes(8 * num_processes))
+    new_progress(folder / "progress", num_processes)
     lighthouse = LighthouseServer(
         bind=f"127.0.0.1:{free_port()}",
         min_replicas=min_replicas,

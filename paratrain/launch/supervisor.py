@@ -34,7 +34,7 @@ from typing import Any
 from paratrain.comm.transport import free_port
 from paratrain.errors import WorkerFailed, signal_name
 from paratrain.launch.process import exit_now, launcher_env, process_context, run_entry, take_env
-from paratrain.train.faults import read_progress
+from paratrain.train.faults import new_progress, read_progress
 
 
 def supervise(
@@ -96,7 +96,7 @@ def _attempt(
 ) -> list[Any]:
     context = process_context()
     port = free_port()
-    (folder / "progress").write_bytes(bytes(8 * num_processes))
+    new_progress(folder / "progress", num_processes)
     processes = []
     for rank in range(num_processes):
         env = {

@@ -248,6 +248,13 @@ def progress_beacon(rank: int) -> list[Callback]:
     return [StepBeacon(path, rank)] if path else []
 
 
+def new_progress(path: str | os.PathLike, num_processes: int) -> None:
+    """The progress file of ``num_processes`` processes, every step 0 (StepBeacon writes a
+    process's slot, read_progress reads them all)."""
+    with open(path, "wb") as file:
+        file.write(bytes(8 * num_processes))
+
+
 def read_progress(path: str | os.PathLike, num_processes: int) -> list[int]:
     """The steps recorded by StepBeacon, by global rank (0 where none was)."""
     try:

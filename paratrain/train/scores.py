@@ -8,8 +8,8 @@ all-reduce, so a metric is the mean over every example of the evaluation data.
 Built in: the losses ``cross_entropy``, ``mse``, ``l1``, ``smooth_l1``, ``bce`` (with
 logits), ``nll``, and ``model``: the loss the model computes itself and returns (a Hugging
 Face model given ``labels``: ``outputs.loss``; a dict with ``"loss"``; a scalar tensor),
-the default where the batch is a dict of tensors alone; the metrics ``accuracy``, ``top<k>_accuracy`` (``top5_accuracy``),
-``mae`` (mean absolute error) and ``mse``.
+the default where the batch is a dict of tensors alone; the metrics ``accuracy``,
+``top<k>_accuracy`` (``top5_accuracy``), ``mae`` (mean absolute error) and ``mse``.
 """
 
 from __future__ import annotations

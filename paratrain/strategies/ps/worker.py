@@ -134,7 +134,7 @@ class ParameterServerStrategy(Strategy):
         self._samples = 0
         self._finished = False
         self._server_stats: list[dict[str, Any]] = []
-        self._links: list[Any] = []  # one per shard (links.py)
+        self._links: list[Any] = []  # one per shard (protocol/links.py)
         self._joined: dict[str, Any] | None = None  # where the run stood when this worker joined it
         self._per_update = 1  # gradients per version: 1 (ps-async), else a round's
         self._sigterm = LeaveOnSigterm()  # asked: say done after this step and leave
@@ -334,7 +334,7 @@ class ParameterServerStrategy(Strategy):
         self._host = self._flat if on_host else torch.empty_like(self._flat, device="cpu").pin_memory()
         self._host_grad = self._flat_grad if on_host else torch.empty_like(self._flat, device="cpu").pin_memory()
         fresh = self._fresh_codec
-        self._packers = [PackedGradient(self.codec, fresh, self.layout.piece_shapes(s)) for s in range(self.num_shards)]
+        packers = [PackedGradient(self.codec, fresh, self.layout.piece_shapes(s)) for s in range(self.num_shards)]
         pull_dtype = self.PULL_DTYPES[self.pull_compression]
         # Parameters arrive in the pull dtype; with 16 bits they land in their own buffer first.
         self._pulled = self._host if pull_dtype == self._flat.dtype else torch.zeros_like(self._host, dtype=pull_dtype)
@@ -342,7 +342,7 @@ class ParameterServerStrategy(Strategy):
             self.rank,
             self._links,
             self.layout,
-            self._packers,
+            packers,
             self._pulled,
             tags=self._tags,
             store=self._store,
@@ -509,7 +509,9 @@ class ParameterServerStrategy(Strategy):
             self._pull(wanted=0)
 
     # ----- transport (protocol/client.py) ---------------------------------------------------
-    def _header(self, kind: int, *, samples: int = 0, wants_reply: bool = False, wanted: int = 0, finite: bool = True):
+    def _header(
+        self, kind: int, *, samples: int = 0, wants_reply: bool = False, wanted: int = 0, finite: bool = True
+    ) -> Header:
         """A message to the shards; one that asks for a reply during an epoch of assigned
         batches also asks for a batch."""
         batch = self._epoch_asking if wants_reply else None

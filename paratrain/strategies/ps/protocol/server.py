@@ -156,6 +156,7 @@ class ShardServer:
 
     def _shard_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         """The user's optimizer class and hyper-parameters, over this shard's pieces."""
+        check_rebuildable(optimizer)
         groups: list[dict[str, Any]] = [
             {**{k: v for k, v in group.items() if k != "params"}, "params": []} for group in optimizer.param_groups
         ]
@@ -164,7 +165,6 @@ class ShardServer:
             param = nn.Parameter(data)  # shares storage: the optimizer updates self.params
             param.grad = self.grad[piece.offset : piece.offset + piece.numel]
             groups[self.group_of[piece.index]]["params"].append(param)
-        check_rebuildable(optimizer)
         return type(optimizer)([g for g in groups if g["params"]], **constructor_defaults(optimizer))
 
     # ----- state the rules read ---------------------------------------------------------

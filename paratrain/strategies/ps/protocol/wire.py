@@ -22,7 +22,6 @@ import torch
 
 # Message kinds, in the first field of every message to a shard.
 PULL, PUSH, DONE, SHUTDOWN = 1, 2, 3, 4
-KINDS = {PULL: "pull", PUSH: "push", DONE: "done", SHUTDOWN: "shutdown"}
 TAG_MESSAGE, TAG_REPLY_HEADER, TAG_REPLY = 11, 13, 14
 RUN_TAG_STRIDE = 16  # each run in a process group adds a multiple of this to its tags
 HEADER_SIZE = 13
