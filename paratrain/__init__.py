@@ -11,11 +11,11 @@ trainer.fit((x, y), epochs=10, validation_data=(x_test, y_test))
 
 from paratrain.config import TrainConfig
 from paratrain.errors import ConfigError, DivergedError, ParatrainError, WorkerFailed
+from paratrain.launch.factory import make_strategy, strategy_from_flags
 from paratrain.launch.local import launch
 from paratrain.strategies.allreduce import AllReduceStrategy
 from paratrain.strategies.averaging import DiLoCoStrategy, LocalSGDStrategy
 from paratrain.strategies.base import StepOutput, Strategy, current_strategy
-from paratrain.strategies.factory import make_strategy, strategy_from_flags
 from paratrain.strategies.fault_tolerant import FaultTolerantAllReduceStrategy
 from paratrain.strategies.fault_tolerant_pipeline import FaultTolerantPipelineStrategy
 from paratrain.strategies.fsdp import FSDPStrategy

@@ -16,15 +16,13 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import nn
 
+from paratrain.data.spec import DataSpec, Splits
 from paratrain.errors import ConfigError, ParatrainError
-
-if TYPE_CHECKING:
-    from paratrain.data.datasets import DataSpec, Splits
 
 
 def call_factory(factory: Callable[..., Any], argument: Any, what: str) -> Any:
@@ -52,8 +50,6 @@ def user_model(factory: Callable[..., Any], spec: DataSpec, what: str) -> nn.Mod
 
 
 def user_splits(factory: Callable[..., Any], config: Any, what: str) -> Splits:
-    from paratrain.data.datasets import Splits
-
     result = call_factory(factory, config, what)
     if isinstance(result, Splits):
         return result
@@ -89,8 +85,6 @@ def first_example(data: Any) -> tuple[Any, Any] | None:
 def infer_spec(train: Any, what: str) -> DataSpec:
     """A DataSpec from the first example (input shape and kind) and, for integer targets
     of a tensor data set, the number of classes (the largest label + 1)."""
-    from paratrain.data.datasets import DataSpec
-
     example = first_example(train)
     if example is None or not torch.is_tensor(example[0]):
         return DataSpec(input_shape=(), num_classes=0, input_kind="other")

@@ -90,7 +90,7 @@ def _timed(run: Callable[[], None]) -> float:
 def pair_worker(mode: str, models: list[str], batch_size: int, rounds: int) -> dict | None:
     """One rank: for each model, paratrain's ``mode`` and its plain loop in alternating rounds."""
     from paratrain.data.datasets import load_digits
-    from paratrain.strategies.factory import make_strategy
+    from paratrain.launch.factory import make_strategy
     from paratrain.testing import flat_parameters
     from paratrain.train.trainer import Trainer
 

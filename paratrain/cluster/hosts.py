@@ -33,13 +33,12 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from paratrain.cluster.usage import Usage, read_usage
+from paratrain.cluster.usage import PERIOD_US, Usage, read_usage
 from paratrain.errors import ConfigError
 
 CGROUP_CPU = Path("/sys/fs/cgroup/cpu")  # cgroup v1 CPU controller
 CGROUP_CPUACCT = Path("/sys/fs/cgroup/cpuacct")  # v1 CPU accounting, where mounted apart from cpu
 CGROUP_V2 = Path("/sys/fs/cgroup")
-PERIOD_US = 10_000  # 10 ms: a share is enforced within a fraction of a step
 PIN_MODES = ("auto", "always", "never")
 
 

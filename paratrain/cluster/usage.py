@@ -24,6 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 INTERVAL = 0.25  # seconds between samples
+#: The CFS period each host's CPU quota is enforced over (hosts.py writes it, the counters
+#: count its periods). 10 ms: a share is enforced within a fraction of a step.
+PERIOD_US = 10_000
 
 
 @dataclass(frozen=True)
@@ -88,8 +91,6 @@ class UsageRecorder:
             samples.append([now, u.cpu_s, u.periods, u.throttled_periods, u.throttled_s])
 
     def document(self) -> dict:
-        from paratrain.cluster.hosts import PERIOD_US
-
         return {
             "interval_s": self.interval,
             "period_s": PERIOD_US / 1e6,

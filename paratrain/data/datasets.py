@@ -15,15 +15,16 @@ is a ConfigError naming the file and what was expected.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset, TensorDataset
+from torch.utils.data import TensorDataset
 
+from paratrain.data.spec import DataSpec, Splits
 from paratrain.registry import DATASETS, is_reference
+from paratrain.usercode import user_splits
 
 
 def _digits_table() -> np.ndarray:
@@ -49,29 +50,6 @@ if TYPE_CHECKING:
     from paratrain.config import TrainConfig
 
 
-@dataclass(frozen=True)
-class DataSpec:
-    """What a model builder needs to know about the data it will see."""
-
-    input_shape: tuple[int, ...]
-    """Shape of one example: (channels, height, width) for images, (length,) for tokens."""
-    num_classes: int
-    input_kind: str = "image"
-    """"image" (float tensors) or "tokens" (integer ids, see vocab_size)."""
-    vocab_size: int = 0
-
-
-@dataclass
-class Splits:
-    train: Dataset
-    test: Dataset
-    spec: DataSpec
-    classes: tuple[str, ...] = ()
-    """Class names, by label."""
-    vocabulary: Any = field(default=None, repr=False)
-    """Token data: the ``Vocabulary`` the ids come from (``data/text.py``)."""
-
-
 def load_dataset(config: TrainConfig | str, **options: Any) -> Splits:
     """The train/test splits named by ``config.dataset``, or by name with TrainConfig
     options: ``load_dataset("cifar10", data_dir="data/cifar10")``."""
@@ -81,8 +59,6 @@ def load_dataset(config: TrainConfig | str, **options: Any) -> Splits:
         config = TrainConfig(dataset=config, **options)
     loader = DATASETS.get(config.dataset)
     if is_reference(config.dataset):
-        from paratrain.usercode import user_splits
-
         return user_splits(loader, config, f"--dataset {config.dataset}")
     return loader(config)
 

@@ -9,9 +9,10 @@ from __future__ import annotations
 import argparse
 import sys
 from collections.abc import Callable
-from typing import Any, NoReturn
+from typing import Any
 
 from paratrain.errors import DivergedError, ParatrainError, ReplicaLeft, WorkerFailed
+from paratrain.launch.flags import OneLineParser, add_train_arguments, train_config
 
 EPILOG = (
     "--batch-size is per replica: the global batch is batch-size x workers. "
@@ -20,38 +21,11 @@ EPILOG = (
 )
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:  # one line, exit 2
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
-    from paratrain.config import config_fields, field_type
-
-    parser = _Parser(prog="paratrain", description="Distributed training for PyTorch.")
-    commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    parser = OneLineParser(prog="paratrain", description="Distributed training for PyTorch.")
+    commands = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
     train = commands.add_parser("train", help="train a model", description="Train a model.", epilog=EPILOG)
-    train.add_argument("--config", metavar="FILE.toml", help="read options from a TOML file (flags override it)")
-    train.add_argument(
-        "--config-from",
-        metavar="RUN.json",
-        help="repeat a run: read options from the config embedded in its metrics file (flags override them; "
-        "its output paths --metrics-out, --logdir, --timeline, --checkpoint-dir are not reused)",
-    )
-    for f in config_fields():
-        flag = "--" + f.name.replace("_", "-")
-        help_text = f.metadata["help"]
-        choices = f.metadata.get("choices")
-        if choices is not None:
-            names = choices.names() if hasattr(choices, "names") else choices
-            help_text += f" ({'|'.join(names)}; default {f.default})"
-        elif f.default is not None:
-            help_text += f" (default {f.default})"
-        kind = field_type(f)
-        if kind is bool:
-            train.add_argument(flag, action=argparse.BooleanOptionalAction, default=None, help=help_text)
-        else:
-            train.add_argument(flag, type=kind, default=None, metavar=f.name.upper(), help=help_text)
+    add_train_arguments(train)
     train.set_defaults(handler=train_command)
     simulate = commands.add_parser(
         "simulate",
@@ -90,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Emulated hosts on this machine (root): network namespaces joined by a bridge, "
         "tc-shaped links, CPU cgroups; runs the command on them through torchrun (docs/cluster.md).",
     )
-    cluster_commands = cluster.add_subparsers(dest="cluster_command", required=True, parser_class=_Parser)
+    cluster_commands = cluster.add_subparsers(dest="cluster_command", required=True, parser_class=OneLineParser)
     cluster_run = cluster_commands.add_parser("run", help="run a command on emulated hosts")
     from paratrain.cluster.run import add_arguments as add_cluster_arguments
 
@@ -139,40 +113,6 @@ def env_command(args: argparse.Namespace) -> int:
     from paratrain.launch.env import env_command as run_env
 
     return run_env(args)
-
-
-def parse_train_config(argv: list[str]) -> Any:
-    """The TrainConfig that ``paratrain train ARGV`` would run (outside any cluster)."""
-    return train_config(build_parser().parse_args(["train", *argv]), cluster=None)
-
-
-def train_config(args: argparse.Namespace, cluster: Any, base: dict[str, Any] | None = None) -> Any:
-    """The run's TrainConfig from ``--config``/``--config-from`` (or ``base``: the options of
-    the run a worker joins) and the flags given on top; under a cluster started elsewhere,
-    ``--workers`` defaults to its worker count."""
-    from paratrain.config import config_fields, config_from_run, load_toml, make_config
-    from paratrain.errors import ConfigError
-
-    if args.config and args.config_from:
-        raise ConfigError("give --config or --config-from, not both")
-    if base and (args.config or args.config_from):
-        raise ConfigError("--join takes the options of the run it joins: give no --config or --config-from")
-    file_values = load_toml(args.config) if args.config else dict(base or {})
-    if args.config_from:
-        file_values = config_from_run(args.config_from)
-    overrides = {f.name: getattr(args, f.name) for f in config_fields() if getattr(args, f.name) is not None}
-    # What the user gave: the flags and a --config file's keys; the options of an earlier
-    # run (--config-from, or the run a worker joins) are all written, and count where they
-    # differ from their defaults.
-    given = set(overrides) | (set(file_values) if args.config else set())
-    if cluster is not None and "workers" not in overrides and "workers" not in file_values:
-        if cluster.num_ps:  # TF_CONFIG names the ps jobs
-            overrides["workers"] = cluster.world_size - cluster.num_ps
-        else:  # torchrun: as many workers as the processes left beside the mode's own (shards)
-            probe = make_config(file_values, {**overrides, "workers": cluster.world_size}, given)
-            others = probe.topology.num_processes - cluster.world_size  # shards, backups
-            overrides["workers"] = max(1, cluster.world_size - others)
-    return make_config(file_values, overrides, given)
 
 
 def train_command(args: argparse.Namespace) -> int:

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from paratrain.simulate.cluster import Cluster
+from paratrain.simulate.costs import Outcome, Update, allreduce_step_s, fsdp_step_s
 from paratrain.simulate.quota import ThrottledCore, ThrottledNodes
 
 
@@ -222,8 +223,6 @@ class AllReduceHost(HostRun):
 
     def reduced(self, t: float, ends: list[float] | None = None) -> None:
         """A round is complete at ``t``; each worker goes on at ``ends[w]`` (default ``t``)."""
-        from paratrain.simulate.simulator import Update
-
         self.done_rounds += 1
         self.wall = t
         if self.record:
@@ -235,14 +234,10 @@ class AllReduceHost(HostRun):
 
 
 def _allreduce_step(cluster: Cluster, slowest: float) -> float:
-    from paratrain.simulate.simulator import allreduce_step_s
-
     return allreduce_step_s(cluster, np.float64(slowest))
 
 
 def _fsdp_step(cluster: Cluster, slowest: float, **options: Any) -> float:
-    from paratrain.simulate.simulator import fsdp_step_s
-
     return fsdp_step_s(cluster, np.float64(slowest), **options)
 
 
@@ -375,8 +370,6 @@ class ParameterServerHost(HostRun):
         self._answer(t)
 
     def _apply(self, t: float, workers: list[int], versions: list[int], factor: float) -> None:
-        from paratrain.simulate.simulator import Update
-
         for v in versions:
             self.staleness[self.version - v] += 1
         self.applied += len(workers)
@@ -420,8 +413,6 @@ def simulate_on_host(
     strategy: str, cluster: Cluster, steps: int, rng: np.random.Generator, record: bool, **options: Any
 ):
     """``simulate`` for the event-driven engine: the same Outcome as simulator.py's models."""
-    from paratrain.simulate.simulator import Outcome
-
     if strategy in ("allreduce", "local-sgd", "diloco", "fsdp"):
         period = options.get("period", 8) if strategy in ("local-sgd", "diloco") else 1
         rounds = -(-steps // period)

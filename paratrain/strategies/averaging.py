@@ -41,11 +41,11 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch._utils import _flatten_dense_tensors, _unflatten_dense_tensors
 
 from paratrain.comm.average import average
 from paratrain.comm.codec_config import make_codec
 from paratrain.comm.codecs import Codec
+from paratrain.comm.flat import mean_gradients
 from paratrain.errors import ConfigError
 from paratrain.options import at_least, check_options, flag, option
 from paratrain.strategies.base import DEFAULT_TIMEOUT_S, ReplicaStrategy, staleness_summary
@@ -202,14 +202,8 @@ class PeriodicAveragingStrategy(ReplicaStrategy):
         """During the first ``local_after`` steps: the gradient's mean over the replicas."""
         if self.steps_taken >= self.local_after:
             return
-        grads = [p.grad for p in self._params if p.grad is not None]
         with span("allreduce", COMM):
-            flat = _flatten_dense_tensors(grads)
-            dist.all_reduce(flat)
-            flat /= self.num_replicas
-        self._bytes += flat.numel() * flat.element_size()
-        for grad, mean in zip(grads, _unflatten_dense_tensors(flat, grads)):
-            grad.copy_(mean)
+            self._bytes += mean_gradients([p for p in self._params if p.grad is not None], None, self.num_replicas)
 
     def train_step(self, model, loss_fn, optimizer, inputs, targets):  # noqa: ANN001, ANN201 - Strategy's
         out = super().train_step(model, loss_fn, optimizer, inputs, targets)

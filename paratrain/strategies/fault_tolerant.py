@@ -45,6 +45,7 @@ from torch import nn
 from torch.distributed import ReduceOp, TCPStore
 from torch.utils._pytree import tree_leaves
 
+from paratrain.comm.flat import flat_gradients, write_gradients
 from paratrain.comm.transport import load_compiler
 from paratrain.data.batch import map_tensors, num_examples
 from paratrain.data.sharding import ShardedBatches
@@ -500,7 +501,7 @@ class FaultTolerantAllReduceStrategy(Strategy):
         """This participant's gradients of ``params`` and its ``loss``, weighted by its
         ``share`` of the global batch, summed over the quorum in place (one flat all-reduce
         that never raises: a peer lost during it leaves the step uncommitted); the summed loss."""
-        grads = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
+        grads = flat_gradients(params)
         # Every participant must hold the same step's same global batch: their marks then sum
         # to P times each one's (exact in float32, as the loss must be: never in 16 bits).
         mark = _batch_mark(step, targets)
@@ -521,13 +522,7 @@ class FaultTolerantAllReduceStrategy(Strategy):
                 f"worker {self.process_rank}: the replicas disagree on the global batch of step "
                 f"{step} (a position was not carried over)"
             )
-        offset = 0
-        for p in params:
-            n = p.numel()
-            if p.grad is None:
-                p.grad = torch.empty_like(p)
-            p.grad.copy_(grads[offset : offset + n].view_as(p))
-            offset += n
+        write_gradients(params, grads)
         return tail[0].detach().clone()
 
     def _count_step(self, step: int, participants: int) -> None:

@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from paratrain.comm.flat import mean_gradients
 from paratrain.comm.transport import cluster_from_env, default_backend
 from paratrain.errors import ConfigError
 from paratrain.options import at_least, check_options, option
@@ -415,17 +416,8 @@ class PipelineStrategy(Strategy):
     def _average_gradients(self) -> None:
         """Mean of this stage's gradients across replicas: one all-reduce of one flat buffer."""
         params = [p for p in self._module.parameters() if p.grad is not None]
-        if not params:
-            return
-        flat = torch.cat([p.grad.reshape(-1) for p in params])
-        dist.all_reduce(flat, group=self._stage_group)
-        flat /= self.num_replicas
-        offset = 0
-        for p in params:
-            n = p.grad.numel()
-            p.grad.copy_(flat[offset : offset + n].view_as(p.grad))
-            offset += n
-        self._bytes_sent += flat.numel() * flat.element_size()
+        if params:
+            self._bytes_sent += mean_gradients(params, self._stage_group, self.num_replicas)
 
     def forward(self, model: nn.Module, inputs: torch.Tensor) -> torch.Tensor | None:
         """Evaluation's forward pass through every stage; logits on the last stage only."""

@@ -5,7 +5,7 @@ run's configuration (``TrainConfig.to_dict()``, the ``config`` of the metrics fi
 import pytest
 
 from paratrain.config import load_toml
-from paratrain.launch.cli import parse_train_config
+from paratrain.launch.flags import parse_train_config
 
 PS = ["--strategy", "ps-async", "--workers", "2"]
 PIPELINE = ["--strategy", "pipeline"]

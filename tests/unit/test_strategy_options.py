@@ -36,7 +36,7 @@ def test_refused_with_one_line(options, message):
 def test_flags_given_at_their_defaults_are_refused_but_a_written_run_is_not(tmp_path):
     """From the command line, a flag given is refused even at its default; the options of an
     earlier run (--config-from: every option written) count only where they differ."""
-    from paratrain.launch.cli import parse_train_config
+    from paratrain.launch.flags import parse_train_config
 
     with pytest.raises(ConfigError, match="--outer-momentum applies to --strategy diloco"):
         parse_train_config(["--strategy", "local-sgd", "--outer-momentum", "0.9"])

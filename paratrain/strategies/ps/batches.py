@@ -4,15 +4,26 @@ epoch's batches, one at a time, to whichever worker asks first."""
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
 from paratrain.data.sharding import ShardedBatches
 from paratrain.errors import ConfigError
 
-if TYPE_CHECKING:
-    from paratrain.strategies.ps.worker import ParameterServerStrategy
+
+class BatchHandout(Protocol):
+    """What the batches ask of the parameter-server worker that reads them."""
+
+    @property
+    def device(self) -> torch.device: ...
+
+    @property
+    def num_replicas(self) -> int: ...
+
+    def assigned_batches(self, epoch: int, num_batches: int) -> Iterator[int]:
+        """The numbers of the batches of ``epoch`` that shard 0 hands this worker."""
+        ...
 
 
 class AssignedBatches(ShardedBatches):
@@ -23,7 +34,7 @@ class AssignedBatches(ShardedBatches):
 
     def __init__(
         self,
-        strategy: ParameterServerStrategy,
+        strategy: BatchHandout,
         dataset: object,
         batch_size: int,
         *,

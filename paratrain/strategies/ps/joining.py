@@ -21,16 +21,14 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch.distributed as dist
 
 from paratrain.errors import ConfigError, WorkerLost
 from paratrain.strategies.ps.protocol.links import PairLink
-
-if TYPE_CHECKING:
-    from paratrain.strategies.ps.protocol.server import ShardServer
 
 #: The key, outside any run's prefix, under which shard 0 describes the run joiners join.
 RUN_KEY = "paratrain/ps-run"
@@ -49,10 +47,19 @@ def describe_run(store: Any, prefix: str, **facts: Any) -> None:
 
 
 class Door:
-    """On each shard: admits the workers that join while the run serves."""
+    """On each shard: admits the workers that join while the run serves, until ``finished``
+    is set. ``admit(worker, link)`` makes the shard serve one and returns where the run
+    stands (shard 0 tells the joiner)."""
 
-    def __init__(self, server: ShardServer, timeout: float):
-        self.server, self.store, self.timeout = server, server.store, timeout
+    def __init__(
+        self,
+        store: Any,
+        shard: int,
+        finished: threading.Event,
+        admit: Callable[[int, PairLink], dict[str, Any]],
+        timeout: float,
+    ):
+        self.store, self.shard, self.finished, self.admit, self.timeout = store, shard, finished, admit, timeout
         self.thread = threading.Thread(target=self._run, name="ps-door", daemon=True)
 
     def start(self) -> None:
@@ -65,8 +72,8 @@ class Door:
             return
 
     def _admit_all(self) -> None:
-        server, request, missing_since = self.server, 0, None
-        while not server.finished.wait(0.1):
+        request, missing_since = 0, None
+        while not self.finished.wait(0.1):
             if self.store.add("joins", 0) <= request:  # no one has taken a number since
                 continue
             if not self.store.check([f"join/{request}"]):
@@ -78,14 +85,14 @@ class Door:
             worker = json.loads(self.store.get(f"join/{request}"))["worker"]
             request, missing_since = request + 1, None
             try:  # blocks this thread (not the shard's others) until the joiner connects
-                link = PairLink(self.store, pair_prefix(worker, server.shard), 0, self.timeout)
+                link = PairLink(self.store, pair_prefix(worker, self.shard), 0, self.timeout)
             except RuntimeError as error:
-                print(f"paratrain: ps shard {server.shard}: worker {worker} could not join: {error}", flush=True)
+                print(f"paratrain: ps shard {self.shard}: worker {worker} could not join: {error}", flush=True)
                 continue
-            position = server.admit(worker, link)
-            if server.shard == 0:
+            position = self.admit(worker, link)
+            if self.shard == 0:
                 self.store.set(f"joined/{worker}", json.dumps(position))
-        if server.shard == 0:
+        if self.shard == 0:
             self.store.set("closed", "1")
 
 

@@ -187,7 +187,7 @@ class ShardServer:
         receiver.start()
         monitor.start()
         if self.admits:
-            Door(self, self.wait_timeout).start()
+            Door(self.store, self.shard, self.finished, self.admit, self.wait_timeout).start()
         self.finished.wait()
         # The monitor uses the store; it must be out of it before this process may exit.
         monitor.join()

@@ -24,7 +24,7 @@ def strategy_from_flags(argv: Sequence[str]) -> Strategy:
     """The strategy ``paratrain train ARGV`` would run: ``strategy_from_flags(sys.argv[1:])``
     with ``--strategy ps-sync --ps-shards 2``, say (other training flags are checked and
     otherwise ignored). Bad flags raise ConfigError naming them."""
-    from paratrain.launch.cli import parse_train_config
+    from paratrain.launch.flags import parse_train_config
 
     argv = list(argv)
     config = parse_train_config(argv)

@@ -1,0 +1,32 @@
+"""What a model is told about its data (``DataSpec``) and a data set's train and test
+splits (``Splits``): the types data loaders, user factories and model builders share."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from torch.utils.data import Dataset
+
+
+@dataclass(frozen=True)
+class DataSpec:
+    """What a model builder needs to know about the data it will see."""
+
+    input_shape: tuple[int, ...]
+    """Shape of one example: (channels, height, width) for images, (length,) for tokens."""
+    num_classes: int
+    input_kind: str = "image"
+    """"image" (float tensors) or "tokens" (integer ids, see vocab_size)."""
+    vocab_size: int = 0
+
+
+@dataclass
+class Splits:
+    train: Dataset
+    test: Dataset
+    spec: DataSpec
+    classes: tuple[str, ...] = ()
+    """Class names, by label."""
+    vocabulary: Any = field(default=None, repr=False)
+    """Token data: the ``Vocabulary`` the ids come from (``data/text.py``)."""
