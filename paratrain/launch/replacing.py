@@ -57,7 +57,7 @@ def supervise_replacing(
     """``num_replicas`` replicas of ``per_replica`` processes each (``pipeline-ft``: its
     stages, a process group of their own); ``names`` names every process. A replica is
     replaced as a unit: when one of its processes is lost, the others are stopped too."""
-    from paratrain.strategies.fault_tolerant import torchft_modules
+    from paratrain.strategies.fault_tolerant.strategy import torchft_modules
 
     torchft_modules()
     from torch.distributed import TCPStore
@@ -73,7 +73,7 @@ def supervise_replacing(
         quorum_tick_ms=50,
         heartbeat_timeout_ms=int(heartbeat_timeout * 1000),
     )
-    # Where the first replicas meet before their first quorum (strategies/fault_tolerant.py).
+    # Where the first replicas meet before their first quorum (strategies/fault_tolerant/strategy.py).
     store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=timeout))
     port = lighthouse.address().rpartition(":")[2]
     base = {
@@ -160,7 +160,13 @@ def supervise_replacing(
                 step = read_progress(folder / "progress", num_processes)[index]
                 how = f"exit code {code}" if code > 0 else f"killed by {signal_name(-code)}"
                 what = f"paratrain: {names[index]} was lost ({how}) after step {step}"
-                if not finished and restarts < max_restarts:
+                # Training is over once another replica finished or is finishing (a process of
+                # it done, none failed): a loss then needs no replacement and fails nothing (a
+                # replacement started just before finds no one to take the state from).
+                over = bool(finished) or any(
+                    _finishing(members) for s, members in enumerate(replicas) if s != slot and s not in lost
+                )
+                if not over and restarts < max_restarts:
                     restarts += 1
                     incarnation[slot] += 1
                     print(
@@ -171,12 +177,14 @@ def supervise_replacing(
                     replicas[slot] = start(slot)
                     continue
                 alive = sum(
-                    1 for s, ps in enumerate(replicas) if s not in lost and s != slot and ps[0].exitcode is None
+                    1
+                    for s, ps in enumerate(replicas)
+                    if s not in lost and s != slot and any(p.exitcode is None for p in ps)
                 )
-                if not finished and alive < min_replicas:
+                if not over and alive < min_replicas:
                     raise first_failure(failure, names)
                 lost.add(slot)
-                if not finished:
+                if not over:
                     print(
                         f"{what}; the run goes on with {alive} replica{'s' * (alive != 1)}", file=sys.stderr, flush=True
                     )
@@ -197,6 +205,12 @@ def supervise_replacing(
 def _tag(slot: int, member: int, incarnation: int, per_replica: int) -> str:
     """A process's name in the run's folder (error and result files)."""
     return f"{slot}-{incarnation}" if per_replica == 1 else f"{slot}.{member}-{incarnation}"
+
+
+def _finishing(processes: list[Any]) -> bool:
+    """A replica done training: a process of it exited 0 and none failed."""
+    codes = [p.exitcode for p in processes]
+    return 0 in codes and all(code in (None, 0) for code in codes)
 
 
 def _stop(processes: list[Any]) -> None:
