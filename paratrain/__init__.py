@@ -13,13 +13,13 @@ from paratrain.config import TrainConfig
 from paratrain.errors import ConfigError, DivergedError, ParatrainError, WorkerFailed
 from paratrain.launch.factory import make_strategy, strategy_from_flags
 from paratrain.launch.local import launch
-from paratrain.strategies.allreduce import AllReduceStrategy
-from paratrain.strategies.averaging import DiLoCoStrategy, LocalSGDStrategy
+from paratrain.strategies.allreduce.strategy import AllReduceStrategy
+from paratrain.strategies.averaging.strategy import DiLoCoStrategy, LocalSGDStrategy
 from paratrain.strategies.base import StepOutput, Strategy, current_strategy
-from paratrain.strategies.fault_tolerant import FaultTolerantAllReduceStrategy
-from paratrain.strategies.fault_tolerant_pipeline import FaultTolerantPipelineStrategy
-from paratrain.strategies.fsdp import FSDPStrategy
-from paratrain.strategies.ps import ParameterServerStrategy
+from paratrain.strategies.fault_tolerant.pipeline import FaultTolerantPipelineStrategy
+from paratrain.strategies.fault_tolerant.strategy import FaultTolerantAllReduceStrategy
+from paratrain.strategies.fsdp.strategy import FSDPStrategy
+from paratrain.strategies.ps.worker import ParameterServerStrategy
 from paratrain.strategies.recipe import StepRecipe
 from paratrain.strategies.single import SingleDeviceStrategy, get_strategy
 from paratrain.train.callbacks import Callback, EarlyStopping, LearningRateScheduler
@@ -34,7 +34,7 @@ MirroredStrategy = AllReduceStrategy
 def __getattr__(name: str):
     # torch.distributed.pipelining imports sympy (seconds): only when a pipeline is asked for.
     if name == "PipelineStrategy":
-        from paratrain.strategies.pipeline import PipelineStrategy
+        from paratrain.strategies.pipeline.strategy import PipelineStrategy
 
         return PipelineStrategy
     raise AttributeError(f"module 'paratrain' has no attribute {name!r}")

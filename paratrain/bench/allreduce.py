@@ -69,7 +69,7 @@ def timed(run) -> float:
 def worker(model_names: list[str], batch_size: int, rounds: int, epochs_per_round: int) -> dict | None:
     """One rank: for each model, warm up and then alternate the two sides; rank 0's timings."""
     from paratrain.data.datasets import load_digits
-    from paratrain.strategies.allreduce import AllReduceStrategy
+    from paratrain.strategies.allreduce.strategy import AllReduceStrategy
     from paratrain.train.trainer import Trainer
 
     torch.set_num_threads(1)

@@ -57,7 +57,7 @@ def _plain(mode: str, model: nn.Module) -> tuple[nn.Module, Callable[[nn.Module]
     if mode == "fsdp":
         from torch.distributed.fsdp import fully_shard
 
-        from paratrain.strategies.fsdp import fsdp_units
+        from paratrain.strategies.fsdp.strategy import fsdp_units
 
         for module in fsdp_units(model):  # the same units as paratrain's fsdp
             fully_shard(module)

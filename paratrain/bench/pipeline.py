@@ -50,7 +50,7 @@ from torch.distributed.pipelining import schedules
 
 from paratrain.comm.transport import ensure_process_group
 from paratrain.session.teardown import destroy_groups
-from paratrain.strategies.pipeline import PipelineStrategy
+from paratrain.strategies.pipeline.strategy import PipelineStrategy
 
 
 def build(layers: int, width: int) -> nn.Sequential:

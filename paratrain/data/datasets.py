@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import torch
 from torch.utils.data import TensorDataset
 
+from paratrain.config import TrainConfig
 from paratrain.data.spec import DataSpec, Splits
 from paratrain.registry import DATASETS, is_reference
 from paratrain.usercode import user_splits
@@ -44,10 +45,6 @@ def _digits_table() -> np.ndarray:
 
     bunch = sklearn_digits()
     return np.column_stack([bunch.data, bunch.target]).astype(np.float32)
-
-
-if TYPE_CHECKING:
-    from paratrain.config import TrainConfig
 
 
 def load_dataset(config: TrainConfig | str, **options: Any) -> Splits:

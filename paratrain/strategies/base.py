@@ -26,28 +26,20 @@ from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
 from paratrain.comm.transport import cluster_from_env, default_backend, ensure_process_group
+from paratrain.config import DEFAULT_TIMEOUT_S
 from paratrain.data.sharding import ShardedBatches
 from paratrain.errors import ConfigError, DivergedError, WorkerLost
 from paratrain.session.teardown import destroy_groups, sever_groups
 from paratrain.strategies.recipe import StepRecipe, clip_norm
 from paratrain.strategies.topology import Role, Topology
 from paratrain.timeline import span
-
-DEFAULT_TIMEOUT_S = 60.0
-"""How long any wait of a run (a collective, a rendezvous, a store key, a shard's reply)
-may last before the run fails naming who did not answer (``--timeout``). The longest
-legitimate wait in a run is one process doing alone what the others wait for: the chief
-evaluating, a checkpoint being written, the first step of ``--compile``, a slow host
-starting. On the built-in models and data sets these take under 5 s on 2 CPU cores;
-60 s leaves a wide margin and yet ends a run with a dead peer within a minute. Raise it
-for models of many GB or a compiled first step that takes longer."""
 
 if TYPE_CHECKING:
     from paratrain.comm.codecs import Codec
@@ -86,6 +78,20 @@ def resolve_device(preference: str, local_rank: int = 0) -> torch.device:
     device = torch.device("cuda", local_rank % torch.cuda.device_count())
     torch.cuda.set_device(device)
     return device
+
+
+class FitLoop(Protocol):
+    """What a strategy may read and set of the loop that drives it (the Trainer,
+    train/trainer.py): its position and the state a replica that joins takes over."""
+
+    module: nn.Module
+    optimizer: torch.optim.Optimizer
+    batch: int
+    """Batches of the current epoch done."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
 class Strategy:
@@ -431,7 +437,7 @@ class Strategy:
         for group in optimizer.param_groups:
             group["lr"] = lr
 
-    def begin_fit(self, trainer: Any) -> None:
+    def begin_fit(self, trainer: FitLoop) -> None:
         """Called by ``Trainer.fit`` once its callbacks began (and a checkpoint may have set
         the loop's position): a mode whose replicas join a running job takes the live
         position here (``trainer.load_state_dict``)."""

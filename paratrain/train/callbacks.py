@@ -10,19 +10,16 @@ do so on the chief only.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
 from paratrain.console import console
 from paratrain.errors import ConfigError
 
-if TYPE_CHECKING:
-    from paratrain.train.trainer import Trainer
-
 
 class Callback:
-    trainer: Trainer
+    trainer: Any  # the Trainer (train/trainer.py) whose loop calls this callback
 
     def on_train_begin(self, logs: dict[str, Any]) -> None: ...
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any]) -> None: ...
@@ -41,7 +38,7 @@ class Callback:
 
 
 class CallbackList:
-    def __init__(self, callbacks: list[Callback], trainer: Trainer):
+    def __init__(self, callbacks: list[Callback], trainer: Any):
         self.callbacks = callbacks
         for callback in callbacks:
             callback.trainer = trainer

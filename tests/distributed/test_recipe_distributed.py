@@ -6,7 +6,7 @@ import torch
 import paratrain
 from paratrain.data.datasets import load_digits
 from paratrain.models import build_model
-from paratrain.strategies.pipeline import PipelineStrategy
+from paratrain.strategies.pipeline.strategy import PipelineStrategy
 from paratrain.testing import flat_parameters, relative_difference, run_distributed
 
 pytestmark = pytest.mark.distributed

@@ -10,7 +10,7 @@ import torch
 from paratrain.comm.transport import ClusterEnv
 from paratrain.config import TrainConfig
 from paratrain.errors import ConfigError
-from paratrain.strategies.fault_tolerant import ReplicaGroups, part_of
+from paratrain.strategies.fault_tolerant.strategy import ReplicaGroups, part_of
 
 
 @pytest.mark.parametrize(
@@ -46,7 +46,7 @@ def test_replacements_need_no_checkpoint_folder():
 
 
 def test_pipeline_replicas_are_replaced_as_units_and_keep_the_global_batch():
-    from paratrain.strategies.fault_tolerant_pipeline import PipelineReplicaGroups
+    from paratrain.strategies.fault_tolerant.pipeline import PipelineReplicaGroups
 
     config = TrainConfig(strategy="pipeline-ft", stages=2, workers=6, max_restarts=1, batch_size=8, microbatches=4)
     assert config.topology == PipelineReplicaGroups(num_replicas=3, num_stages=2)

@@ -6,7 +6,7 @@ import pytest
 
 from paratrain.config import TrainConfig
 from paratrain.errors import ConfigError
-from paratrain.strategies.averaging import _fragments
+from paratrain.strategies.averaging.strategy import _fragments
 
 
 @pytest.mark.parametrize(
@@ -81,7 +81,7 @@ def test_bucket_cap_mb_is_allreduces():
 
 
 def test_a_codecs_per_rank_state_starts_empty_on_another_number_of_replicas():
-    from paratrain.strategies.allreduce import AllReduceStrategy
+    from paratrain.strategies.allreduce.strategy import AllReduceStrategy
     from paratrain.strategies.topology import Topology
 
     strategy = AllReduceStrategy(device="cpu", compression="topk")

@@ -12,7 +12,6 @@ communication hook (``comm/hooks.py``); ``none`` keeps DDP's own all-reduce.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -25,26 +24,12 @@ from paratrain.comm.codecs import Codec
 from paratrain.comm.hooks import CommHook, make_hook
 from paratrain.console import console
 from paratrain.errors import ConfigError
-from paratrain.options import check_options, option
+from paratrain.strategies.allreduce.config import AllReduceConfig
 from paratrain.strategies.base import DEFAULT_TIMEOUT_S, ReplicaStrategy, staleness_summary, uncompiled
 from paratrain.strategies.recipe import StepRecipe
 
 if TYPE_CHECKING:
     from paratrain.config import TrainConfig
-
-
-@dataclass
-class AllReduceConfig:
-    """Options of ``allreduce``."""
-
-    bucket_cap_mb: float = option(
-        25.0, "allreduce: MB of gradients per all-reduce bucket (DDP's; smaller overlaps more, larger sends fewer)"
-    )
-
-    def __post_init__(self) -> None:
-        check_options(self)
-        if not self.bucket_cap_mb > 0:
-            raise ConfigError(f"--bucket-cap-mb must be > 0, got {self.bucket_cap_mb}")
 
 
 class AllReduceStrategy(ReplicaStrategy):

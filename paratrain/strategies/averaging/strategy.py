@@ -47,7 +47,8 @@ from paratrain.comm.codec_config import make_codec
 from paratrain.comm.codecs import Codec
 from paratrain.comm.flat import mean_gradients
 from paratrain.errors import ConfigError
-from paratrain.options import at_least, check_options, flag, option
+from paratrain.options import flag
+from paratrain.strategies.averaging.config import AveragingConfig
 from paratrain.strategies.base import DEFAULT_TIMEOUT_S, ReplicaStrategy, staleness_summary
 from paratrain.strategies.recipe import StepRecipe
 from paratrain.strategies.topology import Topology
@@ -55,37 +56,6 @@ from paratrain.timeline import COMM, span
 
 if TYPE_CHECKING:
     from paratrain.config import TrainConfig
-
-
-@dataclass
-class AveragingConfig:
-    """Options of the strategies that synchronize every H steps (``local-sgd``, ``diloco``)."""
-
-    sync_every: int = option(8, "local-sgd, diloco: local steps H between synchronizations")
-    local_after: int = option(
-        0, "local-sgd, diloco: steps of plain gradient all-reduce before the local steps begin (post-local SGD)"
-    )
-    outer_lr: float = option(0.7, "diloco: outer learning rate on the averaged parameter delta")
-    outer_momentum: float = option(0.9, "diloco: outer Nesterov momentum (0: plain outer SGD)")
-    fragments: int = option(
-        1, "local-sgd, diloco: parameter fragments synchronized in turn, one every H/F steps (Streaming DiLoCo)"
-    )
-
-    def __post_init__(self) -> None:
-        check_options(self)
-        at_least("sync_every", self.sync_every, 1)
-        at_least("fragments", self.fragments, 1)
-        at_least("local_after", self.local_after, 0)
-        at_least("outer_momentum", self.outer_momentum, 0)
-        if not self.outer_lr > 0:
-            raise ConfigError(f"--outer-lr must be > 0, got {self.outer_lr}")
-        if self.outer_momentum >= 1:
-            raise ConfigError(f"--outer-momentum must be < 1, got {self.outer_momentum}")
-        if self.sync_every % self.fragments:
-            raise ConfigError(
-                f"--fragments {self.fragments} must divide --sync-every {self.sync_every} "
-                "(one fragment is synchronized every H/F steps)"
-            )
 
 
 @dataclass(frozen=True)

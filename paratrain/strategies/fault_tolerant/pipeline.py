@@ -38,16 +38,17 @@ from paratrain.data.batch import map_tensors, num_examples
 from paratrain.errors import ConfigError, WorkerLost
 from paratrain.parallel.pipeline import make_schedule
 from paratrain.parallel.split import parse_split_points
+from paratrain.session.incarnation import restart_count
 from paratrain.strategies.base import DEFAULT_TIMEOUT_S, LossFn, Strategy, resolve_device
-from paratrain.strategies.fault_tolerant import (
+from paratrain.strategies.fault_tolerant.config import FTConfig
+from paratrain.strategies.fault_tolerant.strategy import (
     FaultTolerantAllReduceStrategy,
-    FTConfig,
     part_of,
     replica_slot,
     torchft_modules,
 )
-from paratrain.strategies.pipeline import PipelineConfig, PipelineStrategy, PipelineTopology
-from paratrain.train.faults import restart_count
+from paratrain.strategies.pipeline.config import PipelineConfig
+from paratrain.strategies.pipeline.strategy import PipelineStrategy, PipelineTopology
 
 if TYPE_CHECKING:
     from paratrain.comm.transport import ClusterEnv

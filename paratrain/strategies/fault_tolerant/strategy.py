@@ -50,50 +50,26 @@ from paratrain.comm.transport import load_compiler
 from paratrain.data.batch import map_tensors, num_examples
 from paratrain.data.sharding import ShardedBatches
 from paratrain.errors import ConfigError, ReplicaLeft, WorkerLost
-from paratrain.options import check_options, option
+from paratrain.session.incarnation import restart_count
 from paratrain.session.leaving import LeaveOnSigterm
 from paratrain.strategies.base import (
     DEFAULT_TIMEOUT_S,
+    FitLoop,
     LossFn,
     StepOutput,
     Strategy,
     resolve_device,
     staleness_summary,
 )
+from paratrain.strategies.fault_tolerant.config import FTConfig
 from paratrain.strategies.topology import Topology
 from paratrain.timeline import span
-from paratrain.train.faults import restart_count
 
 if TYPE_CHECKING:
     from paratrain.comm.transport import ClusterEnv
     from paratrain.config import TrainConfig
-    from paratrain.train.trainer import Trainer
 
 INSTALL_HINT = "pip install 'paratrain[ft]' (torchft: Linux x86_64, Python 3.10-3.13)"
-
-
-@dataclass
-class FTConfig:
-    """Options of ``allreduce-ft``."""
-
-    lighthouse: str | None = option(
-        None,
-        "allreduce-ft: the Lighthouse's address (http://HOST:PORT, from torchft_lighthouse) for runs across "
-        "machines; a local run starts its own",
-    )
-    min_replicas: int = option(1, "allreduce-ft: fewest replicas a step may commit with; below it the run waits")
-    replica_heartbeat_timeout: float = option(
-        1.0, "allreduce-ft: seconds without a heartbeat before the Lighthouse drops a replica (a local run's own)"
-    )
-
-    def __post_init__(self) -> None:
-        check_options(self)
-        if self.min_replicas < 1:
-            raise ConfigError(f"--min-replicas must be >= 1, got {self.min_replicas}")
-        if not self.replica_heartbeat_timeout > 0:
-            raise ConfigError(f"--replica-heartbeat-timeout must be > 0, got {self.replica_heartbeat_timeout}")
-        if self.lighthouse is not None and not self.lighthouse.startswith(("http://", "https://")):
-            raise ConfigError(f"--lighthouse must be an address like http://HOST:29510, got {self.lighthouse!r}")
 
 
 @dataclass(frozen=True)
@@ -172,7 +148,7 @@ class FaultTolerantAllReduceStrategy(Strategy):
         """Seconds of silence before a local launch's Lighthouse drops a replica."""
         self.manager: Any = None
         self.incarnation = 0
-        self.trainer: Trainer | None = None
+        self.trainer: FitLoop | None = None
         self._sigterm = LeaveOnSigterm()  # asked: leave after the step
         self._quorum_ready = False  # begin_fit formed the quorum of the first step already
         self._joined_state: dict[str, Any] | None = None
@@ -274,7 +250,7 @@ class FaultTolerantAllReduceStrategy(Strategy):
         self._grad_bytes = sum(p.numel() * (size or p.element_size()) for p in model.parameters() if p.requires_grad)
         return model, optimizer
 
-    def begin_fit(self, trainer: Trainer) -> None:
+    def begin_fit(self, trainer: FitLoop) -> None:
         """Join the run: the Manager starts (last, so that the Lighthouse never waits on a
         replica still building its model), then the first quorum; a replacement takes the
         live state from a peer there and the loop goes on from the peer's position."""

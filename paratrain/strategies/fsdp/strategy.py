@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -43,8 +42,8 @@ from torch import nn
 from paratrain.comm.codec_config import make_codec
 from paratrain.comm.codecs import Codec
 from paratrain.errors import ConfigError
-from paratrain.options import check_options, option
 from paratrain.strategies.base import DEFAULT_TIMEOUT_S, ReplicaStrategy, staleness_summary, uncompiled
+from paratrain.strategies.fsdp.config import FSDPConfig
 from paratrain.strategies.recipe import StepRecipe
 
 if TYPE_CHECKING:
@@ -55,20 +54,6 @@ REDUCE_DTYPES = {"none": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 #: The folder of a checkpoint that holds the sharded model and optimizer.
 SHARDS = "model"
-
-
-@dataclass
-class FSDPConfig:
-    """Options of ``fsdp``."""
-
-    reshard_after_forward: bool = option(
-        True,
-        "fsdp: free each layer's gathered parameters after its forward (ZeRO-3); "
-        "--no-reshard-after-forward keeps them until its backward (more memory, fewer all-gathers)",
-    )
-
-    def __post_init__(self) -> None:
-        check_options(self)
 
 
 class FSDPStrategy(ReplicaStrategy):

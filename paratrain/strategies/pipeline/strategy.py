@@ -27,7 +27,6 @@ from torch import nn
 from paratrain.comm.flat import mean_gradients
 from paratrain.comm.transport import cluster_from_env, default_backend
 from paratrain.errors import ConfigError
-from paratrain.options import at_least, check_options, option
 from paratrain.parallel.pipeline import SCHEDULES, forward_only, make_schedule, stage_module
 from paratrain.parallel.split import (
     BALANCES,
@@ -47,31 +46,12 @@ from paratrain.strategies.base import (
     resolve_device,
     staleness_summary,
 )
+from paratrain.strategies.pipeline.config import PipelineConfig
 from paratrain.strategies.recipe import StepRecipe
 from paratrain.strategies.topology import Topology
 
 if TYPE_CHECKING:
     from paratrain.config import TrainConfig
-
-
-@dataclass
-class PipelineConfig:
-    """Options of ``--strategy pipeline``."""
-
-    stages: int = option(2, "pipeline: stages the model is split into, one process each")
-    microbatches: int = option(4, "pipeline: micro-batches per batch (--batch-size must be a multiple)")
-    schedule: str = option("1f1b", "pipeline: micro-batch schedule", choices=tuple(SCHEDULES))
-    balance: str = option(
-        "params", "pipeline: balance stages by parameter count or by measured time per layer", choices=BALANCES
-    )
-    split_points: str | None = option(
-        None, "pipeline: layer indices where stages start, e.g. 3,7 (instead of --balance)"
-    )
-
-    def __post_init__(self) -> None:
-        check_options(self)
-        at_least("stages", self.stages, 1)
-        at_least("microbatches", self.microbatches, 1)
 
 
 @dataclass(frozen=True)

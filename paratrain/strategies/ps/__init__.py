@@ -10,8 +10,3 @@
 - policies.py: update rules and stale-gradient policies; layout.py: the split of the
   parameters over the shards.
 """
-
-from paratrain.strategies.ps.modes import MODES, PSConfig, PSMode, PSTopology
-from paratrain.strategies.ps.worker import ParameterServerStrategy
-
-__all__ = ["MODES", "PSConfig", "PSMode", "PSTopology", "ParameterServerStrategy"]

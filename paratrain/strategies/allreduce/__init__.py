@@ -1,0 +1,1 @@
+"""``allreduce``: the strategy (strategy.py) and its options (config.py)."""

@@ -1,0 +1,23 @@
+"""The options of ``allreduce``: a section of the run's TrainConfig (config.py), kept apart
+from the strategy so that the configuration never imports a strategy."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from paratrain.errors import ConfigError
+from paratrain.options import check_options, option
+
+
+@dataclass
+class AllReduceConfig:
+    """Options of ``allreduce``."""
+
+    bucket_cap_mb: float = option(
+        25.0, "allreduce: MB of gradients per all-reduce bucket (DDP's; smaller overlaps more, larger sends fewer)"
+    )
+
+    def __post_init__(self) -> None:
+        check_options(self)
+        if not self.bucket_cap_mb > 0:
+            raise ConfigError(f"--bucket-cap-mb must be > 0, got {self.bucket_cap_mb}")

@@ -1,0 +1,1 @@
+"""``allreduce-ft`` and ``pipeline-ft``: the strategy (strategy.py) and its options (config.py)."""

@@ -1,0 +1,1 @@
+"""``fsdp``: the strategy (strategy.py) and its options (config.py)."""

@@ -1,0 +1,1 @@
+"""``pipeline`` and ``pipeline-ft``: the strategy (strategy.py) and its options (config.py)."""
