@@ -24,7 +24,16 @@ from typing import Any
 
 from paratrain.comm.codec_config import CodecConfig
 from paratrain.errors import ConfigError
-from paratrain.options import at_least, check_options, field_type, flag, non_default, option, option_fields
+from paratrain.options import (
+    at_least,
+    check_options,
+    field_type,
+    flag,
+    non_default,
+    option,
+    option_fields,
+    refuse_untaken,
+)
 from paratrain.registry import DATASETS, MODELS, OPTIMIZERS, SCHEDULES, STRATEGIES, is_reference
 from paratrain.strategies.allreduce.config import AllReduceConfig
 from paratrain.strategies.averaging.config import AveragingConfig
@@ -61,16 +70,6 @@ SECTIONS: dict[str, type] = {
     "fsdp": FSDPConfig,
     "ft": FTConfig,
     "faults": FaultConfig,
-}
-
-#: Who takes a section's options, for the line that refuses them elsewhere.
-_TAKEN_BY = {
-    AllReduceConfig: "--strategy allreduce",
-    PSConfig: "the ps-* strategies",
-    PipelineConfig: "--strategy pipeline and pipeline-ft",
-    AveragingConfig: "--strategy local-sgd and diloco",
-    FSDPConfig: "--strategy fsdp",
-    FTConfig: "--strategy allreduce-ft and pipeline-ft",
 }
 
 
@@ -266,14 +265,13 @@ class TrainConfig:
         return [f.name for f in option_fields(SECTIONS[section]) if f.name in self._given or f.name in differ]
 
     def _check_sections(self, strategy: Any) -> None:
-        """A strategy's own options are refused by every other strategy (when given or
-        changed from their defaults); a codec only by strategies that send gradients."""
-        for section, taken_by in _TAKEN_BY.items():
-            name = next(n for n, c in SECTIONS.items() if c is section)
-            changed = self.changed(name)
-            sections = strategy.options if isinstance(strategy.options, tuple) else (strategy.options,)
-            if changed and section not in sections:
-                raise ConfigError(f"{flag(changed[0])} applies to {taken_by}, not to --strategy {self.strategy}")
+        """An option of a strategy's section is refused by every strategy that does not take
+        it (the section's ``strategies``, or the field's own), when given or changed from its
+        default; a codec only by strategies that send gradients."""
+        name = STRATEGIES.canonical(self.strategy)
+        for section_name, section in SECTIONS.items():
+            if hasattr(section, "strategies"):
+                refuse_untaken(name, section, self.changed(section_name))
         self.codec.check()
         if self.codec.compression != "none" and not strategy.takes_compression:
             takers = [n for n in STRATEGIES.names(with_aliases=False) if STRATEGIES.get(n).takes_compression]

@@ -15,10 +15,38 @@ from typing import Any
 from paratrain.errors import ConfigError
 
 
-def option(default: Any, help: str, choices: Any = None) -> Any:
+def option(default: Any, help: str, choices: Any = None, strategies: tuple[str, ...] | None = None) -> Any:
     """A configuration field: its default, its help text (what ``--help`` prints) and, if it
-    has them, its valid values (a tuple, an Enum class, or a registry table)."""
-    return dataclasses.field(default=default, metadata={"help": help, "choices": choices})
+    has them, its valid values (a tuple, an Enum class, or a registry table). In a
+    strategy's section, ``strategies`` names the strategies that take this option where
+    they are fewer than the section's own (``strategies``, a class attribute)."""
+    metadata = {"help": help, "choices": choices}
+    if strategies is not None:
+        metadata["strategies"] = strategies
+    return dataclasses.field(default=default, metadata=metadata)
+
+
+def takers(section: Any, name: str) -> tuple[str, ...]:
+    """The strategies (registry names) that take option ``name`` of ``section``: the field's
+    own list, else its section's; every other strategy refuses the option."""
+    field = next(f for f in dataclasses.fields(section) if f.name == name)
+    return field.metadata.get("strategies", section.strategies)
+
+
+def refuse_untaken(strategy: str, section: Any, names: list[str]) -> None:
+    """ConfigError naming the first of ``names`` (options of ``section``, given or changed)
+    that ``strategy`` does not take, and the strategies that do."""
+    for name in names:
+        who = takers(section, name)
+        if strategy not in who:
+            raise ConfigError(f"{flag(name)} applies to {_strategies(who)}, not to --strategy {strategy}")
+
+
+def _strategies(names: tuple[str, ...]) -> str:
+    """("local-sgd", "diloco") -> "--strategy local-sgd and diloco"."""
+    if len(names) > 2 and all(n.startswith("ps-") for n in names):
+        return "the ps-* strategies"
+    return "--strategy " + (" and ".join(names) if len(names) < 3 else ", ".join(names[:-1]) + " and " + names[-1])
 
 
 def flag(name: str) -> str:

@@ -10,8 +10,9 @@ A strategy is three things, each with one job:
 - its *state* (``state_dict``, ``load_state_dict``), which the checkpointer asks for; a
   strategy never calls the checkpointer.
 
-Options a strategy alone takes live in its own config dataclass (``options``), composed
-into the run's TrainConfig. The Trainer's loop calls only these methods, so a new mode is
+Options a strategy alone takes live in its section (its folder's config.py), which names
+the strategies that take each option; the run's TrainConfig composes the sections and
+refuses an option the chosen strategy does not take. The Trainer's loop calls only these methods, so a new mode is
 a new class in the STRATEGIES table, never a branch in the loop.
 """
 
@@ -142,10 +143,6 @@ class Strategy:
         callbacks' ``on_version``, so checkpoints and fault drills can follow versions."""
 
     # ----- configuration and topology ----------------------------------------------------
-    #: The config dataclass of the options only this strategy takes (None: none), a section
-    #: of the run's TrainConfig; other strategies refuse its options when they are changed.
-    options: ClassVar[type | None] = None
-
     @classmethod
     def topology_of(cls, num_replicas: int) -> Topology:
         """The topology of ``num_replicas`` replicas, one process each (the default layout)."""

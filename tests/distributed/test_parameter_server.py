@@ -311,7 +311,7 @@ def test_ps_sync_goes_on_in_rounds_of_the_workers_left(cli, tmp_path):
 def test_on_worker_lost_is_a_ps_sync_option(cli):
     result = cli("train", "--strategy", "ps-async", "--workers", "2", "--on-worker-lost", "continue", *FAST)
     assert result.returncode == 2
-    assert "--on-worker-lost applies to --strategy ps-sync, not ps-async" in result.stderr
+    assert "--on-worker-lost applies to --strategy ps-sync, not to --strategy ps-async" in result.stderr
 
 
 def test_a_killed_worker_stops_ps_sync_with_its_name(cli):
@@ -330,7 +330,10 @@ def test_a_killed_worker_stops_ps_sync_with_its_name(cli):
         (["--strategy", "ps-async", "--fail", "0@3"], "names worker 0, the chief"),
         (["--strategy", "ps-async", "--fail", "5@3"], "workers 0..0"),
         (["--strategy", "ps-async", "--straggler", "0"], "--straggler must be WORKER:FACTOR"),
-        (["--strategy", "ps-sync", "--join", "127.0.0.1:1"], "--join applies to --strategy ps-backup, not ps-sync"),
+        (
+            ["--strategy", "ps-sync", "--join", "127.0.0.1:1"],
+            "--join applies to --strategy ps-backup and ps-async, not to --strategy ps-sync",
+        ),
         (["--strategy", "ps-async", "--join", "h:1", "--checkpoint-dir", "c"], "drop --checkpoint-dir and --max-r"),
         (["--strategy", "ps-async", "--join", "nohost"], "--join must be HOST:PORT (the run's rendezvous address)"),
     ],

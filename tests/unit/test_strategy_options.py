@@ -1,5 +1,6 @@
 """Options of local-sgd, diloco and fsdp: where they apply, and what they refuse."""
 
+import dataclasses
 import json
 
 import pytest
@@ -89,3 +90,40 @@ def test_a_codecs_per_rank_state_starts_empty_on_another_number_of_replicas():
     state = {"name": "allreduce", "steps": 5, "compression": "topk", "hook": {"residuals": 1}}
     assert strategy.reshard_state(state, saved_replicas=3) is state
     assert strategy.reshard_state(state, saved_replicas=2) == {**state, "hook": {}}
+
+
+def _section_options():
+    """(section, option, the strategies that take it) for every option of every strategy's
+    section: what the sections declare, the one place that says it."""
+    from paratrain.config import SECTIONS
+    from paratrain.options import option_fields, takers
+
+    return [
+        (name, f.name, takers(section, f.name))
+        for name, section in SECTIONS.items()
+        if hasattr(section, "strategies")
+        for f in option_fields(section)
+    ]
+
+
+def test_every_strategy_a_section_names_is_a_strategy_and_every_strategy_is_covered():
+    from paratrain.registry import STRATEGIES
+
+    named = {s for _, _, who in _section_options() for s in who}
+    assert named <= set(STRATEGIES.names(with_aliases=False))
+    assert len(_section_options()) > 20
+
+
+@pytest.mark.parametrize(("section", "name", "takers"), _section_options())
+def test_an_option_is_refused_by_every_strategy_that_does_not_take_it(section, name, takers):
+    """Given at its default value, by each strategy outside its takers: one line naming them."""
+    from paratrain.config import SECTIONS
+    from paratrain.options import flag
+    from paratrain.registry import STRATEGIES
+
+    default = next(f.default for f in dataclasses.fields(SECTIONS[section]) if f.name == name)
+    refusing = [s for s in STRATEGIES.names(with_aliases=False) if s not in takers]
+    assert refusing
+    for strategy in refusing:
+        with pytest.raises(ConfigError, match=f"^{flag(name)} applies to .*, not to --strategy {strategy}$"):
+            TrainConfig(strategy=strategy, **{name: default})

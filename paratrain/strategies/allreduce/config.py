@@ -4,6 +4,7 @@ from the strategy so that the configuration never imports a strategy."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from paratrain.errors import ConfigError
 from paratrain.options import check_options, option
@@ -12,6 +13,8 @@ from paratrain.options import check_options, option
 @dataclass
 class AllReduceConfig:
     """Options of ``allreduce``."""
+
+    strategies: ClassVar[tuple[str, ...]] = ("allreduce",)
 
     bucket_cap_mb: float = option(
         25.0, "allreduce: MB of gradients per all-reduce bucket (DDP's; smaller overlaps more, larger sends fewer)"

@@ -24,7 +24,6 @@ from paratrain.comm.codecs import Codec
 from paratrain.comm.hooks import CommHook, make_hook
 from paratrain.console import console
 from paratrain.errors import ConfigError
-from paratrain.strategies.allreduce.config import AllReduceConfig
 from paratrain.strategies.base import DEFAULT_TIMEOUT_S, ReplicaStrategy, staleness_summary, uncompiled
 from paratrain.strategies.recipe import StepRecipe
 
@@ -35,7 +34,6 @@ if TYPE_CHECKING:
 class AllReduceStrategy(ReplicaStrategy):
     name = "allreduce"
     takes_compression = True
-    options = AllReduceConfig
     reshards = True  # every replica holds the whole model: any number can go on from it
 
     def __init__(

@@ -47,7 +47,7 @@ from paratrain.comm.codec_config import make_codec
 from paratrain.comm.codecs import Codec
 from paratrain.comm.flat import mean_gradients
 from paratrain.errors import ConfigError
-from paratrain.options import flag
+from paratrain.options import refuse_untaken, takers
 from paratrain.strategies.averaging.config import AveragingConfig
 from paratrain.strategies.base import DEFAULT_TIMEOUT_S, ReplicaStrategy, staleness_summary
 from paratrain.strategies.recipe import StepRecipe
@@ -71,9 +71,6 @@ class PeriodicAveragingStrategy(ReplicaStrategy):
 
     name = "periodic-averaging"
     takes_compression = True
-    options = AveragingConfig
-    #: Options of AveragingConfig this mode does not take.
-    refuses: tuple[str, ...] = ()
     #: The outer optimizer's (lr, momentum) when not given.
     outer: tuple[float, float] = (1.0, 0.0)
 
@@ -90,8 +87,8 @@ class PeriodicAveragingStrategy(ReplicaStrategy):
         workers: int | None = None,
     ):
         super().__init__(device=device, timeout=timeout, workers=workers)
-        self.refuse([name for name, value in (("outer_lr", outer_lr), ("outer_momentum", outer_momentum))
-                     if value is not None])  # fmt: skip
+        refuse_untaken(self.name, AveragingConfig, [name for name, value in (("outer_lr", outer_lr),
+                       ("outer_momentum", outer_momentum)) if value is not None])  # fmt: skip
         outer_lr = self.outer[0] if outer_lr is None else outer_lr
         outer_momentum = self.outer[1] if outer_momentum is None else outer_momentum
         AveragingConfig(sync_every=sync_every, local_after=local_after, fragments=fragments,
@@ -111,17 +108,6 @@ class PeriodicAveragingStrategy(ReplicaStrategy):
         self._pending: dict[str, Any] | None = None  # state loaded before prepare()
 
     @classmethod
-    def check_config(cls, config: TrainConfig) -> None:
-        cls.refuse(config.changed("averaging"))
-
-    @classmethod
-    def refuse(cls, given: list[str]) -> None:
-        """ConfigError naming the first of ``given`` (AveragingConfig fields) this mode refuses."""
-        refused = [name for name in given if name in cls.refuses]
-        if refused:
-            raise ConfigError(f"{flag(refused[0])} applies to --strategy diloco, not to --strategy {cls.name}")
-
-    @classmethod
     def topology_of(cls, num_replicas: int) -> Topology:
         return AveragingTopology(num_replicas=num_replicas)
 
@@ -129,7 +115,7 @@ class PeriodicAveragingStrategy(ReplicaStrategy):
     def from_config(cls, config: TrainConfig) -> PeriodicAveragingStrategy:
         options = config.averaging
         kwargs = {name: getattr(options, name) for name in ("sync_every", "local_after", "fragments")}
-        if not cls.refuses:
+        if cls.name in takers(AveragingConfig, "outer_lr"):
             kwargs.update(outer_lr=options.outer_lr, outer_momentum=options.outer_momentum)
         return cls(
             device=config.device,
@@ -298,7 +284,6 @@ class LocalSGDStrategy(PeriodicAveragingStrategy):
     """``local-sgd``: the replicas' parameters are averaged every ``sync_every`` steps."""
 
     name = "local-sgd"
-    refuses = ("outer_lr", "outer_momentum")
 
 
 class DiLoCoStrategy(PeriodicAveragingStrategy):

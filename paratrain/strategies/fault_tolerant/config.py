@@ -4,6 +4,7 @@ from the strategy so that the configuration never imports a strategy."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from paratrain.errors import ConfigError
 from paratrain.options import check_options, option
@@ -11,7 +12,9 @@ from paratrain.options import check_options, option
 
 @dataclass
 class FTConfig:
-    """Options of ``allreduce-ft``."""
+    """Options of ``allreduce-ft`` and ``pipeline-ft``."""
+
+    strategies: ClassVar[tuple[str, ...]] = ("allreduce-ft", "pipeline-ft")
 
     lighthouse: str | None = option(
         None,

@@ -40,14 +40,12 @@ from paratrain.parallel.pipeline import make_schedule
 from paratrain.parallel.split import parse_split_points
 from paratrain.session.incarnation import restart_count
 from paratrain.strategies.base import DEFAULT_TIMEOUT_S, LossFn, Strategy, resolve_device
-from paratrain.strategies.fault_tolerant.config import FTConfig
 from paratrain.strategies.fault_tolerant.strategy import (
     FaultTolerantAllReduceStrategy,
     part_of,
     replica_slot,
     torchft_modules,
 )
-from paratrain.strategies.pipeline.config import PipelineConfig
 from paratrain.strategies.pipeline.strategy import PipelineStrategy, PipelineTopology
 
 if TYPE_CHECKING:
@@ -80,7 +78,6 @@ class FaultTolerantPipelineStrategy(FaultTolerantAllReduceStrategy, PipelineStra
     stage, its schedules and evaluation are ``pipeline``'s."""
 
     name = "pipeline-ft"
-    options = (PipelineConfig, FTConfig)
     leaves_on_sigterm = False  # a stage cannot leave alone: a replica is lost or kept whole
     topology_class = PipelineReplicaGroups  # pipeline's topology_for and planned_topology make it
 

@@ -61,7 +61,6 @@ from paratrain.strategies.base import (
     resolve_device,
     staleness_summary,
 )
-from paratrain.strategies.fault_tolerant.config import FTConfig
 from paratrain.strategies.topology import Topology
 from paratrain.timeline import span
 
@@ -119,7 +118,6 @@ def replica_slot() -> int:
 
 class FaultTolerantAllReduceStrategy(Strategy):
     name = "allreduce-ft"
-    options = FTConfig
     # fp16's scaler skips steps on its own; replicas must agree on every commit.
     scales_loss = False
     takes_compression = True
@@ -291,7 +289,7 @@ class FaultTolerantAllReduceStrategy(Strategy):
     def _start_manager(self) -> Any:
         torchft = torchft_modules()
 
-        from paratrain.comm.live_state import LiveStateTransport
+        from paratrain.comm.live_state import LiveStateTransport  # deferred: imports torchft (optional extra)
 
         host = os.environ.get("PARATRAIN_REPLICA_HOST", "127.0.0.1")
         wait = timedelta(seconds=self.timeout)

@@ -4,6 +4,7 @@ from the strategy so that the configuration never imports a strategy."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from paratrain.options import check_options, option
 
@@ -11,6 +12,8 @@ from paratrain.options import check_options, option
 @dataclass
 class FSDPConfig:
     """Options of ``fsdp``."""
+
+    strategies: ClassVar[tuple[str, ...]] = ("fsdp",)
 
     reshard_after_forward: bool = option(
         True,

@@ -43,7 +43,6 @@ from paratrain.comm.codec_config import make_codec
 from paratrain.comm.codecs import Codec
 from paratrain.errors import ConfigError
 from paratrain.strategies.base import DEFAULT_TIMEOUT_S, ReplicaStrategy, staleness_summary, uncompiled
-from paratrain.strategies.fsdp.config import FSDPConfig
 from paratrain.strategies.recipe import StepRecipe
 
 if TYPE_CHECKING:
@@ -61,7 +60,6 @@ class FSDPStrategy(ReplicaStrategy):
     takes_compression = True
     compiles = False
     reshards: ClassVar[bool] = True
-    options = FSDPConfig
 
     def __init__(
         self,

@@ -4,6 +4,7 @@ from the strategy so that the configuration never imports a strategy."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from paratrain.options import at_least, check_options, option
 from paratrain.parallel.pipeline import SCHEDULES
@@ -12,7 +13,9 @@ from paratrain.parallel.split import BALANCES
 
 @dataclass
 class PipelineConfig:
-    """Options of ``--strategy pipeline``."""
+    """Options of ``--strategy pipeline`` (and ``pipeline-ft``)."""
+
+    strategies: ClassVar[tuple[str, ...]] = ("pipeline", "pipeline-ft")
 
     stages: int = option(2, "pipeline: stages the model is split into, one process each")
     microbatches: int = option(4, "pipeline: micro-batches per batch (--batch-size must be a multiple)")

@@ -46,7 +46,6 @@ from paratrain.strategies.base import (
     resolve_device,
     staleness_summary,
 )
-from paratrain.strategies.pipeline.config import PipelineConfig
 from paratrain.strategies.recipe import StepRecipe
 from paratrain.strategies.topology import Topology
 
@@ -86,7 +85,6 @@ class PipelineTopology(Topology):
 
 class PipelineStrategy(Strategy):
     name = "pipeline"
-    options = PipelineConfig
     scales_loss = False  # no GradScaler across stages: bf16 needs none
     compiles = False  # stages are cut from the model's layers, not from a compiled graph
     topology_class: ClassVar[type[PipelineTopology]] = PipelineTopology

@@ -11,12 +11,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 
 from paratrain.errors import ConfigError
-from paratrain.options import at_least, check_options, flag, non_default, option
+from paratrain.options import at_least, check_options, non_default, option, refuse_untaken
 from paratrain.strategies.ps.policies import AsyncRule, StalePolicy, SyncRule
 from paratrain.strategies.topology import Role, Topology
 
@@ -55,20 +55,29 @@ PULL_DTYPES = {"none": torch.float32, "fp16": torch.float16, "bf16": torch.bfloa
 class PSConfig:
     """Options of the parameter-server strategies (``ps-sync``, ``ps-backup``, ``ps-async``)."""
 
+    strategies: ClassVar[tuple[str, ...]] = ("ps-sync", "ps-backup", "ps-async")
+
     ps_shards: int | None = option(
         None, "parameter-server shards (ps-* strategies; default 1): ranks 0..P-1 serve parameters"
     )
-    backup_workers: int = option(0, "ps-backup: extra workers K; each update takes the first --workers gradients")
+    backup_workers: int = option(
+        0, "ps-backup: extra workers K; each update takes the first --workers gradients", strategies=("ps-backup",)
+    )
     staleness_bound: int | None = option(
-        None, "ps-async: a worker more than S steps ahead of the slowest live one waits"
+        None, "ps-async: a worker more than S steps ahead of the slowest live one waits", strategies=("ps-async",)
     )
     stale_policy: str = option(
         "none",
         "ps-async: none, scale-lr (step / staleness) or drop (staler than --max-staleness)",
         choices=StalePolicy.NAMES,
+        strategies=("ps-async",),
     )
-    max_staleness: int = option(4, "ps-async with --stale-policy drop: the largest staleness still applied")
-    warmup_steps: int = option(0, "ps-async: the first W updates come from worker 0 alone, then the others join")
+    max_staleness: int = option(
+        4, "ps-async with --stale-policy drop: the largest staleness still applied", strategies=("ps-async",)
+    )
+    warmup_steps: int = option(
+        0, "ps-async: the first W updates come from worker 0 alone, then the others join", strategies=("ps-async",)
+    )
     pull_compression: str = option(
         "none", "parameter server: parameters sent to workers in none (fp32), fp16 or bf16", choices=tuple(PULL_DTYPES)
     )
@@ -76,12 +85,14 @@ class PSConfig:
         None,
         "ps-async, ps-backup: join the running run whose rendezvous is HOST:PORT (it prints it) as one more "
         "worker; it starts from the shards' current parameters",
+        strategies=("ps-backup", "ps-async"),
     )
     on_worker_lost: str = option(
         "stop",
         "ps-sync: stop (the run ends, or restarts with --max-restarts) or continue (later rounds take the "
         "workers left; the short rounds are counted)",
         choices=("stop", "continue"),
+        strategies=("ps-sync",),
     )
 
     def __post_init__(self) -> None:
@@ -113,8 +124,6 @@ class ModeFacts:
     admits_joiners: bool
     """Workers may join the running run (``--join``; joining.py): in ps-sync a round is
     every worker, so one more would change what a version is."""
-    options: tuple[str, ...]
-    """PSConfig fields only this mode takes."""
 
 
 def _sync_rule(config: PSConfig, num_workers: int) -> SyncRule:
@@ -128,12 +137,11 @@ def _async_rule(config: PSConfig, num_workers: int) -> AsyncRule:
 
 MODES: dict[PSMode, ModeFacts] = {
     PSMode.SYNC: ModeFacts(_sync_rule, survives_lost_worker=False, whole_rounds=True, one_update_per_gradient=False,
-                           admits_joiners=False, options=("on_worker_lost",)),
+                           admits_joiners=False),
     PSMode.BACKUP: ModeFacts(_sync_rule, survives_lost_worker=True, whole_rounds=False, one_update_per_gradient=False,
-                             admits_joiners=True, options=("backup_workers", "join")),
+                             admits_joiners=True),
     PSMode.ASYNC: ModeFacts(_async_rule, survives_lost_worker=True, whole_rounds=False, one_update_per_gradient=True,
-                            admits_joiners=True,
-                            options=("staleness_bound", "stale_policy", "max_staleness", "warmup_steps", "join")),
+                            admits_joiners=True),
 }  # fmt: skip
 
 
@@ -143,14 +151,11 @@ def survives_lost_worker(mode: PSMode, config: PSConfig) -> bool:
 
 
 def check_mode_options(mode: PSMode, config: PSConfig) -> None:
-    """ConfigError for an option of another mode, or a backup mode without backups."""
+    """ConfigError for an option of another mode (changed from its default: the run's
+    configuration refuses given ones too), or a backup mode without backups."""
     if mode is PSMode.BACKUP and config.backup_workers < 1:
         raise ConfigError("--strategy ps-backup needs --backup-workers K >= 1 (K = 0 is ps-sync)")
-    changed = set(non_default(config))
-    for other, facts in MODES.items():
-        for name in facts.options:
-            if other is not mode and name not in MODES[mode].options and name in changed:
-                raise ConfigError(f"{flag(name)} applies to --strategy {other.strategy_name}, not {mode.strategy_name}")
+    refuse_untaken(mode.strategy_name, PSConfig, non_default(config))
 
 
 @dataclass(frozen=True)

@@ -68,7 +68,6 @@ class ParameterServerStrategy(Strategy):
     """Parameter-server training; ``mode`` is ``"sync"``, ``"backup"`` or ``"async"`` (or a PSMode)."""
 
     PULL_DTYPES = PULL_DTYPES
-    options = PSConfig
     takes_compression = True
     scales_loss = False  # the optimizer runs on the shards
     # The shards hold the whole state and hand out batches by their index in the epoch's
