@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from paratrain.data.sharding import as_source, is_map_style
 from paratrain.data.spec import DataSpec, Splits
 from paratrain.errors import ConfigError, ParatrainError
 
@@ -62,7 +63,6 @@ def user_splits(factory: Callable[..., Any], config: Any, what: str) -> Splits:
             f"{what} returned a {type(result).__name__}; a data factory returns (train, test), "
             '{"train": ..., "test": ...} or a paratrain Splits'
         )
-    from paratrain.data.sharding import as_source
 
     train = as_source(train)[0] if isinstance(train, (tuple, list)) else train
     test = as_source(test)[0] if isinstance(test, (tuple, list)) else test
@@ -71,8 +71,6 @@ def user_splits(factory: Callable[..., Any], config: Any, what: str) -> Splits:
 
 def first_example(data: Any) -> tuple[Any, Any] | None:
     """The first ``(inputs, targets)`` example of a map-style data set (None for a stream)."""
-    from paratrain.data.sharding import as_source, is_map_style
-
     source = as_source(data)[0]
     if not is_map_style(source) or len(source) == 0:
         return None

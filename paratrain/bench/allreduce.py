@@ -33,13 +33,17 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
+from paratrain.data.datasets import load_digits
+from paratrain.launch.local import launch
+from paratrain.models import build_model
+from paratrain.strategies.allreduce.strategy import AllReduceStrategy
+from paratrain.train.trainer import Trainer
+
 NUM_WORKERS = 2
 LR, MOMENTUM, SEED = 0.05, 0.9, 0
 
 
 def model_and_optimizer(name: str, spec) -> tuple[nn.Module, torch.optim.Optimizer]:
-    from paratrain.models import build_model
-
     torch.manual_seed(SEED)  # same initial weights on both sides
     model = build_model(name, spec)
     return model, torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
@@ -68,10 +72,6 @@ def timed(run) -> float:
 
 def worker(model_names: list[str], batch_size: int, rounds: int, epochs_per_round: int) -> dict | None:
     """One rank: for each model, warm up and then alternate the two sides; rank 0's timings."""
-    from paratrain.data.datasets import load_digits
-    from paratrain.strategies.allreduce.strategy import AllReduceStrategy
-    from paratrain.train.trainer import Trainer
-
     torch.set_num_threads(1)
     strategy = AllReduceStrategy(device="cpu")
     strategy.setup()  # joins the process group; the raw loop reuses it
@@ -152,8 +152,6 @@ def _quartiles(values: list[float]) -> list[float]:
 
 def measure(models: list[str], batch_size: int = 32, rounds: int = 31, epochs_per_round: int = 1) -> dict[str, Any]:
     """The whole comparison on ``NUM_WORKERS`` local processes: the results document."""
-    from paratrain.launch.local import launch
-
     results = launch(worker, models, batch_size, rounds, epochs_per_round, num_processes=NUM_WORKERS)[0]
     return {
         "benchmark": "allreduce_overhead",

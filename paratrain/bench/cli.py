@@ -17,11 +17,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from paratrain.config import _check_writable
+from paratrain.console import console
 from paratrain.errors import ConfigError
 
 
 def _allreduce(quick: bool) -> dict[str, Any]:
-    from paratrain.bench import allreduce
+    from paratrain.bench import allreduce  # deferred: a suite loads when it runs, not on every `paratrain` parser build
 
     settings = {"models": ["mlp"] if quick else ["mlp", "cifar_cnn"], "rounds": 3 if quick else 31}
     results = allreduce.measure(settings["models"], rounds=settings["rounds"])
@@ -29,7 +31,7 @@ def _allreduce(quick: bool) -> dict[str, Any]:
 
 
 def _ps(quick: bool) -> dict[str, Any]:
-    from paratrain.bench import ps
+    from paratrain.bench import ps  # deferred: a suite loads when it runs, not on every `paratrain` parser build
 
     settings = (
         {"models": ["mlp"], "workers": [2], "epochs": 1, "repeats": 1, "straggler_workers": 0, "factor": 2.0}
@@ -57,7 +59,7 @@ def _ps(quick: bool) -> dict[str, Any]:
 
 
 def _codecs(quick: bool) -> dict[str, Any]:
-    from paratrain.bench import codecs
+    from paratrain.bench import codecs  # deferred: a suite loads when it runs, not on every `paratrain` parser build
 
     settings = (
         {"models": ["mlp"], "codecs": ["none", "fp16", "int8", "topk"], "workers": 2, "epochs": 1}
@@ -71,7 +73,7 @@ def _codecs(quick: bool) -> dict[str, Any]:
 
 
 def _pipeline(quick: bool) -> dict[str, Any]:
-    from paratrain.bench import pipeline
+    from paratrain.bench import pipeline  # deferred: imports torch.distributed.pipelining (sympy, seconds)
 
     settings = {
         "stages": 2,
@@ -95,7 +97,7 @@ def _pipeline(quick: bool) -> dict[str, Any]:
 
 
 def _overhead(quick: bool) -> dict[str, Any]:
-    from paratrain.bench import overhead
+    from paratrain.bench import overhead  # deferred: a suite loads when it runs, not on every `paratrain` parser build
 
     settings = (
         {"models": ["mlp"], "rounds": 3, "repeats": 1, "epochs": 2, "batch_size": 32}
@@ -130,8 +132,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def check_arguments(args: argparse.Namespace) -> tuple[list[str], Path | None, Path | None]:
     """The suites to run and the two output files; ConfigError before anything runs."""
-    from paratrain.config import _check_writable
-
     suites = [s.strip() for s in args.suites.split(",") if s.strip()]
     unknown = [s for s in suites if s not in SUITES]
     if unknown or not suites:
@@ -154,8 +154,6 @@ def check_arguments(args: argparse.Namespace) -> tuple[list[str], Path | None, P
 
 
 def bench_command(args: argparse.Namespace) -> int:
-    from paratrain.console import console
-
     suites, json_out, md_out = check_arguments(args)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch

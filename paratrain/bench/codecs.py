@@ -19,6 +19,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from paratrain.comm.codec_config import make_codec
+from paratrain.comm.hooks import make_hook
+from paratrain.comm.transport import ensure_process_group
+from paratrain.config import TrainConfig
+from paratrain.data.datasets import load_digits
+from paratrain.launch.local import launch
+from paratrain.models import build_model
+from paratrain.session.teardown import destroy_groups
+from paratrain.train import job
+
 MODELS = ("mlp", "cifar_cnn", "lstm")
 CODECS = ("none", "fp16", "bf16", "int8", "topk", "powersgd")
 # (codec, model or None for every model, minimum ratio of bytes/step to uncompressed)
@@ -45,11 +55,6 @@ COLUMNS = [
 def formula_bytes(model_name: str, codec_name: str) -> tuple[int, int]:
     """(bytes one rank sends per step, uncompressed bytes) for a model on digits, from
     the codecs' formulas (PowerSGD: once compression has started)."""
-    from paratrain.comm.codec_config import make_codec
-    from paratrain.comm.hooks import make_hook
-    from paratrain.data.datasets import load_digits
-    from paratrain.models import build_model
-
     model = build_model(model_name, load_digits().spec)
     full = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
     hook = make_hook(make_codec(codec_name))
@@ -58,11 +63,6 @@ def formula_bytes(model_name: str, codec_name: str) -> tuple[int, int]:
 
 def run_all(jobs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """On every process of the launch: train each configuration in turn."""
-    from paratrain.comm.transport import ensure_process_group
-    from paratrain.config import TrainConfig
-    from paratrain.session.teardown import destroy_groups
-    from paratrain.train import job
-
     ensure_process_group("gloo", 300)
     rows = []
     for settings in jobs:
@@ -91,8 +91,6 @@ def measure(
 ) -> list[dict[str, Any]]:
     """Train every (model, codec) pair in one launch of ``workers`` processes; the rows,
     with ratios to the uncompressed run (added to ``codecs`` if absent) and formulas."""
-    from paratrain.launch.local import launch
-
     if "none" not in codecs:
         codecs = ["none", *codecs]  # the reference every ratio is taken against
     jobs = [

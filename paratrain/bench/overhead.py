@@ -32,6 +32,13 @@ import torch.distributed as dist
 from torch import nn
 
 from paratrain.bench.allreduce import SEED, model_and_optimizer, raw_batches
+from paratrain.config import TrainConfig
+from paratrain.data.datasets import load_digits
+from paratrain.launch.factory import make_strategy
+from paratrain.launch.local import launch, run_locally
+from paratrain.strategies.fsdp.strategy import fsdp_units
+from paratrain.testing import flat_parameters
+from paratrain.train.trainer import Trainer
 
 #: mode -> (the plain PyTorch loop it is compared with, processes)
 AGAINST_PYTORCH = {
@@ -56,8 +63,6 @@ def _plain(mode: str, model: nn.Module) -> tuple[nn.Module, Callable[[nn.Module]
         return nn.parallel.DistributedDataParallel(model), _nothing
     if mode == "fsdp":
         from torch.distributed.fsdp import fully_shard
-
-        from paratrain.strategies.fsdp.strategy import fsdp_units
 
         for module in fsdp_units(model):  # the same units as paratrain's fsdp
             fully_shard(module)
@@ -89,11 +94,6 @@ def _timed(run: Callable[[], None]) -> float:
 
 def pair_worker(mode: str, models: list[str], batch_size: int, rounds: int) -> dict | None:
     """One rank: for each model, paratrain's ``mode`` and its plain loop in alternating rounds."""
-    from paratrain.data.datasets import load_digits
-    from paratrain.launch.factory import make_strategy
-    from paratrain.testing import flat_parameters
-    from paratrain.train.trainer import Trainer
-
     torch.set_num_threads(1)
     options = {"sync_every": SYNC_EVERY} if mode == "local-sgd" else {}
     strategy = make_strategy(mode, device="cpu", **options)
@@ -147,17 +147,12 @@ def pair_worker(mode: str, models: list[str], batch_size: int, rounds: int) -> d
 def _step_ms(options: dict[str, Any], model: str, epochs: int) -> float:
     """A whole run's step time, in ms: its global batch over its training throughput
     (evaluation and start-up excluded)."""
-    from paratrain.config import TrainConfig
-    from paratrain.launch.local import run_locally
-
     config = TrainConfig(model=model, epochs=epochs, progress=False, log_every=0, device="cpu", **options)
     metrics = run_locally(config)
     return config.global_batch / metrics["examples_per_second"] * 1e3
 
 
 def measure(models: list[str], rounds: int, repeats: int, epochs: int, batch_size: int = 32) -> list[dict[str, Any]]:
-    from paratrain.launch.local import launch
-
     rows = []
     for mode, (reference, processes) in AGAINST_PYTORCH.items():
         results = launch(pair_worker, mode, models, batch_size, rounds, num_processes=processes)[0]

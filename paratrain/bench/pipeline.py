@@ -49,6 +49,7 @@ from torch import nn
 from torch.distributed.pipelining import schedules
 
 from paratrain.comm.transport import ensure_process_group
+from paratrain.launch.local import launch
 from paratrain.session.teardown import destroy_groups
 from paratrain.strategies.pipeline.strategy import PipelineStrategy
 
@@ -234,8 +235,6 @@ def run(
     batch: int = 256,
 ) -> dict[str, Any]:
     """The whole measurement on ``stages`` local processes: {"meta", "rows"}."""
-    from paratrain.launch.local import launch
-
     load_at_start = round(os.getloadavg()[0], 2)
     results = launch(measure, stages, list(counts), steps, repeats, layers, width, batch, num_processes=stages)
     rows = sorted((r for rank in results for r in rank), key=lambda r: (r["schedule"], r["microbatches"], r["stage"]))

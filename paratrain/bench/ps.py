@@ -23,12 +23,12 @@ import json
 import statistics
 from typing import Any
 
+from paratrain.config import TrainConfig
+from paratrain.launch.local import run_locally
+
 
 def run(repeats: int, **settings: Any) -> dict[str, Any]:
     """Median throughput of ``repeats`` runs of one configuration."""
-    from paratrain.config import TrainConfig
-    from paratrain.launch.local import run_locally
-
     config = TrainConfig(progress=False, log_every=0, device="cpu", **settings)
     samples = []
     for _ in range(repeats):

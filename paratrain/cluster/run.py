@@ -39,7 +39,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from paratrain.cluster.hosts import PIN_MODES, EmulatedCluster, Host, HostSpec
+from paratrain.cluster.hosts import PIN_MODES, EmulatedCluster, Host, HostSpec, check_support, remove_leftovers
 from paratrain.cluster.usage import UsageRecorder
 from paratrain.errors import ConfigError
 from paratrain.train.faults import new_progress, read_progress
@@ -176,8 +176,6 @@ def _relay(process: subprocess.Popen, host: Host, logs: Path) -> None:
 
 def clean_command(args: argparse.Namespace) -> int:
     """``paratrain cluster clean``: remove what a runner killed with SIGKILL left behind."""
-    from paratrain.cluster.hosts import check_support, remove_leftovers
-
     check_support()
     removed = remove_leftovers()
     print(f"paratrain cluster clean: removed {len(removed)}" + "".join(f"\n  {entry}" for entry in removed))

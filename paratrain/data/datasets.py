@@ -51,8 +51,6 @@ def load_dataset(config: TrainConfig | str, **options: Any) -> Splits:
     """The train/test splits named by ``config.dataset``, or by name with TrainConfig
     options: ``load_dataset("cifar10", data_dir="data/cifar10")``."""
     if isinstance(config, str):
-        from paratrain.config import TrainConfig
-
         config = TrainConfig(dataset=config, **options)
     loader = DATASETS.get(config.dataset)
     if is_reference(config.dataset):

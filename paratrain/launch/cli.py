@@ -2,6 +2,9 @@
 
 Exit codes: 0 done; 2 bad input (one line on stderr, no traceback); 3 the model
 diverged; 1 anything else.
+
+Every process of a run imports this module (its ``__main__`` is the ``paratrain`` script),
+so simulate/, bench/ and cluster/ are imported only where the parser or a command needs them.
 """
 
 from __future__ import annotations
@@ -11,8 +14,20 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from paratrain.errors import DivergedError, ParatrainError, ReplicaLeft, WorkerFailed
+from paratrain.comm.transport import cluster_from_env
+from paratrain.console import console
+from paratrain.data.datasets import load_dataset
+from paratrain.errors import ConfigError, DivergedError, ParatrainError, ReplicaLeft, WorkerFailed
+from paratrain.launch.env import env_command as run_env
 from paratrain.launch.flags import OneLineParser, add_train_arguments, train_config
+from paratrain.launch.local import run_locally
+from paratrain.launch.process import start_server
+from paratrain.launch.report import report
+from paratrain.models import build_model
+from paratrain.registry import STRATEGIES
+from paratrain.strategies.base import DEFAULT_TIMEOUT_S
+from paratrain.strategies.ps.joining import read_run
+from paratrain.train import job
 
 EPILOG = (
     "--batch-size is per replica: the global batch is batch-size x workers. "
@@ -32,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="what-if simulation of a training cluster",
         description="Discrete-event simulation of a training cluster (docs/simulator.md).",
     )
-    from paratrain.simulate.cli import add_arguments  # light: numpy and torch load on use
+    from paratrain.simulate.cli import add_arguments  # deferred: simulate/ off workers' start-up
 
     add_arguments(simulate)
 
@@ -42,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run benchmark suites on this machine (real multi-process runs) and write one JSON "
         "and one Markdown table; --quick for a short smoke run.",
     )
-    from paratrain.bench.cli import add_arguments as add_bench_arguments
+    from paratrain.bench.cli import add_arguments as add_bench_arguments  # deferred: bench/ off workers' start-up
 
     add_bench_arguments(bench)
 
@@ -66,7 +81,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cluster_commands = cluster.add_subparsers(dest="cluster_command", required=True, parser_class=OneLineParser)
     cluster_run = cluster_commands.add_parser("run", help="run a command on emulated hosts")
-    from paratrain.cluster.run import add_arguments as add_cluster_arguments
+    from paratrain.cluster.run import add_arguments as add_cluster_arguments  # deferred: cluster/ off workers' start-up
 
     add_cluster_arguments(cluster_run)
     cluster_run.set_defaults(handler=cluster_command)
@@ -87,9 +102,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def report_command(args: argparse.Namespace) -> int:
-    from paratrain.console import console
-    from paratrain.launch.report import report
-
     written = report(args.runs, args.out)
     console.print(
         f"report: {len(args.runs)} run{'s' if len(args.runs) != 1 else ''}, wrote " + ", ".join(str(p) for p in written)
@@ -98,29 +110,22 @@ def report_command(args: argparse.Namespace) -> int:
 
 
 def cluster_command(args: argparse.Namespace) -> int:
-    from paratrain.cluster.run import cluster_command as run_cluster
+    from paratrain.cluster.run import cluster_command as run_cluster  # deferred: cluster/ off workers' start-up
 
     return run_cluster(args)
 
 
 def cluster_clean_command(args: argparse.Namespace) -> int:
-    from paratrain.cluster.run import clean_command
+    from paratrain.cluster.run import clean_command  # deferred: cluster/ off workers' start-up
 
     return clean_command(args)
 
 
 def env_command(args: argparse.Namespace) -> int:
-    from paratrain.launch.env import env_command as run_env
-
     return run_env(args)
 
 
 def train_command(args: argparse.Namespace) -> int:
-    from paratrain.comm.transport import cluster_from_env
-    from paratrain.launch.local import run_locally
-    from paratrain.launch.process import start_server
-    from paratrain.train import job
-
     if args.join:
         return join_command(args)
     cluster = cluster_from_env()
@@ -144,12 +149,6 @@ def train_command(args: argparse.Namespace) -> int:
 def join_command(args: argparse.Namespace) -> int:
     """One more worker for the running ps-async or ps-backup run at ``--join``: this process
     is it. It takes the run's options (the flags given here override them)."""
-    from paratrain.console import console
-    from paratrain.errors import ConfigError
-    from paratrain.strategies.base import DEFAULT_TIMEOUT_S
-    from paratrain.strategies.ps.joining import read_run
-    from paratrain.train import job
-
     if args.strategy:  # the flags given make sense on their own (--join with its mode) before any wait
         train_config(args, None)
     _, run = read_run(args.join, args.timeout or DEFAULT_TIMEOUT_S)
@@ -169,17 +168,11 @@ def join_command(args: argparse.Namespace) -> int:
 def preflight(config: Any) -> None:
     """Catch bad data, a model that does not fit it, or a model the strategy cannot run as
     configured, here, before starting N processes."""
-    from paratrain.data.datasets import load_dataset
-    from paratrain.models import build_model
-    from paratrain.registry import STRATEGIES
-
     model = build_model(config.model, load_dataset(config).spec)
     STRATEGIES.get(config.strategy).check_model(model, config)
 
 
 def print_summary(metrics: dict[str, Any], metrics_out: str | None) -> None:
-    from paratrain.console import console
-
     scores = [f"{key} {value:.4f}" for key, value in metrics.items() if key.startswith("test_") and value is not None]
     console.print(
         f"done: {', '.join(scores)}, "

@@ -12,14 +12,17 @@ import platform
 import time
 from typing import Any
 
+from paratrain.comm.transport import ensure_process_group
+from paratrain.console import console
+from paratrain.errors import ParatrainError
+from paratrain.launch.local import launch
+from paratrain.session.teardown import destroy_groups
+
 
 def loopback_all_reduce() -> float:
     """Run on each of 2 processes: all-reduce this rank's ``rank + 1``; the sum (3.0)."""
     import torch
     import torch.distributed as dist
-
-    from paratrain.comm.transport import ensure_process_group
-    from paratrain.session.teardown import destroy_groups
 
     ensure_process_group("gloo", 30.0)
     try:
@@ -32,9 +35,6 @@ def loopback_all_reduce() -> float:
 
 def check_gloo() -> tuple[bool, str]:
     """Whether a 2-process Gloo all-reduce on loopback works, and what happened."""
-    from paratrain.errors import ParatrainError
-    from paratrain.launch.local import launch
-
     started = time.perf_counter()
     try:
         results = launch(loopback_all_reduce, num_processes=2)
@@ -73,8 +73,6 @@ def environment(gloo_check: bool = True) -> list[tuple[str, str]]:
 
 def env_command(args: Any) -> int:
     from rich.table import Table
-
-    from paratrain.console import console
 
     table = Table(title="paratrain env", show_header=True)
     table.add_column("what")

@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from paratrain.config import TrainConfig
+from paratrain.launch.flags import parse_train_config
 from paratrain.registry import STRATEGIES
 from paratrain.strategies.base import Strategy
 
@@ -14,8 +16,6 @@ def make_strategy(name: str = "single", **options: Any) -> Strategy:
     """The strategy ``--strategy name`` runs, with TrainConfig options by their flat names:
     ``make_strategy("ps-async", ps_shards=2, staleness_bound=4, workers=3)``. With
     ``workers`` given, ``paratrain.launch(fn, strategy=...)`` knows how many to start."""
-    from paratrain.config import TrainConfig
-
     config = TrainConfig(strategy=name, **options)
     return _from_config(config, "workers" in options)
 
@@ -24,8 +24,6 @@ def strategy_from_flags(argv: Sequence[str]) -> Strategy:
     """The strategy ``paratrain train ARGV`` would run: ``strategy_from_flags(sys.argv[1:])``
     with ``--strategy ps-sync --ps-shards 2``, say (other training flags are checked and
     otherwise ignored). Bad flags raise ConfigError naming them."""
-    from paratrain.launch.flags import parse_train_config
-
     argv = list(argv)
     config = parse_train_config(argv)
     return _from_config(config, "--workers" in argv or any(a.startswith("--workers=") for a in argv))

@@ -21,6 +21,7 @@ from paratrain.errors import WorkerLost
 from paratrain.launch.replacing import supervise_replacing
 from paratrain.launch.supervisor import supervise
 from paratrain.strategies.base import DEFAULT_TIMEOUT_S
+from paratrain.train import job
 from paratrain.train.metrics import write_json_atomic
 
 if TYPE_CHECKING:
@@ -104,8 +105,6 @@ def _in_scope(strategy: Strategy, fn: Callable[..., Any], *args: Any) -> Any:
 def run_locally(config: TrainConfig) -> dict[str, Any]:
     """``paratrain train`` for ``config`` on this machine: its topology's processes (this one
     alone when it has one and no restarts), and the chief's metrics document."""
-    from paratrain.train import job
-
     topology = config.topology
     if topology.num_processes == 1 and not config.max_restarts:
         return job.run(config)

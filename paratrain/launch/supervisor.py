@@ -34,6 +34,7 @@ from typing import Any
 from paratrain.comm.transport import free_port
 from paratrain.errors import WorkerFailed, signal_name
 from paratrain.launch.process import exit_now, launcher_env, process_context, run_entry, take_env
+from paratrain.train.checkpoint import CheckpointStore
 from paratrain.train.faults import new_progress, read_progress
 
 
@@ -68,8 +69,6 @@ def supervise(
 def _restart_line(
     failure: WorkerFailed, folder: Path, num_processes: int, restart: int, limit: int, checkpoint_dir: str | None
 ) -> str:
-    from paratrain.train.checkpoint import CheckpointStore
-
     progress = read_progress(folder / "progress", num_processes)
     complete = CheckpointStore(checkpoint_dir).complete() if checkpoint_dir else []
     resumed = complete[0][0] if complete else 0

@@ -15,11 +15,11 @@ from typing import Any
 
 def __getattr__(name: str) -> Any:
     if name in ("Cluster", "parse_straggler", "make_codec"):
-        from paratrain.simulate import cluster
+        from paratrain.simulate import cluster  # deferred: lazy package attribute (see the docstring)
 
         return getattr(cluster, name)
     if name in ("simulate", "STRATEGIES", "Outcome"):
-        from paratrain.simulate import simulator
+        from paratrain.simulate import simulator  # deferred: lazy package attribute (see the docstring)
 
         return getattr(simulator, name)
     raise AttributeError(name)

@@ -1,7 +1,8 @@
 """``paratrain simulate``: flags, validation, and the table / JSON / plot it writes.
 
 This module imports nothing heavy at import time: launch/cli.py builds the parser from
-``add_arguments`` on every ``paratrain`` call.
+``add_arguments`` on every ``paratrain`` call, so the engine (simulator, cluster, virtual,
+plots) is imported where it is used.
 """
 
 from __future__ import annotations
@@ -12,7 +13,11 @@ import math
 import time
 from typing import Any
 
+from paratrain.config import TrainConfig, _check_writable
+from paratrain.console import console
+from paratrain.data.datasets import load_dataset
 from paratrain.errors import ConfigError
+from paratrain.models import build_model
 
 DEFAULT_WORKERS = "1,2,4,8,16,32,64,128,256,512,1024"
 
@@ -170,8 +175,7 @@ def _positive(name: str, value: float | None, allow_zero: bool = False) -> None:
 
 
 def check_arguments(args: argparse.Namespace) -> tuple[list[str], list[int]]:
-    from paratrain.config import _check_writable
-    from paratrain.simulate.simulator import STRATEGIES
+    from paratrain.simulate.simulator import STRATEGIES  # deferred: kept off the parser build
 
     strategies = [s.strip() for s in args.strategy.split(",") if s.strip()]
     for s in strategies or [args.strategy]:
@@ -230,10 +234,6 @@ def check_arguments(args: argparse.Namespace) -> tuple[list[str], list[int]]:
 
 def model_and_data(args: argparse.Namespace) -> tuple[Any, Any]:
     """--model built (seeded) for --dataset, and the data set's splits."""
-    from paratrain.config import TrainConfig
-    from paratrain.data.datasets import load_dataset
-    from paratrain.models import build_model
-
     config = TrainConfig(model=args.model, dataset=args.dataset, seed=args.seed, batch_size=args.batch_size)
     splits = load_dataset(config)
     import torch
@@ -269,7 +269,7 @@ def _speedup(text: str | None) -> tuple[float, ...] | None:
 
 
 def build_cluster(args: argparse.Namespace, workers: int, model: Any | None, compute_s: float):
-    from paratrain.simulate.cluster import Cluster, make_codec, parse_straggler
+    from paratrain.simulate.cluster import Cluster, make_codec, parse_straggler  # deferred: kept off the parser build
 
     if args.model_mb is not None:
         model_bytes = args.model_mb * 1e6
@@ -317,7 +317,7 @@ def sweep(
     args: argparse.Namespace, strategies: list[str], workers: list[int], model: Any, compute_s: float
 ) -> list[dict[str, Any]]:
     """Every strategy at every worker count, with scaling efficiency against one worker."""
-    from paratrain.simulate.simulator import simulate
+    from paratrain.simulate.simulator import simulate  # deferred: kept off the parser build
 
     rows = []
     for strategy in strategies:
@@ -345,7 +345,7 @@ def simulate_command(args: argparse.Namespace) -> int:
         else profile_compute_s(model, splits, args.batch_size)
     )
     if args.train:
-        from paratrain.simulate.virtual import train_virtual
+        from paratrain.simulate.virtual import train_virtual  # deferred: kept off the parser build
 
         cluster = build_cluster(args, workers[0], model, compute_s)
         result = train_virtual(args, strategies[0], cluster, model, splits, options(args))
@@ -360,7 +360,7 @@ def simulate_command(args: argparse.Namespace) -> int:
         with open(args.json_out, "w") as handle:
             json.dump(payload, handle, indent=1)
     if args.plot:
-        from paratrain.simulate.plots import plot_sweep, plot_training
+        from paratrain.simulate.plots import plot_sweep, plot_training  # deferred: kept off the parser build
 
         (plot_training if args.train else plot_sweep)(payload, args.plot)
     return 0
@@ -368,8 +368,6 @@ def simulate_command(args: argparse.Namespace) -> int:
 
 def _print_table(rows: list[dict[str, Any]], compute_s: float) -> None:
     from rich.table import Table
-
-    from paratrain.console import console
 
     table = Table(title=f"simulated: {compute_s * 1e3:.3g} ms compute per step")
     for name in ("strategy", "workers", "step ms", "examples/s", "scaling", "comm", "stale mean/max", "dropped"):
@@ -394,8 +392,6 @@ def _print_table(rows: list[dict[str, Any]], compute_s: float) -> None:
 
 
 def _print_training(result: dict[str, Any]) -> None:
-    from paratrain.console import console
-
     for point in result["history"]:
         console.print(
             f"simulated {point['sim_seconds']:.3f} s  update {point['updates']}  test_accuracy {point['test_accuracy']:.4f}"

@@ -32,6 +32,7 @@ import numpy as np
 from paratrain.simulate.cluster import Cluster
 from paratrain.simulate.costs import Outcome, Update, allreduce_step_s, fsdp_step_s
 from paratrain.simulate.quota import ThrottledCore, ThrottledNodes
+from paratrain.strategies.ps.policies import StalePolicy
 
 
 class SharedCores:
@@ -259,8 +260,6 @@ class ParameterServerHost(HostRun):
         stale_policy: str = "none",
         max_staleness: int = 4,
     ):
-        from paratrain.strategies.ps.policies import StalePolicy
-
         super().__init__(cluster, rng, steps, cluster.workers + backup)
         self.mode, self.record = mode, record
         self.required = cluster.workers  # sync/backup: gradients per version

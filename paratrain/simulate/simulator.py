@@ -33,6 +33,7 @@ from paratrain.errors import ConfigError
 from paratrain.simulate.cluster import Cluster
 from paratrain.simulate.costs import FSDP_UNITS, Outcome, Update, allreduce_step_s, fsdp_step_s
 from paratrain.simulate.host import simulate_on_host
+from paratrain.strategies.ps.policies import StalePolicy
 
 
 def _fifo(arrivals: np.ndarray, service: float, own: float) -> np.ndarray:
@@ -117,8 +118,6 @@ class AsyncPSModel:
         max_staleness: int = 4,
         **_: Any,
     ) -> Outcome:
-        from paratrain.strategies.ps.policies import StalePolicy
-
         policy = StalePolicy(stale_policy, max_staleness)
         n = cluster.workers
         pushes = steps * n  # the same work as `steps` synchronous rounds

@@ -20,6 +20,7 @@ from torch import nn
 
 from paratrain.console import console
 from paratrain.data.batch import num_examples
+from paratrain.data.sharding import ShardedBatches
 from paratrain.errors import ConfigError
 from paratrain.launch.allocator import keep_freed_memory
 from paratrain.strategies.base import Strategy
@@ -372,8 +373,6 @@ class Trainer:
     def predict(self, data: object, batch_size: int = 256) -> torch.Tensor:
         """Model outputs for every example of ``data``, in order, computed on this process
         (with ``pipeline``: called on every stage, the outputs on the last, empty elsewhere)."""
-        from paratrain.data.sharding import ShardedBatches
-
         model = self.module
         was_training = model.training
         model.eval()
