@@ -4,8 +4,10 @@ replica: one per stage, a process group of their own), and a lost replica replac
 while the others keep training. A replica is lost and replaced as a unit: when one of its
 processes dies, its other processes are stopped.
 
-- A replica that exits 0 is done; once one is done, training is over and no replacement
-  is started (it would find nobody to take the state from).
+- A replica that exits 0 is done; once one is done (or finishing: a process of it exited 0,
+  none failed), training is over: a replica lost then starts no replacement (it would find
+  nobody to take the state from) and fails nothing; one line says so, and the others
+  report the run (the chief's stand-ins, train/job.py).
 - Bad input or a diverged model (exit 2 or 3) ends the run as everywhere else.
 - A replica asked to leave (SIGTERM) finishes its step, says so, and is not replaced.
 - Any other loss (a signal, an error): one line names the replica and the step it had
@@ -166,7 +168,11 @@ def supervise_replacing(
                 over = bool(finished) or any(
                     _finishing(members) for s, members in enumerate(replicas) if s != slot and s not in lost
                 )
-                if not over and restarts < max_restarts:
+                if over:
+                    lost.add(slot)
+                    print(f"{what}, after training had ended; the others report the run", file=sys.stderr, flush=True)
+                    continue
+                if restarts < max_restarts:
                     restarts += 1
                     incarnation[slot] += 1
                     print(
@@ -181,13 +187,10 @@ def supervise_replacing(
                     for s, ps in enumerate(replicas)
                     if s not in lost and s != slot and any(p.exitcode is None for p in ps)
                 )
-                if not over and alive < min_replicas:
+                if alive < min_replicas:
                     raise first_failure(failure, names)
                 lost.add(slot)
-                if not over:
-                    print(
-                        f"{what}; the run goes on with {alive} replica{'s' * (alive != 1)}", file=sys.stderr, flush=True
-                    )
+                print(f"{what}; the run goes on with {alive} replica{'s' * (alive != 1)}", file=sys.stderr, flush=True)
         if not finished:
             raise first_failure({s * per_replica: (replicas[s][0].exitcode, 0.0, "lost") for s in lost}, names)
         return [
