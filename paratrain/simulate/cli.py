@@ -14,10 +14,10 @@ import time
 from typing import Any
 
 from paratrain.config import TrainConfig, _check_writable
-from paratrain.console import console
 from paratrain.data.datasets import load_dataset
 from paratrain.errors import ConfigError
 from paratrain.models import build_model
+from paratrain.simulate.tables import print_table, print_training
 
 DEFAULT_WORKERS = "1,2,4,8,16,32,64,128,256,512,1024"
 
@@ -349,11 +349,11 @@ def simulate_command(args: argparse.Namespace) -> int:
 
         cluster = build_cluster(args, workers[0], model, compute_s)
         result = train_virtual(args, strategies[0], cluster, model, splits, options(args))
-        _print_training(result)
+        print_training(result)
         payload: dict[str, Any] = {"compute_seconds": compute_s, **result}
     else:
         rows = sweep(args, strategies, workers, model, compute_s)
-        _print_table(rows, compute_s)
+        print_table(rows, compute_s)
         payload = {"compute_seconds": compute_s, "results": rows}
     payload["arguments"] = {k: v for k, v in vars(args).items() if k != "handler"}
     if args.json_out:
@@ -364,39 +364,3 @@ def simulate_command(args: argparse.Namespace) -> int:
 
         (plot_training if args.train else plot_sweep)(payload, args.plot)
     return 0
-
-
-def _print_table(rows: list[dict[str, Any]], compute_s: float) -> None:
-    from rich.table import Table
-
-    table = Table(title=f"simulated: {compute_s * 1e3:.3g} ms compute per step")
-    for name in ("strategy", "workers", "step ms", "examples/s", "scaling", "comm", "stale mean/max", "dropped"):
-        table.add_column(name, justify="left" if name == "strategy" else "right", no_wrap=True)
-    for r in rows:
-        table.add_row(
-            r["strategy"],
-            str(r["workers"]),
-            f"{r['step_seconds'] * 1e3:.3f}",
-            f"{r['examples_per_second']:.0f}",
-            f"{r['scaling_efficiency']:.3f}",
-            f"{r['comm_share']:.3f}",
-            f"{r['staleness']['mean']:.2f}/{r['staleness']['max']}",
-            str(r["dropped_gradients"]),
-        )
-    import shutil
-
-    from rich.console import Console
-
-    Console(highlight=False, width=max(shutil.get_terminal_size().columns, 110)).print(table)
-    console.print("scaling: examples/s over workers x one worker's; comm: share of the step not computing")
-
-
-def _print_training(result: dict[str, Any]) -> None:
-    for point in result["history"]:
-        console.print(
-            f"simulated {point['sim_seconds']:.3f} s  update {point['updates']}  test_accuracy {point['test_accuracy']:.4f}"
-        )
-    console.print(
-        f"done: test_accuracy {result['test_accuracy']:.4f} after {result['updates']} updates, "
-        f"{result['sim_seconds']:.3f} simulated seconds ({result['strategy']}, {result['workers']} workers)"
-    )

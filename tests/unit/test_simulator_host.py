@@ -6,7 +6,7 @@ import pytest
 
 from paratrain.errors import ConfigError
 from paratrain.simulate.cluster import Cluster, parse_straggler
-from paratrain.simulate.host import SharedCores
+from paratrain.simulate.engine import SharedCores
 from paratrain.simulate.simulator import simulate
 
 C = 0.01  # seconds of compute per step

@@ -1,0 +1,41 @@
+"""What ``paratrain simulate`` prints: the sweep's table and a virtual training run's progress."""
+
+from __future__ import annotations
+
+import shutil
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from paratrain.console import console
+
+
+def print_table(rows: list[dict[str, Any]], compute_s: float) -> None:
+    table = Table(title=f"simulated: {compute_s * 1e3:.3g} ms compute per step")
+    for name in ("strategy", "workers", "step ms", "examples/s", "scaling", "comm", "stale mean/max", "dropped"):
+        table.add_column(name, justify="left" if name == "strategy" else "right", no_wrap=True)
+    for r in rows:
+        table.add_row(
+            r["strategy"],
+            str(r["workers"]),
+            f"{r['step_seconds'] * 1e3:.3f}",
+            f"{r['examples_per_second']:.0f}",
+            f"{r['scaling_efficiency']:.3f}",
+            f"{r['comm_share']:.3f}",
+            f"{r['staleness']['mean']:.2f}/{r['staleness']['max']}",
+            str(r["dropped_gradients"]),
+        )
+    Console(highlight=False, width=max(shutil.get_terminal_size().columns, 110)).print(table)
+    console.print("scaling: examples/s over workers x one worker's; comm: share of the step not computing")
+
+
+def print_training(result: dict[str, Any]) -> None:
+    for point in result["history"]:
+        console.print(
+            f"simulated {point['sim_seconds']:.3f} s  update {point['updates']}  test_accuracy {point['test_accuracy']:.4f}"
+        )
+    console.print(
+        f"done: test_accuracy {result['test_accuracy']:.4f} after {result['updates']} updates, "
+        f"{result['sim_seconds']:.3f} simulated seconds ({result['strategy']}, {result['workers']} workers)"
+    )
