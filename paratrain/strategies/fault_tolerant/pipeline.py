@@ -46,7 +46,8 @@ from paratrain.strategies.fault_tolerant.strategy import (
     replica_slot,
     torchft_modules,
 )
-from paratrain.strategies.pipeline.strategy import PipelineStrategy, PipelineTopology
+from paratrain.strategies.pipeline.strategy import PipelineStrategy
+from paratrain.strategies.pipeline.topology import PipelineTopology
 
 if TYPE_CHECKING:
     from paratrain.comm.transport import ClusterEnv

@@ -9,15 +9,14 @@ global batch, as in ``allreduce``, and after each step the gradients of each sta
 averaged across replicas with one all-reduce in that stage's process group (one group
 per stage), so S stages x R replicas of batch b equals one process with batch R*b.
 
-The loss and the logits live on the last stage. Reductions for metrics count each
-replica once: the last stage speaks for its replica, the others add zeros. The chief
-(prints, writes the metrics file) is the last stage of replica 0.
+The loss and the logits live on the last stage. Reductions for metrics count each replica
+once: the last stage speaks for its replica, the others add zeros. The chief is the last
+stage of replica 0 (topology.py); the checks of the options and the model are checks.py's.
 """
 
 from __future__ import annotations
 
 import gc
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -46,41 +45,12 @@ from paratrain.strategies.base import (
     resolve_device,
     staleness_summary,
 )
+from paratrain.strategies.pipeline.checks import check_pipeline_config, check_pipeline_model
+from paratrain.strategies.pipeline.topology import PipelineTopology
 from paratrain.strategies.recipe import StepRecipe
-from paratrain.strategies.topology import Topology
 
 if TYPE_CHECKING:
     from paratrain.config import TrainConfig
-
-
-@dataclass(frozen=True)
-class PipelineTopology(Topology):
-    """``num_replicas`` pipeline replicas of ``num_stages`` processes; global rank
-    ``replica * num_stages + stage``. The chief is the last stage of replica 0 (it holds
-    the loss and the logits). Every process writes its own checkpoint part, model included."""
-
-    num_stages: int = 2
-
-    @property
-    def num_processes(self) -> int:
-        return self.num_replicas * self.num_stages
-
-    @property
-    def chief_rank(self) -> int:
-        return self.num_stages - 1
-
-    def replica(self, rank: int) -> int:
-        return rank // self.num_stages
-
-    def stage(self, rank: int) -> int:
-        return rank % self.num_stages
-
-    def rank_name(self, rank: int) -> str:
-        replica, stage = divmod(rank, self.num_stages)
-        return f"stage {stage} of replica {replica}" if self.num_replicas > 1 else f"stage {stage}"
-
-    def model_part(self, rank: int) -> str | None:
-        return self.checkpoint_part(rank)
 
 
 class PipelineStrategy(Strategy):
@@ -128,49 +98,15 @@ class PipelineStrategy(Strategy):
     @classmethod
     def topology_for(cls, config: TrainConfig) -> PipelineTopology:
         """``--workers`` counts processes; the default 1 means one pipeline."""
-        stages = config.pipeline.stages
-        processes = config.workers if config.workers > 1 else stages
-        return cls.topology_class(num_replicas=processes // stages, num_stages=stages)
+        return cls.topology_class.of(config.workers, config.pipeline.stages)
 
     @classmethod
     def check_config(cls, config: TrainConfig) -> None:
-        options, workers = config.pipeline, config.workers
-        stages = options.stages
-        if stages < 2:
-            raise ConfigError(f"--strategy pipeline needs --stages S >= 2, got {stages}")
-        if workers > 1 and workers % stages:
-            raise ConfigError(
-                f"--workers {workers} is not a multiple of --stages {stages}: the run has workers / stages "
-                f"pipeline replicas of {stages} processes each (e.g. --workers {2 * stages})"
-            )
-        if config.batch_size % options.microbatches:
-            raise ConfigError(
-                f"--batch-size {config.batch_size} must be a multiple of --microbatches {options.microbatches} "
-                "(every micro-batch has the same size)"
-            )
-        if options.schedule == "1f1b" and options.microbatches < stages:
-            raise ConfigError(
-                f"--schedule 1f1b needs --microbatches >= --stages ({options.microbatches} < {stages}); "
-                "use more micro-batches or --schedule gpipe"
-            )
-        if options.split_points is not None:
-            points = parse_split_points(options.split_points)
-            if len(points) != stages - 1:
-                raise ConfigError(
-                    f"--split-points {options.split_points} makes {len(points) + 1} stages, but --stages is {stages}"
-                )
-        if options.balance == "time" and options.split_points is not None:
-            raise ConfigError("--balance time and --split-points both choose the split; give one of them")
+        check_pipeline_config(config)  # checks.py, with check_model's
 
     @classmethod
     def check_model(cls, model: nn.Module, config: TrainConfig) -> None:
-        """The split must give every stage a layer: said before the stages start."""
-        num_layers = len(sequential_layers(model))
-        check_num_parts(num_layers, config.pipeline.stages)
-        if config.pipeline.split_points is not None:
-            bounds_from_split_points(
-                parse_split_points(config.pipeline.split_points), num_layers, config.pipeline.stages
-            )
+        check_pipeline_model(model, config)
 
     @classmethod
     def from_config(cls, config: TrainConfig) -> PipelineStrategy:
@@ -187,10 +123,7 @@ class PipelineStrategy(Strategy):
         )
 
     def planned_topology(self) -> PipelineTopology:
-        processes = self.workers if self.workers and self.workers > 1 else self.num_stages
-        if processes % self.num_stages:
-            raise ConfigError(f"pipeline workers={processes} is not a multiple of num_stages={self.num_stages}")
-        return self.topology_class(num_replicas=processes // self.num_stages, num_stages=self.num_stages)
+        return self.topology_class.of(self.workers, self.num_stages)
 
     def describe(self) -> dict[str, Any]:
         return {
