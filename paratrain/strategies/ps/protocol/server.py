@@ -17,7 +17,6 @@ fail), which is what lets a shard outlive a worker.
 
 from __future__ import annotations
 
-import inspect
 import json
 import threading
 import time
@@ -36,6 +35,7 @@ from paratrain.strategies.ps.joining import Door
 from paratrain.strategies.ps.layout import ShardLayout
 from paratrain.strategies.ps.policies import Gradient, SyncRule
 from paratrain.strategies.ps.protocol.links import WorldLink
+from paratrain.strategies.ps.protocol.optimizer import shard_optimizer
 from paratrain.strategies.ps.protocol.wire import (
     DONE,
     HEADER_BYTES,
@@ -56,27 +56,6 @@ from paratrain.strategies.ps.reshard import optimizer_order, reshard
 MAX_BROKEN_RECEIVES = 100
 """Receives failing in a row before the shard gives up serving: one dying worker breaks one
 message (its loss is then the monitor's to judge); a run of failures is the link itself gone."""
-
-
-def check_rebuildable(optimizer: torch.optim.Optimizer) -> None:
-    """ConfigError for an optimizer a shard cannot step: one whose ``step`` needs a closure
-    (LBFGS re-evaluates the loss, which lives on the workers)."""
-    closure = inspect.signature(type(optimizer).step).parameters.get("closure")
-    if closure is not None and closure.default is inspect.Parameter.empty:
-        raise ConfigError(
-            f"{type(optimizer).__name__} steps with a closure that re-evaluates the loss; parameter-server shards "
-            "step without the data (every other torch.optim optimizer works): use --strategy allreduce"
-        )
-
-
-def constructor_defaults(optimizer: torch.optim.Optimizer) -> dict[str, Any]:
-    """The optimizer's defaults that its class's constructor takes: a subclass may keep more
-    in ``defaults`` than it accepts (``AdamW`` keeps Adam's ``decoupled_weight_decay``, which
-    it sets itself); the groups carry every key anyway."""
-    parameters = inspect.signature(type(optimizer).__init__).parameters
-    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
-        return dict(optimizer.defaults)
-    return {k: v for k, v in optimizer.defaults.items() if k in parameters}
 
 
 class ShardServer:
@@ -156,16 +135,8 @@ class ShardServer:
 
     def _shard_optimizer(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         """The user's optimizer class and hyper-parameters, over this shard's pieces."""
-        check_rebuildable(optimizer)
-        groups: list[dict[str, Any]] = [
-            {**{k: v for k, v in group.items() if k != "params"}, "params": []} for group in optimizer.param_groups
-        ]
-        for piece in optimizer_order(self.layout, self.shard, self.group_of):
-            data = self.params[piece.offset : piece.offset + piece.numel]
-            param = nn.Parameter(data)  # shares storage: the optimizer updates self.params
-            param.grad = self.grad[piece.offset : piece.offset + piece.numel]
-            groups[self.group_of[piece.index]]["params"].append(param)
-        return type(optimizer)([g for g in groups if g["params"]], **constructor_defaults(optimizer))
+        pieces = optimizer_order(self.layout, self.shard, self.group_of)
+        return shard_optimizer(optimizer, pieces, self.params, self.grad, self.group_of)
 
     # ----- state the rules read ---------------------------------------------------------
     def active_workers(self) -> set[int]:
