@@ -21,7 +21,6 @@ from __future__ import annotations
 import atexit
 import contextlib
 import gc
-import time
 import weakref
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
@@ -37,7 +36,10 @@ from paratrain.comm.transport import cluster_from_env, default_backend, ensure_p
 from paratrain.config import DEFAULT_TIMEOUT_S
 from paratrain.data.sharding import ShardedBatches
 from paratrain.errors import ConfigError, DivergedError, WorkerLost
+from paratrain.session.diagnosis import silent_ranks
 from paratrain.session.teardown import destroy_groups, sever_groups
+from paratrain.strategies.accounting import staleness_summary
+from paratrain.strategies.numerics import finite_gradients, finite_parameters
 from paratrain.strategies.recipe import StepRecipe, clip_norm
 from paratrain.strategies.topology import Role, Topology
 from paratrain.timeline import span
@@ -397,14 +399,7 @@ class Strategy:
         text = str(error)
         if not dist.is_initialized() or not ("imed out" in text or "timeout" in text.lower()):
             return None
-        store = dist.distributed_c10d._get_default_store()
-        me, world = dist.get_rank(), dist.get_world_size()
-        store.set(f"paratrain/answer/{step}/{me}", "1")
-        deadline = time.monotonic() + min(self.timeout, 5.0)
-        silent = [r for r in range(world) if r != me]
-        while silent and time.monotonic() < deadline:
-            silent = [r for r in silent if not store.check([f"paratrain/answer/{step}/{r}"])]
-            time.sleep(0.05)
+        silent = silent_ranks(step, min(self.timeout, 5.0))
         if not silent:
             return None
         names = ", ".join(self.describe_rank(r) for r in silent)
@@ -565,26 +560,3 @@ def uncompiled(model: nn.Module) -> nn.Module:
 
 def _same(loss: torch.Tensor) -> torch.Tensor:
     return loss
-
-
-def finite_parameters(model: nn.Module) -> bool:
-    return bool(torch.isfinite(torch.stack(torch._foreach_norm([p.detach() for p in model.parameters()])).sum()))
-
-
-def finite_gradients(optimizer: torch.optim.Optimizer) -> bool:
-    """Whether every gradient the optimizer would apply is finite (one host sync)."""
-    grads = [p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None]
-    if not grads:
-        return True
-    return bool(torch.isfinite(torch.stack(torch._foreach_norm(grads)).sum()))
-
-
-def staleness_summary(histogram: dict[int, int]) -> dict[str, Any]:
-    """``{"mean", "max", "histogram"}`` from counts of gradients by staleness."""
-    total = sum(histogram.values())
-    used = {s: c for s, c in sorted(histogram.items()) if c}
-    return {
-        "mean": (sum(s * c for s, c in used.items()) / total) if total else 0.0,
-        "max": max(used, default=0),
-        "histogram": {str(s): c for s, c in used.items()},
-    }

@@ -24,7 +24,8 @@ from paratrain.comm.codecs import Codec
 from paratrain.comm.hooks import CommHook, make_hook
 from paratrain.console import console
 from paratrain.errors import ConfigError
-from paratrain.strategies.base import DEFAULT_TIMEOUT_S, ReplicaStrategy, staleness_summary, uncompiled
+from paratrain.strategies.accounting import staleness_summary
+from paratrain.strategies.base import DEFAULT_TIMEOUT_S, ReplicaStrategy, uncompiled
 from paratrain.strategies.recipe import StepRecipe
 
 if TYPE_CHECKING:

@@ -52,15 +52,8 @@ from paratrain.data.sharding import ShardedBatches
 from paratrain.errors import ConfigError, ReplicaLeft, WorkerLost
 from paratrain.session.incarnation import restart_count
 from paratrain.session.leaving import LeaveOnSigterm
-from paratrain.strategies.base import (
-    DEFAULT_TIMEOUT_S,
-    FitLoop,
-    LossFn,
-    StepOutput,
-    Strategy,
-    resolve_device,
-    staleness_summary,
-)
+from paratrain.strategies.accounting import staleness_summary
+from paratrain.strategies.base import DEFAULT_TIMEOUT_S, FitLoop, LossFn, StepOutput, Strategy, resolve_device
 from paratrain.strategies.topology import Topology
 from paratrain.timeline import span
 

@@ -42,7 +42,8 @@ from torch import nn
 from paratrain.comm.codec_config import make_codec
 from paratrain.comm.codecs import Codec
 from paratrain.errors import ConfigError
-from paratrain.strategies.base import DEFAULT_TIMEOUT_S, ReplicaStrategy, staleness_summary, uncompiled
+from paratrain.strategies.accounting import staleness_summary
+from paratrain.strategies.base import DEFAULT_TIMEOUT_S, ReplicaStrategy, uncompiled
 from paratrain.strategies.recipe import StepRecipe
 
 if TYPE_CHECKING:

@@ -36,15 +36,9 @@ from paratrain.parallel.split import (
     parse_split_points,
     sequential_layers,
 )
-from paratrain.strategies.base import (
-    DEFAULT_TIMEOUT_S,
-    LossFn,
-    StepOutput,
-    Strategy,
-    finite_gradients,
-    resolve_device,
-    staleness_summary,
-)
+from paratrain.strategies.accounting import staleness_summary
+from paratrain.strategies.base import DEFAULT_TIMEOUT_S, LossFn, StepOutput, Strategy, resolve_device
+from paratrain.strategies.numerics import finite_gradients
 from paratrain.strategies.pipeline.checks import check_pipeline_config, check_pipeline_model
 from paratrain.strategies.pipeline.topology import PipelineTopology
 from paratrain.strategies.recipe import StepRecipe

@@ -38,7 +38,8 @@ from paratrain.data.batch import num_examples
 from paratrain.data.sharding import ShardedBatches
 from paratrain.errors import ConfigError, ReplicaLeft, WorkerLost
 from paratrain.session.leaving import LeaveOnSigterm
-from paratrain.strategies.base import DEFAULT_TIMEOUT_S, LossFn, StepOutput, Strategy, resolve_device, staleness_summary
+from paratrain.strategies.accounting import staleness_summary
+from paratrain.strategies.base import DEFAULT_TIMEOUT_S, LossFn, StepOutput, Strategy, resolve_device
 from paratrain.strategies.ps.batches import AssignedBatches
 from paratrain.strategies.ps.heartbeat import Heartbeat
 from paratrain.strategies.ps.host import ShardHost
