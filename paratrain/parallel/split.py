@@ -135,3 +135,20 @@ def bounds_from_split_points(points: Sequence[int], num_layers: int, num_parts: 
                 f"strictly between 1 and {num_layers - 1} (the model has {num_layers} layers)"
             )
     return list(zip(edges, edges[1:]))
+
+
+def check_shared_parameters(layers: Sequence[nn.Module], bounds: Bounds) -> None:
+    """ConfigError where two layers that ``bounds`` put in different parts share a parameter
+    (tied weights: an embedding and the output layer): each part would hold and update its
+    own copy, and the two would drift apart."""
+    first: dict[int, tuple[int, int, str]] = {}  # id(parameter) -> (part, layer, its name there)
+    for part, (start, end) in enumerate(bounds):
+        for index in range(start, end):
+            for name, param in layers[index].named_parameters():
+                seen = first.setdefault(id(param), (part, index, name))
+                if seen[0] != part:
+                    raise ConfigError(
+                        f"layers {seen[1]} ({seen[2]}) and {index} ({name}) share one parameter (tied weights), "
+                        f"but the split puts them in stages {seen[0]} and {part}: a stage cannot update a "
+                        "parameter another stage holds; keep them in one stage (--split-points) or untie them"
+                    )

@@ -94,3 +94,30 @@ def test_pipeline_processes_and_chief():
     assert config.topology.num_processes == 4
     assert config.global_batch == 2 * config.batch_size  # 2 pipeline replicas read the batch
     assert config.topology.rank_name(3) == "stage 1 of replica 1"
+
+
+def _tied(vocab=11, width=6):
+    embed, head = nn.Embedding(vocab, width), nn.Linear(width, vocab, bias=False)
+    head.weight = embed.weight  # tied, as a language model's output layer is
+    return nn.Sequential(embed, nn.Linear(width, width), nn.ReLU(), head)
+
+
+@pytest.mark.parametrize("flags", [{}, {"split_points": "2"}])
+def test_tied_layers_in_different_stages_are_refused_naming_them(flags):
+    from paratrain.strategies.pipeline.checks import check_pipeline_model
+
+    config = TrainConfig(strategy="pipeline", stages=2, **flags)
+    with pytest.raises(
+        ConfigError, match=r"^layers 0 \(weight\) and 3 \(weight\) share one parameter \(tied weights\)"
+    ):
+        check_pipeline_model(_tied(), config)
+
+
+def test_tied_layers_in_one_stage_are_split_as_usual():
+    from paratrain.parallel.split import check_shared_parameters
+
+    a, b = nn.Linear(6, 6), nn.Linear(6, 6)
+    b.weight = a.weight
+    check_shared_parameters(list(nn.Sequential(nn.Linear(6, 6), nn.ReLU(), a, b)), [(0, 2), (2, 4)])
+    with pytest.raises(ConfigError, match="stages 0 and 1"):
+        check_shared_parameters(list(nn.Sequential(nn.Linear(6, 6), a, nn.ReLU(), b)), [(0, 2), (2, 4)])

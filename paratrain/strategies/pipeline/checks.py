@@ -7,7 +7,15 @@ from typing import TYPE_CHECKING
 from torch import nn
 
 from paratrain.errors import ConfigError
-from paratrain.parallel.split import bounds_from_split_points, check_num_parts, parse_split_points, sequential_layers
+from paratrain.parallel.split import (
+    balanced_bounds,
+    bounds_from_split_points,
+    check_num_parts,
+    check_shared_parameters,
+    layer_costs,
+    parse_split_points,
+    sequential_layers,
+)
 
 if TYPE_CHECKING:
     from paratrain.config import TrainConfig
@@ -46,7 +54,13 @@ def check_pipeline_config(config: TrainConfig) -> None:
 
 def check_pipeline_model(model: nn.Module, config: TrainConfig) -> None:
     """The split must give every stage a layer: said before the stages start."""
-    num_layers = len(sequential_layers(model))
-    check_num_parts(num_layers, config.pipeline.stages)
-    if config.pipeline.split_points is not None:
-        bounds_from_split_points(parse_split_points(config.pipeline.split_points), num_layers, config.pipeline.stages)
+    layers = sequential_layers(model)
+    options = config.pipeline
+    check_num_parts(len(layers), options.stages)
+    if options.split_points is not None:
+        bounds = bounds_from_split_points(parse_split_points(options.split_points), len(layers), options.stages)
+    elif options.balance == "params":
+        bounds = balanced_bounds(layer_costs(layers, "params"), options.stages)
+    else:  # by time: known once the first batch is timed, and checked then
+        return
+    check_shared_parameters(layers, bounds)

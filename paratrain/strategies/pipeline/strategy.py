@@ -32,6 +32,7 @@ from paratrain.parallel.split import (
     balanced_bounds,
     bounds_from_split_points,
     check_num_parts,
+    check_shared_parameters,
     layer_costs,
     parse_split_points,
     sequential_layers,
@@ -202,6 +203,7 @@ class PipelineStrategy(Strategy):
             bounds = bounds_from_split_points(self.split_points, len(layers), self.num_stages)
         else:
             bounds = self._agreed_bounds(layers, example)
+        check_shared_parameters(layers, bounds)
         self.bounds = bounds
         self._module = stage_module(layers, bounds, self.stage).to(self.device)
         # The optimizer was made for the whole model: keep this stage's parameters only
