@@ -424,6 +424,10 @@ class FaultTolerantAllReduceStrategy(Strategy):
                 self.behind_heals += 1
                 self._joined_state = None  # the loop's position is this replica's own
                 self._steps += 1  # the peer's record, taken with its state, holds the step
+                # The quorum that healed this replica is its peers' next step: they are in that
+                # step's all-reduce already, so this replica's next step must take part in it,
+                # not form another quorum (they would wait out the timeout for it).
+                self._quorum_ready = True
                 return StepOutput(torch.tensor(self._last_loss, device=self.device), None)
             loss, outputs = self._gradient(model, loss_fn, optimizer, inputs, targets, step)
             self.steps_taken += 1
