@@ -30,10 +30,12 @@ from paratrain.launch.local import run_locally
 
 def run_mode(strategy: str, args: argparse.Namespace) -> dict:
     workers = args.workers - 1 if strategy == "ps-backup" else args.workers
+    # An option is given only to the strategy that takes it (the others refuse it, even at 0).
+    backups = {"backup_workers": 1} if strategy == "ps-backup" else {}
     config = TrainConfig(
         strategy=strategy,
         workers=workers,
-        backup_workers=1 if strategy == "ps-backup" else 0,
+        **backups,
         model=args.model,
         dataset=args.dataset,
         epochs=args.epochs,
