@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 
 from paratrain.errors import ConfigError
-from paratrain.options import at_least, check_options, non_default, option, refuse_untaken
+from paratrain.options import at_least, check_options, option
 from paratrain.strategies.ps.policies import AsyncRule, StalePolicy, SyncRule
 from paratrain.strategies.topology import Role, Topology
 
@@ -150,12 +150,11 @@ def survives_lost_worker(mode: PSMode, config: PSConfig) -> bool:
     return MODES[mode].survives_lost_worker or config.on_worker_lost == "continue"
 
 
-def check_mode_options(mode: PSMode, config: PSConfig) -> None:
-    """ConfigError for an option of another mode (changed from its default: the run's
-    configuration refuses given ones too), or a backup mode without backups."""
+def check_mode(mode: PSMode, config: PSConfig) -> None:
+    """ConfigError for a backup mode without backups. (An option of another mode is refused
+    by the run's configuration, before: options.refuse_untaken, from PSConfig's fields.)"""
     if mode is PSMode.BACKUP and config.backup_workers < 1:
         raise ConfigError("--strategy ps-backup needs --backup-workers K >= 1 (K = 0 is ps-sync)")
-    refuse_untaken(mode.strategy_name, PSConfig, non_default(config))
 
 
 @dataclass(frozen=True)

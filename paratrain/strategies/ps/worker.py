@@ -51,7 +51,7 @@ from paratrain.strategies.ps.modes import (
     PSConfig,
     PSMode,
     PSTopology,
-    check_mode_options,
+    check_mode,
     survives_lost_worker,
 )
 from paratrain.strategies.ps.protocol.client import ShardClient
@@ -160,7 +160,7 @@ class ParameterServerStrategy(Strategy):
     @classmethod
     def check_config(cls, config: TrainConfig) -> None:
         mode = PSMode.of(config.strategy)
-        check_mode_options(mode, config.ps)
+        check_mode(mode, config.ps)
         if config.early_stopping:
             raise ConfigError(f"--early-stopping is not available with --strategy {config.strategy}")
         if config.ps.join and (config.checkpoint_dir or config.max_restarts):
