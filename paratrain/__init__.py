@@ -9,72 +9,64 @@ with strategy.scope():
 trainer.fit((x, y), epochs=10, validation_data=(x_test, y_test))
 """
 
-from paratrain.config import TrainConfig
-from paratrain.errors import ConfigError, DivergedError, ParatrainError, WorkerFailed
-from paratrain.launch.factory import make_strategy, strategy_from_flags
-from paratrain.launch.local import launch
-from paratrain.strategies.allreduce.strategy import AllReduceStrategy
-from paratrain.strategies.averaging.strategy import DiLoCoStrategy, LocalSGDStrategy
-from paratrain.strategies.base import StepOutput, Strategy, current_strategy
-from paratrain.strategies.fault_tolerant.pipeline import FaultTolerantPipelineStrategy
-from paratrain.strategies.fault_tolerant.strategy import FaultTolerantAllReduceStrategy
-from paratrain.strategies.fsdp.strategy import FSDPStrategy
-from paratrain.strategies.ps.worker import ParameterServerStrategy
-from paratrain.strategies.recipe import StepRecipe
-from paratrain.strategies.single import SingleDeviceStrategy, get_strategy
-from paratrain.train.callbacks import Callback, EarlyStopping, LearningRateScheduler
-from paratrain.train.checkpoint import Checkpoint, load_checkpoint
-from paratrain.train.job import run as run_training
-from paratrain.train.schedules import Constant, ExponentialDecay, LinearScalingWarmup
-from paratrain.train.trainer import History, Trainer
+import importlib
 
-MirroredStrategy = AllReduceStrategy
+# Each public name and the module it lives in (``module:attribute`` where the module names
+# it otherwise), imported when first used: ``import paratrain`` alone imports no torch, so
+# that a process can import one small part of paratrain before torch (the fork server's
+# guard, launch/orphan.py).
+_PUBLIC = {
+    "AllReduceStrategy": "paratrain.strategies.allreduce.strategy",
+    "Callback": "paratrain.train.callbacks",
+    "Checkpoint": "paratrain.train.checkpoint",
+    "ConfigError": "paratrain.errors",
+    "Constant": "paratrain.train.schedules",
+    "DiLoCoStrategy": "paratrain.strategies.averaging.strategy",
+    "DivergedError": "paratrain.errors",
+    "EarlyStopping": "paratrain.train.callbacks",
+    "ExponentialDecay": "paratrain.train.schedules",
+    "FSDPStrategy": "paratrain.strategies.fsdp.strategy",
+    "FaultTolerantAllReduceStrategy": "paratrain.strategies.fault_tolerant.strategy",
+    "FaultTolerantPipelineStrategy": "paratrain.strategies.fault_tolerant.pipeline",
+    "History": "paratrain.train.trainer",
+    "LearningRateScheduler": "paratrain.train.callbacks",
+    "LinearScalingWarmup": "paratrain.train.schedules",
+    "LocalSGDStrategy": "paratrain.strategies.averaging.strategy",
+    "ParameterServerStrategy": "paratrain.strategies.ps.worker",
+    "ParatrainError": "paratrain.errors",
+    "PipelineStrategy": "paratrain.strategies.pipeline.strategy",
+    "SingleDeviceStrategy": "paratrain.strategies.single",
+    "StepOutput": "paratrain.strategies.base",
+    "StepRecipe": "paratrain.strategies.recipe",
+    "Strategy": "paratrain.strategies.base",
+    "TrainConfig": "paratrain.config",
+    "Trainer": "paratrain.train.trainer",
+    "WorkerFailed": "paratrain.errors",
+    "current_strategy": "paratrain.strategies.base",
+    "get_strategy": "paratrain.strategies.single",
+    "launch": "paratrain.launch.local",
+    "load_checkpoint": "paratrain.train.checkpoint",
+    "MirroredStrategy": "paratrain.strategies.allreduce.strategy:AllReduceStrategy",
+    "make_strategy": "paratrain.launch.factory",
+    "run_training": "paratrain.train.job:run",
+    "strategy_from_flags": "paratrain.launch.factory",
+}
 
 
 def __getattr__(name: str):
-    # torch.distributed.pipelining imports sympy (seconds): only when a pipeline is asked for.
-    if name == "PipelineStrategy":
-        from paratrain.strategies.pipeline.strategy import PipelineStrategy
+    where = _PUBLIC.get(name)
+    if where is None:
+        raise AttributeError(f"module 'paratrain' has no attribute {name!r}")
+    module, _, attribute = where.partition(":")  # "module:attribute" where the names differ
+    value = getattr(importlib.import_module(module), attribute or name)
+    globals()[name] = value
+    return value
 
-        return PipelineStrategy
-    raise AttributeError(f"module 'paratrain' has no attribute {name!r}")
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})
 
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "AllReduceStrategy",
-    "Callback",
-    "Checkpoint",
-    "ConfigError",
-    "Constant",
-    "DiLoCoStrategy",
-    "DivergedError",
-    "EarlyStopping",
-    "ExponentialDecay",
-    "FSDPStrategy",
-    "FaultTolerantAllReduceStrategy",
-    "FaultTolerantPipelineStrategy",
-    "History",
-    "LearningRateScheduler",
-    "LinearScalingWarmup",
-    "LocalSGDStrategy",
-    "MirroredStrategy",
-    "ParameterServerStrategy",
-    "ParatrainError",
-    "PipelineStrategy",
-    "SingleDeviceStrategy",
-    "StepOutput",
-    "StepRecipe",
-    "Strategy",
-    "TrainConfig",
-    "Trainer",
-    "WorkerFailed",
-    "current_strategy",
-    "get_strategy",
-    "launch",
-    "load_checkpoint",
-    "make_strategy",
-    "run_training",
-    "strategy_from_flags",
-]
+__all__ = sorted(_PUBLIC)
