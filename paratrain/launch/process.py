@@ -21,14 +21,17 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
+from multiprocessing import reduction
 from typing import Any
 
 from paratrain.errors import ParatrainError
 
-#: Imported once by the fork server, before it forks any process: what every process of a
-#: run imports anyway (torch._dynamo with the first optimizer; imported before any process
-#: group exists, see ``comm.transport.load_compiler``).
-PRELOAD = ["paratrain.train.job", "torch._dynamo"]
+#: Imported once by the fork server, before it forks any process: first its guard (it dies
+#: with its launcher, launch/orphan.py), then what every process of a run imports anyway
+#: (torch._dynamo with the first optimizer; imported before any process group exists, see
+#: ``comm.transport.load_compiler``). The server starts from the launcher's main thread
+#: (``start_server``): it gets SIGKILL when the thread that started it ends.
+PRELOAD = ["paratrain.launch.orphan", "paratrain.train.job", "torch._dynamo"]
 
 
 def process_context() -> multiprocessing.context.BaseContext:
@@ -49,16 +52,48 @@ def start_server() -> None:
         forkserver.ensure_running()
 
 
-def launcher_env(env: dict[str, str]) -> dict[str, str]:
-    """A process's whole environment: the launcher's now, with ``env`` over it (a forked
-    process would otherwise see the fork server's, as it was when the server started)."""
-    return {**os.environ, **env}
+class LauncherEnv:
+    """What a process takes from its launcher as it starts: the launcher's environment now,
+    with ``env`` over it (a forked process would otherwise see the fork server's, as it was
+    when the server started), and the launcher's standard output and error as they are now
+    (the fork server's are the launcher's when the server started: a launcher whose output
+    was redirected since, a notebook or a test, would otherwise lose its processes' lines).
+    """
+
+    def __init__(self, env: dict[str, str], streams: tuple[int | None, int | None] = (None, None)) -> None:
+        self.env = env
+        self.streams = streams
+
+    def __reduce__(self) -> tuple:
+        # Pickled as the process starts: each stream travels as a file descriptor the new
+        # process inherits (multiprocessing.reduction.DupFd, under any start method).
+        return (LauncherEnv, (self.env, tuple(_inheritable(fd) for fd in (1, 2))))
 
 
-def take_env(env: dict[str, str]) -> None:
-    """In the started process: ``env`` (from ``launcher_env``) becomes its environment."""
+def _inheritable(fd: int) -> Any:
+    try:
+        os.fstat(fd)
+        return reduction.DupFd(fd)
+    except (OSError, AttributeError):
+        return None  # the stream is closed, or the start method passes no descriptors (fork)
+
+
+def launcher_env(env: dict[str, str]) -> LauncherEnv:
+    """What a process started now takes from the launcher (``take_env`` applies it)."""
+    return LauncherEnv({**os.environ, **env})
+
+
+def take_env(start: LauncherEnv) -> None:
+    """In the started process: the launcher's environment becomes its own, and its standard
+    output and error go where the launcher's went when it started the process."""
     os.environ.clear()
-    os.environ.update(env)
+    os.environ.update(start.env)
+    for stream, target in zip(start.streams, (1, 2)):
+        if stream is not None:
+            fd = stream.detach()
+            if fd != target:
+                os.dup2(fd, target)
+                os.close(fd)
 
 
 def run_entry(fn: Callable[..., Any], *args: Any) -> Any:

@@ -33,7 +33,7 @@ from typing import Any
 
 from paratrain.comm.transport import free_port
 from paratrain.errors import WorkerFailed, signal_name
-from paratrain.launch.process import exit_now, launcher_env, process_context, run_entry, take_env
+from paratrain.launch.process import LauncherEnv, exit_now, launcher_env, process_context, run_entry, take_env
 from paratrain.train.checkpoint import CheckpointStore
 from paratrain.train.faults import new_progress, read_progress
 
@@ -173,7 +173,7 @@ def _attempt(
                 process.kill()
 
 
-def run_process(env: dict[str, str], result_path: str, fn: Callable[..., Any], args: tuple) -> None:
+def run_process(env: LauncherEnv, result_path: str, fn: Callable[..., Any], args: tuple) -> None:
     take_env(env)
     result = run_entry(fn, *args)
     with open(result_path, "wb") as handle:
