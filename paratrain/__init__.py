@@ -53,6 +53,13 @@ _PUBLIC = {
 }
 
 
+# ``paratrain.launch`` names both a subpackage and the public function. Importing the
+# subpackage sets the attribute to it, once, when it is first imported: import it now (its
+# __init__ imports nothing) and drop that attribute, so that the name is the function.
+importlib.import_module("paratrain.launch")
+del globals()["launch"]
+
+
 def __getattr__(name: str):
     where = _PUBLIC.get(name)
     if where is None:

@@ -7,9 +7,12 @@ import sys
 import pytest
 
 # Three 20 MiB tensors made, touched and freed together, as a step's activations are: the
-# minor page faults of 10 such steps after a first, per page the step touches.
+# minor page faults of 10 such steps after a first, per page the step touches. The process
+# first imports what a run's processes import (the heap's layout, and so the share faulted
+# in, depends on it: 3% after those imports, 23-40% after torch's alone).
 STEPS = """
 import resource, sys, torch
+import paratrain.train.job  # what a run's process has imported before its first step
 from paratrain.launch.allocator import keep_freed_memory
 if sys.argv[1] == "keep":
     assert keep_freed_memory() and keep_freed_memory()  # idempotent
