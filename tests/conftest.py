@@ -1,6 +1,10 @@
+import importlib
+import io
 import os
 import subprocess
 import sys
+import tempfile
+import traceback
 from pathlib import Path
 
 import pytest
@@ -9,29 +13,108 @@ REPO = Path(__file__).resolve().parents[1]
 
 # Distributed tests run Gloo on loopback with one thread per process.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-os.environ.setdefault("PARATRAIN_THREADS_PER_WORKER", "1")  # tests run side by side (pytest -n 2)
+os.environ.setdefault("PARATRAIN_THREADS_PER_WORKER", "1")  # tests run side by side (pytest -n)
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-# Tests run in two pytest-xdist workers: each takes its rendezvous ports from a range of its
+# Tests run in several pytest-xdist workers (at most 6): each takes its rendezvous ports from a range of its
 # own, below the kernel's ephemeral ports (32768 and up), so that neither another test's
 # run nor any process's outgoing connection takes a port between its pick and its bind.
 _WORKER = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
 _INDEX = int(_WORKER[2:]) if _WORKER[2:].isdigit() else 0
-os.environ.setdefault("PARATRAIN_PORT_RANGE", f"{20000 + 3000 * _INDEX}-{22999 + 3000 * _INDEX}")
+os.environ.setdefault("PARATRAIN_PORT_RANGE", f"{20000 + 2000 * _INDEX}-{21999 + 2000 * _INDEX}")
+
+
+#: Variables that make ``paratrain train`` join a cluster (torchrun's, TF_CONFIG, a
+#: fault-tolerant replica's) instead of starting processes: such a command runs in a process
+#: of its own, as the cluster's other members do.
+CLUSTER_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "TF_CONFIG", "REPLICA_GROUP_ID", "TORCHFT_LIGHTHOUSE")
+
+#: Variables a process reads once, before a command could set them (urllib builds its proxy
+#: handler at its first request): a command given one runs in a fresh interpreter too.
+READ_ONCE_VARS = ("http_proxy", "https_proxy", "no_proxy", "OMP_NUM_THREADS")
+
+#: ``PARATRAIN_TEST_CLI=subprocess`` runs every ``run_cli`` command in a fresh interpreter.
+_SUBPROCESS = os.environ.get("PARATRAIN_TEST_CLI") == "subprocess"
 
 
 def run_cli(
     *args: str, env: dict | None = None, timeout: float = 240, cwd: Path | None = None
 ) -> subprocess.CompletedProcess:
-    """``paratrain ARGS`` in a fresh interpreter; returns the finished process."""
-    full_env = {**os.environ, **(env or {})}
-    return subprocess.run(
-        [sys.executable, "-m", "paratrain", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=full_env,
-        cwd=cwd or REPO,
-    )
+    """``paratrain ARGS``; returns the finished command (exit code, standard output and error).
+
+    The command runs in this test process, as ``paratrain`` would in a shell of its own: its
+    arguments, the environment with ``env`` over it, ``cwd``, its standard output and error
+    captured at the file descriptors (the lines its processes write included). The processes
+    of a run start from this process's fork server, which imported torch and paratrain once
+    for the whole session instead of once a command (~8 s of CPU each). A command that joins
+    a cluster or sets a variable read once (``CLUSTER_VARS``, ``READ_ONCE_VARS``) runs in a
+    fresh interpreter, as does every command under ``PARATRAIN_TEST_CLI=subprocess``. A
+    ``PYTHONPATH`` in ``env`` is put in front of ``sys.path`` for the command (and its
+    processes), and what was imported from it (or from ``cwd``) is forgotten after."""
+    fresh = CLUSTER_VARS + READ_ONCE_VARS
+    if _SUBPROCESS or any(name in (env or {}) for name in fresh):
+        return subprocess.run(
+            [sys.executable, "-m", "paratrain", *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env={**os.environ, **(env or {})},
+            cwd=cwd or REPO,
+        )
+    return _run_here(list(args), env or {}, cwd or REPO)
+
+
+def _run_here(args: list[str], env: dict, cwd: Path) -> subprocess.CompletedProcess:
+    import torch  # after the thread settings above
+
+    from paratrain.launch.cli import main
+
+    saved_env, saved_cwd, saved_path = dict(os.environ), os.getcwd(), list(sys.path)
+    saved_modules, saved_threads = set(sys.modules), torch.get_num_threads()
+    added = [entry for entry in env.get("PYTHONPATH", "").split(os.pathsep) if entry]
+    sys.path[:0] = added
+    dropped = [*added, *([str(cwd)] if Path(cwd).resolve() != REPO else [])]
+    importlib.invalidate_caches()
+    saved_streams = sys.stdout, sys.stderr
+    saved_fds = os.dup(1), os.dup(2)
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(out.fileno(), 1)
+        os.dup2(err.fileno(), 2)
+        sys.stdout = io.TextIOWrapper(open(os.dup(1), "wb"), encoding="utf-8", line_buffering=True)
+        sys.stderr = io.TextIOWrapper(open(os.dup(2), "wb"), encoding="utf-8", line_buffering=True)
+        os.environ.update(env)
+        os.chdir(cwd)
+        try:
+            code = main(args)
+        except SystemExit as exit:
+            code = exit.code if isinstance(exit.code, int) else (0 if exit.code is None else 1)
+        except BaseException:  # what a fresh interpreter prints, and its exit code
+            traceback.print_exc()
+            code = 1
+        finally:
+            for stream in (sys.stdout, sys.stderr):
+                stream.flush()
+                stream.close()
+            sys.stdout, sys.stderr = saved_streams
+            os.dup2(saved_fds[0], 1)
+            os.dup2(saved_fds[1], 2)
+            for fd in saved_fds:
+                os.close(fd)
+            os.chdir(saved_cwd)
+            os.environ.clear()
+            os.environ.update(saved_env)
+            sys.path[:] = saved_path
+            torch.set_num_threads(saved_threads)
+            for name in set(sys.modules) - saved_modules:  # a user's model module, by its path
+                where = getattr(sys.modules[name], "__file__", None) or ""
+                if any(where.startswith(entry) for entry in dropped):
+                    del sys.modules[name]
+        texts = []
+        for handle in (out, err):
+            handle.seek(0)
+            texts.append(handle.read().decode("utf-8", errors="replace"))
+    return subprocess.CompletedProcess(["paratrain", *args], code, *texts)
 
 
 @pytest.fixture
