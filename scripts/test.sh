@@ -17,8 +17,8 @@ fi
 # of its time waiting (on its processes' start-up, a timeout it checks, a peer), and another
 # test's work fills those waits. The distributed tests go first, so that the short unit tests
 # fill the end, and a worker that runs out of tests takes queued ones from the others
-# (--dist worksteal), so that no worker ends minutes after the rest. tests/conftest.py gives each worker rendezvous ports of its own and runs
-# `paratrain` commands in the worker itself (one fork server a worker, not one a command);
-# faults are placed by a run's progress, not the clock, so load does not move them.
+# (--dist worksteal), so that no worker ends minutes after the rest. tests/conftest.py gives
+# each worker rendezvous ports of its own and runs `paratrain` commands in the worker itself
+# (one fork server a worker, not one a command); faults are placed by a run's progress, not the clock, so load does not move them.
 # tests/smoke is left out: each strategy's one short run there is checked more strictly here.
 exec .venv/bin/python -m pytest -q -n 3 --dist worksteal tests/distributed tests/examples tests/unit

@@ -15,9 +15,10 @@ REPO = Path(__file__).resolve().parents[1]
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("PARATRAIN_THREADS_PER_WORKER", "1")  # tests run side by side (pytest -n)
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
-# Tests run in several pytest-xdist workers (at most 6): each takes its rendezvous ports from a range of its
-# own, below the kernel's ephemeral ports (32768 and up), so that neither another test's
-# run nor any process's outgoing connection takes a port between its pick and its bind.
+# Tests run in several pytest-xdist workers (at most 6): each takes its rendezvous ports
+# from a range of its own, below the kernel's ephemeral ports (32768 and up), so that
+# neither another test's run nor any process's outgoing connection takes a port between its
+# pick and its bind.
 _WORKER = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
 _INDEX = int(_WORKER[2:]) if _WORKER[2:].isdigit() else 0
 os.environ.setdefault("PARATRAIN_PORT_RANGE", f"{20000 + 2000 * _INDEX}-{21999 + 2000 * _INDEX}")
@@ -89,7 +90,8 @@ def _run_here(args: list[str], env: dict, cwd: Path) -> subprocess.CompletedProc
             code = main(args)
         except SystemExit as exit:
             code = exit.code if isinstance(exit.code, int) else (0 if exit.code is None else 1)
-        except BaseException:  # what a fresh interpreter prints, and its exit code
+        except Exception:  # what a fresh interpreter prints, and its exit code (a test's
+            # timeout and Ctrl-C, BaseExceptions, still end the test)
             traceback.print_exc()
             code = 1
         finally:

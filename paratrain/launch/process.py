@@ -60,9 +60,9 @@ class LauncherEnv:
     was redirected since, a notebook or a test, would otherwise lose its processes' lines).
     """
 
-    def __init__(self, env: dict[str, str], streams: tuple[int | None, int | None] = (None, None)) -> None:
+    def __init__(self, env: dict[str, str], streams: tuple[Any, Any] = (None, None)) -> None:
         self.env = env
-        self.streams = streams
+        self.streams = streams  # in the started process: the two descriptors it inherited
 
     def __reduce__(self) -> tuple:
         # Pickled as the process starts: each stream travels as a file descriptor the new
