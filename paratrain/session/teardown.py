@@ -66,12 +66,14 @@ def sever_groups(roots: Iterable[object]) -> int:
     return removed
 
 
-def destroy_groups() -> None:
+def destroy_groups(collect: bool = True) -> None:
     """Destroy every process group of this process (the default one and the groups made
     from it). Call after ``sever_groups``: the registry then holds the last references, and
-    letting them go runs each group's destructor with the GIL released."""
+    letting them go runs each group's destructor with the GIL released. ``collect=False``
+    when garbage was collected since the groups were severed (severing makes no cycles)."""
     if dist.is_initialized():
-        gc.collect()  # cycles (trainer <-> callbacks) that still reach a group
+        if collect:
+            gc.collect()  # cycles (trainer <-> callbacks) that still reach a group
         dist.destroy_process_group()
 
 

@@ -53,12 +53,6 @@ def cluster(*args, timeout=240, cwd=None):
     return result
 
 
-def train(*args, timeout=120):
-    return subprocess.run(
-        [sys.executable, "-m", "paratrain", "train", *args], capture_output=True, text=True, timeout=timeout
-    )
-
-
 @pytest.fixture(autouse=True)
 def nothing_left_behind():
     """Every cluster this test made is gone after it. Only its own: under pytest-xdist another
@@ -76,21 +70,21 @@ def nothing_left_behind():
 @pytest.mark.parametrize(
     "hosts, flags, global_batch",
     [
-        (["--hosts", "2"], ["--strategy", "allreduce"], 64),
+        (["--hosts", "2", "--cpu", "1"], ["--strategy", "allreduce"], 64),
         # host 0: the shard; hosts 1, 2: the workers, host 2 a slow machine that takes
         # long to start: the run waits for it, and ends only when every host has trained
-        (["--hosts", "3", "--host", "2:cpu=0.25"], ["--strategy", "ps-sync"], 64),
-        (["--hosts", "2"], ["--strategy", "pipeline", "--stages", "2"], 32),
+        (["--hosts", "3", "--cpu", "0.6", "--host", "2:cpu=0.3"], ["--strategy", "ps-sync"], 64),
+        (["--hosts", "2", "--cpu", "1"], ["--strategy", "pipeline", "--stages", "2"], 32),
     ],
 )
-def test_a_strategy_across_hosts_gives_the_single_process_result(tmp_path, hosts, flags, global_batch):
+def test_a_strategy_across_hosts_gives_the_single_process_result(cli, tmp_path, hosts, flags, global_batch):
     """allreduce and ps-sync on N hosts equal one process with the global batch, a pipeline
     of 2 stages on 2 hosts one process with its batch: the same accuracy to rounding."""
     out, reference = tmp_path / "m.json", tmp_path / "single.json"
-    result = cluster(*hosts, "--cpu", "0.6", "--link", "1gbit", "--",
+    result = cluster(*hosts, "--link", "1gbit", "--",
                      "paratrain", "train", *flags, *FAST, "--metrics-out", str(out))  # fmt: skip
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-    single = train("--batch-size", str(global_batch), *FAST, "--metrics-out", str(reference))
+    single = cli("train", "--batch-size", str(global_batch), *FAST, "--metrics-out", str(reference))
     assert single.returncode == 0, single.stderr[-2000:]
     metrics, expected = json.loads(out.read_text()), json.loads(reference.read_text())
     assert metrics["global_steps"] == expected["global_steps"]

@@ -98,16 +98,14 @@ def test_a_plain_dataset_trains_under_the_asynchronous_modes(name, options):
 
 
 @pytest.mark.parametrize("strategy, workers", [("allreduce", "2"), ("ps-sync", "2")])
-def test_regression_with_dict_inputs_from_the_command_line(tmp_path, strategy, workers):
+def test_regression_with_dict_inputs_from_the_command_line(cli, tmp_path, strategy, workers):
     """The example project: --model/--dataset/--metrics references, mse loss, a map-style
     Dataset of dict examples. Predicting the mean price gives an MAE near 1.8."""
     out = tmp_path / "m.json"
-    result = subprocess.run(
-        [sys.executable, "-m", "paratrain", "train", "--model", "tabular:model", "--dataset", "tabular:data",
-         "--loss", "mse", "--metrics", "mae,tabular:within_10_percent", "--strategy", strategy,
-         "--workers", workers, "--epochs", "4", "--lr", "0.02", "--no-progress", "--metrics-out", str(out)],
-        cwd=PROJECT, capture_output=True, text=True, timeout=240,
-    )  # fmt: skip
+    result = cli("train", "--model", "tabular:model", "--dataset", "tabular:data",
+                 "--loss", "mse", "--metrics", "mae,tabular:within_10_percent", "--strategy", strategy,
+                 "--workers", workers, "--epochs", "4", "--lr", "0.02", "--no-progress", "--metrics-out", str(out),
+                 cwd=PROJECT)  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = json.loads(out.read_text())
     assert metrics["test_mae"] < 0.3
