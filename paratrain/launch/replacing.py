@@ -59,7 +59,7 @@ def supervise_replacing(
     """``num_replicas`` replicas of ``per_replica`` processes each (``pipeline-ft``: its
     stages, a process group of their own); ``names`` names every process. A replica is
     replaced as a unit: when one of its processes is lost, the others are stopped too."""
-    from paratrain.strategies.fault_tolerant.strategy import torchft_modules
+    from paratrain.strategies.fault_tolerant.replicas import torchft_modules
 
     torchft_modules()
     from torch.distributed import TCPStore

@@ -10,7 +10,7 @@ import torch
 from paratrain.comm.transport import ClusterEnv
 from paratrain.config import TrainConfig
 from paratrain.errors import ConfigError
-from paratrain.strategies.fault_tolerant.strategy import ReplicaGroups, part_of
+from paratrain.strategies.fault_tolerant.replicas import ReplicaGroups, part_of
 
 
 @pytest.mark.parametrize(

@@ -40,12 +40,9 @@ from paratrain.parallel.pipeline import make_schedule
 from paratrain.parallel.split import parse_split_points
 from paratrain.session.incarnation import restart_count
 from paratrain.strategies.base import DEFAULT_TIMEOUT_S, LossFn, Strategy, resolve_device
-from paratrain.strategies.fault_tolerant.strategy import (
-    FaultTolerantAllReduceStrategy,
-    part_of,
-    replica_slot,
-    torchft_modules,
-)
+from paratrain.strategies.fault_tolerant.membership import ReplicaGroup
+from paratrain.strategies.fault_tolerant.replicas import part_of, replica_slot, torchft_modules
+from paratrain.strategies.fault_tolerant.strategy import FaultTolerantAllReduceStrategy
 from paratrain.strategies.pipeline.strategy import PipelineStrategy
 from paratrain.strategies.pipeline.topology import PipelineTopology
 
@@ -171,7 +168,7 @@ class FaultTolerantPipelineStrategy(FaultTolerantAllReduceStrategy, PipelineStra
         self.process_rank = replica_slot() * self.num_stages + dist.get_rank()
         Strategy.setup(self)
 
-    def _replica_group(self, host: str) -> tuple[str, int, int, int]:
+    def _replica_group(self, host: str) -> ReplicaGroup:
         """The replica's stages meet in their process group's store; this stage is its rank."""
         return os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), dist.get_rank(), self.num_stages
 
@@ -274,7 +271,7 @@ class FaultTolerantPipelineStrategy(FaultTolerantAllReduceStrategy, PipelineStra
         stats = FaultTolerantAllReduceStrategy.stats(self)
         stages = torch.tensor([float(self._grad_bytes)], dtype=torch.float64)
         dist.all_reduce(stages)  # this replica's stages (the process group)
-        stats["bytes_sent"] = int(stages.item()) * sum(p * c for p, c in self._participants.items())
+        stats["bytes_sent"] = int(stages.item()) * self.record.participations()
         return stats
 
     def teardown(self) -> None:

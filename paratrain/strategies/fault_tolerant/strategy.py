@@ -29,24 +29,15 @@ the launcher that replaces only the dead). See docs/reliability.md.
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import os
 import sys
-import time
-import zlib
-from collections import Counter
-from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import nn
-from torch.distributed import ReduceOp, TCPStore
-from torch.utils._pytree import tree_leaves
+from torch.distributed import TCPStore
 
-from paratrain.comm.flat import flat_gradients, write_gradients
-from paratrain.comm.transport import load_compiler
 from paratrain.data.batch import map_tensors, num_examples
 from paratrain.data.sharding import ShardedBatches
 from paratrain.errors import ConfigError, ReplicaLeft, WorkerLost
@@ -54,59 +45,21 @@ from paratrain.session.incarnation import restart_count
 from paratrain.session.leaving import LeaveOnSigterm
 from paratrain.strategies.accounting import staleness_summary
 from paratrain.strategies.base import DEFAULT_TIMEOUT_S, FitLoop, LossFn, StepOutput, Strategy, resolve_device
+from paratrain.strategies.fault_tolerant.membership import Membership, ReplicaGroup
+from paratrain.strategies.fault_tolerant.record import RunRecord
+from paratrain.strategies.fault_tolerant.reduce import sum_over_quorum
+from paratrain.strategies.fault_tolerant.replicas import (
+    ReplicaGroups,
+    part_of,
+    replica_slot,
+    torchft_modules,
+    wait_for_all_first_replicas,
+)
 from paratrain.strategies.topology import Topology
 from paratrain.timeline import span
 
 if TYPE_CHECKING:
-    from paratrain.comm.transport import ClusterEnv
     from paratrain.config import TrainConfig
-
-INSTALL_HINT = "pip install 'paratrain[ft]' (torchft: Linux x86_64, Python 3.10-3.13)"
-
-
-@dataclass(frozen=True)
-class ReplicaGroups(Topology):
-    """``num_replicas`` replicas, one process each, each its own group: none is needed by
-    the others, and a lost one is replaced alone (``launch/replacing.py``)."""
-
-    replaces_lost = True
-
-    @property
-    def expendable_ranks(self) -> frozenset[int]:
-        return frozenset(range(self.num_replicas))
-
-    def check_cluster(self, cluster: ClusterEnv, strategy: str) -> None:
-        """Under torchrun, each replica is its own job of one process (``--nproc-per-node 1``)."""
-        if cluster.world_size != 1:
-            raise ConfigError(
-                f"--strategy {strategy} runs one torchrun job per replica (--nnodes 1 --nproc-per-node 1, "
-                f"REPLICA_GROUP_ID set, --lighthouse given), got a job of {cluster.world_size} processes"
-            )
-
-
-def torchft_modules() -> Any:
-    """``torchft``, imported quietly (its Rust side logs every quorum at INFO); ConfigError
-    when it is not installed."""
-    os.environ.setdefault("RUST_LOG", "warn")
-    os.environ.setdefault("TOKIO_WORKER_THREADS", "1")
-    try:
-        import torchft
-    except ImportError:
-        raise ConfigError(
-            f"per-step fault tolerance (allreduce-ft, pipeline-ft) needs torchft: {INSTALL_HINT}"
-        ) from None
-    # One warning per reconfiguration on builds without NCCL's flight recorder.
-    logging.getLogger("torchft.manager").setLevel(logging.ERROR)
-    return torchft
-
-
-def replica_slot() -> int:
-    """This process's replica: ``REPLICA_GROUP_ID`` (torchft's name, set by the launcher or by
-    the user for each torchrun job)."""
-    text = os.environ.get("REPLICA_GROUP_ID", "0")
-    if not text.isdigit():
-        raise ConfigError(f"REPLICA_GROUP_ID must be a replica index 0, 1, ..., got {text!r}")
-    return int(text)
 
 
 class FaultTolerantAllReduceStrategy(Strategy):
@@ -137,7 +90,10 @@ class FaultTolerantAllReduceStrategy(Strategy):
         self.min_replicas = min_replicas
         self.heartbeat_timeout = heartbeat_timeout
         """Seconds of silence before a local launch's Lighthouse drops a replica."""
-        self.manager: Any = None
+        self.record = RunRecord()
+        """The run's committed steps and heals, as far as this replica knows (record.py)."""
+        self.membership = Membership(self.name, min_replicas, timeout, lighthouse, self.record)
+        """This replica's torchft Manager and quorums (membership.py)."""
         self.incarnation = 0
         self.trainer: FitLoop | None = None
         self._sigterm = LeaveOnSigterm()  # asked: leave after the step
@@ -145,12 +101,8 @@ class FaultTolerantAllReduceStrategy(Strategy):
         self._joined_state: dict[str, Any] | None = None
         self._last_loss = 0.0
         self._grad_bytes = 0
-        self._participants: Counter[int] = Counter()  # P -> steps committed with P replicas
-        self._spans: list[list[int]] = []  # [first step, last step, P], run-length
         self.uncommitted_steps = 0
         self.behind_heals = 0
-        self.quorums = 0
-        self.recoveries: list[dict[str, Any]] = []
 
     @classmethod
     def topology_of(cls, num_replicas: int) -> Topology:
@@ -222,16 +174,18 @@ class FaultTolerantAllReduceStrategy(Strategy):
     def stands_in_for_chief(self) -> bool:
         return True  # every replica trained the same committed steps
 
-    def teardown(self) -> None:
-        self._stop_manager()
-        super().teardown()
+    @property
+    def manager(self) -> Any:
+        """torchft's Manager of this replica (None before ``begin_fit`` and after teardown)."""
+        return self.membership.manager
 
-    def _stop_manager(self) -> None:
-        """Leave the quorums: the heartbeats stop, and the Lighthouse drops this replica."""
-        if self.manager is not None:
-            with contextlib.suppress(Exception):
-                self.manager.shutdown(wait=False)
-            self.manager = None
+    @manager.setter
+    def manager(self, manager: Any) -> None:
+        self.membership.manager = manager
+
+    def teardown(self) -> None:
+        self.membership.stop()
+        super().teardown()
 
     def prepare(
         self, model: nn.Module, optimizer: torch.optim.Optimizer, recipe: Any = None
@@ -249,14 +203,24 @@ class FaultTolerantAllReduceStrategy(Strategy):
         if self.leaves_on_sigterm:
             self._sigterm.install()
         if self.manager is None:
-            self.manager = self._start_manager()
-            _wait_for_all_first_replicas(self.incarnation, self.topology.num_processes, self.timeout)
-        self._quorum()
+            host = os.environ.get("PARATRAIN_REPLICA_HOST", "127.0.0.1")
+            self.membership.start(
+                replica=self.rank,
+                worker=self.process_rank,
+                incarnation=self.incarnation,
+                num_replicas=self.num_replicas,
+                group=self._replica_group(host),
+                host=host,
+                state_dict=self._live_state,
+                load_state_dict=self._load_live_state,
+            )
+            wait_for_all_first_replicas(self.incarnation, self.topology.num_processes, self.timeout)
+        self.membership.form_quorum()
         self._quorum_ready = True
         if self._joined_state is not None:
             state, self._joined_state = self._joined_state, None
             trainer.load_state_dict(state)
-            heal = self.recoveries[-1]
+            heal = self.record.recoveries[-1]
             print(
                 f"paratrain: worker {self.process_rank} joined the run at step {heal['to_step']} with a live "
                 f"peer's state ({heal['seconds']:.2f} s from its first quorum)",
@@ -276,72 +240,15 @@ class FaultTolerantAllReduceStrategy(Strategy):
             )
 
     def _leave(self, step: int) -> None:
-        self._stop_manager()
+        self.membership.stop()
         raise ReplicaLeft(f"worker {self.process_rank} left the run after step {step} (SIGTERM); the others go on")
 
-    def _start_manager(self) -> Any:
-        torchft = torchft_modules()
-
-        from paratrain.comm.live_state import LiveStateTransport  # deferred: imports torchft (optional extra)
-
-        host = os.environ.get("PARATRAIN_REPLICA_HOST", "127.0.0.1")
-        wait = timedelta(seconds=self.timeout)
-        store_host, store_port, group_rank, group_size = self._replica_group(host)
-        lighthouse = self.lighthouse or os.environ.get("TORCHFT_LIGHTHOUSE")
-        if not lighthouse:
-            raise ConfigError(f"--strategy {self.name} under torchrun needs --lighthouse http://HOST:PORT")
-        load_compiler()
-        return torchft.Manager(
-            pg=torchft.ProcessGroupGloo(timeout=wait),
-            load_state_dict=self._load_live_state,
-            state_dict=self._live_state,
-            min_replica_size=self.min_replicas,
-            use_async_quorum=False,  # the quorum (and a heal) completes before the step's forward
-            timeout=wait,
-            quorum_timeout=wait,
-            connect_timeout=wait,
-            rank=group_rank,
-            world_size=group_size,
-            store_addr=store_host,
-            store_port=store_port,
-            lighthouse_addr=lighthouse,
-            replica_id=f"replica_{self.rank}",
-            hostname=host,
-            checkpoint_transport=LiveStateTransport(wait, host),
-            init_sync=False,  # every replica builds the same initial model from --seed
-            max_retries=max(3, self.num_replicas * 2),  # then a replica that cannot commit leaves
-        )
-
-    def _replica_group(self, host: str) -> tuple[str, int, int, int]:
+    def _replica_group(self, host: str) -> ReplicaGroup:
         """Where this replica's processes meet (a store's host and port) and this process's
         rank among them, of how many: one process, and a store of its own (the gradient
         group of a quorum meets in its first member's)."""
         self._store = TCPStore(host, 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=self.timeout))
         return host, self._store.port, 0, 1
-
-    def _quorum(self) -> None:
-        """The quorum of the next step: who takes part, and a heal if this replica is behind."""
-        started = time.perf_counter()
-        step = self.manager.current_step()
-        with span("quorum"):
-            try:
-                self.manager.start_quorum()
-            except TimeoutError:
-                raise WorkerLost(
-                    f"worker {self.process_rank}: no quorum of --min-replicas {self.min_replicas} formed "
-                    f"within --timeout {self.timeout:g} s (the Lighthouse or the other replicas are gone)"
-                ) from None
-        self.quorums += 1
-        if self.manager.current_step() > step:  # healed: took a peer's state
-            self.recoveries.append(
-                {
-                    "worker": self.process_rank,
-                    "incarnation": self.incarnation,
-                    "from_step": step,
-                    "to_step": self.manager.current_step(),
-                    "seconds": time.perf_counter() - started,
-                }
-            )
 
     # ----- live state (what a joining replica takes from a peer) ---------------------------
     def _live_state(self) -> dict[str, Any]:
@@ -355,17 +262,7 @@ class FaultTolerantAllReduceStrategy(Strategy):
             "model": trainer.module.state_dict(),
             "optimizer": trainer.optimizer.state_dict(),
             "trainer": position,
-            "strategy": {**self.state_dict(), "last_loss": self._last_loss, "record": self._record()},
-        }
-
-    def _record(self) -> dict[str, Any]:
-        """The run's record so far: every committed step's participants and the heals. A
-        replica that joins takes it over, so that whichever replica reports the run reports
-        all of it."""
-        return {
-            "participants": [[p, c] for p, c in self._participants.items()],
-            "spans": [list(span) for span in self._spans],
-            "recoveries": [dict(heal) for heal in self.recoveries],
+            "strategy": {**self.state_dict(), "last_loss": self._last_loss, "record": self.record.state_dict()},
         }
 
     def _load_live_state(self, state: dict[str, Any]) -> None:
@@ -376,10 +273,7 @@ class FaultTolerantAllReduceStrategy(Strategy):
         own = state["strategy"]
         self._last_loss = float(own["last_loss"])
         self.skipped_updates = int(own["skipped_updates"])
-        record = own["record"]
-        self._participants = Counter({int(p): int(c) for p, c in record["participants"]})
-        self._spans = [[int(v) for v in span] for span in record["spans"]]
-        self.recoveries = [dict(heal) for heal in record["recoveries"]]
+        self.record.load_state_dict(own["record"])
         self._joined_state = state["trainer"]
 
     # ----- data and step -----------------------------------------------------------------
@@ -415,7 +309,7 @@ class FaultTolerantAllReduceStrategy(Strategy):
             self._leave(step - 1)
         while True:
             if not self._quorum_ready:
-                self._quorum()
+                self.membership.form_quorum()
             self._quorum_ready = False
             done = self.manager.current_step()
             if done >= step:
@@ -440,7 +334,7 @@ class FaultTolerantAllReduceStrategy(Strategy):
                         optimizer.step()
                 self._last_loss = float(loss)
                 self._steps += 1
-                self._count_step(step, self.manager.num_participants())
+                self.record.count_step(step, self.manager.num_participants())
                 if self._sigterm.asked:
                     self._leave(step)
                 return StepOutput(loss, outputs, skipped=skip)
@@ -469,39 +363,10 @@ class FaultTolerantAllReduceStrategy(Strategy):
     def _sum_over_quorum(
         self, params: list[nn.Parameter], loss: torch.Tensor, share: float, step: int, targets: Any
     ) -> torch.Tensor:
-        """This participant's gradients of ``params`` and its ``loss``, weighted by its
-        ``share`` of the global batch, summed over the quorum in place (one flat all-reduce
-        that never raises: a peer lost during it leaves the step uncommitted); the summed loss."""
-        grads = flat_gradients(params)
-        # Every participant must hold the same step's same global batch: their marks then sum
-        # to P times each one's (exact in float32, as the loss must be: never in 16 bits).
-        mark = _batch_mark(step, targets)
-        tail = torch.stack([loss.detach().to(torch.float32) * share, torch.tensor(float(mark), device=grads.device)])
-        with span("allreduce"):
-            if self._wire_dtype is None:  # one all-reduce: gradient, loss and mark
-                flat = torch.cat([grads.mul_(share), tail.to(grads.dtype)])
-                self.manager.allreduce(flat, reduce_op=ReduceOp.SUM).wait()
-                grads, tail = flat[:-2], flat[-2:]
-            else:  # the gradient in 16 bits (scaled first: a share is never below 1/P)
-                wire = grads.mul_(share).to(self._wire_dtype)
-                works = [self.manager.allreduce(t, reduce_op=ReduceOp.SUM) for t in (wire, tail)]
-                for work in works:
-                    work.wait()
-                grads = wire.to(grads.dtype)
-        if self.manager.errored() is None and int(tail[1]) != mark * self.manager.num_participants():
-            raise WorkerLost(
-                f"worker {self.process_rank}: the replicas disagree on the global batch of step "
-                f"{step} (a position was not carried over)"
-            )
-        write_gradients(params, grads)
-        return tail[0].detach().clone()
-
-    def _count_step(self, step: int, participants: int) -> None:
-        self._participants[participants] += 1
-        if self._spans and self._spans[-1][2] == participants and self._spans[-1][1] == step - 1:
-            self._spans[-1][1] = step
-        else:
-            self._spans.append([step, step, participants])
+        """This participant's weighted gradient and loss summed over the quorum (reduce.py)."""
+        return sum_over_quorum(
+            self.manager, params, loss, share, self._wire_dtype, step, targets, worker=self.process_rank
+        )
 
     # ----- accounting ----------------------------------------------------------------------
     def step_counters(self) -> dict[str, float]:
@@ -510,56 +375,15 @@ class FaultTolerantAllReduceStrategy(Strategy):
     def stats(self) -> dict[str, Any]:
         """This replica's view of the run: every committed step's participants (the same on
         every replica that took part), the steps that had to be done again, and the heals."""
-        steps = sum(self._participants.values())
         return {
-            "bytes_sent": self._grad_bytes * sum(p * c for p, c in self._participants.items()),
+            "bytes_sent": self._grad_bytes * self.record.participations(),
             "dropped_gradients": 0,
-            "staleness": staleness_summary({0: steps}),
-            "participants": {
-                "min": min(self._participants, default=0),
-                "max": max(self._participants, default=0),
-                "histogram": {str(p): c for p, c in sorted(self._participants.items())},
-                "per_step": [list(span) for span in self._spans],
-            },
+            "staleness": staleness_summary({0: self.record.steps}),
+            "participants": self.record.summary(),
             "uncommitted_steps": self.uncommitted_steps,
-            "quorums": self.quorums,
-            "recoveries": list(self.recoveries),
+            "quorums": self.membership.quorums,
+            "recoveries": list(self.record.recoveries),
         }
 
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "participants": {str(p): c for p, c in self._participants.items()}}
-
-
-def part_of(total: int, part: int, parts: int) -> slice:
-    """Participant ``part``'s examples of a global batch of ``total`` among ``parts``:
-    consecutive, sizes within one of each other, every example in exactly one part."""
-    return slice(part * total // parts, (part + 1) * total // parts)
-
-
-def _batch_mark(step: int, targets: Any) -> int:
-    """A 16-bit fingerprint of ``step`` and its batch's targets."""
-    mark = zlib.crc32(step.to_bytes(8, "little"))
-    for leaf in tree_leaves(targets):
-        if torch.is_tensor(leaf):
-            mark = zlib.crc32(leaf.detach().cpu().contiguous().numpy().tobytes(), mark)
-    return mark % 65536
-
-
-def _wait_for_all_first_replicas(incarnation: int, replicas: int, timeout: float) -> None:
-    """A local launch's first replicas wait for each other's Managers before their first
-    quorum, so that it holds them all (not whichever replica imported torch first, the
-    others then taking its state); a replacement joins whatever quorum there is."""
-    address = os.environ.get("PARATRAIN_FT_STORE")
-    if not address:
-        return
-    host, _, port = address.rpartition(":")
-    store = TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=timeout))
-    # A replacement counts for the replica it replaces, lost before it got here.
-    if store.add("ready", 1) >= replicas:
-        store.set("all-ready", "1")
-    if incarnation > 0:
-        return
-    try:
-        store.wait(["all-ready"], timedelta(seconds=timeout))
-    except RuntimeError:  # the store's timeout (DistStoreError)
-        raise WorkerLost(f"the {replicas} replicas did not all start within --timeout {timeout:g} s") from None
+        return {**super().state_dict(), "participants": {str(p): c for p, c in self.record.participants.items()}}

@@ -1,0 +1,106 @@
+"""Who the replicas of a fault-tolerant run are, and what they share before any quorum:
+the topology (each replica its own group, lost and replaced alone), torchft itself, a
+process's replica slot, the first replicas' wait for each other, and which part of a
+global batch a participant computes."""
+
+from __future__ import annotations
+
+import logging
+import os
+import zlib
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch.distributed import TCPStore
+from torch.utils._pytree import tree_leaves
+
+from paratrain.errors import ConfigError, WorkerLost
+from paratrain.strategies.topology import Topology
+
+if TYPE_CHECKING:
+    from paratrain.comm.transport import ClusterEnv
+
+INSTALL_HINT = "pip install 'paratrain[ft]' (torchft: Linux x86_64, Python 3.10-3.13)"
+
+
+@dataclass(frozen=True)
+class ReplicaGroups(Topology):
+    """``num_replicas`` replicas, one process each, each its own group: none is needed by
+    the others, and a lost one is replaced alone (``launch/replacing.py``)."""
+
+    replaces_lost = True
+
+    @property
+    def expendable_ranks(self) -> frozenset[int]:
+        return frozenset(range(self.num_replicas))
+
+    def check_cluster(self, cluster: ClusterEnv, strategy: str) -> None:
+        """Under torchrun, each replica is its own job of one process (``--nproc-per-node 1``)."""
+        if cluster.world_size != 1:
+            raise ConfigError(
+                f"--strategy {strategy} runs one torchrun job per replica (--nnodes 1 --nproc-per-node 1, "
+                f"REPLICA_GROUP_ID set, --lighthouse given), got a job of {cluster.world_size} processes"
+            )
+
+
+def torchft_modules() -> Any:
+    """``torchft``, imported quietly (its Rust side logs every quorum at INFO); ConfigError
+    when it is not installed."""
+    os.environ.setdefault("RUST_LOG", "warn")
+    os.environ.setdefault("TOKIO_WORKER_THREADS", "1")
+    try:
+        import torchft
+    except ImportError:
+        raise ConfigError(
+            f"per-step fault tolerance (allreduce-ft, pipeline-ft) needs torchft: {INSTALL_HINT}"
+        ) from None
+    # One warning per reconfiguration on builds without NCCL's flight recorder.
+    logging.getLogger("torchft.manager").setLevel(logging.ERROR)
+    return torchft
+
+
+def replica_slot() -> int:
+    """This process's replica: ``REPLICA_GROUP_ID`` (torchft's name, set by the launcher or by
+    the user for each torchrun job)."""
+    text = os.environ.get("REPLICA_GROUP_ID", "0")
+    if not text.isdigit():
+        raise ConfigError(f"REPLICA_GROUP_ID must be a replica index 0, 1, ..., got {text!r}")
+    return int(text)
+
+
+def wait_for_all_first_replicas(incarnation: int, replicas: int, timeout: float) -> None:
+    """A local launch's first replicas wait for each other's Managers before their first
+    quorum, so that it holds them all (not whichever replica imported torch first, the
+    others then taking its state); a replacement joins whatever quorum there is."""
+    address = os.environ.get("PARATRAIN_FT_STORE")
+    if not address:
+        return
+    host, _, port = address.rpartition(":")
+    store = TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=timeout))
+    # A replacement counts for the replica it replaces, lost before it got here.
+    if store.add("ready", 1) >= replicas:
+        store.set("all-ready", "1")
+    if incarnation > 0:
+        return
+    try:
+        store.wait(["all-ready"], timedelta(seconds=timeout))
+    except RuntimeError:  # the store's timeout (DistStoreError)
+        raise WorkerLost(f"the {replicas} replicas did not all start within --timeout {timeout:g} s") from None
+
+
+def part_of(total: int, part: int, parts: int) -> slice:
+    """Participant ``part``'s examples of a global batch of ``total`` among ``parts``:
+    consecutive, sizes within one of each other, every example in exactly one part."""
+    return slice(part * total // parts, (part + 1) * total // parts)
+
+
+def batch_mark(step: int, targets: Any) -> int:
+    """A 16-bit fingerprint of ``step`` and its batch's targets: the participants of a step
+    sum theirs, which must then be P times each one's."""
+    mark = zlib.crc32(step.to_bytes(8, "little"))
+    for leaf in tree_leaves(targets):
+        if torch.is_tensor(leaf):
+            mark = zlib.crc32(leaf.detach().cpu().contiguous().numpy().tobytes(), mark)
+    return mark % 65536
