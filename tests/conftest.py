@@ -1,6 +1,7 @@
 import importlib
 import io
 import os
+import runpy
 import subprocess
 import sys
 import tempfile
@@ -33,8 +34,19 @@ CLUSTER_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "TF_CONFIG", "REPLICA_GROUP
 #: handler at its first request): a command given one runs in a fresh interpreter too.
 READ_ONCE_VARS = ("http_proxy", "https_proxy", "no_proxy", "OMP_NUM_THREADS")
 
+#: The libraries whose models the tests train in a run's processes (a transformers GPT-2, a
+#: datasets.Dataset), imported once by each pytest worker's fork server, which paratrain
+#: makes import torch and paratrain (launch/process.py): importing transformers' GPT-2 costs
+#: a fresh process ~5 s of CPU, and about twenty processes of the suite's runs build one.
+#: A library that is not installed is left out (the fork server skips what it cannot import).
+PRELOAD_FOR_TESTS = ["transformers.models.gpt2.modeling_gpt2", "datasets"]
+
 #: ``PARATRAIN_TEST_CLI=subprocess`` runs every ``run_cli`` command in a fresh interpreter.
 _SUBPROCESS = os.environ.get("PARATRAIN_TEST_CLI") == "subprocess"
+if not _SUBPROCESS:
+    from paratrain.launch import process as _process
+
+    _process.PRELOAD.extend(name for name in PRELOAD_FOR_TESTS if name not in _process.PRELOAD)
 
 
 def run_cli(
@@ -51,8 +63,7 @@ def run_cli(
     fresh interpreter, as does every command under ``PARATRAIN_TEST_CLI=subprocess``. A
     ``PYTHONPATH`` in ``env`` is put in front of ``sys.path`` for the command (and its
     processes), and what was imported from it (or from ``cwd``) is forgotten after."""
-    fresh = CLUSTER_VARS + READ_ONCE_VARS
-    if _SUBPROCESS or any(name in (env or {}) for name in fresh):
+    if _fresh(env):
         return subprocess.run(
             [sys.executable, "-m", "paratrain", *args],
             capture_output=True,
@@ -61,13 +72,48 @@ def run_cli(
             env={**os.environ, **(env or {})},
             cwd=cwd or REPO,
         )
-    return _run_here(list(args), env or {}, cwd or REPO)
-
-
-def _run_here(args: list[str], env: dict, cwd: Path) -> subprocess.CompletedProcess:
-    import torch  # after the thread settings above
-
     from paratrain.launch.cli import main
+
+    return _run_here(["paratrain", *args], lambda: main(list(args)), env or {}, cwd or REPO)
+
+
+def run_script(
+    script: Path, *args: str, env: dict | None = None, timeout: float = 300, cwd: Path | None = None
+) -> subprocess.CompletedProcess:
+    """``python SCRIPT ARGS``, as ``run_cli`` runs a command: in this test process (the script
+    run as ``__main__``, with its own ``sys.argv``, its folder first on ``sys.path``), or in a
+    fresh interpreter where ``run_cli`` would use one."""
+    if _fresh(env):
+        return subprocess.run(
+            [sys.executable, str(script), *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env={**os.environ, **(env or {})},
+            cwd=cwd or REPO,
+        )
+
+    def call() -> None:
+        saved_argv = sys.argv
+        sys.argv = [str(script), *args]
+        try:
+            runpy.run_path(str(script), run_name="__main__")
+        finally:
+            sys.argv = saved_argv
+
+    env = {
+        **(env or {}),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(Path(script).parent), (env or {}).get("PYTHONPATH")])),
+    }
+    return _run_here([sys.executable, str(script), *args], call, env, cwd or REPO)
+
+
+def _fresh(env: dict | None) -> bool:
+    return _SUBPROCESS or any(name in (env or {}) for name in CLUSTER_VARS + READ_ONCE_VARS)
+
+
+def _run_here(argv: list[str], call, env: dict, cwd: Path) -> subprocess.CompletedProcess:
+    import torch  # after the thread settings above
 
     saved_env, saved_cwd, saved_path = dict(os.environ), os.getcwd(), list(sys.path)
     saved_modules, saved_threads = set(sys.modules), torch.get_num_threads()
@@ -87,7 +133,7 @@ def _run_here(args: list[str], env: dict, cwd: Path) -> subprocess.CompletedProc
         os.environ.update(env)
         os.chdir(cwd)
         try:
-            code = main(args)
+            code = call() or 0
         except SystemExit as exit:
             code = exit.code if isinstance(exit.code, int) else (0 if exit.code is None else 1)
         except Exception:  # what a fresh interpreter prints, and its exit code (a test's
@@ -116,7 +162,7 @@ def _run_here(args: list[str], env: dict, cwd: Path) -> subprocess.CompletedProc
         for handle in (out, err):
             handle.seek(0)
             texts.append(handle.read().decode("utf-8", errors="replace"))
-    return subprocess.CompletedProcess(["paratrain", *args], code, *texts)
+    return subprocess.CompletedProcess(argv, code, *texts)
 
 
 @pytest.fixture

@@ -4,8 +4,11 @@ run's store, and the ranks that stay silent are the ones to name."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import torch.distributed as dist
+
+from paratrain.errors import WorkerLost
 
 
 def silent_ranks(step: int, within: float) -> list[int]:
@@ -20,3 +23,16 @@ def silent_ranks(step: int, within: float) -> list[int]:
         silent = [r for r in silent if not store.check([f"paratrain/answer/{step}/{r}"])]
         time.sleep(0.05)
     return silent
+
+
+def timeout_culprits(error: RuntimeError, step: int, timeout: float, name: Callable[[int], str]) -> Exception | None:
+    """A clearer error for ``error``, raised by a collective at ``step``: on a timeout, which
+    ranks did not answer (named by ``name``). None to let ``error`` stand."""
+    text = str(error)
+    if not dist.is_initialized() or not ("imed out" in text or "timeout" in text.lower()):
+        return None
+    silent = silent_ranks(step, min(timeout, 5.0))
+    if not silent:
+        return None
+    names = ", ".join(name(r) for r in silent)
+    return WorkerLost(f"{names} did not answer within --timeout {timeout:g} s at step {step}")

@@ -25,11 +25,15 @@ from __future__ import annotations
 import gc
 import os
 import types
+import weakref
 from collections.abc import Iterable
+from typing import Any
 
 import torch.distributed as dist
 from torch.distributed import ProcessGroup
 from torch.nn.parallel import DistributedDataParallel
+
+from paratrain.comm.transport import ensure_process_group
 
 #: Attributes of DistributedDataParallel that hold its group from C++, where no Python
 #: reference shows: the reducer and its logger (DDP's own ``__getstate__`` drops them too).
@@ -89,3 +93,38 @@ def gloo_threads() -> list[str]:
         if name == "pt_gloo_runloop":
             names.append(name)
     return names
+
+
+class GroupLease:
+    """One strategy's hold on the process groups: whether it formed the default group (it
+    then destroys it when it leaves; one that joined an existing group leaves it be) and
+    the objects it wrapped that hold groups (a DDP or FSDP model, a pipeline schedule),
+    whose groups it takes out when it leaves."""
+
+    def __init__(self) -> None:
+        self.owns_group = False
+        self._wrapped: list[weakref.ref[Any]] = []
+
+    def join(self, backend: str, timeout: float) -> None:
+        """Join the default process group, or form it."""
+        self.owns_group = self.owns_group or not dist.is_initialized()
+        ensure_process_group(backend, timeout)
+
+    def track(self, wrapper: Any) -> Any:
+        self._wrapped.append(weakref.ref(wrapper))
+        return wrapper
+
+    def release(self) -> None:
+        """Take the groups out of the wrapped objects the user may still hold (a wrapper freed
+        during interpreter shutdown would free its group then, and abort the process; one the
+        user keeps cannot train after, as after DDP's own pickling), then destroy the groups
+        if this lease formed them. Garbage is collected once (a full collection costs ~0.15 s
+        once torch is imported)."""
+        collected = bool(self._wrapped)
+        if collected:
+            gc.collect()
+            sever_groups(wrapper for wrapper in (ref() for ref in self._wrapped) if wrapper is not None)
+            self._wrapped.clear()
+        if self.owns_group:
+            destroy_groups(collect=not collected)
+            self.owns_group = False

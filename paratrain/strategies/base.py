@@ -1,54 +1,41 @@
-"""The Strategy protocol: what every training mode implements.
+"""The Strategy runtime: what every training mode implements, one process at a time.
 
-A strategy is three things, each with one job:
-
-- its *topology* (topology.py): who is who, from configuration alone (``topology_for``);
-- its *runtime*, this class: joining the run (``setup``, ``teardown``), wrapping the model
-  (``prepare``, ``unwrap``), one training step (``train_step``), which slice of each global
-  batch this replica reads (``distribute``), reductions for metrics (``all_reduce_sum``)
-  and accounting (``stats``, ``step_counters``);
-- its *state* (``state_dict``, ``load_state_dict``), which the checkpointer asks for; a
-  strategy never calls the checkpointer.
-
-Options a strategy alone takes live in its section (its folder's config.py), which names
-the strategies that take each option; the run's TrainConfig composes the sections and
-refuses an option the chosen strategy does not take. The Trainer's loop calls only these methods, so a new mode is
-a new class in the STRATEGIES table, never a branch in the loop.
+Its *topology* (topology.py) says who is who from configuration alone; this class joins
+the run (``setup``, ``teardown``: the groups it holds are a ``GroupLease``), wraps the
+model (``prepare``, ``unwrap``), takes one step (``train_step``), reads its replica's
+slice of each global batch (``distribute``), reduces for metrics (``all_reduce_sum``),
+counts (``stats``, ``step_counters``) and gives its *state* to the checkpointer
+(``state_dict``), which it never calls. What only some modes do is a role of its own
+(roles.py: a server, a remote view, model files). The Trainer's loop calls only these
+methods: a new mode is a new class in the STRATEGIES table, never a branch in the loop.
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
-import gc
-import weakref
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
-from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
-from paratrain.comm.transport import cluster_from_env, default_backend, ensure_process_group
 from paratrain.config import DEFAULT_TIMEOUT_S
 from paratrain.data.sharding import ShardedBatches
-from paratrain.errors import ConfigError, DivergedError, WorkerLost
-from paratrain.session.diagnosis import silent_ranks
-from paratrain.session.teardown import destroy_groups, sever_groups
+from paratrain.errors import ConfigError, DivergedError
+from paratrain.session.diagnosis import timeout_culprits
+from paratrain.session.teardown import GroupLease
 from paratrain.strategies.accounting import staleness_summary
 from paratrain.strategies.numerics import finite_gradients, finite_parameters
 from paratrain.strategies.recipe import StepRecipe, clip_norm
+from paratrain.strategies.step import LossFn, StepOutput, same, uncompiled
 from paratrain.strategies.topology import Role, Topology
 from paratrain.timeline import span
 
 if TYPE_CHECKING:
-    from paratrain.comm.codecs import Codec
     from paratrain.config import TrainConfig
-
-LossFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    from paratrain.strategies.roles import FitLoop, ModelFiles, Remote, Server
 
 _CURRENT: ContextVar[Strategy | None] = ContextVar("paratrain_strategy", default=None)
 
@@ -56,45 +43,6 @@ _CURRENT: ContextVar[Strategy | None] = ContextVar("paratrain_strategy", default
 def current_strategy() -> Strategy | None:
     """The strategy of the innermost ``with strategy.scope():``, if any."""
     return _CURRENT.get()
-
-
-@dataclass
-class StepOutput:
-    """What one training step returns, detached from the graph."""
-
-    loss: torch.Tensor
-    """Mean loss over this replica's batch (a 0-d tensor on the device)."""
-    logits: torch.Tensor
-    """Model outputs for this replica's batch."""
-    skipped: bool = False
-    """The update was skipped: a NaN or Inf loss or gradient, with ``on_nan = "skip"``."""
-
-
-def resolve_device(preference: str, local_rank: int = 0) -> torch.device:
-    """``auto`` takes this process's GPU when there is one, else the CPU."""
-    if preference == "cpu":
-        return torch.device("cpu")
-    if not torch.cuda.is_available():
-        if preference == "cuda":
-            raise ConfigError("--device cuda: no CUDA device is available; use --device cpu or auto")
-        return torch.device("cpu")
-    device = torch.device("cuda", local_rank % torch.cuda.device_count())
-    torch.cuda.set_device(device)
-    return device
-
-
-class FitLoop(Protocol):
-    """What a strategy may read and set of the loop that drives it (the Trainer,
-    train/trainer.py): its position and the state a replica that joins takes over."""
-
-    module: nn.Module
-    optimizer: torch.optim.Optimizer
-    batch: int
-    """Batches of the current epoch done."""
-
-    def state_dict(self) -> dict[str, Any]: ...
-
-    def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
 class Strategy:
@@ -124,9 +72,8 @@ class Strategy:
         self.process_rank = 0
         """This process's global rank in the run (0..num_processes-1)."""
         self._ready = False
-        self._owns_group = False
+        self._groups = GroupLease()  # the groups this strategy formed or wrapped (session/teardown.py)
         self._exit_hook = False
-        self._wrapped: list[weakref.ref[nn.Module]] = []  # what prepare() wrapped around a module
         self._steps = 0  # updates applied
         self.steps_taken = 0
         """Training steps this process took, skipped ones included: the step number of errors."""
@@ -247,38 +194,19 @@ class Strategy:
             _CURRENT.reset(token)
 
     def _join_group(self, backend: str) -> None:
-        """Join the default process group (or form it); the strategy that formed it
-        destroys it at teardown, one that joined an existing group leaves it be."""
-        self._owns_group = self._owns_group or not dist.is_initialized()
-        ensure_process_group(backend, self.timeout)
+        """Join the default process group (or form it: then teardown destroys it)."""
+        self._groups.join(backend, self.timeout)
 
     def teardown(self) -> None:
-        """Leave the run: take the process groups out of what ``prepare`` wrapped, then
-        destroy them if this strategy formed them, so that none outlives the run
-        (session/teardown.py says why). Idempotent; called at interpreter exit too."""
-        collected = self._release_wrapped()
-        if self._owns_group:
-            destroy_groups(collect=not collected)
-            self._owns_group = False
+        """Leave the run so that no process group outlives it (session/teardown.py says why).
+        Idempotent; called at interpreter exit too."""
+        self._groups.release()
         self._ready = False
 
     def track(self, wrapper: Any) -> Any:
         """Note an object ``prepare`` made that holds process groups (a DDP or FSDP model, a
         pipeline schedule), to release at teardown."""
-        self._wrapped.append(weakref.ref(wrapper))
-        return wrapper
-
-    def _release_wrapped(self) -> bool:
-        """Take the groups out of the wrapped objects the user may still hold: a wrapper
-        freed during interpreter shutdown would free its group then, and abort the process.
-        A wrapper the user keeps cannot train after teardown, as after DDP's own pickling.
-        True when it collected garbage (a full collection: ~0.15 s once torch is imported)."""
-        if not self._wrapped:
-            return False
-        gc.collect()
-        sever_groups(wrapper for wrapper in (ref() for ref in self._wrapped) if wrapper is not None)
-        self._wrapped.clear()
-        return True
+        return self._groups.track(wrapper)
 
     # ----- model -------------------------------------------------------------------------
     def prepare(
@@ -350,7 +278,7 @@ class Strategy:
             targets,
             self.device,
             no_sync=lambda: self.no_sync(model),
-            scale=scaler.scale if scaler is not None else _same,
+            scale=scaler.scale if scaler is not None else same,
         )
         self.reduce_gradients(model)
         self.steps_taken += 1
@@ -398,14 +326,7 @@ class Strategy:
         """A clearer error for ``error``, raised by a collective at ``step``: on a timeout,
         which ranks did not answer (each rank still alive says so in the store; the silent
         ones are named). None to let ``error`` stand."""
-        text = str(error)
-        if not dist.is_initialized() or not ("imed out" in text or "timeout" in text.lower()):
-            return None
-        silent = silent_ranks(step, min(self.timeout, 5.0))
-        if not silent:
-            return None
-        names = ", ".join(self.describe_rank(r) for r in silent)
-        return WorkerLost(f"{names} did not answer within --timeout {self.timeout:g} s at step {step}")
+        return timeout_culprits(error, step, self.timeout, self.describe_rank)
 
     def describe_rank(self, global_rank: int) -> str:
         return self.topology.rank_name(global_rank)
@@ -421,12 +342,6 @@ class Strategy:
         gradient as far as this process can see it (0 for synchronous modes)."""
         return {"bytes_sent": 0, "wait_seconds": self.wait_seconds, "staleness": 0}
 
-    def examples_applied(self) -> int | None:
-        """Examples in all the updates applied so far, where this process knows it without
-        communicating (parameter-server workers: from the shard's version); None where only
-        the loop's own count is known."""
-        return None
-
     def set_learning_rate(self, optimizer: torch.optim.Optimizer, lr: float) -> None:
         for group in optimizer.param_groups:
             group["lr"] = lr
@@ -436,21 +351,30 @@ class Strategy:
         the loop's position): a mode whose replicas join a running job takes the live
         position here (``trainer.load_state_dict``)."""
 
-    def refresh(self, model: nn.Module) -> None:
-        """Bring this replica's parameters up to date before evaluating (parameter servers pull)."""
-
     def finish(self, model: nn.Module) -> None:
         """End of training on this process (parameter-server workers report done)."""
-
-    def serve(self) -> Any:
-        """On a process whose role is not ``worker``: serve until training ends, calling
-        ``on_version`` with each version published."""
-        raise NotImplementedError(f"{self.name} has no serving role")
 
     @property
     def evaluates(self) -> bool:
         """Whether this process takes part in evaluation (all replicas, unless a mode says not)."""
         return True
+
+    # ----- roles beyond one replica (roles.py) --------------------------------------------
+    @property
+    def server(self) -> Server | None:
+        """This process's server role, where it serves instead of training (a parameter-server shard)."""
+        return None
+
+    @property
+    def remote(self) -> Remote | None:
+        """This process's view of state another holds (a parameter-server worker)."""
+        return None
+
+    @property
+    def model_files(self) -> ModelFiles | None:
+        """Where the mode writes the model and optimizer in its own form (fsdp); None: whole,
+        into the model part of the checkpoint."""
+        return None
 
     # ----- data --------------------------------------------------------------------------
     def distribute(
@@ -486,36 +410,10 @@ class Strategy:
         """This process's state for a checkpoint (the checkpointer calls it)."""
         return {"name": self.name, "steps": self._steps, "skipped_updates": self.skipped_updates}
 
-    def save_model(self, module: nn.Module, optimizer: torch.optim.Optimizer, folder: Path) -> list[str] | None:
-        """Write the model and optimizer into checkpoint ``folder`` in this mode's own form
-        (every process calls it) and return the files written, relative to ``folder``;
-        None (the default): they go whole into the model part of the checkpoint."""
-        return None
-
-    def load_model(self, module: nn.Module, optimizer: torch.optim.Optimizer, folder: Path) -> None:
-        """Read back what ``save_model`` wrote into ``folder`` (every process calls it)."""
-        raise NotImplementedError(f"{self.name} saves its model in the checkpoint's parts")
-
     def reshard_state(self, state: dict[str, Any], saved_replicas: int) -> dict[str, Any]:
         """This process's strategy state from a checkpoint written by ``saved_replicas``
         replicas (a mode that ``reshards``): what still holds with this run's replicas."""
         return state
-
-    def load_resharded_state(self, states: list[dict[str, Any]]) -> None:
-        """On a process that serves: its state from every part of a checkpoint that was split
-        into another number of parts (a parameter-server run's other --ps-shards)."""
-        raise NotImplementedError(f"{self.name} reads only checkpoints split as this run is")
-
-    def resume_position(self) -> dict[str, Any] | None:
-        """Where the loop goes on (``global_step``, ``epoch``, and the checkpoint ``folder``, None
-        for none) after a resume, on a process whose checkpoint state lives elsewhere (a
-        parameter-server worker: the shards hold it and chose the checkpoint); None where the
-        process's own part says it."""
-        return None
-
-    def announce_resume(self, folder: str | None) -> None:
-        """On a process that serves: which checkpoint it resumed from (None: none), for the
-        processes whose state it holds (``resume_position``)."""
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state.get("name") != self.name:
@@ -525,40 +423,5 @@ class Strategy:
         self.steps_taken = self._steps + self.skipped_updates
 
 
-class ReplicaStrategy(Strategy):
-    """Data parallelism with one replica per process, all in the default process group
-    (allreduce, local-sgd, diloco, fsdp): joining it, sums over the replicas, and the
-    codec (``self.codec``) in the metrics file's description."""
-
-    codec: Codec
-
-    def setup(self) -> None:
-        """Join as one of the run's replicas: the local rank decides the device, the device
-        the backend."""
-        if not self._ready:
-            cluster = cluster_from_env()
-            self.device = resolve_device(self.device_preference, cluster.local_rank if cluster else 0)
-            self._join_group(default_backend(self.device))
-            self.process_rank = dist.get_rank()
-            self.topology = self.topology_of(dist.get_world_size())
-        super().setup()
-
-    def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "compression": self.codec.name}
-
-    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
-        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
-        return tensor
-
-
 def _ignore(version: int) -> None:
     pass
-
-
-def uncompiled(model: nn.Module) -> nn.Module:
-    """The module ``torch.compile`` wrapped, or ``model`` itself."""
-    return getattr(model, "_orig_mod", model)
-
-
-def _same(loss: torch.Tensor) -> torch.Tensor:
-    return loss

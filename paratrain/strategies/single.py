@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from paratrain.errors import ConfigError
-from paratrain.strategies.base import Strategy, current_strategy, resolve_device
+from paratrain.strategies.base import Strategy, current_strategy
+from paratrain.strategies.device import resolve_device
 
 if TYPE_CHECKING:
     from paratrain.config import TrainConfig

@@ -157,7 +157,7 @@ class Checkpoint(Callback):
             if saved_parts == self._signature["part_names"]:
                 self.strategy.load_state_dict(CheckpointStore.read_part(folder, self._part, manifest))
             else:  # split into another number of parts: every part holds some of this one's
-                self.strategy.load_resharded_state(
+                self.strategy.server.load_resharded_state(
                     [CheckpointStore.read_part(folder, part, manifest) for part in saved_parts]
                 )
                 if speaks:
@@ -167,7 +167,7 @@ class Checkpoint(Callback):
                     )
             self.restored_step = self._last_saved = int(manifest["step"])
             self._clear_after(speaks)
-        self.strategy.announce_resume(str(folder) if folder is not None else None)
+        self.strategy.server.announce_resume(str(folder) if folder is not None else None)
 
     def on_version(self, version: int) -> None:
         """A shard published ``version`` (its state is that version's), or a worker received it."""
@@ -252,7 +252,8 @@ class Checkpoint(Callback):
         state: dict[str, Any] = {"trainer": trainer.state_dict(), "strategy": self.strategy.state_dict()}
         folder = self.store.folder(step)
         self.store._makedirs(folder)
-        own_files = self.strategy.save_model(trainer.module, trainer.optimizer, folder)
+        files = self.strategy.model_files
+        own_files = files.save_model(trainer.module, trainer.optimizer, folder) if files is not None else None
         if own_files is None and self._model_part == part:
             state["model"] = trainer.module.state_dict()
             state["optimizer"] = trainer.optimizer.state_dict()
@@ -327,7 +328,8 @@ class Checkpoint(Callback):
         on from the checkpoint they took, where they say; its own state, if it keeps any, is
         in its file beside. Shards and workers never pick a checkpoint each: a slow worker
         could find one the resumed shards have written since."""
-        position = self.strategy.resume_position()
+        remote = self.strategy.remote
+        position = remote.resume_position() if remote is not None else None
         if position is None or position["folder"] is None:
             return  # the shards start afresh
         folder = Path(position["folder"])
@@ -364,7 +366,12 @@ class Checkpoint(Callback):
         if "model" not in state and any("/" in name for name in manifest["parts"]):
             # The mode wrote the model in its own files (fsdp: sharded), every process its part.
             CheckpointStore.check_files(folder, manifest)
-            self.strategy.load_model(self.trainer.module, self.trainer.optimizer, folder)
+            files = self.strategy.model_files
+            if files is None:
+                raise ConfigError(
+                    f"checkpoint {folder}: its model was saved sharded (fsdp), which {self.strategy.name} cannot read"
+                )
+            files.load_model(self.trainer.module, self.trainer.optimizer, folder)
             return
         if "model" not in state:
             raise ConfigError(f"checkpoint {folder}: its part for this process holds no model")

@@ -149,4 +149,5 @@ class ExamplesApplied(Callback):
         self.per_epoch: list[int | None] = []
 
     def on_epoch_end(self, epoch: int, logs: dict[str, Any]) -> None:
-        self.per_epoch.append(self.trainer.strategy.examples_applied())
+        remote = self.trainer.strategy.remote
+        self.per_epoch.append(remote.examples_applied() if remote is not None else None)

@@ -26,7 +26,6 @@ from paratrain.launch.allocator import keep_freed_memory
 from paratrain.strategies.base import Strategy
 from paratrain.strategies.recipe import StepRecipe
 from paratrain.strategies.single import get_strategy
-from paratrain.strategies.topology import Role
 from paratrain.timeline import span
 from paratrain.train.callbacks import Callback, CallbackList, EpochLog, ProgressBar, StepLog
 from paratrain.train.faults import progress_beacon
@@ -183,12 +182,13 @@ class Trainer:
         """
         strategy = self.strategy
         keys = self.log_keys(validation_data is not None)
-        if strategy.role is Role.PS:
-            # A parameter-server shard serves until training ends, like `server.join()`.
+        server = strategy.server
+        if server is not None:
+            # A server (a parameter-server shard) serves until training ends, like `server.join()`.
             hooks = CallbackList(progress_beacon(strategy.process_rank) + list(callbacks), self)
             hooks.on_serve_begin({})
-            strategy.on_version = hooks.on_version
-            strategy.serve()
+            server.on_version = hooks.on_version
+            server.serve()
             hooks.on_serve_end({})
             return History(keys=keys, role=strategy.role.value)
         batch_size = batch_size or getattr(train_data, "batch_size", None) or 32
@@ -349,7 +349,8 @@ class Trainer:
             return self._evaluate(data, batch_size)
 
     def _evaluate(self, data: object, batch_size: int) -> dict[str, float | None]:
-        self.strategy.refresh(self.model)
+        if self.strategy.remote is not None:
+            self.strategy.remote.refresh(self.model)
         model = self.module
         was_training = model.training
         model.eval()

@@ -319,7 +319,7 @@ PS_RECIPE = {**RECIPE, "strategy": "ps-sync"}
 
 
 def _train_ps_every_codec(names):
-    from paratrain.strategies.ps.worker import ParameterServerStrategy  # noqa: F401
+    from paratrain.strategies.ps.strategy import ParameterServerStrategy  # noqa: F401
 
     ensure_process_group("gloo", 60)
     results = {}
@@ -358,7 +358,7 @@ def test_every_codec_on_ps_sync_reaches_the_uncompressed_accuracy():
 def _ps_resume_codec_state(directory):
     """A ps-sync run with top-k and checkpoints, then a second that resumes it: what each
     worker's codec held right after resuming, and what its file said."""
-    from paratrain.strategies.ps.worker import ParameterServerStrategy
+    from paratrain.strategies.ps.strategy import ParameterServerStrategy
 
     resumed = {}
     original = ParameterServerStrategy.load_state_dict

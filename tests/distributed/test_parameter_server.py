@@ -8,7 +8,7 @@ import torch
 import paratrain
 from paratrain.data.datasets import load_digits
 from paratrain.models import build_model
-from paratrain.strategies.ps.worker import ParameterServerStrategy
+from paratrain.strategies.ps.strategy import ParameterServerStrategy
 from paratrain.testing import flat_parameters, relative_difference, run_distributed
 
 pytestmark = pytest.mark.distributed

@@ -1,30 +1,23 @@
 """Each example runs as written, at tiny scale, on small files in the real formats."""
 
-import os
 import re
-import subprocess
-import sys
+from pathlib import Path
 
 import pytest
 
 from paratrain.testing import write_cifar10, write_fashion_mnist, write_text_folders
 from paratrain.train.checkpoint import load_checkpoint
+from tests.conftest import run_script
 
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 pytestmark = pytest.mark.distributed
 
 
 def run_example(name, *args, timeout=300):
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))}
-    return subprocess.run(
-        [sys.executable, os.path.join("examples", name), *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-        cwd=REPO,
-    )
+    """``python examples/NAME ARGS`` from the repository's root (in this test process:
+    tests/conftest.py's ``run_script``)."""
+    return run_script(EXAMPLES / name, *args, timeout=timeout)
 
 
 def test_fashion_mnist_mirrored(tmp_path):

@@ -25,8 +25,10 @@ from paratrain.comm.hooks import CommHook, make_hook
 from paratrain.console import console
 from paratrain.errors import ConfigError
 from paratrain.strategies.accounting import staleness_summary
-from paratrain.strategies.base import DEFAULT_TIMEOUT_S, ReplicaStrategy, uncompiled
+from paratrain.strategies.base import DEFAULT_TIMEOUT_S
 from paratrain.strategies.recipe import StepRecipe
+from paratrain.strategies.replica import ReplicaStrategy
+from paratrain.strategies.step import uncompiled
 
 if TYPE_CHECKING:
     from paratrain.config import TrainConfig

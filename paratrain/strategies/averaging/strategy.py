@@ -50,8 +50,9 @@ from paratrain.errors import ConfigError
 from paratrain.options import refuse_untaken, takers
 from paratrain.strategies.accounting import staleness_summary
 from paratrain.strategies.averaging.config import AveragingConfig
-from paratrain.strategies.base import DEFAULT_TIMEOUT_S, ReplicaStrategy
+from paratrain.strategies.base import DEFAULT_TIMEOUT_S
 from paratrain.strategies.recipe import StepRecipe
+from paratrain.strategies.replica import ReplicaStrategy
 from paratrain.strategies.topology import Topology
 from paratrain.timeline import COMM, span
 

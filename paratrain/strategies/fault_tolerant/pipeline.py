@@ -39,12 +39,14 @@ from paratrain.errors import ConfigError, WorkerLost
 from paratrain.parallel.pipeline import make_schedule
 from paratrain.parallel.split import parse_split_points
 from paratrain.session.incarnation import restart_count
-from paratrain.strategies.base import DEFAULT_TIMEOUT_S, LossFn, Strategy, resolve_device
+from paratrain.strategies.base import DEFAULT_TIMEOUT_S, Strategy
+from paratrain.strategies.device import resolve_device
 from paratrain.strategies.fault_tolerant.membership import ReplicaGroup
 from paratrain.strategies.fault_tolerant.replicas import part_of, replica_slot, torchft_modules
 from paratrain.strategies.fault_tolerant.strategy import FaultTolerantAllReduceStrategy
 from paratrain.strategies.pipeline.strategy import PipelineStrategy
 from paratrain.strategies.pipeline.topology import PipelineTopology
+from paratrain.strategies.step import LossFn
 
 if TYPE_CHECKING:
     from paratrain.comm.transport import ClusterEnv

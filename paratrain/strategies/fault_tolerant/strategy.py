@@ -44,7 +44,8 @@ from paratrain.errors import ConfigError, ReplicaLeft, WorkerLost
 from paratrain.session.incarnation import restart_count
 from paratrain.session.leaving import LeaveOnSigterm
 from paratrain.strategies.accounting import staleness_summary
-from paratrain.strategies.base import DEFAULT_TIMEOUT_S, FitLoop, LossFn, StepOutput, Strategy, resolve_device
+from paratrain.strategies.base import DEFAULT_TIMEOUT_S, Strategy
+from paratrain.strategies.device import resolve_device
 from paratrain.strategies.fault_tolerant.membership import Membership, ReplicaGroup
 from paratrain.strategies.fault_tolerant.record import RunRecord
 from paratrain.strategies.fault_tolerant.reduce import sum_over_quorum
@@ -55,6 +56,8 @@ from paratrain.strategies.fault_tolerant.replicas import (
     torchft_modules,
     wait_for_all_first_replicas,
 )
+from paratrain.strategies.roles import FitLoop
+from paratrain.strategies.step import LossFn, StepOutput
 from paratrain.strategies.topology import Topology
 from paratrain.timeline import span
 

@@ -43,8 +43,10 @@ from paratrain.comm.codec_config import make_codec
 from paratrain.comm.codecs import Codec
 from paratrain.errors import ConfigError
 from paratrain.strategies.accounting import staleness_summary
-from paratrain.strategies.base import DEFAULT_TIMEOUT_S, ReplicaStrategy, uncompiled
+from paratrain.strategies.base import DEFAULT_TIMEOUT_S
 from paratrain.strategies.recipe import StepRecipe
+from paratrain.strategies.replica import ReplicaStrategy
+from paratrain.strategies.step import uncompiled
 
 if TYPE_CHECKING:
     from paratrain.config import TrainConfig
@@ -175,6 +177,10 @@ class FSDPStrategy(ReplicaStrategy):
         }
 
     # ----- sharded checkpoints -------------------------------------------------------------------------
+    @property
+    def model_files(self) -> FSDPStrategy:
+        return self
+
     def save_model(self, module: nn.Module, optimizer: torch.optim.Optimizer, folder: Path) -> list[str]:
         """Every process writes its shard of the model and optimizer to ``folder/model/``
         (a collective); returns the files written there, relative to ``folder``."""

@@ -38,11 +38,13 @@ from paratrain.parallel.split import (
     sequential_layers,
 )
 from paratrain.strategies.accounting import staleness_summary
-from paratrain.strategies.base import DEFAULT_TIMEOUT_S, LossFn, StepOutput, Strategy, resolve_device
+from paratrain.strategies.base import DEFAULT_TIMEOUT_S, Strategy
+from paratrain.strategies.device import resolve_device
 from paratrain.strategies.numerics import finite_gradients
 from paratrain.strategies.pipeline.checks import check_pipeline_config, check_pipeline_model
 from paratrain.strategies.pipeline.topology import PipelineTopology
 from paratrain.strategies.recipe import StepRecipe
+from paratrain.strategies.step import LossFn, StepOutput
 
 if TYPE_CHECKING:
     from paratrain.config import TrainConfig

@@ -68,5 +68,5 @@ class AssignedBatches(ShardedBatches):
         """The batches shard 0 hands this worker, numbered in the epoch (their transforms'
         seeds); shard 0 knows where a resumed epoch goes on."""
         order = None if self.streaming else self._order()
-        for k in self.strategy.assigned_batches(self.epoch, self.num_batches):
+        for k in self.strategy.worker.assigned_batches(self.epoch, self.num_batches):
             yield k, None if order is None else order[k * self.batch_size : (k + 1) * self.batch_size]

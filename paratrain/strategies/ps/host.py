@@ -1,13 +1,15 @@
 """The shard side of a parameter-server run: one ShardHost per shard process.
 
-It builds the process's ShardServer (server.py) with every collaborator it needs passed to
-the constructor (update rule, store, codec, message tags, the version listener), restores
-it from a checkpoint part, publishes where resumed workers go on, and serves. The worker
-side is worker.py.
+It is the process's server role (strategies/roles.py): it builds the ShardServer
+(protocol/server.py) with every collaborator it needs passed to the constructor (update
+rule, store, codec, message tags, the version listener), restores it from a checkpoint
+part (or from the parts of another number of shards), tells the workers which checkpoint
+they go on from, and serves. The worker side is worker.py.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -40,8 +42,10 @@ class ShardHost:
         self.heartbeat_timeout, self.timeout = heartbeat_timeout, timeout
         self.codec_factory, self.tags = codec_factory, tags
         self.server: ShardServer | None = None
+        self.on_version: Callable[[int], None] = _ignore
+        """Called with each version this shard publishes (the Trainer points it at its callbacks)."""
 
-    def prepare(self, model: nn.Module, optimizer: torch.optim.Optimizer, on_version: Callable[[int], None]) -> None:
+    def prepare(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         """Build this shard's server over its slice of ``model`` and ``optimizer``."""
         facts = MODES[self.mode]
         self.server = ShardServer(
@@ -60,7 +64,8 @@ class ShardHost:
             codec_factory=self.codec_factory,
             tags=self.tags,
             pull_dtype=PULL_DTYPES[self.config.pull_compression],
-            on_version=on_version,
+            # read at each version, so that on_version may be set after this
+            on_version=lambda version: self.on_version(version),
         )
 
     def serve(self) -> dict[str, Any]:
@@ -77,6 +82,17 @@ class ShardHost:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.server.load_state_dict(state)
 
-    def load_resharded(self, states: list[dict[str, Any]]) -> None:
+    def load_resharded_state(self, states: list[dict[str, Any]]) -> None:
         """From every part of a checkpoint saved by another number of shards (reshard.py)."""
         self.server.load_resharded(states)
+
+    def announce_resume(self, folder: str | None) -> None:
+        """On shard 0: tell the workers which checkpoint the shards took (None: none, they
+        start afresh), so that every process goes on from the same one."""
+        if self.shard == 0:
+            position = self.server.position() if folder is not None else {"version": 0, "epoch": 0}
+            self.store.set("resume", json.dumps({**position, "folder": folder}))
+
+
+def _ignore(version: int) -> None:
+    pass

@@ -1,515 +1,104 @@
-"""``ps-sync``, ``ps-backup``, ``ps-async``: parameter-server training, the worker side.
-
-Ranks ``0..P-1`` are parameter-server shards (``--ps-shards P``), the rest are workers;
-worker 0 is the chief. Each step a worker pulls the parameters from every shard,
-computes gradients on its own slice of the global batch, and pushes each shard its
-slice of the gradient; the shard's update rule (policies.py) decides what happens
-to it. Transport is c10d point-to-point over Gloo (parameter-server state lives in host
-memory, as in the classic design); the control plane (heartbeats, final statistics) is
-a TCPStore.
-
-Every process of a run makes the same ParameterServerStrategy; on a shard's process it
-hands the model to a ShardHost (host.py) and serves. The per-mode facts (update rule,
-whether a lost worker is survived, how batches are handed out) come from modes.MODES.
-
-The worker's parameters and gradients are views into two flat buffers, so a pull is
-one receive per shard straight into the model, and a push sends slices of the
-gradient buffer without a copy (on a GPU, through a host buffer).
-"""
+"""A parameter-server worker's side of the wire: its model as flat buffers (buffers.py),
+its client to the shards (protocol/client.py), and what it asks of them: the parameters
+(a pull, or the reply to a push), the next batch of an epoch shard 0 hands out, where a
+resumed run goes on, and at the end, done and the run's statistics. It is the worker's
+``remote`` role (strategies/roles.py): its parameters, optimizer and position are the
+shards'. The step itself, with the run's policies (NaN, clipping, leaving), is the
+strategy's (strategy.py)."""
 
 from __future__ import annotations
 
 import json
-import os
-import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
-from paratrain.comm.codec_config import CodecConfig, make_codec
-from paratrain.comm.codecs import Codec
 from paratrain.comm.packing import PackedGradient
-from paratrain.comm.transport import cluster_from_env
-from paratrain.data.batch import num_examples
-from paratrain.data.sharding import ShardedBatches
-from paratrain.errors import ConfigError, ReplicaLeft, WorkerLost
-from paratrain.session.leaving import LeaveOnSigterm
-from paratrain.strategies.accounting import staleness_summary
-from paratrain.strategies.base import DEFAULT_TIMEOUT_S, LossFn, StepOutput, Strategy, resolve_device
-from paratrain.strategies.ps.batches import AssignedBatches
-from paratrain.strategies.ps.heartbeat import Heartbeat
-from paratrain.strategies.ps.host import ShardHost
-from paratrain.strategies.ps.joining import describe_run, join_run, run_options
+from paratrain.errors import WorkerLost
+from paratrain.strategies.ps.buffers import FlatParameters
 from paratrain.strategies.ps.layout import ShardLayout
-from paratrain.strategies.ps.modes import (
-    MODES,
-    PULL_DTYPES,
-    PSConfig,
-    PSMode,
-    PSTopology,
-    check_mode,
-    survives_lost_worker,
-)
+from paratrain.strategies.ps.modes import ModeFacts
 from paratrain.strategies.ps.protocol.client import ShardClient
-from paratrain.strategies.ps.protocol.links import WorldLink
-from paratrain.strategies.ps.protocol.wire import DONE, PULL, PUSH, REPLY_HEADER_SIZE, RUN_TAG_STRIDE, SHUTDOWN, Header
-from paratrain.strategies.recipe import StepRecipe
-from paratrain.strategies.topology import Role
-from paratrain.timeline import COMM, span
-
-if TYPE_CHECKING:
-    from paratrain.config import TrainConfig
+from paratrain.strategies.ps.protocol.wire import DONE, PULL, PUSH, SHUTDOWN, Header
+from paratrain.strategies.ps.statistics import run_statistics
 
 
-class ParameterServerStrategy(Strategy):
-    """Parameter-server training; ``mode`` is ``"sync"``, ``"backup"`` or ``"async"`` (or a PSMode)."""
-
-    PULL_DTYPES = PULL_DTYPES
-    takes_compression = True
-    scales_loss = False  # the optimizer runs on the shards
-    # The shards hold the whole state and hand out batches by their index in the epoch's
-    # order: any number of workers goes on from a checkpoint, on any number of shards
-    # (reshard.py).
-    reshards = True
-    _runs = 0
+class PSWorker:
+    """Worker ``rank`` of ``num_replicas`` (backups included) of a run of ``num_shards``
+    shards reached over ``links``; ``store`` is the run's, ``on_version`` is told each
+    version received."""
 
     def __init__(
         self,
-        mode: str | PSMode = "sync",
-        num_shards: int = 1,
-        backup_workers: int = 0,
-        staleness_bound: int | None = None,
-        stale_policy: str = "none",
-        max_staleness: int = 4,
-        warmup_steps: int = 0,
-        heartbeat_timeout: float = 10.0,
-        device: str = "auto",
-        timeout: float = DEFAULT_TIMEOUT_S,
-        compression: str = "none",
-        codec_options: CodecConfig | None = None,
-        pull_compression: str = "none",
-        on_worker_lost: str = "stop",
-        workers: int | None = None,
-        join: str | None = None,
+        rank: int,
+        num_shards: int,
+        num_replicas: int,
+        backup_workers: int,
+        facts: ModeFacts,
+        links: list[Any],
+        store: Any,
+        tags: int,
+        timeout: float,
+        on_version: Callable[[int], None],
     ):
-        # `workers` counts the workers of a round; backup workers come on top of them.
-        super().__init__(device=device, timeout=timeout, workers=workers)
-        self.mode = PSMode.of(mode.value if isinstance(mode, PSMode) else mode)
-        if pull_compression not in PULL_DTYPES:
-            raise ConfigError(f"--pull-compression must be one of {', '.join(PULL_DTYPES)}, got {pull_compression!r}")
-        self.config = PSConfig(
-            ps_shards=num_shards,
-            backup_workers=backup_workers,
-            staleness_bound=staleness_bound,
-            stale_policy=stale_policy,
-            max_staleness=max_staleness,
-            warmup_steps=warmup_steps,
-            pull_compression=pull_compression,
-            on_worker_lost=on_worker_lost,
-            join=join,
-        )
-        self.join = join
-        self.run_options: dict[str, Any] | None = None
-        """The run's options (``paratrain train`` flags), published to the workers that join it."""
-        """HOST:PORT of a running run this worker joins (joining.py); None: a worker of its own run."""
-        self.name = self.mode.strategy_name
-        self.facts = MODES[self.mode]
-        self.num_shards, self.backup_workers = num_shards, backup_workers
-        self.pull_compression = pull_compression
-        self.heartbeat_timeout = heartbeat_timeout
-        # Workers compress each push with `compression`; shards decode with a fresh codec.
-        self.compression, self.codec_options = compression, codec_options
-        self.codec = make_codec(compression, codec_options)
-        self.host: ShardHost | None = None
-        """The shard this process serves as (None on a worker)."""
-        self._store: Any = None
-        self._heartbeat: Heartbeat | None = None
-        self._base_lr = 1.0
-        self._lr_scale = 1.0
-        self._client: ShardClient | None = None  # the worker's links to the shards (protocol/client.py)
-        self._samples = 0
-        self._finished = False
-        self._server_stats: list[dict[str, Any]] = []
-        self._links: list[Any] = []  # one per shard (protocol/links.py)
-        self._joined: dict[str, Any] | None = None  # where the run stood when this worker joined it
-        self._per_update = 1  # gradients per version: 1 (ps-async), else a round's
-        self._sigterm = LeaveOnSigterm()  # asked: say done after this step and leave
-        self._tags = 0
-        self._address = ""  # HOST:PORT of this run's rendezvous, where workers join it
-        self._pushed_on: int | None = None
-        self._last_staleness = 0
-        self._samples_per_push = 0
+        self.rank, self.num_shards, self.num_replicas = rank, num_shards, num_replicas
+        self.backup_workers, self.facts = backup_workers, facts
+        self.links, self.store, self.tags, self.timeout = links, store, tags, timeout
+        self.on_version = on_version
+        self.per_update = 1
+        """Gradients per version: 1 (ps-async), else a round's."""
+        self.client: ShardClient | None = None
+        self.buffers: FlatParameters | None = None
+        self.layout: ShardLayout | None = None
         self.version_seen = 0
         """The newest parameter version this worker received (its codec state's version)."""
+        self.last_staleness = 0
+        self.samples_per_push = 0
+        self.finished = False
+        self._base_lr = 1.0
+        self._lr_scale = 1.0
+        self._pushed_on: int | None = None
+        self._epoch_asking: tuple[int, int] | None = None
+        self._server_stats: list[dict[str, Any]] = []
 
-    # ----- configuration ---------------------------------------------------------------
-    @classmethod
-    def topology_for(cls, config: TrainConfig) -> PSTopology:
-        return PSTopology(
-            num_replicas=config.num_worker_processes,
-            num_shards=config.ps.num_shards,
-            num_backups=config.ps.backup_workers,
-            mode=PSMode.of(config.strategy),
-            survives_loss=survives_lost_worker(PSMode.of(config.strategy), config.ps),
-        )
-
-    @classmethod
-    def check_config(cls, config: TrainConfig) -> None:
-        mode = PSMode.of(config.strategy)
-        check_mode(mode, config.ps)
-        if config.early_stopping:
-            raise ConfigError(f"--early-stopping is not available with --strategy {config.strategy}")
-        if config.ps.join and (config.checkpoint_dir or config.max_restarts):
-            raise ConfigError(
-                "--join adds a worker to a running run, whose shards keep its checkpoints: drop "
-                "--checkpoint-dir and --max-restarts"
-            )
-        fail = config.faults.fail_at
-        if fail and fail[0] == 0 and survives_lost_worker(mode, config.ps):
-            raise ConfigError(
-                "--fail names worker 0, the chief (it evaluates and writes the metrics); name another worker"
-            )
-
-    @classmethod
-    def from_config(cls, config: TrainConfig) -> ParameterServerStrategy:
-        ps = config.ps
-        strategy = cls(
-            mode=PSMode.of(config.strategy),
-            num_shards=ps.num_shards,
-            backup_workers=ps.backup_workers,
-            staleness_bound=ps.staleness_bound,
-            stale_policy=ps.stale_policy,
-            max_staleness=ps.max_staleness,
-            warmup_steps=ps.warmup_steps,
-            heartbeat_timeout=config.heartbeat_timeout,
-            device=config.device,
-            timeout=config.timeout,
-            compression=config.codec.compression,
-            codec_options=config.codec,
-            pull_compression=ps.pull_compression,
-            on_worker_lost=ps.on_worker_lost,
-            join=ps.join,
-        )
-        strategy.run_options = run_options(config.to_dict())
-        return strategy
-
-    def planned_topology(self) -> PSTopology:
-        return self._topology((self.workers or 1) + self.backup_workers)
-
-    def _topology(self, num_workers: int) -> PSTopology:
-        return PSTopology(
-            num_replicas=num_workers,
-            num_shards=self.num_shards,
-            num_backups=self.backup_workers,
-            mode=self.mode,
-            survives_loss=survives_lost_worker(self.mode, self.config),
-        )
-
-    def describe(self) -> dict[str, Any]:
-        return {
-            "strategy": self.name,
-            "workers": self.num_replicas - self.backup_workers,
-            "ps_shards": self.num_shards,
-            "backup_workers": self.backup_workers,
-            "compression": self.codec.name,
-            "pull_compression": self.pull_compression,
-        }
-
-    # ----- process -----------------------------------------------------------------------
-    def setup(self) -> None:
-        if self._ready:
-            return
-        if self.join:
-            self._join_running_run()
-        else:
-            self._join_own_run()
-        self._per_update = 1 if self.facts.one_update_per_gradient else self.num_replicas - self.backup_workers
-        if self._joined is not None:
-            self._per_update = self._joined["run"]["per_update"]
-        if self.role is Role.PS:
-            self.host = ShardHost(
-                self.rank,
-                self.num_shards,
-                self.num_replicas,
-                self.mode,
-                self.config,
-                self._store,
-                heartbeat_timeout=self.heartbeat_timeout,
-                timeout=self.timeout,
-                codec_factory=self._fresh_codec,
-                tags=self._tags,
-            )
-        else:
-            self._heartbeat = Heartbeat(self._store, self.rank, self.heartbeat_timeout).start()
-        super().setup()
-
-    def _join_own_run(self) -> None:
-        """One of the processes the run started with: a rank of its process group."""
-        cluster = cluster_from_env()
-        if cluster is None or cluster.world_size < self.num_shards + 1:
-            raise ConfigError(
-                f"{self.name} needs {self.num_shards} ps shard(s) and at least one worker: run "
-                "`paratrain train --strategy ps-... --workers N`, or under torchrun / TF_CONFIG"
-            )
-        self.process_rank = cluster.rank
-        self.topology = self._topology(cluster.world_size - self.num_shards)
-        if self.role is Role.WORKER:
-            self.device = resolve_device(self.device_preference, cluster.local_rank)
-        # Parameter-server traffic is host memory over Gloo, on GPUs too.
-        self._join_group("gloo")
-        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-        # Every process makes its strategies in the same order, so a run's number names it
-        # in the store even when several runs share one process group.
-        ParameterServerStrategy._runs += 1
-        # ...and its own message tags: a process that moved on to the next run must not
-        # reach the previous run's shard, still serving until its chief says it is over.
-        self._tags = RUN_TAG_STRIDE * ParameterServerStrategy._runs
-        self._root_store = dist.TCPStore(
-            cluster.master_addr, cluster.master_port, is_master=False, timeout=timedelta(seconds=self.timeout)
-        )
-        self._prefix = f"paratrain/{restart}/ps{ParameterServerStrategy._runs}/"
-        self._store = dist.PrefixStore(self._prefix, self._root_store)
-        self._links = [WorldLink(shard) for shard in range(self.num_shards)]
-        self._address = f"{cluster.master_addr}:{cluster.master_port}"
-
-    def _join_running_run(self) -> None:
-        """A worker added to a running run (``--join``): no rank of its process group; it
-        meets each shard over a link of its own (joining.py)."""
-        self._joined = join_run(self.join, self._joining_facts(), self.timeout)
-        worker, run = self._joined["worker"], self._joined["run"]
-        self._store, self._tags, self._links = self._joined["store"], run["tags"], self._joined["links"]
-        self.topology = self._topology(worker + 1)
-        self.process_rank = self.num_shards + worker
-        self.workers = None  # this process's place is the one the run gave it, not --workers
-        self.device = resolve_device(self.device_preference, 0)
-
-    @property
-    def evaluates(self) -> bool:
-        return self.is_chief
-
-    # ----- model -------------------------------------------------------------------------
     def prepare(
-        self, model: nn.Module, optimizer: torch.optim.Optimizer, recipe: StepRecipe | None = None
-    ) -> tuple[nn.Module, torch.optim.Optimizer]:
-        self.setup()
-        self.use_recipe(recipe)
-        if self.host is not None:
-            # The version listener is read when a version is published, so that the Trainer
-            # may point on_version at its callbacks after this.
-            self.host.prepare(model, optimizer, lambda version: self.on_version(version))
-            if self.rank == 0 and self.facts.admits_joiners:
-                describe_run(
-                    self._root_store,
-                    self._prefix,
-                    **self._joining_facts(),
-                    workers=self.num_replicas,
-                    parameters=self.host.server.layout.total,
-                    tags=self._tags,
-                    per_update=self._per_update,
-                    options=self.run_options,
-                )
-            return model, optimizer
-        model = self.recipe.prepare_model(model.to(self.device))
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        device: torch.device,
+        pull_dtype: torch.dtype,
+        codec: Any,
+        codec_factory: Callable[[], Any],
+    ) -> None:
+        """Make ``model``'s parameters views of the flat buffers, connect, and pull."""
         params = [p for p in model.parameters() if p.requires_grad]
-        self.layout = ShardLayout.of(model, self.num_shards)
-        if self._joined is not None and self._joined["run"]["parameters"] != self.layout.total:
-            raise ConfigError(
-                f"--join {self.join}: this model has {self.layout.total} parameters, the run's "
-                f"{self._joined['run']['parameters']}: give the run's --model and data"
-            )
-        # Parameters and gradients become views of two flat buffers (DDP's bucket-view idea).
-        self._flat = torch.cat([p.detach().reshape(-1) for p in params])
-        self._flat_grad = torch.zeros_like(self._flat)
-        offset = 0
-        for p in params:
-            n = p.numel()
-            p.data = self._flat[offset : offset + n].view_as(p)
-            p.grad = self._flat_grad[offset : offset + n].view_as(p)
-            offset += n
-        on_host = self.device.type == "cpu"
-        self._host = self._flat if on_host else torch.empty_like(self._flat, device="cpu").pin_memory()
-        self._host_grad = self._flat_grad if on_host else torch.empty_like(self._flat, device="cpu").pin_memory()
-        fresh = self._fresh_codec
-        packers = [PackedGradient(self.codec, fresh, self.layout.piece_shapes(s)) for s in range(self.num_shards)]
-        pull_dtype = self.PULL_DTYPES[self.pull_compression]
-        # Parameters arrive in the pull dtype; with 16 bits they land in their own buffer first.
-        self._pulled = self._host if pull_dtype == self._flat.dtype else torch.zeros_like(self._host, dtype=pull_dtype)
-        self._client = ShardClient(
+        self.buffers = FlatParameters(params, device, pull_dtype)
+        layout = self.layout
+        assert layout is not None, "the strategy sets the layout (and checks it) first"
+        packers = [PackedGradient(codec, codec_factory, layout.piece_shapes(s)) for s in range(self.num_shards)]
+        self.client = ShardClient(
             self.rank,
-            self._links,
-            self.layout,
+            self.links,
+            layout,
             packers,
-            self._pulled,
-            tags=self._tags,
-            store=self._store,
+            self.buffers.pulled,
+            tags=self.tags,
+            store=self.store,
             backup_workers=self.backup_workers,
             timeout=self.timeout,
         )
-        self._epoch_asking: tuple[int, int] | None = None
         self._base_lr = optimizer.param_groups[0]["lr"]
-        self._pull(wanted=0)
-        return model, optimizer
+        self.pull(wanted=0)
 
-    def _joining_facts(self) -> dict[str, Any]:
-        """What a joining worker must share with the run (joining.py checks them)."""
-        return {
-            "strategy": self.name,
-            "shards": self.num_shards,
-            "compression": self.codec.name,
-            "pull_compression": self.pull_compression,
-        }
-
-    def begin_fit(self, trainer: Any) -> None:
-        """A worker that joined goes on from where the run stands (the epoch whose batches
-        shard 0 hands out now). A worker the run may lose (not the chief) leaves cleanly
-        on SIGTERM: it finishes its step, says done, and exits 0."""
-        if self.role is not Role.WORKER:
-            return
-        if self._joined is not None:
-            position = self._joined["position"]
-            per_worker = self._joined["run"]["workers"] if self.facts.one_update_per_gradient else 1
-            trainer.epoch, trainer.global_step = position["epoch"], position["version"] // per_worker
-            print(
-                f"paratrain: worker {self.rank} joined the run at {self.join} at version {position['version']} "
-                f"(epoch {position['epoch'] + 1}) with the shards' current parameters",
-                file=sys.stderr,
-                flush=True,
-            )
-        elif self.is_chief and self.facts.admits_joiners:
-            print(f"paratrain: more workers may join this run: paratrain train ... --join {self._address}", flush=True)
-        if not self.is_chief and survives_lost_worker(self.mode, self.config):
-            self._sigterm.install()
-
-    def serve(self) -> dict[str, Any]:
-        """On a shard: serve until training ends (the classic ``server.join()``)."""
-        if self.host is None:
-            raise RuntimeError(f"{self.name}: only a parameter-server shard serves; this process is a worker")
-        stats = self.host.serve()
-        self._finished = True
-        return stats
-
-    # ----- state: a shard's slice, or a worker's codec ----------------------------------------
-    def state_dict(self) -> dict[str, Any]:
-        """On a shard: its slice of the parameters, optimizer, version and data position (the
-        parts of a checkpoint). On a worker whose codec keeps state (error feedback, PowerSGD,
-        stochastic rounding): that state, as of its last push, and the version it last saw
-        (a file beside the checkpoint); empty for a stateless codec."""
-        if self.host is not None:
-            return self.host.state_dict()
-        if not self._codec_has_state():
-            return {}
-        return {"codec": self.codec.state_dict(), "version": self.version_seen}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        if self.host is not None:
-            self.host.load_state_dict(state)
-        else:
-            self.codec.load_state_dict(state["codec"])
-
-    def load_resharded_state(self, states: list[dict[str, Any]]) -> None:
-        """On a shard: its slice from the parts of a checkpoint saved by another --ps-shards."""
-        if self.host is None:
-            raise RuntimeError(f"{self.name}: only a parameter-server shard holds a part of the checkpoint")
-        self.host.load_resharded(states)
-
-    def announce_resume(self, folder: str | None) -> None:
-        """On shard 0 of a resumed run: tell the workers which checkpoint the shards took
-        (None: none, they start afresh), so that every process goes on from the same one."""
-        if self.host is not None and self.host.shard == 0:
-            position = self.host.server.position() if folder is not None else {"version": 0, "epoch": 0}
-            self._store.set("resume", json.dumps({**position, "folder": folder}))
-
-    def resume_position(self) -> dict[str, Any]:
-        """A worker goes on from the checkpoint shard 0 took, at the epoch and step it
-        restored (its parameters come with its first pull); the shards' state is the run's,
-        so the epochs' logs start anew. ``folder`` is None when the shards started afresh."""
-        try:
-            self._store.wait(["resume"], timedelta(seconds=self.timeout))
-        except RuntimeError as error:  # the store's timeout (DistStoreError)
-            raise WorkerLost(
-                f"worker {self.rank}: ps shard 0 did not say which checkpoint the shards resumed from within "
-                f"--timeout {self.timeout:g} s ({str(error).splitlines()[0]})"
-            ) from None
-        position = json.loads(self._store.get("resume"))
-        per_worker = self.num_replicas if self.facts.one_update_per_gradient else 1
-        return {
-            "global_step": position["version"] // per_worker,
-            "epoch": position["epoch"],
-            "version": position["version"],
-            "folder": position["folder"],
-        }
-
-    def _codec_has_state(self) -> bool:
-        return type(self.codec).state_dict is not Codec.state_dict
-
-    def _fresh_codec(self) -> Any:
-        return make_codec(self.compression, self.codec_options)
-
-    def train_step(
-        self,
-        model: nn.Module,
-        loss_fn: LossFn,
-        optimizer: torch.optim.Optimizer,
-        inputs: torch.Tensor,
-        targets: torch.Tensor,
-    ) -> StepOutput:
-        """Compute on the parameters the last push asked for, then push the gradient and ask
-        for the next parameters in the same message. The optimizer runs on the shards."""
-        with span("pull", COMM):  # the reply to the last push: parameters (and staleness)
-            self._await_reply()
-        self._flat_grad.zero_()
-        loss, outputs = self.recipe.forward_backward(model, loss_fn, inputs, targets, self.device)
-        self.steps_taken += 1
-        if self.recipe.clip_grad_norm:  # this worker's own gradient, before the push
-            self.clip_gradients(model)
-        # A worker sees its own gradient only: it flags it, and the shards skip it (in ps-sync
-        # and ps-backup: the whole round it is part of).
-        finite = not self.skip_nonfinite(model, loss, lambda: bool(torch.isfinite(self._flat_grad).all()))
-        samples = num_examples(targets)
-        leaving = self._sigterm.asked  # asked to leave (SIGTERM): this batch is the last one it asks for
-        if leaving:
-            self._epoch_asking = None
-        with span("push", COMM):
-            client = self._client
-            client.post_reply()
-            if self._host_grad is not self._flat_grad:
-                self._host_grad.copy_(self._flat_grad)
-            client.send(self._header(PUSH, samples=samples, wants_reply=True, finite=finite), self._host_grad)
-            self._pushed_on = client.versions[0]
-        self._samples += samples
-        self._samples_per_push = samples
-        self._steps += 1
-        if leaving:
-            self.finish(model)  # done: the shards stop counting on this worker
-            raise ReplicaLeft(
-                f"worker {self.rank} left the run after step {self.steps_taken} (SIGTERM); the others go on"
-            )
-        return StepOutput(loss, outputs, skipped=not finite)
-
-    def step_counters(self) -> dict[str, float]:
-        client = self._client
-        return {"bytes_sent": client.bytes_sent, "wait_seconds": client.wait_seconds, "staleness": self._last_staleness}
-
-    def examples_applied(self) -> int | None:
-        # Shard 0's version counts updates: one gradient each in async mode, a round of
-        # workers - backup_workers gradients in sync and backup mode (full batches: drop_last).
-        return self._client.versions[0] * self._per_update * self._samples_per_push
-
-    def set_learning_rate(self, optimizer: torch.optim.Optimizer, lr: float) -> None:
+    def set_learning_rate(self, lr: float) -> None:
         # Shards scale each parameter group's rate by this factor (sent with every push).
         self._lr_scale = lr / self._base_lr
 
-    def refresh(self, model: nn.Module) -> None:
-        """Bring this replica up to the shards' current parameters (before evaluating)."""
-        if self.role is Role.WORKER:
-            self._pull(wanted=0)
-
-    # ----- transport (protocol/client.py) ---------------------------------------------------
-    def _header(
+    # ----- the wire ------------------------------------------------------------------------
+    def header(
         self, kind: int, *, samples: int = 0, wants_reply: bool = False, wanted: int = 0, finite: bool = True
     ) -> Header:
         """A message to the shards; one that asks for a reply during an epoch of assigned
@@ -518,115 +107,120 @@ class ParameterServerStrategy(Strategy):
         return Header(kind, samples=samples, lr_scale=self._lr_scale, wants_reply=wants_reply, wanted=wanted,
                       batch=batch, nonfinite=not finite)  # fmt: skip
 
-    def _await_reply(self) -> None:
-        if not self._client.await_reply():
+    def await_reply(self) -> None:
+        """Take the reply to the last message, if one is due: the parameters into the model."""
+        if not self.client.await_reply():
             return
-        versions = self._client.versions
+        versions = self.client.versions
         self.version_seen = versions[0]
         self.on_version(self.version_seen)
         if self._pushed_on is not None:
             # The reply to a push comes once the shard applied it, at version v'; a gradient
             # computed on v was then v' - 1 - v versions old (0 in synchronous rounds).
-            self._last_staleness = max(versions[0] - 1 - self._pushed_on, 0)
+            self.last_staleness = max(versions[0] - 1 - self._pushed_on, 0)
             self._pushed_on = None
-        if self._pulled is not self._host:
-            self._host.copy_(self._pulled)
-        if self._host is not self._flat:
-            self._flat.copy_(self._host, non_blocking=True)
+        self.buffers.take_pulled()
 
-    def _pull(self, wanted: int) -> None:
-        self._await_reply()
-        self._client.post_reply()
-        self._client.send(self._header(PULL, wanted=wanted, wants_reply=True))
-        self._await_reply()
+    def pull(self, wanted: int) -> None:
+        self.await_reply()
+        self.client.post_reply()
+        self.client.send(self.header(PULL, wanted=wanted, wants_reply=True))
+        self.await_reply()
 
-    # ----- dynamically sharded data --------------------------------------------------------
+    def push(self, samples: int, finite: bool, last: bool) -> None:
+        """Send this step's gradient and ask for the next parameters (and, in an epoch of
+        assigned batches, the next batch, unless this is the ``last`` this worker asks for)."""
+        if last:
+            self._epoch_asking = None
+        client = self.client
+        client.post_reply()
+        header = self.header(PUSH, samples=samples, wants_reply=True, finite=finite)
+        client.send(header, self.buffers.gradients_to_send())
+        self._pushed_on = client.versions[0]
+        self.samples_per_push = samples
+
     def assigned_batches(self, epoch: int, num_batches: int) -> Iterator[int]:
         """Indices of the batches of ``epoch`` that shard 0 hands this worker, one per step:
         each comes with the parameters of the reply to the previous push."""
         self._epoch_asking = (epoch, num_batches)
         try:
-            self._pull(wanted=self._client.versions[0])  # the epoch's first batch
-            while self._client.assigned >= 0:
-                yield self._client.assigned
-                self._await_reply()  # the reply to this step's push: parameters and next batch
+            self.pull(wanted=self.client.versions[0])  # the epoch's first batch
+            while self.client.assigned >= 0:
+                yield self.client.assigned
+                self.await_reply()  # the reply to this step's push: parameters and next batch
         finally:
             self._epoch_asking = None
 
-    # ----- end of training -------------------------------------------------------------------
-    def finish(self, model: nn.Module) -> None:
-        """Workers: say done. The chief then waits for every shard to finish and takes the
-        final parameters, so the final evaluation sees every update (async ones too)."""
-        if self.role is not Role.WORKER or self._finished:
-            return
-        client = self._client
-        self._store.set(f"worker/{self.rank}", json.dumps({"bytes_sent": client.bytes_sent + client.message_bytes()}))
-        # Done first: a shard answers a done worker's last pull at once, whatever the rule.
-        client.send(self._header(DONE))
-        self._await_reply()
-        client.drain()  # the shard must have all of it before this process may go
-        self._finished = True
-        if self._codec_has_state():
-            # The shards save the final version at the end; this worker's codec is done
-            # changing: its state is that of the final version.
-            self._store.wait(["stats/0"], timedelta(seconds=self.timeout))
-            self.version_seen = json.loads(self._store.get("stats/0"))["version"]
-        if self.is_chief:
-            keys = [f"stats/{s}" for s in range(self.num_shards)]
-            self._store.wait(keys, timedelta(seconds=self.timeout))
-            self._server_stats = [json.loads(self._store.get(k)) for k in keys]
-            self._pull(wanted=0)
-
-    def distribute(
-        self, dataset: object, batch_size: int, *, shuffle: bool = True, drop_last: bool = True, seed: int = 0
-    ) -> ShardedBatches:
-        self.setup()
-        if drop_last:
-            # Synchronous rounds take N batches: whole rounds per epoch keep ps-sync equal to
-            # one process with the global batch. Backup and async workers take what they can.
-            group = self.num_replicas if self.facts.whole_rounds else 1
-            return AssignedBatches(self, dataset, batch_size, group=group, shuffle=shuffle, seed=seed)
-        # Evaluation: the chief alone, on all of it (workers never wait for each other here).
-        return ShardedBatches(dataset, batch_size, shuffle=False, drop_last=False, device=self.device)
-
-    def stats(self) -> dict[str, Any]:
-        """On the chief after finish(): totals over every shard and worker."""
-        if not self._server_stats:
-            sent = self._client.bytes_sent if self._client is not None else 0
-            return {"bytes_sent": sent, "dropped_gradients": 0, "staleness": staleness_summary({})}
-        first = self._server_stats[0]
-        lost = first["workers_lost"]
-        others = sum(
-            json.loads(self._store.get(f"worker/{w}"))["bytes_sent"]
-            for w in [*range(1, self.num_replicas), *first["workers_joined"]]
-            if w not in lost
-        )
-        # The chief's own count is live (its final pull and the coming shutdown included);
-        # the shards published theirs before answering that final pull.
-        pulled = self._pulled.element_size() / self._flat.element_size()
-        final_replies = sum(int(s["bytes"] * pulled) + 8 * REPLY_HEADER_SIZE for s in self._server_stats)
-        chief = self._client.bytes_sent + self._client.message_bytes()
+    # ----- the remote role (strategies/roles.py) --------------------------------------------
+    def resume_position(self) -> dict[str, Any]:
+        """A worker goes on from the checkpoint shard 0 took, at the epoch and step it
+        restored (its parameters come with its first pull); the shards' state is the run's,
+        so the epochs' logs start anew. ``folder`` is None when the shards started afresh."""
+        try:
+            self.store.wait(["resume"], timedelta(seconds=self.timeout))
+        except RuntimeError as error:  # the store's timeout (DistStoreError)
+            raise WorkerLost(
+                f"worker {self.rank}: ps shard 0 did not say which checkpoint the shards resumed from within "
+                f"--timeout {self.timeout:g} s ({str(error).splitlines()[0]})"
+            ) from None
+        position = json.loads(self.store.get("resume"))
+        per_worker = self.num_replicas if self.facts.one_update_per_gradient else 1
         return {
-            "bytes_sent": others + chief + final_replies + sum(s["bytes_sent"] for s in self._server_stats),
-            "dropped_gradients": first["dropped_gradients"],
-            "dropped_samples": first["dropped_samples"],
-            "skipped_updates": first["skipped_updates"],
-            "short_rounds": first["short_rounds"],
-            "late_pushes": first["late_pushes"],
-            "staleness": staleness_summary({int(k): v for k, v in first["staleness"].items()}),
-            "workers_lost": lost,
-            "workers_joined": first["workers_joined"],
-            "bytes_per_shard": [s["bytes"] for s in self._server_stats],
-            "max_clock_gap": max(s["max_clock_gap"] for s in self._server_stats),
-            "global_steps": first["version"],
-            "examples_processed": first["samples"],
+            "global_step": position["version"] // per_worker,
+            "epoch": position["epoch"],
+            "version": position["version"],
+            "folder": position["folder"],
         }
 
-    def teardown(self) -> None:
-        if self._ready and self.is_chief and self._finished:
-            self._client.send(self._header(SHUTDOWN))
-            self._client.drain()
-        if self._heartbeat is not None:
-            self._heartbeat.stop()  # out of the store before it goes
-            self._heartbeat = None
-        super().teardown()
+    def examples_applied(self) -> int:
+        # Shard 0's version counts updates: one gradient each in async mode, a round of
+        # workers - backup_workers gradients in sync and backup mode (full batches: drop_last).
+        return self.client.versions[0] * self.per_update * self.samples_per_push
+
+    def refresh(self, model: nn.Module) -> None:
+        """Bring this worker up to the shards' current parameters (before evaluating)."""
+        self.pull(wanted=0)
+
+    # ----- the end ---------------------------------------------------------------------------
+    def finish(self, is_chief: bool, keeps_state: bool) -> None:
+        """Say done. The chief then waits for every shard to finish and takes the final
+        parameters, so the final evaluation sees every update (async ones too); a worker
+        whose codec ``keeps_state`` learns the final version its state is that of."""
+        if self.finished:
+            return
+        client = self.client
+        self.store.set(f"worker/{self.rank}", json.dumps({"bytes_sent": client.bytes_sent + client.message_bytes()}))
+        # Done first: a shard answers a done worker's last pull at once, whatever the rule.
+        client.send(self.header(DONE))
+        self.await_reply()
+        client.drain()  # the shard must have all of it before this process may go
+        self.finished = True
+        if keeps_state:
+            # The shards save the final version at the end; this worker's codec is done
+            # changing: its state is that of the final version.
+            self.store.wait(["stats/0"], timedelta(seconds=self.timeout))
+            self.version_seen = json.loads(self.store.get("stats/0"))["version"]
+        if is_chief:
+            keys = [f"stats/{s}" for s in range(self.num_shards)]
+            self.store.wait(keys, timedelta(seconds=self.timeout))
+            self._server_stats = [json.loads(self.store.get(k)) for k in keys]
+            self.pull(wanted=0)
+
+    def stats(self) -> dict[str, Any] | None:
+        """On the chief after ``finish``: totals over every shard and worker (None before)."""
+        if not self._server_stats:
+            return None
+        first = self._server_stats[0]
+        others = sum(
+            json.loads(self.store.get(f"worker/{w}"))["bytes_sent"]
+            for w in [*range(1, self.num_replicas), *first["workers_joined"]]
+            if w not in first["workers_lost"]
+        )
+        # The chief's own count is live (its final pull and the coming shutdown included).
+        chief = self.client.bytes_sent + self.client.message_bytes()
+        return run_statistics(self._server_stats, others, chief, self.buffers.pull_ratio())
+
+    def shut_down_shards(self) -> None:
+        """The chief, once the run is over: the shards may stop serving."""
+        self.client.send(self.header(SHUTDOWN))
+        self.client.drain()

@@ -1,0 +1,35 @@
+"""The run's totals, as the chief reports them after every shard finished: each shard's
+own statistics (published in the store before it answered the chief's final pull), the
+other workers' bytes, and the chief's own."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from paratrain.strategies.accounting import staleness_summary
+from paratrain.strategies.ps.protocol.wire import REPLY_HEADER_SIZE
+
+
+def run_statistics(
+    shards: list[dict[str, Any]], other_workers_bytes: int, chief_bytes: int, pull_ratio: float
+) -> dict[str, Any]:
+    """``shards``: each shard's statistics; ``pull_ratio``: wire bytes per parameter byte of
+    a pull (the shards count parameter bytes; their final replies to the chief are sent in
+    the pull dtype, with a header each)."""
+    first = shards[0]
+    final_replies = sum(int(s["bytes"] * pull_ratio) + 8 * REPLY_HEADER_SIZE for s in shards)
+    return {
+        "bytes_sent": other_workers_bytes + chief_bytes + final_replies + sum(s["bytes_sent"] for s in shards),
+        "dropped_gradients": first["dropped_gradients"],
+        "dropped_samples": first["dropped_samples"],
+        "skipped_updates": first["skipped_updates"],
+        "short_rounds": first["short_rounds"],
+        "late_pushes": first["late_pushes"],
+        "staleness": staleness_summary({int(k): v for k, v in first["staleness"].items()}),
+        "workers_lost": first["workers_lost"],
+        "workers_joined": first["workers_joined"],
+        "bytes_per_shard": [s["bytes"] for s in shards],
+        "max_clock_gap": max(s["max_clock_gap"] for s in shards),
+        "global_steps": first["version"],
+        "examples_processed": first["samples"],
+    }

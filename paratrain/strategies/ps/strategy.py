@@ -1,0 +1,471 @@
+"""``ps-sync``, ``ps-backup``, ``ps-async``: parameter-server training.
+
+Ranks ``0..P-1`` are parameter-server shards (``--ps-shards P``), the rest are workers;
+worker 0 is the chief. Each step a worker pulls the parameters from every shard,
+computes gradients on its own slice of the global batch, and pushes each shard its
+slice of the gradient; the shard's update rule (policies.py) decides what happens
+to it. Transport is c10d point-to-point over Gloo (parameter-server state lives in host
+memory, as in the classic design); the control plane (heartbeats, final statistics) is
+a TCPStore.
+
+Every process of a run makes the same ParameterServerStrategy, which joins the run and
+composes the process's role: on a shard a ShardHost (host.py), which serves; on a worker
+a PSWorker (worker.py), its side of the wire. The step and the run's policies are this
+class's. The per-mode facts (update rule, whether a lost worker is survived, how batches
+are handed out) come from modes.MODES.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from paratrain.comm.codec_config import CodecConfig, make_codec
+from paratrain.comm.codecs import Codec
+from paratrain.comm.transport import cluster_from_env
+from paratrain.data.batch import num_examples
+from paratrain.data.sharding import ShardedBatches
+from paratrain.errors import ConfigError, ReplicaLeft
+from paratrain.session.leaving import LeaveOnSigterm
+from paratrain.strategies.accounting import staleness_summary
+from paratrain.strategies.base import DEFAULT_TIMEOUT_S, Strategy
+from paratrain.strategies.device import resolve_device
+from paratrain.strategies.ps.batches import AssignedBatches
+from paratrain.strategies.ps.heartbeat import Heartbeat
+from paratrain.strategies.ps.host import ShardHost
+from paratrain.strategies.ps.joining import describe_run, join_run, run_options
+from paratrain.strategies.ps.layout import ShardLayout
+from paratrain.strategies.ps.modes import (
+    MODES,
+    PULL_DTYPES,
+    PSConfig,
+    PSMode,
+    PSTopology,
+    check_mode,
+    survives_lost_worker,
+)
+from paratrain.strategies.ps.protocol.links import WorldLink
+from paratrain.strategies.ps.protocol.wire import RUN_TAG_STRIDE
+from paratrain.strategies.ps.worker import PSWorker
+from paratrain.strategies.recipe import StepRecipe
+from paratrain.strategies.step import LossFn, StepOutput
+from paratrain.strategies.topology import Role
+from paratrain.timeline import COMM, span
+
+if TYPE_CHECKING:
+    from paratrain.config import TrainConfig
+
+
+class ParameterServerStrategy(Strategy):
+    """Parameter-server training; ``mode`` is ``"sync"``, ``"backup"`` or ``"async"`` (or a PSMode)."""
+
+    PULL_DTYPES = PULL_DTYPES
+    takes_compression = True
+    scales_loss = False  # the optimizer runs on the shards
+    # The shards hold the whole state and hand out batches by their index in the epoch's
+    # order: any number of workers goes on from a checkpoint, on any number of shards
+    # (reshard.py).
+    reshards = True
+    _runs = 0
+
+    def __init__(
+        self,
+        mode: str | PSMode = "sync",
+        num_shards: int = 1,
+        backup_workers: int = 0,
+        staleness_bound: int | None = None,
+        stale_policy: str = "none",
+        max_staleness: int = 4,
+        warmup_steps: int = 0,
+        heartbeat_timeout: float = 10.0,
+        device: str = "auto",
+        timeout: float = DEFAULT_TIMEOUT_S,
+        compression: str = "none",
+        codec_options: CodecConfig | None = None,
+        pull_compression: str = "none",
+        on_worker_lost: str = "stop",
+        workers: int | None = None,
+        join: str | None = None,
+    ):
+        # `workers` counts the workers of a round; backup workers come on top of them.
+        super().__init__(device=device, timeout=timeout, workers=workers)
+        self.mode = PSMode.of(mode.value if isinstance(mode, PSMode) else mode)
+        if pull_compression not in PULL_DTYPES:
+            raise ConfigError(f"--pull-compression must be one of {', '.join(PULL_DTYPES)}, got {pull_compression!r}")
+        self.config = PSConfig(
+            ps_shards=num_shards,
+            backup_workers=backup_workers,
+            staleness_bound=staleness_bound,
+            stale_policy=stale_policy,
+            max_staleness=max_staleness,
+            warmup_steps=warmup_steps,
+            pull_compression=pull_compression,
+            on_worker_lost=on_worker_lost,
+            join=join,
+        )
+        self.join = join
+        self.run_options: dict[str, Any] | None = None
+        """The run's options (``paratrain train`` flags), published to the workers that join it."""
+        """HOST:PORT of a running run this worker joins (joining.py); None: a worker of its own run."""
+        self.name = self.mode.strategy_name
+        self.facts = MODES[self.mode]
+        self.num_shards, self.backup_workers = num_shards, backup_workers
+        self.pull_compression = pull_compression
+        self.heartbeat_timeout = heartbeat_timeout
+        # Workers compress each push with `compression`; shards decode with a fresh codec.
+        self.compression, self.codec_options = compression, codec_options
+        self.codec = make_codec(compression, codec_options)
+        self.host: ShardHost | None = None
+        """The shard this process serves as (None on a worker)."""
+        self._store: Any = None
+        self._heartbeat: Heartbeat | None = None
+        self.worker: PSWorker | None = None
+        """This process's side of the wire where it is a worker (None on a shard)."""
+        self._samples = 0
+        self._links: list[Any] = []  # one per shard (protocol/links.py)
+        self._joined: dict[str, Any] | None = None  # where the run stood when this worker joined it
+        self._per_update = 1  # gradients per version: 1 (ps-async), else a round's
+        self._sigterm = LeaveOnSigterm()  # asked: say done after this step and leave
+        self._tags = 0
+        self._address = ""  # HOST:PORT of this run's rendezvous, where workers join it
+
+    # ----- configuration ---------------------------------------------------------------
+    @classmethod
+    def topology_for(cls, config: TrainConfig) -> PSTopology:
+        return PSTopology(
+            num_replicas=config.num_worker_processes,
+            num_shards=config.ps.num_shards,
+            num_backups=config.ps.backup_workers,
+            mode=PSMode.of(config.strategy),
+            survives_loss=survives_lost_worker(PSMode.of(config.strategy), config.ps),
+        )
+
+    @classmethod
+    def check_config(cls, config: TrainConfig) -> None:
+        mode = PSMode.of(config.strategy)
+        check_mode(mode, config.ps)
+        if config.early_stopping:
+            raise ConfigError(f"--early-stopping is not available with --strategy {config.strategy}")
+        if config.ps.join and (config.checkpoint_dir or config.max_restarts):
+            raise ConfigError(
+                "--join adds a worker to a running run, whose shards keep its checkpoints: drop "
+                "--checkpoint-dir and --max-restarts"
+            )
+        fail = config.faults.fail_at
+        if fail and fail[0] == 0 and survives_lost_worker(mode, config.ps):
+            raise ConfigError(
+                "--fail names worker 0, the chief (it evaluates and writes the metrics); name another worker"
+            )
+
+    @classmethod
+    def from_config(cls, config: TrainConfig) -> ParameterServerStrategy:
+        ps = config.ps
+        strategy = cls(
+            mode=PSMode.of(config.strategy),
+            num_shards=ps.num_shards,
+            backup_workers=ps.backup_workers,
+            staleness_bound=ps.staleness_bound,
+            stale_policy=ps.stale_policy,
+            max_staleness=ps.max_staleness,
+            warmup_steps=ps.warmup_steps,
+            heartbeat_timeout=config.heartbeat_timeout,
+            device=config.device,
+            timeout=config.timeout,
+            compression=config.codec.compression,
+            codec_options=config.codec,
+            pull_compression=ps.pull_compression,
+            on_worker_lost=ps.on_worker_lost,
+            join=ps.join,
+        )
+        strategy.run_options = run_options(config.to_dict())
+        return strategy
+
+    def planned_topology(self) -> PSTopology:
+        return self._topology((self.workers or 1) + self.backup_workers)
+
+    def _topology(self, num_workers: int) -> PSTopology:
+        return PSTopology(
+            num_replicas=num_workers,
+            num_shards=self.num_shards,
+            num_backups=self.backup_workers,
+            mode=self.mode,
+            survives_loss=survives_lost_worker(self.mode, self.config),
+        )
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "strategy": self.name,
+            "workers": self.num_replicas - self.backup_workers,
+            "ps_shards": self.num_shards,
+            "backup_workers": self.backup_workers,
+            "compression": self.codec.name,
+            "pull_compression": self.pull_compression,
+        }
+
+    # ----- process -----------------------------------------------------------------------
+    def setup(self) -> None:
+        if self._ready:
+            return
+        if self.join:
+            self._join_running_run()
+        else:
+            self._join_own_run()
+        self._per_update = 1 if self.facts.one_update_per_gradient else self.num_replicas - self.backup_workers
+        if self._joined is not None:
+            self._per_update = self._joined["run"]["per_update"]
+        if self.role is Role.PS:
+            self.host = ShardHost(
+                self.rank,
+                self.num_shards,
+                self.num_replicas,
+                self.mode,
+                self.config,
+                self._store,
+                heartbeat_timeout=self.heartbeat_timeout,
+                timeout=self.timeout,
+                codec_factory=self._fresh_codec,
+                tags=self._tags,
+            )
+        else:
+            self.worker = PSWorker(
+                self.rank,
+                self.num_shards,
+                self.num_replicas,
+                self.backup_workers,
+                self.facts,
+                self._links,
+                self._store,
+                self._tags,
+                self.timeout,
+                on_version=lambda version: self.on_version(version),  # the Trainer sets it later
+            )
+            self.worker.per_update = self._per_update
+            self._heartbeat = Heartbeat(self._store, self.rank, self.heartbeat_timeout).start()
+        super().setup()
+
+    def _join_own_run(self) -> None:
+        """One of the processes the run started with: a rank of its process group."""
+        cluster = cluster_from_env()
+        if cluster is None or cluster.world_size < self.num_shards + 1:
+            raise ConfigError(
+                f"{self.name} needs {self.num_shards} ps shard(s) and at least one worker: run "
+                "`paratrain train --strategy ps-... --workers N`, or under torchrun / TF_CONFIG"
+            )
+        self.process_rank = cluster.rank
+        self.topology = self._topology(cluster.world_size - self.num_shards)
+        if self.role is Role.WORKER:
+            self.device = resolve_device(self.device_preference, cluster.local_rank)
+        # Parameter-server traffic is host memory over Gloo, on GPUs too.
+        self._join_group("gloo")
+        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+        # Every process makes its strategies in the same order, so a run's number names it
+        # in the store even when several runs share one process group.
+        ParameterServerStrategy._runs += 1
+        # ...and its own message tags: a process that moved on to the next run must not
+        # reach the previous run's shard, still serving until its chief says it is over.
+        self._tags = RUN_TAG_STRIDE * ParameterServerStrategy._runs
+        self._root_store = dist.TCPStore(
+            cluster.master_addr, cluster.master_port, is_master=False, timeout=timedelta(seconds=self.timeout)
+        )
+        self._prefix = f"paratrain/{restart}/ps{ParameterServerStrategy._runs}/"
+        self._store = dist.PrefixStore(self._prefix, self._root_store)
+        self._links = [WorldLink(shard) for shard in range(self.num_shards)]
+        self._address = f"{cluster.master_addr}:{cluster.master_port}"
+
+    def _join_running_run(self) -> None:
+        """A worker added to a running run (``--join``): no rank of its process group; it
+        meets each shard over a link of its own (joining.py)."""
+        self._joined = join_run(self.join, self._joining_facts(), self.timeout)
+        worker, run = self._joined["worker"], self._joined["run"]
+        self._store, self._tags, self._links = self._joined["store"], run["tags"], self._joined["links"]
+        self.topology = self._topology(worker + 1)
+        self.process_rank = self.num_shards + worker
+        self.workers = None  # this process's place is the one the run gave it, not --workers
+        self.device = resolve_device(self.device_preference, 0)
+
+    @property
+    def evaluates(self) -> bool:
+        return self.is_chief
+
+    @property
+    def server(self) -> ShardHost | None:
+        """The shard this process serves as (roles.py); None on a worker."""
+        return self.host
+
+    @property
+    def remote(self) -> PSWorker | None:
+        """A worker's parameters, optimizer and position are the shards' (roles.py)."""
+        return self.worker
+
+    # ----- model -------------------------------------------------------------------------
+    def prepare(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, recipe: StepRecipe | None = None
+    ) -> tuple[nn.Module, torch.optim.Optimizer]:
+        self.setup()
+        self.use_recipe(recipe)
+        if self.host is not None:
+            self.host.prepare(model, optimizer)
+            if self.rank == 0 and self.facts.admits_joiners:
+                describe_run(
+                    self._root_store,
+                    self._prefix,
+                    **self._joining_facts(),
+                    workers=self.num_replicas,
+                    parameters=self.host.server.layout.total,
+                    tags=self._tags,
+                    per_update=self._per_update,
+                    options=self.run_options,
+                )
+            return model, optimizer
+        model = self.recipe.prepare_model(model.to(self.device))
+        layout = ShardLayout.of(model, self.num_shards)
+        if self._joined is not None and self._joined["run"]["parameters"] != layout.total:
+            raise ConfigError(
+                f"--join {self.join}: this model has {layout.total} parameters, the run's "
+                f"{self._joined['run']['parameters']}: give the run's --model and data"
+            )
+        self.worker.layout = layout
+        pull_dtype = self.PULL_DTYPES[self.pull_compression]
+        self.worker.prepare(model, optimizer, self.device, pull_dtype, self.codec, self._fresh_codec)
+        return model, optimizer
+
+    def _joining_facts(self) -> dict[str, Any]:
+        """What a joining worker must share with the run (joining.py checks them)."""
+        return {
+            "strategy": self.name,
+            "shards": self.num_shards,
+            "compression": self.codec.name,
+            "pull_compression": self.pull_compression,
+        }
+
+    def begin_fit(self, trainer: Any) -> None:
+        """A worker that joined goes on from where the run stands (the epoch whose batches
+        shard 0 hands out now). A worker the run may lose (not the chief) leaves cleanly
+        on SIGTERM: it finishes its step, says done, and exits 0."""
+        if self.role is not Role.WORKER:
+            return
+        if self._joined is not None:
+            position = self._joined["position"]
+            per_worker = self._joined["run"]["workers"] if self.facts.one_update_per_gradient else 1
+            trainer.epoch, trainer.global_step = position["epoch"], position["version"] // per_worker
+            print(
+                f"paratrain: worker {self.rank} joined the run at {self.join} at version {position['version']} "
+                f"(epoch {position['epoch'] + 1}) with the shards' current parameters",
+                file=sys.stderr,
+                flush=True,
+            )
+        elif self.is_chief and self.facts.admits_joiners:
+            print(f"paratrain: more workers may join this run: paratrain train ... --join {self._address}", flush=True)
+        if not self.is_chief and survives_lost_worker(self.mode, self.config):
+            self._sigterm.install()
+
+    # ----- state: a shard's slice, or a worker's codec ----------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """On a shard: its slice of the parameters, optimizer, version and data position (the
+        parts of a checkpoint). On a worker whose codec keeps state (error feedback, PowerSGD,
+        stochastic rounding): that state, as of its last push, and the version it last saw
+        (a file beside the checkpoint); empty for a stateless codec."""
+        if self.host is not None:
+            return self.host.state_dict()
+        if not self._codec_has_state():
+            return {}
+        return {"codec": self.codec.state_dict(), "version": self.worker.version_seen}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.host is not None:
+            self.host.load_state_dict(state)
+        else:
+            self.codec.load_state_dict(state["codec"])
+
+    def _codec_has_state(self) -> bool:
+        return type(self.codec).state_dict is not Codec.state_dict
+
+    def _fresh_codec(self) -> Any:
+        return make_codec(self.compression, self.codec_options)
+
+    def train_step(
+        self,
+        model: nn.Module,
+        loss_fn: LossFn,
+        optimizer: torch.optim.Optimizer,
+        inputs: torch.Tensor,
+        targets: torch.Tensor,
+    ) -> StepOutput:
+        """Compute on the parameters the last push asked for, then push the gradient and ask
+        for the next parameters in the same message. The optimizer runs on the shards."""
+        worker = self.worker
+        with span("pull", COMM):  # the reply to the last push: parameters (and staleness)
+            worker.await_reply()
+        worker.buffers.grads.zero_()
+        loss, outputs = self.recipe.forward_backward(model, loss_fn, inputs, targets, self.device)
+        self.steps_taken += 1
+        if self.recipe.clip_grad_norm:  # this worker's own gradient, before the push
+            self.clip_gradients(model)
+        # A worker sees its own gradient only: it flags it, and the shards skip it (in ps-sync
+        # and ps-backup: the whole round it is part of).
+        finite = not self.skip_nonfinite(model, loss, lambda: bool(torch.isfinite(worker.buffers.grads).all()))
+        samples = num_examples(targets)
+        leaving = self._sigterm.asked  # asked to leave (SIGTERM): this batch is the last one it asks for
+        with span("push", COMM):
+            worker.push(samples, finite, last=leaving)
+        self._samples += samples
+        self._steps += 1
+        if leaving:
+            self.finish(model)  # done: the shards stop counting on this worker
+            raise ReplicaLeft(
+                f"worker {self.rank} left the run after step {self.steps_taken} (SIGTERM); the others go on"
+            )
+        return StepOutput(loss, outputs, skipped=not finite)
+
+    def step_counters(self) -> dict[str, float]:
+        client = self.worker.client
+        return {
+            "bytes_sent": client.bytes_sent,
+            "wait_seconds": client.wait_seconds,
+            "staleness": self.worker.last_staleness,
+        }
+
+    def set_learning_rate(self, optimizer: torch.optim.Optimizer, lr: float) -> None:
+        if self.worker is not None:
+            self.worker.set_learning_rate(lr)  # the shards' optimizers scale theirs
+
+    # ----- end of training -------------------------------------------------------------------
+    def finish(self, model: nn.Module) -> None:
+        """Workers: say done (worker.py); the chief takes the final parameters and the run's
+        statistics."""
+        if self.worker is not None:
+            self.worker.finish(self.is_chief, keeps_state=self._codec_has_state())
+
+    def distribute(
+        self, dataset: object, batch_size: int, *, shuffle: bool = True, drop_last: bool = True, seed: int = 0
+    ) -> ShardedBatches:
+        self.setup()
+        if drop_last:
+            # Synchronous rounds take N batches: whole rounds per epoch keep ps-sync equal to
+            # one process with the global batch. Backup and async workers take what they can.
+            group = self.num_replicas if self.facts.whole_rounds else 1
+            return AssignedBatches(self, dataset, batch_size, group=group, shuffle=shuffle, seed=seed)
+        # Evaluation: the chief alone, on all of it (workers never wait for each other here).
+        return ShardedBatches(dataset, batch_size, shuffle=False, drop_last=False, device=self.device)
+
+    def stats(self) -> dict[str, Any]:
+        """On the chief after finish(): totals over every shard and worker."""
+        totals = self.worker.stats() if self.worker is not None else None
+        if totals is None:
+            sent = self.worker.client.bytes_sent if self.worker is not None and self.worker.client else 0
+            return {"bytes_sent": sent, "dropped_gradients": 0, "staleness": staleness_summary({})}
+        return totals
+
+    def teardown(self) -> None:
+        if self._ready and self.is_chief and self.worker is not None and self.worker.finished:
+            self.worker.shut_down_shards()
+        if self._heartbeat is not None:
+            self._heartbeat.stop()  # out of the store before it goes
+            self._heartbeat = None
+        super().teardown()

@@ -1,0 +1,72 @@
+"""What some strategies' processes do beyond training one replica, each a role of its own
+that the Trainer and the checkpointer ask for (``Strategy.server``, ``Strategy.remote``,
+``Strategy.model_files``) instead of methods every strategy carries:
+
+- a *server* serves instead of training (a parameter-server shard): ``Trainer.fit`` runs
+  it in place of its loop, the checkpointer restores it and it tells the workers where
+  they go on;
+- a *remote* view is a training process whose state another holds (a parameter-server
+  worker: the shards hold the parameters, the optimizer and the run's position);
+- *model files* write the model and optimizer in the mode's own form (fsdp: sharded).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+
+class FitLoop(Protocol):
+    """What a strategy may read and set of the loop that drives it (the Trainer,
+    train/trainer.py): its position and the state a replica that joins takes over."""
+
+    module: nn.Module
+    optimizer: torch.optim.Optimizer
+    batch: int
+    """Batches of the current epoch done."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state: dict[str, Any]) -> None: ...
+
+
+class Server(Protocol):
+    on_version: Callable[[int], None]
+    """Called with each parameter version the server publishes (checkpoints, fault drills)."""
+
+    def serve(self) -> Any:
+        """Serve until training ends (the classic ``server.join()``)."""
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """This server's part of a checkpoint split as this run is."""
+
+    def load_resharded_state(self, states: list[dict[str, Any]]) -> None:
+        """This server's part from every part of a checkpoint split into another number."""
+
+    def announce_resume(self, folder: str | None) -> None:
+        """Tell the processes whose state it holds which checkpoint it resumed from (None: none)."""
+
+
+class Remote(Protocol):
+    def resume_position(self) -> dict[str, Any]:
+        """Where the loop goes on after a resume (``global_step``, ``epoch``, the checkpoint
+        ``folder``, None when the servers started afresh), as the servers say."""
+
+    def examples_applied(self) -> int:
+        """Examples in all the updates applied so far, run-wide, as this process knows it."""
+
+    def refresh(self, model: nn.Module) -> None:
+        """Bring ``model`` up to the servers' current parameters (before evaluating)."""
+
+
+class ModelFiles(Protocol):
+    def save_model(self, module: nn.Module, optimizer: torch.optim.Optimizer, folder: Path) -> list[str]:
+        """Write the model and optimizer into checkpoint ``folder`` (every process calls it);
+        the files written, relative to ``folder``."""
+
+    def load_model(self, module: nn.Module, optimizer: torch.optim.Optimizer, folder: Path) -> None:
+        """Read back what ``save_model`` wrote into ``folder`` (every process calls it)."""
