@@ -72,7 +72,7 @@ class Strategy:
         self.process_rank = 0
         """This process's global rank in the run (0..num_processes-1)."""
         self._ready = False
-        self._groups = GroupLease()  # the groups this strategy formed or wrapped (session/teardown.py)
+        self._lease = GroupLease()  # the groups this strategy formed or wrapped (session/teardown.py)
         self._exit_hook = False
         self._steps = 0  # updates applied
         self.steps_taken = 0
@@ -195,18 +195,18 @@ class Strategy:
 
     def _join_group(self, backend: str) -> None:
         """Join the default process group (or form it: then teardown destroys it)."""
-        self._groups.join(backend, self.timeout)
+        self._lease.join(backend, self.timeout)
 
     def teardown(self) -> None:
         """Leave the run so that no process group outlives it (session/teardown.py says why).
         Idempotent; called at interpreter exit too."""
-        self._groups.release()
+        self._lease.release()
         self._ready = False
 
     def track(self, wrapper: Any) -> Any:
         """Note an object ``prepare`` made that holds process groups (a DDP or FSDP model, a
         pipeline schedule), to release at teardown."""
-        return self._groups.track(wrapper)
+        return self._lease.track(wrapper)
 
     # ----- model -------------------------------------------------------------------------
     def prepare(
