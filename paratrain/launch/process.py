@@ -39,7 +39,7 @@ def process_context() -> multiprocessing.context.BaseContext:
     if sys.platform != "linux":
         return multiprocessing.get_context("spawn")
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(PRELOAD)
+    context.set_forkserver_preload([*PRELOAD, "paratrain.launch.frozen"])  # frozen.py: after the rest
     return context
 
 
