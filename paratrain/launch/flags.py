@@ -5,17 +5,11 @@ everywhere."""
 from __future__ import annotations
 
 import argparse
-from typing import Any, NoReturn
+from typing import Any
 
 from paratrain.config import config_fields, config_from_run, field_type, load_toml, make_config
 from paratrain.errors import ConfigError
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """A parser whose errors are one line and exit code 2, as every bad input here."""
-
-    def error(self, message: str) -> NoReturn:  # one line, exit 2
-        self.exit(2, f"{self.prog}: error: {message}\n")
+from paratrain.launch.parser import OneLineParser
 
 
 def add_train_arguments(train: argparse.ArgumentParser) -> None:

@@ -111,7 +111,8 @@ def test_help_lists_every_option(cli):
 )
 def test_under_torchrun_workers_are_the_processes_beside_the_modes_own(argv, world, workers):
     from paratrain.comm.transport import ClusterEnv
-    from paratrain.launch.cli import build_parser, train_config
+    from paratrain.launch.cli import build_parser
+    from paratrain.launch.flags import train_config
 
     cluster = ClusterEnv(rank=0, world_size=world, local_rank=0, master_addr="127.0.0.1", master_port=1)
     config = train_config(build_parser().parse_args(["train", *argv]), cluster)

@@ -1,0 +1,91 @@
+"""``paratrain train``: start a run's processes here, join a cluster started elsewhere
+(torchrun, TF_CONFIG), or join a running parameter-server run (``--join``)."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from paratrain.comm.transport import cluster_from_env
+from paratrain.console import console
+from paratrain.data.datasets import load_dataset
+from paratrain.errors import ConfigError
+from paratrain.launch.flags import add_train_arguments, train_config
+from paratrain.launch.local import run_locally
+from paratrain.launch.process import start_server
+from paratrain.models import build_model
+from paratrain.registry import STRATEGIES
+from paratrain.strategies.base import DEFAULT_TIMEOUT_S
+from paratrain.strategies.ps.joining import read_run
+from paratrain.train import job
+
+EPILOG = (
+    "--batch-size is per replica: the global batch is batch-size x workers. "
+    "Under torchrun (or with TF_CONFIG set) the command joins that cluster instead of "
+    "starting processes itself."
+)
+
+
+def add_parser(commands: Any) -> None:
+    train = commands.add_parser("train", help="train a model", description="Train a model.", epilog=EPILOG)
+    add_train_arguments(train)
+    train.set_defaults(handler=train_command)
+
+
+def train_command(args: argparse.Namespace) -> int:
+    if args.join:
+        return join_command(args)
+    cluster = cluster_from_env()
+    config = train_config(args, cluster)
+    topology = config.topology
+    if cluster is not None:  # joined a cluster started elsewhere: this process is one rank of it
+        topology.check_cluster(cluster, config.strategy)
+        metrics = job.run(config)
+        is_chief = "global_steps" in metrics  # the process that wrote the run's document
+    else:
+        if topology.num_processes > 1 or config.max_restarts:
+            start_server()
+            preflight(config)
+        metrics = run_locally(config)
+        is_chief = True
+    if is_chief:
+        print_summary(metrics, config.metrics_out)
+    return 0
+
+
+def join_command(args: argparse.Namespace) -> int:
+    """One more worker for the running ps-async or ps-backup run at ``--join``: this process
+    is it. It takes the run's options (the flags given here override them)."""
+    if args.strategy:  # the flags given make sense on their own (--join with its mode) before any wait
+        train_config(args, None)
+    _, run = read_run(args.join, args.timeout or DEFAULT_TIMEOUT_S)
+    if run.get("options") is None and not args.config:
+        raise ConfigError(
+            f"--join {args.join}: the run there publishes no options (started from Python): give --config"
+        )
+    config = train_config(args, None, base=run.get("options"))
+    mine = job.run(config)
+    console.print(
+        f"done: worker {mine['rank']} took {mine['steps']} steps ({mine['examples']} examples) in the run at "
+        f"{args.join}; its chief writes the run's results"
+    )
+    return 0
+
+
+def preflight(config: Any) -> None:
+    """Catch bad data, a model that does not fit it, or a model the strategy cannot run as
+    configured, here, before starting N processes."""
+    model = build_model(config.model, load_dataset(config).spec)
+    STRATEGIES.get(config.strategy).check_model(model, config)
+
+
+def print_summary(metrics: dict[str, Any], metrics_out: str | None) -> None:
+    scores = [f"{key} {value:.4f}" for key, value in metrics.items() if key.startswith("test_") and value is not None]
+    console.print(
+        f"done: {', '.join(scores)}, "
+        f"{metrics['global_steps']} steps in {metrics['wall_seconds']:.1f} s, "
+        f"{metrics['examples_per_second']:.0f} examples/sec "
+        f"({metrics['strategy']}, {metrics['workers']} worker{'s' if metrics['workers'] != 1 else ''})"
+    )
+    if metrics_out:
+        console.print(f"metrics written to {metrics_out}")
