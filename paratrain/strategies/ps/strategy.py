@@ -127,7 +127,6 @@ class ParameterServerStrategy(Strategy):
         self._heartbeat: Heartbeat | None = None
         self.worker: PSWorker | None = None
         """This process's side of the wire where it is a worker (None on a shard)."""
-        self._samples = 0
         self._links: list[Any] = []  # one per shard (protocol/links.py)
         self._joined: dict[str, Any] | None = None  # where the run stood when this worker joined it
         self._per_update = 1  # gradients per version: 1 (ps-async), else a round's
@@ -330,9 +329,8 @@ class ParameterServerStrategy(Strategy):
                 f"--join {self.join}: this model has {layout.total} parameters, the run's "
                 f"{self._joined['run']['parameters']}: give the run's --model and data"
             )
-        self.worker.layout = layout
         pull_dtype = self.PULL_DTYPES[self.pull_compression]
-        self.worker.prepare(model, optimizer, self.device, pull_dtype, self.codec, self._fresh_codec)
+        self.worker.prepare(model, optimizer, layout, self.device, pull_dtype, self.codec, self._fresh_codec)
         return model, optimizer
 
     def _joining_facts(self) -> dict[str, Any]:
@@ -414,7 +412,6 @@ class ParameterServerStrategy(Strategy):
         leaving = self._sigterm.asked  # asked to leave (SIGTERM): this batch is the last one it asks for
         with span("push", COMM):
             worker.push(samples, finite, last=leaving)
-        self._samples += samples
         self._steps += 1
         if leaving:
             self.finish(model)  # done: the shards stop counting on this worker

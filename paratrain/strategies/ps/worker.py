@@ -52,7 +52,6 @@ class PSWorker:
         """Gradients per version: 1 (ps-async), else a round's."""
         self.client: ShardClient | None = None
         self.buffers: FlatParameters | None = None
-        self.layout: ShardLayout | None = None
         self.version_seen = 0
         """The newest parameter version this worker received (its codec state's version)."""
         self.last_staleness = 0
@@ -68,16 +67,16 @@ class PSWorker:
         self,
         model: nn.Module,
         optimizer: torch.optim.Optimizer,
+        layout: ShardLayout,
         device: torch.device,
         pull_dtype: torch.dtype,
         codec: Any,
         codec_factory: Callable[[], Any],
     ) -> None:
-        """Make ``model``'s parameters views of the flat buffers, connect, and pull."""
+        """Make ``model``'s parameters views of the flat buffers, connect to the shards that
+        hold ``layout``'s slices, and pull."""
         params = [p for p in model.parameters() if p.requires_grad]
         self.buffers = FlatParameters(params, device, pull_dtype)
-        layout = self.layout
-        assert layout is not None, "the strategy sets the layout (and checks it) first"
         packers = [PackedGradient(codec, codec_factory, layout.piece_shapes(s)) for s in range(self.num_shards)]
         self.client = ShardClient(
             self.rank,
