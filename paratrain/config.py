@@ -24,6 +24,7 @@ from typing import Any
 
 from paratrain.comm.codec_config import CodecConfig
 from paratrain.errors import ConfigError
+from paratrain.models.gpt_config import GPTConfig
 from paratrain.options import (
     at_least,
     check_options,
@@ -70,6 +71,7 @@ SECTIONS: dict[str, type] = {
     "fsdp": FSDPConfig,
     "ft": FTConfig,
     "faults": FaultConfig,
+    "gpt": GPTConfig,
 }
 
 
@@ -97,6 +99,7 @@ class TrainConfig:
     vocab_size: int = option(
         20000, "text: vocabulary size (the most frequent training words, plus padding and unknown)"
     )
+    seq_len: int = option(64, "text-lm: tokens per example (the language model's context)")
     strategy: str = option("single", "how training is distributed", choices=STRATEGIES)
     workers: int = option(1, "number of data-parallel replicas (processes)")
     device: str = option("auto", "auto (CUDA when available), cpu or cuda", choices=("auto", "cpu", "cuda"))
@@ -183,6 +186,7 @@ class TrainConfig:
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)
     ft: FTConfig = field(default_factory=FTConfig)
     faults: FaultConfig = field(default_factory=FaultConfig)
+    gpt: GPTConfig = field(default_factory=GPTConfig)
 
     def __init__(self, _given: Any = None, **options: Any):
         # The options given (flags, a config file's keys, keyword arguments), beside those
@@ -207,7 +211,7 @@ class TrainConfig:
     def __post_init__(self) -> None:
         check_options(self)
         for name in ("workers", "epochs", "batch_size", "lr_decay_steps", "reference_batch", "max_len",
-                     "checkpoint_every", "keep", "accumulate", "threads_per_worker"):  # fmt: skip
+                     "checkpoint_every", "keep", "accumulate", "threads_per_worker", "seq_len"):  # fmt: skip
             at_least(name, getattr(self, name), 1)
         at_least("vocab_size", self.vocab_size, 3)  # padding, unknown, and one word
         for name in (
@@ -239,6 +243,7 @@ class TrainConfig:
         if self.logdir is not None and Path(self.logdir).expanduser().is_file():
             raise ConfigError(f"--logdir {self.logdir} is a file; give a folder")
         self._check_scores()
+        self._check_model_options()
         strategy = STRATEGIES.get(self.strategy)
         self._check_sections(strategy)
         strategy.check_step(self.strategy, self.precision, self.compile)
@@ -253,6 +258,31 @@ class TrainConfig:
         for name in self.metric_names:
             if not is_reference(name):
                 metric(name)
+
+    def _check_model_options(self) -> None:
+        """A model's own options (a section with ``models``) are refused with any other model,
+        and --seq-len with data other than text-lm."""
+        for section_name, section in SECTIONS.items():
+            models = getattr(section, "models", None)
+            changed = self.changed(section_name) if models else []
+            if changed and self.model not in models:
+                raise ConfigError(
+                    f"{flag(changed[0])} applies to --model {' and '.join(models)}, not to --model {self.model}"
+                )
+        if self.model_options is not None:
+            self.model_options.check()
+        if ("seq_len" in self._given or self.seq_len != TrainConfig.seq_len) and self.dataset.partition(":")[
+            0
+        ] != "text-lm":
+            raise ConfigError(f"--seq-len applies to --dataset text-lm, not to --dataset {self.dataset}")
+
+    @property
+    def model_options(self) -> Any:
+        """The section of options of this run's model (``gpt`` for --model gpt), or None."""
+        for section_name, section in SECTIONS.items():
+            if self.model in getattr(section, "models", ()):
+                return getattr(self, section_name)
+        return None
 
     @property
     def metric_names(self) -> list[str]:

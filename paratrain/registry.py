@@ -8,6 +8,7 @@ imported on first use, so that this table can list everything without importing 
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 import sys
@@ -20,13 +21,21 @@ class Registry:
     """A table of named implementations of one kind (``"strategy"``, ``"model"``...)."""
 
     def __init__(
-        self, kind: str, entries: dict[str, str], aliases: dict[str, str] | None = None, user_code: bool = False
+        self,
+        kind: str,
+        entries: dict[str, str],
+        aliases: dict[str, str] | None = None,
+        user_code: bool = False,
+        with_argument: tuple[str, ...] = (),
     ):
         self.kind = kind
         self._entries = dict(entries)
         self._aliases = dict(aliases or {})
         self.user_code = user_code
         """Whether a ``package.module:attribute`` reference to the user's own code is a valid name."""
+        self.with_argument = with_argument
+        """Entries that may be named ``name:ARGUMENT`` (``text-lm:corpus.txt``); the
+        implementation is then called with ``argument=ARGUMENT``."""
 
     def names(self, with_aliases: bool = True) -> list[str]:
         names = list(self._entries)
@@ -39,6 +48,9 @@ class Registry:
         name = self._aliases.get(name, name)
         if self.user_code and is_reference(name):
             return name
+        base, sep, argument = name.partition(":")
+        if sep and base in self.with_argument and argument:
+            return name
         if name not in self._entries:
             valid = ", ".join(self.names())
             more = ", or package.module:factory for your own" if self.user_code else ""
@@ -50,8 +62,14 @@ class Registry:
 
     def get(self, name: str) -> Any:
         name = self.canonical(name)
+        base, _, argument = name.partition(":")
+        if base in self.with_argument:
+            return functools.partial(self._load(base), argument=argument or None)
         if name not in self._entries:
             return load_reference(name, f"--{self.kind}")
+        return self._load(name)
+
+    def _load(self, name: str) -> Any:
         module_name, _, attribute = self._entries[name].partition(":")
         return getattr(importlib.import_module(module_name), attribute)
 
@@ -122,6 +140,7 @@ MODELS = Registry(
         "mlp": "paratrain.models.mlp:build_mlp",
         "cifar_cnn": "paratrain.models.cifar_cnn:build_cifar_cnn",
         "lstm": "paratrain.models.lstm_classifier:build_lstm",
+        "gpt": "paratrain.models.gpt:build_gpt",
     },
     user_code=True,
 )
@@ -133,9 +152,11 @@ DATASETS = Registry(
         "fashion-mnist": "paratrain.data.idx:load_fashion_mnist",
         "cifar10": "paratrain.data.cifar:load_cifar10",
         "text": "paratrain.data.text:load_text",
+        "text-lm": "paratrain.data.text_lm:load_text_lm",
     },
     aliases={"fashion_mnist": "fashion-mnist", "cifar-10": "cifar10"},
     user_code=True,
+    with_argument=("text-lm",),
 )
 
 OPTIMIZERS = Registry(

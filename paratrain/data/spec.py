@@ -19,6 +19,9 @@ class DataSpec:
     input_kind: str = "image"
     """"image" (float tensors) or "tokens" (integer ids, see vocab_size)."""
     vocab_size: int = 0
+    per_position: bool = False
+    """Whether the target is a token at every input position (a language model's next
+    token: outputs ``(batch, positions, vocab_size)``) rather than one label per example."""
 
 
 @dataclass

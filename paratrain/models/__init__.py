@@ -11,23 +11,24 @@ import torch
 from torch import nn
 
 from paratrain.data.batch import call_model, map_tensors
-from paratrain.data.datasets import DataSpec
+from paratrain.data.spec import DataSpec
 from paratrain.errors import ConfigError
 from paratrain.registry import MODELS, is_reference
 from paratrain.usercode import user_model
 
 
-def build_model(name: str, spec: DataSpec, example: Any = None) -> nn.Module:
+def build_model(name: str, spec: DataSpec, example: Any = None, options: Any = None) -> nn.Module:
     """Build model ``name`` (a built-in, or ``package.module:factory``) for data described
     by ``spec``; ConfigError if they do not fit. ``example``: one ``(inputs, targets)``
-    example of the data, which a user's model is tried on."""
+    example of the data, which a user's model is tried on. ``options``: the run's section
+    of options for this model (``TrainConfig.model_options``: ``--gpt-*`` for gpt), if any."""
     builder = MODELS.get(name)
     if is_reference(name):
         model = user_model(builder, spec, f"--model {name}")
         if example is not None:
             check_runs(model, example, name)
         return model
-    model = builder(spec)
+    model = builder(spec) if options is None else builder(spec, options)
     check_fits(model, spec, name)
     return model
 
@@ -60,9 +61,11 @@ def check_fits(model: nn.Module, spec: DataSpec, name: str = "model") -> None:
         raise ConfigError(
             f"model {name} does not fit the data (examples of shape {spec.input_shape}): {str(error).splitlines()[0]}"
         ) from None
-    if out.shape != (2, spec.num_classes):
+    expected = (2, *spec.input_shape, spec.num_classes) if spec.per_position else (2, spec.num_classes)
+    if out.shape != expected:
         raise ConfigError(
-            f"model {name} gives outputs of shape {tuple(out.shape[1:])}, the data has {spec.num_classes} classes"
+            f"model {name} gives outputs of shape {tuple(out.shape[1:])}, the data needs {expected[1:]} "
+            f"({spec.num_classes} classes{' at every position' if spec.per_position else ''})"
         )
 
 

@@ -15,7 +15,7 @@ import math
 import torch
 from torch import nn
 
-from paratrain.data.datasets import DataSpec
+from paratrain.data.spec import DataSpec
 from paratrain.errors import ConfigError
 
 

@@ -12,7 +12,7 @@ import math
 import torch
 from torch import nn
 
-from paratrain.data.datasets import DataSpec
+from paratrain.data.spec import DataSpec
 
 
 class LSTMClassifier(nn.Module):

@@ -6,7 +6,7 @@ import math
 
 from torch import nn
 
-from paratrain.data.datasets import DataSpec
+from paratrain.data.spec import DataSpec
 from paratrain.errors import ConfigError
 
 

@@ -239,7 +239,7 @@ def model_and_data(args: argparse.Namespace) -> tuple[Any, Any]:
     import torch
 
     torch.manual_seed(args.seed)
-    return build_model(config.model, splits.spec), splits
+    return build_model(config.model, splits.spec, options=config.model_options), splits
 
 
 def profile_compute_s(model: Any, splits: Any, batch_size: int, repeats: int = 5) -> float:

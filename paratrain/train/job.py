@@ -23,7 +23,7 @@ from paratrain.launch.threads import prefers_channels_last, set_threads
 from paratrain.models import build_model
 from paratrain.registry import OPTIMIZERS, SCHEDULES, STRATEGIES, is_reference, load_reference
 from paratrain.strategies.topology import Role
-from paratrain.train.callbacks import Callback, EarlyStopping, LearningRateScheduler
+from paratrain.train.callbacks import Callback, EarlyStopping, LearningRateScheduler, TokenLog, perplexity
 from paratrain.train.checkpoint import Checkpoint
 from paratrain.train.faults import fault_callbacks, restart_count
 from paratrain.train.metrics import metrics_document, write_json_atomic
@@ -81,7 +81,7 @@ def _run(config: TrainConfig, strategy: Any, started: float) -> dict[str, Any]:
     threads = set_threads(config.threads_per_worker)
     torch.manual_seed(config.seed)
     splits = load_dataset(config)
-    model = build_model(config.model, splits.spec, first_example(splits.train))
+    model = build_model(config.model, splits.spec, first_example(splits.train), config.model_options)
     channels_last = config.channels_last
     if channels_last is None:
         channels_last = prefers_channels_last(model, strategy.device)
@@ -111,6 +111,9 @@ def _run(config: TrainConfig, strategy: Any, started: float) -> dict[str, Any]:
         checkpoint = Checkpoint(config.checkpoint_dir, config.checkpoint_every, config.keep, resume, config.model)
         callbacks.append(checkpoint)
     callbacks += fault_callbacks(config)
+    tokens_per_example = splits.spec.input_shape[0] if splits.spec.per_position else 0
+    if tokens_per_example:
+        callbacks.append(TokenLog(tokens_per_example))
     seen = ExamplesApplied()
     callbacks.append(seen)
     tensorboard = TensorBoardLogger(config.logdir) if config.logdir else None
@@ -167,6 +170,16 @@ def _run(config: TrainConfig, strategy: Any, started: float) -> dict[str, Any]:
             "wall_seconds": time.perf_counter() - started,
             "examples_per_second": examples / trainer.train_seconds if trainer.train_seconds else 0.0,
             "loader_wait_seconds": loader_wait,
+            **(
+                {
+                    "tokens_per_second": examples * tokens_per_example / trainer.train_seconds
+                    if trainer.train_seconds
+                    else 0.0,
+                    "test_perplexity": perplexity(final["loss"]),
+                }
+                if tokens_per_example
+                else {}
+            ),
             "history": [
                 {
                     **{k: entry.get(k) for k in ("epoch", "train_loss", "test_accuracy", "test_loss", "wall_seconds")},

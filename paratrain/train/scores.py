@@ -50,6 +50,16 @@ def bce_loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.binary_cross_entropy_with_logits(*_like(outputs, targets))
 
 
+def cross_entropy_loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Cross-entropy of logits ``(n, classes)`` against labels ``(n,)``; of a sequence's
+    logits ``(n, positions, classes)`` against a label per position ``(n, positions)``, as
+    language models give them (the classes last), the mean over every position; and of
+    PyTorch's own layout ``(n, classes, d1, ...)`` against ``(n, d1, ...)``."""
+    if outputs.dim() > 2 and outputs.shape[:-1] == targets.shape:
+        return F.cross_entropy(outputs.reshape(-1, outputs.shape[-1]), targets.reshape(-1))
+    return F.cross_entropy(outputs, targets)
+
+
 def model_loss(outputs: Any, batch: Any) -> torch.Tensor:
     """The loss the model returned: ``outputs.loss`` or ``outputs["loss"]`` (a Hugging Face
     ``ModelOutput`` is both), or ``outputs`` itself when it is a scalar tensor."""
@@ -64,7 +74,7 @@ def model_loss(outputs: Any, batch: Any) -> torch.Tensor:
 
 LOSSES: dict[str, Callable[[], Score]] = {
     "model": lambda: model_loss,
-    "cross_entropy": nn.CrossEntropyLoss,
+    "cross_entropy": lambda: cross_entropy_loss,
     "nll": nn.NLLLoss,
     "mse": lambda: mse_loss,
     "l1": lambda: l1_loss,
