@@ -246,7 +246,7 @@ class TrainConfig:
         self._check_model_options()
         strategy = STRATEGIES.get(self.strategy)
         self._check_sections(strategy)
-        strategy.check_step(self.strategy, self.precision, self.compile)
+        strategy.check_step(self.strategy, self.precision, self.compile, bool(self.channels_last))
         strategy.check_config(self)
         self.faults.check(strategy.topology_for(self), self.strategy)
 

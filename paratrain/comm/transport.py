@@ -200,6 +200,11 @@ def _url_host(host: str) -> str:
     return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
-def default_backend(device: torch.device) -> str:
-    """NCCL between GPUs, Gloo on the CPU."""
-    return "nccl" if device.type == "cuda" else "gloo"
+def default_backend(device: torch.device, environ: dict[str, str] | None = None) -> str:
+    """NCCL between GPUs where each process on this machine has a GPU of its own; Gloo on
+    the CPU, and where processes share a GPU (NCCL refuses two ranks on one device; Gloo
+    all-reduces, broadcasts and all-gathers CUDA tensors through host memory)."""
+    if device.type != "cuda":
+        return "gloo"
+    local_processes = int((os.environ if environ is None else environ).get("LOCAL_WORLD_SIZE", "1"))
+    return "nccl" if local_processes <= torch.cuda.device_count() else "gloo"

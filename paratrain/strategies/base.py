@@ -57,6 +57,8 @@ class Strategy:
     """Whether ``torch.compile`` of the prepared model works under this mode."""
     reshards: ClassVar[bool] = False
     """Whether a checkpoint of this mode resumes on another number of replicas."""
+    takes_channels_last: ClassVar[bool] = True
+    """Whether parameters may be in channels-last memory order (FSDP2 shards only contiguous ones)."""
 
     def __init__(self, device: str = "auto", timeout: float = DEFAULT_TIMEOUT_S, workers: int | None = None):
         if workers is not None and (not isinstance(workers, int) or workers < 1):
@@ -219,9 +221,14 @@ class Strategy:
         return self.recipe.prepare_model(model.to(self.device)), optimizer
 
     @classmethod
-    def check_step(cls, name: str, precision: str, compile: bool = False) -> None:
+    def check_step(cls, name: str, precision: str, compile: bool = False, channels_last: bool = False) -> None:
         """ConfigError for step options this mode cannot run (``name``: the mode's name):
-        fp16's scaler needs the optimizer local, and some modes cannot be compiled."""
+        fp16's scaler needs the optimizer local, and some modes cannot be compiled or keep
+        parameters in channels-last order."""
+        if channels_last and not cls.takes_channels_last:
+            raise ConfigError(
+                f"--channels-last: --strategy {name} shards parameters, which must be contiguous; leave it off"
+            )
         if precision == "fp16" and not cls.scales_loss:
             raise ConfigError(
                 f"--precision fp16 needs a gradient scaler beside the optimizer, which --strategy {name} "
@@ -233,7 +240,7 @@ class Strategy:
     def use_recipe(self, recipe: StepRecipe | None) -> None:
         """Take ``recipe`` (ConfigError where this mode cannot run it)."""
         recipe = recipe or StepRecipe()
-        self.check_step(self.name, recipe.precision)
+        self.check_step(self.name, recipe.precision, channels_last=recipe.channels_last)
         self.recipe = recipe
         self.scaler = torch.amp.GradScaler(self.device.type) if recipe.scaled else None
 

@@ -84,7 +84,7 @@ def _run(config: TrainConfig, strategy: Any, started: float) -> dict[str, Any]:
     model = build_model(config.model, splits.spec, first_example(splits.train), config.model_options)
     channels_last = config.channels_last
     if channels_last is None:
-        channels_last = prefers_channels_last(model, strategy.device)
+        channels_last = prefers_channels_last(model, strategy.device) and strategy.takes_channels_last
     optimizer = OPTIMIZERS.get(config.optimizer)(model.parameters(), config)
     trainer = Trainer(
         model,

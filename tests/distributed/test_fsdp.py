@@ -182,3 +182,25 @@ def test_a_corrupt_shard_is_one_line_and_nothing_is_deleted(cli, tmp_path):
     assert result.returncode == 2
     assert "model/__1_0.distcp: corrupt or truncated" in result.stderr.strip().splitlines()[-1]
     assert sorted(p.name for p in ckpt.rglob("*")) == before
+
+
+def digits_cnn(spec):
+    """A conv net for the 8x8 digits: on the CPU a conv net's default is channels-last order."""
+    return torch.nn.Sequential(
+        torch.nn.Conv2d(1, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(8 * 64, 10)
+    )
+
+
+def test_a_conv_net_on_the_cpu_is_sharded_in_contiguous_order(cli, tmp_path):
+    """FSDP2 shards only contiguous parameters: fsdp leaves channels-last off (the CPU's
+    default for conv nets elsewhere) and refuses it when asked for."""
+    out = tmp_path / "m.json"
+    model = "tests.distributed.test_fsdp:digits_cnn"
+    result = cli("train", "--strategy", "fsdp", "--workers", "2", "--epochs", "1", "--model", model,
+                 "--log-every", "0", "--metrics-out", str(out))  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    metrics = json.loads(out.read_text())
+    assert metrics["channels_last"] is False and metrics["test_accuracy"] > 0.5
+    refused = cli("train", "--strategy", "fsdp", "--model", model, "--channels-last")
+    assert refused.returncode == 2
+    assert "--channels-last: --strategy fsdp shards parameters, which must be contiguous" in refused.stderr

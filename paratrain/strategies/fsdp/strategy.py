@@ -61,6 +61,7 @@ SHARDS = "model"
 class FSDPStrategy(ReplicaStrategy):
     name = "fsdp"
     takes_compression = True
+    takes_channels_last = False
     compiles = False
     reshards: ClassVar[bool] = True
 
@@ -86,13 +87,13 @@ class FSDPStrategy(ReplicaStrategy):
             raise ConfigError(_codec_refusal(config.codec.compression))
 
     @classmethod
-    def check_step(cls, name: str, precision: str, compile: bool = False) -> None:
+    def check_step(cls, name: str, precision: str, compile: bool = False, channels_last: bool = False) -> None:
         if precision == "fp16":
             raise ConfigError(
                 "--precision fp16 needs a gradient scaler that fsdp's sharded gradients do not have here; "
                 "use --precision bf16"
             )
-        super().check_step(name, precision, compile)
+        super().check_step(name, precision, compile, channels_last)
 
     @classmethod
     def from_config(cls, config: TrainConfig) -> FSDPStrategy:

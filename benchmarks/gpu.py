@@ -1,0 +1,263 @@
+"""paratrain on one GPU: what ``single`` costs over a plain PyTorch loop, and the training
+throughput of the built-in gpt (tokens/s) and the CIFAR-10 CNN (examples/s) per strategy.
+
+    python benchmarks/gpu.py --parts overhead,throughput --out DIR [--quick]
+
+- ``overhead``: the same model, optimizer and batches from the same initial weights, one
+  side a hand-written loop (a random permutation sliced into batches, each moved to the GPU,
+  forward, cross-entropy, backward, step), the other ``Trainer.fit`` under ``single``. One
+  untimed round each, then ``--rounds`` rounds of one epoch alternating the sides (the
+  order flips every round), each timed between ``cuda.synchronize`` calls; the overhead
+  is the median over rounds of paratrain's time over the plain loop's. Target: <= 3%.
+- ``throughput``: whole ``paratrain train`` runs (``run_locally``, as the command starts
+  them), each strategy at its settings below on the one GPU (processes beyond the first
+  share it over Gloo); the metrics file's training throughput (evaluation and start-up
+  excluded).
+
+The CNN trains on random images of CIFAR-10's shape (``images`` below: the throughput of
+a conv net does not depend on what the pixels show, and the machine has no copy of the
+data set). Writes DIR/gpu.json and DIR/gpu.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+from torch.utils.data import TensorDataset  # noqa: E402
+
+import paratrain  # noqa: E402
+from paratrain.config import TrainConfig  # noqa: E402
+from paratrain.data.datasets import load_dataset  # noqa: E402
+from paratrain.launch.local import run_locally  # noqa: E402
+from paratrain.models import build_model  # noqa: E402
+
+GPT = {"model": "gpt", "dataset": "text-lm", "seq_len": 128, "gpt_layers": 4, "gpt_width": 256, "gpt_heads": 4}
+CNN = {"model": "cifar_cnn", "dataset": "benchmarks.gpu:images"}
+STRATEGIES = {
+    "single": {},
+    "allreduce x1": {"strategy": "allreduce", "workers": 1},
+    "allreduce x2 (shared GPU)": {"strategy": "allreduce", "workers": 2},
+    "fsdp x1": {"strategy": "fsdp", "workers": 1},
+    "ps-sync x2": {"strategy": "ps-sync", "workers": 2},
+    "ps-async x2": {"strategy": "ps-async", "workers": 2},
+    "local-sgd x2": {"strategy": "local-sgd", "workers": 2},
+    "pipeline 2 stages": {"strategy": "pipeline", "stages": 2, "microbatches": 4},
+}
+
+
+def images(config: Any = None, examples: int = 20_000) -> tuple[TensorDataset, TensorDataset]:
+    """Random 3x32x32 images, each labelled by the sign pattern of three fixed pixel sums (a
+    rule a conv net can learn), 10 classes as CIFAR-10 has; a tenth of them to test."""
+    generator = torch.Generator().manual_seed(0)
+    x = torch.randn(examples, 3, 32, 32, generator=generator)
+    labels = (x[:, 0, :16].sum((1, 2)) > 0).long() * 4 + (x[:, 1, 16:].sum((1, 2)) > 0).long() * 2
+    labels += (x[:, 2].mean((1, 2)) > 0).long()
+    labels = labels % 10
+    cut = examples * 9 // 10
+    return TensorDataset(x[:cut], labels[:cut]), TensorDataset(x[cut:], labels[cut:])
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def _plain_epoch(model, optimizer, x, y, batch, device, generator) -> None:
+    order = torch.randperm(len(x), generator=generator)
+    for start in range(0, len(x) - batch + 1, batch):
+        index = order[start : start + batch]
+        inputs, targets = x[index].to(device, non_blocking=True), y[index].to(device, non_blocking=True)
+        optimizer.zero_grad(set_to_none=True)
+        outputs = model(inputs)
+        loss = F.cross_entropy(outputs.reshape(-1, outputs.shape[-1]), targets.reshape(-1))
+        loss.backward()
+        optimizer.step()
+
+
+def overhead(
+    name: str, settings: dict[str, Any], batch: int, rounds: int, examples: int, device: torch.device
+) -> dict[str, Any]:
+    """Median over rounds of paratrain single's epoch time over the plain loop's."""
+    config = TrainConfig(**settings, batch_size=batch)
+    splits = load_dataset(config)
+    x, y = splits.train[: min(examples, len(splits.train))]
+    torch.manual_seed(0)
+    template = build_model(config.model, splits.spec, options=config.model_options)
+
+    def fresh():
+        model = build_model(config.model, splits.spec, options=config.model_options)
+        model.load_state_dict(template.state_dict())
+        return model
+
+    plain_model = fresh().to(device)
+    plain_optimizer = torch.optim.AdamW(plain_model.parameters(), lr=1e-3)
+    model = fresh()
+    trainer = paratrain.Trainer(
+        model,
+        "cross_entropy",
+        torch.optim.AdamW(model.parameters(), lr=1e-3),
+        metrics=(),
+        strategy=paratrain.SingleDeviceStrategy(device=device.type),
+    )
+    generator = torch.Generator().manual_seed(0)
+
+    def plain() -> float:
+        synchronize(device)
+        start = time.perf_counter()
+        _plain_epoch(plain_model, plain_optimizer, x, y, batch, device, generator)
+        synchronize(device)
+        return time.perf_counter() - start
+
+    data, epochs = TensorDataset(x, y), [0]
+
+    def ours() -> float:
+        epochs[0] += 1  # fit(epochs=N) trains on up to epoch N, as Keras's does
+        synchronize(device)
+        start = time.perf_counter()
+        trainer.fit(data, epochs=epochs[0], batch_size=batch, verbose=0, log_every=0)
+        synchronize(device)
+        return time.perf_counter() - start
+
+    plain(), ours()  # warm-up: kernels chosen, memory pools grown
+    ratios, times = [], {"plain": [], "paratrain": []}
+    for r in range(rounds):
+        pair = (("plain", plain), ("paratrain", ours)) if r % 2 == 0 else (("paratrain", ours), ("plain", plain))
+        result = {side: fn() for side, fn in pair}
+        for side, seconds in result.items():
+            times[side].append(seconds)
+        ratios.append(result["paratrain"] / result["plain"])
+    steps = len(x) // batch
+    return {
+        "model": name,
+        "batch": batch,
+        "steps_per_round": steps,
+        "plain_step_ms": 1000 * statistics.median(times["plain"]) / steps,
+        "paratrain_step_ms": 1000 * statistics.median(times["paratrain"]) / steps,
+        "overhead": statistics.median(ratios) - 1.0,
+        "ratios": ratios,
+    }
+
+
+def throughput(
+    name: str, settings: dict[str, Any], batch: int, epochs: int, device: str, log: Any
+) -> list[dict[str, Any]]:
+    rows = []
+    for label, strategy in STRATEGIES.items():
+        row: dict[str, Any] = {"model": name, "strategy": label, "batch_per_replica": batch}
+        try:
+            config = TrainConfig(
+                **settings, **strategy, batch_size=batch, epochs=epochs, optimizer="adamw", lr=1e-3,
+                device=device, progress=False, log_every=0,
+            )  # fmt: skip
+            metrics = run_locally(config)
+            row.update(
+                examples_per_second=metrics["examples_per_second"],
+                tokens_per_second=metrics.get("tokens_per_second"),
+                test_loss=metrics["test_loss"],
+                global_batch=config.global_batch,
+            )
+        except Exception as error:  # one strategy's failure is a row, not the end of the benchmark
+            row["error"] = f"{type(error).__name__}: {str(error)[:300]}"
+        rows.append(row)
+        log(json.dumps(row))
+    return rows
+
+
+def markdown(document: dict[str, Any]) -> str:
+    lines = [f"# paratrain on one GPU ({document['settings']['device_name']})", ""]
+    if document.get("overhead"):
+        lines += [
+            "## single against a plain PyTorch loop",
+            "",
+            "| model | batch | plain ms/step | paratrain ms/step | overhead |",
+            "|---|---|---|---|---|",
+        ]
+        for r in document["overhead"]:
+            if "error" in r:
+                lines.append(f"| {r['model']} | | | | {r['error']} |")
+                continue
+            lines.append(
+                f"| {r['model']} | {r['batch']} | {r['plain_step_ms']:.2f} | {r['paratrain_step_ms']:.2f} | {100 * r['overhead']:+.1f}% |"
+            )
+        lines.append("")
+    if document.get("throughput"):
+        lines += [
+            "## Throughput per strategy",
+            "",
+            "| model | strategy | global batch | examples/s | tokens/s |",
+            "|---|---|---|---|---|",
+        ]
+        for r in document["throughput"]:
+            if "error" in r:
+                lines.append(f"| {r['model']} | {r['strategy']} | | {r['error']} | |")
+                continue
+            tokens = f"{r['tokens_per_second']:.0f}" if r.get("tokens_per_second") else ""
+            lines.append(
+                f"| {r['model']} | {r['strategy']} | {r['global_batch']} | {r['examples_per_second']:.0f} | {tokens} |"
+            )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--parts", default="overhead,throughput")
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--quick", action="store_true", help="small models and data (a smoke run, on the CPU too)")
+    parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    parser.add_argument("--out", default="benchmarks/results")
+    args = parser.parse_args()
+    log = lambda line: print(line, flush=True)  # noqa: E731
+    gpt, cnn = dict(GPT), dict(CNN)
+    examples = 6_400
+    if args.quick:
+        gpt.update(seq_len=32, gpt_layers=1, gpt_width=32, gpt_heads=2)
+        examples = 640
+    document: dict[str, Any] = {
+        "settings": {
+            **vars(args),
+            "device_name": torch.cuda.get_device_name() if args.device == "cuda" else platform.processor() or "cpu",
+            "torch": torch.__version__,
+            "cores": os.cpu_count(),
+            "python": platform.python_version(),
+            "gpt": gpt,
+        }
+    }
+    parts = args.parts.split(",")
+    if "overhead" in parts:
+        document["overhead"] = []
+        for name, settings, batch in (("gpt", gpt, 32), ("cifar_cnn", cnn, 128)):
+            try:
+                document["overhead"].append(
+                    overhead(name, settings, batch, args.rounds, examples, torch.device(args.device))
+                )
+            except Exception as error:
+                traceback.print_exc()
+                document["overhead"].append({"model": name, "error": f"{type(error).__name__}: {str(error)[:300]}"})
+            log(json.dumps(document["overhead"][-1]))
+    if "throughput" in parts:
+        document["throughput"] = throughput("gpt", gpt, 32, args.epochs, args.device, log) + throughput(
+            "cifar_cnn", cnn, 128, args.epochs, args.device, log
+        )
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "gpu.json").write_text(json.dumps(document, indent=1) + "\n")
+    (out / "gpu.md").write_text(markdown(document))
+    print(markdown(document))
+
+
+if __name__ == "__main__":
+    main()
