@@ -2,7 +2,7 @@
 # The checks that need a machine with a CUDA GPU (and its 16 cores), in one pass that fits
 # in under 10 minutes, each step bounded by its own timeout so that one that hangs loses
 # only itself. Run from the repository root on that machine; results go to $OUT (default
-# /tmp/gpu-check):
+# /tmp/gpu-check) as gpu-check.tar.gz, which holds:
 #   env.txt          the GPU, driver, Python and torch
 #   gpu_tests.log    tests/gpu (every strategy on CUDA against the CPU reference)
 #   gpu.json/.md     benchmarks/gpu.py (single against a plain loop; throughput per strategy)
@@ -14,6 +14,7 @@
 # when that folder exists (pip download them beside the repository first).
 set -u
 OUT=${OUT:-/tmp/gpu-check}
+RESULTS=$(mktemp -d)
 mkdir -p "$OUT"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 PY=${PYTHON:-python3}
@@ -25,30 +26,31 @@ step() {  # step NAME SECONDS COMMAND...: run with a deadline, log its time and 
     local name=$1 seconds=$2 begin=$SECONDS
     shift 2
     timeout -k 10 "$seconds" "$@"
-    echo "$name: exit $? after $((SECONDS - begin)) s" | tee -a "$OUT/steps.txt"
+    echo "$name: exit $? after $((SECONDS - begin)) s" | tee -a "$RESULTS/steps.txt"
 }
 {
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
     $PY -c 'import sys, torch; print(sys.version.split()[0], torch.__version__, torch.cuda.get_device_name())'
     nproc
-} >"$OUT/env.txt" 2>&1
+} >"$RESULTS/env.txt" 2>&1
 
 step gpu-tests "${GPU_TESTS_S:-130}" $PY -m pytest tests/gpu -n 8 -v --tb=short -p no:cacheprovider --timeout 120 \
-    >"$OUT/gpu_tests.log" 2>&1
+    >"$RESULTS/gpu_tests.log" 2>&1
 
 # The GPU benchmark on six cores, beside the CPU-only straggler runs on the other ten.
-step gpu-bench "${BENCH_S:-210}" taskset -c 0-5 $PY benchmarks/gpu.py --out "$OUT" >"$OUT/gpu_bench.log" 2>&1 &
+step gpu-bench "${BENCH_S:-210}" taskset -c 0-5 $PY benchmarks/gpu.py --out "$RESULTS" >"$RESULTS/gpu_bench.log" 2>&1 &
 (
     export OMP_NUM_THREADS=1
     step straggler "${STRAGGLER_S:-180}" taskset -c 6-15 $PY benchmarks/parameter_server.py --models mlp \
         --workers 8 --straggler-workers 8 --factor 4 --epochs 20 --repeats 1 \
-        --out "$OUT/parameter_server.json" >"$OUT/straggler.log" 2>&1
+        --out "$RESULTS/parameter_server.json" >"$RESULTS/straggler.log" 2>&1
     step simulate 60 taskset -c 6-15 $PY -m paratrain simulate --strategy ps-sync,ps-backup,ps-async --workers 8 \
-        --backup-workers 1 --straggler fixed:7:4 --profile --host-cores 10 --json-out "$OUT/simulate.json" \
-        >>"$OUT/straggler.log" 2>&1
+        --backup-workers 1 --straggler fixed:7:4 --profile --host-cores 10 --json-out "$RESULTS/simulate.json" \
+        >>"$RESULTS/straggler.log" 2>&1
 ) &
 wait
 
 step suite "${SUITE_S:-150}" $PY -m pytest -n 14 -v --tb=short -p no:cacheprovider --timeout 100 \
-    tests/distributed tests/examples tests/unit >"$OUT/suite.log" 2>&1
-cat "$OUT/steps.txt"
+    tests/distributed tests/examples tests/unit >"$RESULTS/suite.log" 2>&1
+cat "$RESULTS/steps.txt"
+tar -czf "$OUT/gpu-check.tar.gz" -C "$RESULTS" . && rm -rf "$RESULTS"
