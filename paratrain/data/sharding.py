@@ -251,17 +251,19 @@ class ShardedBatches:
         self, indices: Iterable[tuple[int, torch.Tensor]]
     ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         inputs, targets = self.dataset.tensors[:2]
-        if inputs.device != self.device:
+        if inputs.device != self.device and fits_on(self.device, inputs, targets):
             # Move the whole (in-memory) data set once instead of every batch; stored
             # compactly (uint8) it is a quarter of its float size.
             inputs, targets = inputs.to(self.device), targets.to(self.device)
             self.dataset = TensorDataset(inputs, targets)
+        # Indices and batches cross to a GPU without waiting for the steps queued before them
+        # (a blocking copy would hold the host until the GPU drains, every step).
         for number, idx in indices:
-            idx = idx.to(self.device)
+            idx = idx.to(inputs.device, non_blocking=True)
             batch = inputs.index_select(0, idx)
             if self.transform is not None:
                 batch = self.transform(batch, self.transform_generator(number))
-            yield batch, targets.index_select(0, idx)
+            yield to_device(batch, self.device, True), to_device(targets.index_select(0, idx), self.device, True)
 
     def _loader_batches(self, indices: Iterator[tuple[int, torch.Tensor]]) -> Iterator[tuple[Any, Any]]:
         # Lazily: a parameter-server worker's next batch number comes with the reply to its
@@ -314,6 +316,15 @@ class _Failed:
 
 
 _END = object()
+
+
+def fits_on(device: torch.device, *tensors: torch.Tensor) -> bool:
+    """Whether ``tensors`` take at most a quarter of ``device``'s free memory (always on the
+    CPU): a data set larger than that is gathered in host memory a batch at a time."""
+    if device.type != "cuda":
+        return True
+    free, _ = torch.cuda.mem_get_info(device)
+    return sum(t.numel() * t.element_size() for t in tensors) <= free // 4
 
 
 def prefetched(items: Iterator[Any], depth: int = 2) -> Iterator[Any]:

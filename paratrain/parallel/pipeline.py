@@ -75,9 +75,31 @@ def make_schedule(
     shapes between neighbours), so no example batch is needed here."""
     from torch.distributed import pipelining
 
+    if device.type != "cpu" and _is_gloo(group):
+        # Stages that share a GPU talk over Gloo, which sends host memory only: the stage's
+        # buffers are on the CPU, its module moves what crosses to and from the GPU, and the
+        # last stage's loss is taken in host memory.
+        module, device = HostBoundary(module, device), torch.device("cpu")
+        loss_fn = _on_outputs_device(loss_fn)
     pipeline_stage = pipelining.PipelineStage(module, stage, num_stages, device, group=group)
     schedule = getattr(pipelining, SCHEDULES[name])
     return schedule(pipeline_stage, n_microbatches=num_microbatches, loss_fn=loss_fn)
+
+
+class HostBoundary(nn.Module):
+    """A stage computing on ``device`` whose inputs arrive, and whose outputs leave, in host
+    memory; autograd carries the gradients back across."""
+
+    def __init__(self, module: nn.Module, device: torch.device):
+        super().__init__()
+        self.module, self.device = module, device
+
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
+        return self.module(*(x.to(self.device) for x in inputs)).to("cpu")
+
+
+def _on_outputs_device(loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> Any:
+    return lambda outputs, targets: loss_fn(outputs, targets.to(outputs.device))
 
 
 def forward_only(

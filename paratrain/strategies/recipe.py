@@ -99,7 +99,7 @@ class StepRecipe:
                     loss = loss_fn(out, y)
                 with span("backward"):  # under DDP: including the wait for the last bucket's all-reduce
                     scale(loss * (n / total) if len(parts) > 1 else loss).backward()
-            losses.append(loss.detach().float() * (n / total))
+            losses.append(loss.detach().float() * (n / total) if len(parts) > 1 else loss.detach().float())
             outputs.append(out.detach() if torch.is_tensor(out) else out)
         mean = losses[0] if len(losses) == 1 else torch.stack(losses).sum()
         return mean, outputs[0] if len(outputs) == 1 else _concat(outputs)

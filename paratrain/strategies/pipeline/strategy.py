@@ -295,7 +295,8 @@ class PipelineStrategy(Strategy):
             self._steps += 1
         if self.is_last_stage:
             # Equal micro-batches: the mean of their mean losses is the batch's mean loss.
-            return StepOutput(torch.stack([l.detach() for l in losses]).mean(), outputs.detach(), skipped=skip)
+            loss = torch.stack([l.detach() for l in losses]).mean().to(self.device)  # host memory over Gloo
+            return StepOutput(loss, outputs.detach(), skipped=skip)
         return StepOutput(torch.zeros((), device=self.device), torch.empty(0, device=self.device), skipped=skip)
 
     @property
