@@ -96,6 +96,7 @@ def overhead(
     examples: int,
     device: torch.device,
     per_round: int = 3,
+    profile: bool = False,
 ) -> dict[str, Any]:
     """Median over rounds of paratrain single's epoch time over the plain loop's."""
     config = TrainConfig(**settings, batch_size=batch)
@@ -148,6 +149,13 @@ def overhead(
         for side, seconds in result.items():
             times[side].append(seconds)
         ratios.append(result["paratrain"] / result["plain"])
+    if profile:  # where paratrain's round spends its host time (printed, not recorded)
+        import cProfile
+        import pstats
+
+        profiler = cProfile.Profile()
+        profiler.runcall(ours)
+        pstats.Stats(profiler).sort_stats("tottime").print_stats(20)
     steps = len(x) // batch * per_round
     return {
         "model": name,
@@ -225,6 +233,7 @@ def main() -> None:
     parser.add_argument("--parts", default="overhead,throughput")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--profile", action="store_true", help="print a cProfile of one paratrain round per model")
     parser.add_argument("--quick", action="store_true", help="small models and data (a smoke run, on the CPU too)")
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     parser.add_argument("--out", default="benchmarks/results")
@@ -251,7 +260,9 @@ def main() -> None:
         for name, settings, batch in (("gpt", gpt, 32), ("cifar_cnn", cnn, 128)):
             try:
                 document["overhead"].append(
-                    overhead(name, settings, batch, args.rounds, examples, torch.device(args.device))
+                    overhead(
+                        name, settings, batch, args.rounds, examples, torch.device(args.device), profile=args.profile
+                    )
                 )
             except Exception as error:
                 traceback.print_exc()

@@ -40,7 +40,7 @@ step gpu-tests "${GPU_TESTS_S:-130}" $PY -m pytest tests/gpu -n 8 -v --tb=short 
     >"$RESULTS/gpu_tests.log" 2>&1
 
 # The GPU benchmark on six cores, beside the CPU-only straggler runs on the other ten.
-step gpu-bench "${BENCH_S:-210}" taskset -c 0-5 $PY benchmarks/gpu.py --out "$RESULTS" >"$RESULTS/gpu_bench.log" 2>&1 &
+step gpu-bench "${BENCH_S:-210}" taskset -c 0-5 $PY benchmarks/gpu.py --profile --out "$RESULTS" >"$RESULTS/gpu_bench.log" 2>&1 &
 (
     export OMP_NUM_THREADS=1
     step straggler "${STRAGGLER_S:-180}" taskset -c 6-15 $PY benchmarks/parameter_server.py --models mlp \
@@ -52,7 +52,7 @@ step gpu-bench "${BENCH_S:-210}" taskset -c 0-5 $PY benchmarks/gpu.py --out "$RE
 ) &
 wait
 
-step suite "${SUITE_S:-150}" $PY -m pytest -n 14 -v --tb=short -p no:cacheprovider --timeout 100 \
+step suite "${SUITE_S:-230}" $PY -m pytest -n 14 -v --tb=short -p no:cacheprovider --timeout 100 \
     tests/distributed tests/examples tests/unit >"$RESULTS/suite.log" 2>&1
 cat "$RESULTS/steps.txt"
 tar -czf "$OUT/gpu-check.tar.gz" -C "$RESULTS" . && rm -rf "$RESULTS"
