@@ -36,7 +36,7 @@ from paratrain.config import TrainConfig
 from paratrain.data.datasets import load_digits
 from paratrain.launch.factory import make_strategy
 from paratrain.launch.local import launch, run_locally
-from paratrain.strategies.fsdp.strategy import fsdp_units
+from paratrain.strategies.fsdp.strategy import fsdp_mesh, fsdp_units
 from paratrain.testing import flat_parameters
 from paratrain.train.trainer import Trainer
 
@@ -56,7 +56,7 @@ AGAINST_MODES = {
 SYNC_EVERY = 2  # local-sgd's H on both sides: it divides an epoch's steps, so no fit ends mid-round
 
 
-def _plain(mode: str, model: nn.Module) -> tuple[nn.Module, Callable[[nn.Module], None]]:
+def _plain(mode: str, model: nn.Module, device: torch.device) -> tuple[nn.Module, Callable[[nn.Module], None]]:
     """The plain PyTorch counterpart of ``mode``: the model to step, and what to do after
     each optimizer step."""
     if mode == "allreduce":
@@ -64,9 +64,10 @@ def _plain(mode: str, model: nn.Module) -> tuple[nn.Module, Callable[[nn.Module]
     if mode == "fsdp":
         from torch.distributed.fsdp import fully_shard
 
+        mesh = fsdp_mesh(device)
         for module in fsdp_units(model):  # the same units as paratrain's fsdp
-            fully_shard(module)
-        return fully_shard(model), _nothing
+            fully_shard(module, mesh=mesh)
+        return fully_shard(model, mesh=mesh), _nothing
     if mode == "local-sgd":
         from torch.distributed.algorithms.model_averaging.averagers import PeriodicModelAverager
 
@@ -105,7 +106,7 @@ def pair_worker(mode: str, models: list[str], batch_size: int, rounds: int) -> d
         model, optimizer = model_and_optimizer(name, data.spec)
         trainer = Trainer(model, "cross_entropy", optimizer, strategy=strategy)
         raw_model, _ = model_and_optimizer(name, data.spec)
-        plain, after_step = _plain(mode, raw_model)
+        plain, after_step = _plain(mode, raw_model, strategy.device)
         raw_optimizer = torch.optim.SGD(plain.parameters(), lr=optimizer.defaults["lr"], momentum=0.9)
         loss_fn = nn.CrossEntropyLoss()
         raw_epoch = 0

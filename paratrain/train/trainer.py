@@ -52,12 +52,14 @@ def _numpy_state() -> tuple[Any, ...]:
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
+    """Restore ``rng_state()``'s generators; its tensors may come back on a GPU (a checkpoint
+    loaded onto the training device), the generators take them from host memory."""
     random.setstate(state["python"])
     kind, keys, position, has_gauss, cached = state["numpy"]
-    np.random.set_state((kind, keys.numpy(), position, has_gauss, cached))
-    torch.set_rng_state(state["torch"])
+    np.random.set_state((kind, keys.cpu().numpy(), position, has_gauss, cached))
+    torch.set_rng_state(state["torch"].cpu())
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
 
 
 @dataclass

@@ -119,3 +119,15 @@ def test_the_builtin_gpt_learns_the_builtin_corpus_on_the_gpu(tmp_path):
     )
     assert metrics["test_perplexity"] < 3.0
     assert metrics["tokens_per_second"] > 0
+
+
+def test_a_run_resumed_on_the_gpu_is_the_uninterrupted_run(tmp_path):
+    """A checkpoint loads onto the GPU (its random-number states with it, which the
+    generators take back from host memory) and the run goes on exactly."""
+    whole = train(tmp_path, "--strategy", "allreduce", "--workers", "2", "--batch-size", "16")
+    folder = str(tmp_path / "checkpoints")
+    common = ("--strategy", "allreduce", "--workers", "2", "--batch-size", "16", "--checkpoint-dir", folder)
+    train(tmp_path, *common, "--checkpoint-every", "30", "--epochs", "1")
+    resumed = train(tmp_path, *common, "--resume")
+    assert resumed["resumed_from_step"] is not None
+    assert resumed["test_loss"] == pytest.approx(whole["test_loss"], rel=1e-6)

@@ -118,10 +118,13 @@ class FSDPStrategy(ReplicaStrategy):
         groups = [{"params": [names[id(p)] for p in group["params"]]} for group in optimizer.param_groups]
         self._grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
         policy = MixedPrecisionPolicy(reduce_dtype=REDUCE_DTYPES[self.codec.name])
+        # The mesh on this strategy's device: FSDP2's default takes the GPU wherever one is
+        # visible, even for a run on the CPU.
+        mesh = fsdp_mesh(self.device)
         units = fsdp_units(model)
         for unit in units:
-            fully_shard(unit, reshard_after_forward=self.reshard_after_forward, mp_policy=policy)
-        self.track(fully_shard(model, reshard_after_forward=self.reshard_after_forward, mp_policy=policy))
+            fully_shard(unit, mesh=mesh, reshard_after_forward=self.reshard_after_forward, mp_policy=policy)
+        self.track(fully_shard(model, mesh=mesh, reshard_after_forward=self.reshard_after_forward, mp_policy=policy))
         self._units = len(units) + 1
         if optimizer.state:
             raise ConfigError(
@@ -209,6 +212,13 @@ class FSDPStrategy(ReplicaStrategy):
                 f"checkpoint {folder}: its sharded model does not load into this model ({first})"
             ) from None
         set_state_dict(module, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+
+
+def fsdp_mesh(device: torch.device) -> Any:
+    """A one-dimensional device mesh over the default process group, of ``device``'s type."""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    return DeviceMesh.from_group(dist.group.WORLD, device_type=device.type)
 
 
 def fsdp_units(model: nn.Module) -> list[nn.Module]:
