@@ -85,6 +85,9 @@ def supervise_replacing(
         "PARATRAIN_FT_STORE": f"127.0.0.1:{store.port}",
         "PARATRAIN_PROGRESS": str(folder / "progress"),
         "PARATRAIN_LAUNCHER_PID": str(os.getpid()),
+        # Every replica's processes share this machine: each computes with its share of the
+        # cores, and processes that share a GPU join over Gloo (comm.transport.default_backend).
+        "LOCAL_WORLD_SIZE": str(num_processes),
     }
     context = process_context()
     incarnation = [0] * num_replicas
