@@ -21,4 +21,5 @@ fi
 # each worker rendezvous ports of its own and runs `paratrain` commands in the worker itself
 # (one fork server a worker, not one a command); faults are placed by a run's progress, not the clock, so load does not move them.
 # tests/smoke is left out: each strategy's one short run there is checked more strictly here.
-exec .venv/bin/python -m pytest -q -n 3 --dist worksteal tests/distributed tests/examples tests/unit
+# tests/gpu runs where a GPU is visible and is skipped elsewhere (docs/gpu.md).
+exec .venv/bin/python -m pytest -q -n 3 --dist worksteal tests/distributed tests/examples tests/unit tests/gpu
