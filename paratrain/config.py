@@ -36,6 +36,7 @@ from paratrain.options import (
     refuse_untaken,
 )
 from paratrain.registry import DATASETS, MODELS, OPTIMIZERS, SCHEDULES, STRATEGIES, is_reference
+from paratrain.strategies.activation import checkpoint_every
 from paratrain.strategies.allreduce.config import AllReduceConfig
 from paratrain.strategies.averaging.config import AveragingConfig
 from paratrain.strategies.fault_tolerant.config import FTConfig
@@ -136,6 +137,11 @@ class TrainConfig:
     )
     threads_per_worker: int | None = option(
         None, "CPU threads each process computes with (default: its usable cores / the processes on this machine)"
+    )
+    activation_checkpointing: str = option(
+        "none",
+        "none; blocks (every transformer block, or every layer of an nn.Sequential, recomputes its activations "
+        "in the backward pass instead of keeping them); every-K (every K-th block)",
     )
     compile: bool = option(False, "torch.compile the model (a slower first step while it compiles)")
     keep_host_memory: bool = option(
@@ -243,6 +249,7 @@ class TrainConfig:
         if self.logdir is not None and Path(self.logdir).expanduser().is_file():
             raise ConfigError(f"--logdir {self.logdir} is a file; give a folder")
         self._check_scores()
+        checkpoint_every(self.activation_checkpointing)
         self._check_model_options()
         strategy = STRATEGIES.get(self.strategy)
         self._check_sections(strategy)

@@ -15,6 +15,8 @@ arguments); each strategy's ``train_step`` runs its forward and backward passes 
 - ``clip_grad_norm``: scale the gradient so its global norm (over the whole model, all
   pipeline stages included) is at most this, as ``torch.nn.utils.clip_grad_norm_`` does.
 - ``channels_last``: 4-d parameters and inputs in NHWC memory order (conv nets).
+- ``activation_checkpointing``: ``none``, ``blocks`` or ``every-K``: blocks that recompute
+  their activations in the backward pass instead of keeping them (``activation.py``).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from torch import nn
 
 from paratrain.data.batch import call_model, map_tensors, split_batch
 from paratrain.errors import ConfigError
+from paratrain.strategies.activation import checkpoint_activations, checkpoint_every
 from paratrain.timeline import span
 
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -40,8 +43,10 @@ class StepRecipe:
     accumulate: int = 1
     clip_grad_norm: float | None = None
     channels_last: bool = False
+    activation_checkpointing: str = "none"
 
     def __post_init__(self) -> None:
+        checkpoint_every(self.activation_checkpointing)
         if self.precision not in PRECISIONS:
             raise ConfigError(f"precision must be one of {', '.join(PRECISIONS)}, got {self.precision!r}")
         if not isinstance(self.accumulate, int) or self.accumulate < 1:
@@ -61,6 +66,9 @@ class StepRecipe:
         return torch.autocast(device_type=device.type, dtype=dtype)
 
     def prepare_model(self, model: nn.Module) -> nn.Module:
+        every = checkpoint_every(self.activation_checkpointing)
+        if every:
+            checkpoint_activations(model, every)
         if self.channels_last:
             model = model.to(memory_format=torch.channels_last)
         return model

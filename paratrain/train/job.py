@@ -96,6 +96,7 @@ def _run(config: TrainConfig, strategy: Any, started: float) -> dict[str, Any]:
         accumulate=config.accumulate,
         clip_grad_norm=config.clip_grad_norm,
         channels_last=channels_last,
+        activation_checkpointing=config.activation_checkpointing,
         compile=config.compile,
         keep_host_memory=config.keep_host_memory,
     )

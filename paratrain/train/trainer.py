@@ -100,14 +100,15 @@ class Trainer:
         accumulate: int = 1,
         clip_grad_norm: float | None = None,
         channels_last: bool = False,
+        activation_checkpointing: str = "none",
         compile: bool = False,
         keep_host_memory: bool = True,
     ):
         """``loss``: a name (``scores.LOSSES``), a callable ``(outputs, targets)``, or None:
         cross-entropy, or the model's own loss where a batch is a dict alone; ``metrics``:
         names (``accuracy``, ``top5_accuracy``, ``mae``, ``mse``), callables, or a dict of them.
-        ``precision``, ``accumulate``, ``clip_grad_norm``, ``channels_last``: how each step
-        computes (``strategies/recipe.py``); ``compile``: ``torch.compile`` the prepared model;
+        ``precision``, ``accumulate``, ``clip_grad_norm``, ``channels_last``,
+        ``activation_checkpointing``: how each step computes (``strategies/recipe.py``); ``compile``: ``torch.compile`` the prepared model;
         ``keep_host_memory``: this process's malloc keeps freed memory for the next step's
         tensors (``launch/allocator.py``)."""
         if keep_host_memory:
@@ -118,7 +119,7 @@ class Trainer:
             raise ConfigError("Trainer needs an optimizer, e.g. torch.optim.SGD(model.parameters(), lr=0.05)")
         self.strategy = strategy or get_strategy()
         self.strategy.check_step(self.strategy.name, precision, compile)
-        self.recipe = StepRecipe(precision, accumulate, clip_grad_norm, channels_last)
+        self.recipe = StepRecipe(precision, accumulate, clip_grad_norm, channels_last, activation_checkpointing)
         self.loss_fn = loss
         self.metrics = tuple(self.metric_fns)
         try:  # DDP's first broadcast: a peer gone already is named like one lost mid-run

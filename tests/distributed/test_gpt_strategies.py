@@ -34,12 +34,18 @@ def single(tmp_path_factory, corpus):
     return _train(tmp_path_factory.mktemp("single"), "single", *corpus, "--batch-size", "32")
 
 
-@pytest.mark.parametrize("strategy", ["allreduce", "fsdp", "ps-sync"])
-def test_gpt_under_a_synchronous_strategy_equals_one_process(tmp_path, corpus, single, strategy):
+@pytest.mark.parametrize(
+    "strategy, extra",
+    [("allreduce", ()), ("fsdp", ()), ("ps-sync", ()), ("fsdp", ("--activation-checkpointing", "blocks"))],
+)
+def test_gpt_under_a_synchronous_strategy_equals_one_process(tmp_path, corpus, single, strategy, extra):
     """Plain SGD, float32: equal to rounding (1e-5 on the test loss, where a lost update or
-    a wrong average moves it by more than 1e-2), and trained away from a uniform guess."""
+    a wrong average moves it by more than 1e-2), and trained away from a uniform guess.
+    Checkpointed blocks recompute the same activations: the same run."""
     single, log = single
-    metrics, _ = _train(tmp_path, strategy, *corpus, "--strategy", strategy, "--workers", "2", "--batch-size", "16")
+    metrics, _ = _train(
+        tmp_path, strategy, *corpus, "--strategy", strategy, "--workers", "2", "--batch-size", "16", *extra
+    )
     assert metrics["test_loss"] == pytest.approx(single["test_loss"], rel=1e-5)
     assert single["test_loss"] < 0.9 * 5.545  # ln 256
     assert single["tokens_per_second"] > 0 and single["test_perplexity"] == pytest.approx(
