@@ -5,6 +5,7 @@ import json
 import pytest
 import torch
 
+from paratrain.comm.transport import default_backend
 from paratrain.data.datasets import DataSpec
 from paratrain.launch.threads import default_threads, prefers_channels_last, set_threads, usable_cores
 from paratrain.models import build_model
@@ -53,3 +54,14 @@ def test_the_run_says_what_it_used(cli, tmp_path, flags, threads, channels_last)
     assert metrics["threads_per_worker"] == (threads or usable_cores())
     assert metrics["channels_last"] is channels_last
     assert metrics["config"]["channels_last"] is (None if channels_last else False)  # what was asked
+
+
+def test_processes_that_share_a_gpu_join_over_gloo(monkeypatch):
+    """NCCL refuses two ranks on one device: where a machine's processes outnumber its GPUs
+    they all-reduce over Gloo, which moves CUDA tensors through host memory."""
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    cuda = torch.device("cuda", 0)
+    assert default_backend(cuda, {"LOCAL_WORLD_SIZE": "2"}) == "nccl"
+    assert default_backend(cuda, {}) == "nccl"
+    assert default_backend(cuda, {"LOCAL_WORLD_SIZE": "3"}) == "gloo"
+    assert default_backend(torch.device("cpu"), {"LOCAL_WORLD_SIZE": "1"}) == "gloo"
