@@ -32,8 +32,10 @@ from pathlib import Path
 from typing import Any
 
 from paratrain.comm.transport import free_port
-from paratrain.errors import WorkerFailed, signal_name
+from paratrain.errors import ParatrainError, WorkerFailed, signal_name
 from paratrain.launch.process import LauncherEnv, exit_now, launcher_env, process_context, run_entry, take_env
+from paratrain.launch.stacks import ENV as STACKS_ENV
+from paratrain.launch.stacks import attach_stacks, dump_on_signal, stack_file
 from paratrain.train.checkpoint import CheckpointStore
 from paratrain.train.faults import new_progress, read_progress
 
@@ -109,6 +111,7 @@ def _attempt(
             "TORCHELASTIC_RESTART_COUNT": str(restart),
             "PARATRAIN_PROGRESS": str(folder / "progress"),
             "PARATRAIN_LAUNCHER_PID": str(os.getpid()),
+            STACKS_ENV: stack_file(folder, rank),
         }
         process = context.Process(
             target=run_process, args=(launcher_env(env), str(folder / f"result-{rank}.pkl"), fn, args), daemon=False
@@ -149,6 +152,18 @@ def _attempt(
                 if rank not in expendable or not (folder / f"joined-{rank}").exists()
             }
             if fatal:
+                # The others' exits show soon after (a process whose input was refused takes
+                # its peers down with it, and the order in which the fork server reports
+                # exits is not theirs): wait for them, so the failure that explains the run
+                # is chosen among all of them.
+                settle = time.monotonic() + (0.0 if any(c in (2, 3) for c, _, _ in fatal.values()) else 0.5)
+                while time.monotonic() < settle and any(p.exitcode is None for p in processes):
+                    time.sleep(0.02)
+                fatal.update(
+                    (rank, (p.exitcode, failed_at(folder, rank, p.exitcode), failure_message(folder, rank, p.exitcode)))
+                    for rank, p in enumerate(processes)
+                    if p.exitcode not in (None, 0) and rank not in lost and rank not in fatal
+                )
                 raise first_failure(fatal, names)
             for rank, process in enumerate(processes):  # left when asked (SIGTERM), with a word
                 if rank not in left and left_when_asked(folder, rank, process.exitcode):
@@ -163,6 +178,11 @@ def _attempt(
                     flush=True,
                 )
         return [read_result(folder, rank) for rank in range(num_processes)]
+    except BaseException as error:
+        # Stopped by what the run did not raise (a test's timeout): say where the processes are.
+        if not isinstance(error, (ParatrainError, KeyboardInterrupt)):
+            attach_stacks(error, processes, names, folder)
+        raise
     finally:
         for process in processes:
             if process.exitcode is None:
@@ -175,6 +195,7 @@ def _attempt(
 
 def run_process(env: LauncherEnv, result_path: str, fn: Callable[..., Any], args: tuple) -> None:
     take_env(env)
+    dump_on_signal()
     result = run_entry(fn, *args)
     with open(result_path, "wb") as handle:
         pickle.dump(result, handle)

@@ -6,7 +6,9 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from pathlib import Path
 
 import pytest
 import torch.distributed
@@ -164,3 +166,38 @@ def test_no_process_outlives_a_launcher_killed_with_sigkill(tmp_path):
     while any(alive(pid) for pid in run) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not [pid for pid in run if alive(pid)]
+
+
+def _waits_for_a_peer_that_never_comes(folder):
+    Path(folder, f"ready-{os.environ['RANK']}").touch()
+    time.sleep(120)
+
+
+class _Interrupted(Exception):
+    """What a test's timeout raises in the launcher (pytest-timeout's is a Failed)."""
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="exception notes need Python 3.11")
+def test_an_interrupted_launch_says_where_each_process_was(tmp_path):
+    """A launcher stopped by an exception the run did not raise (here a signal's, as a test's
+    timeout stops it) attaches every running process's thread stacks to that exception."""
+
+    def interrupt(*_):
+        raise _Interrupted("timed out")
+
+    def interrupt_when_both_wait(main=threading.main_thread().ident):
+        deadline = time.monotonic() + 120
+        while len(list(tmp_path.glob("ready-*"))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        signal.pthread_kill(main, signal.SIGUSR2)
+
+    previous = signal.signal(signal.SIGUSR2, interrupt)
+    threading.Thread(target=interrupt_when_both_wait, daemon=True).start()
+    try:
+        with pytest.raises(_Interrupted) as info:
+            launch(_waits_for_a_peer_that_never_comes, str(tmp_path), num_processes=2)
+    finally:
+        signal.signal(signal.SIGUSR2, previous)
+    notes = "\n".join(info.value.__notes__)
+    assert notes.count("was still running; its threads:") == 2
+    assert notes.count("in _waits_for_a_peer_that_never_comes") == 2
