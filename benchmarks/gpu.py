@@ -193,39 +193,36 @@ def throughput(
     return rows
 
 
+def _table(title: str, header: str, rows: list[str]) -> list[str]:
+    columns = header.count("|") - 1
+    return [f"## {title}", "", header, "|" + "---|" * columns, *rows, ""]
+
+
+def _overhead_row(r: dict[str, Any]) -> str:
+    if "error" in r:
+        return f"| {r['model']} | | | | {r['error']} |"
+    return (
+        f"| {r['model']} | {r['batch']} | {r['plain_step_ms']:.2f} | {r['paratrain_step_ms']:.2f} | "
+        f"{100 * r['overhead']:+.1f}% |"
+    )
+
+
+def _throughput_row(r: dict[str, Any]) -> str:
+    if "error" in r:
+        return f"| {r['model']} | {r['strategy']} | | {r['error']} | |"
+    tokens = f"{r['tokens_per_second']:.0f}" if r.get("tokens_per_second") else ""
+    return f"| {r['model']} | {r['strategy']} | {r['global_batch']} | {r['examples_per_second']:.0f} | {tokens} |"
+
+
 def markdown(document: dict[str, Any]) -> str:
     lines = [f"# paratrain on one GPU ({document['settings']['device_name']})", ""]
     if document.get("overhead"):
-        lines += [
-            "## single against a plain PyTorch loop",
-            "",
-            "| model | batch | plain ms/step | paratrain ms/step | overhead |",
-            "|---|---|---|---|---|",
-        ]
-        for r in document["overhead"]:
-            if "error" in r:
-                lines.append(f"| {r['model']} | | | | {r['error']} |")
-                continue
-            lines.append(
-                f"| {r['model']} | {r['batch']} | {r['plain_step_ms']:.2f} | {r['paratrain_step_ms']:.2f} | {100 * r['overhead']:+.1f}% |"
-            )
-        lines.append("")
+        header = "| model | batch | plain ms/step | paratrain ms/step | overhead |"
+        lines += _table("single against a plain PyTorch loop", header, [_overhead_row(r) for r in document["overhead"]])
     if document.get("throughput"):
-        lines += [
-            "## Throughput per strategy",
-            "",
-            "| model | strategy | global batch | examples/s | tokens/s |",
-            "|---|---|---|---|---|",
-        ]
-        for r in document["throughput"]:
-            if "error" in r:
-                lines.append(f"| {r['model']} | {r['strategy']} | | {r['error']} | |")
-                continue
-            tokens = f"{r['tokens_per_second']:.0f}" if r.get("tokens_per_second") else ""
-            lines.append(
-                f"| {r['model']} | {r['strategy']} | {r['global_batch']} | {r['examples_per_second']:.0f} | {tokens} |"
-            )
-    return "\n".join(lines) + "\n"
+        header = "| model | strategy | global batch | examples/s | tokens/s |"
+        lines += _table("Throughput per strategy", header, [_throughput_row(r) for r in document["throughput"]])
+    return "\n".join(lines).rstrip("\n") + "\n"
 
 
 def main() -> None:

@@ -278,9 +278,8 @@ class TrainConfig:
                 )
         if self.model_options is not None:
             self.model_options.check()
-        if ("seq_len" in self._given or self.seq_len != TrainConfig.seq_len) and self.dataset.partition(":")[
-            0
-        ] != "text-lm":
+        given = "seq_len" in self._given or self.seq_len != TrainConfig.seq_len
+        if given and self.dataset.partition(":")[0] != "text-lm":
             raise ConfigError(f"--seq-len applies to --dataset text-lm, not to --dataset {self.dataset}")
 
     @property

@@ -84,7 +84,7 @@ def builtin_corpus(size: int = CORPUS_BYTES) -> bytes:
         sentence = f"{subject} {verb} {thing}"
         if rng.random() < 0.5:
             sentence += f" {rng.choice(_PLACES)}"
-        sentence = sentence[0].upper() + sentence[1:] + rng.choice(".  .  .  !".split())
+        sentence = sentence[0].upper() + sentence[1:] + rng.choice([".", ".", ".", "!"])
         sentence += "\n\n" if rng.random() < 0.1 else " "
         out.append(sentence)
         length += len(sentence)

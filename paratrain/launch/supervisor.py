@@ -139,11 +139,7 @@ def _attempt(
                             flush=True,
                         )
                 break
-            failed = {
-                rank: (p.exitcode, failed_at(folder, rank, p.exitcode), failure_message(folder, rank, p.exitcode))
-                for rank, p in enumerate(processes)
-                if p.exitcode not in (None, 0) and rank not in lost
-            }
+            failed = _failures(processes, folder, lost)
             # An expendable process lost before it joined the group is fatal all the same:
             # the others cannot form the group without it.
             fatal = {
@@ -159,11 +155,7 @@ def _attempt(
                 settle = time.monotonic() + (0.0 if any(c in (2, 3) for c, _, _ in fatal.values()) else 0.5)
                 while time.monotonic() < settle and any(p.exitcode is None for p in processes):
                     time.sleep(0.02)
-                fatal.update(
-                    (rank, (p.exitcode, failed_at(folder, rank, p.exitcode), failure_message(folder, rank, p.exitcode)))
-                    for rank, p in enumerate(processes)
-                    if p.exitcode not in (None, 0) and rank not in lost and rank not in fatal
-                )
+                fatal = {**_failures(processes, folder, lost), **fatal}
                 raise first_failure(fatal, names)
             for rank, process in enumerate(processes):  # left when asked (SIGTERM), with a word
                 if rank not in left and left_when_asked(folder, rank, process.exitcode):
@@ -191,6 +183,15 @@ def _attempt(
             process.join(timeout=10)
             if process.exitcode is None:
                 process.kill()
+
+
+def _failures(processes: list[Any], folder: Path, lost: dict[int, Any]) -> dict[int, tuple[int, float, str]]:
+    """``{rank: (exit code, time, message)}`` of the processes that failed and are not ``lost``."""
+    return {
+        rank: (p.exitcode, failed_at(folder, rank, p.exitcode), failure_message(folder, rank, p.exitcode))
+        for rank, p in enumerate(processes)
+        if p.exitcode not in (None, 0) and rank not in lost
+    }
 
 
 def run_process(env: LauncherEnv, result_path: str, fn: Callable[..., Any], args: tuple) -> None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from paratrain.errors import ConfigError
-from paratrain.options import option
+from paratrain.options import at_least, option
 
 
 @dataclass
@@ -22,8 +22,7 @@ class GPTConfig:
 
     def check(self) -> None:
         for name in ("gpt_layers", "gpt_width", "gpt_heads"):
-            if getattr(self, name) < 1:
-                raise ConfigError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+            at_least(name, getattr(self, name), 1)
         if self.gpt_width % self.gpt_heads:
             raise ConfigError(f"--gpt-heads {self.gpt_heads} must divide --gpt-width {self.gpt_width}")
         if not 0.0 <= self.gpt_dropout < 1.0:

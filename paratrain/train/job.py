@@ -151,6 +151,7 @@ def _run(config: TrainConfig, strategy: Any, started: float) -> dict[str, Any]:
     if not strategy.is_chief and not strategy.stands_in_for_chief:
         return summary
     examples = stats.pop("examples_processed", trainer.examples_seen)
+    examples_per_second = examples / trainer.train_seconds if trainer.train_seconds else 0.0
     global_steps = stats.pop("global_steps", trainer.global_step)
     # every replica skips alike; a parameter server's shards count the updates they skipped
     skipped = stats.pop("skipped_updates", strategy.skipped_updates)
@@ -169,13 +170,11 @@ def _run(config: TrainConfig, strategy: Any, started: float) -> dict[str, Any]:
             **{f"test_{name}": value for name, value in final.items() if name not in ("loss", "accuracy")},
             "train_loss": history.epochs[-1]["train_loss"],
             "wall_seconds": time.perf_counter() - started,
-            "examples_per_second": examples / trainer.train_seconds if trainer.train_seconds else 0.0,
+            "examples_per_second": examples_per_second,
             "loader_wait_seconds": loader_wait,
             **(
                 {
-                    "tokens_per_second": examples * tokens_per_example / trainer.train_seconds
-                    if trainer.train_seconds
-                    else 0.0,
+                    "tokens_per_second": examples_per_second * tokens_per_example,
                     "test_perplexity": perplexity(final["loss"]),
                 }
                 if tokens_per_example
