@@ -118,13 +118,17 @@ class GroupLease:
         """Take the groups out of the wrapped objects the user may still hold (a wrapper freed
         during interpreter shutdown would free its group then, and abort the process; one the
         user keeps cannot train after, as after DDP's own pickling), then destroy the groups
-        if this lease formed them. Garbage is collected once (a full collection costs ~0.15 s
-        once torch is imported)."""
-        collected = bool(self._wrapped)
-        if collected:
-            gc.collect()
-            sever_groups(wrapper for wrapper in (ref() for ref in self._wrapped) if wrapper is not None)
-            self._wrapped.clear()
+        if this lease formed them, after taking them out of every DDP alive (one the user
+        wrapped by hand on them would free its group from its reducer later, the GIL held).
+        Garbage is collected once (a full collection costs ~0.15 s once torch is imported)."""
+        if not self._wrapped and not self.owns_group:
+            return
+        gc.collect()
+        roots = [wrapper for wrapper in (ref() for ref in self._wrapped) if wrapper is not None]
         if self.owns_group:
-            destroy_groups(collect=not collected)
+            roots += [obj for obj in gc.get_objects() if isinstance(obj, DistributedDataParallel)]
+        sever_groups(roots)
+        self._wrapped.clear()
+        if self.owns_group:
+            destroy_groups(collect=False)
             self.owns_group = False

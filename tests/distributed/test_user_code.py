@@ -174,6 +174,29 @@ def test_teardown_ends_the_groups_and_their_gloo_threads_while_the_model_lives(n
     assert result.stdout.strip().splitlines()[-1] == "gloo threads 0"
 
 
+HAND_MADE_DDP = """
+import torch, paratrain
+from torch.nn.parallel import DistributedDataParallel
+from paratrain.session.teardown import gloo_threads
+strategy = paratrain.make_strategy("allreduce", device="cpu")
+strategy.setup()  # forms the default group; the script wraps a second model on it by hand
+model = DistributedDataParallel(torch.nn.Linear(4, 2))
+model(torch.randn(3, 4)).sum().backward()
+strategy.teardown()
+print("gloo threads", len(gloo_threads()))
+"""
+
+
+def test_teardown_takes_the_groups_out_of_a_ddp_the_script_made_itself():
+    """A DDP wrapped by hand on the strategy's group kept it in its reducer past teardown; when
+    the script later dropped that model (the GIL held), the group's destructor could wait for a
+    Gloo thread that waited for the GIL: the allreduce benchmark, which times such a DDP beside
+    the strategy, hung at its worker's return."""
+    result = subprocess.run([sys.executable, "-c", HAND_MADE_DDP], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().splitlines()[-1] == "gloo threads 0"
+
+
 DESTROY_RIGHT_AFTER_A_COLLECTIVE = """
 import torch, paratrain
 
