@@ -23,6 +23,7 @@ if compgen -G ".whl/*.whl" >/dev/null; then
         && export PYTHONPATH="$PYTHONPATH:/tmp/site"
 fi
 ONLY=${ONLY:-gpu-tests gpu-bench straggler simulate suite}  # the steps to run
+# BENCH_ARGS: more options for benchmarks/gpu.py (--rounds 9, --parts overhead)
 step() {  # step NAME SECONDS COMMAND...: run with a deadline, log its time and exit code
     local name=$1 seconds=$2 begin=$SECONDS
     shift 2
@@ -40,7 +41,7 @@ step gpu-tests "${GPU_TESTS_S:-130}" $PY -m pytest tests/gpu -n 8 -v --tb=short 
     >"$RESULTS/gpu_tests.log" 2>&1
 
 # The GPU benchmark on six cores, beside the CPU-only straggler runs on the other ten.
-step gpu-bench "${BENCH_S:-210}" taskset -c 0-5 $PY benchmarks/gpu.py --profile --out "$RESULTS" >"$RESULTS/gpu_bench.log" 2>&1 &
+step gpu-bench "${BENCH_S:-210}" taskset -c 0-5 $PY benchmarks/gpu.py --profile ${BENCH_ARGS:-} --out "$RESULTS" >"$RESULTS/gpu_bench.log" 2>&1 &
 (
     export OMP_NUM_THREADS=1
     step straggler "${STRAGGLER_S:-180}" taskset -c 6-15 $PY benchmarks/parameter_server.py --models mlp \

@@ -21,8 +21,14 @@ from paratrain.errors import ConfigError
 
 
 def to_device(value: Any, device: torch.device, non_blocking: bool = False) -> Any:
-    """``value`` with every tensor in it (nested tuples, lists, dicts) on ``device``."""
+    """``value`` with every tensor in it (nested tuples, lists, dicts) on ``device``.
+
+    ``non_blocking`` from host to a GPU copies through page-locked memory: a copy from
+    pageable memory holds the host until the GPU has run every step queued before it, so the
+    host could never queue the next step's kernels while the GPU runs this one."""
     if torch.is_tensor(value):
+        if non_blocking and device.type == "cuda" and value.device.type == "cpu" and not value.is_pinned():
+            value = value.pin_memory()
         return value.to(device, non_blocking=non_blocking)
     if isinstance(value, Mapping):
         return {k: to_device(v, device, non_blocking) for k, v in value.items()}

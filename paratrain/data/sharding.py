@@ -259,7 +259,7 @@ class ShardedBatches:
         # Indices and batches cross to a GPU without waiting for the steps queued before them
         # (a blocking copy would hold the host until the GPU drains, every step).
         for number, idx in indices:
-            idx = idx.to(inputs.device, non_blocking=True)
+            idx = to_device(idx, inputs.device, non_blocking=True)
             batch = inputs.index_select(0, idx)
             if self.transform is not None:
                 batch = self.transform(batch, self.transform_generator(number))

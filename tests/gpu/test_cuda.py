@@ -131,3 +131,38 @@ def test_a_run_resumed_on_the_gpu_is_the_uninterrupted_run(tmp_path):
     resumed = train(tmp_path, *common, "--resume")
     assert resumed["resumed_from_step"] is not None
     assert resumed["test_loss"] == pytest.approx(whole["test_loss"], rel=1e-6)
+
+
+NO_WAIT = """
+import itertools, torch, paratrain
+from torch.profiler import ProfilerActivity, profile
+from torch.utils.data import TensorDataset
+
+strategy = paratrain.SingleDeviceStrategy(device="cuda")
+model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
+trainer = paratrain.Trainer(model, "cross_entropy", torch.optim.AdamW(model.parameters()), metrics=(), strategy=strategy)
+data = TensorDataset(torch.randn(4096, 64), torch.randint(0, 10, (4096,)))
+trainer.fit(data, epochs=1, batch_size=64, verbose=0, log_every=0)  # compiles nothing; warms the allocators
+batches = strategy.distribute(data, 64, seed=0)
+iterator = iter(batches)
+first = next(iterator)  # the data set moves to the GPU here, once; each step's indices follow it
+torch.cuda.synchronize()
+torch.cuda.set_sync_debug_mode("error")  # any step that waits for the GPU raises
+with profile(activities=[ProfilerActivity.CUDA]) as trace:
+    for inputs, targets in itertools.chain([first], iterator):
+        strategy.train_step(trainer.model, trainer.loss_fn, trainer.optimizer, inputs, targets)
+    torch.cuda.synchronize()
+torch.cuda.set_sync_debug_mode(0)
+copies = [e.name for e in trace.events() if "Memcpy HtoD" in e.name]
+print("steps", len(batches), "copies", len(copies), "pageable", sum("Pageable" in name for name in copies))
+"""
+
+
+def test_a_step_on_the_gpu_never_waits_for_it(tmp_path):
+    """The host queues the next step while the GPU runs this one: no step synchronises (the
+    losses are read at the epoch's end), and batches cross from page-locked memory (a copy
+    from pageable memory holds the host until the GPU has run everything queued before it)."""
+    result = subprocess.run([sys.executable, "-c", NO_WAIT], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert result.returncode == 0, result.stderr[-3000:]
+    steps, copies, pageable = (int(v) for v in result.stdout.split()[1::2])
+    assert steps == 64 and copies >= steps - 1 and pageable == 0, result.stdout
