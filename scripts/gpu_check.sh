@@ -20,7 +20,7 @@ export PYTHONUNBUFFERED=1 PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 PY=${PYTHON:-python3}
 if compgen -G ".whl/*.whl" >/dev/null; then
     $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-        && export PYTHONPATH="$PYTHONPATH:/tmp/site"
+        && export PYTHONPATH="$PYTHONPATH:/tmp/site" PATH="$PATH:/tmp/site/bin"
 fi
 ONLY=${ONLY:-gpu-tests gpu-bench straggler simulate suite}  # the steps to run
 # BENCH_ARGS: more options for benchmarks/gpu.py (--rounds 9, --parts overhead)

@@ -101,6 +101,8 @@ class EmulatedCluster:
         fits = sum(_cores_wanted(spec) for spec in specs) <= len(available)
         pinned = pin == "always" or (pin == "auto" and fits)
         cores = host_cores(specs, available) if pinned else [None] * len(specs)
+        if cluster_id is None:
+            check_support()  # finding a free id asks ip: a machine without it hears what it lacks
         self.id = cluster_id if cluster_id is not None else free_cluster_id()
         self.prefix = f"pt{self.id}"
         self.bridge = f"{self.prefix}br"

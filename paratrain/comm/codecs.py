@@ -312,7 +312,7 @@ class PowerSGDCodec(Codec):
         q = self.q.get(key)
         if q is None or q.shape != (m, r):
             generator = _stream_generator(self.seed, key, 0, torch.device("cpu"))
-            q = torch.randn(m, r, generator=generator, dtype=matrix.dtype)
+            q = torch.randn(m, r, generator=generator, dtype=matrix.dtype, device="cpu")
         q = q.to(matrix.device)
         p = torch.linalg.qr(matrix @ q).Q
         q = matrix.T @ p

@@ -28,7 +28,7 @@ class PayloadLayout:
 
 
 def payload_layout(fresh_codec: Codec, shape: Sequence[int], dtype: torch.dtype = torch.float32) -> PayloadLayout:
-    payload, ctx = fresh_codec.compress(torch.zeros(tuple(shape), dtype=dtype), "layout")
+    payload, ctx = fresh_codec.compress(torch.zeros(tuple(shape), dtype=dtype, device="cpu"), "layout")
     return PayloadLayout(tuple((t.shape, t.dtype, t.numel() * t.element_size()) for t in payload), ctx)
 
 

@@ -39,6 +39,8 @@ class ClusterEnv:
     master_port: int
     num_ps: int = 0
     source: str = "torchrun"
+    local_world_size: int = 1
+    """Processes of the run on this machine."""
 
 
 def cluster_from_env(environ: dict[str, str] | None = None) -> ClusterEnv | None:
@@ -53,6 +55,7 @@ def cluster_from_env(environ: dict[str, str] | None = None) -> ClusterEnv | None
                 master_addr=env.get("MASTER_ADDR", "127.0.0.1"),
                 master_port=int(env.get("MASTER_PORT", "29500")),
                 num_ps=int(env.get("PARATRAIN_PS_SHARDS", "0")),
+                local_world_size=int(env.get("LOCAL_WORLD_SIZE", "1")),
             )
         except ValueError as error:
             raise ConfigError(f"bad torchrun environment variable: {error}") from None
@@ -88,6 +91,7 @@ def parse_tf_config(text: str) -> ClusterEnv:
         master_port=master_port,
         num_ps=len(cluster.get("ps", [])),
         source="TF_CONFIG",
+        local_world_size=hosts.count(hosts[rank]),
     )
 
 
@@ -206,5 +210,6 @@ def default_backend(device: torch.device, environ: dict[str, str] | None = None)
     all-reduces, broadcasts and all-gathers CUDA tensors through host memory)."""
     if device.type != "cuda":
         return "gloo"
-    local_processes = int((os.environ if environ is None else environ).get("LOCAL_WORLD_SIZE", "1"))
+    cluster = cluster_from_env(environ)  # torchrun's LOCAL_WORLD_SIZE, or TF_CONFIG's tasks on this host
+    local_processes = cluster.local_world_size if cluster is not None else 1
     return "nccl" if local_processes <= torch.cuda.device_count() else "gloo"

@@ -74,11 +74,11 @@ def load_digits(config: TrainConfig | None = None) -> Splits:
     is the same in every run. Pixels are scaled from 0..16 to 0..1.
     """
     table = _digits_table()
-    images = torch.tensor(table[:, :64], dtype=torch.float32).reshape(-1, 1, 8, 8) / 16.0
-    labels = torch.tensor(table[:, 64], dtype=torch.long)
-    order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(0))
+    images = torch.tensor(table[:, :64], dtype=torch.float32, device="cpu").reshape(-1, 1, 8, 8) / 16.0
+    labels = torch.tensor(table[:, 64], dtype=torch.long, device="cpu")
+    order = torch.randperm(len(labels), generator=torch.Generator().manual_seed(0), device="cpu")
     order = order[torch.argsort(labels[order], stable=True)]  # grouped by class, shuffled within
-    rank_in_class = torch.arange(len(order)) - torch.searchsorted(labels[order], labels[order])
+    rank_in_class = torch.arange(len(order), device="cpu") - torch.searchsorted(labels[order], labels[order])
     is_test = rank_in_class % 5 == 0
     train_idx, test_idx = order[~is_test], order[is_test]
     return Splits(

@@ -148,6 +148,7 @@ class ShardedBatches:
         self.num_workers = num_workers or loader_workers
         self.epoch = 0
         self.start = 0
+        self._indices_on = torch.device("cpu")
         self.num_examples = self._stream_length() if self.streaming else len(self.dataset)
         if drop_last and len(self) == 0 and self.streaming:
             raise ConfigError(
@@ -183,7 +184,11 @@ class ShardedBatches:
     def __len__(self) -> int:
         if self.streaming:
             return len(self.stream_numbers()) if self.num_examples is not None else 0
-        return len(self.batch_indices())
+        n, b, r = self.num_examples, self.batch_size, self.num_replicas
+        if self.drop_last:
+            return n // (b * r)
+        block = n // r + (self.rank < n % r)  # torch.tensor_split's block sizes
+        return -(-block // b)
 
     def stream_numbers(self) -> range:
         """The stream's batches this replica takes this epoch, by their place in the stream."""
@@ -211,10 +216,14 @@ class ShardedBatches:
         return itertools.islice(enumerate(self.batch_indices()), self.start, None)
 
     def _order(self) -> torch.Tensor:
+        """This epoch's order of the examples, where the data set's tensors are (on a GPU: one
+        copy of the whole order per epoch, not one of each step's indices)."""
         if not self.shuffle:
-            return torch.arange(self.num_examples)
-        generator = torch.Generator().manual_seed(self.seed + self.epoch)
-        return torch.randperm(self.num_examples, generator=generator)
+            order = torch.arange(self.num_examples, device="cpu")
+        else:
+            generator = torch.Generator().manual_seed(self.seed + self.epoch)
+            order = torch.randperm(self.num_examples, generator=generator, device="cpu")
+        return to_device(order, self._indices_on, non_blocking=True)
 
     def transform_generator(self, batch: int) -> torch.Generator:
         """The generator of one batch's random transforms, seeded by (seed, epoch, rank,
@@ -223,8 +232,10 @@ class ShardedBatches:
         return torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        indices = self.numbered_batches()
         tensors = isinstance(self.dataset, TensorDataset) and self.collate_fn is None
+        if tensors and not self.streaming:
+            self._place_tensors()
+        indices = self.numbered_batches()
         if self.streaming:
             batches = self._stream_batches(indices)
         else:
@@ -251,11 +262,6 @@ class ShardedBatches:
         self, indices: Iterable[tuple[int, torch.Tensor]]
     ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         inputs, targets = self.dataset.tensors[:2]
-        if inputs.device != self.device and fits_on(self.device, inputs, targets):
-            # Move the whole (in-memory) data set once instead of every batch; stored
-            # compactly (uint8) it is a quarter of its float size.
-            inputs, targets = inputs.to(self.device), targets.to(self.device)
-            self.dataset = TensorDataset(inputs, targets)
         # Indices and batches cross to a GPU without waiting for the steps queued before them
         # (a blocking copy would hold the host until the GPU drains, every step).
         for number, idx in indices:
@@ -264,6 +270,16 @@ class ShardedBatches:
             if self.transform is not None:
                 batch = self.transform(batch, self.transform_generator(number))
             yield to_device(batch, self.device, True), to_device(targets.index_select(0, idx), self.device, True)
+
+    def _place_tensors(self) -> None:
+        """Move an in-memory data set to the device once instead of every batch (stored
+        compactly, uint8, it is a quarter of its float size), where it fits; the epochs'
+        index orders are then made there too."""
+        inputs, targets = self.dataset.tensors[:2]
+        if inputs.device != self.device and fits_on(self.device, inputs, targets):
+            inputs, targets = inputs.to(self.device), targets.to(self.device)
+            self.dataset = TensorDataset(inputs, targets)
+        self._indices_on = inputs.device
 
     def _loader_batches(self, indices: Iterator[tuple[int, torch.Tensor]]) -> Iterator[tuple[Any, Any]]:
         # Lazily: a parameter-server worker's next batch number comes with the reply to its

@@ -25,6 +25,7 @@ from multiprocessing import reduction
 from typing import Any
 
 from paratrain.errors import ParatrainError
+from paratrain.session.exits import leave_all
 
 #: Imported once by the fork server, before it forks any process: first its guard (it dies
 #: with its launcher, launch/orphan.py), then what every process of a run imports anyway
@@ -106,7 +107,9 @@ def run_entry(fn: Callable[..., Any], *args: Any) -> Any:
     """
     die_with_parent()
     try:
-        return fn(*args)
+        result = fn(*args)
+        leave_all()  # the runs fn joined and did not leave: os._exit runs no exit handler
+        return result
     except ParatrainError as error:
         record_error(str(error), "", error.exit_code)
         exit_now(error.exit_code)

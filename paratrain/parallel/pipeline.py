@@ -117,20 +117,20 @@ def forward_only(
     Stage 0 reads ``inputs``; every other stage receives its input from the previous
     stage (a small header with dtype and shape first, so batches may vary in size).
     Returns the logits on the last stage, None on the others."""
+    buffer_device = torch.device("cpu") if _is_gloo(group) else device  # Gloo moves host memory
     if stage > 0:
-        header = torch.zeros(_MAX_DIMS + 2, dtype=torch.int64)
+        header = torch.zeros(_MAX_DIMS + 2, dtype=torch.int64, device=buffer_device)
         dist.recv(header, src=previous_rank, group=group)
         ndim, dtype = int(header[0]), _DTYPES[int(header[1])]
-        buffer_device = torch.device("cpu") if _is_gloo(group) else device  # Gloo moves host memory
         inputs = torch.empty(header[2 : 2 + ndim].tolist(), dtype=dtype, device=buffer_device)
         dist.recv(inputs, src=previous_rank, group=group)
         inputs = inputs.to(device)
     outputs = module(inputs)
     if stage == num_stages - 1:
         return outputs
-    header = torch.zeros(_MAX_DIMS + 2, dtype=torch.int64)
+    header = torch.zeros(_MAX_DIMS + 2, dtype=torch.int64, device=buffer_device)
     header[0], header[1] = outputs.dim(), _DTYPES.index(outputs.dtype)
-    header[2 : 2 + outputs.dim()] = torch.tensor(outputs.shape)
+    header[2 : 2 + outputs.dim()] = torch.tensor(outputs.shape, device=buffer_device)
     dist.send(header, dst=next_rank, group=group)
     payload = outputs.detach().cpu() if _is_gloo(group) else outputs.detach()
     dist.send(payload.contiguous(), dst=next_rank, group=group)

@@ -12,7 +12,6 @@ methods: a new mode is a new class in the STRATEGIES table, never a branch in th
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 from collections.abc import Callable, Iterator
 from contextvars import ContextVar
@@ -25,6 +24,7 @@ from paratrain.config import DEFAULT_TIMEOUT_S
 from paratrain.data.sharding import ShardedBatches
 from paratrain.errors import ConfigError, DivergedError
 from paratrain.session.diagnosis import timeout_culprits
+from paratrain.session.exits import leave_at_exit
 from paratrain.session.teardown import GroupLease
 from paratrain.strategies.accounting import staleness_summary
 from paratrain.strategies.numerics import finite_gradients, finite_parameters
@@ -147,7 +147,7 @@ class Strategy:
         ``teardown`` before: a script that ends without it neither hangs (parameter-server
         shards wait for the chief's word) nor aborts (Gloo's threads outliving Python)."""
         if not self._exit_hook:
-            atexit.register(self.teardown)
+            leave_at_exit(self.teardown)
             self._exit_hook = True
         if self.workers is not None and self.planned_topology().num_processes != self.topology.num_processes:
             planned = self.planned_topology().num_processes

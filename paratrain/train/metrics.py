@@ -61,7 +61,7 @@ class StepWindow:
 
     def state_dict(self) -> dict[str, Any]:
         """The unreduced losses and their batch sizes (for a checkpoint)."""
-        losses = torch.stack(self._losses).cpu() if self._losses else torch.empty(0)
+        losses = torch.stack(self._losses).cpu() if self._losses else torch.empty(0, device="cpu")
         return {"losses": losses, "examples": list(self._examples), "first_step": self.first_step}
 
     def load_state_dict(self, state: dict[str, Any], device: torch.device | str = "cpu") -> None:

@@ -6,6 +6,7 @@ import ast
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -172,7 +173,7 @@ def test_a_replica_added_to_a_running_torchrun_job_takes_the_live_state(tmp_path
     replica, and a third replica started while the two others train."""
     port = free_port()
     lighthouse = subprocess.Popen(
-        [str(Path(sys.executable).parent / "torchft_lighthouse"), "--min_replicas", "1", "--quorum_tick_ms", "50",
+        [shutil.which("torchft_lighthouse") or str(Path(sys.executable).parent / "torchft_lighthouse"), "--min_replicas", "1", "--quorum_tick_ms", "50",
          "--join_timeout_ms", "1000", "--heartbeat_timeout_ms", "2000", "--bind", f"127.0.0.1:{port}"],
         env={**os.environ, "RUST_LOG": "warn"},
     )  # fmt: skip

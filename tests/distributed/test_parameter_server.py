@@ -158,7 +158,9 @@ def test_on_nan_skip_in_ps_sync_skips_that_round_as_single_skips_that_step():
 
 
 def test_on_nan_skip_in_ps_async_skips_that_gradient_alone():
-    params, stats, _ = run_distributed(_ps_skipping, "async", 16, 10, 4, world_size=3)[1]
+    # At worker 1's first gradient: async workers take batches as they ask, and under load one
+    # worker may take all but a few of them.
+    params, stats, _ = run_distributed(_ps_skipping, "async", 16, 10, 1, world_size=3)[1]
     assert stats["skipped_updates"] == 1
     assert stats["global_steps"] == 2 * 10 - 1  # one version per applied gradient
     assert bool(torch.isfinite(params).all())
@@ -234,9 +236,9 @@ def test_backup_workers_drop_the_straggler(cli, tmp_path):
     assert applied + metrics["dropped_gradients"] == 4 * (1433 // 32)
     # Rounds take the first 2 gradients; the straggler's come late and are dropped, and
     # being slow it takes few batches: the two fast workers make nearly every round. At a
-    # tenth of their pace it takes about 176 / 21 ~ 8 of the 4 epochs' batches; 3 holds even
-    # if it starts half the run late (2 epochs were seen to leave it only 2 under load).
-    assert metrics["dropped_gradients"] >= 3
+    # tenth of their pace it takes about 176 / 21 ~ 8 of the 4 epochs' batches, fewer when
+    # it starts late (2 were seen with 14 test processes beside it): at least one is dropped.
+    assert metrics["dropped_gradients"] >= 1
     assert metrics["global_steps"] >= 0.8 * (applied // 2)
 
 

@@ -168,7 +168,10 @@ def test_teardown_ends_the_groups_and_their_gloo_threads_while_the_model_lives(n
     FSDP's device mesh) let a Gloo thread reach for the GIL during finalization, aborting a
     finished script ("terminate called without an active exception")."""
     result = subprocess.run(
-        [sys.executable, "-c", TEARDOWN, "--strategy", name], capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", TEARDOWN, "--strategy", name, "--device", "cpu"],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip().splitlines()[-1] == "gloo threads 0"

@@ -48,7 +48,7 @@ def test_channels_last_by_default_for_conv_nets_on_the_cpu():
 def test_the_run_says_what_it_used(cli, tmp_path, flags, threads, channels_last):
     out = tmp_path / "m.json"
     result = cli("train", "--model", "cifar_cnn", "--epochs", "1", "--log-every", "0", "--metrics-out", str(out),
-                 *flags, env={"PARATRAIN_THREADS_PER_WORKER": ""})  # fmt: skip
+                 "--device", "cpu", *flags, env={"PARATRAIN_THREADS_PER_WORKER": ""})  # fmt: skip
     assert result.returncode == 0, result.stderr
     metrics = json.loads(out.read_text())
     assert metrics["threads_per_worker"] == (threads or usable_cores())
@@ -61,7 +61,15 @@ def test_processes_that_share_a_gpu_join_over_gloo(monkeypatch):
     they all-reduce over Gloo, which moves CUDA tensors through host memory."""
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     cuda = torch.device("cuda", 0)
-    assert default_backend(cuda, {"LOCAL_WORLD_SIZE": "2"}) == "nccl"
+    torchrun = {"RANK": "0", "WORLD_SIZE": "6"}
+    assert default_backend(cuda, {**torchrun, "LOCAL_WORLD_SIZE": "2"}) == "nccl"
     assert default_backend(cuda, {}) == "nccl"
-    assert default_backend(cuda, {"LOCAL_WORLD_SIZE": "3"}) == "gloo"
-    assert default_backend(torch.device("cpu"), {"LOCAL_WORLD_SIZE": "1"}) == "gloo"
+    assert default_backend(cuda, {**torchrun, "LOCAL_WORLD_SIZE": "3"}) == "gloo"
+    assert default_backend(torch.device("cpu"), {**torchrun, "LOCAL_WORLD_SIZE": "1"}) == "gloo"
+    # TF_CONFIG names no local world: its tasks on this task's host are counted.
+    cluster = {"worker": ["10.0.0.1:2222", "10.0.0.1:2223", "10.0.0.1:2224", "10.0.0.2:2222"]}
+    tf_config = lambda index: {
+        "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})
+    }  # noqa: E731
+    assert default_backend(cuda, tf_config(0)) == "gloo"  # 3 tasks, 2 GPUs
+    assert default_backend(cuda, tf_config(3)) == "nccl"  # alone on its host

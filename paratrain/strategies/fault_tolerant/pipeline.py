@@ -222,7 +222,12 @@ class FaultTolerantPipelineStrategy(FaultTolerantAllReduceStrategy, PipelineStra
                 outputs = schedule.step()
         self._bytes_sent += count * self._microbatch_bytes
         # Equal micro-batches: the mean of their mean losses is the run's mean loss.
-        loss = torch.stack([l.detach() for l in losses]).mean() if losses else torch.zeros((), device=self.device)
+        # (A stage boundary over Gloo computes the last stage's loss in host memory.)
+        loss = (
+            torch.stack([l.detach() for l in losses]).mean().to(self.device)
+            if losses
+            else torch.zeros((), device=self.device)
+        )
         params = [p for p in self._module.parameters() if p.requires_grad]
         summed = self._sum_over_quorum(params, loss, count / micro, step, targets)
         if self.is_last_stage:

@@ -35,7 +35,9 @@ def sum_over_quorum(
     # Every participant must hold the same step's same global batch: their marks then sum
     # to P times each one's (exact in float32, as the loss must be: never in 16 bits).
     mark = batch_mark(step, targets)
-    tail = torch.stack([loss.detach().to(torch.float32) * share, torch.tensor(float(mark), device=grads.device)])
+    tail = torch.stack(
+        [loss.detach().to(grads.device, torch.float32) * share, torch.tensor(float(mark), device=grads.device)]
+    )
     with span("allreduce"):
         if wire_dtype is None:  # one all-reduce: gradient, loss and mark
             flat = torch.cat([grads.mul_(share), tail.to(grads.dtype)])

@@ -221,12 +221,12 @@ class PipelineStrategy(Strategy):
         (timings differ between processes, the split must not)."""
         if self.balance == "params":
             return balanced_bounds(layer_costs(layers, "params"), self.num_stages)
-        edges = torch.zeros(self.num_stages + 1, dtype=torch.int64)
+        edges = torch.zeros(self.num_stages + 1, dtype=torch.int64, device="cpu")
         if self.process_rank == 0:
             micro = example[: max(1, len(example) // self.num_microbatches)].to(self.device)
             costs = layer_costs([layer.to(self.device) for layer in layers], "time", micro)
             bounds = balanced_bounds(costs, self.num_stages)
-            edges = torch.tensor([a for a, _ in bounds] + [bounds[-1][1]], dtype=torch.int64)
+            edges = torch.tensor([a for a, _ in bounds] + [bounds[-1][1]], dtype=torch.int64, device="cpu")
         backend_device = self.device if dist.get_backend() == "nccl" else torch.device("cpu")
         edges = edges.to(backend_device)
         dist.broadcast(edges, src=0)
@@ -308,7 +308,11 @@ class PipelineStrategy(Strategy):
         """The global norm over every stage of this replica (one all-reduce of a square sum;
         replicas hold equal gradients after averaging), then each stage scales its own."""
         grads = [p.grad for p in self._module.parameters() if p.grad is not None]
-        square = torch.stack([g.detach().float().pow(2).sum() for g in grads]).sum() if grads else torch.zeros(())
+        square = (
+            torch.stack([g.detach().float().pow(2).sum() for g in grads]).sum()
+            if grads
+            else torch.zeros((), device=self.device)
+        )
         square = square.to(self.device).reshape(1)
         dist.all_reduce(square, group=self._pipeline_group)
         norm = square.sqrt()
@@ -375,7 +379,7 @@ class PipelineStrategy(Strategy):
         return tensor
 
     def stats(self) -> dict[str, Any]:
-        sent = torch.tensor([float(self._bytes_sent)], dtype=torch.float64)
+        sent = torch.tensor([float(self._bytes_sent)], dtype=torch.float64, device="cpu")
         if dist.get_backend() == "nccl":
             sent = sent.to(self.device)
         dist.all_reduce(sent)

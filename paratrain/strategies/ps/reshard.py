@@ -53,7 +53,11 @@ def reshard(states: list[dict[str, Any]], layout: ShardLayout, shard: int, group
             for key, value in state["optimizer"]["state"].get(pid, {}).items():
                 if torch.is_tensor(value) and value.dim() > 0 and value.numel() == piece.numel:
                     values, known = per_element.setdefault(
-                        key, (torch.zeros(layout.total, dtype=value.dtype), torch.zeros(layout.total, dtype=torch.bool))
+                        key,
+                        (
+                            torch.zeros(layout.total, dtype=value.dtype, device="cpu"),
+                            torch.zeros(layout.total, dtype=torch.bool, device="cpu"),
+                        ),
                     )
                     values[lo : lo + piece.numel] = value.reshape(-1)
                     known[lo : lo + piece.numel] = True

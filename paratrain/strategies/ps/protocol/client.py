@@ -54,7 +54,7 @@ class ShardClient:
         self.num_shards = len(links)
         self.pulled, self.tags, self.store = pulled, tags, store
         self.backup_workers, self.timeout = backup_workers, timeout
-        self.messages = [torch.zeros(HEADER_BYTES + p.nbytes, dtype=torch.uint8) for p in packers]
+        self.messages = [torch.zeros(HEADER_BYTES + p.nbytes, dtype=torch.uint8, device="cpu") for p in packers]
         self.versions = [0] * self.num_shards
         """Each shard's version, as of its last reply."""
         self.assigned = -1

@@ -98,7 +98,9 @@ class ShardServer:
         fresh = codec_factory or (lambda: make_codec("none"))
         self.packer = PackedGradient(fresh(), fresh, self.layout.piece_shapes(shard))
         # Two message buffers: the next receive is posted before this message is handled.
-        self.messages = [torch.zeros(HEADER_BYTES + self.packer.nbytes, dtype=torch.uint8) for _ in range(2)]
+        self.messages = [
+            torch.zeros(HEADER_BYTES + self.packer.nbytes, dtype=torch.uint8, device="cpu") for _ in range(2)
+        ]
         self.incoming = torch.zeros_like(self.params)
         # Replies may carry the parameters in 16 bits (--pull-compression); cast once per version.
         self.pull_dtype = pull_dtype

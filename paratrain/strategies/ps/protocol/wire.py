@@ -91,7 +91,7 @@ class Header:
 
     def write(self, message: torch.Tensor) -> None:
         """Into the first ``HEADER_BYTES`` of the byte tensor ``message``."""
-        message[:HEADER_BYTES].view(torch.float32).copy_(torch.tensor(self.fields(), dtype=torch.float32))
+        message[:HEADER_BYTES].view(torch.float32).copy_(torch.tensor(self.fields(), dtype=torch.float32, device="cpu"))
 
     @classmethod
     def read(cls, message: torch.Tensor) -> Header:
@@ -112,11 +112,11 @@ class Header:
 
 def reply_header(version: int, batch: int = NOT_ASSIGNED) -> torch.Tensor:
     """The first message of a reply: the shard's version and the worker's next batch."""
-    return torch.tensor([float(version), float(batch)], dtype=torch.float64)
+    return torch.tensor([float(version), float(batch)], dtype=torch.float64, device="cpu")
 
 
 def empty_reply_header() -> torch.Tensor:
-    return torch.zeros(REPLY_HEADER_SIZE, dtype=torch.float64)
+    return torch.zeros(REPLY_HEADER_SIZE, dtype=torch.float64, device="cpu")
 
 
 def read_reply_header(reply: torch.Tensor) -> tuple[int, int]:
