@@ -140,13 +140,7 @@ def _attempt(
                         )
                 break
             failed = _failures(processes, folder, lost)
-            # An expendable process lost before it joined the group is fatal all the same:
-            # the others cannot form the group without it.
-            fatal = {
-                rank: failure
-                for rank, failure in failed.items()
-                if rank not in expendable or not (folder / f"joined-{rank}").exists()
-            }
+            fatal = _fatal(failed, expendable, folder)
             if fatal:
                 # The others' exits show soon after (a process whose input was refused takes
                 # its peers down with it, and the order in which the fork server reports
@@ -155,7 +149,9 @@ def _attempt(
                 settle = time.monotonic() + (0.0 if any(c in (2, 3) for c, _, _ in fatal.values()) else 0.5)
                 while time.monotonic() < settle and any(p.exitcode is None for p in processes):
                     time.sleep(0.02)
-                fatal = {**_failures(processes, folder, lost), **fatal}
+                # (An expendable process lost in the same moment stays a loss: a SIGKILL
+                # counts as the earliest failure and would hide the one that ends the run.)
+                fatal = {**_fatal(_failures(processes, folder, lost), expendable, folder), **fatal}
                 raise first_failure(fatal, names)
             for rank, process in enumerate(processes):  # left when asked (SIGTERM), with a word
                 if rank not in left and left_when_asked(folder, rank, process.exitcode):
@@ -191,6 +187,16 @@ def _failures(processes: list[Any], folder: Path, lost: dict[int, Any]) -> dict[
         rank: (p.exitcode, failed_at(folder, rank, p.exitcode), failure_message(folder, rank, p.exitcode))
         for rank, p in enumerate(processes)
         if p.exitcode not in (None, 0) and rank not in lost
+    }
+
+
+def _fatal(failures: dict[int, Any], expendable: frozenset[int], folder: Path) -> dict[int, Any]:
+    """The failures that end the run: a needed process's, or an expendable one's that was lost
+    before it joined the group (the others cannot form the group without it)."""
+    return {
+        rank: failure
+        for rank, failure in failures.items()
+        if rank not in expendable or not (folder / f"joined-{rank}").exists()
     }
 
 
