@@ -72,12 +72,14 @@ def sever_groups(roots: Iterable[object]) -> int:
 
 def destroy_groups(collect: bool = True) -> None:
     """Destroy every process group of this process (the default one and the groups made
-    from it). Call after ``sever_groups``: the registry then holds the last references, and
-    letting them go runs each group's destructor with the GIL released. ``collect=False``
-    when garbage was collected since the groups were severed (severing makes no cycles)."""
+    from it). Takes the groups out of every DistributedDataParallel alive first (one the
+    user wrapped by hand would free its group from its reducer later, the GIL held); the
+    registry then holds the last references, and letting them go runs each group's
+    destructor with the GIL released. ``collect=False`` when garbage was just collected."""
     if dist.is_initialized():
         if collect:
             gc.collect()  # cycles (trainer <-> callbacks) that still reach a group
+        sever_groups(obj for obj in gc.get_objects() if isinstance(obj, DistributedDataParallel))
         dist.destroy_process_group()
 
 
@@ -118,16 +120,12 @@ class GroupLease:
         """Take the groups out of the wrapped objects the user may still hold (a wrapper freed
         during interpreter shutdown would free its group then, and abort the process; one the
         user keeps cannot train after, as after DDP's own pickling), then destroy the groups
-        if this lease formed them, after taking them out of every DDP alive (one the user
-        wrapped by hand on them would free its group from its reducer later, the GIL held).
-        Garbage is collected once (a full collection costs ~0.15 s once torch is imported)."""
+        if this lease formed them (``destroy_groups``). Garbage is collected once (a full
+        collection costs ~0.15 s once torch is imported)."""
         if not self._wrapped and not self.owns_group:
             return
         gc.collect()
-        roots = [wrapper for wrapper in (ref() for ref in self._wrapped) if wrapper is not None]
-        if self.owns_group:
-            roots += [obj for obj in gc.get_objects() if isinstance(obj, DistributedDataParallel)]
-        sever_groups(roots)
+        sever_groups(wrapper for wrapper in (ref() for ref in self._wrapped) if wrapper is not None)
         self._wrapped.clear()
         if self.owns_group:
             destroy_groups(collect=False)

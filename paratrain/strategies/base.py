@@ -27,11 +27,11 @@ from paratrain.session.diagnosis import timeout_culprits
 from paratrain.session.exits import leave_at_exit
 from paratrain.session.teardown import GroupLease
 from paratrain.strategies.accounting import staleness_summary
+from paratrain.strategies.local_step import local_step
 from paratrain.strategies.numerics import finite_gradients, finite_parameters
-from paratrain.strategies.recipe import StepRecipe, clip_norm
-from paratrain.strategies.step import LossFn, StepOutput, same, uncompiled
+from paratrain.strategies.recipe import StepRecipe, check_step_options, clip_norm
+from paratrain.strategies.step import LossFn, StepOutput, uncompiled
 from paratrain.strategies.topology import Role, Topology
-from paratrain.timeline import span
 
 if TYPE_CHECKING:
     from paratrain.config import TrainConfig
@@ -222,20 +222,8 @@ class Strategy:
 
     @classmethod
     def check_step(cls, name: str, precision: str, compile: bool = False, channels_last: bool = False) -> None:
-        """ConfigError for step options this mode cannot run (``name``: the mode's name):
-        fp16's scaler needs the optimizer local, and some modes cannot be compiled or keep
-        parameters in channels-last order."""
-        if channels_last and not cls.takes_channels_last:
-            raise ConfigError(
-                f"--channels-last: --strategy {name} shards parameters, which must be contiguous; leave it off"
-            )
-        if precision == "fp16" and not cls.scales_loss:
-            raise ConfigError(
-                f"--precision fp16 needs a gradient scaler beside the optimizer, which --strategy {name} "
-                "runs elsewhere; use --precision bf16, or --strategy single or allreduce"
-            )
-        if compile and not cls.compiles:
-            raise ConfigError(f"--compile is not available with --strategy {name}")
+        """ConfigError for step options this mode cannot run (``name``: the mode's name)."""
+        check_step_options(cls, name, precision, compile, channels_last)
 
     def use_recipe(self, recipe: StepRecipe | None) -> None:
         """Take ``recipe`` (ConfigError where this mode cannot run it)."""
@@ -276,37 +264,11 @@ class Strategy:
         targets: torch.Tensor,
     ) -> StepOutput:
         """Forward, backward (over the recipe's micro-batches) and update on this replica's batch."""
-        optimizer.zero_grad(set_to_none=True)
-        scaler = self.scaler
-        loss, outputs = self.recipe.forward_backward(
-            model,
-            loss_fn,
-            inputs,
-            targets,
-            self.device,
-            no_sync=lambda: self.no_sync(model),
-            scale=scaler.scale if scaler is not None else same,
-        )
-        self.reduce_gradients(model)
-        self.steps_taken += 1
-        if scaler is not None:  # fp16: the scaler skips a step whose gradient overflowed
-            scaler.unscale_(optimizer)
-            if self.recipe.clip_grad_norm:
-                self.clip_gradients(model)
-            with span("optimizer"):
-                scaler.step(optimizer)
-                scaler.update()
-            self._steps += 1
-            return StepOutput(loss, outputs)
-        if self.recipe.clip_grad_norm:
-            self.clip_gradients(model)
-        # Gradients are already averaged: every replica sees the same and skips alike.
-        if self.skip_nonfinite(model, loss, lambda: self.gradients_finite(optimizer)):
-            return StepOutput(loss, outputs, skipped=True)
-        with span("optimizer"):
-            optimizer.step()
+        return local_step(self, model, loss_fn, optimizer, inputs, targets)
+
+    def count_update(self) -> None:
+        """One more update applied (``stats`` and checkpoints count them)."""
         self._steps += 1
-        return StepOutput(loss, outputs)
 
     def skip_nonfinite(self, model: nn.Module, loss: torch.Tensor | float, finite: Callable[[], bool]) -> bool:
         """The one path for a NaN or Inf gradient, in every strategy: with ``on_nan="skip"``,

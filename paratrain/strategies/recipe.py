@@ -37,6 +37,23 @@ from paratrain.timeline import span
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
+def check_step_options(mode: Any, name: str, precision: str, compile: bool, channels_last: bool) -> None:
+    """ConfigError for step options the strategy class ``mode`` cannot run (``name``: its
+    name): fp16's scaler needs the optimizer local, and some modes cannot be compiled or
+    keep parameters in channels-last order (their class flags say)."""
+    if channels_last and not mode.takes_channels_last:
+        raise ConfigError(
+            f"--channels-last: --strategy {name} shards parameters, which must be contiguous; leave it off"
+        )
+    if precision == "fp16" and not mode.scales_loss:
+        raise ConfigError(
+            f"--precision fp16 needs a gradient scaler beside the optimizer, which --strategy {name} "
+            "runs elsewhere; use --precision bf16, or --strategy single or allreduce"
+        )
+    if compile and not mode.compiles:
+        raise ConfigError(f"--compile is not available with --strategy {name}")
+
+
 @dataclass(frozen=True)
 class StepRecipe:
     precision: str = "fp32"

@@ -19,7 +19,7 @@ from paratrain.comm.transport import ensure_process_group
 from paratrain.config import TrainConfig
 from paratrain.data.datasets import load_digits
 from paratrain.models import build_model
-from paratrain.session.teardown import destroy_groups
+from paratrain.session.teardown import destroy_groups, gloo_threads
 from paratrain.testing import flat_parameters, run_distributed
 from paratrain.train import job
 
@@ -66,7 +66,11 @@ def _hooked_and_reference_gradients(names, steps):
                 record[label] = {n: p.grad.clone() for n, p in strategy.unwrap(model).named_parameters()}
             records.append(record)
         results[name] = {"steps": records, "bytes_sent": strategy.hook.bytes_sent if strategy.hook else None}
+    # The DDPs made here still hold the group: destroying it takes it out of them, so that its
+    # Gloo threads end now (a group left to a reducer freed later, or to a peer's exit,
+    # aborted this process once: "Resource deadlock avoided").
     destroy_groups()
+    assert gloo_threads() == []
     return results
 
 

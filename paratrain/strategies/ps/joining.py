@@ -41,9 +41,10 @@ def pair_prefix(worker: int, shard: int) -> str:
     return f"pair/{worker}/{shard}"
 
 
-def describe_run(store: Any, prefix: str, **facts: Any) -> None:
-    """Shard 0: publish the run to joiners (``store`` is the unprefixed rendezvous store)."""
-    store.set(RUN_KEY, json.dumps({"prefix": prefix, **facts}))
+def describe_run(member: Any, **facts: Any) -> None:
+    """Shard 0: publish the run to joiners, in the rendezvous store (unprefixed), with where
+    its keys are (``member``: membership.Membership) and its message tags."""
+    member.root_store.set(RUN_KEY, json.dumps({"prefix": member.prefix, "tags": member.tags, **facts}))
 
 
 class Door:

@@ -8,27 +8,22 @@ to it. Transport is c10d point-to-point over Gloo (parameter-server state lives 
 memory, as in the classic design); the control plane (heartbeats, final statistics) is
 a TCPStore.
 
-Every process of a run makes the same ParameterServerStrategy, which joins the run and
-composes the process's role: on a shard a ShardHost (host.py), which serves; on a worker
-a PSWorker (worker.py), its side of the wire. The step and the run's policies are this
-class's. The per-mode facts (update rule, whether a lost worker is survived, how batches
-are handed out) come from modes.MODES.
+Every process of a run makes the same ParameterServerStrategy, which joins the run
+(membership.py) and composes its role: a ShardHost on a shard (host.py), a PSWorker on a
+worker (worker.py). The step and the run's policies are this class's; the per-mode facts
+(update rule, lost workers, batches) come from modes.MODES, option checks from checks.py.
 """
 
 from __future__ import annotations
 
-import os
 import sys
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from paratrain.comm.codec_config import CodecConfig, make_codec
 from paratrain.comm.codecs import Codec
-from paratrain.comm.transport import cluster_from_env
 from paratrain.data.batch import num_examples
 from paratrain.data.sharding import ShardedBatches
 from paratrain.errors import ConfigError, ReplicaLeft
@@ -37,21 +32,20 @@ from paratrain.strategies.accounting import staleness_summary
 from paratrain.strategies.base import DEFAULT_TIMEOUT_S, Strategy
 from paratrain.strategies.device import resolve_device
 from paratrain.strategies.ps.batches import AssignedBatches
+from paratrain.strategies.ps.checks import check_run
 from paratrain.strategies.ps.heartbeat import Heartbeat
 from paratrain.strategies.ps.host import ShardHost
-from paratrain.strategies.ps.joining import describe_run, join_run, run_options
+from paratrain.strategies.ps.joining import describe_run, run_options
 from paratrain.strategies.ps.layout import ShardLayout
+from paratrain.strategies.ps.membership import Membership, join_own_run, join_running_run
 from paratrain.strategies.ps.modes import (
     MODES,
     PULL_DTYPES,
     PSConfig,
     PSMode,
     PSTopology,
-    check_mode,
     survives_lost_worker,
 )
-from paratrain.strategies.ps.protocol.links import WorldLink
-from paratrain.strategies.ps.protocol.wire import RUN_TAG_STRIDE
 from paratrain.strategies.ps.worker import PSWorker
 from paratrain.strategies.recipe import StepRecipe
 from paratrain.strategies.step import LossFn, StepOutput
@@ -72,7 +66,6 @@ class ParameterServerStrategy(Strategy):
     # order: any number of workers goes on from a checkpoint, on any number of shards
     # (reshard.py).
     reshards = True
-    _runs = 0
 
     def __init__(
         self,
@@ -110,9 +103,9 @@ class ParameterServerStrategy(Strategy):
             join=join,
         )
         self.join = join
+        """HOST:PORT of a running run this worker joins (joining.py); None: a worker of its own run."""
         self.run_options: dict[str, Any] | None = None
         """The run's options (``paratrain train`` flags), published to the workers that join it."""
-        """HOST:PORT of a running run this worker joins (joining.py); None: a worker of its own run."""
         self.name = self.mode.strategy_name
         self.facts = MODES[self.mode]
         self.num_shards, self.backup_workers = num_shards, backup_workers
@@ -123,16 +116,13 @@ class ParameterServerStrategy(Strategy):
         self.codec = make_codec(compression, codec_options)
         self.host: ShardHost | None = None
         """The shard this process serves as (None on a worker)."""
-        self._store: Any = None
         self._heartbeat: Heartbeat | None = None
         self.worker: PSWorker | None = None
         """This process's side of the wire where it is a worker (None on a shard)."""
-        self._links: list[Any] = []  # one per shard (protocol/links.py)
-        self._joined: dict[str, Any] | None = None  # where the run stood when this worker joined it
+        self.membership: Membership | None = None
+        """This process's place in the run (membership.py), once it joined."""
         self._per_update = 1  # gradients per version: 1 (ps-async), else a round's
         self._sigterm = LeaveOnSigterm()  # asked: say done after this step and leave
-        self._tags = 0
-        self._address = ""  # HOST:PORT of this run's rendezvous, where workers join it
 
     # ----- configuration ---------------------------------------------------------------
     @classmethod
@@ -147,20 +137,7 @@ class ParameterServerStrategy(Strategy):
 
     @classmethod
     def check_config(cls, config: TrainConfig) -> None:
-        mode = PSMode.of(config.strategy)
-        check_mode(mode, config.ps)
-        if config.early_stopping:
-            raise ConfigError(f"--early-stopping is not available with --strategy {config.strategy}")
-        if config.ps.join and (config.checkpoint_dir or config.max_restarts):
-            raise ConfigError(
-                "--join adds a worker to a running run, whose shards keep its checkpoints: drop "
-                "--checkpoint-dir and --max-restarts"
-            )
-        fail = config.faults.fail_at
-        if fail and fail[0] == 0 and survives_lost_worker(mode, config.ps):
-            raise ConfigError(
-                "--fail names worker 0, the chief (it evaluates and writes the metrics); name another worker"
-            )
+        check_run(config)
 
     @classmethod
     def from_config(cls, config: TrainConfig) -> ParameterServerStrategy:
@@ -212,12 +189,18 @@ class ParameterServerStrategy(Strategy):
         if self._ready:
             return
         if self.join:
-            self._join_running_run()
+            self.membership = join_running_run(self.join, self._joining_facts(), self.num_shards, self.timeout)
+            self.workers = None  # this process's place is the one the run gave it, not --workers
         else:
-            self._join_own_run()
-        self._per_update = 1 if self.facts.one_update_per_gradient else self.num_replicas - self.backup_workers
-        if self._joined is not None:
-            self._per_update = self._joined["run"]["per_update"]
+            # Parameter-server traffic is host memory over Gloo, on GPUs too.
+            self.membership = join_own_run(self.name, self.num_shards, self.timeout, lambda: self._join_group("gloo"))
+        member = self.membership
+        self.process_rank = member.process_rank
+        self.topology = self._topology(member.num_workers)
+        if self.role is Role.WORKER:
+            self.device = resolve_device(self.device_preference, member.local_rank)
+        own = 1 if self.facts.one_update_per_gradient else self.num_replicas - self.backup_workers
+        self._per_update = member.joined["run"]["per_update"] if member.joined is not None else own
         if self.role is Role.PS:
             self.host = ShardHost(
                 self.rank,
@@ -225,11 +208,11 @@ class ParameterServerStrategy(Strategy):
                 self.num_replicas,
                 self.mode,
                 self.config,
-                self._store,
+                self.membership.store,
                 heartbeat_timeout=self.heartbeat_timeout,
                 timeout=self.timeout,
                 codec_factory=self._fresh_codec,
-                tags=self._tags,
+                tags=self.membership.tags,
             )
         else:
             self.worker = PSWorker(
@@ -238,55 +221,15 @@ class ParameterServerStrategy(Strategy):
                 self.num_replicas,
                 self.backup_workers,
                 self.facts,
-                self._links,
-                self._store,
-                self._tags,
+                self.membership.links,
+                self.membership.store,
+                self.membership.tags,
                 self.timeout,
                 on_version=lambda version: self.on_version(version),  # the Trainer sets it later
             )
             self.worker.per_update = self._per_update
-            self._heartbeat = Heartbeat(self._store, self.rank, self.heartbeat_timeout).start()
+            self._heartbeat = Heartbeat(self.membership.store, self.rank, self.heartbeat_timeout).start()
         super().setup()
-
-    def _join_own_run(self) -> None:
-        """One of the processes the run started with: a rank of its process group."""
-        cluster = cluster_from_env()
-        if cluster is None or cluster.world_size < self.num_shards + 1:
-            raise ConfigError(
-                f"{self.name} needs {self.num_shards} ps shard(s) and at least one worker: run "
-                "`paratrain train --strategy ps-... --workers N`, or under torchrun / TF_CONFIG"
-            )
-        self.process_rank = cluster.rank
-        self.topology = self._topology(cluster.world_size - self.num_shards)
-        if self.role is Role.WORKER:
-            self.device = resolve_device(self.device_preference, cluster.local_rank)
-        # Parameter-server traffic is host memory over Gloo, on GPUs too.
-        self._join_group("gloo")
-        restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
-        # Every process makes its strategies in the same order, so a run's number names it
-        # in the store even when several runs share one process group.
-        ParameterServerStrategy._runs += 1
-        # ...and its own message tags: a process that moved on to the next run must not
-        # reach the previous run's shard, still serving until its chief says it is over.
-        self._tags = RUN_TAG_STRIDE * ParameterServerStrategy._runs
-        self._root_store = dist.TCPStore(
-            cluster.master_addr, cluster.master_port, is_master=False, timeout=timedelta(seconds=self.timeout)
-        )
-        self._prefix = f"paratrain/{restart}/ps{ParameterServerStrategy._runs}/"
-        self._store = dist.PrefixStore(self._prefix, self._root_store)
-        self._links = [WorldLink(shard) for shard in range(self.num_shards)]
-        self._address = f"{cluster.master_addr}:{cluster.master_port}"
-
-    def _join_running_run(self) -> None:
-        """A worker added to a running run (``--join``): no rank of its process group; it
-        meets each shard over a link of its own (joining.py)."""
-        self._joined = join_run(self.join, self._joining_facts(), self.timeout)
-        worker, run = self._joined["worker"], self._joined["run"]
-        self._store, self._tags, self._links = self._joined["store"], run["tags"], self._joined["links"]
-        self.topology = self._topology(worker + 1)
-        self.process_rank = self.num_shards + worker
-        self.workers = None  # this process's place is the one the run gave it, not --workers
-        self.device = resolve_device(self.device_preference, 0)
 
     @property
     def evaluates(self) -> bool:
@@ -312,23 +255,17 @@ class ParameterServerStrategy(Strategy):
             self.host.prepare(model, optimizer)
             if self.rank == 0 and self.facts.admits_joiners:
                 describe_run(
-                    self._root_store,
-                    self._prefix,
+                    self.membership,
                     **self._joining_facts(),
                     workers=self.num_replicas,
                     parameters=self.host.server.layout.total,
-                    tags=self._tags,
                     per_update=self._per_update,
                     options=self.run_options,
                 )
             return model, optimizer
         model = self.recipe.prepare_model(model.to(self.device))
         layout = ShardLayout.of(model, self.num_shards)
-        if self._joined is not None and self._joined["run"]["parameters"] != layout.total:
-            raise ConfigError(
-                f"--join {self.join}: this model has {layout.total} parameters, the run's "
-                f"{self._joined['run']['parameters']}: give the run's --model and data"
-            )
+        self.membership.check_parameters(layout.total, self.join)
         pull_dtype = self.PULL_DTYPES[self.pull_compression]
         self.worker.prepare(model, optimizer, layout, self.device, pull_dtype, self.codec, self._fresh_codec)
         return model, optimizer
@@ -348,10 +285,9 @@ class ParameterServerStrategy(Strategy):
         on SIGTERM: it finishes its step, says done, and exits 0."""
         if self.role is not Role.WORKER:
             return
-        if self._joined is not None:
-            position = self._joined["position"]
-            per_worker = self._joined["run"]["workers"] if self.facts.one_update_per_gradient else 1
-            trainer.epoch, trainer.global_step = position["epoch"], position["version"] // per_worker
+        if self.membership.joined is not None:
+            trainer.epoch, trainer.global_step = self.membership.joined_position(self.facts.one_update_per_gradient)
+            position = self.membership.joined["position"]
             print(
                 f"paratrain: worker {self.rank} joined the run at {self.join} at version {position['version']} "
                 f"(epoch {position['epoch'] + 1}) with the shards' current parameters",
@@ -359,7 +295,10 @@ class ParameterServerStrategy(Strategy):
                 flush=True,
             )
         elif self.is_chief and self.facts.admits_joiners:
-            print(f"paratrain: more workers may join this run: paratrain train ... --join {self._address}", flush=True)
+            print(
+                f"paratrain: more workers may join this run: paratrain train ... --join {self.membership.address}",
+                flush=True,
+            )
         if not self.is_chief and survives_lost_worker(self.mode, self.config):
             self._sigterm.install()
 
@@ -421,12 +360,7 @@ class ParameterServerStrategy(Strategy):
         return StepOutput(loss, outputs, skipped=not finite)
 
     def step_counters(self) -> dict[str, float]:
-        client = self.worker.client
-        return {
-            "bytes_sent": client.bytes_sent,
-            "wait_seconds": client.wait_seconds,
-            "staleness": self.worker.last_staleness,
-        }
+        return self.worker.step_counters()
 
     def set_learning_rate(self, optimizer: torch.optim.Optimizer, lr: float) -> None:
         if self.worker is not None:
@@ -453,11 +387,9 @@ class ParameterServerStrategy(Strategy):
 
     def stats(self) -> dict[str, Any]:
         """On the chief after finish(): totals over every shard and worker."""
-        totals = self.worker.stats() if self.worker is not None else None
-        if totals is None:
-            sent = self.worker.client.bytes_sent if self.worker is not None and self.worker.client else 0
-            return {"bytes_sent": sent, "dropped_gradients": 0, "staleness": staleness_summary({})}
-        return totals
+        if self.worker is None:
+            return {"bytes_sent": 0, "dropped_gradients": 0, "staleness": staleness_summary({})}
+        return self.worker.stats()
 
     def teardown(self) -> None:
         if self._ready and self.is_chief and self.worker is not None and self.worker.finished:

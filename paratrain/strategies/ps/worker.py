@@ -18,6 +18,7 @@ from torch import nn
 
 from paratrain.comm.packing import PackedGradient
 from paratrain.errors import WorkerLost
+from paratrain.strategies.accounting import staleness_summary
 from paratrain.strategies.ps.buffers import FlatParameters
 from paratrain.strategies.ps.layout import ShardLayout
 from paratrain.strategies.ps.modes import ModeFacts
@@ -205,10 +206,20 @@ class PSWorker:
             self._server_stats = [json.loads(self.store.get(k)) for k in keys]
             self.pull(wanted=0)
 
-    def stats(self) -> dict[str, Any] | None:
-        """On the chief after ``finish``: totals over every shard and worker (None before)."""
+    def step_counters(self) -> dict[str, float]:
+        """This worker's traffic, waiting and staleness so far (the step log's columns)."""
+        return {
+            "bytes_sent": self.client.bytes_sent,
+            "wait_seconds": self.client.wait_seconds,
+            "staleness": self.last_staleness,
+        }
+
+    def stats(self) -> dict[str, Any]:
+        """On the chief after ``finish``: totals over every shard and worker (before it, or on
+        another worker: this worker's traffic)."""
         if not self._server_stats:
-            return None
+            sent = self.client.bytes_sent if self.client else 0
+            return {"bytes_sent": sent, "dropped_gradients": 0, "staleness": staleness_summary({})}
         first = self._server_stats[0]
         others = sum(
             json.loads(self.store.get(f"worker/{w}"))["bytes_sent"]

@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import json
 import threading
-import time
-from collections import Counter
 from collections.abc import Callable
 from typing import Any
 
@@ -31,15 +29,17 @@ from torch import nn
 from paratrain.comm.codec_config import make_codec
 from paratrain.comm.packing import PackedGradient
 from paratrain.errors import ConfigError, WorkerLost
+from paratrain.strategies.ps.heartbeat import Watch
 from paratrain.strategies.ps.joining import Door
 from paratrain.strategies.ps.layout import ShardLayout
 from paratrain.strategies.ps.policies import Gradient, SyncRule
+from paratrain.strategies.ps.protocol.dealer import Dealer
 from paratrain.strategies.ps.protocol.links import WorldLink
 from paratrain.strategies.ps.protocol.optimizer import shard_optimizer
+from paratrain.strategies.ps.protocol.tally import ShardTally
 from paratrain.strategies.ps.protocol.wire import (
     DONE,
     HEADER_BYTES,
-    NO_MORE_BATCHES,
     NOT_ASSIGNED,
     PULL,
     PUSH,
@@ -84,7 +84,7 @@ class ShardServer:
         """Called with each version published, under the lock: the state is that version's."""
         self.shard, self.num_shards, self.num_workers = shard, num_shards, num_workers
         self.rule, self.store = rule, store
-        self.heartbeat_timeout, self.tolerate_loss, self.wait_timeout = heartbeat_timeout, tolerate_loss, wait_timeout
+        self.tolerate_loss, self.wait_timeout = tolerate_loss, wait_timeout
         self.admits = admits  # workers may join while it serves (joining.py)
         self.layout = ShardLayout.of(model, num_shards)
         params = [p for p in model.parameters() if p.requires_grad]
@@ -111,26 +111,19 @@ class ShardServer:
         self.version = 0
         self._held: list[Gradient] = []
         self._waiting: list[tuple[int, int, tuple[int, int] | None]] = []  # (worker, wanted, (epoch, batches))
-        self._next_batch: dict[int, int] = {}  # shard 0 hands out each epoch's batches in turn
-        self._num_batches: dict[int, int] = {}
+        self.dealer = Dealer(deals=shard == 0)  # shard 0 hands out each epoch's batches in turn
         self.workers = set(range(num_workers))  # the run's workers, and those that joined it since
         self.joined: list[int] = []
         self.links: dict[int, Any] = {}  # worker -> its link (links.py), made by serve() and admit()
         self._clocks = dict.fromkeys(range(num_workers), 0)
-        self._last_message = dict.fromkeys(range(num_workers), 0.0)
+        self.watch = Watch(store, heartbeat_timeout, wait_timeout)  # which workers fell silent
         self.done: set[int] = set()
         self.lost: set[int] = set()
-        self.staleness: Counter[int] = Counter()
-        self.dropped = self.dropped_samples = self.samples = 0
-        self.skipped = 0  # updates skipped for a NaN or Inf gradient (--on-nan skip)
-        self.short_rounds = 0  # synchronous versions made of fewer gradients than a round
-        self.late_pushes = 0  # pushes that came as a header alone, their round closed (LATE)
+        self.tally = ShardTally()
         # Under backup workers a round closes without the slowest: its version goes to the
         # store, where a worker looks before pushing a large gradient that would come late.
         backups = num_workers - rule.required if isinstance(rule, SyncRule) else 0
         self.announces = checks_lateness(backups, self.packer.nbytes)
-        self.bytes_sent = 0
-        self.max_clock_gap = 0
         self.lock = threading.Lock()
         self.finished = threading.Event()
         self.fatal: str | None = None
@@ -151,8 +144,8 @@ class ShardServer:
     # ----- serving ------------------------------------------------------------------------
     def serve(self) -> dict[str, Any]:
         """Serve until every worker is done or lost; returns this shard's statistics."""
-        now = time.monotonic()
-        self._last_message = dict.fromkeys(range(self.num_workers), now)
+        for worker in range(self.num_workers):
+            self.watch.heard(worker)
         self._announce()
         self.links.update({w: WorldLink(w + self.num_shards) for w in range(self.num_workers)})
         receiver = threading.Thread(target=self._receive_loop, name="ps-receiver", daemon=True)
@@ -221,11 +214,11 @@ class ShardServer:
     def _handle(self, worker: int, message: torch.Tensor, header: Header) -> bool:
         """One message from ``worker`` (``header``: its header, read); False for the chief's
         word that the run is over."""
-        self._last_message[worker] = time.monotonic()  # a message is a sign of life too
+        self.watch.heard(worker)
         with self.lock:
             if header.kind == PUSH:
                 finite = not header.nonfinite
-                self.late_pushes += header.late
+                self.tally.late_pushes += header.late
                 if finite and not header.late:  # a non-finite or late push carries no payload
                     self.packer.decompress_into(message[HEADER_BYTES:], self.incoming)
                 grad = Gradient(worker, header.version, header.samples, header.lr_scale, finite)
@@ -248,7 +241,7 @@ class ShardServer:
         with self.lock:
             live = [self._clocks[w] for w in self.active_workers()]
             self._clocks[worker] = min(live, default=0)
-            self._last_message[worker] = time.monotonic()
+            self.watch.heard(worker)
             self.links[worker] = link
             self.workers.add(worker)
             self.joined.append(worker)
@@ -258,15 +251,15 @@ class ShardServer:
 
     def _on_push(self, grad: Gradient) -> None:
         self._clocks[grad.worker] += 1
-        self.samples += grad.samples
+        self.tally.samples += grad.samples
         verdict = self.rule.accept(grad, self)
         if verdict == "drop":
-            self.dropped += 1
-            self.dropped_samples += grad.samples
+            self.tally.dropped += 1
+            self.tally.dropped_samples += grad.samples
         elif verdict == "apply" and not grad.finite:
-            self.skipped += 1  # ps-async: nothing applied, no version published
+            self.tally.skipped += 1  # ps-async: nothing applied, no version published
         elif verdict == "apply":
-            self.staleness[self.version - grad.version] += 1
+            self.tally.staleness[self.version - grad.version] += 1
             self.grad.copy_(self.incoming)
             self._apply(grad.lr_scale)
         else:  # hold for this version's average, weighted by samples
@@ -278,14 +271,14 @@ class ShardServer:
         """Publish a version if the held gradients make one; answer the pulls that may go."""
         if self._held and self.rule.ready({g.worker for g in self._held}, self):
             # fewer than a round's gradients: workers were lost (or an epoch's end under backups)
-            self.short_rounds += len(self._held) < self.rule.required
+            self.tally.short_rounds += len(self._held) < self.rule.required
             if all(g.finite for g in self._held):
                 total = sum(g.samples for g in self._held)
                 self.grad.copy_(self.held).div_(total)
-                self.staleness[0] += len(self._held)
+                self.tally.staleness[0] += len(self._held)
                 self._apply(self._held[0].lr_scale)
             else:  # the average holds a NaN or Inf: the version comes without an update
-                self.skipped += 1
+                self.tally.skipped += 1
                 self._apply(self._held[0].lr_scale, skip=True)
             self.held.zero_()
             self._held.clear()
@@ -293,7 +286,7 @@ class ShardServer:
         for worker, wanted, batch in self._waiting:
             # A worker that is done gets what there is: nothing more will come for it.
             if worker in self.done or self.rule.may_pull(worker, wanted, self):
-                self._reply(worker, self._assign(batch))
+                self._reply(worker, self.dealer.deal(batch))
             else:
                 still_waiting.append((worker, wanted, batch))
         self._waiting = still_waiting
@@ -318,29 +311,16 @@ class ShardServer:
         if self.announces:
             self.store.set(f"version/{self.shard}", str(self.version))
 
-    def _assign(self, batch: tuple[int, int] | None) -> int:
-        """The next batch of the epoch for whoever asks first (dynamic sharding: a fast
-        worker takes more of each epoch than a slow one). Shard 0 alone keeps count."""
-        if batch is None or self.shard != 0:
-            return NOT_ASSIGNED
-        epoch, num_batches = batch
-        self._num_batches[epoch] = num_batches
-        index = self._next_batch.get(epoch, 0)
-        if index >= num_batches:
-            return NO_MORE_BATCHES
-        self._next_batch[epoch] = index + 1
-        return index
-
     def _reply(self, worker: int, batch: int = NOT_ASSIGNED) -> None:
         live = [self._clocks[w] for w in self.active_workers()]
         if live:
-            self.max_clock_gap = max(self.max_clock_gap, self._clocks[worker] - min(live))
+            self.tally.max_clock_gap = max(self.tally.max_clock_gap, self._clocks[worker] - min(live))
         link = self.links[worker]
         version = reply_header(self.version, batch)
         params = self._pull_payload()
         self._sending.append((worker, link.isend(version, TAG_REPLY_HEADER + self.tags), version))
         self._sending.append((worker, link.isend(params, TAG_REPLY + self.tags), None))
-        self.bytes_sent += version.numel() * 8 + params.numel() * params.element_size()
+        self.tally.bytes_sent += version.numel() * 8 + params.numel() * params.element_size()
 
     def _pull_payload(self) -> torch.Tensor:
         if self.pull_dtype == self.params.dtype:
@@ -359,31 +339,12 @@ class ShardServer:
 
     # ----- liveness -----------------------------------------------------------------------
     def _monitor_loop(self) -> None:
-        seen: dict[int, tuple[int, float]] = {}
-        interval = min(0.5, self.heartbeat_timeout / 5)
-        while not self.finished.wait(interval):
-            now = time.monotonic()
-            for worker in sorted(self.active_workers()):
-                beats = self.store.add(f"hb/{worker}", 0)
-                if worker not in seen or seen[worker][0] != beats:
-                    seen[worker] = (beats, now)
-                silent = now - max(seen[worker][1], self._last_message[worker])
-                # A process may beat (its heartbeat thread) and yet be stuck: no message for
-                # half of --timeout counts as lost too. Half: the shard must name the stuck
-                # worker before the others' waits (--timeout) blame the shard.
-                quiet = now - self._last_message[worker]
-                why = (
-                    f"no heartbeat for {self.heartbeat_timeout:g} s"
-                    if silent > self.heartbeat_timeout
-                    else f"no message for {self.wait_timeout / 2:g} s, half of --timeout"
-                    if quiet > self.wait_timeout / 2
-                    else None
-                )
-                if why:
-                    with self.lock:
-                        if worker in self.active_workers():
-                            self._lose(worker, why)
-                            self._progress()
+        while not self.finished.wait(self.watch.interval):
+            for worker, why in self.watch.silent(sorted(self.active_workers())):
+                with self.lock:
+                    if worker in self.active_workers():
+                        self._lose(worker, why)
+                        self._progress()
 
     def _lose(self, worker: int, why: str) -> None:
         self.lost.add(worker)
@@ -400,15 +361,8 @@ class ShardServer:
             "params": self.params.clone(),
             "optimizer": self.optimizer.state_dict(),
             "version": self.version,
-            "next_batch": dict(self._next_batch),
-            "num_batches": dict(self._num_batches),
-            "staleness": dict(self.staleness),
-            "dropped": self.dropped,
-            "dropped_samples": self.dropped_samples,
-            "samples": self.samples,
-            "skipped": self.skipped,
-            "short_rounds": self.short_rounds,
-            "late_pushes": self.late_pushes,
+            **self.dealer.state_dict(),
+            **self.tally.state_dict(),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -419,13 +373,8 @@ class ShardServer:
         self.params.copy_(state["params"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.version = int(state["version"])
-        self._next_batch = {int(k): int(v) for k, v in state["next_batch"].items()}
-        self._num_batches = {int(k): int(v) for k, v in state["num_batches"].items()}
-        self.staleness = Counter({int(k): int(v) for k, v in state["staleness"].items()})
-        self.dropped, self.dropped_samples, self.samples = state["dropped"], state["dropped_samples"], state["samples"]
-        self.skipped = int(state.get("skipped", 0))
-        self.short_rounds = int(state.get("short_rounds", 0))
-        self.late_pushes = int(state.get("late_pushes", 0))
+        self.dealer.load_state_dict(state)
+        self.tally.load_state_dict(state)
 
     def load_resharded(self, states: list[dict[str, Any]]) -> None:
         """This shard's state from the parts of a checkpoint saved by another number of
@@ -434,9 +383,7 @@ class ShardServer:
 
     def position(self) -> dict[str, int]:
         """Where a resumed run goes on: the version, and the first epoch with batches left."""
-        epoch = max(self._next_batch, default=0)
-        if epoch in self._next_batch and self._next_batch[epoch] >= self._num_batches.get(epoch, 0):
-            epoch += 1
+        epoch = self.dealer.first_open_epoch()
         return {"version": self.version, "epoch": epoch}
 
     def statistics(self) -> dict[str, Any]:
@@ -444,15 +391,7 @@ class ShardServer:
             "shard": self.shard,
             "version": self.version,
             "bytes": self.layout.shard_bytes()[self.shard],
-            "bytes_sent": self.bytes_sent,
-            "samples": self.samples,
-            "dropped_gradients": self.dropped,
-            "dropped_samples": self.dropped_samples,
-            "skipped_updates": self.skipped,
-            "short_rounds": self.short_rounds,
-            "late_pushes": self.late_pushes,
-            "staleness": {str(k): v for k, v in sorted(self.staleness.items())},
+            **self.tally.statistics(),
             "workers_lost": sorted(self.lost),
             "workers_joined": list(self.joined),
-            "max_clock_gap": self.max_clock_gap,
         }

@@ -1,0 +1,27 @@
+"""The checks of a parameter-server run's options, made before any process starts."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from paratrain.errors import ConfigError
+from paratrain.strategies.ps.modes import PSMode, check_mode, survives_lost_worker
+
+if TYPE_CHECKING:
+    from paratrain.config import TrainConfig
+
+
+def check_run(config: TrainConfig) -> None:
+    """ConfigError for a run option a parameter-server run cannot honour."""
+    mode = PSMode.of(config.strategy)
+    check_mode(mode, config.ps)
+    if config.early_stopping:
+        raise ConfigError(f"--early-stopping is not available with --strategy {config.strategy}")
+    if config.ps.join and (config.checkpoint_dir or config.max_restarts):
+        raise ConfigError(
+            "--join adds a worker to a running run, whose shards keep its checkpoints: drop "
+            "--checkpoint-dir and --max-restarts"
+        )
+    fail = config.faults.fail_at
+    if fail and fail[0] == 0 and survives_lost_worker(mode, config.ps):
+        raise ConfigError("--fail names worker 0, the chief (it evaluates and writes the metrics); name another worker")
