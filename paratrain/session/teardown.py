@@ -79,8 +79,26 @@ def destroy_groups(collect: bool = True) -> None:
     if dist.is_initialized():
         if collect:
             gc.collect()  # cycles (trainer <-> callbacks) that still reach a group
-        sever_groups(obj for obj in gc.get_objects() if isinstance(obj, DistributedDataParallel))
+        sever_groups(live_ddps())
         dist.destroy_process_group()
+
+
+def live_ddps() -> list[DistributedDataParallel]:
+    """Every DistributedDataParallel (or subclass) alive in this process: one pass over the
+    collector's objects by exact type (``isinstance`` on each of ~10^5 objects costs ~0.1 s,
+    paid at every teardown)."""
+    ddp_types = _subclasses(DistributedDataParallel)
+    objects = gc.get_objects()
+    if ddp_types.isdisjoint(map(type, objects)):
+        return []
+    return [obj for obj in objects if type(obj) in ddp_types]
+
+
+def _subclasses(cls: type) -> set[type]:
+    found = {cls}
+    for sub in cls.__subclasses__():
+        found |= _subclasses(sub)
+    return found
 
 
 def gloo_threads() -> list[str]:
