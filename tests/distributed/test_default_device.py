@@ -39,7 +39,8 @@ if __name__ == "__main__":
 """
 
 
-@pytest.mark.parametrize("name, processes", [("single", 1), ("allreduce", 2), ("ps-sync", 3), ("pipeline", 2)])
+# The modes whose own tensors followed it (and the data's, which every mode reads).
+@pytest.mark.parametrize("name, processes", [("ps-sync", 3), ("pipeline", 2)])
 def test_a_run_inside_another_default_device_keeps_its_own_tensors_on_the_host(tmp_path, name, processes):
     """Also: the strategy is the function's own, not given to ``launch``; its processes leave
     its run when the function returns (a launched process ends with ``os._exit``, which ran
