@@ -144,6 +144,19 @@ def free_port(host: str = "127.0.0.1") -> int:
     raise ConfigError(f"no free port on {host} in {PORT_RANGE_ENV}={span}")
 
 
+def host_rendezvous(timeout: float = 60.0) -> tuple[dist.TCPStore, dict[str, str]]:
+    """A store for a local run's processes to meet in, hosted by their launcher, and the
+    variables that send them there, as torchrun's agent does (``TORCHELASTIC_USE_AGENT_STORE``).
+
+    The store binds port 0: the kernel picks the port as the store listens, so no other
+    process can take it in between, as it could a port probed free here and bound later by
+    rank 0 (EADDRINUSE, seen in a loaded test run). The caller keeps the store alive for as
+    long as its processes run."""
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=timeout))
+    env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store.port), "TORCHELASTIC_USE_AGENT_STORE": "True"}
+    return store, env
+
+
 def ensure_process_group(backend: str, timeout: float) -> ClusterEnv:
     """Join (or create) the default process group; returns this process's place in it.
 
@@ -155,19 +168,22 @@ def ensure_process_group(backend: str, timeout: float) -> ClusterEnv:
         return cluster or ClusterEnv(dist.get_rank(), dist.get_world_size(), 0, "127.0.0.1", 0)
     load_compiler()
     wait = timedelta(seconds=timeout)
-    if cluster is None:
-        cluster = ClusterEnv(0, 1, 0, "127.0.0.1", free_port(), source="local")
+    options: dict[str, Any]
+    if cluster is None:  # a group of one, with a store of its own on a port it holds
+        alone = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=wait, wait_for_workers=False)
+        cluster = ClusterEnv(0, 1, 0, "127.0.0.1", alone.port, source="local")
+        options = {"store": alone}
     # Under torchrun, env:// reuses the elastic agent's store; elsewhere rank 0 hosts one.
-    init = (
-        "env://" if cluster.source == "torchrun" else (f"tcp://{_url_host(cluster.master_addr)}:{cluster.master_port}")
-    )
-    options: dict[str, Any] = {"init_method": init}
+    init = "env://" if cluster.source == "torchrun" else f"tcp://{_url_host(cluster.master_addr)}:{cluster.master_port}"
     if cluster.source == "torchrun" and os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
-        # The agent's store outlives a restart (torchrun --max-restarts): each attempt
-        # needs keys of its own, or Gloo would dial the addresses of the dead attempt.
+        # The agent's store (torchrun's, or paratrain's launcher's: launch.supervisor) outlives
+        # a restart (--max-restarts): each attempt needs keys of its own, or Gloo would dial
+        # the addresses of the dead attempt.
         attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
         agent = dist.TCPStore(cluster.master_addr, cluster.master_port, cluster.world_size, False, timeout=wait)
         options = {"store": dist.PrefixStore(f"paratrain/attempt-{attempt}/", agent)}
+    elif cluster.source != "local":
+        options = {"init_method": init}
     try:
         dist.init_process_group(backend, rank=cluster.rank, world_size=cluster.world_size, timeout=wait, **options)
     except (RuntimeError, ValueError) as error:

@@ -31,7 +31,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from paratrain.comm.transport import free_port
+from paratrain.comm.transport import host_rendezvous
 from paratrain.errors import WorkerLost, signal_name
 from paratrain.launch.process import launcher_env, process_context
 from paratrain.launch.supervisor import (
@@ -69,7 +69,7 @@ def supervise_replacing(
     num_processes = num_replicas * per_replica
     new_progress(folder / "progress", num_processes)
     lighthouse = LighthouseServer(
-        bind=f"127.0.0.1:{free_port()}",
+        bind="127.0.0.1:0",  # the port the server binds; address() names it
         min_replicas=min_replicas,
         join_timeout_ms=1000,
         quorum_tick_ms=50,
@@ -91,10 +91,12 @@ def supervise_replacing(
     }
     context = process_context()
     incarnation = [0] * num_replicas
+    stores: dict[int, Any] = {}  # each replica's rendezvous, while its processes run
 
     def start(slot: int) -> list[Any]:
         """Replica ``slot``'s processes; several form a process group of their own."""
-        group = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(per_replica)}
+        stores[slot], rendezvous = host_rendezvous(timeout)
+        group = {**rendezvous, "WORLD_SIZE": str(per_replica)}
         started = []
         for member in range(per_replica):
             tag = _tag(slot, member, incarnation[slot], per_replica)

@@ -31,7 +31,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from paratrain.comm.transport import free_port
+from paratrain.comm.transport import host_rendezvous
 from paratrain.errors import ParatrainError, WorkerFailed, signal_name
 from paratrain.launch.process import LauncherEnv, exit_now, launcher_env, process_context, run_entry, take_env
 from paratrain.launch.stacks import ENV as STACKS_ENV
@@ -96,7 +96,7 @@ def _attempt(
     restart: int,
 ) -> list[Any]:
     context = process_context()
-    port = free_port()
+    _store, rendezvous = host_rendezvous()  # kept until the attempt ends
     new_progress(folder / "progress", num_processes)
     processes = []
     for rank in range(num_processes):
@@ -105,8 +105,7 @@ def _attempt(
             "WORLD_SIZE": str(num_processes),
             "LOCAL_RANK": str(rank),
             "LOCAL_WORLD_SIZE": str(num_processes),
-            "MASTER_ADDR": "127.0.0.1",
-            "MASTER_PORT": str(port),
+            **rendezvous,
             "TORCHELASTIC_ERROR_FILE": str(folder / f"error-{rank}.json"),
             "TORCHELASTIC_RESTART_COUNT": str(restart),
             "PARATRAIN_PROGRESS": str(folder / "progress"),

@@ -4,6 +4,7 @@ launcher's start-up."""
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -13,8 +14,10 @@ from pathlib import Path
 import pytest
 import torch.distributed
 
+from paratrain.comm import transport
 from paratrain.comm.transport import ensure_process_group, free_port, parse_tf_config
 from paratrain.errors import ConfigError, WorkerFailed
+from paratrain.launch import replacing, supervisor
 from paratrain.launch.local import launch
 from paratrain.testing import alive, descendants, run_processes
 
@@ -132,6 +135,19 @@ def _join_then_die(dying):
 
 def test_an_expendable_process_lost_after_joining_leaves_the_others_to_finish():
     assert launch(_join_then_die, 2, num_processes=3, expendable=frozenset({2})) == [0, 1, None]
+
+
+def test_the_processes_meet_where_the_launcher_listens_already(monkeypatch):
+    """A port probed free and bound later by rank 0 can be taken in between (EADDRINUSE,
+    once in a loaded suite run): the launcher hosts the run's store itself, on a port its
+    own bind picks. Here every port a probe could hand out is taken."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        for module in (transport, supervisor, replacing):
+            monkeypatch.setattr(module, "free_port", lambda host="127.0.0.1": port, raising=False)
+        assert launch(_join_then_die, -1, num_processes=2) == [0, 1]
 
 
 def _variable(name):
