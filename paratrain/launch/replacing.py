@@ -59,7 +59,7 @@ def supervise_replacing(
     """``num_replicas`` replicas of ``per_replica`` processes each (``pipeline-ft``: its
     stages, a process group of their own); ``names`` names every process. A replica is
     replaced as a unit: when one of its processes is lost, the others are stopped too."""
-    from paratrain.strategies.fault_tolerant.replicas import torchft_modules
+    from paratrain.strategies.fault_tolerant.replicas import REPLICA_STORE_ENV, torchft_modules
 
     torchft_modules()
     from torch.distributed import TCPStore
@@ -92,6 +92,16 @@ def supervise_replacing(
     context = process_context()
     incarnation = [0] * num_replicas
     stores: dict[int, Any] = {}  # each replica's rendezvous, while its processes run
+    # A one-process replica's group store (where its Manager meets, and where the gradient
+    # group of a quorum it leads rendezvouses), here so that it outlives the replica: the
+    # others' rendezvous in a quorum whose leader was lost then ends at its deadline instead
+    # of in connection retries to a closed port (strategies/fault_tolerant/quorum_group.py).
+    group_stores = (
+        [TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=timeout))
+         for _ in range(num_replicas)]
+        if per_replica == 1
+        else []
+    )  # fmt: skip
 
     def start(slot: int) -> list[Any]:
         """Replica ``slot``'s processes; several form a process group of their own."""
@@ -106,6 +116,7 @@ def supervise_replacing(
                 "TORCHELASTIC_RESTART_COUNT": str(incarnation[slot]),
                 "TORCHELASTIC_ERROR_FILE": str(folder / f"error-{tag}.json"),
                 **({**group, "RANK": str(member), "LOCAL_RANK": str(member)} if per_replica > 1 else {}),
+                **({REPLICA_STORE_ENV: f"127.0.0.1:{group_stores[slot].port}"} if group_stores else {}),
             }
             process = context.Process(
                 target=run_process, args=(launcher_env(env), str(folder / f"result-{tag}.pkl"), fn, args)
@@ -122,9 +133,23 @@ def supervise_replacing(
     # ones left are hung (a hung replica still heartbeats, and one survivor cannot outvote it).
     stall_limit = timeout + heartbeat_timeout + 5.0
     last_top, last_move = 0, time.monotonic()
+    finished_at = None  # when the first replica finished: the others follow within --timeout
     try:
         while len(finished) + len(lost) < num_replicas:
             time.sleep(0.1)
+            if finished_at is None and finished:
+                finished_at = time.monotonic()
+            if finished_at is not None and time.monotonic() - finished_at > timeout:
+                for slot in set(range(num_replicas)) - finished - lost:
+                    print(
+                        f"paratrain: {names[slot * per_replica]} did not finish within --timeout {timeout:g} s "
+                        "of a replica that finished the run; stopped",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                    _stop(replicas[slot])
+                    lost.add(slot)
+                break
             top = max(read_progress(folder / "progress", num_processes))
             if top != last_top:
                 last_top, last_move = top, time.monotonic()

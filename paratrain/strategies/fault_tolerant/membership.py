@@ -14,6 +14,7 @@ from typing import Any
 
 from paratrain.comm.transport import load_compiler
 from paratrain.errors import ConfigError, WorkerLost
+from paratrain.strategies.fault_tolerant.quorum_group import quorum_group, rendezvous_timeout
 from paratrain.strategies.fault_tolerant.record import RunRecord
 from paratrain.strategies.fault_tolerant.replicas import torchft_modules
 from paratrain.timeline import span
@@ -24,10 +25,21 @@ ReplicaGroup = tuple[str, int, int, int]
 
 
 class Membership:
-    def __init__(self, strategy: str, min_replicas: int, timeout: float, lighthouse: str | None, record: RunRecord):
+    def __init__(
+        self,
+        strategy: str,
+        min_replicas: int,
+        timeout: float,
+        lighthouse: str | None,
+        record: RunRecord,
+        heartbeat_timeout: float = 1.0,
+    ):
         self.strategy = strategy
         self.min_replicas = min_replicas
         self.timeout = timeout
+        self.heartbeat_timeout = heartbeat_timeout
+        """How long the Lighthouse waits for a silent replica: a quorum group's rendezvous waits
+        little more (quorum_group.py)."""
         self.lighthouse = lighthouse
         self.record = record
         """Where each heal is written down (the run's record, record.py)."""
@@ -63,7 +75,7 @@ class Membership:
         store_host, store_port, group_rank, group_size = group
         load_compiler()
         self.manager = torchft.Manager(
-            pg=torchft.ProcessGroupGloo(timeout=wait),
+            pg=quorum_group(wait, rendezvous_timeout(self.timeout, self.heartbeat_timeout)),
             load_state_dict=load_state_dict,
             state_dict=state_dict,
             min_replica_size=self.min_replicas,

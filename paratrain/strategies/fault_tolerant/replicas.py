@@ -22,6 +22,10 @@ from paratrain.strategies.topology import Topology
 if TYPE_CHECKING:
     from paratrain.comm.transport import ClusterEnv
 
+#: ``host:port`` of a replica's group store that its launcher hosts (it outlives the replica);
+#: unset, the replica hosts its own.
+REPLICA_STORE_ENV = "PARATRAIN_REPLICA_STORE"
+
 INSTALL_HINT = "pip install 'paratrain[ft]' (torchft: Linux x86_64, Python 3.10-3.13)"
 
 

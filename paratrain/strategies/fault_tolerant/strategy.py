@@ -43,13 +43,16 @@ from paratrain.data.sharding import ShardedBatches
 from paratrain.errors import ConfigError, ReplicaLeft, WorkerLost
 from paratrain.session.incarnation import restart_count
 from paratrain.session.leaving import LeaveOnSigterm
+from paratrain.session.watchdog import Watchdog
 from paratrain.strategies.accounting import staleness_summary
 from paratrain.strategies.base import DEFAULT_TIMEOUT_S, Strategy
 from paratrain.strategies.device import resolve_device
+from paratrain.strategies.fault_tolerant.live import live_state, load_live_state
 from paratrain.strategies.fault_tolerant.membership import Membership, ReplicaGroup
 from paratrain.strategies.fault_tolerant.record import RunRecord
 from paratrain.strategies.fault_tolerant.reduce import sum_over_quorum
 from paratrain.strategies.fault_tolerant.replicas import (
+    REPLICA_STORE_ENV,
     ReplicaGroups,
     part_of,
     replica_slot,
@@ -63,6 +66,11 @@ from paratrain.timeline import span
 
 if TYPE_CHECKING:
     from paratrain.config import TrainConfig
+
+
+#: What the watchdog allows a wait beyond its own deadline (``--timeout``) and the time the
+#: Lighthouse takes to drop a silent replica (``--replica-heartbeat-timeout``).
+WATCHDOG_SLACK_S = 5.0
 
 
 class FaultTolerantAllReduceStrategy(Strategy):
@@ -95,14 +103,21 @@ class FaultTolerantAllReduceStrategy(Strategy):
         """Seconds of silence before a local launch's Lighthouse drops a replica."""
         self.record = RunRecord()
         """The run's committed steps and heals, as far as this replica knows (record.py)."""
-        self.membership = Membership(self.name, min_replicas, timeout, lighthouse, self.record)
+        self.membership = Membership(self.name, min_replicas, timeout, lighthouse, self.record, heartbeat_timeout)
         """This replica's torchft Manager and quorums (membership.py)."""
+        self.watchdog = Watchdog(
+            timeout + heartbeat_timeout + WATCHDOG_SLACK_S,
+            f"--timeout {timeout:g} s, --replica-heartbeat-timeout {heartbeat_timeout:g} s and {WATCHDOG_SLACK_S:g} s",
+        )
+        """Ends the replica with a line when a quorum, an all-reduce or a commit outlives its deadline."""
         self.incarnation = 0
         self.trainer: FitLoop | None = None
         self._sigterm = LeaveOnSigterm()  # asked: leave after the step
         self._quorum_ready = False  # begin_fit formed the quorum of the first step already
-        self._joined_state: dict[str, Any] | None = None
-        self._last_loss = 0.0
+        self.joined_state: dict[str, Any] | None = None
+        """The loop's position that a peer's live state brought (live.py), until begin_fit takes it."""
+        self.last_loss = 0.0
+        """The last committed step's loss (what a step taken from a peer reports)."""
         self._grad_bytes = 0
         self.uncommitted_steps = 0
         self.behind_heals = 0
@@ -187,6 +202,7 @@ class FaultTolerantAllReduceStrategy(Strategy):
         self.membership.manager = manager
 
     def teardown(self) -> None:
+        self.watchdog.stop()
         self.membership.stop()
         super().teardown()
 
@@ -205,6 +221,7 @@ class FaultTolerantAllReduceStrategy(Strategy):
         self.trainer = trainer
         if self.leaves_on_sigterm:
             self._sigterm.install()
+        self.watchdog.worker = self.process_rank
         if self.manager is None:
             host = os.environ.get("PARATRAIN_REPLICA_HOST", "127.0.0.1")
             self.membership.start(
@@ -214,14 +231,15 @@ class FaultTolerantAllReduceStrategy(Strategy):
                 num_replicas=self.num_replicas,
                 group=self._replica_group(host),
                 host=host,
-                state_dict=self._live_state,
-                load_state_dict=self._load_live_state,
+                state_dict=lambda: live_state(self),
+                load_state_dict=lambda state: load_live_state(self, state),
             )
             wait_for_all_first_replicas(self.incarnation, self.topology.num_processes, self.timeout)
-        self.membership.form_quorum()
+        with self.watchdog.phase("first quorum", self.manager.current_step() + 1):
+            self.membership.form_quorum()
         self._quorum_ready = True
-        if self._joined_state is not None:
-            state, self._joined_state = self._joined_state, None
+        if self.joined_state is not None:
+            state, self.joined_state = self.joined_state, None
             trainer.load_state_dict(state)
             heal = self.record.recoveries[-1]
             print(
@@ -248,36 +266,14 @@ class FaultTolerantAllReduceStrategy(Strategy):
 
     def _replica_group(self, host: str) -> ReplicaGroup:
         """Where this replica's processes meet (a store's host and port) and this process's
-        rank among them, of how many: one process, and a store of its own (the gradient
-        group of a quorum meets in its first member's)."""
+        rank among them, of how many: one process, and a store of its own, the launcher's if
+        it hosts one (the gradient group of a quorum meets in its first member's)."""
+        hosted = os.environ.get(REPLICA_STORE_ENV)
+        if hosted:
+            store_host, _, port = hosted.rpartition(":")
+            return store_host, int(port), 0, 1
         self._store = TCPStore(host, 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=self.timeout))
         return host, self._store.port, 0, 1
-
-    # ----- live state (what a joining replica takes from a peer) ---------------------------
-    def _live_state(self) -> dict[str, Any]:
-        """Served to a joiner during a quorum, while this replica's loop waits in it: the
-        step being started is the joiner's first, so the loop's position is one batch back."""
-        trainer = self.trainer
-        assert trainer is not None, "a replica serves state only once it trains"
-        position = trainer.state_dict()
-        position["batch"] = max(trainer.batch - 1, 0)
-        return {
-            "model": trainer.module.state_dict(),
-            "optimizer": trainer.optimizer.state_dict(),
-            "trainer": position,
-            "strategy": {**self.state_dict(), "last_loss": self._last_loss, "record": self.record.state_dict()},
-        }
-
-    def _load_live_state(self, state: dict[str, Any]) -> None:
-        trainer = self.trainer
-        assert trainer is not None
-        trainer.module.load_state_dict(state["model"])
-        trainer.optimizer.load_state_dict(state["optimizer"])
-        own = state["strategy"]
-        self._last_loss = float(own["last_loss"])
-        self.skipped_updates = int(own["skipped_updates"])
-        self.record.load_state_dict(own["record"])
-        self._joined_state = state["trainer"]
 
     # ----- data and step -----------------------------------------------------------------
     def distribute(
@@ -312,30 +308,33 @@ class FaultTolerantAllReduceStrategy(Strategy):
             self._leave(step - 1)
         while True:
             if not self._quorum_ready:
-                self.membership.form_quorum()
+                with self.watchdog.phase("quorum", step):
+                    self.membership.form_quorum()
             self._quorum_ready = False
             done = self.manager.current_step()
             if done >= step:
                 if done > step:  # cannot happen with a synchronous quorum; never train on a wrong position
                     raise WorkerLost(f"worker {self.process_rank} fell {done - step + 1} steps behind its peers")
                 self.behind_heals += 1
-                self._joined_state = None  # the loop's position is this replica's own
+                self.joined_state = None  # the loop's position is this replica's own
                 self._steps += 1  # the peer's record, taken with its state, holds the step
                 # The quorum that healed this replica is its peers' next step: they are in that
                 # step's all-reduce already, so this replica's next step must take part in it,
                 # not form another quorum (they would wait out the timeout for it).
                 self._quorum_ready = True
-                return StepOutput(torch.tensor(self._last_loss, device=self.device), None)
+                return StepOutput(torch.tensor(self.last_loss, device=self.device), None)
             loss, outputs = self._gradient(model, loss_fn, optimizer, inputs, targets, step)
             self.steps_taken += 1
             if self.recipe.clip_grad_norm:
                 self.clip_gradients(model)
             skip = self.skip_nonfinite(self.unwrap(model), loss, lambda: self.gradients_finite(optimizer))
-            if self.manager.should_commit():
+            with self.watchdog.phase("commit", step):
+                commit = self.manager.should_commit()
+            if commit:
                 if not skip:
                     with span("optimizer"):
                         optimizer.step()
-                self._last_loss = float(loss)
+                self.last_loss = float(loss)
                 self._steps += 1
                 self.record.count_step(step, self.manager.num_participants())
                 if self._sigterm.asked:
@@ -367,9 +366,10 @@ class FaultTolerantAllReduceStrategy(Strategy):
         self, params: list[nn.Parameter], loss: torch.Tensor, share: float, step: int, targets: Any
     ) -> torch.Tensor:
         """This participant's weighted gradient and loss summed over the quorum (reduce.py)."""
-        return sum_over_quorum(
-            self.manager, params, loss, share, self._wire_dtype, step, targets, worker=self.process_rank
-        )
+        with self.watchdog.phase("all-reduce", step):
+            return sum_over_quorum(
+                self.manager, params, loss, share, self._wire_dtype, step, targets, worker=self.process_rank
+            )
 
     # ----- accounting ----------------------------------------------------------------------
     def step_counters(self) -> dict[str, float]:

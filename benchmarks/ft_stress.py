@@ -1,0 +1,393 @@
+"""Fault-tolerance stress: many kills in each run of a per-step fault-tolerant strategy,
+to find the races between a loss, a replacement's join and the survivors' next step.
+
+    python benchmarks/ft_stress.py [--kills 100] [--kills-per-run 4] [--seed S]
+        [--strategies allreduce-ft,pipeline-ft] [--fork-server-kills 3]
+
+Each run is a local `paratrain train` (3 replicas of the mlp on digits for `allreduce-ft`;
+2 replicas of 2 stages for `pipeline-ft`) with `--max-restarts` 2 x its kills + 2. Its
+kills (SIGKILL) come at moments drawn uniformly over the run's undisturbed length, and go
+to each replica in turn (the first one included; a pipeline replica's stage at random);
+every third kill instead waits for the replacement that the previous kill brought and
+kills it 0-1.5 s after it started: while it starts, forms its first quorum or takes the
+live state. Uniform moments land in a quorum, inside the all-reduce, between steps and in
+the last epoch alike. A run is ok when it exits 0 within its limit (its undisturbed length
+x 3 + 60 s) with a test accuracy within 1 point of the undisturbed run; a run still alive
+at its limit is a hang (its processes are then killed). Besides, `--fork-server-kills`
+runs a strategy kill the launcher's fork server (every replica is its child): no replica
+is left, and the run must end with a line naming a loss, never hang.
+
+Measured per run: the survivors' pause after each kill (from the kill to the next step the
+run logs, `--log-every 1`) and the recoveries (`joined the run` lines). The seed is
+printed; `--seed S --strategies X` repeats. Writes benchmarks/results/ft_stress.json and
+.md, and the table between the markers of docs/reliability.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from paratrain.testing import descendants, run_processes
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
+DOC = ROOT / "docs" / "reliability.md"
+BEGIN, END = "<!-- ft-stress:begin -->", "<!-- ft-stress:end -->"
+RUN = ["--log-every", "1", "--progress", "--timeout", "20"]
+STRATEGIES = {
+    # flags, replicas, processes per replica
+    "allreduce-ft": (["--strategy", "allreduce-ft", "--workers", "3", "--epochs", "20"], 3, 1),
+    "pipeline-ft": (["--strategy", "pipeline-ft", "--stages", "2", "--workers", "4", "--epochs", "8"], 2, 2),
+}
+STEP = re.compile(r"^step (\d+),")
+LOST = re.compile(r"paratrain: (?:worker|stage \d+ of replica) (\d+) was lost .* after step (\d+); a replacement")
+LOGS = os.environ.get("FT_STRESS_LOGS")  # a folder: each run's lines go there
+
+
+class Run:
+    """One `paratrain train` and what it printed, each line with its arrival time."""
+
+    def __init__(self, strategy: str, extra: list[str], folder: Path):
+        flags = STRATEGIES[strategy][0]
+        command = [sys.executable, "-m", "paratrain", "train", *flags, *RUN, "--metrics-out", str(folder / "m.json"),
+                   *extra]  # fmt: skip
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "PARATRAIN_THREADS_PER_WORKER": "1"}
+        self.folder = folder
+        self.began = time.monotonic()
+        self.process = subprocess.Popen(
+            command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT
+        )
+        self.steps: list[tuple[float, int]] = []
+        self.errors: list[tuple[float, str]] = []
+        self._readers = [
+            threading.Thread(target=self._read, args=(self.process.stdout, True), daemon=True),
+            threading.Thread(target=self._read, args=(self.process.stderr, False), daemon=True),
+        ]
+        for reader in self._readers:
+            reader.start()
+
+    def _read(self, stream, stdout: bool) -> None:
+        for line in stream:
+            now = time.monotonic() - self.began
+            match = STEP.match(line) if stdout else None
+            if match:
+                self.steps.append((now, int(match.group(1))))
+            elif not stdout:
+                self.errors.append((now, line.rstrip()))
+
+    def now(self) -> float:
+        return time.monotonic() - self.began
+
+    def wait(self, limit: float) -> bool:
+        """Whether the run ended within ``limit`` seconds of its start; if not, it is killed."""
+        try:
+            self.process.wait(timeout=max(limit - self.now(), 0.1))
+            ended = True
+        except subprocess.TimeoutExpired:
+            ended = False
+            for pid in [self.process.pid, *descendants(self.process.pid)]:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            self.process.wait()
+        for reader in self._readers:
+            reader.join(timeout=5)
+        return ended
+
+    def metrics(self) -> dict:
+        path = self.folder / "m.json"
+        return json.loads(path.read_text()) if path.exists() else {}
+
+
+class Replicas:
+    """Which process is which replica: the run's processes, oldest first, are the replicas'
+    in order; a process that appears later is the replacement of the replica lost last."""
+
+    def __init__(self, run: Run, num_replicas: int, per_replica: int):
+        self.run, self.per_replica, self.first = run, per_replica, num_replicas * per_replica
+        self.slot_of: dict[int, int] = {}
+        self.replacements: dict[int, float] = {}  # a replacement's process: when it appeared
+        self.waiting: list[int] = []  # replicas lost, in order, whose replacement has not appeared
+        self.abandoned: dict[float, set[int]] = {}  # losses whose replacement was killed before it joined
+
+    def refresh(self) -> dict[int, list[int]]:
+        """``{replica: its live processes}``."""
+        current = run_processes(self.run.process.pid)
+        for pid in current:
+            if pid in self.slot_of:
+                continue
+            if len(self.slot_of) < self.first and not self.waiting:
+                self.slot_of[pid] = len(self.slot_of) // self.per_replica
+            elif self.waiting:
+                replaced = self.waiting[0]
+                self.slot_of[pid] = replaced
+                self.replacements[pid] = time.monotonic()
+                if sum(1 for p in current if self.slot_of.get(p) == replaced) >= self.per_replica:
+                    self.waiting.pop(0)
+        members: dict[int, list[int]] = {}
+        for pid in current:
+            if pid in self.slot_of:
+                members.setdefault(self.slot_of[pid], []).append(pid)
+        return members
+
+    def all_joined(self) -> bool:
+        """Whether every replica lost so far is back: its replacement said it joined the run
+        (each process of it), or, lost before the first step, took part in the first ones."""
+        lost = [(int(m.group(1)), int(m.group(2)), t) for t, line in self.run.errors if (m := LOST.search(line))]
+        for slot, step, at in lost:
+            joined = sum(f"worker {w} joined the run" in line for t, line in self.run.errors if t > at
+                         for w in self._workers(slot))  # fmt: skip
+            if joined >= self.per_replica or slot in self.abandoned.get(at, ()):
+                continue
+            if step == 0 and any(t > at + 2.0 for t, _ in self.run.steps):
+                continue
+            return False
+        return True
+
+    def _workers(self, slot: int) -> range:
+        """The worker numbers of replica ``slot``'s processes."""
+        return range(slot * self.per_replica, (slot + 1) * self.per_replica)
+
+    def abandon(self, slot: int) -> None:
+        """The replacement of ``slot`` is killed: it will never say it joined (the next one will)."""
+        for t, line in reversed(self.run.errors):
+            m = LOST.search(line)
+            if m and int(m.group(1)) == slot:
+                self.abandoned.setdefault(t, set()).add(slot)
+                return
+
+    def fresh(self) -> list[int]:
+        """Replacements that appeared within the last second and a half and are alive."""
+        now = time.monotonic()
+        return [p for p, t in self.replacements.items() if now - t < 1.5 and Path(f"/proc/{p}").exists()]
+
+    def kill(self, pid: int) -> None:
+        """SIGKILL, then wait (up to 5 s) for the launcher to say the replica was lost, so that
+        the next kill knows who is left."""
+        slot = self.slot_of[pid]
+        if slot not in self.waiting:
+            self.waiting.append(slot)
+        said = sum(bool(LOST.search(line)) for _, line in self.run.errors)
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline and self.run.process.poll() is None:
+            if sum(bool(LOST.search(line)) for _, line in self.run.errors) > said:
+                return
+            time.sleep(0.01)
+
+
+def stressed_run(strategy: str, calm: dict, kills: int, rng: random.Random, fork_server: bool = False) -> dict:
+    """One run with ``kills`` kills (or one of the fork server) at moments from a second before
+    the undisturbed run's first step to its last; what happened."""
+    _, num_replicas, per_replica = STRATEGIES[strategy]
+    moments = sorted(rng.uniform(max(calm["first_step"] - 1.0, 0.0), calm["last_step"]) for _ in range(kills))
+    limit = 3 * calm["seconds"] + 60
+    with tempfile.TemporaryDirectory(prefix="ft-stress-") as tmp:
+        # A kill can take a second process with it (a replacement whose state source was
+        # killed exits, and is replaced in turn): restarts enough for both.
+        run = Run(strategy, ["--max-restarts", str(2 * kills + 2)], Path(tmp))
+        replicas = Replicas(run, num_replicas, per_replica)
+        done: list[dict] = []
+        for index, moment in enumerate(moments):
+            kind = "fork server" if fork_server else ("replacement" if index % 3 == 2 and done else "replica")
+            victim = _victim(run, replicas, kind, moment, index, num_replicas, rng, limit)
+            if victim is None:
+                break
+            done.append(victim)
+        ended = run.wait(limit)
+        metrics = run.metrics()
+    if LOGS:  # every line of the run, with its time and the kills', for a run to look into
+        lines = [(t, f"{t:8.2f} {line}") for t, line in run.errors] + [(t, f"{t:8.2f} step {n}") for t, n in run.steps]
+        lines += [(k["at"], f"{k['at']:8.2f} ## SIGKILL {k}") for k in done]
+        path = Path(LOGS) / f"{strategy}-{int(time.time() * 1000)}.log"
+        path.write_text("\n".join(line for _, line in sorted(lines)) + "\n")
+    for kill in done:  # the survivors' pause: to the next step logged after the kill
+        after = [t for t, _ in run.steps if t > kill["at"]]
+        kill["pause"] = after[0] - kill["at"] if after else None
+    return {
+        "strategy": strategy,
+        "kills": done,
+        "ended": ended,
+        "exit": run.process.returncode,
+        "seconds": run.now(),
+        "test_accuracy": metrics.get("test_accuracy"),
+        "recoveries": sum("joined the run" in line for _, line in run.errors),
+        "last_line": next((line for _, line in reversed(run.errors) if line.startswith("paratrain:")), ""),
+        "stderr_tail": "\n".join(line for _, line in run.errors[-15:]),
+    }
+
+
+def _victim(
+    run: Run, replicas: Replicas, kind: str, moment: float, index: int, num: int, rng: random.Random, limit: float
+) -> dict | None:
+    """Wait for the kill's moment (a replacement: for one to start) and kill; None once the run ended."""
+    while run.process.poll() is None and run.now() < limit:
+        members = replicas.refresh()
+        if kind == "fork server":
+            if run.now() >= moment and members:
+                server = next(
+                    (
+                        p
+                        for p in descendants(run.process.pid)
+                        if b"forkserver" in Path(f"/proc/{p}/cmdline").read_bytes()
+                    ),
+                    None,
+                )
+                if server is not None:
+                    os.kill(server, signal.SIGKILL)
+                    return {"kind": kind, "at": run.now(), "step": _step(run)}
+        elif kind == "replacement":
+            fresh = replicas.fresh()
+            if fresh:
+                pid = fresh[-1]
+                time.sleep(rng.uniform(0.0, 1.5))
+                replicas.abandon(replicas.slot_of[pid])
+                at, step = run.now(), _step(run)
+                replicas.kill(pid)
+                return {"kind": kind, "replica": replicas.slot_of[pid], "at": at, "step": step}
+        elif run.now() >= moment:
+            # Only while every other replica holds the run's state: a replica killed while the
+            # last replacement still takes the state from it leaves no one to take it from.
+            slot = index % num
+            if slot in members and replicas.all_joined():
+                pid = rng.choice(members[slot])
+                at, step = run.now(), _step(run)
+                replicas.kill(pid)
+                return {"kind": kind, "replica": slot, "at": at, "step": step}
+            moment = run.now() + 0.2  # that replica is being replaced: a little later
+        time.sleep(0.02)
+    return None
+
+
+def _step(run: Run) -> int:
+    return run.steps[-1][1] if run.steps else 0
+
+
+def undisturbed(strategy: str) -> dict:
+    with tempfile.TemporaryDirectory(prefix="ft-stress-") as tmp:
+        run = Run(strategy, [], Path(tmp))
+        if not run.wait(600) or run.process.returncode:
+            raise SystemExit(f"the undisturbed {strategy} run failed:\n{run.errors[-20:]}")
+        return {
+            "seconds": run.now(),
+            "first_step": run.steps[0][0],
+            "last_step": run.steps[-1][0],
+            "test_accuracy": run.metrics()["test_accuracy"],
+        }
+
+
+def verdict(row: dict, accuracy: float) -> bool:
+    """A run is ok: it ended in time, exit 0, within a point of the undisturbed accuracy;
+    a fork-server kill: it ended in time with a line naming a loss."""
+    if not row["ended"]:
+        return False
+    if any(k["kind"] == "fork server" for k in row["kills"]):
+        return row["exit"] == 0 or "lost" in row["last_line"] or "failed" in row["last_line"]
+    return row["exit"] == 0 and row["test_accuracy"] is not None and abs(row["test_accuracy"] - accuracy) <= 0.01
+
+
+def table(summary: dict) -> list[str]:
+    lines = ["| strategy | runs | kills | of a replacement | recoveries | pause median s | pause max s | "
+             "accuracy (undisturbed) | not ok | hangs | fork-server kills: hangs |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | --- |"]  # fmt: skip
+    for strategy, s in summary.items():
+        lines.append(
+            f"| `{strategy}` | {s['runs']} | {s['kills']} | {s['replacement_kills']} | {s['recoveries']} | "
+            f"{s['pause_median']:.2f} | {s['pause_max']:.2f} | {s['accuracy_min']:.3f}-{s['accuracy_max']:.3f} "
+            f"({s['undisturbed_accuracy']:.3f}) | {s['not_ok']} | {s['hangs']} | "
+            f"{s['fork_server_runs']} runs: {s['fork_server_hangs']} |"
+        )
+    return lines
+
+
+def stress(strategy: str, kills: int, per_run: int, fork_server_kills: int, seed: int, log=print) -> dict:
+    rng = random.Random(f"{seed}-{strategy}")
+    calm = undisturbed(strategy)
+    log(
+        f"{strategy}: undisturbed {calm['seconds']:.1f} s (steps from {calm['first_step']:.1f} s to "
+        f"{calm['last_step']:.1f} s), test accuracy {calm['test_accuracy']:.3f}"
+    )
+    rows = []
+    while sum(len(r["kills"]) for r in rows) < kills:
+        row = stressed_run(strategy, calm, per_run, rng)
+        row["ok"] = verdict(row, calm["test_accuracy"])
+        rows.append(row)
+        log(f"  run {len(rows)}: {len(row['kills'])} kills at steps {[k['step'] for k in row['kills']]}, "
+            f"exit {row['exit']}, {row['seconds']:.0f} s, accuracy {row['test_accuracy']}, ok {row['ok']}")  # fmt: skip
+        if not row["ok"]:
+            log(row["stderr_tail"])
+    forks = []
+    for _ in range(fork_server_kills):
+        row = stressed_run(strategy, calm, 1, rng, fork_server=True)
+        row["ok"] = verdict(row, calm["test_accuracy"])
+        forks.append(row)
+        log(f"  fork server killed at step {row['kills'][0]['step'] if row['kills'] else '-'}: exit {row['exit']}, "
+            f"{row['seconds']:.0f} s: {row['last_line']}")  # fmt: skip
+    pauses = [k["pause"] for r in rows for k in r["kills"] if k.get("pause") is not None]
+    accuracies = [r["test_accuracy"] for r in rows if r["test_accuracy"] is not None]
+    return {
+        "seed": seed,
+        "runs": len(rows),
+        "kills": sum(len(r["kills"]) for r in rows),
+        "replacement_kills": sum(k["kind"] == "replacement" for r in rows for k in r["kills"]),
+        "recoveries": sum(r["recoveries"] for r in rows),
+        "pause_median": statistics.median(pauses) if pauses else 0.0,
+        "pause_max": max(pauses, default=0.0),
+        "accuracy_min": min(accuracies, default=0.0),
+        "accuracy_max": max(accuracies, default=0.0),
+        "undisturbed_accuracy": calm["test_accuracy"],
+        "undisturbed_seconds": calm["seconds"],
+        "not_ok": sum(not r["ok"] for r in rows),
+        "hangs": sum(not r["ended"] for r in rows),
+        "fork_server_runs": len(forks),
+        "fork_server_hangs": sum(not r["ended"] for r in forks),
+        "rows": rows + forks,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--kills", type=int, default=100, help="kills per strategy, at least")
+    parser.add_argument("--kills-per-run", type=int, default=4)
+    parser.add_argument("--fork-server-kills", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=random.SystemRandom().randrange(10**6))
+    parser.add_argument("--strategies", default=",".join(STRATEGIES))
+    parser.add_argument("--out", default=str(RESULTS / "ft_stress.json"))
+    args = parser.parse_args()
+    print(f"ft stress seed {args.seed}", flush=True)
+    summary = {
+        name: stress(name, args.kills, args.kills_per_run, args.fork_server_kills, args.seed, log=_log)
+        for name in args.strategies.split(",")
+    }
+    Path(args.out).write_text(json.dumps(summary, indent=1, default=str) + "\n")
+    lines = table(summary)
+    Path(args.out).with_suffix(".md").write_text("\n".join(lines) + "\n")
+    text = DOC.read_text()
+    if BEGIN in text and END in text and args.out == str(RESULTS / "ft_stress.json"):
+        head, rest = text.split(BEGIN)
+        DOC.write_text(head + BEGIN + "\n" + "\n".join(lines) + "\n" + END + rest.split(END, 1)[1])
+    print("\n".join(lines))
+
+
+def _log(message: str) -> None:
+    print(message, flush=True)
+
+
+if __name__ == "__main__":
+    main()

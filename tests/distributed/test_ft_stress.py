@@ -1,0 +1,29 @@
+"""Several kills in one fault-tolerant run, the first replica's and a replacement's among
+them, at seeded random moments: the run ends, exits 0, and reaches the accuracy of the run
+without a fault (benchmarks/ft_stress.py runs a hundred kills a strategy; here three)."""
+
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+import ft_stress  # noqa: E402
+
+pytestmark = pytest.mark.distributed
+
+SEED = random.SystemRandom().randrange(10**6)
+
+
+def test_kills_of_the_first_replica_and_of_a_replacement_never_hang_and_cost_no_accuracy():
+    print(f"ft stress seed {SEED}: repeat with python benchmarks/ft_stress.py --seed {SEED} "
+          "--strategies allreduce-ft --kills 3 --kills-per-run 3 --fork-server-kills 0")  # fmt: skip
+    calm = ft_stress.undisturbed("allreduce-ft")
+    rng = random.Random(f"{SEED}-allreduce-ft")
+    row = ft_stress.stressed_run("allreduce-ft", calm, 3, rng)
+    kinds = [(kill["kind"], kill.get("replica")) for kill in row["kills"]]
+    assert row["ended"], f"hung after {kinds}\n{row['stderr_tail']}"
+    assert row["exit"] == 0, f"{kinds}\n{row['stderr_tail']}"
+    assert kinds[0] == ("replica", 0)  # the first replica goes first
+    assert abs(row["test_accuracy"] - calm["test_accuracy"]) <= 0.01, (row["test_accuracy"], calm, kinds)

@@ -1,0 +1,63 @@
+"""The gradient group of a quorum (strategies/fault_tolerant/quorum_group.py): its rendezvous
+ends at its own short deadline when a member never comes (lost between the quorum and the
+rendezvous), and its collectives keep the long timeout."""
+
+import subprocess
+import sys
+import textwrap
+from datetime import timedelta
+
+import pytest
+from torch.distributed import TCPStore
+
+pytest.importorskip("torchft")
+pytestmark = pytest.mark.distributed
+
+MEMBER = textwrap.dedent(
+    """
+    import sys, time
+    from datetime import timedelta
+    import torch
+    from paratrain.strategies.fault_tolerant.quorum_group import quorum_group
+
+    port, rank, size, delay = (int(a) for a in sys.argv[1:5])
+    group = quorum_group(timedelta(seconds=20), timedelta(seconds=2))
+    started = time.monotonic()
+    try:
+        group.configure(f"127.0.0.1:{port}/torchft/1/0", f"replica_{rank}", rank, size, 1, 0, 1, list(range(size)))
+    except Exception as error:
+        print(f"configure failed after {time.monotonic() - started:.1f} s: {type(error).__name__}", flush=True)
+        sys.exit(0)
+    time.sleep(delay)  # a peer slower than the rendezvous deadline to reach its all-reduce
+    value = torch.tensor([rank + 1.0])
+    started = time.monotonic()
+    group.allreduce([value], torch.distributed.AllreduceOptions()).wait()
+    print(f"sum {value.item():g} after {time.monotonic() - started:.1f} s", flush=True)
+    """
+)
+
+
+def _members(port, size, delays):
+    return [
+        subprocess.Popen([sys.executable, "-c", MEMBER, str(port), str(rank), str(size), str(delay)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for rank, delay in enumerate(delays)
+    ]  # fmt: skip
+
+
+def test_a_member_that_never_comes_ends_the_rendezvous_at_its_short_deadline():
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30))
+    (alone,) = _members(store.port, 2, [0])  # rank 1 of the quorum was lost: it never configures
+    out, err = alone.communicate(timeout=60)
+    assert alone.returncode == 0, err[-2000:]
+    seconds = float(out.split("after ")[1].split(" s")[0])
+    assert out.startswith("configure failed") and 1.5 <= seconds < 8, out  # 2 s, not the 20 s timeout
+
+
+def test_a_formed_group_waits_the_long_timeout_for_a_slow_peer():
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30))
+    members = _members(store.port, 2, [0, 4])  # rank 1 reaches the all-reduce 4 s late: past 2 s
+    results = [m.communicate(timeout=60) for m in members]
+    for member, (out, err) in zip(members, results, strict=True):
+        assert member.returncode == 0, err[-2000:]
+        assert out.startswith("sum 3 after"), out
