@@ -16,7 +16,6 @@ Each field's help text sits in its metadata, right under it, and is what
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -47,11 +46,6 @@ from paratrain.strategies.recipe import PRECISIONS
 from paratrain.strategies.topology import Topology
 from paratrain.train.fault_config import FaultConfig
 from paratrain.train.scores import LOSSES, metric
-
-try:
-    import tomllib
-except ModuleNotFoundError:  # pragma: no cover - Python 3.10
-    import tomli as tomllib
 
 DEFAULT_TIMEOUT_S = 60.0
 """How long any wait of a run (a collective, a rendezvous, a store key, a shard's reply)
@@ -361,58 +355,6 @@ def _check_writable(name: str, path: str) -> None:
         raise ConfigError(f"{flag(name)} {path} is a directory; give a file name")
 
 
-def load_toml(path: str) -> dict[str, Any]:
-    """Read a ``--config`` file: a flat TOML table of TrainConfig keys (dashes allowed)."""
-    try:
-        with open(path, "rb") as handle:
-            raw = tomllib.load(handle)
-    except FileNotFoundError:
-        raise ConfigError(f"--config {path}: no such file") from None
-    except tomllib.TOMLDecodeError as error:
-        raise ConfigError(f"--config {path}: not valid TOML ({error})") from None
-    except OSError as error:
-        raise ConfigError(f"--config {path}: cannot read ({error.strerror})") from None
-    raw = raw.get("train", raw)
-    known = {f.name for f in config_fields()}
-    values = {}
-    for key, value in raw.items():
-        name = key.replace("-", "_")
-        if name not in known:
-            valid = ", ".join(sorted(k.replace("_", "-") for k in known))
-            raise ConfigError(f"--config {path}: unknown key {key!r}; valid keys: {valid}")
-        values[name] = value
-    return values
-
-
-#: Where a run writes; a repeated run (--config-from) does not overwrite the first one's files.
-OUTPUT_FIELDS = ("metrics_out", "logdir", "timeline", "checkpoint_dir", "resume")
-
-
-def config_from_run(path: str) -> dict[str, Any]:
-    """The options of the run that wrote metrics file ``path`` (its embedded ``config``),
-    without its output paths."""
-    try:
-        with open(path) as handle:
-            document = json.load(handle)
-    except FileNotFoundError:
-        raise ConfigError(f"--config-from {path}: no such file") from None
-    except (OSError, UnicodeDecodeError) as error:
-        raise ConfigError(f"--config-from {path}: cannot read ({getattr(error, 'strerror', None) or error})") from None
-    except json.JSONDecodeError:
-        raise ConfigError(
-            f"--config-from {path}: not JSON; give a metrics file (paratrain train --metrics-out)"
-        ) from None
-    if not isinstance(document, dict) or not isinstance(document.get("config"), dict):
-        raise ConfigError(f'--config-from {path}: no embedded "config"; give a metrics file of paratrain train')
-    known = {f.name for f in config_fields()}
-    unknown = sorted(set(document["config"]) - known)
-    if unknown:
-        raise ConfigError(
-            f"--config-from {path}: unknown option {unknown[0]!r} (written by another paratrain version?)"
-        )
-    return {k: v for k, v in document["config"].items() if k not in OUTPUT_FIELDS}
-
-
 def make_config(file_values: dict[str, Any], overrides: dict[str, Any], given: Any = None) -> TrainConfig:
     """A validated TrainConfig from a config file's values and the flags given on top;
     ``given``: the names the user gave (default: all of them)."""
@@ -422,4 +364,4 @@ def make_config(file_values: dict[str, Any], overrides: dict[str, Any], given: A
         raise ConfigError(str(error)) from None
 
 
-__all__ = ["SECTIONS", "TrainConfig", "config_fields", "config_from_run", "field_type", "load_toml", "make_config"]
+__all__ = ["SECTIONS", "TrainConfig", "config_fields", "field_type", "make_config"]

@@ -7,7 +7,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from paratrain.config import config_fields, config_from_run, field_type, load_toml, make_config
+from paratrain.config import config_fields, field_type, make_config
+from paratrain.config_files import config_from_run, load_toml
 from paratrain.errors import ConfigError
 from paratrain.launch.parser import OneLineParser
 

@@ -1,6 +1,7 @@
 import pytest
 
-from paratrain.config import TrainConfig, load_toml, make_config
+from paratrain.config import TrainConfig, make_config
+from paratrain.config_files import load_toml
 from paratrain.errors import ConfigError
 
 

@@ -4,7 +4,7 @@ run's configuration (``TrainConfig.to_dict()``, the ``config`` of the metrics fi
 
 import pytest
 
-from paratrain.config import load_toml
+from paratrain.config_files import load_toml
 from paratrain.launch.flags import parse_train_config
 
 PS = ["--strategy", "ps-async", "--workers", "2"]

@@ -89,7 +89,7 @@ def test_report_unwritable_out_is_exit_2(cli, tmp_path):
 
 
 def test_config_from_takes_the_embedded_config_without_outputs(tmp_path):
-    from paratrain.config import config_from_run
+    from paratrain.config_files import config_from_run
     from paratrain.errors import ConfigError
 
     run = tmp_path / "run.json"
@@ -134,7 +134,8 @@ def test_recorder_parts_merge_onto_one_clock(tmp_path):
 def test_every_recipe_is_a_valid_config():
     from pathlib import Path
 
-    from paratrain.config import load_toml, make_config
+    from paratrain.config import make_config
+    from paratrain.config_files import load_toml
 
     recipes = sorted(Path(__file__).resolve().parents[2].glob("recipes/*.toml"))
     assert len(recipes) >= 6
