@@ -6,7 +6,8 @@ to find the races between a loss, a replacement's join and the survivors' next s
 
 Each run is a local `paratrain train` (3 replicas of the mlp on digits for `allreduce-ft`;
 2 replicas of 2 stages for `pipeline-ft`) with `--max-restarts` 2 x its kills + 2. Its
-kills (SIGKILL) come at moments drawn uniformly over the run's undisturbed length, and go
+kills (SIGKILL) come at steps drawn uniformly over the undisturbed run's steps (the
+second before the first step included), and go
 to each replica in turn (the first one included; a pipeline replica's stage at random);
 every third kill instead waits for the replacement that the previous kill brought and
 kills it 0-1.5 s after it started: while it starts, forms its first quorum or takes the
@@ -193,10 +194,12 @@ class Replicas:
 
 
 def stressed_run(strategy: str, calm: dict, kills: int, rng: random.Random, fork_server: bool = False) -> dict:
-    """One run with ``kills`` kills (or one of the fork server) at moments from a second before
-    the undisturbed run's first step to its last; what happened."""
+    """One run with ``kills`` kills (or one of the fork server) at steps drawn from 0 to the
+    undisturbed run's last (by the run's progress, which the machine's load does not move;
+    step 0: in the second before the first step, by the clock); what happened."""
     _, num_replicas, per_replica = STRATEGIES[strategy]
-    moments = sorted(rng.uniform(max(calm["first_step"] - 1.0, 0.0), calm["last_step"]) for _ in range(kills))
+    steps = sorted(rng.randint(0, calm["steps"]) for _ in range(kills))
+    moments = [(step, rng.uniform(max(calm["first_step"] - 1.0, 0.0), calm["first_step"])) for step in steps]
     limit = 3 * calm["seconds"] + 60
     with tempfile.TemporaryDirectory(prefix="ft-stress-") as tmp:
         # A kill can take a second process with it (a replacement whose state source was
@@ -234,13 +237,25 @@ def stressed_run(strategy: str, calm: dict, kills: int, rng: random.Random, fork
 
 
 def _victim(
-    run: Run, replicas: Replicas, kind: str, moment: float, index: int, num: int, rng: random.Random, limit: float
+    run: Run,
+    replicas: Replicas,
+    kind: str,
+    moment: tuple[int, float],
+    index: int,
+    num: int,
+    rng: random.Random,
+    limit: float,
 ) -> dict | None:
     """Wait for the kill's moment (a replacement: for one to start) and kill; None once the run ended."""
+    step, seconds = moment
+
+    def due() -> bool:
+        return _step(run) >= step if step else run.now() >= seconds
+
     while run.process.poll() is None and run.now() < limit:
         members = replicas.refresh()
         if kind == "fork server":
-            if run.now() >= moment and members:
+            if due() and members:
                 # The launcher's child (the replicas, forked from it, share its command line).
                 helpers = set(descendants(run.process.pid)) - set(run_processes(run.process.pid))
                 server = next((p for p in helpers if b"forkserver" in Path(f"/proc/{p}/cmdline").read_bytes()), None)
@@ -253,19 +268,18 @@ def _victim(
                 pid = fresh[-1]
                 time.sleep(rng.uniform(0.0, 1.5))
                 replicas.abandon(replicas.slot_of[pid])
-                at, step = run.now(), _step(run)
+                at, logged = run.now(), _step(run)
                 replicas.kill(pid)
-                return {"kind": kind, "replica": replicas.slot_of[pid], "at": at, "step": step}
-        elif run.now() >= moment:
+                return {"kind": kind, "replica": replicas.slot_of[pid], "at": at, "step": logged}
+        elif due():
             # Only while every other replica holds the run's state: a replica killed while the
             # last replacement still takes the state from it leaves no one to take it from.
             slot = index % num
             if slot in members and replicas.all_joined():
                 pid = rng.choice(members[slot])
-                at, step = run.now(), _step(run)
+                at, logged = run.now(), _step(run)
                 replicas.kill(pid)
-                return {"kind": kind, "replica": slot, "at": at, "step": step}
-            moment = run.now() + 0.2  # that replica is being replaced: a little later
+                return {"kind": kind, "replica": slot, "at": at, "step": logged}
         time.sleep(0.02)
     return None
 
@@ -283,6 +297,7 @@ def undisturbed(strategy: str) -> dict:
             "seconds": run.now(),
             "first_step": run.steps[0][0],
             "last_step": run.steps[-1][0],
+            "steps": run.steps[-1][1],
             "test_accuracy": run.metrics()["test_accuracy"],
         }
 

@@ -13,13 +13,14 @@ fi
 if [ "${1:-}" = "--quick" ]; then
     exec .venv/bin/python -m pytest -q -n 2 -m "not slow" tests/unit tests/smoke
 fi
-# The whole suite in one pool of four pytest-xdist workers: a distributed test spends much
+# The whole suite in one pool of three pytest-xdist workers: a distributed test spends much
 # of its time waiting (on its processes' start-up, a timeout it checks, a peer), and another
-# test's work fills those waits (with three, the suite kept the 2 cores 55% busy). The distributed tests go first, so that the short unit tests
+# test's work fills those waits. (With three, the 2 cores are 55% busy; four made every test
+# slower and the suite 40 s longer: the waits are a test's own processes taking turns.) The distributed tests go first, so that the short unit tests
 # fill the end, and a worker that runs out of tests takes queued ones from the others
 # (--dist worksteal), so that no worker ends minutes after the rest. tests/conftest.py gives
 # each worker rendezvous ports of its own and runs `paratrain` commands in the worker itself
 # (one fork server a worker, not one a command); faults are placed by a run's progress, not the clock, so load does not move them.
 # tests/smoke is left out: each strategy's one short run there is checked more strictly here.
 # tests/gpu runs where a GPU is visible and is skipped elsewhere (docs/gpu.md).
-exec .venv/bin/python -m pytest -q -n 4 --dist worksteal tests/distributed tests/examples tests/unit tests/gpu
+exec .venv/bin/python -m pytest -q -n 3 --dist worksteal tests/distributed tests/examples tests/unit tests/gpu

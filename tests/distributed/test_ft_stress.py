@@ -25,5 +25,5 @@ def test_kills_of_the_first_replica_and_of_a_replacement_never_hang_and_cost_no_
     kinds = [(kill["kind"], kill.get("replica")) for kill in row["kills"]]
     assert row["ended"], f"hung after {kinds}\n{row['stderr_tail']}"
     assert row["exit"] == 0, f"{kinds}\n{row['stderr_tail']}"
-    assert kinds[0] == ("replica", 0)  # the first replica goes first
+    assert kinds and kinds[0] == ("replica", 0), kinds  # the first replica goes first
     assert abs(row["test_accuracy"] - calm["test_accuracy"]) <= 0.01, (row["test_accuracy"], calm, kinds)
