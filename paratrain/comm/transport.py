@@ -144,6 +144,12 @@ def free_port(host: str = "127.0.0.1") -> int:
     raise ConfigError(f"no free port on {host} in {PORT_RANGE_ENV}={span}")
 
 
+def host_store(timeout: float = 60.0, host: str = "127.0.0.1") -> dist.TCPStore:
+    """A store this process hosts, on a port its own bind picks (port 0: no other process can
+    take the port between a pick and the bind)."""
+    return dist.TCPStore(host, 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=timeout))
+
+
 def host_rendezvous(timeout: float = 60.0) -> tuple[dist.TCPStore, dict[str, str]]:
     """A store for a local run's processes to meet in, hosted by their launcher, and the
     variables that send them there, as torchrun's agent does (``TORCHELASTIC_USE_AGENT_STORE``).
@@ -152,7 +158,7 @@ def host_rendezvous(timeout: float = 60.0) -> tuple[dist.TCPStore, dict[str, str
     process can take it in between, as it could a port probed free here and bound later by
     rank 0 (EADDRINUSE, seen in a loaded test run). The caller keeps the store alive for as
     long as its processes run."""
-    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=timeout))
+    store = host_store(timeout)
     env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(store.port), "TORCHELASTIC_USE_AGENT_STORE": "True"}
     return store, env
 
@@ -170,7 +176,7 @@ def ensure_process_group(backend: str, timeout: float) -> ClusterEnv:
     wait = timedelta(seconds=timeout)
     options: dict[str, Any]
     if cluster is None:  # a group of one, with a store of its own on a port it holds
-        alone = dist.TCPStore("127.0.0.1", 0, 1, True, timeout=wait, wait_for_workers=False)
+        alone = host_store(timeout)
         cluster = ClusterEnv(0, 1, 0, "127.0.0.1", alone.port, source="local")
         options = {"store": alone}
     # Under torchrun, env:// reuses the elastic agent's store; elsewhere rank 0 hosts one.

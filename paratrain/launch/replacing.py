@@ -27,11 +27,10 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from paratrain.comm.transport import host_rendezvous
+from paratrain.comm.transport import host_rendezvous, host_store
 from paratrain.errors import WorkerLost, signal_name
 from paratrain.launch.process import launcher_env, process_context
 from paratrain.launch.supervisor import (
@@ -62,7 +61,6 @@ def supervise_replacing(
     from paratrain.strategies.fault_tolerant.replicas import REPLICA_STORE_ENV, torchft_modules
 
     torchft_modules()
-    from torch.distributed import TCPStore
     from torchft.coordination import LighthouseServer
 
     folder = Path(tempfile.mkdtemp(prefix="paratrain-"))
@@ -76,7 +74,7 @@ def supervise_replacing(
         heartbeat_timeout_ms=int(heartbeat_timeout * 1000),
     )
     # Where the first replicas meet before their first quorum (strategies/fault_tolerant/strategy.py).
-    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=timeout))
+    store = host_store(timeout)
     port = lighthouse.address().rpartition(":")[2]
     base = {
         "NUM_REPLICA_GROUPS": str(num_replicas),
@@ -96,17 +94,14 @@ def supervise_replacing(
     # group of a quorum it leads rendezvouses), here so that it outlives the replica: the
     # others' rendezvous in a quorum whose leader was lost then ends at its deadline instead
     # of in connection retries to a closed port (strategies/fault_tolerant/quorum_group.py).
-    group_stores = (
-        [TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=timeout))
-         for _ in range(num_replicas)]
-        if per_replica == 1
-        else []
-    )  # fmt: skip
+    group_stores = [host_store(timeout) for _ in range(num_replicas)] if per_replica == 1 else []
 
     def start(slot: int) -> list[Any]:
         """Replica ``slot``'s processes; several form a process group of their own."""
-        stores[slot], rendezvous = host_rendezvous(timeout)
-        group = {**rendezvous, "WORLD_SIZE": str(per_replica)}
+        group: dict[str, str] = {}
+        if per_replica > 1:  # the replica's own process group, in a store of this launcher's
+            stores[slot], rendezvous = host_rendezvous(timeout)
+            group = {**rendezvous, "WORLD_SIZE": str(per_replica)}
         started = []
         for member in range(per_replica):
             tag = _tag(slot, member, incarnation[slot], per_replica)

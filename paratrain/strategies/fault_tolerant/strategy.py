@@ -31,13 +31,12 @@ from __future__ import annotations
 
 import os
 import sys
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
 from torch import nn
-from torch.distributed import TCPStore
 
+from paratrain.comm.transport import host_store
 from paratrain.data.batch import map_tensors, num_examples
 from paratrain.data.sharding import ShardedBatches
 from paratrain.errors import ConfigError, ReplicaLeft, WorkerLost
@@ -272,7 +271,7 @@ class FaultTolerantAllReduceStrategy(Strategy):
         if hosted:
             store_host, _, port = hosted.rpartition(":")
             return store_host, int(port), 0, 1
-        self._store = TCPStore(host, 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=self.timeout))
+        self._store = host_store(self.timeout, host)
         return host, self._store.port, 0, 1
 
     # ----- data and step -----------------------------------------------------------------
