@@ -22,11 +22,17 @@ MEMBER = textwrap.dedent(
 
     port, rank, size, delay = (int(a) for a in sys.argv[1:5])
     group = quorum_group(timedelta(seconds=20), timedelta(seconds=2))
+    # Every member configures at the same moment, as when the Lighthouse hands out a quorum:
+    # their start-ups (an import of torch each) differ by seconds on a loaded machine.
+    store = torch.distributed.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=60))
+    store.add("started", 1)
+    while store.add("started", 0) < int(sys.argv[5]):
+        time.sleep(0.01)
     started = time.monotonic()
     try:
         group.configure(f"127.0.0.1:{port}/torchft/1/0", f"replica_{rank}", rank, size, 1, 0, 1, list(range(size)))
     except Exception as error:
-        print(f"configure failed after {time.monotonic() - started:.1f} s: {type(error).__name__}", flush=True)
+        print(f"configure failed after {time.monotonic() - started:.1f} s: {type(error).__name__}: {error}", flush=True)
         sys.exit(0)
     time.sleep(delay)  # a peer slower than the rendezvous deadline to reach its all-reduce
     value = torch.tensor([rank + 1.0])
@@ -38,8 +44,9 @@ MEMBER = textwrap.dedent(
 
 
 def _members(port, size, delays):
+    """One process a delay; ``size`` members in the quorum (those beyond the delays never come)."""
     return [
-        subprocess.Popen([sys.executable, "-c", MEMBER, str(port), str(rank), str(size), str(delay)],
+        subprocess.Popen([sys.executable, "-c", MEMBER, str(port), str(rank), str(size), str(delay), str(len(delays))],
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         for rank, delay in enumerate(delays)
     ]  # fmt: skip

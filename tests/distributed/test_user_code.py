@@ -212,7 +212,7 @@ def step():
     strategy.teardown()
     # returning drops the model, whose reducer held the group
 
-for _ in range(60):
+for _ in range(40):
     step()
 print("done")
 """
@@ -221,7 +221,7 @@ print("done")
 def test_a_group_destroyed_right_after_a_collective_does_not_hang():
     """A group whose last reference was a DDP reducer's, dropped from Python (the GIL held),
     joined a Gloo thread that needed the GIL to drop the last all-reduce: the process hung
-    within ~20 rounds. Teardown takes the groups out of the wrappers first."""
+    within ~20 rounds (40 here). Teardown takes the groups out of the wrappers first."""
     result = subprocess.run(
         [sys.executable, "-c", DESTROY_RIGHT_AFTER_A_COLLECTIVE], capture_output=True, text=True, timeout=90
     )
