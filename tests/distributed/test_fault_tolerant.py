@@ -169,7 +169,21 @@ def test_a_replica_asked_to_leave_finishes_its_step_and_the_others_go_on(cli, tm
     _same_run(metrics, json.loads((tmp_path / "s.json").read_text()))
 
 
-def test_a_replica_added_to_a_running_torchrun_job_takes_the_live_state(tmp_path, reference):
+LONG_RUN = ["--epochs", "8", *RUN[2:]]
+
+
+@pytest.fixture(scope="module")
+def long_reference(tmp_path_factory):
+    """``single`` with the global batch of 2 replicas over 8 epochs."""
+    from tests.conftest import run_cli
+
+    out = tmp_path_factory.mktemp("single") / "single.json"
+    result = run_cli("train", *LONG_RUN[:2], "--batch-size", "16", *LONG_RUN[4:], "--metrics-out", str(out))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def test_a_replica_added_to_a_running_torchrun_job_takes_the_live_state(tmp_path, long_reference):
     """The multi-machine recipe on one machine: the user's Lighthouse, one torchrun job per
     replica, and a third replica started while the two others train."""
     port = free_port()
@@ -184,17 +198,18 @@ def test_a_replica_added_to_a_running_torchrun_job_takes_the_live_state(tmp_path
         command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "1",
                    "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", "-m", "paratrain", "train",
                    "--strategy", "allreduce-ft", "--workers", "2", "--lighthouse", f"http://127.0.0.1:{port}",
-                   *RUN, "--metrics-out", str(out), *extra]  # fmt: skip
+                   *LONG_RUN, "--metrics-out", str(out), *extra]  # fmt: skip
         env = {**os.environ, "REPLICA_GROUP_ID": str(replica)}
         return subprocess.Popen(command, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
 
-    # Replica 1's steps take twelve times as long (it sleeps; the others wait for it, which
-    # costs the machine no CPU): ~45 s of run left for a third to start, which takes torchrun,
-    # an import of torch and a quorum, over 15 s on a loaded machine (with 4x the run, 15 s,
-    # was over first under the suite's load, and the third trained alone from step 0).
-    # Replica 0 prints the step log; the third starts once the job is past its first logged
-    # step (20 of 445).
-    jobs = [job(0, "--progress", "--log-every", "20"), job(1, "--straggler", "1:12")]
+    # Replica 1's steps take four times as long (it sleeps; the others wait for it), over 8
+    # epochs (712 steps): ~35 s of run left for a third to start, which takes torchrun, an
+    # import of torch and a quorum, up to ~15 s on a loaded machine. With a shorter run the
+    # third started after its end under the suite's load and trained alone from step 0; a
+    # straggler sleeping longer than the Lighthouse's 1 s join timeout is left out of the
+    # quorums and falls steps behind (which ends it). Replica 0 prints the step log; the third
+    # starts once the job is past its first logged step (20 of 712).
+    jobs = [job(0, "--progress", "--log-every", "20"), job(1, "--straggler", "1:4")]
     try:
         seen = []
         for line in jobs[0].stdout:
@@ -215,7 +230,7 @@ def test_a_replica_added_to_a_running_torchrun_job_takes_the_live_state(tmp_path
     metrics = json.loads(out.read_text())
     counts = [span[2] for span in metrics["participants"]["per_step"]]
     assert counts[-1] == 3 and set(counts) <= {1, 2, 3}
-    _same_run(metrics, reference)
+    _same_run(metrics, long_reference)
 
 
 def test_the_documented_python_example_replaces_a_replica_and_both_return_the_whole_run(tmp_path):
