@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import nn
@@ -21,6 +22,9 @@ class StepOutput:
     """Model outputs for this replica's batch."""
     skipped: bool = False
     """The update was skipped: a NaN or Inf loss or gradient, with ``on_nan = "skip"``."""
+    position: dict[str, Any] | None = None
+    """Where the loop goes on instead of after this step (a ``Trainer.state_dict``): a
+    fault-tolerant replica that healed from a peer several steps ahead takes the peer's."""
 
 
 def uncompiled(model: nn.Module) -> nn.Module:

@@ -216,16 +216,15 @@ class Trainer:
             self._window.first_step = self.global_step + 1
         self._resumed = False
         self.history.keys = keys
-        history, window = self.history, self._window
-        for epoch in range(self.epoch, epochs):
-            self.epoch = epoch
+        while self.epoch < epochs:
+            epoch, history, window = self.epoch, self.history, self._window
             batches.set_epoch(epoch, start=self.batch)
             hooks.on_epoch_begin(epoch, {})
             self.module.train()
             # A resumed epoch counts the time it ran before its checkpoint too.
             epoch_start = self._epoch_start = time.perf_counter() - self._epoch_elapsed
             self._epoch_elapsed = 0.0
-            waited = batches.wait_seconds
+            waited, moved = batches.wait_seconds, False
             for batch_index, (inputs, targets) in enumerate(batches, start=self.batch + 1):
                 self.batch = batch_index
                 hooks.on_batch_begin(self.global_step, {})
@@ -233,6 +232,10 @@ class Trainer:
                     out = strategy.train_step(self.model, self.loss_fn, self.optimizer, inputs, targets)
                 except RuntimeError as error:
                     raise (strategy.diagnose(error, self.global_step + 1) or error) from None
+                if out.position is not None:  # the run is further on (a fault-tolerant replica
+                    self.load_state_dict(out.position)  # healed from a peer): go on from there
+                    self._resumed, moved = False, True
+                    break
                 if out.skipped:
                     self._report_skip(self.global_step + 1, out.loss)
                 else:
@@ -244,6 +247,8 @@ class Trainer:
                 hooks.on_batch_end(self.global_step, logs)
                 if self.stop_training:  # a callback ends training mid-epoch (e.g. at a step count)
                     break
+            if moved:
+                continue
             if len(window):
                 self._reduce_window()
             epoch_loss, epoch_examples = self._epoch_sums
@@ -270,8 +275,8 @@ class Trainer:
             if self.stop_training:
                 break
         strategy.finish(self.model)
-        hooks.on_train_end({"history": history})
-        return history
+        hooks.on_train_end({"history": self.history})
+        return self.history
 
     def _report_skip(self, step: int, loss: torch.Tensor) -> None:
         if self.strategy.is_chief:

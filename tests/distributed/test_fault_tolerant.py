@@ -243,3 +243,58 @@ def test_the_documented_python_example_replaces_a_replica_and_both_return_the_wh
     (epochs0, accuracy0), (epochs1, accuracy1) = ast.literal_eval(result.stdout.strip().splitlines()[-1])
     assert epochs0 == epochs1 == 12
     assert accuracy0 == accuracy1 > 0.9  # the same model on both replicas, evaluated alike
+
+
+STALL = """
+import time
+
+import torch
+
+import paratrain
+from paratrain.data.datasets import load_digits
+from paratrain.models import build_model
+
+
+class StallOnce(paratrain.Callback):
+    # Worker 2 stalls 2 s after step 55 (a long pause of its process): longer than the
+    # Lighthouse waits for a quorum's members (1 s), so its two peers go on without it.
+    def on_batch_end(self, step, logs):
+        if step == 55 and self.trainer.strategy.rank == 2:
+            time.sleep(2)
+
+
+def train():
+    data = load_digits()
+    model = build_model("mlp", data.spec)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    trainer = paratrain.Trainer(model, "cross_entropy", optimizer)
+    history = trainer.fit(data.train, epochs=5, batch_size=8, validation_data=data.test, callbacks=[StallOnce()], verbose=0)
+    strategy = trainer.strategy
+    return history["test_accuracy"], strategy.record.summary()["per_step"], strategy.behind_heals
+
+
+if __name__ == "__main__":
+    print(paratrain.launch(train, strategy=paratrain.FaultTolerantAllReduceStrategy(workers=3)))
+"""
+
+
+def test_a_replica_left_out_of_several_quorums_heals_forward_to_its_peers_position(tmp_path):
+    """A replica that stalls past the Lighthouse's join timeout misses the quorums its two
+    peers commit without it (a majority of the replicas it hears from: with 2 replicas the
+    peer would wait); back, it takes a peer's state and the loop's position, across an
+    epoch's end (59 steps an epoch), instead of ending, and all finish the same model."""
+    from tests.conftest import run_script
+
+    script = tmp_path / "stall.py"
+    script.write_text(STALL)
+    result = run_script(script, cwd=tmp_path, timeout=180)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "was lost" not in result.stderr and "behind its peers" not in result.stderr, result.stderr[-3000:]
+    replicas = ast.literal_eval(result.stdout.strip().splitlines()[-1])
+    (accuracy, spans, _), heals = replicas[0], [r[2] for r in replicas]
+    assert heals[0] == heals[1] == 0 and heals[2] >= 1
+    assert all(r[0] == accuracy and r[1] == spans for r in replicas)  # one model and record
+    assert len(accuracy) == 5 and accuracy[-1] > 0.9
+    first, without, again = as_formed(spans, 3)
+    assert first == [1, 55, 3] and without[0] == 56 and without[2] == 2 and again == [without[1] + 1, 295, 3]
+    assert without[1] > 59, spans  # the peers were in another epoch when the replica came back

@@ -312,16 +312,22 @@ class FaultTolerantAllReduceStrategy(Strategy):
             self._quorum_ready = False
             done = self.manager.current_step()
             if done >= step:
-                if done > step:  # cannot happen with a synchronous quorum; never train on a wrong position
-                    raise WorkerLost(f"worker {self.process_rank} fell {done - step + 1} steps behind its peers")
+                # Healed from a peer that committed steps this replica was not in: the quorum
+                # that healed it is its peers' next step, whose all-reduce they are in already,
+                # so this replica's next step takes part in it without forming another quorum
+                # (they would wait out the timeout for it).
                 self.behind_heals += 1
-                self.joined_state = None  # the loop's position is this replica's own
-                self._steps += 1  # the peer's record, taken with its state, holds the step
-                # The quorum that healed this replica is its peers' next step: they are in that
-                # step's all-reduce already, so this replica's next step must take part in it,
-                # not form another quorum (they would wait out the timeout for it).
+                self._steps += done - step + 1  # the peer's record, taken with its state, holds them
                 self._quorum_ready = True
-                return StepOutput(torch.tensor(self.last_loss, device=self.device), None)
+                position, self.joined_state = self.joined_state, None
+                loss = torch.tensor(self.last_loss, device=self.device)
+                if done == step:  # one step behind: the loop's own next batch is the peers' next
+                    return StepOutput(loss, None)
+                # Left out of several quorums (a stall longer than the Lighthouse's join
+                # timeout): the loop goes on from the peer's position, never from a wrong one.
+                if position is None or int(position["global_step"]) != done:
+                    raise WorkerLost(f"worker {self.process_rank} fell {done - step + 1} steps behind its peers")
+                return StepOutput(loss, None, position=position)
             loss, outputs = self._gradient(model, loss_fn, optimizer, inputs, targets, step)
             self.steps_taken += 1
             if self.recipe.clip_grad_norm:
