@@ -15,8 +15,11 @@ if [ "${1:-}" = "--quick" ]; then
 fi
 # The whole suite in one pool of three pytest-xdist workers: a distributed test spends much
 # of its time waiting (on its processes' start-up, a timeout it checks, a peer), and another
-# test's work fills those waits. (With three, the 2 cores are 55% busy; four made every test
-# slower and the suite 40 s longer: the waits are a test's own processes taking turns.) The distributed tests go first, so that the short unit tests
+# test's work fills those waits: with three, the 2 cores are 97-99% busy over the run (from
+# /proc/stat), so the suite's time is its CPU time; four made every test slower and the
+# suite 40 s longer. About half of that CPU starts Python processes (torch and, at a first
+# optimizer step, torch._dynamo: ~5 s each), which is why scripts/setup.sh prefers the
+# distribution's optimized CPython. The distributed tests go first, so that the short unit tests
 # fill the end, and a worker that runs out of tests takes queued ones from the others
 # (--dist worksteal), so that no worker ends minutes after the rest. tests/conftest.py gives
 # each worker rendezvous ports of its own and runs `paratrain` commands in the worker itself

@@ -32,15 +32,20 @@ def _train(cli, tmp_path, name, *args):
     return json.loads(out.read_text()), result.stderr
 
 
+def _single(folder, run):
+    """The metrics of ``single`` with the global batch of 2 replicas over ``run``."""
+    from tests.conftest import run_cli
+
+    out = folder / "single.json"
+    result = run_cli("train", *run[:2], "--batch-size", "16", *run[4:], "--metrics-out", str(out))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     """``single`` with the global batch of 2 replicas: what every allreduce-ft run must equal."""
-    from tests.conftest import run_cli
-
-    out = tmp_path_factory.mktemp("single") / "single.json"
-    result = run_cli("train", *RUN[:2], "--batch-size", "16", *RUN[4:], "--metrics-out", str(out))
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(out.read_text())
+    return _single(tmp_path_factory.mktemp("single"), RUN)
 
 
 def _same_run(metrics, reference):
@@ -175,12 +180,7 @@ LONG_RUN = ["--epochs", "8", *RUN[2:]]
 @pytest.fixture(scope="module")
 def long_reference(tmp_path_factory):
     """``single`` with the global batch of 2 replicas over 8 epochs."""
-    from tests.conftest import run_cli
-
-    out = tmp_path_factory.mktemp("single") / "single.json"
-    result = run_cli("train", *LONG_RUN[:2], "--batch-size", "16", *LONG_RUN[4:], "--metrics-out", str(out))
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(out.read_text())
+    return _single(tmp_path_factory.mktemp("single"), LONG_RUN)
 
 
 def test_a_replica_added_to_a_running_torchrun_job_takes_the_live_state(tmp_path, long_reference):
@@ -202,14 +202,14 @@ def test_a_replica_added_to_a_running_torchrun_job_takes_the_live_state(tmp_path
         env = {**os.environ, "REPLICA_GROUP_ID": str(replica)}
         return subprocess.Popen(command, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
 
-    # Replica 1's steps take four times as long (it sleeps; the others wait for it), over 8
-    # epochs (712 steps): ~35 s of run left for a third to start, which takes torchrun, an
-    # import of torch and a quorum, up to ~15 s on a loaded machine. With a shorter run the
-    # third started after its end under the suite's load and trained alone from step 0; a
-    # straggler sleeping longer than the Lighthouse's 1 s join timeout is left out of the
-    # quorums and falls steps behind (which ends it). Replica 0 prints the step log; the third
-    # starts once the job is past its first logged step (20 of 712).
-    jobs = [job(0, "--progress", "--log-every", "20"), job(1, "--straggler", "1:4")]
+    # Replica 1's steps take eight times as long (it sleeps; the others wait for it, at no
+    # CPU cost), over 8 epochs (712 steps): ~35 s of run under the suite's load for a third to
+    # start, which takes torchrun, an import of torch and a quorum, up to ~20 s there. With 4x
+    # (17 s of run under load) the run was once over before the third started, and it trained
+    # alone from step 0. The straggler's sleep (7 steps' time, ~0.15 s) stays well under the
+    # Lighthouse's 1 s join timeout, so it is not left out of the quorums. Replica 0 prints the
+    # step log; the third starts once the job is past its first logged step (20 of 712).
+    jobs = [job(0, "--progress", "--log-every", "20"), job(1, "--straggler", "1:8")]
     try:
         seen = []
         for line in jobs[0].stdout:
