@@ -266,9 +266,9 @@ class Strategy:
         """Forward, backward (over the recipe's micro-batches) and update on this replica's batch."""
         return local_step(self, model, loss_fn, optimizer, inputs, targets)
 
-    def count_update(self) -> None:
-        """One more update applied (``stats`` and checkpoints count them)."""
-        self._steps += 1
+    def count_update(self, updates: int = 1) -> None:
+        """More updates applied (``stats`` and checkpoints count them)."""
+        self._steps += updates
 
     def skip_nonfinite(self, model: nn.Module, loss: torch.Tensor | float, finite: Callable[[], bool]) -> bool:
         """The one path for a NaN or Inf gradient, in every strategy: with ``on_nan="skip"``,
@@ -349,13 +349,15 @@ class Strategy:
     def distribute(
         self, dataset: object, batch_size: int, *, shuffle: bool = True, drop_last: bool = True, seed: int = 0
     ) -> ShardedBatches:
-        """This replica's batches of ``dataset`` (``batch_size`` is per replica)."""
+        """This replica's batches of ``dataset`` (``batch_size`` is per replica), or the whole
+        global batches where the topology says every replica reads them."""
         self.setup()
+        whole = self.topology.whole_batches
         return ShardedBatches(
             dataset,
-            batch_size,
-            num_replicas=self.num_replicas,
-            rank=self.rank,
+            batch_size * self.num_replicas if whole else batch_size,
+            num_replicas=1 if whole else self.num_replicas,
+            rank=0 if whole else self.rank,
             shuffle=shuffle,
             drop_last=drop_last,
             seed=seed,

@@ -44,6 +44,11 @@ class Topology:
     """Whether a lost replica is replaced alone while the others go on (``allreduce-ft``),
     rather than the run restarting or going on without it."""
 
+    whole_batches: ClassVar[bool] = False
+    """Whether every replica reads the whole global batch and computes its part of it once
+    the step's members are known (fault-tolerant replicas, whose number changes between
+    steps); else replica ``r`` reads its ``r``-th slice."""
+
     @property
     def num_processes(self) -> int:
         return self.num_replicas

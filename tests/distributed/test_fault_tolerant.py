@@ -192,13 +192,12 @@ def test_a_replica_added_to_a_running_torchrun_job_takes_the_live_state(tmp_path
          "--join_timeout_ms", "1000", "--heartbeat_timeout_ms", "2000", "--bind", f"127.0.0.1:{port}"],
         env={**os.environ, "RUST_LOG": "warn"},
     )  # fmt: skip
-    out = tmp_path / "m.json"
 
     def job(replica, *extra):
         command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "1",
                    "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", "-m", "paratrain", "train",
                    "--strategy", "allreduce-ft", "--workers", "2", "--lighthouse", f"http://127.0.0.1:{port}",
-                   *LONG_RUN, "--metrics-out", str(out), *extra]  # fmt: skip
+                   *LONG_RUN, "--metrics-out", str(tmp_path / f"m{replica}.json"), *extra]  # fmt: skip
         env = {**os.environ, "REPLICA_GROUP_ID": str(replica)}
         return subprocess.Popen(command, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
 
@@ -227,10 +226,18 @@ def test_a_replica_added_to_a_running_torchrun_job_takes_the_live_state(tmp_path
     assert re.search(r"paratrain: worker 2 joined the run at step \d+ with a live peer.s state", results[2][1]), (
         results[2]
     )
-    metrics = json.loads(out.read_text())
-    counts = [span[2] for span in metrics["participants"]["per_step"]]
-    assert counts[-1] == 3 and set(counts) <= {1, 2, 3}
-    _same_run(metrics, long_reference)
+    # Each job's metrics file, written where its replica ended the run first in its quorum
+    # (the chief): the run of one process. Its record has steps of all three replicas; the
+    # last steps' participants are not asserted: a replica that lags at the end (the
+    # straggler, under load, past the Lighthouse's join timeout) finishes the run's last
+    # steps alone, as it should, and is then the chief of its quorum.
+    written = [tmp_path / f"m{replica}.json" for replica in range(3) if (tmp_path / f"m{replica}.json").exists()]
+    assert written
+    for path in written:
+        metrics = json.loads(path.read_text())
+        counts = [span[2] for span in metrics["participants"]["per_step"]]
+        assert 3 in counts and set(counts) <= {1, 2, 3}, (path.name, metrics["participants"])
+        _same_run(metrics, long_reference)
 
 
 def test_the_documented_python_example_replaces_a_replica_and_both_return_the_whole_run(tmp_path):
@@ -270,7 +277,7 @@ def train():
     trainer = paratrain.Trainer(model, "cross_entropy", optimizer)
     history = trainer.fit(data.train, epochs=5, batch_size=8, validation_data=data.test, callbacks=[StallOnce()], verbose=0)
     strategy = trainer.strategy
-    return history["test_accuracy"], strategy.record.summary()["per_step"], strategy.behind_heals
+    return history["test_accuracy"], strategy.session.record.summary()["per_step"], strategy.session.behind_heals
 
 
 if __name__ == "__main__":

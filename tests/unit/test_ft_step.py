@@ -51,7 +51,7 @@ def _strategy():
     strategy = FaultTolerantAllReduceStrategy(device="cpu")
     strategy.device = torch.device("cpu")
     strategy.use_recipe(None)
-    strategy.manager = FakeManager()
+    strategy.session.manager = FakeManager()
     return strategy
 
 
@@ -65,10 +65,10 @@ def test_a_replica_healed_behind_its_peers_trains_the_next_step_in_the_quorum_th
     model = nn.Linear(3, 2)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     x, y = torch.randn(4, 3), torch.tensor([0, 1, 0, 1])
-    manager = strategy.manager
+    manager = strategy.session.manager
     manager.heal_to = 1
     out = strategy.train_step(model, nn.functional.cross_entropy, optimizer, x, y)
-    assert manager.quorums == 1 and manager.step == 1 and strategy.behind_heals == 1 and out.logits is None
+    assert manager.quorums == 1 and manager.step == 1 and strategy.session.behind_heals == 1 and out.logits is None
     before = model.weight.detach().clone()
     strategy.train_step(model, nn.functional.cross_entropy, optimizer, x, y)
     assert manager.quorums == 1  # step 2 ran in the quorum that healed the replica

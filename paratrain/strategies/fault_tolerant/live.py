@@ -1,21 +1,21 @@
 """The live state a replica that joins a fault-tolerant run takes from a peer, over
-torchft's state transfer: the model, the optimizer, the loop's position and the strategy's
-own record. No checkpoint is read. ``strategy`` is an ``allreduce-ft`` strategy (strategy.py)
-or one made from it (``pipeline-ft``)."""
+torchft's state transfer: the model, the optimizer, the loop's position and the session's
+record. No checkpoint is read. ``session`` is the replica's ``FaultTolerantSession``
+(session.py)."""
 
 from __future__ import annotations
 
 from typing import Any
 
 
-def live_state(strategy: Any) -> dict[str, Any]:
+def live_state(session: Any) -> dict[str, Any]:
     """Served to a joiner during a quorum, while this replica's loop waits in it: the step
     being started is the joiner's first, so the loop's position is one batch back."""
-    trainer = strategy.trainer
+    trainer = session.trainer
     assert trainer is not None, "a replica serves state only once it trains"
     position = trainer.state_dict()
     position["batch"] = max(trainer.batch - 1, 0)
-    own = {**strategy.state_dict(), "last_loss": strategy.last_loss, "record": strategy.record.state_dict()}
+    own = {**session.replica.state_dict(), "last_loss": session.last_loss, "record": session.record.state_dict()}
     return {
         "model": trainer.module.state_dict(),
         "optimizer": trainer.optimizer.state_dict(),
@@ -24,15 +24,15 @@ def live_state(strategy: Any) -> dict[str, Any]:
     }
 
 
-def load_live_state(strategy: Any, state: dict[str, Any]) -> None:
-    """A peer's state into this replica; the loop's position waits in ``strategy.joined_state``
-    until the loop can take it (``begin_fit``)."""
-    trainer = strategy.trainer
+def load_live_state(session: Any, state: dict[str, Any]) -> None:
+    """A peer's state into this replica; the loop's position waits in ``session.joined_state``
+    until the loop can take it (``FaultTolerantSession.begin``, or the step that healed)."""
+    trainer = session.trainer
     assert trainer is not None
     trainer.module.load_state_dict(state["model"])
     trainer.optimizer.load_state_dict(state["optimizer"])
     own = state["strategy"]
-    strategy.last_loss = float(own["last_loss"])
-    strategy.skipped_updates = int(own["skipped_updates"])
-    strategy.record.load_state_dict(own["record"])
-    strategy.joined_state = state["trainer"]
+    session.last_loss = float(own["last_loss"])
+    session.replica.skipped_updates = int(own["skipped_updates"])
+    session.record.load_state_dict(own["record"])
+    session.joined_state = state["trainer"]

@@ -33,20 +33,20 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from paratrain.comm.transport import cluster_from_env, default_backend
+from paratrain.comm.transport import cluster_from_env
 from paratrain.data.batch import map_tensors, num_examples
 from paratrain.errors import ConfigError, WorkerLost
 from paratrain.parallel.pipeline import make_schedule
 from paratrain.parallel.split import parse_split_points
 from paratrain.session.incarnation import restart_count
-from paratrain.strategies.base import DEFAULT_TIMEOUT_S, Strategy
-from paratrain.strategies.device import resolve_device
+from paratrain.strategies.base import DEFAULT_TIMEOUT_S
 from paratrain.strategies.fault_tolerant.membership import ReplicaGroup
-from paratrain.strategies.fault_tolerant.replicas import part_of, replica_slot, torchft_modules
-from paratrain.strategies.fault_tolerant.strategy import FaultTolerantAllReduceStrategy
+from paratrain.strategies.fault_tolerant.replicas import replica_slot, torchft_modules
+from paratrain.strategies.fault_tolerant.session import FaultTolerantSession, check_compression
 from paratrain.strategies.pipeline.strategy import PipelineStrategy
 from paratrain.strategies.pipeline.topology import PipelineTopology
-from paratrain.strategies.step import LossFn
+from paratrain.strategies.roles import FitLoop
+from paratrain.strategies.step import LossFn, StepOutput
 
 if TYPE_CHECKING:
     from paratrain.comm.transport import ClusterEnv
@@ -59,6 +59,7 @@ class PipelineReplicaGroups(PipelineTopology):
     process group and replica group, lost and replaced as a unit."""
 
     replaces_lost = True
+    whole_batches = True
 
     @property
     def expendable_ranks(self) -> frozenset[int]:
@@ -73,12 +74,12 @@ class PipelineReplicaGroups(PipelineTopology):
             )
 
 
-class FaultTolerantPipelineStrategy(FaultTolerantAllReduceStrategy, PipelineStrategy):
-    """The quorum, the heal, the step loop and the accounting are ``allreduce-ft``'s; the
-    stage, its schedules and evaluation are ``pipeline``'s."""
+class FaultTolerantPipelineStrategy(PipelineStrategy):
+    """A pipeline (its stage, schedules and evaluation are ``pipeline``'s) composed with a
+    fault-tolerant session (the quorum, the heal, the step loop and the record: session.py)."""
 
     name = "pipeline-ft"
-    leaves_on_sigterm = False  # a stage cannot leave alone: a replica is lost or kept whole
+    takes_compression = True  # 16-bit payloads of the quorum's all-reduce (session.py)
     topology_class = PipelineReplicaGroups  # pipeline's topology_for and planned_topology make it
 
     def __init__(
@@ -95,23 +96,21 @@ class FaultTolerantPipelineStrategy(FaultTolerantAllReduceStrategy, PipelineStra
         heartbeat_timeout: float = 1.0,
         compression: str = "none",
     ):
-        # `workers` counts processes, as in pipeline: replicas x stages. allreduce-ft's part
-        # first (its chain of __init__ reaches pipeline's with pipeline's defaults), then
-        # pipeline's own with these options, which checks them; neither resets the other's.
-        FaultTolerantAllReduceStrategy.__init__(
-            self, device, timeout, workers, lighthouse, min_replicas, heartbeat_timeout, compression
+        # `workers` counts processes, as in pipeline: replicas x stages.
+        super().__init__(num_stages, num_microbatches, schedule, "params", split_points, device, timeout, workers)
+        # A stage cannot leave alone on SIGTERM: a replica is lost or kept whole.
+        self.session = FaultTolerantSession(
+            self, lighthouse, min_replicas, heartbeat_timeout, compression, leaves_on_sigterm=False
         )
-        PipelineStrategy.__init__(
-            self, num_stages, num_microbatches, schedule, "params", split_points, device, timeout, workers
-        )
+        """The quorum, the heal, the record and the step loop of this stage's replica (session.py)."""
         self._schedules: dict[int, Any] = {}  # micro-batches of this replica's part -> its schedule
         self._counting = False
 
     # ----- configuration ---------------------------------------------------------------
     @classmethod
     def check_config(cls, config: TrainConfig) -> None:
-        PipelineStrategy.check_config(config)
-        cls.check_compression(config.codec.compression)
+        super().check_config(config)
+        check_compression(cls.name, config.codec.compression)
         replicas = cls.topology_for(config).num_replicas
         if config.checkpoint_dir is not None:
             raise ConfigError(
@@ -146,29 +145,32 @@ class FaultTolerantPipelineStrategy(FaultTolerantAllReduceStrategy, PipelineStra
             compression=config.codec.compression,
         )
 
+    def describe(self) -> dict[str, Any]:
+        return {**super().describe(), **self.session.describe()}
+
     # ----- process -----------------------------------------------------------------------
     def setup(self) -> None:
         """One stage of one replica: the replica's own process group (its stages), and the
         run's place of it (``REPLICA_GROUP_ID``)."""
-        if self._ready:
-            return
-        torchft_modules()
-        cluster = cluster_from_env()
-        if cluster is None:
-            raise ConfigError(
-                "--strategy pipeline-ft runs as `paratrain train`, or under torchrun as one job of --stages "
-                "processes per replica"
-            )
-        self.device = resolve_device(self.device_preference, cluster.local_rank)
-        self._join_group(default_backend(self.device))
-        if dist.get_world_size() != self.num_stages:
-            raise ConfigError(f"a replica has {dist.get_world_size()} processes, not --stages {self.num_stages}")
-        self.incarnation = restart_count()
+        if not self._ready:
+            torchft_modules()
+            if cluster_from_env() is None:
+                raise ConfigError(
+                    "--strategy pipeline-ft runs as `paratrain train`, or under torchrun as one job of --stages "
+                    "processes per replica"
+                )
+            self.session.incarnation = restart_count()
+        super().setup()
+
+    def _place(self, world: int) -> None:
+        """The process group is this replica's stages; the run's replicas are the replica
+        groups of torchft (the quorum's), so no group spans them."""
+        if world != self.num_stages:
+            raise ConfigError(f"a replica has {world} processes, not --stages {self.num_stages}")
         processes = self.workers if self.workers and self.workers > 1 else None
         replicas = processes // self.num_stages if processes else int(os.environ.get("NUM_REPLICA_GROUPS", "1"))
         self.topology = PipelineReplicaGroups(num_replicas=replicas, num_stages=self.num_stages)
         self.process_rank = replica_slot() * self.num_stages + dist.get_rank()
-        Strategy.setup(self)
 
     def _replica_group(self, host: str) -> ReplicaGroup:
         """The replica's stages meet in their process group's store; this stage is its rank."""
@@ -177,26 +179,33 @@ class FaultTolerantPipelineStrategy(FaultTolerantAllReduceStrategy, PipelineStra
     @property
     def is_chief(self) -> bool:
         """The last stage (it holds the loss and the logits) of the quorum's first replica."""
-        if not self.is_last_stage:
-            return False
-        if self.manager is None or self.manager.participating_rank() is None:
-            return self.rank == 0
-        return self.manager.participating_rank() == 0
+        return self.is_last_stage and self.session.first_in_quorum(self.rank == 0)
 
     @property
     def stands_in_for_chief(self) -> bool:
         return self.is_last_stage  # it holds the loss and the logits
 
-    # ----- step --------------------------------------------------------------------------
-    def _gradient(
+    def begin_fit(self, trainer: FitLoop) -> None:
+        self.session.begin(trainer, self._replica_group)
+
+    def teardown(self) -> None:
+        self._schedules = {}
+        self.session.stop()
+        super().teardown()
+
+    # ----- data and step -----------------------------------------------------------------
+    def train_step(
         self,
         model: nn.Module,
         loss_fn: LossFn,
         optimizer: torch.optim.Optimizer,
         inputs: Any,
         targets: Any,
-        step: int,
-    ) -> tuple[torch.Tensor, Any]:
+    ) -> StepOutput:
+        """One committed step of the global batch on this stage (session.py)."""
+        return self.session.step(model, optimizer, lambda step: self._gradient(loss_fn, inputs, targets, step))
+
+    def _gradient(self, loss_fn: LossFn, inputs: Any, targets: Any, step: int) -> tuple[torch.Tensor, Any]:
         """This replica's run of the global batch's micro-batches through its pipeline; each
         stage's gradient weighted by the run's share and summed with the same stage of the
         other participants."""
@@ -204,11 +213,10 @@ class FaultTolerantPipelineStrategy(FaultTolerantAllReduceStrategy, PipelineStra
             raise ConfigError(
                 f"--strategy pipeline-ft feeds stage 0 one tensor; this batch's inputs are a {type(inputs).__name__}"
             )
-        optimizer.zero_grad(set_to_none=True)
         inputs = self.recipe.prepare_inputs(inputs)
         micro = self.step_microbatches * self.num_replicas  # micro-batches of the global batch
         size = num_examples(targets) // micro
-        run = part_of(micro, self.manager.participating_rank(), self.manager.num_participants())
+        run = self.session.part(micro)
         count = run.stop - run.start
         rows = slice(run.start * size, run.stop * size)
         schedule = self._schedule_of(loss_fn, count)
@@ -229,7 +237,7 @@ class FaultTolerantPipelineStrategy(FaultTolerantAllReduceStrategy, PipelineStra
             else torch.zeros((), device=self.device)
         )
         params = [p for p in self._module.parameters() if p.requires_grad]
-        summed = self._sum_over_quorum(params, loss, count / micro, step, targets)
+        summed = self.session.sum_over_quorum(params, loss, count / micro, step, targets)
         if self.is_last_stage:
             return summed, outputs.detach()
         return summed, torch.empty(0, device=self.device)
@@ -272,15 +280,16 @@ class FaultTolerantPipelineStrategy(FaultTolerantAllReduceStrategy, PipelineStra
                 f"({str(error).splitlines()[0][-120:]})"
             ) from None
 
-    def stats(self) -> dict[str, Any]:
-        """``allreduce-ft``'s view of the run (participants, heals), with the gradient bytes of
-        every stage of the replica: what went between replicas, summed over the quorums."""
-        stats = FaultTolerantAllReduceStrategy.stats(self)
-        stages = torch.tensor([float(self._grad_bytes)], dtype=torch.float64)
-        dist.all_reduce(stages)  # this replica's stages (the process group)
-        stats["bytes_sent"] = int(stages.item()) * self.record.participations()
-        return stats
+    # ----- accounting ----------------------------------------------------------------------
+    def step_counters(self) -> dict[str, float]:
+        return self.session.step_counters(self._steps, self.wait_seconds)
 
-    def teardown(self) -> None:
-        self._schedules = {}
-        super().teardown()
+    def stats(self) -> dict[str, Any]:
+        """The session's view of the run (participants, heals), with the gradient bytes of
+        every stage of the replica: what went between replicas, summed over the quorums."""
+        stages = torch.tensor([float(self.session.step_bytes)], dtype=torch.float64)
+        dist.all_reduce(stages)  # this replica's stages (the process group)
+        return self.session.stats(int(stages.item()))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), **self.session.state_dict()}

@@ -35,6 +35,7 @@ class ReplicaGroups(Topology):
     the others, and a lost one is replaced alone (``launch/replacing.py``)."""
 
     replaces_lost = True
+    whole_batches = True
 
     @property
     def expendable_ranks(self) -> frozenset[int]:

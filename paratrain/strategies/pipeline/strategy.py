@@ -140,7 +140,12 @@ class PipelineStrategy(Strategy):
         cluster = cluster_from_env()
         self.device = resolve_device(self.device_preference, cluster.local_rank if cluster else 0)
         self._join_group(default_backend(self.device))
-        world = dist.get_world_size()
+        self._place(dist.get_world_size())
+        super().setup()
+
+    def _place(self, world: int) -> None:
+        """This process's place in a process group of ``world`` processes: the topology, its
+        rank, and the groups of its replica's stages and of its stage's replicas."""
         if world % self.num_stages:
             raise ConfigError(f"the run has {world} processes, not a multiple of --stages {self.num_stages}")
         self.process_rank = dist.get_rank()
@@ -155,7 +160,6 @@ class PipelineStrategy(Strategy):
             group = dist.new_group([r * stages + stage for r in range(replicas)])
             if stage == self.stage:
                 self._stage_group = group
-        super().setup()
 
     def teardown(self) -> None:
         """The schedule and its stage hold this run's process groups and pending sends: they
@@ -383,12 +387,8 @@ class PipelineStrategy(Strategy):
         if dist.get_backend() == "nccl":
             sent = sent.to(self.device)
         dist.all_reduce(sent)
-        total_steps = self._steps * self.num_replicas
-        return {
-            "bytes_sent": int(sent.item()),
-            "dropped_gradients": 0,
-            "staleness": staleness_summary({0: total_steps}),
-        }
+        staleness = staleness_summary({0: self._steps * self.num_replicas})
+        return {"bytes_sent": int(sent.item()), "dropped_gradients": 0, "staleness": staleness}
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), "stage": self.stage, "bounds": [list(b) for b in self.bounds or []]}

@@ -1,0 +1,300 @@
+"""The fault-tolerant session a replica trains in: torchft's Manager and each step's quorum
+(membership.py), the run's record (record.py), a watchdog on every wait, leaving on
+SIGTERM, the live state a joiner takes (live.py), and the step loop that does a step again
+until the quorum commits it, or takes it from a peer that committed it without this
+replica.
+
+A strategy composes one session around its replica: ``allreduce-ft`` around one process,
+``pipeline-ft`` around one pipeline (each of its stages holds a session, and the stages
+commit together). What a replica computes for its part of the global batch stays the
+strategy's own: ``step`` calls its ``gradient(step)``, which sums the part's weighted
+gradient over the quorum with ``sum_over_quorum``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+from paratrain.errors import ConfigError, ReplicaLeft, WorkerLost
+from paratrain.session.leaving import LeaveOnSigterm
+from paratrain.session.watchdog import Watchdog
+from paratrain.strategies.accounting import staleness_summary
+from paratrain.strategies.fault_tolerant.live import live_state, load_live_state
+from paratrain.strategies.fault_tolerant.membership import Membership, ReplicaGroup
+from paratrain.strategies.fault_tolerant.record import RunRecord
+from paratrain.strategies.fault_tolerant.reduce import sum_over_quorum
+from paratrain.strategies.fault_tolerant.replicas import part_of, wait_for_all_first_replicas
+from paratrain.strategies.recipe import StepRecipe
+from paratrain.strategies.roles import FitLoop
+from paratrain.strategies.step import StepOutput
+from paratrain.strategies.topology import Topology
+from paratrain.timeline import span
+
+#: What the watchdog allows a wait beyond its own deadline (``--timeout``) and the time the
+#: Lighthouse takes to drop a silent replica (``--replica-heartbeat-timeout``).
+WATCHDOG_SLACK_S = 5.0
+
+#: Codecs whose payloads add up: the Manager's one all-reduce sums them (in 16 bits).
+WIRE_DTYPES: dict[str, torch.dtype | None] = {"none": None, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def check_compression(strategy: str, compression: str) -> None:
+    if compression not in WIRE_DTYPES:
+        raise ConfigError(
+            f"--strategy {strategy} sums each step's gradient in one all-reduce: --compression must be "
+            f"one of {', '.join(WIRE_DTYPES)} (payloads that add up), got {compression!r}"
+        )
+
+
+class Replica(Protocol):
+    """What the session uses of the strategy it is composed into (one process of the replica)."""
+
+    name: str
+    process_rank: int
+    timeout: float
+    device: torch.device
+    recipe: StepRecipe
+    topology: Topology
+    steps_taken: int
+    skipped_updates: int
+
+    @property
+    def rank(self) -> int: ...
+    @property
+    def num_replicas(self) -> int: ...
+    def unwrap(self, model: nn.Module) -> nn.Module: ...
+    def clip_gradients(self, model: nn.Module) -> None: ...
+    def gradients_finite(self, optimizer: torch.optim.Optimizer) -> bool: ...
+    def skip_nonfinite(self, model: nn.Module, loss: torch.Tensor, finite: Callable[[], bool]) -> bool: ...
+    def count_update(self, updates: int = 1) -> None: ...
+    def state_dict(self) -> dict[str, Any]: ...
+
+
+class FaultTolerantSession:
+    def __init__(
+        self,
+        replica: Replica,
+        lighthouse: str | None,
+        min_replicas: int,
+        heartbeat_timeout: float,
+        compression: str,
+        leaves_on_sigterm: bool,
+    ):
+        check_compression(replica.name, compression)
+        self.replica = replica
+        self.compression = compression
+        self.wire_dtype = WIRE_DTYPES[compression]
+        self.lighthouse = lighthouse
+        self.min_replicas = min_replicas
+        self.heartbeat_timeout = heartbeat_timeout
+        """Seconds of silence before a local launch's Lighthouse drops a replica."""
+        self.leaves_on_sigterm = leaves_on_sigterm
+        """Whether SIGTERM makes the replica leave after its step (one process can leave
+        alone; a pipeline's stage cannot: its replica is lost or kept whole)."""
+        timeout = replica.timeout
+        self.record = RunRecord()
+        """The run's committed steps and heals, as far as this replica knows (record.py)."""
+        self.membership = Membership(replica.name, min_replicas, timeout, lighthouse, self.record, heartbeat_timeout)
+        """This replica's torchft Manager and quorums (membership.py)."""
+        self.watchdog = Watchdog(
+            timeout + heartbeat_timeout + WATCHDOG_SLACK_S,
+            f"--timeout {timeout:g} s, --replica-heartbeat-timeout {heartbeat_timeout:g} s and {WATCHDOG_SLACK_S:g} s",
+        )
+        """Ends the replica with a line when a quorum, an all-reduce or a commit outlives its deadline."""
+        self.incarnation = 0
+        self.trainer: FitLoop | None = None
+        self._sigterm = LeaveOnSigterm()  # asked: leave after the step
+        self._quorum_ready = False  # begin formed the quorum of the first step already
+        self.joined_state: dict[str, Any] | None = None
+        """The loop's position that a peer's live state brought (live.py), until the loop takes it."""
+        self.last_loss = 0.0
+        """The last committed step's loss (what a step taken from a peer reports)."""
+        self.uncommitted_steps = 0
+        self.behind_heals = 0
+        self.step_bytes = 0
+        """Bytes of this process's gradient on the all-reduce's wire, per step it takes part in."""
+
+    @property
+    def manager(self) -> Any:
+        """torchft's Manager of this replica (None before ``begin`` and after ``stop``)."""
+        return self.membership.manager
+
+    @manager.setter
+    def manager(self, manager: Any) -> None:
+        self.membership.manager = manager
+
+    def first_in_quorum(self, otherwise: bool) -> bool:
+        """Whether this replica is the current quorum's first (``otherwise`` before any quorum)."""
+        if self.manager is None or self.manager.participating_rank() is None:
+            return otherwise
+        return self.manager.participating_rank() == 0
+
+    def part(self, total: int) -> slice:
+        """This participant's near-equal run of ``total`` pieces of the global batch."""
+        return part_of(total, self.manager.participating_rank(), self.manager.num_participants())
+
+    def describe(self) -> dict[str, Any]:
+        return {"compression": self.compression, "fault_tolerance": "per-step", "min_replicas": self.min_replicas}
+
+    def stop(self) -> None:
+        self.watchdog.stop()
+        self.membership.stop()
+
+    # ----- joining -----------------------------------------------------------------------
+    def begin(self, trainer: FitLoop, group: Callable[[str], ReplicaGroup]) -> None:
+        """Join the run: the Manager starts (last, so that the Lighthouse never waits on a
+        replica still building its model; its processes meet where ``group(host)`` says),
+        then the first quorum; a replacement takes the live state from a peer there and the
+        loop goes on from the peer's position."""
+        replica = self.replica
+        self.trainer = trainer
+        if self.leaves_on_sigterm:
+            self._sigterm.install()
+        self.watchdog.worker = replica.process_rank
+        if self.manager is None:
+            host = os.environ.get("PARATRAIN_REPLICA_HOST", "127.0.0.1")
+            self.membership.start(
+                replica=replica.rank,
+                worker=replica.process_rank,
+                incarnation=self.incarnation,
+                num_replicas=replica.num_replicas,
+                group=group(host),
+                host=host,
+                state_dict=lambda: live_state(self),
+                load_state_dict=lambda state: load_live_state(self, state),
+            )
+            wait_for_all_first_replicas(self.incarnation, replica.topology.num_processes, replica.timeout)
+        with self.watchdog.phase("first quorum", self.manager.current_step() + 1):
+            self.membership.form_quorum()
+        self._quorum_ready = True
+        if self.joined_state is not None:
+            state, self.joined_state = self.joined_state, None
+            trainer.load_state_dict(state)
+            heal = self.record.recoveries[-1]
+            print(
+                f"paratrain: worker {replica.process_rank} joined the run at step {heal['to_step']} with a live "
+                f"peer's state ({heal['seconds']:.2f} s from its first quorum)",
+                file=sys.stderr,
+                flush=True,
+            )
+        elif self.manager.errored() is not None:
+            raise WorkerLost(
+                f"worker {replica.process_rank} could not take the live state from a peer: "
+                f"{str(self.manager.errored().original_exception).splitlines()[0]}"
+            )
+        elif self.incarnation > 0 and self.manager.num_participants() < 2 and replica.num_replicas > 1:
+            # Alone at step 0, a replacement would train the run again from the start.
+            raise WorkerLost(
+                f"worker {replica.process_rank}'s replacement found no live replica to take the state from "
+                "(the others are gone or done)"
+            )
+
+    def _leave(self, step: int) -> None:
+        self.membership.stop()
+        raise ReplicaLeft(
+            f"worker {self.replica.process_rank} left the run after step {step} (SIGTERM); the others go on"
+        )
+
+    # ----- the step ----------------------------------------------------------------------
+    def step(
+        self,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer,
+        gradient: Callable[[int], tuple[torch.Tensor, Any]],
+    ) -> StepOutput:
+        """One committed step: ``gradient(step)`` (this participant's part, summed over the
+        quorum) done again until the quorum commits it, or the step taken from a peer that
+        committed it while this replica could not."""
+        replica = self.replica
+        step = self.manager.current_step() + 1
+        if self._sigterm.asked:  # asked between steps
+            self._leave(step - 1)
+        while True:
+            if not self._quorum_ready:
+                with self.watchdog.phase("quorum", step):
+                    self.membership.form_quorum()
+            self._quorum_ready = False
+            done = self.manager.current_step()
+            if done >= step:
+                return self._taken_from_peer(step, done)
+            optimizer.zero_grad(set_to_none=True)
+            if not self.step_bytes:
+                self.step_bytes = self._wire_bytes(replica.unwrap(model))
+            loss, outputs = gradient(step)
+            replica.steps_taken += 1
+            if replica.recipe.clip_grad_norm:
+                replica.clip_gradients(model)
+            skip = replica.skip_nonfinite(replica.unwrap(model), loss, lambda: replica.gradients_finite(optimizer))
+            with self.watchdog.phase("commit", step):
+                commit = self.manager.should_commit()
+            if commit:
+                if not skip:
+                    with span("optimizer"):
+                        optimizer.step()
+                self.last_loss = float(loss)
+                replica.count_update()
+                self.record.count_step(step, self.manager.num_participants())
+                if self._sigterm.asked:
+                    self._leave(step)
+                return StepOutput(loss, outputs, skipped=skip)
+            self.uncommitted_steps += 1
+
+    def _taken_from_peer(self, step: int, done: int) -> StepOutput:
+        """Healed from a peer that committed steps up to ``done`` without this replica. The
+        quorum that healed it is its peers' next step, whose all-reduce they are in already,
+        so this replica's next step takes part in it without forming another quorum (they
+        would wait out the timeout for it)."""
+        self.behind_heals += 1
+        self.replica.count_update(done - step + 1)  # the peer's record, taken with its state, holds them
+        self._quorum_ready = True
+        position, self.joined_state = self.joined_state, None
+        loss = torch.tensor(self.last_loss, device=self.replica.device)
+        if done == step:  # one step behind: the loop's own next batch is the peers' next
+            return StepOutput(loss, None)
+        # Left out of several quorums (a stall longer than the Lighthouse's join timeout):
+        # the loop goes on from the peer's position, never from a wrong one.
+        if position is None or int(position["global_step"]) != done:
+            raise WorkerLost(f"worker {self.replica.process_rank} fell {done - step + 1} steps behind its peers")
+        return StepOutput(loss, None, position=position)
+
+    def sum_over_quorum(
+        self, params: list[nn.Parameter], loss: torch.Tensor, share: float, step: int, targets: Any
+    ) -> torch.Tensor:
+        """This participant's gradient weighted by its ``share`` of the global batch, and its
+        loss, summed over the quorum in one flat all-reduce that never raises: a peer lost
+        during it makes the step uncommitted instead (reduce.py)."""
+        with self.watchdog.phase("all-reduce", step):
+            return sum_over_quorum(
+                self.manager, params, loss, share, self.wire_dtype, step, targets, worker=self.replica.process_rank
+            )
+
+    # ----- accounting --------------------------------------------------------------------
+    def _wire_bytes(self, module: nn.Module) -> int:
+        size = None if self.wire_dtype is None else torch.empty(0, dtype=self.wire_dtype).element_size()
+        return sum(p.numel() * (size or p.element_size()) for p in module.parameters() if p.requires_grad)
+
+    def step_counters(self, updates: int, wait_seconds: float) -> dict[str, float]:
+        return {"bytes_sent": self.step_bytes * updates, "wait_seconds": wait_seconds, "staleness": 0}
+
+    def stats(self, step_bytes: int) -> dict[str, Any]:
+        """This replica's view of the run: every committed step's participants (the same on
+        every replica that took part), the steps that had to be done again, and the heals;
+        ``step_bytes`` went out for each step this replica took part in."""
+        return {
+            "bytes_sent": step_bytes * self.record.participations(),
+            "dropped_gradients": 0,
+            "staleness": staleness_summary({0: self.record.steps}),
+            "participants": self.record.summary(),
+            "uncommitted_steps": self.uncommitted_steps,
+            "quorums": self.membership.quorums,
+            "recoveries": list(self.record.recoveries),
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"participants": {str(p): c for p, c in self.record.participants.items()}}
