@@ -45,7 +45,7 @@ from paratrain.config import TrainConfig  # noqa: E402
 from paratrain.launch.local import run_locally  # noqa: E402
 from paratrain.registry import STRATEGIES  # noqa: E402
 from paratrain.strategies.pipeline.config import PipelineConfig  # noqa: E402
-from paratrain.strategies.single import SingleDeviceStrategy  # noqa: E402
+from paratrain.strategies.single.strategy import SingleDeviceStrategy  # noqa: E402
 from paratrain.strategies.step import StepOutput  # noqa: E402
 
 #: Settings per model: the mlp at paratrain's defaults (15 epochs, lr 0.05, SGD momentum

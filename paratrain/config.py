@@ -2,10 +2,10 @@
 command line, validated once.
 
 TrainConfig holds the run-level options and composes the sections each component owns:
-``codec`` (comm/codec_config.py), ``allreduce``, ``pipeline``, ``averaging`` (local-sgd,
-diloco), ``fsdp`` and ``ft`` (each its strategy folder's config.py), ``ps``
-(strategies/ps/modes.py) and ``faults`` (train/fault_config.py): leaf modules that import
-no strategy, so that the configuration sits below the strategies. Every option is one
+``codec`` (comm/codec_config.py), each strategy folder's (named by its spec, which the
+strategy table reads: ``allreduce``, ``ps``, ``pipeline``, ``averaging``, ``fsdp``, ``ft``),
+``faults`` (train/fault_config.py) and ``gpt`` (models/gpt_config.py): leaf modules that
+import no strategy runtime, so that the configuration sits below the strategies. Every option is one
 command-line flag (``batch_size`` <-> ``--batch-size``) and one key of a ``--config`` TOML
 file, whichever section it lives in: flags and keys are flat, as they always were. A
 section's options are refused with one line when the chosen strategy does not take them.
@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -36,12 +36,6 @@ from paratrain.options import (
 )
 from paratrain.registry import DATASETS, MODELS, OPTIMIZERS, SCHEDULES, STRATEGIES, is_reference
 from paratrain.strategies.activation import checkpoint_every
-from paratrain.strategies.allreduce.config import AllReduceConfig
-from paratrain.strategies.averaging.config import AveragingConfig
-from paratrain.strategies.fault_tolerant.config import FTConfig
-from paratrain.strategies.fsdp.config import FSDPConfig
-from paratrain.strategies.pipeline.config import PipelineConfig
-from paratrain.strategies.ps.modes import PSConfig
 from paratrain.strategies.recipe import PRECISIONS
 from paratrain.strategies.topology import Topology
 from paratrain.train.fault_config import FaultConfig
@@ -56,26 +50,19 @@ starting. On the built-in models and data sets these take under 5 s on 2 CPU cor
 60 s leaves a wide margin and yet ends a run with a dead peer within a minute. Raise it
 for models of many GB or a compiled first step that takes longer."""
 
-#: The sections of a TrainConfig: attribute -> the config class of the component that owns it.
-SECTIONS: dict[str, type] = {
-    "codec": CodecConfig,
-    "allreduce": AllReduceConfig,
-    "ps": PSConfig,
-    "pipeline": PipelineConfig,
-    "averaging": AveragingConfig,
-    "fsdp": FSDPConfig,
-    "ft": FTConfig,
-    "faults": FaultConfig,
-    "gpt": GPTConfig,
-}
+#: The sections of a TrainConfig: attribute -> the config class of the component that owns
+#: it; each strategy folder's section comes from its spec (registry.STRATEGIES).
+SECTIONS: dict[str, type] = {"codec": CodecConfig, **STRATEGIES.sections(), "faults": FaultConfig, "gpt": GPTConfig}
 
 
-@dataclass(init=False)
+@dataclass(init=False, eq=False)
 class TrainConfig:
     """Everything one ``paratrain train`` run needs; the metrics file embeds it (flat).
 
     ``TrainConfig(strategy="ps-async", ps_shards=2)`` takes every option by its flat name, as
-    the command line does, and puts each in its section (``config.ps.ps_shards``)."""
+    the command line does, and puts each in its section (``config.ps.ps_shards``): the
+    run-level options are the fields below, the sections are SECTIONS' (attributes set by
+    ``__init__``)."""
 
     model: str = option(
         "mlp", "model to train, or your own: package.module:factory (docs/user_code.md)", choices=MODELS
@@ -177,16 +164,6 @@ class TrainConfig:
         None, "write TensorBoard scalars to this folder (run-level by the chief, per-rank timing in rank-N/)"
     )
     timeline: str | None = option(None, "write a Chrome/Perfetto trace of every rank's step phases to this JSON file")
-
-    codec: CodecConfig = field(default_factory=CodecConfig)
-    ps: PSConfig = field(default_factory=PSConfig)
-    pipeline: PipelineConfig = field(default_factory=PipelineConfig)
-    allreduce: AllReduceConfig = field(default_factory=AllReduceConfig)
-    averaging: AveragingConfig = field(default_factory=AveragingConfig)
-    fsdp: FSDPConfig = field(default_factory=FSDPConfig)
-    ft: FTConfig = field(default_factory=FTConfig)
-    faults: FaultConfig = field(default_factory=FaultConfig)
-    gpt: GPTConfig = field(default_factory=GPTConfig)
 
     def __init__(self, _given: Any = None, **options: Any):
         # The options given (flags, a config file's keys, keyword arguments), beside those
@@ -332,6 +309,12 @@ class TrainConfig:
             section = getattr(self, name)
             values.update({f.name: getattr(section, f.name) for f in option_fields(section)})
         return values
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, TrainConfig) and self.to_dict() == other.to_dict()
+
+    def __repr__(self) -> str:
+        return f"TrainConfig({', '.join(f'{k}={v!r}' for k, v in self.to_dict().items())})"
 
     def replace(self, **changes: Any) -> TrainConfig:
         return TrainConfig(_given=self._given | set(changes), **{**self.to_dict(), **changes})

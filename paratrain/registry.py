@@ -103,22 +103,52 @@ def load_reference(reference: str, what: str) -> Any:
     return getattr(module, attribute)
 
 
-STRATEGIES = Registry(
-    "strategy",
-    {
-        "single": "paratrain.strategies.single:SingleDeviceStrategy",
-        "allreduce": "paratrain.strategies.allreduce.strategy:AllReduceStrategy",
-        "allreduce-ft": "paratrain.strategies.fault_tolerant.strategy:FaultTolerantAllReduceStrategy",
-        "ps-sync": "paratrain.strategies.ps.strategy:ParameterServerStrategy",
-        "ps-backup": "paratrain.strategies.ps.strategy:ParameterServerStrategy",
-        "ps-async": "paratrain.strategies.ps.strategy:ParameterServerStrategy",
-        "pipeline": "paratrain.strategies.pipeline.strategy:PipelineStrategy",
-        "pipeline-ft": "paratrain.strategies.fault_tolerant.pipeline:FaultTolerantPipelineStrategy",
-        "local-sgd": "paratrain.strategies.averaging.strategy:LocalSGDStrategy",
-        "diloco": "paratrain.strategies.averaging.strategy:DiLoCoStrategy",
-        "fsdp": "paratrain.strategies.fsdp.strategy:FSDPStrategy",
-    },
-    aliases={"mirrored": "allreduce"},
+class StrategyTable(Registry):
+    """The strategies, read from each strategy folder's ``spec.py`` (its names, their classes
+    and its configuration section: strategies/spec.py) on first use."""
+
+    def __init__(self, specs: list[str]):
+        super().__init__("strategy", {})
+        self._spec_references = list(specs)
+        self._specs: list[Any] | None = None
+
+    def specs(self) -> list[Any]:
+        """Every folder's ``StrategySpec``, in the table's order."""
+        if self._specs is None:
+            self._specs = [load_reference(reference, "strategy spec") for reference in self._spec_references]
+            for spec in self._specs:
+                self._entries.update(spec.runtimes)
+                self._aliases.update(spec.aliases)
+        return self._specs
+
+    def sections(self) -> dict[str, type]:
+        """The run configuration's strategy sections: attribute -> its dataclass."""
+        return {spec.section: spec.options for spec in self.specs() if spec.section}
+
+    def names(self, with_aliases: bool = True) -> list[str]:
+        self.specs()
+        return super().names(with_aliases)
+
+    def canonical(self, name: str) -> str:
+        self.specs()
+        return super().canonical(name)
+
+    def __contains__(self, name: str) -> bool:
+        self.specs()
+        return super().__contains__(name)
+
+
+#: One line per strategy folder: its spec (``SPEC`` in the folder's spec.py).
+STRATEGIES = StrategyTable(
+    [
+        "paratrain.strategies.single.spec:SPEC",
+        "paratrain.strategies.allreduce.spec:SPEC",
+        "paratrain.strategies.ps.spec:SPEC",
+        "paratrain.strategies.pipeline.spec:SPEC",
+        "paratrain.strategies.averaging.spec:SPEC",
+        "paratrain.strategies.fsdp.spec:SPEC",
+        "paratrain.strategies.fault_tolerant.spec:SPEC",
+    ]
 )
 
 # Gradient codecs (paratrain/comm/codecs.py): builders ``(CodecOptions) -> Codec``.

@@ -25,7 +25,7 @@ from paratrain.errors import ConfigError
 from paratrain.launch.allocator import keep_freed_memory
 from paratrain.strategies.base import Strategy
 from paratrain.strategies.recipe import StepRecipe
-from paratrain.strategies.single import get_strategy
+from paratrain.strategies.single.strategy import get_strategy
 from paratrain.timeline import span
 from paratrain.train.callbacks import Callback, CallbackList, EpochLog, ProgressBar, StepLog
 from paratrain.train.faults import progress_beacon

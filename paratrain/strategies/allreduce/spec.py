@@ -1,0 +1,14 @@
+"""The ``allreduce`` strategy as the registry and the run configuration see it
+(strategies/spec.py)."""
+
+from paratrain.strategies.allreduce.config import AllReduceConfig
+from paratrain.strategies.spec import StrategySpec
+
+SPEC = StrategySpec(
+    runtimes={
+        "allreduce": "paratrain.strategies.allreduce.strategy:AllReduceStrategy",
+    },
+    section="allreduce",
+    options=AllReduceConfig,
+    aliases={"mirrored": "allreduce"},
+)

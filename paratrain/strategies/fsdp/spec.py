@@ -1,0 +1,12 @@
+"""The ``fsdp`` strategy as the registry and the run configuration see it (strategies/spec.py)."""
+
+from paratrain.strategies.fsdp.config import FSDPConfig
+from paratrain.strategies.spec import StrategySpec
+
+SPEC = StrategySpec(
+    runtimes={
+        "fsdp": "paratrain.strategies.fsdp.strategy:FSDPStrategy",
+    },
+    section="fsdp",
+    options=FSDPConfig,
+)

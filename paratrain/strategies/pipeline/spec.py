@@ -1,0 +1,13 @@
+"""The ``pipeline`` strategy as the registry and the run configuration see it
+(strategies/spec.py)."""
+
+from paratrain.strategies.pipeline.config import PipelineConfig
+from paratrain.strategies.spec import StrategySpec
+
+SPEC = StrategySpec(
+    runtimes={
+        "pipeline": "paratrain.strategies.pipeline.strategy:PipelineStrategy",
+    },
+    section="pipeline",
+    options=PipelineConfig,
+)

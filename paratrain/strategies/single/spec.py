@@ -1,0 +1,9 @@
+"""The ``single`` strategy as the registry and the run configuration see it (strategies/spec.py)."""
+
+from paratrain.strategies.spec import StrategySpec
+
+SPEC = StrategySpec(
+    runtimes={
+        "single": "paratrain.strategies.single.strategy:SingleDeviceStrategy",
+    },
+)

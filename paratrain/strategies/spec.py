@@ -1,0 +1,25 @@
+"""What a strategy folder tells the rest of paratrain about itself: its names, the class of
+each (imported only when a run uses it) and its section of the run configuration.
+
+Each folder's ``spec.py`` holds one ``StrategySpec`` named ``SPEC`` and imports nothing but
+its own config section; ``registry.STRATEGIES`` lists the folders' specs, one line each, and
+the run configuration (config.py) takes its strategy sections from them. Adding a strategy
+is one folder and that one line: its options become flags and TOML keys, refused by every
+strategy its section does not name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class StrategySpec:
+    runtimes: dict[str, str]
+    """Each name the user gives (``--strategy NAME``) -> ``"package.module:Class"`` of its runtime."""
+    section: str | None = None
+    """The attribute of the run configuration that holds the folder's options (``config.ps``)."""
+    options: type | None = None
+    """The section's dataclass of ``option()`` fields; its ``strategies`` say which names take it."""
+    aliases: dict[str, str] = field(default_factory=dict)
+    """Other names for a runtime (``mirrored`` -> ``allreduce``, tf.distribute's name)."""
