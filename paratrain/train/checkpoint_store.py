@@ -158,6 +158,7 @@ class CheckpointStore:
             parts = manifest["parts"].items()
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
             return f"unreadable {MANIFEST} ({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''})"
+        _refuse_outside(folder, manifest)  # crafted, not corrupt: refused, never moved aside
         for part, described in parts:
             path = part_path(folder, part)
             try:
@@ -211,6 +212,11 @@ class CheckpointStore:
             raise ConfigError(
                 f"checkpoint {folder}: format version {manifest.get('version')}, this paratrain reads {FORMAT_VERSION}"
             )
+        if not isinstance(manifest.get("parts"), dict):
+            raise ConfigError(
+                f"checkpoint {folder}: its {MANIFEST} lists no parts; not a complete paratrain checkpoint"
+            )
+        _refuse_outside(folder, manifest)
         return manifest
 
     @staticmethod
@@ -287,3 +293,22 @@ def _fsync_folder(folder: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _refuse_outside(folder: Path, manifest: dict[str, Any]) -> None:
+    """ConfigError where ``manifest`` names a part outside ``folder``: such a manifest was
+    made to read other files, and nothing of that checkpoint folder is used or moved."""
+    names = manifest.get("part_names", [])
+    for name in [*manifest["parts"], *(names if isinstance(names, list) else [names])]:
+        if not _inside(name):
+            raise ConfigError(
+                f"checkpoint {folder}: its {MANIFEST} names a file outside the checkpoint ({name!r}); refused"
+            )
+
+
+def _inside(name: Any) -> bool:
+    """Whether a manifest's part name stays inside its checkpoint folder (a relative path
+    without ``..``, as paratrain writes them: ``rank-0``, ``model/__0_0.distcp``)."""
+    if not isinstance(name, str) or not name or "\\" in name or name.startswith("/"):
+        return False
+    return all(piece not in ("", ".", "..") for piece in name.split("/"))

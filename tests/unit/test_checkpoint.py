@@ -1,5 +1,6 @@
 """Checkpoints: parts and manifest, exact resume, and every way a checkpoint can be bad."""
 
+import hashlib
 import json
 import os
 import subprocess
@@ -162,6 +163,26 @@ def test_foreign_files_and_code_in_a_checkpoint_are_refused(saved):
     store.commit(50, ["rank-0"], {}, timeout=1)
     with pytest.raises(ConfigError, match="not a readable checkpoint"):
         load_checkpoint(evil)
+
+
+def test_a_manifest_that_names_a_file_outside_its_checkpoint_is_refused(saved, cli):
+    """A crafted manifest whose part points outside its folder (with that file's true size
+    and SHA-256): refused before anything is read, one line and exit 2, nothing touched."""
+    folder = saved / "ckpt-000000044"
+    outside = saved / "outside.pt"
+    torch.save({"trainer": {}, "strategy": {}}, outside)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    data = outside.read_bytes()
+    manifest["parts"]["../outside"] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    manifest["part_names"] = ["../outside"]
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    before = {p: p.stat().st_mtime_ns for p in saved.rglob("*")}
+    with pytest.raises(ConfigError, match=r"names a file outside the checkpoint \('\.\./outside'\); refused"):
+        load_checkpoint(folder)
+    result = cli("train", "--epochs", "3", "--checkpoint-dir", str(saved), "--resume", "--no-progress")
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert "names a file outside the checkpoint" in result.stderr
+    assert {p: p.stat().st_mtime_ns for p in saved.rglob("*")} == before
 
 
 def test_a_checkpoint_of_another_model_or_run_is_refused(saved):
