@@ -36,6 +36,7 @@ from paratrain.errors import ParatrainError, WorkerFailed, signal_name
 from paratrain.launch.process import LauncherEnv, exit_now, launcher_env, process_context, run_entry, take_env
 from paratrain.launch.stacks import ENV as STACKS_ENV
 from paratrain.launch.stacks import attach_stacks, dump_on_signal, stack_file
+from paratrain.session.join_token import JOIN_TOKEN_ENV, new_join_token
 from paratrain.train.checkpoint import CheckpointStore
 from paratrain.train.faults import new_progress, read_progress
 
@@ -50,11 +51,13 @@ def supervise(
     checkpoint_dir: str | None = None,
 ) -> list[Any]:
     restart = 0
+    # The run's join token (session/join_token.py): its processes' alone, never in the store.
+    token = os.environ.get(JOIN_TOKEN_ENV) or new_join_token()
     while True:
         # The attempt's scratch folder: error files, results, the progress beacons.
         folder = Path(tempfile.mkdtemp(prefix="paratrain-"))
         try:
-            return _attempt(fn, args, num_processes, expendable, names, folder, restart)
+            return _attempt(fn, args, num_processes, expendable, names, folder, restart, token)
         except WorkerFailed as failure:
             if restart >= max_restarts or failure.worker_exit_code in (2, 3):
                 raise
@@ -94,6 +97,7 @@ def _attempt(
     names: list[str],
     folder: Path,
     restart: int,
+    token: str,
 ) -> list[Any]:
     context = process_context()
     _store, rendezvous = host_rendezvous()  # kept until the attempt ends
@@ -111,6 +115,7 @@ def _attempt(
             "PARATRAIN_PROGRESS": str(folder / "progress"),
             "PARATRAIN_LAUNCHER_PID": str(os.getpid()),
             STACKS_ENV: stack_file(folder, rank),
+            JOIN_TOKEN_ENV: token,
         }
         process = context.Process(
             target=run_process, args=(launcher_env(env), str(folder / f"result-{rank}.pkl"), fn, args), daemon=False

@@ -5,6 +5,7 @@ leave (SIGTERM) finishes its step, says done, and exits 0 while the others go on
 import json
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -13,6 +14,14 @@ from tests.conftest import REPO
 pytestmark = pytest.mark.distributed
 
 QUIET = ["--no-progress", "--log-every", "0"]
+
+
+def _door(lines):
+    """The address and the join token's file from the chief's join line (read from ``lines``)."""
+    line = next(line for line in lines if "--join " in line)
+    return line.split("--join ")[1].split()[0], line.split("--join-token-file ")[1].split()[0]
+
+
 BATCHES = 1433 // 32  # digits' training batches of an epoch at batch 32, handed out one at a time
 
 
@@ -34,13 +43,8 @@ def test_a_worker_joins_a_running_run(cli, tmp_path, mode, joiner):
                "--epochs", str(epochs), "--metrics-out", str(out), *QUIET]  # fmt: skip
     run = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
     try:
-        address = None
-        for line in run.stdout:
-            if "--join " in line:
-                address = line.split("--join ")[1].strip()
-                break
-        assert address, run.stderr.read()[-3000:]
-        joined = cli("train", "--join", address, *QUIET)
+        address, token_file = _door(run.stdout)
+        joined = cli("train", "--join", address, "--join-token-file", token_file, *QUIET)
         stdout, stderr = run.communicate(timeout=240)
     finally:
         run.kill()
@@ -67,9 +71,9 @@ def test_a_joiner_killed_mid_run_is_a_lost_worker_and_the_run_goes_on(tmp_path):
     )  # fmt: skip
     joiner = None
     try:
-        address = next(line.split("--join ")[1].strip() for line in run.stdout if "--join " in line)
+        address, token_file = _door(run.stdout)
         joiner = subprocess.Popen(
-            [sys.executable, "-m", "paratrain", "train", "--join", address, *QUIET],
+            [sys.executable, "-m", "paratrain", "train", "--join", address, "--join-token-file", token_file, *QUIET],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
         )  # fmt: skip
         assert any("joined the run" in line for line in joiner.stderr), "the joiner never joined"
@@ -106,19 +110,81 @@ def test_a_worker_asked_to_leave_finishes_its_step_and_the_run_goes_on(cli, tmp_
     assert metrics["test_accuracy"] >= 0.93
 
 
-def test_a_joiner_with_another_setting_is_refused_in_one_line(cli, tmp_path):
+def test_a_joiner_with_another_setting_or_without_the_join_token_is_refused_in_one_line(cli, tmp_path, monkeypatch):
+    """Refused with one line and exit 2: another setting, no token, a wrong token. The run
+    goes on untouched: it finishes as without them, with no worker joined or lost, and the
+    token file the chief saved is readable by its owner only."""
+    monkeypatch.delenv("PARATRAIN_JOIN_TOKEN", raising=False)
+    out = tmp_path / "run.json"
     run = subprocess.Popen(
-        [sys.executable, "-m", "paratrain", "train", "--strategy", "ps-async", "--workers", "2", "--epochs", "40",
-         *QUIET],
+        [sys.executable, "-m", "paratrain", "train", "--strategy", "ps-async", "--workers", "2", "--epochs", "30",
+         "--metrics-out", str(out), *QUIET],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+    )  # fmt: skip
+    wrong = tmp_path / "wrong-token"
+    wrong.write_text("not-the-token\n")
+    try:
+        address, token_file = _door(run.stdout)
+        other = cli("train", "--strategy", "ps-async", "--compression", "fp16", "--join", address,
+                    "--join-token-file", token_file, *QUIET)  # fmt: skip
+        none = cli("train", "--join", address, *QUIET)
+        refused = cli("train", "--join", address, "--join-token-file", str(wrong), *QUIET)
+        stdout, stderr = run.communicate(timeout=240)
+    finally:
+        run.kill()
+    assert (other.returncode, none.returncode, refused.returncode) == (2, 2, 2)
+    assert other.stderr.strip() == (
+        f"paratrain: error: --join {address}: the run there has compression=none; this worker has compression=fp16"
+    )
+    needs = "refused: this run needs its join token (it printed it and saved it: docs/parameter_server.md#joining)"
+    assert none.stderr.strip() == (
+        f"paratrain: error: --join {address}: {needs}; give it with --join-token-file FILE or PARATRAIN_JOIN_TOKEN"
+    )
+    assert refused.stderr.strip() == f"paratrain: error: --join {address}: {needs}; the one given is not it"
+    assert run.returncode == 0, stderr[-3000:]
+    assert "refused worker 2: it did not prove the join token" in stdout
+    metrics = json.loads(out.read_text())
+    assert metrics["workers_joined"] == [] and metrics["workers_lost"] == [] and metrics["rejected_messages"] == {}
+    assert metrics["test_accuracy"] >= 0.93
+    assert Path(token_file).parent == tmp_path and Path(token_file).stat().st_mode & 0o777 == 0o600
+
+
+ROGUE = """
+import os, sys, torch
+from paratrain.strategies.ps.joining import join_run
+from paratrain.strategies.ps.protocol.wire import TAG_MESSAGE
+address, token = sys.argv[1], open(sys.argv[2]).read().strip()
+facts = {"strategy": "ps-async", "shards": 1, "compression": "none", "pull_compression": "none"}
+joined = join_run(address, facts, 30.0, token)
+garbage = torch.zeros(40, dtype=torch.uint8)  # no mark of the protocol
+joined["links"][0].isend(garbage, TAG_MESSAGE + joined["run"]["tags"]).wait()
+print("sent as worker", joined["worker"], flush=True)
+os._exit(0)
+"""
+
+
+def test_a_joiner_that_sends_a_malformed_message_over_gloo_is_dropped_and_the_run_goes_on(tmp_path):
+    """A process that joins with the token and sends the shard bytes of no protocol over its
+    Gloo link: the shard refuses them (counted), drops it as a lost worker, and the run
+    finishes as without it."""
+    out = tmp_path / "run.json"
+    run = subprocess.Popen(
+        [sys.executable, "-m", "paratrain", "train", "--strategy", "ps-async", "--workers", "2", "--epochs", "30",
+         "--metrics-out", str(out), *QUIET],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
     )  # fmt: skip
     try:
-        address = next(line.split("--join ")[1].strip() for line in run.stdout if "--join " in line)
-        refused = cli("train", "--strategy", "ps-async", "--compression", "fp16", "--join", address, *QUIET)
+        address, token_file = _door(run.stdout)
+        rogue = subprocess.run(
+            [sys.executable, "-c", ROGUE, address, token_file], capture_output=True, text=True, timeout=60
+        )
+        stdout, stderr = run.communicate(timeout=240)
     finally:
         run.kill()
-        run.communicate()
-    assert refused.returncode == 2
-    assert refused.stderr.strip() == (
-        f"paratrain: error: --join {address}: the run there has compression=none; this worker has compression=fp16"
-    )
+    assert rogue.returncode == 0 and "sent as worker 2" in rogue.stdout, rogue.stderr[-3000:]
+    assert run.returncode == 0, stderr[-3000:]
+    assert "ps shard 0 refused a message from worker 2 (joined): not this protocol or version" in stderr
+    metrics = json.loads(out.read_text())
+    assert metrics["rejected_messages"] == {"not this protocol or version": 1}
+    assert metrics["workers_joined"] == [2] and metrics["workers_lost"] == [2]
+    assert metrics["test_accuracy"] >= 0.93

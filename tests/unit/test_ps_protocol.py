@@ -1,10 +1,6 @@
 """The parameter-server protocol without processes: a worker's ShardClient and a
 ShardServer in one process, over an in-memory link that behaves as a Gloo pair link does
-(a receive waits for its message; a message shorter than the posted buffer fills its
-front). The wire is the production one: headers, replies, the codec's payload."""
-
-import queue
-import threading
+(protocol/memory.py). The wire is the production one: headers, replies, the codec's payload."""
 
 import pytest
 import torch
@@ -15,52 +11,9 @@ from paratrain.comm.packing import PackedGradient
 from paratrain.strategies.ps.layout import ShardLayout
 from paratrain.strategies.ps.modes import MODES, PSConfig, PSMode
 from paratrain.strategies.ps.protocol.client import ShardClient
+from paratrain.strategies.ps.protocol.memory import MemoryLink
 from paratrain.strategies.ps.protocol.server import ShardServer
-from paratrain.strategies.ps.protocol.wire import DONE, HEADER_BYTES, PULL, PUSH, Header
-
-
-class _Done:
-    def wait(self):
-        return True
-
-
-class _Receive:
-    def __init__(self, inbox: queue.Queue, tensor: torch.Tensor, timeout: float):
-        self.inbox, self.tensor, self.timeout = inbox, tensor, timeout
-
-    def wait(self):
-        try:
-            message = self.inbox.get(timeout=self.timeout)
-        except queue.Empty:
-            raise RuntimeError("Timed out waiting for the message") from None
-        self.tensor.view(-1)[: message.numel()].copy_(message.view(-1))
-        return True
-
-
-class MemoryLink:
-    """One end of a link; ``pair()`` makes both. Messages keep their order per tag."""
-
-    def __init__(self, outboxes: dict, inboxes: dict, timeout: float = 5.0):
-        self.outboxes, self.inboxes, self.timeout = outboxes, inboxes, timeout
-
-    @staticmethod
-    def pair() -> tuple["MemoryLink", "MemoryLink"]:
-        lock = threading.Lock()
-
-        class Boxes(dict):
-            def __missing__(self, tag):
-                with lock:
-                    return self.setdefault(tag, queue.Queue())
-
-        a_to_b, b_to_a = Boxes(), Boxes()
-        return MemoryLink(a_to_b, b_to_a), MemoryLink(b_to_a, a_to_b)
-
-    def isend(self, tensor: torch.Tensor, tag: int):
-        self.outboxes[tag].put(tensor.detach().clone())
-        return _Done()
-
-    def irecv(self, tensor: torch.Tensor, tag: int):
-        return _Receive(self.inboxes[tag], tensor, self.timeout)
+from paratrain.strategies.ps.protocol.wire import DONE, HEADER_BYTES, PULL, PUSH, TRAILER_BYTES, Header
 
 
 def _model():
@@ -104,7 +57,7 @@ def _flat_grad(model, inputs, targets):
 def test_a_header_reads_back_as_written(header):
     message = torch.zeros(100, dtype=torch.uint8)
     header.write(message)
-    assert Header.read(message) == header
+    assert Header.read(message, 0) == header
 
 
 @pytest.mark.parametrize("mode", [PSMode.SYNC, PSMode.ASYNC])
@@ -149,6 +102,6 @@ def test_a_nonfinite_push_is_its_header_alone_and_no_update():
     sent = client.bytes_sent
     client.post_reply()
     client.send(Header(PUSH, samples=8, wants_reply=True, nonfinite=True), torch.full_like(pulled, float("nan")))
-    assert client.bytes_sent - sent == HEADER_BYTES
+    assert client.bytes_sent - sent == HEADER_BYTES + TRAILER_BYTES
     assert client.await_reply() and client.versions == [1]
     assert torch.equal(pulled, before) and server.tally.skipped == 1

@@ -36,11 +36,14 @@ class ShardHost:
         timeout: float,
         codec_factory: Callable[[], Any],
         tags: int,
+        door_key: tuple[str, str] | None = None,
     ):
         self.shard, self.num_shards, self.num_workers = shard, num_shards, num_workers
         self.mode, self.config, self.store = mode, config, store
         self.heartbeat_timeout, self.timeout = heartbeat_timeout, timeout
         self.codec_factory, self.tags = codec_factory, tags
+        self.door_key = door_key
+        """(join token, run) where workers may join the running run (joining.py); None: no door."""
         self.server: ShardServer | None = None
         self.on_version: Callable[[int], None] = _ignore
         """Called with each version this shard publishes (the Trainer points it at its callbacks)."""
@@ -59,7 +62,7 @@ class ShardHost:
             rule_name=self.mode.strategy_name,
             heartbeat_timeout=self.heartbeat_timeout,
             tolerate_loss=survives_lost_worker(self.mode, self.config),
-            admits=facts.admits_joiners,
+            door_key=self.door_key,
             wait_timeout=self.timeout,
             codec_factory=self.codec_factory,
             tags=self.tags,

@@ -4,12 +4,17 @@ A Gloo process group cannot grow, so a joining worker is no rank of the run's. I
 the run in its store (the rendezvous store at HOST:PORT, where the run's workers meet):
 
 1. shard 0 publishes the run under ``RUN_KEY`` (its store prefix and message tags, mode,
-   shards, workers, parameter count); the joiner checks its own configuration against it;
+   shards, workers, parameter count, whether its doors are open); the joiner checks its
+   own configuration against it, and that it holds a join token (session/join_token.py);
 2. the joiner takes the next worker number (``joins``: the first joiner of a run of N
    workers is worker N) and posts ``join/<k>``;
-3. each shard's door (``Door``, a thread) sees the request and makes a two-process Gloo
-   group with the joiner (links.PairLink); the shard then serves it as any other worker,
-   and shard 0 tells it where the run stands (``joined/<worker>``: version and epoch);
+3. each shard's door (``Door``, a thread) sees the request and asks the joiner a fresh
+   challenge (``challenge/<worker>/<shard>``); the joiner answers with its proof under the
+   token (``answer/...``), and the door says ``ok`` or ``refused`` (``verdict/...``). A
+   refused joiner exits with one line (exit 2); nothing of the run waits for it or moves.
+   Then the door makes a two-process Gloo group with the joiner (links.PairLink); the
+   shard serves it as any other worker, and shard 0 tells it where the run stands
+   (``joined/<worker>``: version and epoch);
 4. the joiner's first pull brings the current parameters; shard 0 hands it batches of
    the current epoch as to everyone else. It beats, pushes and says done as the others.
 
@@ -28,6 +33,7 @@ from typing import Any
 import torch.distributed as dist
 
 from paratrain.errors import ConfigError, WorkerLost
+from paratrain.session.join_token import HANDSHAKE_S, challenge, proof, proves
 from paratrain.strategies.ps.protocol.links import PairLink
 
 #: The key, outside any run's prefix, under which shard 0 describes the run joiners join.
@@ -59,8 +65,11 @@ class Door:
         finished: threading.Event,
         admit: Callable[[int, PairLink], dict[str, Any]],
         timeout: float,
+        key: tuple[str, str],
     ):
         self.store, self.shard, self.finished, self.admit, self.timeout = store, shard, finished, admit, timeout
+        self.token, self.run = key  # the run's join token (never in the store) and its name in proofs
+        self.refused = 0
         self.thread = threading.Thread(target=self._run, name="ps-door", daemon=True)
 
     def start(self) -> None:
@@ -85,6 +94,8 @@ class Door:
                 continue
             worker = json.loads(self.store.get(f"join/{request}"))["worker"]
             request, missing_since = request + 1, None
+            if not self._proven(worker):
+                continue
             try:  # blocks this thread (not the shard's others) until the joiner connects
                 link = PairLink(self.store, pair_prefix(worker, self.shard), 0, self.timeout)
             except RuntimeError as error:
@@ -96,11 +107,29 @@ class Door:
         if self.shard == 0:
             self.store.set("closed", "1")
 
+    def _proven(self, worker: int) -> bool:
+        """Ask ``worker`` a fresh challenge and check its answer under the join token; say
+        the verdict. A joiner that does not answer within HANDSHAKE_S is refused."""
+        asked, key = challenge(), f"{worker}/{self.shard}"
+        self.store.set(f"challenge/{key}", asked)
+        try:
+            self.store.wait([f"answer/{key}"], timedelta(seconds=HANDSHAKE_S))
+            answer = self.store.get(f"answer/{key}").decode()
+        except (RuntimeError, UnicodeDecodeError):  # no answer in time (DistStoreError), or not text
+            answer = ""
+        if proves(self.token, self.run, worker, self.shard, asked, answer):
+            self.store.set(f"verdict/{key}", "ok")
+            return True
+        self.refused += 1
+        self.store.set(f"verdict/{key}", "refused")
+        print(f"paratrain: ps shard {self.shard}: refused worker {worker}: it did not prove the join token", flush=True)
+        return False
+
 
 #: Options of the run a joiner does not take: its outputs, its own worker count, restarts,
-#: and fault injections (they name the run's workers).
+#: fault injections (they name the run's workers), and where the run keeps its join token.
 NOT_TAKEN = ("metrics_out", "logdir", "timeline", "checkpoint_dir", "resume", "workers", "max_restarts",
-             "fail_at", "fail_shard_at", "hang", "terminate", "straggler")  # fmt: skip
+             "fail_at", "fail_shard_at", "hang", "terminate", "straggler", "join_token_file", "joiners")  # fmt: skip
 
 
 def run_options(options: dict[str, Any]) -> dict[str, Any]:
@@ -125,12 +154,23 @@ def read_run(address: str, timeout: float) -> tuple[Any, dict[str, Any]]:
     return root, json.loads(root.get(RUN_KEY))
 
 
-def join_run(address: str, facts: dict[str, Any], timeout: float) -> dict[str, Any]:
+REFUSED = "refused: this run needs its join token (it printed it and saved it: docs/parameter_server.md#joining)"
+
+
+def join_run(address: str, facts: dict[str, Any], timeout: float, token: str | None) -> dict[str, Any]:
     """The joiner: find the run at ``address`` (HOST:PORT), check that it runs with the
-    ``facts`` this worker has (strategy, shards, codecs), take a worker number, and make a
-    link with every shard. Returns ``store`` (the run's prefixed store), ``run`` (what shard 0
-    published), ``worker``, ``links`` (one per shard) and ``position`` (version, epoch)."""
+    ``facts`` this worker has (strategy, shards, codecs), take a worker number, prove the join
+    ``token`` to every shard's door, and make a link with every shard. Returns ``store`` (the
+    run's prefixed store), ``run`` (what shard 0 published), ``worker``, ``links`` (one per
+    shard) and ``position`` (version, epoch)."""
     root, run = read_run(address, timeout)
+    if not run.get("joiners", True):
+        raise ConfigError(
+            f"--join {address}: refused: the run there takes no joiners (it runs with --no-joiners, or under "
+            "torchrun without a join token)"
+        )
+    if token is None:
+        raise ConfigError(f"--join {address}: {REFUSED}; give it with --join-token-file FILE or PARATRAIN_JOIN_TOKEN")
     wait = timedelta(seconds=timeout)
     differ = [key for key in facts if run.get(key) != facts[key]]
     if differ:
@@ -143,6 +183,7 @@ def join_run(address: str, facts: dict[str, Any], timeout: float) -> dict[str, A
         raise WorkerLost(f"--join {address}: the run there has finished; there is nothing to join")
     worker = run["workers"] + store.add("joins", 1) - 1
     store.set(f"join/{worker - run['workers']}", json.dumps({"worker": worker}))
+    _prove(store, address, run, worker, token, timeout)
     try:
         links = [PairLink(store, pair_prefix(worker, shard), 1, timeout) for shard in range(run["shards"])]
         store.wait([f"joined/{worker}"], wait)
@@ -153,3 +194,26 @@ def join_run(address: str, facts: dict[str, Any], timeout: float) -> dict[str, A
         ) from None
     position = json.loads(store.get(f"joined/{worker}"))
     return {"store": store, "run": run, "worker": worker, "links": links, "position": position}
+
+
+def _prove(store: Any, address: str, run: dict[str, Any], worker: int, token: str, timeout: float) -> None:
+    """Answer every shard's challenge with the proof under ``token``; ConfigError (exit 2)
+    where a door refuses it."""
+    wait = timedelta(seconds=timeout)
+    try:
+        for shard in range(run["shards"]):
+            key = f"{worker}/{shard}"
+            store.wait([f"challenge/{key}"], wait)
+            asked = store.get(f"challenge/{key}").decode()
+            store.set(f"answer/{key}", proof(token, run["prefix"], worker, shard, asked))
+        verdicts = []
+        for shard in range(run["shards"]):
+            store.wait([f"verdict/{worker}/{shard}"], wait)
+            verdicts.append(store.get(f"verdict/{worker}/{shard}").decode())
+    except RuntimeError as error:
+        raise WorkerLost(
+            f"--join {address}: the shards did not ask worker {worker} to prove the join token within --timeout "
+            f"{timeout:g} s (the run may have finished; {str(error).splitlines()[0]})"
+        ) from None
+    if any(verdict != "ok" for verdict in verdicts):
+        raise ConfigError(f"--join {address}: {REFUSED}; the one given is not it")

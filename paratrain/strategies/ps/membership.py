@@ -95,9 +95,12 @@ def join_own_run(name: str, num_shards: int, timeout: float, join_group: Callabl
     )
 
 
-def join_running_run(address: str, facts: dict[str, Any], num_shards: int, timeout: float) -> Membership:
-    """A worker added to the running run at ``address``: no rank of its process group."""
-    joined = join_run(address, facts, timeout)
+def join_running_run(
+    address: str, facts: dict[str, Any], num_shards: int, timeout: float, token: str | None
+) -> Membership:
+    """A worker added to the running run at ``address`` (proving its join ``token``): no
+    rank of its process group."""
+    joined = join_run(address, facts, timeout, token)
     worker, run = joined["worker"], joined["run"]
     return Membership(
         process_rank=num_shards + worker,

@@ -87,6 +87,18 @@ class PSConfig:
         "worker; it starts from the shards' current parameters",
         strategies=("ps-backup", "ps-async"),
     )
+    joiners: bool = option(
+        True,
+        "ps-async, ps-backup: let workers join while the run trains (--join, with the run's join token); "
+        "--no-joiners closes the door",
+        strategies=("ps-backup", "ps-async"),
+    )
+    join_token_file: str | None = option(
+        None,
+        "ps-async, ps-backup: the file holding the run's join token (first line); default PARATRAIN_JOIN_TOKEN, "
+        "else a local run makes one, prints it and saves it readable by you only; a joiner gives the run's",
+        strategies=("ps-backup", "ps-async"),
+    )
     on_worker_lost: str = option(
         "stop",
         "ps-sync: stop (the run ends, or restarts with --max-restarts) or continue (later rounds take the "

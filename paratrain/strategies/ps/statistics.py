@@ -4,6 +4,7 @@ other workers' bytes, and the chief's own."""
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 from paratrain.strategies.accounting import staleness_summary
@@ -30,6 +31,8 @@ def run_statistics(
         "workers_joined": first["workers_joined"],
         "bytes_per_shard": [s["bytes"] for s in shards],
         "max_clock_gap": max(s["max_clock_gap"] for s in shards),
+        # messages the shards refused, by reason (protocol/screen.py)
+        "rejected_messages": dict(sum((Counter(s.get("rejected_messages", {})) for s in shards), Counter())),
         "global_steps": first["version"],
         "examples_processed": first["samples"],
     }

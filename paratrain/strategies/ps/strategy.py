@@ -16,7 +16,6 @@ worker (worker.py). The step and the run's policies are this class's; the per-mo
 
 from __future__ import annotations
 
-import sys
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -35,6 +34,7 @@ from paratrain.strategies.ps.batches import AssignedBatches
 from paratrain.strategies.ps.checks import check_run
 from paratrain.strategies.ps.heartbeat import Heartbeat
 from paratrain.strategies.ps.host import ShardHost
+from paratrain.strategies.ps.join_door import JoinDoor, output_folder, say_joined
 from paratrain.strategies.ps.joining import describe_run, run_options
 from paratrain.strategies.ps.layout import ShardLayout
 from paratrain.strategies.ps.membership import Membership, join_own_run, join_running_run
@@ -53,6 +53,8 @@ from paratrain.strategies.topology import Role
 from paratrain.timeline import COMM, span
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from paratrain.config import TrainConfig
 
 
@@ -85,6 +87,8 @@ class ParameterServerStrategy(Strategy):
         on_worker_lost: str = "stop",
         workers: int | None = None,
         join: str | None = None,
+        joiners: bool = True,
+        join_token_file: str | None = None,
     ):
         # `workers` counts the workers of a round; backup workers come on top of them.
         super().__init__(device=device, timeout=timeout, workers=workers)
@@ -101,11 +105,13 @@ class ParameterServerStrategy(Strategy):
             pull_compression=pull_compression,
             on_worker_lost=on_worker_lost,
             join=join,
+            joiners=joiners,
+            join_token_file=join_token_file,
         )
-        self.join = join
-        """HOST:PORT of a running run this worker joins (joining.py); None: a worker of its own run."""
-        self.run_options: dict[str, Any] | None = None
-        """The run's options (``paratrain train`` flags), published to the workers that join it."""
+        self.join = join  # HOST:PORT of a running run this worker joins (joining.py); None: its own run's
+        self.run_options: dict[str, Any] | None = None  # the run's flags, published to the workers that join it
+        self.token_folder: Path | None = None  # where the chief saves the join token (join_door.py)
+        self.door: JoinDoor | None = None  # how workers join this run: its token, open or not
         self.name = self.mode.strategy_name
         self.facts = MODES[self.mode]
         self.num_shards, self.backup_workers = num_shards, backup_workers
@@ -158,8 +164,11 @@ class ParameterServerStrategy(Strategy):
             pull_compression=ps.pull_compression,
             on_worker_lost=ps.on_worker_lost,
             join=ps.join,
+            joiners=ps.joiners,
+            join_token_file=ps.join_token_file,
         )
         strategy.run_options = run_options(config.to_dict())
+        strategy.token_folder = output_folder(config.metrics_out, config.checkpoint_dir, config.logdir)
         return strategy
 
     def planned_topology(self) -> PSTopology:
@@ -175,21 +184,19 @@ class ParameterServerStrategy(Strategy):
         )
 
     def describe(self) -> dict[str, Any]:
-        return {
-            "strategy": self.name,
-            "workers": self.num_replicas - self.backup_workers,
-            "ps_shards": self.num_shards,
-            "backup_workers": self.backup_workers,
-            "compression": self.codec.name,
-            "pull_compression": self.pull_compression,
-        }
+        workers, shards, backups = self.num_replicas - self.backup_workers, self.num_shards, self.backup_workers
+        return {"strategy": self.name, "workers": workers, "ps_shards": shards, "backup_workers": backups,
+                "compression": self.codec.name, "pull_compression": self.pull_compression}  # fmt: skip
 
     # ----- process -----------------------------------------------------------------------
     def setup(self) -> None:
         if self._ready:
             return
+        self.door = JoinDoor.of(self.facts.admits_joiners, self.config)
         if self.join:
-            self.membership = join_running_run(self.join, self._joining_facts(), self.num_shards, self.timeout)
+            self.membership = join_running_run(
+                self.join, self._joining_facts(), self.num_shards, self.timeout, self.door.token
+            )
             self.workers = None  # this process's place is the one the run gave it, not --workers
         else:
             # Parameter-server traffic is host memory over Gloo, on GPUs too.
@@ -213,6 +220,7 @@ class ParameterServerStrategy(Strategy):
                 timeout=self.timeout,
                 codec_factory=self._fresh_codec,
                 tags=self.membership.tags,
+                door_key=self.door.key(self.membership.prefix),
             )
         else:
             self.worker = PSWorker(
@@ -261,6 +269,7 @@ class ParameterServerStrategy(Strategy):
                     parameters=self.host.server.layout.total,
                     per_update=self._per_update,
                     options=self.run_options,
+                    joiners=self.door.open,
                 )
             return model, optimizer
         model = self.recipe.prepare_model(model.to(self.device))
@@ -287,18 +296,9 @@ class ParameterServerStrategy(Strategy):
             return
         if self.membership.joined is not None:
             trainer.epoch, trainer.global_step = self.membership.joined_position(self.facts.one_update_per_gradient)
-            position = self.membership.joined["position"]
-            print(
-                f"paratrain: worker {self.rank} joined the run at {self.join} at version {position['version']} "
-                f"(epoch {position['epoch'] + 1}) with the shards' current parameters",
-                file=sys.stderr,
-                flush=True,
-            )
+            say_joined(self.rank, self.join, self.membership.joined["position"])
         elif self.is_chief and self.facts.admits_joiners:
-            print(
-                f"paratrain: more workers may join this run: paratrain train ... --join {self.membership.address}",
-                flush=True,
-            )
+            self.door.announce(self.membership.address, self.token_folder)
         if not self.is_chief and survives_lost_worker(self.mode, self.config):
             self._sigterm.install()
 
@@ -323,7 +323,7 @@ class ParameterServerStrategy(Strategy):
     def _codec_has_state(self) -> bool:
         return type(self.codec).state_dict is not Codec.state_dict
 
-    def _fresh_codec(self) -> Any:
+    def _fresh_codec(self) -> Any:  # the shards decode each push with one
         return make_codec(self.compression, self.codec_options)
 
     def train_step(
@@ -387,9 +387,8 @@ class ParameterServerStrategy(Strategy):
 
     def stats(self) -> dict[str, Any]:
         """On the chief after finish(): totals over every shard and worker."""
-        if self.worker is None:
-            return {"bytes_sent": 0, "dropped_gradients": 0, "staleness": staleness_summary({})}
-        return self.worker.stats()
+        empty = {"bytes_sent": 0, "dropped_gradients": 0, "staleness": staleness_summary({})}
+        return self.worker.stats() if self.worker is not None else empty
 
     def teardown(self) -> None:
         if self._ready and self.is_chief and self.worker is not None and self.worker.finished:

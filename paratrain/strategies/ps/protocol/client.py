@@ -26,6 +26,7 @@ from paratrain.strategies.ps.protocol.wire import (
     Header,
     checks_lateness,
     empty_reply_header,
+    message_buffer,
     read_reply_header,
 )
 
@@ -54,7 +55,7 @@ class ShardClient:
         self.num_shards = len(links)
         self.pulled, self.tags, self.store = pulled, tags, store
         self.backup_workers, self.timeout = backup_workers, timeout
-        self.messages = [torch.zeros(HEADER_BYTES + p.nbytes, dtype=torch.uint8, device="cpu") for p in packers]
+        self.messages = [message_buffer(p.nbytes) for p in packers]
         self.versions = [0] * self.num_shards
         """Each shard's version, as of its last reply."""
         self.assigned = -1
@@ -98,14 +99,15 @@ class ShardClient:
             message = self.messages[shard]
             header.version = self.versions[shard]
             header.late = header.kind == PUSH and self._late(shard)
-            header.write(message)
-            if header.kind == PUSH and (header.late or header.nonfinite):
-                # Its round has closed, or it holds a NaN (which must not reach the codec's
-                # state): the header alone says so.
-                message = message[:HEADER_BYTES]
-            elif header.kind == PUSH:
+            # A late push (its round has closed) or one holding a NaN (which must not reach
+            # the codec's state) is its header alone.
+            payload = self.packers[shard].nbytes if header.has_payload else 0
+            if payload:
                 assert gradient is not None
-                self.packers[shard].compress_into(gradient[self.layout.shard_range(shard)], message[HEADER_BYTES:])
+                self.packers[shard].compress_into(
+                    gradient[self.layout.shard_range(shard)], message[HEADER_BYTES : HEADER_BYTES + payload]
+                )
+            message = header.write(message, payload)
             works.append(link.isend(message, TAG_MESSAGE + self.tags))
             self.bytes_sent += message.numel() * message.element_size()
         self._sends = works

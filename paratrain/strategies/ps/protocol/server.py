@@ -23,7 +23,6 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from paratrain.comm.codec_config import make_codec
@@ -36,6 +35,8 @@ from paratrain.strategies.ps.policies import Gradient, SyncRule
 from paratrain.strategies.ps.protocol.dealer import Dealer
 from paratrain.strategies.ps.protocol.links import WorldLink
 from paratrain.strategies.ps.protocol.optimizer import shard_optimizer
+from paratrain.strategies.ps.protocol.receiving import Receiving
+from paratrain.strategies.ps.protocol.screen import Screen
 from paratrain.strategies.ps.protocol.tally import ShardTally
 from paratrain.strategies.ps.protocol.wire import (
     DONE,
@@ -44,18 +45,14 @@ from paratrain.strategies.ps.protocol.wire import (
     PULL,
     PUSH,
     SHUTDOWN,
-    TAG_MESSAGE,
     TAG_REPLY,
     TAG_REPLY_HEADER,
     Header,
     checks_lateness,
+    message_buffer,
     reply_header,
 )
 from paratrain.strategies.ps.reshard import optimizer_order, reshard
-
-MAX_BROKEN_RECEIVES = 100
-"""Receives failing in a row before the shard gives up serving: one dying worker breaks one
-message (its loss is then the monitor's to judge); a run of failures is the link itself gone."""
 
 
 class ShardServer:
@@ -71,7 +68,7 @@ class ShardServer:
         heartbeat_timeout: float,
         tolerate_loss: bool,
         wait_timeout: float,
-        admits: bool = False,
+        door_key: tuple[str, str] | None = None,
         codec_factory: Any = None,
         pull_dtype: torch.dtype = torch.float32,
         tags: int = 0,
@@ -85,7 +82,7 @@ class ShardServer:
         self.shard, self.num_shards, self.num_workers = shard, num_shards, num_workers
         self.rule, self.store = rule, store
         self.tolerate_loss, self.wait_timeout = tolerate_loss, wait_timeout
-        self.admits = admits  # workers may join while it serves (joining.py)
+        self.door_key = door_key  # (join token, run): workers that prove it may join (joining.py)
         self.layout = ShardLayout.of(model, num_shards)
         params = [p for p in model.parameters() if p.requires_grad]
         group_of = {id(p): g for g, group in enumerate(optimizer.param_groups) for p in group["params"]}
@@ -98,9 +95,9 @@ class ShardServer:
         fresh = codec_factory or (lambda: make_codec("none"))
         self.packer = PackedGradient(fresh(), fresh, self.layout.piece_shapes(shard))
         # Two message buffers: the next receive is posted before this message is handled.
-        self.messages = [
-            torch.zeros(HEADER_BYTES + self.packer.nbytes, dtype=torch.uint8, device="cpu") for _ in range(2)
-        ]
+        self.messages = [message_buffer(self.packer.nbytes) for _ in range(2)]
+        self.screen = Screen(self.packer.nbytes)  # what the shard lets in (screen.py)
+        self.receiving = Receiving(self)  # its threads that read the links (receiving.py)
         self.incoming = torch.zeros_like(self.params)
         # Replies may carry the parameters in 16 bits (--pull-compression); cast once per version.
         self.pull_dtype = pull_dtype
@@ -133,10 +130,22 @@ class ShardServer:
         pieces = optimizer_order(self.layout, self.shard, self.group_of)
         return shard_optimizer(optimizer, pieces, self.params, self.grad, self.group_of)
 
-    # ----- state the rules read ---------------------------------------------------------
+    # ----- state the rules and the screen read -------------------------------------------
     def active_workers(self) -> set[int]:
         """Workers that may still send gradients."""
         return self.workers - self.done - self.lost
+
+    def request_of(self, worker: int) -> bool:
+        return any(w == worker for w, _, _ in self._waiting)
+
+    def holds_push_of(self, worker: int) -> bool:
+        return any(g.worker == worker for g in self._held)
+
+    def epochs_dealt(self) -> dict[int, int]:
+        return self.dealer.num_batches
+
+    def deals(self) -> bool:
+        return self.dealer.deals
 
     def clocks(self) -> dict[int, int]:
         return self._clocks
@@ -148,12 +157,12 @@ class ShardServer:
             self.watch.heard(worker)
         self._announce()
         self.links.update({w: WorldLink(w + self.num_shards) for w in range(self.num_workers)})
-        receiver = threading.Thread(target=self._receive_loop, name="ps-receiver", daemon=True)
+        receiver = threading.Thread(target=self.receiving.run, name="ps-receiver", daemon=True)
         monitor = threading.Thread(target=self._monitor_loop, name="ps-monitor", daemon=True)
         receiver.start()
         monitor.start()
-        if self.admits:
-            Door(self.store, self.shard, self.finished, self.admit, self.wait_timeout).start()
+        if self.door_key is not None:
+            Door(self.store, self.shard, self.finished, self.admit, self.wait_timeout, self.door_key).start()
         self.finished.wait()
         # The monitor uses the store; it must be out of it before this process may exit.
         monitor.join()
@@ -167,60 +176,21 @@ class ShardServer:
         receiver.join(timeout=self.wait_timeout)
         return stats
 
-    def _receive_loop(self) -> None:
-        try:
-            self._receive()
-        except BaseException as error:  # never die silently: the shard would wait forever
-            with self.lock:
-                self.fatal = f"ps shard {self.shard}: receiving failed: {str(error).splitlines()[0]}"
-                self.finished.set()
-
-    def _receive(self) -> None:
-        """The run's own workers, from any of them in arrival order."""
-        current, broken = 0, 0
-        work = dist.irecv(self.messages[current], src=None, tag=TAG_MESSAGE + self.tags)
-        while True:
-            try:
-                work.wait()
-                broken = 0
-            except RuntimeError:
-                # A worker died in the middle of a message. Its loss is the monitor's to
-                # judge (heartbeats); keep serving the others, unless the link itself is gone.
-                broken += 1
-                if broken > MAX_BROKEN_RECEIVES:
-                    raise
-                work = dist.irecv(self.messages[current], src=None, tag=TAG_MESSAGE + self.tags)
-                continue
-            worker, message = work._source_rank() - self.num_shards, self.messages[current]
-            header = Header.read(message)
-            if header.kind != SHUTDOWN:
-                # the next receive, posted now (one left posted would take a later run's message)
-                current = 1 - current
-                work = dist.irecv(self.messages[current], src=None, tag=TAG_MESSAGE + self.tags)
-            if not self._handle(worker, message, header):
-                return
-
-    def _receive_joined(self, worker: int, link: Any) -> None:
-        """A worker that joined, over its own link, until it is done or its link fails (its
-        loss is then the monitor's to judge)."""
-        message = torch.zeros_like(self.messages[0])
-        while worker not in self.done:
-            try:
-                link.irecv(message, TAG_MESSAGE + self.tags).wait()
-            except RuntimeError:
-                return
-            self._handle(worker, message, Header.read(message))
-
     def _handle(self, worker: int, message: torch.Tensor, header: Header) -> bool:
-        """One message from ``worker`` (``header``: its header, read); False for the chief's
-        word that the run is over."""
+        """One message from ``worker`` (``header``: its header, screened); False for the
+        chief's word that the run is over."""
         self.watch.heard(worker)
         with self.lock:
             if header.kind == PUSH:
                 finite = not header.nonfinite
+                if header.has_payload:  # a non-finite or late push carries no payload
+                    try:
+                        self.packer.decompress_into(message[HEADER_BYTES:], self.incoming)
+                    except (RuntimeError, ValueError, IndexError):
+                        self.receiving.refuse(worker, "a payload that does not decode")
+                        return True
+                    finite = bool(torch.isfinite(self.incoming).all())  # else skipped, as --on-nan skip does
                 self.tally.late_pushes += header.late
-                if finite and not header.late:  # a non-finite or late push carries no payload
-                    self.packer.decompress_into(message[HEADER_BYTES:], self.incoming)
                 grad = Gradient(worker, header.version, header.samples, header.lr_scale, finite)
                 self._on_push(grad)
                 if header.wants_reply:
@@ -246,7 +216,7 @@ class ShardServer:
             self.workers.add(worker)
             self.joined.append(worker)
             position = self.position()
-        threading.Thread(target=self._receive_joined, args=(worker, link), name="ps-joined", daemon=True).start()
+        threading.Thread(target=self.receiving.joined, args=(worker, link), name="ps-joined", daemon=True).start()
         return position
 
     def _on_push(self, grad: Gradient) -> None:
@@ -392,6 +362,7 @@ class ShardServer:
             "version": self.version,
             "bytes": self.layout.shard_bytes()[self.shard],
             **self.tally.statistics(),
+            **self.screen.statistics(),
             "workers_lost": sorted(self.lost),
             "workers_joined": list(self.joined),
         }

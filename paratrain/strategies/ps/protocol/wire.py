@@ -2,12 +2,19 @@
 one place for both sides.
 
 A message to a shard is one byte tensor: a ``Header`` (``HEADER_SIZE`` float32 fields),
-then the shard's slice of the gradient, compressed by the run's codec. One message a step
-(a push that also asks for the next parameters) means one wake-up of the shard a step;
-Gloo moves a message only once the receiver has posted its buffer, so fewer messages is
-most of the latency. The rare control messages (pull, done, shutdown) carry an unused
-payload. A message may be shorter than the shard's posted buffer (Gloo fills what
-arrives): a late push, or one whose gradient is not finite, is its header alone.
+then, for a push, the shard's slice of the gradient compressed by the run's codec (always
+the codec's full payload size), then a trailer (``TRAILER_BYTES``). One message a step (a
+push that also asks for the next parameters) means one wake-up of the shard a step; Gloo
+moves a message only once the receiver has posted its buffer, so fewer messages is most of
+the latency. The rare control messages (pull, done, shutdown) carry no payload; a late
+push, or one whose gradient is not finite, is its header alone (with its trailer).
+
+Every message starts with ``MAGIC`` (the protocol and its version: a message from another
+program, or from another version of this one, is refused as such) and a random nonce that
+its trailer repeats at the end: a message cut short leaves the receive buffer's old bytes
+where the trailer should be, which never hold this nonce (receivers blank the mark and
+the nonce before each receive: ``blank``). ``Header.read`` refuses
+any field out of its range (``Malformed``), so a shard never acts on one.
 
 A reply is two messages: ``REPLY_HEADER_SIZE`` float64 fields (the shard's version and,
 from shard 0 when asked, the worker's next batch of the epoch), then the shard's
@@ -16,7 +23,9 @@ parameters in the pull dtype.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import math
+import random
+from dataclasses import dataclass, field
 
 import torch
 
@@ -24,8 +33,17 @@ import torch
 PULL, PUSH, DONE, SHUTDOWN = 1, 2, 3, 4
 TAG_MESSAGE, TAG_REPLY_HEADER, TAG_REPLY = 11, 13, 14
 RUN_TAG_STRIDE = 16  # each run in a process group adds a multiple of this to its tags
-HEADER_SIZE = 13
+KINDS = (PULL, PUSH, DONE, SHUTDOWN)
+MAGIC = 20_802.0  # the protocol's mark and version (2.08.02): first field of every message
+HEADER_SIZE = 16
 HEADER_BYTES = HEADER_SIZE * 4  # float32 fields at the front of a byte message
+TRAILER_BYTES = 8  # the nonce again, as two float32 fields, right after the payload
+FRONT_BYTES = 12  # the mark and the nonce: a receiver blanks them before each receive
+MAX_SAMPLES = 1 << 24
+"""The most examples one gradient may stand for (float32 holds every count up to it)."""
+MAX_LR_SCALE = 1e4
+"""The largest learning-rate factor a push may carry: the linear-scaling rule's for a global
+batch of 2.5 million at a reference of 256, beyond any schedule paratrain runs."""
 REPLY_HEADER_SIZE = 2
 # The batch field of a reply: an index into the epoch's batches, or one of these.
 NO_MORE_BATCHES, NOT_ASSIGNED = -1, -2
@@ -34,6 +52,17 @@ LATE_CHECK_BYTES = 1 << 20
 """Pushes of at least this many bytes (per shard) are checked for lateness before they go:
 a store lookup (well under a millisecond) against the gradient's time on the link (8 ms
 at 1 Gbit/s) and the shard's to take it in."""
+
+
+_NONCES = random.Random()  # seeded by the system, apart from the user's random stream
+
+
+class Malformed(Exception):
+    """A message a shard refuses; ``reason`` says why in a few words (the metrics' key)."""
+
+    def __init__(self, reason: str):
+        super().__init__(reason)
+        self.reason = reason
 
 
 def encode_version(version: int) -> tuple[float, float]:
@@ -52,7 +81,7 @@ def checks_lateness(backup_workers: int, push_bytes: int) -> bool:
 
 @dataclass
 class Header:
-    """The fields of a message to a shard, in their order on the wire.
+    """The fields of a message to a shard, in their order on the wire (after ``MAGIC``).
 
     ``version``: the shard's version of the worker's parameters (a push: the version its
     gradient was computed on). ``wanted``: a pull answers once the shard has at least this
@@ -61,7 +90,7 @@ class Header:
     its payload is not sent. ``late``: under backup workers, the round the push was
     computed for closed before it went (the shard's version, kept in the store, had moved
     on): the header alone goes, and the shard counts the gradient dropped as it would have
-    on its arrival."""
+    on its arrival. ``nonce``: drawn for each message, repeated by its trailer."""
 
     kind: int
     version: int = 0
@@ -72,10 +101,18 @@ class Header:
     batch: tuple[int, int] | None = None
     nonfinite: bool = False
     late: bool = False
+    nonce: int = field(default=0, compare=False)
+
+    @property
+    def has_payload(self) -> bool:
+        """Whether the message carries a gradient (a push in time, with finite values)."""
+        return self.kind == PUSH and not self.late and not self.nonfinite
 
     def fields(self) -> list[float]:
         epoch, num_batches = self.batch or (0, 0)
         return [
+            MAGIC,
+            *_halves(self.nonce),
             float(self.kind),
             *encode_version(self.version),
             float(self.samples),
@@ -89,25 +126,74 @@ class Header:
             float(self.late),
         ]
 
-    def write(self, message: torch.Tensor) -> None:
-        """Into the first ``HEADER_BYTES`` of the byte tensor ``message``."""
+    def write(self, message: torch.Tensor, payload_bytes: int = 0) -> torch.Tensor:
+        """Into the byte tensor ``message``: the header first, its trailer after
+        ``payload_bytes`` (the payload already in place); a fresh nonce ties them. Returns
+        the message's bytes to send."""
+        # both halves nonzero: a buffer's zeros never read as this trailer, however cut
+        self.nonce = _NONCES.randrange(1, 1 << 16) << 16 | _NONCES.randrange(1, 1 << 16)
         message[:HEADER_BYTES].view(torch.float32).copy_(torch.tensor(self.fields(), dtype=torch.float32, device="cpu"))
+        end = HEADER_BYTES + payload_bytes
+        trailer = torch.tensor(_halves(self.nonce), dtype=torch.float32, device="cpu")
+        message[end : end + TRAILER_BYTES].copy_(trailer.view(torch.uint8))  # any offset: byte-wise
+        return message[: end + TRAILER_BYTES]
 
     @classmethod
-    def read(cls, message: torch.Tensor) -> Header:
-        """From the first ``HEADER_BYTES`` of the byte tensor ``message``."""
+    def read(cls, message: torch.Tensor, payload_bytes: int) -> Header:
+        """From the byte tensor ``message`` (a receive buffer: at least the header, the full
+        payload and the trailer long), whose pushes carry ``payload_bytes``. Malformed for
+        a message of another program or version, a field out of its range, or a message
+        cut short."""
+        if message.numel() < HEADER_BYTES + payload_bytes + TRAILER_BYTES:
+            raise Malformed("a message cut short")  # a buffer that cannot hold a whole one
         f = message[:HEADER_BYTES].view(torch.float32).tolist()
-        return cls(
-            kind=int(f[0]),
-            version=decode_version(f[1], f[2]),
-            samples=int(f[3]),
-            lr_scale=f[4],
-            wants_reply=bool(f[5]),
-            wanted=decode_version(f[6], f[7]),
-            batch=(int(f[9]), int(f[10])) if f[8] else None,
-            nonfinite=bool(f[11]),
-            late=bool(f[12]),
+        if f[0] != MAGIC:
+            raise Malformed("not this protocol or version")
+        if not all(math.isfinite(x) for x in f):
+            raise Malformed("a header field is not finite")
+        ints = [f[i] for i in (1, 2, 3, 4, 5, 6, 9, 10, 12, 13)]
+        flags = [f[i] for i in (8, 11, 14, 15)]
+        if any(x != int(x) or x < 0 for x in ints) or any(x not in (0.0, 1.0) for x in flags):
+            raise Malformed("a header field is out of its range")
+        header = cls(
+            kind=int(f[3]),
+            version=decode_version(f[4], f[5]),
+            samples=int(f[6]),
+            lr_scale=f[7],
+            wants_reply=bool(f[8]),
+            wanted=decode_version(f[9], f[10]),
+            batch=(int(f[12]), int(f[13])) if f[11] else None,
+            nonfinite=bool(f[14]),
+            late=bool(f[15]),
+            nonce=int(f[1]) * 65536 + int(f[2]),
         )
+        if header.kind not in KINDS:
+            raise Malformed("an unknown kind of message")
+        if header.kind == PUSH and not (0 < header.samples <= MAX_SAMPLES and 0 <= header.lr_scale <= MAX_LR_SCALE):
+            raise Malformed("a push's examples or learning-rate factor out of range")
+        end = HEADER_BYTES + (payload_bytes if header.has_payload else 0)
+        trailer = message[end : end + TRAILER_BYTES].clone().view(torch.float32).tolist()  # an unaligned offset
+        if 0.0 in _halves(header.nonce) or trailer != _halves(header.nonce):  # a writer's halves are never 0
+            raise Malformed("a message cut short")
+        return header
+
+
+def _halves(nonce: int) -> list[float]:
+    """A 32-bit nonce as two float32 fields (each exact below 2**24)."""
+    return [float(nonce >> 16), float(nonce & 0xFFFF)]
+
+
+def blank(message: torch.Tensor) -> torch.Tensor:
+    """``message`` (a receive buffer) with its mark and nonce zeroed, before a receive is
+    posted into it: a message cut within them reads as no message of this protocol, and one
+    cut after them leaves an earlier message's trailer, which holds another nonce."""
+    message[:FRONT_BYTES].zero_()
+    return message
+
+
+def message_buffer(payload_bytes: int) -> torch.Tensor:
+    """A buffer for the largest message to a shard whose pushes carry ``payload_bytes``."""
+    return torch.zeros(HEADER_BYTES + payload_bytes + TRAILER_BYTES, dtype=torch.uint8, device="cpu")
 
 
 def reply_header(version: int, batch: int = NOT_ASSIGNED) -> torch.Tensor:

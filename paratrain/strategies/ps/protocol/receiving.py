@@ -1,0 +1,94 @@
+"""A shard's threads that read its links: one takes the run's own workers' messages from
+any of them in arrival order (``recv(src=None)``), one a joiner over its own link. Every
+message is screened first (screen.py); a refused one is counted and its sender judged, and
+the shard acts only on the rest (``ShardServer._handle``), at once: no hand-off, so a round
+trip costs one wake-up."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from paratrain.strategies.ps.protocol.wire import SHUTDOWN, TAG_MESSAGE, Header, Malformed, blank
+
+MAX_BROKEN_RECEIVES = 100
+"""Receives failing in a row before the shard gives up serving: one dying worker breaks one
+message (its loss is then the monitor's to judge); a run of failures is the link itself gone."""
+
+
+class Receiving:
+    def __init__(self, server: Any):
+        self.server = server  # the ShardServer (server.py) whose links these threads read
+
+    def run(self) -> None:
+        """The run's own workers' messages until the chief's word that the run is over."""
+        server = self.server
+        try:
+            self._receive()
+        except BaseException as error:  # never die silently: the shard would wait forever
+            with server.lock:
+                server.fatal = f"ps shard {server.shard}: receiving failed: {str(error).splitlines()[0]}"
+                server.finished.set()
+
+    def _receive(self) -> None:
+        server = self.server
+        tag = TAG_MESSAGE + server.tags
+        current, broken = 0, 0
+        work = dist.irecv(blank(server.messages[current]), src=None, tag=tag)
+        while True:
+            try:
+                work.wait()
+                broken = 0
+            except RuntimeError:
+                # A worker died in the middle of a message. Its loss is the monitor's to
+                # judge (heartbeats); keep serving the others, unless the link itself is gone.
+                broken += 1
+                if broken > MAX_BROKEN_RECEIVES:
+                    raise
+                work = dist.irecv(blank(server.messages[current]), src=None, tag=tag)
+                continue
+            worker, message = work._source_rank() - server.num_shards, server.messages[current]
+            header = self.screened(worker, message)
+            if header is None or header.kind != SHUTDOWN:
+                # the next receive, posted now (one left posted would take a later run's message)
+                current = 1 - current
+                work = dist.irecv(blank(server.messages[current]), src=None, tag=tag)
+            if header is not None and not server._handle(worker, message, header):
+                return
+
+    def joined(self, worker: int, link: Any) -> None:
+        """A worker that joined, over its own link, until it is done, dropped, or its link
+        fails (its loss is then the monitor's to judge)."""
+        server = self.server
+        message = torch.zeros_like(server.messages[0])
+        while worker not in server.done and worker not in server.lost:
+            try:
+                link.irecv(blank(message), TAG_MESSAGE + server.tags).wait()
+            except RuntimeError:
+                return
+            header = self.screened(worker, message)
+            if header is not None:
+                server._handle(worker, message, header)
+
+    def screened(self, worker: int, message: torch.Tensor) -> Header | None:
+        """``message``'s header, or None for a message the shard refuses (screen.py)."""
+        with self.server.lock:
+            try:
+                return self.server.screen.check(self.server, worker, message)
+            except Malformed as refusal:
+                self.refuse(worker, refusal.reason)
+                return None
+
+    def refuse(self, worker: int, reason: str) -> None:
+        """Count a refused message (the shard's lock held); drop its sender if it joined, end
+        the run if it is one of the run's own workers (a broken rank)."""
+        server = self.server
+        fatal = server.screen.refuse(server, worker, reason)
+        if fatal is not None:
+            server.fatal = fatal
+            server.finished.set()
+        elif worker in server.joined and worker in server.active_workers():
+            server._lose(worker, f"it sent a message the shard refuses: {reason}")
+            server._progress()
