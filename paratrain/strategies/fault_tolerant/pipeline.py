@@ -42,7 +42,7 @@ from paratrain.session.incarnation import restart_count
 from paratrain.strategies.base import DEFAULT_TIMEOUT_S
 from paratrain.strategies.fault_tolerant.membership import ReplicaGroup
 from paratrain.strategies.fault_tolerant.replicas import replica_slot, torchft_modules
-from paratrain.strategies.fault_tolerant.session import FaultTolerantSession, check_compression
+from paratrain.strategies.fault_tolerant.session import FaultTolerantSession, check_compression, session_options
 from paratrain.strategies.pipeline.strategy import PipelineStrategy
 from paratrain.strategies.pipeline.topology import PipelineTopology
 from paratrain.strategies.roles import FitLoop
@@ -136,13 +136,7 @@ class FaultTolerantPipelineStrategy(PipelineStrategy):
             num_microbatches=options.microbatches,
             schedule=options.schedule,
             split_points=parse_split_points(options.split_points) if options.split_points else None,
-            device=config.device,
-            timeout=config.timeout,
-            workers=config.workers,
-            lighthouse=config.ft.lighthouse,
-            min_replicas=config.ft.min_replicas,
-            heartbeat_timeout=config.ft.replica_heartbeat_timeout,
-            compression=config.codec.compression,
+            **session_options(config),
         )
 
     def describe(self) -> dict[str, Any]:

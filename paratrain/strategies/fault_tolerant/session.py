@@ -44,6 +44,21 @@ WATCHDOG_SLACK_S = 5.0
 WIRE_DTYPES: dict[str, torch.dtype | None] = {"none": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
+def session_options(config: Any) -> dict[str, Any]:
+    """A run's options of the replica and its session (``config``: a TrainConfig), as the
+    keyword arguments of a fault-tolerant strategy."""
+    ft = config.ft
+    return {
+        "device": config.device,
+        "timeout": config.timeout,
+        "workers": config.workers,
+        "lighthouse": ft.lighthouse,
+        "min_replicas": ft.min_replicas,
+        "heartbeat_timeout": ft.replica_heartbeat_timeout,
+        "compression": config.codec.compression,
+    }
+
+
 def check_compression(strategy: str, compression: str) -> None:
     if compression not in WIRE_DTYPES:
         raise ConfigError(

@@ -48,7 +48,7 @@ from paratrain.strategies.fault_tolerant.replicas import (
     replica_slot,
     torchft_modules,
 )
-from paratrain.strategies.fault_tolerant.session import FaultTolerantSession, check_compression
+from paratrain.strategies.fault_tolerant.session import FaultTolerantSession, check_compression, session_options
 from paratrain.strategies.roles import FitLoop
 from paratrain.strategies.step import LossFn, StepOutput
 from paratrain.strategies.topology import Topology
@@ -100,15 +100,7 @@ class FaultTolerantAllReduceStrategy(Strategy):
 
     @classmethod
     def from_config(cls, config: TrainConfig) -> FaultTolerantAllReduceStrategy:
-        return cls(
-            device=config.device,
-            timeout=config.timeout,
-            workers=config.workers,
-            lighthouse=config.ft.lighthouse,
-            min_replicas=config.ft.min_replicas,
-            heartbeat_timeout=config.ft.replica_heartbeat_timeout,
-            compression=config.codec.compression,
-        )
+        return cls(**session_options(config))
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), **self.session.describe()}
