@@ -13,6 +13,7 @@ import torch
 
 import paratrain
 from paratrain.comm.transport import free_port
+from paratrain.strategies.base import current_strategy
 from paratrain.testing import flat_parameters, relative_difference, run_distributed
 from tests.conftest import REPO
 
@@ -95,6 +96,25 @@ def test_a_gpt2_under_periodic_averaging_reaches_the_loss_of_one_process(name):
     for _, loss, _ in run_distributed(_distributed, name, "adamw", 5, world_size=2):
         print(f"{name}: a replica's last epoch loss {loss:.3f}")
         assert loss < single + 0.3
+
+
+def _in_scope(batch_size, optimizer, epochs):
+    """In each process of ``paratrain.launch(..., strategy=s)``: train under ``s``."""
+    return _train(current_strategy(), batch_size, optimizer, epochs)
+
+
+def test_a_gpt2_under_allreduce_ft_equals_one_process():
+    """Two fault-tolerant replicas (torchft's Manager, a Lighthouse), each computing half of
+    every global batch of dict examples, weighted and summed over the quorum: one process's
+    parameters with the global batch, up to the order of float sums."""
+    pytest.importorskip("torchft")
+    reference, _, _ = _train(paratrain.SingleDeviceStrategy(device="cpu"), 2 * B)
+    strategy = paratrain.FaultTolerantAllReduceStrategy(workers=2, device="cpu")
+    results = paratrain.launch(_in_scope, B, "sgd", 1, strategy=strategy)
+    chiefs = [r for r in results if r[0] is not None]
+    assert chiefs and all(tied for _, _, tied in results)
+    for params, _, _ in chiefs:
+        assert relative_difference(params, reference) < 1e-5
 
 
 def test_a_gpt2_under_ps_async_with_one_worker_equals_one_process():
