@@ -172,8 +172,9 @@ def _fit(name: str, data: str, epochs: int, precision: str) -> list[float] | Non
 
     import paratrain
     from paratrain.data.datasets import DataSpec
-    from paratrain.launch.threads import prefers_channels_last, set_threads
+    from paratrain.launch.threads import set_threads
     from paratrain.models import build_model
+    from paratrain.strategies.recipe import prefers_channels_last
 
     strategy = paratrain.current_strategy()
     set_threads(None)  # what paratrain train does: usable cores / processes here

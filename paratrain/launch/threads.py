@@ -17,7 +17,6 @@ import os
 from pathlib import Path
 
 import torch
-from torch import nn
 
 
 def usable_cores() -> int:
@@ -64,10 +63,3 @@ def set_threads(requested: int | None) -> int:
     threads = requested or (int(from_env) if from_env.isdigit() and int(from_env) > 0 else default_threads())
     torch.set_num_threads(threads)
     return threads
-
-
-def prefers_channels_last(model: nn.Module, device: torch.device) -> bool:
-    """Whether ``--channels-last`` is on by default: for a model with 2-d convolutions on
-    the CPU, where oneDNN's convolutions are faster in NHWC (the tutorial CNN here: 0.79x
-    the step time, benchmarks/results/step_options.md)."""
-    return device.type == "cpu" and any(isinstance(m, nn.Conv2d) for m in model.modules())

@@ -143,3 +143,10 @@ def _concat(outputs: list[Any]) -> Any:
 def clip_norm(parameters: Iterator[torch.Tensor] | list[torch.Tensor], max_norm: float) -> torch.Tensor:
     """``torch.nn.utils.clip_grad_norm_`` over ``parameters``; the norm before clipping."""
     return torch.nn.utils.clip_grad_norm_(list(parameters), max_norm)
+
+
+def prefers_channels_last(model: nn.Module, device: torch.device) -> bool:
+    """Whether channels-last is on by default (``--channels-last``, ``Trainer(channels_last=
+    None)``): for a model with 2-d convolutions on the CPU, where oneDNN's convolutions are
+    faster in NHWC (the tutorial CNN here: 0.79x the step time, benchmarks/results/step_options.md)."""
+    return device.type == "cpu" and any(isinstance(m, nn.Conv2d) for m in model.modules())

@@ -19,7 +19,7 @@ from paratrain import timeline
 from paratrain.config import TrainConfig
 from paratrain.data.datasets import load_dataset
 from paratrain.data.sharding import as_source, is_map_style
-from paratrain.launch.threads import prefers_channels_last, set_threads
+from paratrain.launch.threads import set_threads
 from paratrain.models import build_model
 from paratrain.registry import OPTIMIZERS, SCHEDULES, STRATEGIES, is_reference, load_reference
 from paratrain.strategies.topology import Role
@@ -82,9 +82,6 @@ def _run(config: TrainConfig, strategy: Any, started: float) -> dict[str, Any]:
     torch.manual_seed(config.seed)
     splits = load_dataset(config)
     model = build_model(config.model, splits.spec, first_example(splits.train), config.model_options)
-    channels_last = config.channels_last
-    if channels_last is None:
-        channels_last = prefers_channels_last(model, strategy.device) and strategy.takes_channels_last
     optimizer = OPTIMIZERS.get(config.optimizer)(model.parameters(), config)
     trainer = Trainer(
         model,
@@ -95,7 +92,7 @@ def _run(config: TrainConfig, strategy: Any, started: float) -> dict[str, Any]:
         precision=config.precision,
         accumulate=config.accumulate,
         clip_grad_norm=config.clip_grad_norm,
-        channels_last=channels_last,
+        channels_last=config.channels_last,  # None: the Trainer's rule (recipe.prefers_channels_last)
         activation_checkpointing=config.activation_checkpointing,
         compile=config.compile,
         keep_host_memory=config.keep_host_memory,
@@ -196,7 +193,7 @@ def _run(config: TrainConfig, strategy: Any, started: float) -> dict[str, Any]:
             "restarts": restart_count(),
             "skipped_updates": skipped,
             "threads_per_worker": threads,
-            "channels_last": channels_last,
+            "channels_last": trainer.recipe.channels_last,
         },
     )
     if not strategy.is_chief:

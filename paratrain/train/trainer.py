@@ -24,7 +24,7 @@ from paratrain.data.sharding import ShardedBatches
 from paratrain.errors import ConfigError
 from paratrain.launch.allocator import keep_freed_memory
 from paratrain.strategies.base import Strategy
-from paratrain.strategies.recipe import StepRecipe
+from paratrain.strategies.recipe import StepRecipe, prefers_channels_last
 from paratrain.strategies.single.strategy import get_strategy
 from paratrain.timeline import span
 from paratrain.train.callbacks import Callback, CallbackList, EpochLog, ProgressBar, StepLog
@@ -99,7 +99,7 @@ class Trainer:
         precision: str = "fp32",
         accumulate: int = 1,
         clip_grad_norm: float | None = None,
-        channels_last: bool = False,
+        channels_last: bool | None = None,
         activation_checkpointing: str = "none",
         compile: bool = False,
         keep_host_memory: bool = True,
@@ -107,7 +107,8 @@ class Trainer:
         """``loss``: a name (``scores.LOSSES``), a callable ``(outputs, targets)``, or None:
         cross-entropy, or the model's own loss where a batch is a dict alone; ``metrics``:
         names (``accuracy``, ``top5_accuracy``, ``mae``, ``mse``), callables, or a dict of them.
-        ``precision``, ``accumulate``, ``clip_grad_norm``, ``channels_last``,
+        ``precision``, ``accumulate``, ``clip_grad_norm``, ``channels_last`` (None: on for a
+        conv net on the CPU where the strategy takes it, ``recipe.prefers_channels_last``),
         ``activation_checkpointing``: how each step computes (``strategies/recipe.py``); ``compile``: ``torch.compile`` the prepared model;
         ``keep_host_memory``: this process's malloc keeps freed memory for the next step's
         tensors (``launch/allocator.py``)."""
@@ -119,6 +120,9 @@ class Trainer:
             raise ConfigError("Trainer needs an optimizer, e.g. torch.optim.SGD(model.parameters(), lr=0.05)")
         self.strategy = strategy or get_strategy()
         self.strategy.check_step(self.strategy.name, precision, compile)
+        if channels_last is None:
+            self.strategy.setup()  # its device decides
+            channels_last = prefers_channels_last(model, self.strategy.device) and self.strategy.takes_channels_last
         self.recipe = StepRecipe(precision, accumulate, clip_grad_norm, channels_last, activation_checkpointing)
         self.loss_fn = loss
         self.metrics = tuple(self.metric_fns)

@@ -191,6 +191,21 @@ def _cifar_step(channels_last):
     return initial, flat_parameters(trainer.module), layouts, after
 
 
+def test_the_trainer_chooses_channels_last_for_a_conv_net_on_the_cpu_unless_told():
+    """The Python API's default is the command line's: on for a conv net on the CPU, off for
+    a model without 2-d convolutions; an explicit False or True is kept."""
+    spec = load_digits().spec
+
+    def chosen(name, spec, **given):
+        model = build_model(name, spec)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        return paratrain.Trainer(model, "cross_entropy", optimizer, strategy=_single(), **given).recipe.channels_last
+
+    assert chosen("cifar_cnn", CIFAR_SPEC) is True
+    assert chosen("cifar_cnn", CIFAR_SPEC, channels_last=False) is False
+    assert chosen("mlp", spec) is False and chosen("mlp", spec, channels_last=True) is True
+
+
 def test_channels_last_conv_weights_and_the_same_step():
     initial, plain, plain_layouts, _ = _cifar_step(channels_last=False)
     initial_cl, nhwc, layouts, after = _cifar_step(channels_last=True)

@@ -7,8 +7,9 @@ import torch
 
 from paratrain.comm.transport import default_backend
 from paratrain.data.datasets import DataSpec
-from paratrain.launch.threads import default_threads, prefers_channels_last, set_threads, usable_cores
+from paratrain.launch.threads import default_threads, set_threads, usable_cores
 from paratrain.models import build_model
+from paratrain.strategies.recipe import prefers_channels_last
 
 
 def test_the_cores_are_shared_among_the_processes_of_this_machine():
