@@ -112,8 +112,8 @@ def test_a_worker_asked_to_leave_finishes_its_step_and_the_run_goes_on(cli, tmp_
 
 def test_a_joiner_with_another_setting_or_without_the_join_token_is_refused_in_one_line(cli, tmp_path, monkeypatch):
     """Refused with one line and exit 2: another setting, no token, a wrong token. The run
-    goes on untouched: it finishes as without them, with no worker joined or lost, and the
-    token file the chief saved is readable by its owner only."""
+    goes on untouched: it finishes as without them, with no worker joined or lost; the token
+    file the chief saved beside its metrics is readable by its owner only, and goes at the end."""
     monkeypatch.delenv("PARATRAIN_JOIN_TOKEN", raising=False)
     out = tmp_path / "run.json"
     run = subprocess.Popen(
@@ -125,6 +125,7 @@ def test_a_joiner_with_another_setting_or_without_the_join_token_is_refused_in_o
     wrong.write_text("not-the-token\n")
     try:
         address, token_file = _door(run.stdout)
+        saved_mode = Path(token_file).stat().st_mode & 0o777
         other = cli("train", "--strategy", "ps-async", "--compression", "fp16", "--join", address,
                     "--join-token-file", token_file, *QUIET)  # fmt: skip
         none = cli("train", "--join", address, *QUIET)
@@ -146,7 +147,8 @@ def test_a_joiner_with_another_setting_or_without_the_join_token_is_refused_in_o
     metrics = json.loads(out.read_text())
     assert metrics["workers_joined"] == [] and metrics["workers_lost"] == [] and metrics["rejected_messages"] == {}
     assert metrics["test_accuracy"] >= 0.93
-    assert Path(token_file).parent == tmp_path and Path(token_file).stat().st_mode & 0o777 == 0o600
+    assert Path(token_file).parent == tmp_path and saved_mode == 0o600
+    assert not Path(token_file).exists()  # the run is over: its token's file went with it
 
 
 ROGUE = """

@@ -6,14 +6,14 @@ and the chief's word of it: the join line, and the token saved where only its ow
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from paratrain.session.join_token import read_join_token, save_join_token
 
 
-@dataclass(frozen=True)
+@dataclass
 class JoinDoor:
     token: str | None
     """The run's join token (a joiner's: the one it proves); None where there is none."""
@@ -21,6 +21,8 @@ class JoinDoor:
     """Whether the shards admit joiners: the mode takes them, --joiners, and a token."""
     token_file: str | None = None
     """Where the token came from, when it came from a file (--join-token-file)."""
+    saved: Path | None = field(default=None, init=False)
+    """The file the chief saved the token in (removed when the run is over: ``close``)."""
 
     @classmethod
     def of(cls, admits_joiners: bool, config: Any) -> JoinDoor:
@@ -49,7 +51,8 @@ class JoinDoor:
         if path is None:
             host, _, port = address.rpartition(":")
             base = folder if folder is not None else Path.home() / ".cache" / "paratrain" / "join-tokens"
-            path = str(save_join_token(self.token, base / f"join-token-{host}-{port}"))
+            self.saved = save_join_token(self.token, base / f"join-token-{host}-{port}")
+            path = str(self.saved)
         print(
             f"paratrain: more workers may join this run: paratrain train ... --join {address} --join-token-file {path}"
         )
@@ -59,6 +62,12 @@ class JoinDoor:
             file=sys.stderr,
             flush=True,
         )
+
+    def close(self) -> None:
+        """The run is over and its doors closed: the token file the chief saved goes."""
+        if self.saved is not None:
+            self.saved.unlink(missing_ok=True)
+            self.saved = None
 
 
 def output_folder(metrics_out: str | None, checkpoint_dir: str | None, logdir: str | None) -> Path | None:

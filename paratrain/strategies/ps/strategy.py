@@ -281,12 +281,8 @@ class ParameterServerStrategy(Strategy):
 
     def _joining_facts(self) -> dict[str, Any]:
         """What a joining worker must share with the run (joining.py checks them)."""
-        return {
-            "strategy": self.name,
-            "shards": self.num_shards,
-            "compression": self.codec.name,
-            "pull_compression": self.pull_compression,
-        }
+        facts = {"strategy": self.name, "shards": self.num_shards, "compression": self.codec.name}
+        return {**facts, "pull_compression": self.pull_compression}
 
     def begin_fit(self, trainer: Any) -> None:
         """A worker that joined goes on from where the run stands (the epoch whose batches
@@ -368,8 +364,7 @@ class ParameterServerStrategy(Strategy):
 
     # ----- end of training -------------------------------------------------------------------
     def finish(self, model: nn.Module) -> None:
-        """Workers: say done (worker.py); the chief takes the final parameters and the run's
-        statistics."""
+        """Workers: say done (worker.py); the chief takes the final parameters and statistics."""
         if self.worker is not None:
             self.worker.finish(self.is_chief, keeps_state=self._codec_has_state())
 
@@ -396,4 +391,6 @@ class ParameterServerStrategy(Strategy):
         if self._heartbeat is not None:
             self._heartbeat.stop()  # out of the store before it goes
             self._heartbeat = None
+        if self.door is not None:
+            self.door.close()  # the run is over: the file of its join token goes
         super().teardown()
