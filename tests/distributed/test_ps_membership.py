@@ -16,6 +16,13 @@ pytestmark = pytest.mark.distributed
 QUIET = ["--no-progress", "--log-every", "0"]
 
 
+def _async_run(out):
+    """A ps-async run of 2 workers and 30 epochs (~10 s) writing its metrics to ``out``."""
+    command = [sys.executable, "-m", "paratrain", "train", "--strategy", "ps-async", "--workers", "2",
+               "--epochs", "30", "--metrics-out", str(out), *QUIET]  # fmt: skip
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+
+
 def _door(lines):
     """The address and the join token's file from the chief's join line (read from ``lines``)."""
     line = next(line for line in lines if "--join " in line)
@@ -116,11 +123,7 @@ def test_a_joiner_with_another_setting_or_without_the_join_token_is_refused_in_o
     file the chief saved beside its metrics is readable by its owner only, and goes at the end."""
     monkeypatch.delenv("PARATRAIN_JOIN_TOKEN", raising=False)
     out = tmp_path / "run.json"
-    run = subprocess.Popen(
-        [sys.executable, "-m", "paratrain", "train", "--strategy", "ps-async", "--workers", "2", "--epochs", "30",
-         "--metrics-out", str(out), *QUIET],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
-    )  # fmt: skip
+    run = _async_run(out)
     wrong = tmp_path / "wrong-token"
     wrong.write_text("not-the-token\n")
     try:
@@ -170,11 +173,7 @@ def test_a_joiner_that_sends_a_malformed_message_over_gloo_is_dropped_and_the_ru
     Gloo link: the shard refuses them (counted), drops it as a lost worker, and the run
     finishes as without it."""
     out = tmp_path / "run.json"
-    run = subprocess.Popen(
-        [sys.executable, "-m", "paratrain", "train", "--strategy", "ps-async", "--workers", "2", "--epochs", "30",
-         "--metrics-out", str(out), *QUIET],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
-    )  # fmt: skip
+    run = _async_run(out)
     try:
         address, token_file = _door(run.stdout)
         rogue = subprocess.run(
