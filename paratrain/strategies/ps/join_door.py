@@ -53,8 +53,9 @@ class JoinDoor:
             base = folder if folder is not None else Path.home() / ".cache" / "paratrain" / "join-tokens"
             self.saved = save_join_token(self.token, base / f"join-token-{host}-{port}")
             path = str(self.saved)
-        print(
-            f"paratrain: more workers may join this run: paratrain train ... --join {address} --join-token-file {path}"
+        print(  # flushed: a joiner's launcher may be reading the pipe for it
+            f"paratrain: more workers may join this run: paratrain train ... --join {address} --join-token-file {path}",
+            flush=True,
         )
         print(
             f"paratrain: the run's join token, a secret for the workers that may join, is {self.token} "
