@@ -38,6 +38,10 @@ class CodecConfig:
         if self.powersgd_rank < 1:
             raise ConfigError(f"--powersgd-rank must be >= 1, got {self.powersgd_rank}")
 
+    def build(self) -> Codec:
+        """The codec these settings name."""
+        return make_codec(self.compression, self)
+
     def check(self) -> None:
         """Settings that only one codec takes, given with another (a run's, not a codec's, check:
         ``CodecConfig(stochastic_rounding=True)`` alone builds an int8 codec's settings)."""
@@ -75,6 +79,21 @@ def make_powersgd(options: CodecConfig) -> Codec:
     # Error feedback is what lets rank-2 PowerSGD match full-precision SGD (Vogels et
     # al. 2019, Sec. 3 and Table 2).
     return ErrorFeedback(PowerSGDCodec(rank=options.powersgd_rank))
+
+
+def check_saved_codec(state: dict, codec: Codec) -> None:
+    """A strategy's saved ``state`` (its ``"compression"``, ``"none"`` where absent) was
+    written with ``codec``: a codec's residuals do not carry over to another."""
+    written = state.get("compression", "none")
+    if written != codec.name:
+        raise ConfigError(
+            f"checkpoint was written with --compression {written}, this run uses --compression {codec.name}"
+        )
+
+
+def as_codec(compression: str | Codec) -> Codec:
+    """``compression`` as a codec: a registered name (with default settings) or a codec."""
+    return make_codec(compression) if isinstance(compression, str) else compression
 
 
 def make_codec(name: str, options: CodecConfig | None = None) -> Codec:

@@ -30,7 +30,8 @@ from paratrain.strategies.accounting import staleness_summary
 from paratrain.strategies.local_step import local_step
 from paratrain.strategies.numerics import finite_gradients, finite_parameters
 from paratrain.strategies.recipe import StepRecipe, check_step_options, clip_norm
-from paratrain.strategies.step import LossFn, StepOutput, uncompiled
+from paratrain.strategies.spec import process_options
+from paratrain.strategies.step import uncompiled
 from paratrain.strategies.topology import Role, Topology
 
 if TYPE_CHECKING:
@@ -116,7 +117,7 @@ class Strategy:
 
     @classmethod
     def from_config(cls, config: TrainConfig) -> Strategy:
-        return cls(device=config.device, timeout=config.timeout)
+        return cls(**process_options(config))
 
     def planned_topology(self) -> Topology:
         """Who is who in the run this object was made for (its ``workers`` and its mode's
@@ -255,16 +256,9 @@ class Strategy:
         """The user's own module inside whatever ``prepare`` (and ``torch.compile``) wrapped it in."""
         return uncompiled(model)
 
-    def train_step(
-        self,
-        model: nn.Module,
-        loss_fn: LossFn,
-        optimizer: torch.optim.Optimizer,
-        inputs: torch.Tensor,
-        targets: torch.Tensor,
-    ) -> StepOutput:
-        """Forward, backward (over the recipe's micro-batches) and update on this replica's batch."""
-        return local_step(self, model, loss_fn, optimizer, inputs, targets)
+    #: ``train_step(model, loss_fn, optimizer, inputs, targets)``: forward, backward (over the
+    #: recipe's micro-batches) and update on this replica's batch (local_step.py).
+    train_step = local_step
 
     def count_update(self, updates: int = 1) -> None:
         """More updates applied (``stats`` and checkpoints count them)."""

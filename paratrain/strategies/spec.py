@@ -11,6 +11,7 @@ strategy its section does not name.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -23,3 +24,9 @@ class StrategySpec:
     """The section's dataclass of ``option()`` fields; its ``strategies`` say which names take it."""
     aliases: dict[str, str] = field(default_factory=dict)
     """Other names for a runtime (``mirrored`` -> ``allreduce``, tf.distribute's name)."""
+
+
+def process_options(config: Any) -> dict[str, Any]:
+    """The options of a run that every strategy's processes take (``config``: a
+    TrainConfig): the device each computes on and the collective timeout."""
+    return {"device": config.device, "timeout": config.timeout}

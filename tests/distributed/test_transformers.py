@@ -4,6 +4,7 @@ single-process reference: the synchronous ones equal one process of the global b
 periodic ones reach its loss."""
 
 import json
+import math
 import re
 import subprocess
 import sys
@@ -129,15 +130,17 @@ def test_a_gpt2_under_ps_async_with_one_worker_equals_one_process():
 def test_a_gpt2_under_an_asynchronous_parameter_server_learns(name, world):
     """Several workers: gradients applied as they come (ps-backup: a round takes the first 2
     of 3 workers'), each computed on parameters up to a few versions old. Measured here: a
-    ps-async worker's last epoch ends at 0.8-1.0 (one process with the same batches per
-    update: 0.62), a ps-backup worker's at ~0.43 (one process with a round's batch: 0.45),
-    from ln 64 = 4.16 at the start. Staleness costs Adam some loss and no bound of it is
-    exact, so the test asks that every worker learns, its output layer still the embedding."""
+    ps-async worker's last epoch ends anywhere in 0.43-1.44 (8 runs beside 3 busy processes:
+    the order in which the workers' gradients arrive moves Adam's path; one process with the
+    same batches per update: 0.62), a ps-backup worker's at ~0.43 (one process with a round's
+    batch: 0.45), from ln 64 = 4.16 at the start. No bound of what staleness costs is exact,
+    so the test asks that every worker learns (its loss under half the untrained model's),
+    its output layer still the embedding."""
     workers = [r for r in run_distributed(_distributed, name, "adamw", 5, world_size=world) if r[1] is not None]
     assert len(workers) == world - 1
     for _, loss, tied in workers:
         print(f"{name}: a worker's last epoch loss {loss:.3f}")
-        assert tied and loss < 1.5
+        assert tied and loss < math.log(64) / 2
 
 
 PROJECT = """

@@ -19,15 +19,15 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from paratrain import timeline
-from paratrain.comm.codec_config import make_codec
+from paratrain.comm.codec_config import as_codec, check_saved_codec
 from paratrain.comm.codecs import Codec
 from paratrain.comm.hooks import CommHook, make_hook
 from paratrain.console import console
-from paratrain.errors import ConfigError
 from paratrain.strategies.accounting import staleness_summary
 from paratrain.strategies.base import DEFAULT_TIMEOUT_S
 from paratrain.strategies.recipe import StepRecipe
 from paratrain.strategies.replica import ReplicaStrategy
+from paratrain.strategies.spec import process_options
 from paratrain.strategies.step import uncompiled
 
 if TYPE_CHECKING:
@@ -49,7 +49,7 @@ class AllReduceStrategy(ReplicaStrategy):
     ):
         super().__init__(device=device, timeout=timeout, workers=workers)
         self.bucket_cap_mb = bucket_cap_mb
-        self.codec = make_codec(compression) if isinstance(compression, str) else compression
+        self.codec = as_codec(compression)
         self.hook: CommHook | None = None
         self._hook_state: dict[str, Any] | None = None  # loaded before prepare() made the hook
         self._grad_bytes = 0
@@ -57,10 +57,7 @@ class AllReduceStrategy(ReplicaStrategy):
     @classmethod
     def from_config(cls, config: TrainConfig) -> AllReduceStrategy:
         return cls(
-            device=config.device,
-            timeout=config.timeout,
-            bucket_cap_mb=config.allreduce.bucket_cap_mb,
-            compression=make_codec(config.codec.compression, config.codec),
+            **process_options(config), bucket_cap_mb=config.allreduce.bucket_cap_mb, compression=config.codec.build()
         )
 
     def prepare(
@@ -134,11 +131,7 @@ class AllReduceStrategy(ReplicaStrategy):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
-        written = state.get("compression", "none")
-        if written != self.codec.name:
-            raise ConfigError(
-                f"checkpoint was written with --compression {written}, this run uses --compression {self.codec.name}"
-            )
+        check_saved_codec(state, self.codec)
         if self.hook is not None:
             self.hook.load_state_dict(state.get("hook", {}))
         else:

@@ -43,7 +43,7 @@ import torch.distributed as dist
 from torch import nn
 
 from paratrain.comm.average import average
-from paratrain.comm.codec_config import make_codec
+from paratrain.comm.codec_config import as_codec, check_saved_codec
 from paratrain.comm.codecs import Codec
 from paratrain.comm.flat import mean_gradients
 from paratrain.errors import ConfigError
@@ -53,6 +53,7 @@ from paratrain.strategies.averaging.config import AveragingConfig
 from paratrain.strategies.base import DEFAULT_TIMEOUT_S
 from paratrain.strategies.recipe import StepRecipe
 from paratrain.strategies.replica import ReplicaStrategy
+from paratrain.strategies.spec import process_options
 from paratrain.strategies.topology import Topology
 from paratrain.timeline import COMM, span
 
@@ -97,7 +98,7 @@ class PeriodicAveragingStrategy(ReplicaStrategy):
                         outer_lr=outer_lr, outer_momentum=outer_momentum)  # fmt: skip
         self.sync_every, self.local_after, self.fragments = sync_every, local_after, fragments
         self.outer_lr, self.outer_momentum = outer_lr, outer_momentum
-        self.codec = make_codec(compression) if isinstance(compression, str) else compression
+        self.codec = as_codec(compression)
         self.syncs = 0
         """Synchronizations done (of one fragment each, with ``fragments`` > 1)."""
         self._params: list[nn.Parameter] = []
@@ -119,12 +120,7 @@ class PeriodicAveragingStrategy(ReplicaStrategy):
         kwargs = {name: getattr(options, name) for name in ("sync_every", "local_after", "fragments")}
         if cls.name in takers(AveragingConfig, "outer_lr"):
             kwargs.update(outer_lr=options.outer_lr, outer_momentum=options.outer_momentum)
-        return cls(
-            device=config.device,
-            timeout=config.timeout,
-            compression=make_codec(config.codec.compression, config.codec),
-            **kwargs,
-        )
+        return cls(**process_options(config), compression=config.codec.build(), **kwargs)
 
     # ----- model ---------------------------------------------------------------------------------
     def prepare(
@@ -259,11 +255,7 @@ class PeriodicAveragingStrategy(ReplicaStrategy):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
-        written = state.get("compression", "none")
-        if written != self.codec.name:
-            raise ConfigError(
-                f"checkpoint was written with --compression {written}, this run uses --compression {self.codec.name}"
-            )
+        check_saved_codec(state, self.codec)
         self.syncs, self._bytes = int(state["syncs"]), int(state["bytes"])
         self.codec.load_state_dict(state.get("codec", {}))
         if self._anchors:

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.optim import Optimizer
 
 from paratrain.comm.transport import cluster_from_env
 from paratrain.data.batch import map_tensors, num_examples
@@ -91,17 +92,13 @@ class FaultTolerantPipelineStrategy(PipelineStrategy):
         device: str = "auto",
         timeout: float = DEFAULT_TIMEOUT_S,
         workers: int | None = None,
-        lighthouse: str | None = None,
-        min_replicas: int = 1,
-        heartbeat_timeout: float = 1.0,
-        compression: str = "none",
+        **session: Any,
     ):
-        # `workers` counts processes, as in pipeline: replicas x stages.
+        """``workers`` counts processes, as in pipeline: replicas x stages. ``session``: the
+        options of the fault-tolerant session, as FaultTolerantAllReduceStrategy's."""
         super().__init__(num_stages, num_microbatches, schedule, "params", split_points, device, timeout, workers)
         # A stage cannot leave alone on SIGTERM: a replica is lost or kept whole.
-        self.session = FaultTolerantSession(
-            self, lighthouse, min_replicas, heartbeat_timeout, compression, leaves_on_sigterm=False
-        )
+        self.session = FaultTolerantSession(self, leaves_on_sigterm=False, **session)
         """The quorum, the heal, the record and the step loop of this stage's replica (session.py)."""
         self._schedules: dict[int, Any] = {}  # micro-batches of this replica's part -> its schedule
         self._counting = False
@@ -189,12 +186,7 @@ class FaultTolerantPipelineStrategy(PipelineStrategy):
 
     # ----- data and step -----------------------------------------------------------------
     def train_step(
-        self,
-        model: nn.Module,
-        loss_fn: LossFn,
-        optimizer: torch.optim.Optimizer,
-        inputs: Any,
-        targets: Any,
+        self, model: nn.Module, loss_fn: LossFn, optimizer: Optimizer, inputs: Any, targets: Any
     ) -> StepOutput:
         """One committed step of the global batch on this stage (session.py)."""
         return self.session.step(model, optimizer, lambda step: self._gradient(loss_fn, inputs, targets, step))

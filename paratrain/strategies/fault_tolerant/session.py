@@ -95,11 +95,11 @@ class FaultTolerantSession:
     def __init__(
         self,
         replica: Replica,
-        lighthouse: str | None,
-        min_replicas: int,
-        heartbeat_timeout: float,
-        compression: str,
         leaves_on_sigterm: bool,
+        lighthouse: str | None = None,
+        min_replicas: int = 1,
+        heartbeat_timeout: float = 1.0,
+        compression: str = "none",
     ):
         check_compression(replica.name, compression)
         self.replica = replica

@@ -32,8 +32,8 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-import torch
 from torch import nn
+from torch.optim import Optimizer
 
 from paratrain.comm.transport import host_store
 from paratrain.data.batch import map_tensors, num_examples
@@ -66,19 +66,12 @@ class FaultTolerantAllReduceStrategy(Strategy):
     takes_compression = True
 
     def __init__(
-        self,
-        device: str = "auto",
-        timeout: float = DEFAULT_TIMEOUT_S,
-        workers: int | None = None,
-        lighthouse: str | None = None,
-        min_replicas: int = 1,
-        heartbeat_timeout: float = 1.0,
-        compression: str = "none",
+        self, device: str = "auto", timeout: float = DEFAULT_TIMEOUT_S, workers: int | None = None, **session: Any
     ):
+        """``session``: ``lighthouse``, ``min_replicas``, ``heartbeat_timeout`` and
+        ``compression``, the options of the fault-tolerant session (session.py)."""
         super().__init__(device=device, timeout=timeout, workers=workers)
-        self.session = FaultTolerantSession(
-            self, lighthouse, min_replicas, heartbeat_timeout, compression, leaves_on_sigterm=True
-        )
+        self.session = FaultTolerantSession(self, leaves_on_sigterm=True, **session)
         """The quorum, the heal, the record and the step loop of this replica (session.py)."""
 
     @classmethod
@@ -148,12 +141,7 @@ class FaultTolerantAllReduceStrategy(Strategy):
 
     # ----- data and step -----------------------------------------------------------------
     def train_step(
-        self,
-        model: nn.Module,
-        loss_fn: LossFn,
-        optimizer: torch.optim.Optimizer,
-        inputs: Any,
-        targets: Any,
+        self, model: nn.Module, loss_fn: LossFn, optimizer: Optimizer, inputs: Any, targets: Any
     ) -> StepOutput:
         """One committed step of the global batch ``(inputs, targets)`` (session.py)."""
         return self.session.step(model, optimizer, lambda step: self._gradient(model, loss_fn, inputs, targets, step))

@@ -39,13 +39,14 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from paratrain.comm.codec_config import make_codec
+from paratrain.comm.codec_config import as_codec
 from paratrain.comm.codecs import Codec
 from paratrain.errors import ConfigError
 from paratrain.strategies.accounting import staleness_summary
 from paratrain.strategies.base import DEFAULT_TIMEOUT_S
 from paratrain.strategies.recipe import StepRecipe
 from paratrain.strategies.replica import ReplicaStrategy
+from paratrain.strategies.spec import process_options
 from paratrain.strategies.step import uncompiled
 
 if TYPE_CHECKING:
@@ -75,7 +76,7 @@ class FSDPStrategy(ReplicaStrategy):
     ):
         super().__init__(device=device, timeout=timeout, workers=workers)
         self.reshard_after_forward = reshard_after_forward
-        self.codec = make_codec(compression) if isinstance(compression, str) else compression
+        self.codec = as_codec(compression)
         if self.codec.name not in REDUCE_DTYPES:
             raise ConfigError(_codec_refusal(self.codec.name))
         self._grad_bytes = 0
@@ -97,12 +98,8 @@ class FSDPStrategy(ReplicaStrategy):
 
     @classmethod
     def from_config(cls, config: TrainConfig) -> FSDPStrategy:
-        return cls(
-            device=config.device,
-            timeout=config.timeout,
-            reshard_after_forward=config.fsdp.reshard_after_forward,
-            compression=make_codec(config.codec.compression, config.codec),
-        )
+        reshard = config.fsdp.reshard_after_forward
+        return cls(**process_options(config), reshard_after_forward=reshard, compression=config.codec.build())
 
     # ----- model ---------------------------------------------------------------------------------
     def prepare(

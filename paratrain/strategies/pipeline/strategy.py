@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.optim import Optimizer
 
 from paratrain.comm.flat import mean_gradients
 from paratrain.comm.transport import cluster_from_env, default_backend
@@ -260,12 +261,7 @@ class PipelineStrategy(Strategy):
         return self._schedule
 
     def train_step(
-        self,
-        model: nn.Module,
-        loss_fn: LossFn,
-        optimizer: torch.optim.Optimizer,
-        inputs: torch.Tensor,
-        targets: torch.Tensor,
+        self, model: nn.Module, loss_fn: LossFn, optimizer: Optimizer, inputs: Any, targets: Any
     ) -> StepOutput:
         """One step of the schedule on this stage; the loss (batch mean) and the logits on
         the last stage, a zero loss and no logits on the others."""

@@ -16,10 +16,12 @@ worker (worker.py). The step and the run's policies are this class's; the per-mo
 
 from __future__ import annotations
 
+from dataclasses import fields
 from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+from torch.optim import Optimizer
 
 from paratrain.comm.codec_config import CodecConfig, make_codec
 from paratrain.comm.codecs import Codec
@@ -48,6 +50,7 @@ from paratrain.strategies.ps.modes import (
 )
 from paratrain.strategies.ps.worker import PSWorker
 from paratrain.strategies.recipe import StepRecipe
+from paratrain.strategies.spec import process_options
 from paratrain.strategies.step import LossFn, StepOutput
 from paratrain.strategies.topology import Role
 from paratrain.timeline import COMM, span
@@ -147,25 +150,16 @@ class ParameterServerStrategy(Strategy):
 
     @classmethod
     def from_config(cls, config: TrainConfig) -> ParameterServerStrategy:
-        ps = config.ps
+        ps = config.ps  # the section's fields are the constructor's keywords (ps_shards: num_shards)
+        section = {field.name: getattr(ps, field.name) for field in fields(ps) if field.name != "ps_shards"}
         strategy = cls(
             mode=PSMode.of(config.strategy),
             num_shards=ps.num_shards,
-            backup_workers=ps.backup_workers,
-            staleness_bound=ps.staleness_bound,
-            stale_policy=ps.stale_policy,
-            max_staleness=ps.max_staleness,
-            warmup_steps=ps.warmup_steps,
             heartbeat_timeout=config.heartbeat_timeout,
-            device=config.device,
-            timeout=config.timeout,
             compression=config.codec.compression,
             codec_options=config.codec,
-            pull_compression=ps.pull_compression,
-            on_worker_lost=ps.on_worker_lost,
-            join=ps.join,
-            joiners=ps.joiners,
-            join_token_file=ps.join_token_file,
+            **process_options(config),
+            **section,
         )
         strategy.run_options = run_options(config.to_dict())
         strategy.token_folder = output_folder(config.metrics_out, config.checkpoint_dir, config.logdir)
@@ -323,12 +317,7 @@ class ParameterServerStrategy(Strategy):
         return make_codec(self.compression, self.codec_options)
 
     def train_step(
-        self,
-        model: nn.Module,
-        loss_fn: LossFn,
-        optimizer: torch.optim.Optimizer,
-        inputs: torch.Tensor,
-        targets: torch.Tensor,
+        self, model: nn.Module, loss_fn: LossFn, optimizer: Optimizer, inputs: Any, targets: Any
     ) -> StepOutput:
         """Compute on the parameters the last push asked for, then push the gradient and ask
         for the next parameters in the same message. The optimizer runs on the shards."""
