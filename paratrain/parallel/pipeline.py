@@ -1,7 +1,8 @@
-"""Pipeline parallelism across processes: one stage of a sequential model per process,
+"""Pipeline parallelism across processes: one stage of a model per process,
 micro-batches flowing through the stages on ``torch.distributed.pipelining``.
 
-The split (which layers each stage holds) comes from ``split.py``; the schedule is
+The split (which layers each stage holds) comes from ``split.py`` for an nn.Sequential and
+from ``traced.py`` (a cut of the traced graph) for any other model; the schedule is
 PyTorch's own: GPipe (all forwards, then all backwards: Huang et al. 2019) or 1F1B
 (one forward, one backward in the steady state: PipeDream-Flush, Narayanan et al.
 2021), which bounds the activations a stage keeps to about ``num_stages`` micro-batches
@@ -28,7 +29,16 @@ from paratrain.parallel.split import Bounds
 #: torch.distributed.pipelining imports sympy, which takes seconds).
 SCHEDULES: dict[str, str] = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B"}
 
-_DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32, torch.uint8]
+_DTYPES = [
+    torch.float32,
+    torch.float16,
+    torch.bfloat16,
+    torch.float64,
+    torch.int64,
+    torch.int32,
+    torch.uint8,
+    torch.bool,
+]
 _MAX_DIMS = 8
 
 
@@ -94,8 +104,11 @@ class HostBoundary(nn.Module):
         super().__init__()
         self.module, self.device = module, device
 
-    def forward(self, *inputs: torch.Tensor) -> torch.Tensor:
-        return self.module(*(x.to(self.device) for x in inputs)).to("cpu")
+    def forward(self, *inputs: torch.Tensor) -> Any:
+        outputs = self.module(*(x.to(self.device) for x in inputs))
+        if isinstance(outputs, tuple):
+            return tuple(x.to("cpu") for x in outputs)
+        return outputs.to("cpu")
 
 
 def _on_outputs_device(loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]) -> Any:
@@ -104,37 +117,47 @@ def _on_outputs_device(loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Ten
 
 def forward_only(
     module: nn.Module,
-    inputs: torch.Tensor,
+    inputs: tuple[torch.Tensor, ...],
     stage: int,
     num_stages: int,
     previous_rank: int | None,
     next_rank: int | None,
     device: torch.device,
     group: dist.ProcessGroup | None = None,
-) -> torch.Tensor | None:
+) -> Any:
     """One forward pass of a whole batch through the stages, without a schedule.
 
-    Stage 0 reads ``inputs``; every other stage receives its input from the previous
-    stage (a small header with dtype and shape first, so batches may vary in size).
-    Returns the logits on the last stage, None on the others."""
+    Stage 0 reads ``inputs``; every other stage receives its inputs (the tensors the stage
+    before returned) from the previous stage, each after a small header with its dtype and
+    shape, so batches may vary in size. Returns the outputs on the last stage, None on the
+    others."""
     buffer_device = torch.device("cpu") if _is_gloo(group) else device  # Gloo moves host memory
     if stage > 0:
-        header = torch.zeros(_MAX_DIMS + 2, dtype=torch.int64, device=buffer_device)
-        dist.recv(header, src=previous_rank, group=group)
-        ndim, dtype = int(header[0]), _DTYPES[int(header[1])]
-        inputs = torch.empty(header[2 : 2 + ndim].tolist(), dtype=dtype, device=buffer_device)
-        dist.recv(inputs, src=previous_rank, group=group)
-        inputs = inputs.to(device)
-    outputs = module(inputs)
+        count = torch.zeros(1, dtype=torch.int64, device=buffer_device)
+        dist.recv(count, src=previous_rank, group=group)
+        inputs = tuple(_receive(previous_rank, group, buffer_device).to(device) for _ in range(int(count)))
+    outputs = module(*inputs)
     if stage == num_stages - 1:
         return outputs
-    header = torch.zeros(_MAX_DIMS + 2, dtype=torch.int64, device=buffer_device)
-    header[0], header[1] = outputs.dim(), _DTYPES.index(outputs.dtype)
-    header[2 : 2 + outputs.dim()] = torch.tensor(outputs.shape, device=buffer_device)
-    dist.send(header, dst=next_rank, group=group)
-    payload = outputs.detach().cpu() if _is_gloo(group) else outputs.detach()
-    dist.send(payload.contiguous(), dst=next_rank, group=group)
+    outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+    dist.send(torch.tensor([len(outputs)], dtype=torch.int64, device=buffer_device), dst=next_rank, group=group)
+    for tensor in outputs:
+        header = torch.zeros(_MAX_DIMS + 2, dtype=torch.int64, device=buffer_device)
+        header[0], header[1] = tensor.dim(), _DTYPES.index(tensor.dtype)
+        header[2 : 2 + tensor.dim()] = torch.tensor(tensor.shape, device=buffer_device)
+        dist.send(header, dst=next_rank, group=group)
+        payload = tensor.detach().cpu() if _is_gloo(group) else tensor.detach()
+        dist.send(payload.contiguous(), dst=next_rank, group=group)
     return None
+
+
+def _receive(source: int | None, group: dist.ProcessGroup | None, buffer_device: torch.device) -> torch.Tensor:
+    header = torch.zeros(_MAX_DIMS + 2, dtype=torch.int64, device=buffer_device)
+    dist.recv(header, src=source, group=group)
+    ndim, dtype = int(header[0]), _DTYPES[int(header[1])]
+    tensor = torch.empty(header[2 : 2 + ndim].tolist(), dtype=dtype, device=buffer_device)
+    dist.recv(tensor, src=source, group=group)
+    return tensor
 
 
 def _is_gloo(group: dist.ProcessGroup | None) -> bool:

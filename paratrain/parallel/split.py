@@ -111,13 +111,19 @@ def balanced_bounds(costs: Sequence[float], num_parts: int) -> Bounds:
     return bounds[::-1]
 
 
-def parse_split_points(text: str) -> list[int]:
-    try:
-        points = [int(p) for p in text.split(",") if p.strip()]
-    except ValueError:
-        raise ConfigError(f"--split-points must be layer indices separated by commas, e.g. 3,7; got {text!r}") from None
+def parse_split_points(text: str) -> list[int] | list[str]:
+    """``--split-points``: layer indices of an nn.Sequential (``3,7``), or the names of the
+    modules where stages start in any other model (``transformer.h.2``: traced.py)."""
+    points = [p.strip() for p in text.split(",") if p.strip()]
     if not points:
-        raise ConfigError(f"--split-points must name at least one layer index, e.g. 3,7; got {text!r}")
+        raise ConfigError(f"--split-points must name at least one layer index or module, e.g. 3,7; got {text!r}")
+    numbers = [p.lstrip("-").isdigit() for p in points]
+    if all(numbers):
+        return [int(p) for p in points]
+    if any(numbers):
+        raise ConfigError(
+            f"--split-points must be all layer indices (3,7) or all module names (transformer.h.2); got {text!r}"
+        )
     return points
 
 
@@ -135,20 +141,3 @@ def bounds_from_split_points(points: Sequence[int], num_layers: int, num_parts: 
                 f"strictly between 1 and {num_layers - 1} (the model has {num_layers} layers)"
             )
     return list(zip(edges, edges[1:]))
-
-
-def check_shared_parameters(layers: Sequence[nn.Module], bounds: Bounds) -> None:
-    """ConfigError where two layers that ``bounds`` put in different parts share a parameter
-    (tied weights: an embedding and the output layer): each part would hold and update its
-    own copy, and the two would drift apart."""
-    first: dict[int, tuple[int, int, str]] = {}  # id(parameter) -> (part, layer, its name there)
-    for part, (start, end) in enumerate(bounds):
-        for index in range(start, end):
-            for name, param in layers[index].named_parameters():
-                seen = first.setdefault(id(param), (part, index, name))
-                if seen[0] != part:
-                    raise ConfigError(
-                        f"layers {seen[1]} ({seen[2]}) and {index} ({name}) share one parameter (tied weights), "
-                        f"but the split puts them in stages {seen[0]} and {part}: a stage cannot update a "
-                        "parameter another stage holds; keep them in one stage (--split-points) or untie them"
-                    )

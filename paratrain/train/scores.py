@@ -72,6 +72,8 @@ def model_loss(outputs: Any, batch: Any) -> torch.Tensor:
     return loss
 
 
+model_loss.uses_model_loss = True  # type: ignore[attr-defined]  # a pipeline computes it on its last stage
+
 LOSSES: dict[str, Callable[[], Score]] = {
     "model": lambda: model_loss,
     "cross_entropy": lambda: cross_entropy_loss,
@@ -119,6 +121,9 @@ def default_loss(outputs: Any, targets: Any) -> torch.Tensor:
     if isinstance(targets, Mapping):
         return model_loss(outputs, targets)
     return F.cross_entropy(outputs, targets)
+
+
+default_loss.uses_model_loss = True  # type: ignore[attr-defined]  # for a dict batch
 
 
 def resolve_loss(loss: str | Score | None) -> Score:

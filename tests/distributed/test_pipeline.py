@@ -140,6 +140,44 @@ def test_two_stages_by_two_replicas_equal_single_with_the_global_batch(schedule)
     assert torch.equal(ranks[0][0], ranks[2][0]) and torch.equal(ranks[1][0], ranks[3][0])
 
 
+def _tied_lm():
+    """Token in, next token out, the output layer tied to the embedding as in a language model."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(
+        torch.nn.Embedding(16, 8), torch.nn.Linear(8, 8), torch.nn.Tanh(), torch.nn.Linear(8, 16, bias=False)
+    )
+    model[3].weight = model[0].weight
+    return model
+
+
+def _tied_training(strategy, batch_size, steps=6):
+    model = _tied_lm()
+    trainer = paratrain.Trainer(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.5), strategy=strategy)
+    x = torch.randint(0, 16, (steps * batch_size * strategy.num_replicas,), generator=torch.Generator().manual_seed(1))
+    trainer.fit((x, (x + 1) % 16), epochs=1, batch_size=batch_size, seed=0, verbose=0)
+    result = [p.detach().clone() for p in trainer.module.parameters()], getattr(strategy, "stage", None)
+    strategy.teardown()
+    return result
+
+
+def _tied_pipeline(batch_size):
+    return _tied_training(
+        PipelineStrategy(num_stages=2, num_microbatches=2, split_points=[2], device="cpu"), batch_size
+    )
+
+
+def test_layers_that_share_a_parameter_on_two_stages_train_as_one_process():
+    """The embedding on stage 0 and the output layer tied to it on stage 1: each stage's copy
+    takes the sum of both gradients (parallel/shared.py), so both stay the single process's."""
+    (embedding, linear_weight, linear_bias), _ = _tied_training(paratrain.SingleDeviceStrategy(device="cpu"), 16)
+    ranks = dict((stage, params) for params, stage in run_distributed(_tied_pipeline, 16, world_size=2))
+    for got, want in zip(ranks[0], [embedding, linear_weight, linear_bias]):
+        assert relative_difference(got, want) < 1e-5
+    (head,) = ranks[1]
+    assert relative_difference(head, embedding) < 1e-5
+    assert relative_difference(embedding, _tied_lm()[0].weight.detach()) > 1e-2  # it trained
+
+
 class _NanAtStep(paratrain.Callback):
     """A cross-entropy that is NaN throughout step ``step`` (every micro-batch's), on
     replica 0 only; with ``where="gradient"`` instead an Inf in the last stage's last

@@ -44,12 +44,15 @@ def tokens(examples):
     return datasets.Dataset.from_dict({"input_ids": ids, "attention_mask": [[1] * SEQ] * examples, "labels": ids})
 
 
+def optimizer_for(model, name):
+    if name == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=0.1)
+    return torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)
+
+
 def _train(strategy, batch_size, optimizer="sgd", epochs=1):
     model = gpt2()
-    if optimizer == "sgd":
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    else:
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.01)
+    opt = optimizer_for(model, optimizer)
     trainer = paratrain.Trainer(model, optimizer=opt, strategy=strategy, metrics=())  # the model's own loss
     data = tokens(STEPS * batch_size * strategy.num_replicas)
     history = trainer.fit(data, epochs=epochs, batch_size=batch_size, seed=0, verbose=0)
@@ -175,7 +178,9 @@ def test_a_gpt2_and_its_dataset_train_from_the_command_line(cli, tmp_path):
     assert metrics["global_steps"] == 4 * 64 // 16 and metrics["test_loss"] < 2.5
 
 
-@pytest.mark.parametrize("flags, processes", [(["--strategy", "fsdp"], 2), (["--strategy", "ps-sync"], 3)])
+@pytest.mark.parametrize(
+    "flags, processes", [(["--strategy", "fsdp"], 2), (["--strategy", "ps-sync"], 3), (["--strategy", "pipeline"], 2)]
+)
 def test_the_readme_gpt2_script_runs_under_torchrun(tmp_path, flags, processes):
     """The README's transformers script, verbatim: every process exits 0 and the workers
     learn to count on (from ln 64 = 4.16)."""

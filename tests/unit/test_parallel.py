@@ -36,7 +36,8 @@ def test_split_points_name_where_stages_start():
         (lambda: bounds_from_split_points([0], 4), ["leaves a stage empty"]),
         (lambda: bounds_from_split_points([2, 2], 4), ["leaves a stage empty"]),
         (lambda: bounds_from_split_points([4], 4), ["leaves a stage empty"]),
-        (lambda: parse_split_points("a,b"), ["--split-points", "3,7"]),
+        (lambda: parse_split_points("2,h.3"), ["--split-points", "3,7", "transformer.h.2"]),
+        (lambda: parse_split_points(" , "), ["--split-points", "3,7"]),
         (lambda: parallel.place(nn.LSTM(2, 2), ["cpu"]), ["nn.Sequential"]),
     ],
 )
@@ -103,21 +104,20 @@ def _tied(vocab=11, width=6):
 
 
 @pytest.mark.parametrize("flags", [{}, {"split_points": "2"}])
-def test_tied_layers_in_different_stages_are_refused_naming_them(flags):
+def test_tied_layers_may_go_to_different_stages(flags):
     from paratrain.strategies.pipeline.checks import check_pipeline_model
 
-    config = TrainConfig(strategy="pipeline", stages=2, **flags)
-    with pytest.raises(
-        ConfigError, match=r"^layers 0 \(weight\) and 3 \(weight\) share one parameter \(tied weights\)"
-    ):
-        check_pipeline_model(_tied(), config)
+    check_pipeline_model(_tied(), TrainConfig(strategy="pipeline", stages=2, **flags))
 
 
-def test_tied_layers_in_one_stage_are_split_as_usual():
-    from paratrain.parallel.split import check_shared_parameters
+def test_a_parameter_two_stages_hold_is_listed_on_both_in_one_order():
+    from paratrain.parallel.shared import split_stage
 
-    a, b = nn.Linear(6, 6), nn.Linear(6, 6)
-    b.weight = a.weight
-    check_shared_parameters(list(nn.Sequential(nn.Linear(6, 6), nn.ReLU(), a, b)), [(0, 2), (2, 4)])
-    with pytest.raises(ConfigError, match="stages 0 and 1"):
-        check_shared_parameters(list(nn.Sequential(nn.Linear(6, 6), a, nn.ReLU(), b)), [(0, 2), (2, 4)])
+    model = _tied()
+    layers, bounds = list(model), [(0, 2), (2, 4)]
+    holdings = [[(p, p) for layer in layers[a:b] for p in layer.parameters()] for a, b in bounds]
+    first, last = (split_stage(nn.Sequential(), i, holdings, list(model.parameters())) for i in (0, 1))
+    shared = model[0].weight
+    assert first.shared_by == last.shared_by == [(0, 1)]
+    assert first.tied == [([shared], (0, 1))] and last.tied == [([shared], (0, 1))]
+    assert len(first.copies) == 3 and len(last.copies) == 1  # embedding, linear's 2; the head's weight

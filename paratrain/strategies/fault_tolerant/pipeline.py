@@ -46,6 +46,7 @@ from paratrain.strategies.fault_tolerant.replicas import replica_slot, torchft_m
 from paratrain.strategies.fault_tolerant.session import FaultTolerantSession, check_compression, session_options
 from paratrain.strategies.pipeline.strategy import PipelineStrategy
 from paratrain.strategies.pipeline.topology import PipelineTopology
+from paratrain.strategies.recipe import StepRecipe
 from paratrain.strategies.roles import FitLoop
 from paratrain.strategies.step import LossFn, StepOutput
 
@@ -124,6 +125,17 @@ class FaultTolerantPipelineStrategy(PipelineStrategy):
                 "--strategy pipeline-ft splits by --balance params or --split-points: a replacement takes its "
                 "stage from a peer before any batch, when a split by time is not known yet"
             )
+
+    @classmethod
+    def check_model(cls, model: nn.Module, config: TrainConfig) -> None:
+        _layered_only(model)
+        super().check_model(model, config)
+
+    def prepare(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, recipe: StepRecipe | None = None
+    ) -> tuple[nn.Module, torch.optim.Optimizer]:
+        _layered_only(model)
+        return super().prepare(model, optimizer, recipe)
 
     @classmethod
     def from_config(cls, config: TrainConfig) -> FaultTolerantPipelineStrategy:
@@ -252,7 +264,7 @@ class FaultTolerantPipelineStrategy(PipelineStrategy):
         """Evaluation's forward pass through this replica's stages (ranks 0..S-1 of its group)."""
         inputs = self.recipe.prepare_inputs(inputs)
         with self.recipe.autocast(self.device), self._pipeline_intact():
-            return self._forward_only(inputs, 0)
+            return self._forward_only((inputs,), 0)
 
     @contextlib.contextmanager
     def _pipeline_intact(self) -> Iterator[None]:
@@ -279,3 +291,12 @@ class FaultTolerantPipelineStrategy(PipelineStrategy):
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), **self.session.state_dict()}
+
+
+def _layered_only(model: nn.Module) -> None:
+    if not isinstance(model, nn.Sequential):
+        raise ConfigError(
+            f"--strategy pipeline-ft splits an nn.Sequential, got {type(model).__name__}: a replacement takes its "
+            "stage from a peer before any batch, and a model that is traced into stages is cut at its first batch; "
+            "use --strategy pipeline (which restarts from checkpoints)"
+        )

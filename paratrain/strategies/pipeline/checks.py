@@ -8,14 +8,13 @@ from torch import nn
 
 from paratrain.errors import ConfigError
 from paratrain.parallel.split import (
-    balanced_bounds,
     bounds_from_split_points,
     check_num_parts,
-    check_shared_parameters,
-    layer_costs,
     parse_split_points,
     sequential_layers,
 )
+from paratrain.parallel.traced import check_split_names, default_split_names
+from paratrain.strategies.pipeline.stages import is_layered
 
 if TYPE_CHECKING:
     from paratrain.config import TrainConfig
@@ -53,14 +52,28 @@ def check_pipeline_config(config: TrainConfig) -> None:
 
 
 def check_pipeline_model(model: nn.Module, config: TrainConfig) -> None:
-    """The split must give every stage a layer: said before the stages start."""
-    layers = sequential_layers(model)
+    """The split must give every stage a layer (a block, for a traced model): said before
+    the stages start. Layers that share a parameter (tied weights) may go to different
+    stages: their copies are kept one (parallel/shared.py)."""
     options = config.pipeline
-    check_num_parts(len(layers), options.stages)
-    if options.split_points is not None:
-        bounds = bounds_from_split_points(parse_split_points(options.split_points), len(layers), options.stages)
-    elif options.balance == "params":
-        bounds = balanced_bounds(layer_costs(layers, "params"), options.stages)
-    else:  # by time: known once the first batch is timed, and checked then
+    points = parse_split_points(options.split_points) if options.split_points is not None else None
+    if not is_layered(model, points):
+        traced_split(model, points, options.stages, options.balance)
         return
-    check_shared_parameters(layers, bounds)
+    layers = sequential_layers(model)
+    check_num_parts(len(layers), options.stages)
+    if points is not None:
+        bounds_from_split_points(points, len(layers), options.stages)
+
+
+def traced_split(model: nn.Module, points: list[str] | None, num_stages: int, balance: str) -> list[str]:
+    """The modules where the stages of a model that is not an nn.Sequential start: the
+    names given, or its blocks shared out by parameters."""
+    if balance == "time":
+        raise ConfigError(
+            f"--balance time times the layers of an nn.Sequential; {type(model).__name__} is split at "
+            "modules: use --balance params (its blocks shared out by parameters) or --split-points NAME,..."
+        )
+    names = list(points or default_split_names(model, num_stages))
+    check_split_names(model, names, num_stages)
+    return names

@@ -17,6 +17,7 @@ stage of replica 0 (topology.py); the checks of the options and the model are ch
 from __future__ import annotations
 
 import gc
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -28,23 +29,36 @@ from paratrain.comm.flat import mean_gradients
 from paratrain.comm.transport import cluster_from_env, default_backend
 from paratrain.errors import ConfigError
 from paratrain.parallel.pipeline import SCHEDULES, forward_only, make_schedule, stage_module
+from paratrain.parallel.shared import split_stage
 from paratrain.parallel.split import (
     BALANCES,
     balanced_bounds,
     bounds_from_split_points,
     check_num_parts,
-    check_shared_parameters,
     layer_costs,
     parse_split_points,
     sequential_layers,
 )
+from paratrain.parallel.traced import sharing, stage_of, trace
 from paratrain.strategies.accounting import staleness_summary
 from paratrain.strategies.base import DEFAULT_TIMEOUT_S, Strategy
 from paratrain.strategies.device import resolve_device
-from paratrain.strategies.numerics import finite_gradients
-from paratrain.strategies.pipeline.checks import check_pipeline_config, check_pipeline_model
+from paratrain.strategies.pipeline.checks import check_pipeline_config, check_pipeline_model, traced_split
+from paratrain.strategies.pipeline.gradients import TiedGradients, clip_over_stages, nonfinite_anywhere
+from paratrain.strategies.pipeline.stages import (
+    agreed_bounds,
+    feed,
+    forward_in_shape,
+    is_layered,
+    keep_stage_parameters,
+    nbytes,
+    own_loss,
+    scored,
+    stage_loss,
+)
 from paratrain.strategies.pipeline.topology import PipelineTopology
 from paratrain.strategies.recipe import StepRecipe
+from paratrain.strategies.spec import process_options
 from paratrain.strategies.step import LossFn, StepOutput
 
 if TYPE_CHECKING:
@@ -63,7 +77,7 @@ class PipelineStrategy(Strategy):
         num_microbatches: int = 4,
         schedule: str = "1f1b",
         balance: str = "params",
-        split_points: list[int] | None = None,
+        split_points: list[int] | list[str] | None = None,
         device: str = "auto",
         timeout: float = DEFAULT_TIMEOUT_S,
         workers: int | None = None,
@@ -91,6 +105,11 @@ class PipelineStrategy(Strategy):
         self._bytes_sent = 0
         self._microbatch_bytes = 0
         self._pending: tuple[nn.Module, torch.optim.Optimizer] | None = None
+        self._whole: nn.Module | None = None  # the user's model the stage was cut from
+        self._split_names: list[str] | None = None  # where a traced model's stages start
+        self._example: tuple[torch.Tensor, ...] | None = None  # the micro-batch it was traced on
+        self._tied: TiedGradients | None = None  # its parameters held by several stages
+        self._evaluation: nn.Module | None = None  # its stage traced in evaluation mode
 
     # ----- configuration ---------------------------------------------------------------
     @classmethod
@@ -110,15 +129,8 @@ class PipelineStrategy(Strategy):
     def from_config(cls, config: TrainConfig) -> PipelineStrategy:
         options = config.pipeline
         points = parse_split_points(options.split_points) if options.split_points else None
-        return cls(
-            num_stages=options.stages,
-            num_microbatches=options.microbatches,
-            schedule=options.schedule,
-            balance=options.balance,
-            split_points=points,
-            device=config.device,
-            timeout=config.timeout,
-        )
+        sizes = (options.stages, options.microbatches)
+        return cls(*sizes, options.schedule, options.balance, points, **process_options(config))
 
     def planned_topology(self) -> PipelineTopology:
         return self.topology_class.of(self.workers, self.num_stages)
@@ -131,7 +143,7 @@ class PipelineStrategy(Strategy):
             "stages": self.num_stages,
             "microbatches": self.num_microbatches,
             "schedule": self.schedule_name,
-            "split": [list(b) for b in self.bounds] if self.bounds else None,
+            "split": [list(b) for b in self.bounds] if self.bounds else self._split_names,
         }
 
     # ----- process -----------------------------------------------------------------------
@@ -190,59 +202,63 @@ class PipelineStrategy(Strategy):
         """This process's stage of ``model``; ``optimizer`` keeps only the stage's parameters.
         ``recipe.accumulate`` multiplies the micro-batches of a step (the same gradient).
 
-        With ``balance="time"`` the split waits for the first batch (to time the layers on)."""
+        With ``balance="time"``, and for a model that is not an nn.Sequential (traced on a
+        micro-batch: stages.py), the stage is made at the first batch."""
         self.setup()
         self.use_recipe(recipe)
         model = self.recipe.prepare_model(model)
-        layers = sequential_layers(model)
-        check_num_parts(len(layers), self.num_stages)
-        if self.split_points is not None:
-            bounds_from_split_points(self.split_points, len(layers), self.num_stages)
         self._pending = (model, optimizer)
-        if self.balance != "time":
-            self._build(None)
+        if is_layered(model, self.split_points):
+            layers = sequential_layers(model)
+            check_num_parts(len(layers), self.num_stages)
+            if self.split_points is not None:
+                bounds_from_split_points(self.split_points, len(layers), self.num_stages)
+            if self.balance != "time":
+                self._build(None)
+        else:
+            self._split_names = traced_split(model, self.split_points, self.num_stages, self.balance)
         return (self._module if self._module is not None else model), optimizer
 
-    def _build(self, example: torch.Tensor | None) -> None:
+    def _build(self, inputs: Any) -> None:
         model, optimizer = self._pending  # type: ignore[misc]
-        layers = sequential_layers(model)
-        if self.split_points is not None:
-            bounds = bounds_from_split_points(self.split_points, len(layers), self.num_stages)
-        else:
-            bounds = self._agreed_bounds(layers, example)
-        check_shared_parameters(layers, bounds)
-        self.bounds = bounds
-        self._module = stage_module(layers, bounds, self.stage).to(self.device)
-        # The optimizer was made for the whole model: keep this stage's parameters only
-        # (same class, same groups and hyperparameters).
-        own = {id(p) for p in self._module.parameters()}
-        for group in optimizer.param_groups:
-            group["params"] = [p for p in group["params"] if id(p) in own]
+        self._whole = model
+        copies = self._build_layers(model, inputs) if self._split_names is None else self._build_traced(model, inputs)
+        keep_stage_parameters(optimizer, copies)
         self._optimizer = optimizer
         self._pending = None
 
-    def _agreed_bounds(self, layers: list[nn.Module], example: torch.Tensor | None) -> list[tuple[int, int]]:
-        """The balanced split; by time, measured on global rank 0 and sent to every rank
-        (timings differ between processes, the split must not)."""
-        if self.balance == "params":
-            return balanced_bounds(layer_costs(layers, "params"), self.num_stages)
-        edges = torch.zeros(self.num_stages + 1, dtype=torch.int64, device="cpu")
-        if self.process_rank == 0:
-            micro = example[: max(1, len(example) // self.num_microbatches)].to(self.device)
-            costs = layer_costs([layer.to(self.device) for layer in layers], "time", micro)
-            bounds = balanced_bounds(costs, self.num_stages)
-            edges = torch.tensor([a for a, _ in bounds] + [bounds[-1][1]], dtype=torch.int64, device="cpu")
-        backend_device = self.device if dist.get_backend() == "nccl" else torch.device("cpu")
-        edges = edges.to(backend_device)
-        dist.broadcast(edges, src=0)
-        e = edges.cpu().tolist()
-        return list(zip(e, e[1:]))
+    def _build_layers(self, model: nn.Module, example: torch.Tensor | None) -> dict[int, list[nn.Parameter]]:
+        layers = sequential_layers(model)
+        if self.split_points is not None:
+            bounds = bounds_from_split_points(self.split_points, len(layers), self.num_stages)
+        elif self.balance == "params":
+            bounds = balanced_bounds(layer_costs(layers, "params"), self.num_stages)
+        else:
+            bounds = agreed_bounds(layers, example, self.num_stages, self.num_microbatches, self.device)
+        self.bounds = bounds
+        holdings = [[(p, p) for layer in layers[a:b] for p in layer.parameters()] for a, b in bounds]
+        stage = split_stage(stage_module(layers, bounds, self.stage), self.stage, holdings, list(model.parameters()))
+        self._tied = TiedGradients(stage, self.rank, self.num_replicas, self.num_stages) if stage.shared_by else None
+        self._module = stage.module.to(self.device)
+        return stage.copies
+
+    def _build_traced(self, model: nn.Module, inputs: Any) -> dict[int, list[nn.Parameter]]:
+        """Trace ``model`` on the first micro-batch of ``inputs`` and keep this stage of it."""
+        tensors, keys = feed(inputs)
+        rows = max(1, len(tensors[0]) // self.step_microbatches)
+        self._example = tuple(t[:rows] for t in tensors)
+        traced = stage_of(trace(model, keys, self._example, self._split_names), model, self.stage)
+        self._tied = TiedGradients(traced, self.rank, self.num_replicas, self.num_stages)
+        evaluation = trace(model, keys, self._example, self._split_names, train=False).get_stage_module(self.stage)
+        self._evaluation = sharing(evaluation, traced.module)  # no dropout, running statistics
+        self._module = traced.module.to(self.device)
+        return traced.copies
 
     def unwrap(self, model: nn.Module) -> nn.Module:
         """This process's stage (the whole model until a time-balanced split is made)."""
         return self._module if self._module is not None else model
 
-    def _schedule_for(self, loss_fn: LossFn) -> Any:
+    def _schedule_for(self, loss_fn: LossFn, targets: Any) -> Any:
         if self._schedule is None or self._loss_fn is not loss_fn:
             self._loss_fn = loss_fn
             self._schedule = self.track(
@@ -254,7 +270,7 @@ class PipelineStrategy(Strategy):
                     self.device,
                     self._pipeline_group,
                     self.step_microbatches,
-                    loss_fn,
+                    stage_loss(self._whole, loss_fn, targets),
                 )
             )
             self._count_traffic(self._module)
@@ -265,23 +281,21 @@ class PipelineStrategy(Strategy):
     ) -> StepOutput:
         """One step of the schedule on this stage; the loss (batch mean) and the logits on
         the last stage, a zero loss and no logits on the others."""
-        if not torch.is_tensor(inputs):
-            raise ConfigError(
-                f"--strategy pipeline feeds stage 0 one tensor; this batch's inputs are a {type(inputs).__name__}"
-            )
         inputs = self.recipe.prepare_inputs(inputs)
         if self._module is None:
             self._build(inputs)
-        schedule = self._schedule_for(loss_fn)
+        schedule = self._schedule_for(loss_fn, targets)
         optimizer.zero_grad(set_to_none=True)
         losses: list[torch.Tensor] = []
         with self.recipe.autocast(self.device):
             if self.stage == 0:
-                outputs = schedule.step(inputs)
+                outputs = schedule.step(*feed(inputs)[0])
             elif self.is_last_stage:
-                outputs = schedule.step(target=targets, losses=losses)
+                outputs = schedule.step(target=scored(inputs, targets), losses=losses)
             else:
                 outputs = schedule.step()
+        if self._tied is not None:
+            self._bytes_sent += self._tied()
         self._bytes_sent += self.step_microbatches * self._microbatch_bytes
         if self.num_replicas > 1:
             self._average_gradients()
@@ -305,27 +319,12 @@ class PipelineStrategy(Strategy):
         return self.num_microbatches * self.recipe.accumulate
 
     def clip_gradients(self, model: nn.Module) -> None:
-        """The global norm over every stage of this replica (one all-reduce of a square sum;
-        replicas hold equal gradients after averaging), then each stage scales its own."""
-        grads = [p.grad for p in self._module.parameters() if p.grad is not None]
-        square = (
-            torch.stack([g.detach().float().pow(2).sum() for g in grads]).sum()
-            if grads
-            else torch.zeros((), device=self.device)
-        )
-        square = square.to(self.device).reshape(1)
-        dist.all_reduce(square, group=self._pipeline_group)
-        norm = square.sqrt()
-        factor = torch.clamp(self.recipe.clip_grad_norm / (norm + 1e-6), max=1.0)
-        if grads:
-            torch._foreach_mul_(grads, factor.reshape(()).to(grads[0].dtype))
+        uncounted = self._tied.uncounted if self._tied is not None else frozenset()
+        params = list(self._module.parameters())
+        clip_over_stages(params, self.recipe.clip_grad_norm, self._pipeline_group, self.device, uncounted)
 
     def _nonfinite_anywhere(self, optimizer: torch.optim.Optimizer) -> bool:
-        """Whether any stage of any replica holds a NaN or Inf gradient: each stage sees
-        only its own, so every process says, in one all-reduce of a flag, and all skip alike."""
-        flag = torch.tensor([0.0 if finite_gradients(optimizer) else 1.0], device=self.device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag.item())
+        return nonfinite_anywhere(optimizer, self.device)
 
     def _average_gradients(self) -> None:
         """Mean of this stage's gradients across replicas: one all-reduce of one flat buffer."""
@@ -333,18 +332,24 @@ class PipelineStrategy(Strategy):
         if params:
             self._bytes_sent += mean_gradients(params, self._stage_group, self.num_replicas)
 
-    def forward(self, model: nn.Module, inputs: torch.Tensor) -> torch.Tensor | None:
-        """Evaluation's forward pass through every stage; logits on the last stage only."""
+    def forward(self, model: nn.Module, inputs: Any) -> Any:
+        """Evaluation's forward pass through every stage; outputs on the last stage only (a
+        dict batch's: its logits and the model's own loss of them)."""
         inputs = self.recipe.prepare_inputs(inputs)
         if self._module is None:
             self._build(inputs)
-        base = self.rank * self.num_stages
+        tensors, base = feed(inputs)[0], self.rank * self.num_stages
         with self.recipe.autocast(self.device):
-            return self._forward_only(inputs, base)
+            if self._example is None:
+                return self._forward_only(tensors, base)
+            outputs = forward_in_shape(lambda chunk: self._forward_only(chunk, base), tensors, self._example)
+        if outputs is None or not isinstance(inputs, Mapping):
+            return outputs
+        return {"logits": outputs, "loss": own_loss(self._whole)(outputs, scored(inputs, inputs))}
 
-    def _forward_only(self, inputs: torch.Tensor, base: int) -> torch.Tensor | None:
+    def _forward_only(self, inputs: tuple[torch.Tensor, ...], base: int) -> Any:
         return forward_only(
-            self._module,
+            self._evaluation or self._module,
             inputs,
             self.stage,
             self.num_stages,
@@ -359,13 +364,10 @@ class PipelineStrategy(Strategy):
         first). ``train_step`` counts ``num_microbatches`` of each per step."""
         first, last = self.stage == 0, self.is_last_stage
 
-        def hook(_module: nn.Module, args: tuple, output: torch.Tensor) -> None:
+        def hook(_module: nn.Module, args: tuple, output: Any) -> None:
             if not torch.is_grad_enabled():  # evaluation's forward passes are not training traffic
                 return
-            sent = 0 if last else output.numel() * output.element_size()
-            if not first:
-                sent += args[0].numel() * args[0].element_size()
-            self._microbatch_bytes = sent
+            self._microbatch_bytes = (0 if last else nbytes(output)) + (0 if first else nbytes(args))
 
         module.register_forward_hook(hook)
 
