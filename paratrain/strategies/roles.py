@@ -33,6 +33,9 @@ class FitLoop(Protocol):
 
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
+    def example_batch(self) -> tuple[Any, Any]:
+        """The first batch of this replica's training data."""
+
 
 class Server(Protocol):
     on_version: Callable[[int], None]

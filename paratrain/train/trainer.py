@@ -8,13 +8,11 @@ and ``strategy.train_step`` are the same pieces this loop uses.
 
 from __future__ import annotations
 
-import random
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 
@@ -30,36 +28,8 @@ from paratrain.timeline import span
 from paratrain.train.callbacks import Callback, CallbackList, EpochLog, ProgressBar, StepLog
 from paratrain.train.faults import progress_beacon
 from paratrain.train.metrics import StepWindow
+from paratrain.train.rng import rng_state, set_rng_state
 from paratrain.train.scores import Score, resolve_loss, resolve_metrics
-
-
-def rng_state() -> dict[str, Any]:
-    """This process's random-number generators: Python's, NumPy's, torch's CPU and CUDA ones."""
-    state: dict[str, Any] = {
-        "python": random.getstate(),
-        "numpy": _numpy_state(),
-        "torch": torch.get_rng_state(),
-    }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def _numpy_state() -> tuple[Any, ...]:
-    # As a tensor: a checkpoint holds tensors and plain values only (weights_only loads).
-    kind, keys, position, has_gauss, cached = np.random.get_state()
-    return kind, torch.from_numpy(keys.copy()), position, has_gauss, cached
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    """Restore ``rng_state()``'s generators; its tensors may come back on a GPU (a checkpoint
-    loaded onto the training device), the generators take them from host memory."""
-    random.setstate(state["python"])
-    kind, keys, position, has_gauss, cached = state["numpy"]
-    np.random.set_state((kind, keys.cpu().numpy(), position, has_gauss, cached))
-    torch.set_rng_state(state["torch"].cpu())
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"]])
 
 
 @dataclass
@@ -200,7 +170,7 @@ class Trainer:
             return History(keys=keys, role=strategy.role.value)
         batch_size = batch_size or getattr(train_data, "batch_size", None) or 32
         step_batch = batch_size * self.recipe.accumulate
-        batches = strategy.distribute(train_data, step_batch, shuffle=True, drop_last=True, seed=seed)
+        batches = self._batches = strategy.distribute(train_data, step_batch, shuffle=True, drop_last=True, seed=seed)
         global_batch = step_batch * strategy.num_replicas
         defaults: list[Callback] = [ProgressBar(), EpochLog()] if verbose else []
         if verbose and log_every:
@@ -347,6 +317,15 @@ class Trainer:
         consecutive stretches of the epoch's order, so the same examples, rounded down to a
         whole batch of this run)."""
         self.batch = self.batch * saved_replicas // replicas
+
+    def example_batch(self) -> tuple[Any, Any]:
+        """The first batch of this replica's training data, for a strategy that must see one
+        before the first step (pipeline-ft cuts a traced model at it)."""
+        batches = iter(self._batches)
+        try:
+            return next(batches)
+        finally:
+            batches.close()
 
     @torch.no_grad()
     def evaluate(self, data: object, batch_size: int = 256) -> dict[str, float | None]:

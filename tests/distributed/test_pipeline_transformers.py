@@ -4,11 +4,13 @@ embedding and output layer land on the first and the last stage, and the run equ
 process with the global batch."""
 
 import json
+import re
 
 import pytest
 import torch
 
 import paratrain
+from paratrain.strategies.base import current_strategy
 from paratrain.testing import relative_difference, run_distributed
 from tests.distributed.test_transformers import PROJECT, STEPS, B, gpt2, optimizer_for, tokens
 
@@ -102,14 +104,46 @@ def test_a_bad_split_of_a_gpt2_exits_2_with_one_line(cli, tmp_path, flags, words
     assert len(lines) == 1 and words in lines[0], lines
 
 
-def test_pipeline_ft_refuses_a_model_it_would_have_to_trace():
-    from paratrain.config import TrainConfig
-    from paratrain.errors import ConfigError
-    from paratrain.strategies.fault_tolerant.pipeline import FaultTolerantPipelineStrategy
+def _in_scope(replicas, optimizer):
+    """In each process of ``paratrain.launch(..., strategy=s)``: train under ``s``."""
+    return _train(current_strategy(), replicas, optimizer)
 
-    config = TrainConfig(strategy="pipeline-ft", stages=2, workers=2)
-    with pytest.raises(ConfigError, match="pipeline-ft splits an nn.Sequential, got GPT2LMHeadModel"):
-        FaultTolerantPipelineStrategy.check_model(gpt2(), config)
+
+def test_a_gpt2_under_pipeline_ft_equals_one_process():
+    """Two fault-tolerant pipeline replicas of two stages (torchft's Manager, a Lighthouse),
+    each tracing the GPT-2 at its first batch before the first quorum and running half of
+    every global batch's micro-batches: one process's parameters, stage by stage."""
+    pytest.importorskip("torchft")
+    reference, single = _train(paratrain.SingleDeviceStrategy(device="cpu"), 1, "sgd")
+    strategy = paratrain.FaultTolerantPipelineStrategy(num_stages=2, num_microbatches=2, workers=4, device="cpu")
+    stages = paratrain.launch(_in_scope, 2, "sgd", strategy=strategy)
+    assert len(stages) == 4
+    for params, history in stages:
+        assert "lm_head.weight" in params or "transformer.wte.weight" in params
+        for name, value in params.items():
+            assert relative_difference(value.reshape(-1), reference[name].reshape(-1)) < 1e-5, name
+        assert history["test_loss"][0] == pytest.approx(single["test_loss"][0], rel=1e-5)
+
+
+def test_a_gpt2_pipeline_replica_lost_mid_run_is_replaced_and_the_run_learns(cli, tmp_path):
+    """Replica 1's stages are killed after step 4 of 96: the survivor goes on, a replacement
+    pair of stages traces the model at its first batch, takes each stage's state from the
+    survivor's and joins (measured: about 50 steps later, at step 59 of a run killed at 10);
+    the run ends with every step, both replicas again, and the model's loss learned."""
+    pytest.importorskip("torchft")
+    (tmp_path / "hfgpt.py").write_text(PROJECT)
+    out = tmp_path / "m.json"
+    result = cli("train", "--model", "hfgpt:model", "--dataset", "hfgpt:data", "--loss", "model", "--metrics", "",
+                 "--optimizer", "adamw", "--lr", "0.01", "--epochs", "24", "--batch-size", "8", "--no-progress",
+                 "--strategy", "pipeline-ft", "--stages", "2", "--workers", "4", "--microbatches", "2",
+                 "--fail", "1@4", "--max-restarts", "1", "--metrics-out", str(out), cwd=tmp_path)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "replica 1 was lost (killed by SIGKILL) after step 4" in result.stderr
+    assert re.search(r"worker [23] joined the run at step \d+ with a live peer's state", result.stderr)
+    metrics = json.loads(out.read_text())
+    spans = metrics["participants"]["per_step"]
+    assert spans[0] == [1, 4, 2] and spans[-1][1:] == [24 * 64 // 16, 2], spans
+    assert metrics["test_loss"] < 1.0  # from ln 64 = 4.16; 0.03 measured
 
 
 def test_a_batch_with_padding_or_another_loss_is_refused():

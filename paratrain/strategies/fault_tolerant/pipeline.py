@@ -38,15 +38,17 @@ from paratrain.comm.transport import cluster_from_env
 from paratrain.data.batch import map_tensors, num_examples
 from paratrain.errors import ConfigError, WorkerLost
 from paratrain.parallel.pipeline import make_schedule
+from paratrain.parallel.shared import SplitStage
 from paratrain.parallel.split import parse_split_points
 from paratrain.session.incarnation import restart_count
 from paratrain.strategies.base import DEFAULT_TIMEOUT_S
 from paratrain.strategies.fault_tolerant.membership import ReplicaGroup
 from paratrain.strategies.fault_tolerant.replicas import replica_slot, torchft_modules
 from paratrain.strategies.fault_tolerant.session import FaultTolerantSession, check_compression, session_options
+from paratrain.strategies.pipeline.gradients import TiedGradients
+from paratrain.strategies.pipeline.stages import MicrobatchTraffic, feed, scored, stage_loss
 from paratrain.strategies.pipeline.strategy import PipelineStrategy
 from paratrain.strategies.pipeline.topology import PipelineTopology
-from paratrain.strategies.recipe import StepRecipe
 from paratrain.strategies.roles import FitLoop
 from paratrain.strategies.step import LossFn, StepOutput
 
@@ -102,7 +104,6 @@ class FaultTolerantPipelineStrategy(PipelineStrategy):
         self.session = FaultTolerantSession(self, leaves_on_sigterm=False, **session)
         """The quorum, the heal, the record and the step loop of this stage's replica (session.py)."""
         self._schedules: dict[int, Any] = {}  # micro-batches of this replica's part -> its schedule
-        self._counting = False
 
     # ----- configuration ---------------------------------------------------------------
     @classmethod
@@ -125,17 +126,6 @@ class FaultTolerantPipelineStrategy(PipelineStrategy):
                 "--strategy pipeline-ft splits by --balance params or --split-points: a replacement takes its "
                 "stage from a peer before any batch, when a split by time is not known yet"
             )
-
-    @classmethod
-    def check_model(cls, model: nn.Module, config: TrainConfig) -> None:
-        _layered_only(model)
-        super().check_model(model, config)
-
-    def prepare(
-        self, model: nn.Module, optimizer: torch.optim.Optimizer, recipe: StepRecipe | None = None
-    ) -> tuple[nn.Module, torch.optim.Optimizer]:
-        _layered_only(model)
-        return super().prepare(model, optimizer, recipe)
 
     @classmethod
     def from_config(cls, config: TrainConfig) -> FaultTolerantPipelineStrategy:
@@ -189,7 +179,20 @@ class FaultTolerantPipelineStrategy(PipelineStrategy):
         return self.is_last_stage  # it holds the loss and the logits
 
     def begin_fit(self, trainer: FitLoop) -> None:
+        """A model that is traced into stages is cut here, at the first batch: before the first
+        quorum, where a replacement takes its stage's state from a peer."""
+        if self._module is None:
+            self._build(self.recipe.prepare_inputs(trainer.example_batch()[0]))
         self.session.begin(trainer, self._replica_group)
+
+    def _tie(self, stage: SplitStage) -> TiedGradients:
+        return TiedGradients(stage, 0, 1, self.num_stages)  # in the replica's own process group
+
+    @property
+    def batch_microbatches(self) -> int:
+        return self.step_microbatches * self.num_replicas  # the global batch, over the replicas
+
+    first_rank = 0  # the replica's process group is its stages
 
     def teardown(self) -> None:
         self._schedules = {}
@@ -207,26 +210,24 @@ class FaultTolerantPipelineStrategy(PipelineStrategy):
         """This replica's run of the global batch's micro-batches through its pipeline; each
         stage's gradient weighted by the run's share and summed with the same stage of the
         other participants."""
-        if not torch.is_tensor(inputs):
-            raise ConfigError(
-                f"--strategy pipeline-ft feeds stage 0 one tensor; this batch's inputs are a {type(inputs).__name__}"
-            )
         inputs = self.recipe.prepare_inputs(inputs)
-        micro = self.step_microbatches * self.num_replicas  # micro-batches of the global batch
+        micro = self.batch_microbatches  # micro-batches of the global batch
         size = num_examples(targets) // micro
         run = self.session.part(micro)
         count = run.stop - run.start
         rows = slice(run.start * size, run.stop * size)
-        schedule = self._schedule_of(loss_fn, count)
+        schedule = self._schedule_of(loss_fn, count, targets)
         losses: list[torch.Tensor] = []
         with self.recipe.autocast(self.device), self._pipeline_intact():
             if self.stage == 0:
-                outputs = schedule.step(inputs[rows])
+                outputs = schedule.step(*(t[rows] for t in feed(inputs)[0]))
             elif self.is_last_stage:
-                outputs = schedule.step(target=map_tensors(targets, lambda t: t[rows]), losses=losses)
+                outputs = schedule.step(target=map_tensors(scored(inputs, targets), lambda t: t[rows]), losses=losses)
             else:
                 outputs = schedule.step()
-        self._bytes_sent += count * self._microbatch_bytes
+        if self._tied is not None:
+            self._bytes_sent += self._tied()
+        self._bytes_sent += count * self._traffic.bytes
         # Equal micro-batches: the mean of their mean losses is the run's mean loss.
         # (A stage boundary over Gloo computes the last stage's loss in host memory.)
         loss = (
@@ -240,19 +241,19 @@ class FaultTolerantPipelineStrategy(PipelineStrategy):
             return summed, outputs.detach()
         return summed, torch.empty(0, device=self.device)
 
-    def _schedule_of(self, loss_fn: LossFn, count: int) -> Any:
+    def _schedule_of(self, loss_fn: LossFn, count: int, targets: Any) -> Any:
         """The schedule over ``count`` micro-batches (1F1B needs at least one per stage: fewer
         run as GPipe)."""
         if self._loss_fn is not loss_fn:
             self._loss_fn, self._schedules = loss_fn, {}
         if count not in self._schedules:
             name = "gpipe" if self.schedule_name == "1f1b" and count < self.num_stages else self.schedule_name
+            loss = stage_loss(self._whole, loss_fn, targets)
             self._schedules[count] = make_schedule(
-                name, self._module, self.stage, self.num_stages, self.device, None, count, loss_fn
+                name, self._module, self.stage, self.num_stages, self.device, None, count, loss
             )
-            if not self._counting:
-                self._count_traffic(self._module)
-                self._counting = True
+            if self._traffic is None:
+                self._traffic = MicrobatchTraffic(self._module, self.stage == 0, self.is_last_stage)
         return self._schedules[count]
 
     def gradients_finite(self, optimizer: torch.optim.Optimizer) -> bool:
@@ -260,11 +261,10 @@ class FaultTolerantPipelineStrategy(PipelineStrategy):
         stage sees the same): the replica's stages agree in one all-reduce of a flag."""
         return not self._nonfinite_anywhere(optimizer)
 
-    def forward(self, model: nn.Module, inputs: torch.Tensor) -> torch.Tensor | None:
+    def forward(self, model: nn.Module, inputs: Any) -> Any:
         """Evaluation's forward pass through this replica's stages (ranks 0..S-1 of its group)."""
-        inputs = self.recipe.prepare_inputs(inputs)
-        with self.recipe.autocast(self.device), self._pipeline_intact():
-            return self._forward_only((inputs,), 0)
+        with self._pipeline_intact():
+            return super().forward(model, inputs)
 
     @contextlib.contextmanager
     def _pipeline_intact(self) -> Iterator[None]:
@@ -291,12 +291,3 @@ class FaultTolerantPipelineStrategy(PipelineStrategy):
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), **self.session.state_dict()}
-
-
-def _layered_only(model: nn.Module) -> None:
-    if not isinstance(model, nn.Sequential):
-        raise ConfigError(
-            f"--strategy pipeline-ft splits an nn.Sequential, got {type(model).__name__}: a replacement takes its "
-            "stage from a peer before any batch, and a model that is traced into stages is cut at its first batch; "
-            "use --strategy pipeline (which restarts from checkpoints)"
-        )

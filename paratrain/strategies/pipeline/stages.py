@@ -97,6 +97,20 @@ def own_loss(model: nn.Module) -> Callable[[torch.Tensor, torch.Tensor], torch.T
     return lambda logits, labels: own(logits, labels, vocab_size=logits.shape[-1])
 
 
+class MicrobatchTraffic:
+    """The bytes one training micro-batch sends from a stage: its outputs, forward (all but
+    the last stage), and the gradient of its inputs, back (all but the first); measured by a
+    forward hook on the stage. A step sends this once per micro-batch."""
+
+    def __init__(self, module: nn.Module, first: bool, last: bool):
+        self.first, self.last, self.bytes = first, last, 0
+        module.register_forward_hook(self._measure)
+
+    def _measure(self, _module: nn.Module, args: tuple, output: Any) -> None:
+        if torch.is_grad_enabled():  # evaluation's forward passes are not training traffic
+            self.bytes = (0 if self.last else nbytes(output)) + (0 if self.first else nbytes(args))
+
+
 def nbytes(tensors: Any) -> int:
     """Bytes of a tensor or of a tuple of them."""
     if torch.is_tensor(tensors):

@@ -29,7 +29,7 @@ from paratrain.comm.flat import mean_gradients
 from paratrain.comm.transport import cluster_from_env, default_backend
 from paratrain.errors import ConfigError
 from paratrain.parallel.pipeline import SCHEDULES, forward_only, make_schedule, stage_module
-from paratrain.parallel.shared import split_stage
+from paratrain.parallel.shared import SplitStage, split_stage
 from paratrain.parallel.split import (
     BALANCES,
     balanced_bounds,
@@ -46,12 +46,12 @@ from paratrain.strategies.device import resolve_device
 from paratrain.strategies.pipeline.checks import check_pipeline_config, check_pipeline_model, traced_split
 from paratrain.strategies.pipeline.gradients import TiedGradients, clip_over_stages, nonfinite_anywhere
 from paratrain.strategies.pipeline.stages import (
+    MicrobatchTraffic,
     agreed_bounds,
     feed,
     forward_in_shape,
     is_layered,
     keep_stage_parameters,
-    nbytes,
     own_loss,
     scored,
     stage_loss,
@@ -103,7 +103,7 @@ class PipelineStrategy(Strategy):
         self._schedule: Any = None
         self._loss_fn: LossFn | None = None
         self._bytes_sent = 0
-        self._microbatch_bytes = 0
+        self._traffic: MicrobatchTraffic | None = None  # one micro-batch's bytes, once measured
         self._pending: tuple[nn.Module, torch.optim.Optimizer] | None = None
         self._whole: nn.Module | None = None  # the user's model the stage was cut from
         self._split_names: list[str] | None = None  # where a traced model's stages start
@@ -238,21 +238,25 @@ class PipelineStrategy(Strategy):
         self.bounds = bounds
         holdings = [[(p, p) for layer in layers[a:b] for p in layer.parameters()] for a, b in bounds]
         stage = split_stage(stage_module(layers, bounds, self.stage), self.stage, holdings, list(model.parameters()))
-        self._tied = TiedGradients(stage, self.rank, self.num_replicas, self.num_stages) if stage.shared_by else None
+        self._tied = self._tie(stage) if stage.shared_by else None
         self._module = stage.module.to(self.device)
         return stage.copies
 
     def _build_traced(self, model: nn.Module, inputs: Any) -> dict[int, list[nn.Parameter]]:
         """Trace ``model`` on the first micro-batch of ``inputs`` and keep this stage of it."""
         tensors, keys = feed(inputs)
-        rows = max(1, len(tensors[0]) // self.step_microbatches)
+        rows = max(1, len(tensors[0]) // self.batch_microbatches)
         self._example = tuple(t[:rows] for t in tensors)
         traced = stage_of(trace(model, keys, self._example, self._split_names), model, self.stage)
-        self._tied = TiedGradients(traced, self.rank, self.num_replicas, self.num_stages)
+        self._tied = self._tie(traced)
         evaluation = trace(model, keys, self._example, self._split_names, train=False).get_stage_module(self.stage)
         self._evaluation = sharing(evaluation, traced.module)  # no dropout, running statistics
         self._module = traced.module.to(self.device)
         return traced.copies
+
+    def _tie(self, stage: SplitStage) -> TiedGradients:
+        """Sums over this replica's stages, in the run's process group (ranks replica x S + stage)."""
+        return TiedGradients(stage, self.rank, self.num_replicas, self.num_stages)
 
     def unwrap(self, model: nn.Module) -> nn.Module:
         """This process's stage (the whole model until a time-balanced split is made)."""
@@ -273,7 +277,7 @@ class PipelineStrategy(Strategy):
                     stage_loss(self._whole, loss_fn, targets),
                 )
             )
-            self._count_traffic(self._module)
+            self._traffic = MicrobatchTraffic(self._module, self.stage == 0, self.is_last_stage)
         return self._schedule
 
     def train_step(
@@ -296,7 +300,7 @@ class PipelineStrategy(Strategy):
                 outputs = schedule.step()
         if self._tied is not None:
             self._bytes_sent += self._tied()
-        self._bytes_sent += self.step_microbatches * self._microbatch_bytes
+        self._bytes_sent += self.step_microbatches * self._traffic.bytes
         if self.num_replicas > 1:
             self._average_gradients()
         self.steps_taken += 1
@@ -318,6 +322,9 @@ class PipelineStrategy(Strategy):
         """Micro-batches per optimizer step: ``num_microbatches`` x the recipe's ``accumulate``."""
         return self.num_microbatches * self.recipe.accumulate
 
+    batch_microbatches = step_microbatches  # micro-batches of one batch this process reads
+    first_rank = property(lambda self: self.rank * self.num_stages)  # the replica's stage 0
+
     def clip_gradients(self, model: nn.Module) -> None:
         uncounted = self._tied.uncounted if self._tied is not None else frozenset()
         params = list(self._module.parameters())
@@ -338,7 +345,7 @@ class PipelineStrategy(Strategy):
         inputs = self.recipe.prepare_inputs(inputs)
         if self._module is None:
             self._build(inputs)
-        tensors, base = feed(inputs)[0], self.rank * self.num_stages
+        tensors, base = feed(inputs)[0], self.first_rank
         with self.recipe.autocast(self.device):
             if self._example is None:
                 return self._forward_only(tensors, base)
@@ -357,19 +364,6 @@ class PipelineStrategy(Strategy):
             base + self.stage + 1 if not self.is_last_stage else None,
             self.device,
         )
-
-    def _count_traffic(self, module: nn.Module) -> None:
-        """Remember the sizes of one micro-batch's traffic: this stage's outputs, sent forward
-        (all but the last stage), and the gradient of its inputs, sent backward (all but the
-        first). ``train_step`` counts ``num_microbatches`` of each per step."""
-        first, last = self.stage == 0, self.is_last_stage
-
-        def hook(_module: nn.Module, args: tuple, output: Any) -> None:
-            if not torch.is_grad_enabled():  # evaluation's forward passes are not training traffic
-                return
-            self._microbatch_bytes = (0 if last else nbytes(output)) + (0 if first else nbytes(args))
-
-        module.register_forward_hook(hook)
 
     # ----- reductions, accounting, state ---------------------------------------------------
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
