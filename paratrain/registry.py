@@ -117,7 +117,7 @@ class StrategyTable(Registry):
         if self._specs is None:
             self._specs = [load_reference(reference, "strategy spec") for reference in self._spec_references]
             for spec in self._specs:
-                self._entries.update(spec.runtimes)
+                self._entries.update(spec.references())
                 self._aliases.update(spec.aliases)
         return self._specs
 

@@ -16,14 +16,21 @@ from typing import Any
 
 @dataclass(frozen=True)
 class StrategySpec:
+    package: str
+    """The folder's package (``__package__`` in its spec.py)."""
     runtimes: dict[str, str]
-    """Each name the user gives (``--strategy NAME``) -> ``"package.module:Class"`` of its runtime."""
+    """Each name the user gives (``--strategy NAME``) -> ``"module:Class"`` of its runtime, the
+    module relative to the folder (``"strategy:AllReduceStrategy"``)."""
     section: str | None = None
     """The attribute of the run configuration that holds the folder's options (``config.ps``)."""
     options: type | None = None
     """The section's dataclass of ``option()`` fields; its ``strategies`` say which names take it."""
     aliases: dict[str, str] = field(default_factory=dict)
     """Other names for a runtime (``mirrored`` -> ``allreduce``, tf.distribute's name)."""
+
+    def references(self) -> dict[str, str]:
+        """Each name -> ``"package.module:Class"``."""
+        return {name: f"{self.package}.{runtime}" for name, runtime in self.runtimes.items()}
 
 
 def process_options(config: Any) -> dict[str, Any]:

@@ -5,10 +5,5 @@ from paratrain.strategies.allreduce.config import AllReduceConfig
 from paratrain.strategies.spec import StrategySpec
 
 SPEC = StrategySpec(
-    runtimes={
-        "allreduce": "paratrain.strategies.allreduce.strategy:AllReduceStrategy",
-    },
-    section="allreduce",
-    options=AllReduceConfig,
-    aliases={"mirrored": "allreduce"},
+    __package__, {"allreduce": "strategy:AllReduceStrategy"}, "allreduce", AllReduceConfig, {"mirrored": "allreduce"}
 )

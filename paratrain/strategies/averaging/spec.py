@@ -5,10 +5,8 @@ from paratrain.strategies.averaging.config import AveragingConfig
 from paratrain.strategies.spec import StrategySpec
 
 SPEC = StrategySpec(
-    runtimes={
-        "local-sgd": "paratrain.strategies.averaging.strategy:LocalSGDStrategy",
-        "diloco": "paratrain.strategies.averaging.strategy:DiLoCoStrategy",
-    },
-    section="averaging",
-    options=AveragingConfig,
+    __package__,
+    {"local-sgd": "strategy:LocalSGDStrategy", "diloco": "strategy:DiLoCoStrategy"},
+    "averaging",
+    AveragingConfig,
 )

@@ -5,10 +5,11 @@ from paratrain.strategies.fault_tolerant.config import FTConfig
 from paratrain.strategies.spec import StrategySpec
 
 SPEC = StrategySpec(
-    runtimes={
-        "allreduce-ft": "paratrain.strategies.fault_tolerant.strategy:FaultTolerantAllReduceStrategy",
-        "pipeline-ft": "paratrain.strategies.fault_tolerant.pipeline:FaultTolerantPipelineStrategy",
+    __package__,
+    {
+        "allreduce-ft": "strategy:FaultTolerantAllReduceStrategy",
+        "pipeline-ft": "pipeline:FaultTolerantPipelineStrategy",
     },
-    section="ft",
-    options=FTConfig,
+    "ft",
+    FTConfig,
 )

@@ -3,10 +3,4 @@
 from paratrain.strategies.fsdp.config import FSDPConfig
 from paratrain.strategies.spec import StrategySpec
 
-SPEC = StrategySpec(
-    runtimes={
-        "fsdp": "paratrain.strategies.fsdp.strategy:FSDPStrategy",
-    },
-    section="fsdp",
-    options=FSDPConfig,
-)
+SPEC = StrategySpec(__package__, {"fsdp": "strategy:FSDPStrategy"}, "fsdp", FSDPConfig)

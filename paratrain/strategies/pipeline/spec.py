@@ -4,10 +4,4 @@
 from paratrain.strategies.pipeline.config import PipelineConfig
 from paratrain.strategies.spec import StrategySpec
 
-SPEC = StrategySpec(
-    runtimes={
-        "pipeline": "paratrain.strategies.pipeline.strategy:PipelineStrategy",
-    },
-    section="pipeline",
-    options=PipelineConfig,
-)
+SPEC = StrategySpec(__package__, {"pipeline": "strategy:PipelineStrategy"}, "pipeline", PipelineConfig)

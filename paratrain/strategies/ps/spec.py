@@ -5,11 +5,5 @@ from paratrain.strategies.ps.modes import PSConfig
 from paratrain.strategies.spec import StrategySpec
 
 SPEC = StrategySpec(
-    runtimes={
-        "ps-sync": "paratrain.strategies.ps.strategy:ParameterServerStrategy",
-        "ps-backup": "paratrain.strategies.ps.strategy:ParameterServerStrategy",
-        "ps-async": "paratrain.strategies.ps.strategy:ParameterServerStrategy",
-    },
-    section="ps",
-    options=PSConfig,
+    __package__, dict.fromkeys(("ps-sync", "ps-backup", "ps-async"), "strategy:ParameterServerStrategy"), "ps", PSConfig
 )

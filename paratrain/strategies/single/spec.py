@@ -2,8 +2,4 @@
 
 from paratrain.strategies.spec import StrategySpec
 
-SPEC = StrategySpec(
-    runtimes={
-        "single": "paratrain.strategies.single.strategy:SingleDeviceStrategy",
-    },
-)
+SPEC = StrategySpec(__package__, {"single": "strategy:SingleDeviceStrategy"})
