@@ -28,7 +28,9 @@ os.environ.setdefault("PARATRAIN_PORT_RANGE", f"{20000 + 2000 * _INDEX}-{21999 +
 #: Variables that make ``paratrain train`` join a cluster (torchrun's, TF_CONFIG, a
 #: fault-tolerant replica's) instead of starting processes: such a command runs in a process
 #: of its own, as the cluster's other members do.
-CLUSTER_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "TF_CONFIG", "REPLICA_GROUP_ID", "TORCHFT_LIGHTHOUSE")
+CLUSTER_VARS = (
+    "RANK", "WORLD_SIZE", "MASTER_ADDR", "TF_CONFIG", "SLURM_PROCID", "REPLICA_GROUP_ID", "TORCHFT_LIGHTHOUSE"
+)  # fmt: skip
 
 #: Variables a process reads once, before a command could set them (urllib builds its proxy
 #: handler at its first request): a command given one runs in a fresh interpreter too.

@@ -1,8 +1,8 @@
 """Process groups over torch.distributed, and where a process finds its peers.
 
 A process learns its place in a run from, in order: torchrun's variables (``RANK``,
-``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``, ``LOCAL_RANK``), or a TensorFlow-style
-``TF_CONFIG``::
+``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``, ``LOCAL_RANK``), a TensorFlow-style
+``TF_CONFIG``, or SLURM's ``srun`` (one task per process: slurm.py)::
 
     {"cluster": {"ps": ["h0:2222"], "chief": ["h1:2222"], "worker": ["h2:2222", "h3:2222"]},
      "task": {"type": "worker", "index": 0}}
@@ -25,6 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from paratrain.comm.slurm import slurm_place, under_srun
 from paratrain.errors import ConfigError, WorkerLost
 
 TF_JOB_ORDER = ("ps", "chief", "worker")
@@ -61,6 +62,8 @@ def cluster_from_env(environ: dict[str, str] | None = None) -> ClusterEnv | None
             raise ConfigError(f"bad torchrun environment variable: {error}") from None
     if env.get("TF_CONFIG"):
         return parse_tf_config(env["TF_CONFIG"])
+    if under_srun(env):
+        return ClusterEnv(**slurm_place(env), num_ps=int(env.get("PARATRAIN_PS_SHARDS", "0")), source="slurm")
     return None
 
 

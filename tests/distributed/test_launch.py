@@ -78,6 +78,45 @@ def test_tf_config_cluster(tmp_path):
     assert json.loads(out.read_text())["workers"] == 2
 
 
+@pytest.mark.parametrize(("flags", "tasks", "workers"), [(["--strategy", "allreduce"], 2, 2),
+                                                     (["--strategy", "ps-sync", "--ps-shards", "1"], 3, 2)])  # fmt: skip
+def test_the_tasks_of_an_srun_step_form_one_run(tmp_path, flags, tasks, workers):
+    """What ``srun -n TASKS paratrain train ...`` gives each task (its variables, set here as
+    srun sets them on one host): one run of TASKS processes, not TASKS runs of one."""
+    out = tmp_path / "m.json"
+    slurm = {"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0", "SLURM_NTASKS": str(tasks), "SLURM_NODEID": "0",
+             "SLURM_STEP_NODELIST": "127.0.0.1", "SLURM_STEP_TASKS_PER_NODE": str(tasks),
+             "MASTER_PORT": str(free_port())}  # fmt: skip
+    processes = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "paratrain",
+                "train",
+                *flags,
+                "--epochs",
+                "1",
+                "--no-progress",
+                "--metrics-out",
+                str(out),
+            ],
+            env={**os.environ, **slurm, "SLURM_PROCID": str(task), "SLURM_LOCALID": str(task)},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        for task in range(tasks)
+    ]
+    outputs = [p.communicate(timeout=240) for p in processes]
+    for process, (_stdout, stderr) in zip(processes, outputs):
+        assert process.returncode == 0, stderr[-3000:]
+    assert sum("done:" in stdout for stdout, _ in outputs) == 1
+    metrics = json.loads(out.read_text())
+    assert metrics["workers"] == workers and metrics["global_steps"] == 1433 // (32 * workers)
+    assert metrics["test_accuracy"] > 0.7  # one epoch of digits: 0.77 both ways, from 0.1
+
+
 def test_tf_config_ranks_follow_ps_chief_worker_order():
     doc = {
         "cluster": {"worker": ["w0:1", "w1:1"], "chief": ["c:7"], "ps": ["p:9"]},

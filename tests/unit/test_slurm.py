@@ -1,0 +1,68 @@
+"""A task of SLURM's srun finds its place in the run from srun's variables (comm/slurm.py)."""
+
+import pytest
+
+from paratrain.comm.slurm import PORT_BASE, expand_hostlist, tasks_on_node
+from paratrain.comm.transport import cluster_from_env
+from paratrain.errors import ConfigError
+
+
+@pytest.mark.parametrize(
+    ("text", "hosts"),
+    [
+        ("h0", ["h0"]),
+        ("node[01-04,07],gpu-a[1-2]", ["node01", "node02", "node03", "node04", "node07", "gpu-a1", "gpu-a2"]),
+        ("n[8-11]", ["n8", "n9", "n10", "n11"]),
+        ("n[098-101]", ["n098", "n099", "n100", "n101"]),
+        ("rack[1-2]-n[1-2].ib", ["rack1-n1.ib", "rack1-n2.ib", "rack2-n1.ib", "rack2-n2.ib"]),
+        ("a,b[3],c", ["a", "b3", "c"]),
+    ],
+)
+def test_a_hostlist_expands_as_scontrol_show_hostnames_does(text, hosts):
+    assert expand_hostlist(text) == hosts
+
+
+@pytest.mark.parametrize("text", ["n[1-", "n[2-1]", "n[a-b]", "n]1[", ""])
+def test_a_bad_hostlist_is_one_clear_error(text):
+    with pytest.raises(ConfigError, match="SLURM node list"):
+        expand_hostlist(text)
+
+
+def test_tasks_per_node_read_with_repeats():
+    assert [tasks_on_node("2(x3),1", node) for node in range(4)] == [2, 2, 2, 1]
+    with pytest.raises(ConfigError, match="SLURM_NODEID 4"):
+        tasks_on_node("2(x3),1", 4)
+
+
+SRUN = {
+    "SLURM_JOB_ID": "4242",
+    "SLURM_STEP_ID": "0",
+    "SLURM_NTASKS": "4",
+    "SLURM_STEP_NODELIST": "node[07-08]",
+    "SLURM_STEP_TASKS_PER_NODE": "2(x2)",
+}
+
+
+def test_an_srun_task_knows_its_place():
+    cluster = cluster_from_env({**SRUN, "SLURM_PROCID": "3", "SLURM_LOCALID": "1", "SLURM_NODEID": "1"})
+    assert (cluster.rank, cluster.world_size, cluster.local_rank, cluster.local_world_size) == (3, 4, 1, 2)
+    assert (cluster.master_addr, cluster.master_port, cluster.source) == ("node07", PORT_BASE + 4242, "slurm")
+    mine = cluster_from_env({**SRUN, "SLURM_PROCID": "0", "MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29400"})
+    assert (mine.master_addr, mine.master_port) == ("10.0.0.1", 29400)
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"SLURM_STEP_ID": None},  # the batch script, not a task of srun
+        {"SLURM_NTASKS": "1"},  # srun --pty bash: one shell
+    ],
+)
+def test_outside_an_srun_step_of_several_tasks_a_process_runs_alone(changes):
+    env = {**SRUN, "SLURM_PROCID": "0", **changes}
+    assert cluster_from_env({k: v for k, v in env.items() if v is not None}) is None
+
+
+def test_torchrun_started_by_srun_wins():
+    env = {**SRUN, "SLURM_PROCID": "1", "RANK": "5", "WORLD_SIZE": "8", "MASTER_ADDR": "h", "MASTER_PORT": "1"}
+    assert cluster_from_env(env).source == "torchrun"
