@@ -129,6 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     named = argv[0] if argv and argv[0] in COMMANDS else None
     args = build_parser(only=named).parse_args(argv)
+    args.argv = argv  # the command line as given (a node's task passes it on: per_node.py)
     return report_errors(args.handler, args)
 
 

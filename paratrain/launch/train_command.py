@@ -12,6 +12,7 @@ from paratrain.data.datasets import load_dataset
 from paratrain.errors import ConfigError
 from paratrain.launch.flags import add_train_arguments, train_config
 from paratrain.launch.local import run_locally
+from paratrain.launch.per_node import per_node_command
 from paratrain.launch.process import start_server
 from paratrain.models import build_model
 from paratrain.registry import STRATEGIES
@@ -29,12 +30,21 @@ EPILOG = (
 def add_parser(commands: Any) -> None:
     train = commands.add_parser("train", help="train a model", description="Train a model.", epilog=EPILOG)
     add_train_arguments(train)
+    train.add_argument(
+        "--procs-per-node",
+        type=int,
+        metavar="N",
+        help="under srun with one task per node: start N processes on each node (as torchrun does); the step's "
+        "nodes make one run",
+    )
     train.set_defaults(handler=train_command)
 
 
 def train_command(args: argparse.Namespace) -> int:
     if args.join:
         return join_command(args)
+    if args.procs_per_node is not None:
+        return per_node_command(args.argv, args.procs_per_node)
     cluster = cluster_from_env()
     config = train_config(args, cluster)
     topology = config.topology

@@ -117,6 +117,43 @@ def test_the_tasks_of_an_srun_step_form_one_run(tmp_path, flags, tasks, workers)
     assert metrics["test_accuracy"] > 0.7  # one epoch of digits: 0.77 both ways, from 0.1
 
 
+def test_one_srun_task_per_node_starts_the_node_s_processes(tmp_path):
+    """``srun -N 2 --ntasks-per-node 1 paratrain train --procs-per-node 2``, its two nodes'
+    tasks emulated on loopback: each starts 2 processes (torchrun's way), one run of 4."""
+    out = tmp_path / "m.json"
+    slurm = {"SLURM_JOB_ID": "78", "SLURM_STEP_ID": "0", "SLURM_NTASKS": "2", "SLURM_STEP_TASKS_PER_NODE": "1(x2)",
+             "SLURM_STEP_NODELIST": "127.0.0.1,127.0.0.1", "MASTER_PORT": str(free_port())}  # fmt: skip
+    processes = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "paratrain",
+                "train",
+                "--procs-per-node",
+                "2",
+                "--strategy",
+                "allreduce",
+                "--epochs",
+                "1",
+                "--no-progress",
+                "--metrics-out",
+                str(out),
+            ],
+            env={**os.environ, **slurm, "SLURM_PROCID": str(node), "SLURM_NODEID": str(node), "SLURM_LOCALID": "0"},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+        for node in range(2)
+    ]
+    outputs = [p.communicate(timeout=240) for p in processes]
+    for process, (_stdout, stderr) in zip(processes, outputs):
+        assert process.returncode == 0, stderr[-3000:]
+    metrics = json.loads(out.read_text())
+    assert metrics["workers"] == 4 and metrics["global_steps"] == 1433 // (32 * 4)
+
+
 def test_tf_config_ranks_follow_ps_chief_worker_order():
     doc = {
         "cluster": {"worker": ["w0:1", "w1:1"], "chief": ["c:7"], "ps": ["p:9"]},

@@ -66,3 +66,27 @@ def test_outside_an_srun_step_of_several_tasks_a_process_runs_alone(changes):
 def test_torchrun_started_by_srun_wins():
     env = {**SRUN, "SLURM_PROCID": "1", "RANK": "5", "WORLD_SIZE": "8", "MASTER_ADDR": "h", "MASTER_PORT": "1"}
     assert cluster_from_env(env).source == "torchrun"
+
+
+def test_one_task_per_node_runs_torchrun_for_its_node():
+    from paratrain.launch.per_node import node_command
+
+    env = {**SRUN, "SLURM_NTASKS": "2", "SLURM_PROCID": "1", "SLURM_NODEID": "1", "SLURM_STEP_TASKS_PER_NODE": "1(x2)"}
+    command = node_command(["train", "--procs-per-node", "4", "--strategy", "allreduce"], 4, env)
+    assert command[1:] == ["-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", "1", "--nproc-per-node",
+                           "4", "--master-addr", "node07", "--master-port", str(PORT_BASE + 4242), "-m", "paratrain",
+                           "train", "--strategy", "allreduce"]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("env", "words"),
+    [
+        ({}, "--procs-per-node starts processes on each node of an srun step"),
+        ({**SRUN, "SLURM_PROCID": "0", "SLURM_NODEID": "0"}, "needs one srun task per node: this step runs 4 tasks"),
+    ],
+)
+def test_procs_per_node_outside_one_task_per_node_is_refused(env, words):
+    from paratrain.launch.per_node import node_command
+
+    with pytest.raises(ConfigError, match=words):
+        node_command(["train"], 2, env)
