@@ -19,6 +19,7 @@ from paratrain.registry import STRATEGIES
 from paratrain.strategies.base import DEFAULT_TIMEOUT_S
 from paratrain.strategies.ps.joining import read_run
 from paratrain.train import job
+from paratrain.train.preemption import EXIT_STOPPED
 
 EPILOG = (
     "--batch-size is per replica: the global batch is batch-size x workers. "
@@ -60,6 +61,14 @@ def train_command(args: argparse.Namespace) -> int:
         is_chief = True
     if is_chief:
         print_summary(metrics, config.metrics_out)
+    stopped = metrics.get("stopped")
+    if stopped:  # at a signal (preemption.py): every process of the run says so in its exit code
+        if is_chief:
+            console.print(
+                f"paratrain: stopped after step {stopped['step']} on {stopped['signal']}; its checkpoint is in "
+                f"{config.checkpoint_dir}: run the same command with --resume to go on"
+            )
+        return EXIT_STOPPED
     return 0
 
 

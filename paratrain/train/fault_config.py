@@ -27,8 +27,8 @@ class FaultConfig:
     )
     terminate: str | None = option(
         None,
-        "fault injection: WORKER@STEP sends that worker's process SIGTERM after that step (allreduce-ft: it "
-        "leaves the run; elsewhere it ends like any lost process)",
+        "fault injection: WORKER@STEP sends that worker's process SIGTERM after that step (allreduce-ft, ps-async, "
+        "ps-backup: it leaves the run; with --checkpoint-dir the others stop the run with a checkpoint)",
     )
     straggler: str | None = option(None, "fault injection: WORKER:FACTOR makes that worker's steps FACTOR times slower")
 

@@ -28,6 +28,7 @@ from paratrain.train.checkpoint import Checkpoint
 from paratrain.train.faults import fault_callbacks, restart_count
 from paratrain.train.metrics import metrics_document, write_json_atomic
 from paratrain.train.observe import ExamplesApplied, TensorBoardLogger, TimelineSpans
+from paratrain.train.preemption import StopOnSignal, stops_on_signal
 from paratrain.train.trainer import Trainer
 from paratrain.usercode import first_example
 
@@ -108,6 +109,9 @@ def _run(config: TrainConfig, strategy: Any, started: float) -> dict[str, Any]:
         resume = config.resume or restart_count() > 0
         checkpoint = Checkpoint(config.checkpoint_dir, config.checkpoint_every, config.keep, resume, config.model)
         callbacks.append(checkpoint)
+    stopper = StopOnSignal(checkpoint) if checkpoint is not None and stops_on_signal(strategy) else None
+    if stopper is not None:  # SIGUSR1 or SIGTERM: a checkpoint at an agreed step, then exit (preemption.py)
+        callbacks.append(stopper)
     callbacks += fault_callbacks(config)
     tokens_per_example = splits.spec.input_shape[0] if splits.spec.per_position else 0
     if tokens_per_example:
@@ -144,6 +148,7 @@ def _run(config: TrainConfig, strategy: Any, started: float) -> dict[str, Any]:
         "rank": strategy.rank,
         "steps": strategy.steps_taken,
         "examples": trainer.examples_seen,
+        **({"stopped": stopper.stopped} if stopper is not None and stopper.stopped else {}),
     }
     if not strategy.is_chief and not strategy.stands_in_for_chief:
         return summary
@@ -194,6 +199,7 @@ def _run(config: TrainConfig, strategy: Any, started: float) -> dict[str, Any]:
             "skipped_updates": skipped,
             "threads_per_worker": threads,
             "channels_last": trainer.recipe.channels_last,
+            "stopped": summary.get("stopped"),  # {"signal", "step"}: stopped early, to go on with --resume
         },
     )
     if not strategy.is_chief:

@@ -116,3 +116,31 @@ def test_a_parameter_server_resumes_on_another_number_of_workers_and_shards(cli,
     assert refused.returncode == 2
     assert "strategy=ps-sync; this run has strategy=ps-async" in refused.stderr
     assert sorted(p.name for p in (tmp_path / "d").iterdir()) == saved
+
+
+@pytest.mark.parametrize(
+    ("flags", "worker"),
+    [(["--strategy", "allreduce", "--workers", "2"], 1), (["--strategy", "pipeline", "--stages", "2"], 0)],
+)
+def test_a_signal_stops_the_run_with_a_checkpoint_and_resume_goes_on_to_the_bit(cli, tmp_path, flags, worker):
+    """SIGTERM to one process after step 30 (as a preemption sends it; SLURM's time-limit
+    warning is SIGUSR1): the run agrees on a step (checks about a second apart after step
+    20), saves it, and every process exits 75; run again with --resume, it ends where the
+    uninterrupted run ends, to the last bit of its test loss."""
+    run = ["train", *flags, "--epochs", "40", "--no-progress", "--checkpoint-dir", str(tmp_path / "ck")]
+    stopped = cli(*run, "--terminate", f"{worker}@30", "--metrics-out", str(tmp_path / "a.json"))
+    assert stopped.returncode == 75, stopped.stderr[-3000:]
+    first = json.loads((tmp_path / "a.json").read_text())
+    assert first["stopped"]["signal"] == "SIGTERM" and 30 <= first["stopped"]["step"] < 40 * 1433 // 64
+    assert f"stopped after step {first['stopped']['step']} on SIGTERM" in stopped.stdout
+    resumed = cli(*run, "--resume", "--metrics-out", str(tmp_path / "b.json"))
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    second = json.loads((tmp_path / "b.json").read_text())
+    assert second["resumed_from_step"] == first["stopped"]["step"] and second["stopped"] is None
+    whole = cli(*run[:-2], "--metrics-out", str(tmp_path / "c.json"))
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    reference = json.loads((tmp_path / "c.json").read_text())
+    assert second["global_steps"] == reference["global_steps"]
+    assert second["test_loss"] == reference["test_loss"]
+    losses = [[(e["epoch"], e["train_loss"], e["test_loss"]) for e in run["history"]] for run in (second, reference)]
+    assert losses[0] == losses[1]  # every epoch's, the one stopped in included

@@ -1,0 +1,45 @@
+"""A signal stops a run at a step, with a checkpoint of where the epoch stands (train/preemption.py)."""
+
+import os
+import signal
+
+import torch
+
+import paratrain
+from paratrain.train.checkpoint import Checkpoint
+from paratrain.train.preemption import StopOnSignal
+
+
+class _SignalAt(paratrain.Callback):
+    def __init__(self, step, number):
+        self.step, self.number = step, number
+
+    def on_batch_end(self, step, logs):
+        if step == self.step:
+            os.kill(os.getpid(), self.number)
+
+
+def _fit(tmp_path, callbacks, resume=False):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+    trainer = paratrain.Trainer(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), metrics=())
+    checkpoint = Checkpoint(tmp_path / "ck", every_steps=1000, resume=resume)
+    stopper = StopOnSignal(checkpoint)
+    x = torch.randn(320, 8, generator=torch.Generator().manual_seed(1))
+    data = (x, (x[:, 0] > 0).long() + (x[:, 1] > 0).long())
+    trainer.fit(data, epochs=3, batch_size=16, verbose=0, callbacks=[*callbacks, checkpoint, stopper])
+    return trainer, stopper
+
+
+def test_sigusr1_stops_mid_epoch_and_resume_ends_where_the_whole_run_ends(tmp_path):
+    """SLURM's warning before the time limit: the run stops after that step (checked every
+    step before step 20), the checkpoint is there, and the handler is the previous one again."""
+    before = signal.getsignal(signal.SIGUSR1)
+    stopped, stopper = _fit(tmp_path, [_SignalAt(13, signal.SIGUSR1)])
+    assert stopper.stopped == {"signal": "SIGUSR1", "step": 13} and stopped.global_step == 13
+    assert signal.getsignal(signal.SIGUSR1) is before
+    resumed, _ = _fit(tmp_path, [], resume=True)
+    whole, _ = _fit(tmp_path / "whole", [])
+    assert resumed.global_step == whole.global_step == 60
+    for a, b in zip(resumed.module.parameters(), whole.module.parameters()):
+        assert torch.equal(a, b)
