@@ -19,6 +19,7 @@ steps of a process that was killed without a word.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pickle
@@ -26,6 +27,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -124,6 +126,7 @@ def _attempt(
         processes.append(process)
     lost: dict[int, tuple[int, float, str]] = {}
     left: set[int] = set()
+    forwarding = SignalForwarding(processes)
     try:
         # Until the processes the run needs are done; an expendable one that is stuck (the
         # run counted it lost) gets a grace period, then is stopped.
@@ -176,6 +179,7 @@ def _attempt(
             attach_stacks(error, processes, names, folder)
         raise
     finally:
+        forwarding.restore()
         for process in processes:
             if process.exitcode is None:
                 process.terminate()
@@ -256,3 +260,26 @@ def first_failure(failures: dict[int, tuple[int, float, str]], names: list[str])
     rank = min(known) if known else min(failures, key=lambda r: (failures[r][1], r))
     code, _, message = failures[rank]
     return WorkerFailed(rank, code, message, name=names[rank] if rank < len(names) else None)
+
+
+class SignalForwarding:
+    """While a run's processes run, SIGTERM and SIGUSR1 sent to the launcher (a scheduler's
+    preemption, SLURM's time-limit warning) go on to each of them, which stop at an agreed
+    step with a checkpoint (train/preemption.py) or leave as their strategy does, instead of
+    ending with the launcher. Handlers are set from the main thread only (Python's rule)."""
+
+    def __init__(self, processes: list[Any]):
+        self.processes, self.previous = processes, {}
+        if threading.current_thread() is threading.main_thread():
+            for number in (signal.SIGTERM, signal.SIGUSR1):
+                self.previous[number] = signal.signal(number, self._forward)
+
+    def _forward(self, number: int, frame: Any) -> None:
+        for process in self.processes:
+            if process.exitcode is None and process.pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(process.pid, number)
+
+    def restore(self) -> None:
+        for number, handler in self.previous.items():
+            signal.signal(number, handler)

@@ -3,6 +3,10 @@ the bit), and allreduce and a parameter server on another number of workers (and
 
 import json
 import shutil
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 import torch
@@ -144,3 +148,22 @@ def test_a_signal_stops_the_run_with_a_checkpoint_and_resume_goes_on_to_the_bit(
     assert second["test_loss"] == reference["test_loss"]
     losses = [[(e["epoch"], e["train_loss"], e["test_loss"]) for e in run["history"]] for run in (second, reference)]
     assert losses[0] == losses[1]  # every epoch's, the one stopped in included
+
+
+def test_sigterm_to_the_launcher_reaches_its_processes_which_stop_with_a_checkpoint(tmp_path):
+    """``kill PID`` of ``paratrain train --workers 2`` (a pod's main process, say): the launcher
+    hands the signal to its processes, which stop at an agreed step with a checkpoint (exit 75)."""
+    folder, out = tmp_path / "ck", tmp_path / "m.json"
+    command = [sys.executable, "-m", "paratrain", "train", "--strategy", "allreduce", "--workers", "2",
+               "--epochs", "200", "--no-progress", "--checkpoint-dir", str(folder), "--checkpoint-every", "50",
+               "--metrics-out", str(out)]  # fmt: skip
+    launcher = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (folder / "ckpt-000000050").exists() and launcher.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)  # training: its first checkpoint is written
+    launcher.send_signal(signal.SIGTERM)
+    stdout, stderr = launcher.communicate(timeout=120)
+    assert launcher.returncode == 75, stderr[-3000:]
+    stopped = json.loads(out.read_text())["stopped"]
+    assert stopped["signal"] == "SIGTERM" and 50 <= stopped["step"] < 200 * 22
+    assert (folder / f"ckpt-{stopped['step']:09d}").is_dir()
