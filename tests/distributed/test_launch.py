@@ -55,25 +55,26 @@ def test_torchrun_runs_the_same_command(tmp_path):
     assert metrics["global_steps"] == 2 * (1433 // 64)
 
 
-def test_tf_config_cluster(tmp_path):
-    port = free_port()
-    cluster = {"worker": [f"127.0.0.1:{port}", f"127.0.0.1:{free_port()}"]}
-    out = tmp_path / "m.json"
-    processes = []
-    for index in range(2):
-        env = {**os.environ, "TF_CONFIG": json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})}
-        processes.append(
-            subprocess.Popen(
-                [sys.executable, "-m", "paratrain", *TRAIN, "--metrics-out", str(out)],
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-        )
+def _tasks(argv, envs):
+    """``paratrain ARGV`` in one process per environment of ``envs`` (over this one), as a
+    cluster's launcher starts them; each must exit 0. Their (stdout, stderr)."""
+    processes = [
+        subprocess.Popen([sys.executable, "-m", "paratrain", *argv], env={**os.environ, **env},
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for env in envs
+    ]  # fmt: skip
     outputs = [p.communicate(timeout=240) for p in processes]
     for process, (_stdout, stderr) in zip(processes, outputs):
         assert process.returncode == 0, stderr[-3000:]
+    return outputs
+
+
+def test_tf_config_cluster(tmp_path):
+    cluster = {"worker": [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]}
+    out = tmp_path / "m.json"
+    tasks = [{"type": "worker", "index": index} for index in range(2)]
+    outputs = _tasks([*TRAIN, "--metrics-out", str(out)], [{"TF_CONFIG": json.dumps({"cluster": cluster, "task": t})}
+                                                          for t in tasks])  # fmt: skip
     assert "done:" in outputs[0][0] and "done:" not in outputs[1][0]
     assert json.loads(out.read_text())["workers"] == 2
 
@@ -87,30 +88,8 @@ def test_the_tasks_of_an_srun_step_form_one_run(tmp_path, flags, tasks, workers)
     slurm = {"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0", "SLURM_NTASKS": str(tasks), "SLURM_NODEID": "0",
              "SLURM_STEP_NODELIST": "127.0.0.1", "SLURM_STEP_TASKS_PER_NODE": str(tasks),
              "MASTER_PORT": str(free_port())}  # fmt: skip
-    processes = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "paratrain",
-                "train",
-                *flags,
-                "--epochs",
-                "1",
-                "--no-progress",
-                "--metrics-out",
-                str(out),
-            ],
-            env={**os.environ, **slurm, "SLURM_PROCID": str(task), "SLURM_LOCALID": str(task)},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )  # fmt: skip
-        for task in range(tasks)
-    ]
-    outputs = [p.communicate(timeout=240) for p in processes]
-    for process, (_stdout, stderr) in zip(processes, outputs):
-        assert process.returncode == 0, stderr[-3000:]
+    envs = [{**slurm, "SLURM_PROCID": str(task), "SLURM_LOCALID": str(task)} for task in range(tasks)]
+    outputs = _tasks(["train", *flags, "--epochs", "1", "--no-progress", "--metrics-out", str(out)], envs)
     assert sum("done:" in stdout for stdout, _ in outputs) == 1
     metrics = json.loads(out.read_text())
     assert metrics["workers"] == workers and metrics["global_steps"] == 1433 // (32 * workers)
@@ -123,33 +102,9 @@ def test_one_srun_task_per_node_starts_the_node_s_processes(tmp_path):
     out = tmp_path / "m.json"
     slurm = {"SLURM_JOB_ID": "78", "SLURM_STEP_ID": "0", "SLURM_NTASKS": "2", "SLURM_STEP_TASKS_PER_NODE": "1(x2)",
              "SLURM_STEP_NODELIST": "127.0.0.1,127.0.0.1", "MASTER_PORT": str(free_port())}  # fmt: skip
-    processes = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "paratrain",
-                "train",
-                "--procs-per-node",
-                "2",
-                "--strategy",
-                "allreduce",
-                "--epochs",
-                "1",
-                "--no-progress",
-                "--metrics-out",
-                str(out),
-            ],
-            env={**os.environ, **slurm, "SLURM_PROCID": str(node), "SLURM_NODEID": str(node), "SLURM_LOCALID": "0"},
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )  # fmt: skip
-        for node in range(2)
-    ]
-    outputs = [p.communicate(timeout=240) for p in processes]
-    for process, (_stdout, stderr) in zip(processes, outputs):
-        assert process.returncode == 0, stderr[-3000:]
+    envs = [{**slurm, "SLURM_PROCID": str(node), "SLURM_NODEID": str(node), "SLURM_LOCALID": "0"} for node in range(2)]
+    _tasks(["train", "--procs-per-node", "2", "--strategy", "allreduce", "--epochs", "1", "--no-progress",
+            "--metrics-out", str(out)], envs)  # fmt: skip
     metrics = json.loads(out.read_text())
     assert metrics["workers"] == 4 and metrics["global_steps"] == 1433 // (32 * 4)
 
