@@ -30,6 +30,7 @@ COMMANDS = {
     "report": "paratrain.launch.cli:_add_report",
     "cluster": "paratrain.launch.cli:_add_cluster",
     "env": "paratrain.launch.cli:_add_env",
+    "slurm": "paratrain.launch.slurm_script:add_parser",
 }
 
 

@@ -90,3 +90,48 @@ def test_procs_per_node_outside_one_task_per_node_is_refused(env, words):
 
     with pytest.raises(ConfigError, match=words):
         node_command(["train"], 2, env)
+
+
+def _script(*argv):
+    import subprocess
+
+    from paratrain.launch.cli import build_parser
+    from paratrain.launch.slurm_script import batch_script
+
+    script = batch_script(build_parser(only="slurm").parse_args(["slurm", *argv]))
+    assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0  # it parses
+    return script
+
+
+def test_the_batch_script_runs_one_task_per_process_and_requeues_a_stopped_run():
+    script = _script("--nodes", "2", "--tasks-per-node", "4", "--time", "02:00:00", "--gpus-per-task", "1",
+                     "--requeue", "--", "--strategy", "allreduce", "--checkpoint-dir", "ck")  # fmt: skip
+    lines = script.splitlines()
+    for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=4", "#SBATCH --time=02:00:00",
+                 "#SBATCH --gpus-per-task=1", "#SBATCH --signal=USR1@90", "#SBATCH --requeue",
+                 "srun paratrain train --strategy allreduce --checkpoint-dir ck --resume",
+                 '    scontrol requeue "$SLURM_JOB_ID"'):  # fmt: skip
+        assert line in lines, line
+    assert "if [ $code -eq 75 ]" in script and lines[-1] == "exit $code"
+
+
+def test_a_run_without_checkpoints_gets_no_signal_and_no_resume():
+    script = _script("--nodes", "1", "--tasks-per-node", "3", "--", "--strategy", "ps-sync", "--ps-shards", "1")
+    assert "--signal" not in script and "--resume" not in script and "scontrol" not in script
+    assert "srun paratrain train --strategy ps-sync --ps-shards 1" in script
+
+
+@pytest.mark.parametrize(
+    ("argv", "words"),
+    [
+        (["--nodes", "2", "--tasks-per-node", "2", "--", "--strategy", "allreduce", "--workers", "3"],
+         "the cluster has 4 processes but --strategy allreduce with --workers 3 needs 3"),
+        (["--requeue", "--", "--strategy", "allreduce"], "--requeue goes on from checkpoints"),
+        (["--time", "2 hours", "--", "--strategy", "allreduce"], "--time must be [D-]HH:MM:SS"),
+        (["--nodes", "0"], "--nodes must be >= 1"),
+    ],
+)  # fmt: skip
+def test_a_script_the_allocation_cannot_run_is_refused_in_one_line(argv, words):
+    with pytest.raises(ConfigError) as error:
+        _script(*argv)
+    assert words in str(error.value)
