@@ -36,6 +36,7 @@ _PUBLIC = {
     "ParatrainError": "paratrain.errors",
     "PipelineStrategy": "paratrain.strategies.pipeline.strategy",
     "SingleDeviceStrategy": "paratrain.strategies.single.strategy",
+    "StopOnSignal": "paratrain.train.preemption",
     "StepOutput": "paratrain.strategies.step",
     "StepRecipe": "paratrain.strategies.recipe",
     "Strategy": "paratrain.strategies.base",
