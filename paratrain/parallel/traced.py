@@ -110,6 +110,9 @@ def trace(
 
     split = {PREFIX + name: SplitPoint.BEGINNING for name in names}
     was = model.training
+    # pipeline() wraps each split module's forward in place and leaves it so: put back as it
+    # was after, the model runs (and traces again) as before.
+    kept = {name: dict(vars(model.get_submodule(name))) for name in names}
     try:
         model.train(train)
         pipe = pipeline(Traced(model, keys), mb_args=example, split_spec=split)
@@ -120,10 +123,12 @@ def trace(
         ) from None
     finally:
         model.train(was)
-        for name in names:  # pipeline() wraps each split module's forward in place: unwrapped,
-            module = model.get_submodule(name)  # the model runs (and traces again) as it was
+        for name, attributes in kept.items():
+            module = vars(model.get_submodule(name))
             for attr in ("forward", "_orig_forward"):
-                module.__dict__.pop(attr, None)
+                module.pop(attr, None)
+                if attr in attributes:
+                    module[attr] = attributes[attr]
     if pipe.num_stages != len(names) + 1:
         raise ConfigError(
             f"--split-points {','.join(names)} cut {type(model).__name__} into {pipe.num_stages} stages, not "

@@ -12,7 +12,7 @@ import torch
 import paratrain
 from paratrain.strategies.base import current_strategy
 from paratrain.testing import relative_difference, run_distributed
-from tests.distributed.test_transformers import PROJECT, STEPS, B, gpt2, optimizer_for, tokens
+from tests.distributed.test_transformers import PROJECT, SEQ, STEPS, B, gpt2, optimizer_for, tokens
 
 pytestmark = pytest.mark.distributed
 pytest.importorskip("transformers")
@@ -159,3 +159,18 @@ def test_a_batch_with_padding_or_another_loss_is_refused():
         feed(batch)
     with pytest.raises(ConfigError, match="leave the loss out"):
         stage_loss(gpt2(), torch.nn.functional.cross_entropy, batch)
+
+
+def test_tracing_twice_leaves_the_model_as_it_was():
+    """The tracer wraps the split modules' forward in place: a second trace (the evaluation
+    graph) works, and the model runs its own forward again after."""
+    from paratrain.parallel.traced import trace
+
+    model, x = gpt2(), torch.randint(0, 64, (2, SEQ))
+    model.eval()
+    before = model(input_ids=x).logits
+    for train in (True, False):
+        assert trace(model, ("input_ids",), (x,), ["transformer.h.1"], train=train).num_stages == 2
+    block = model.transformer.h[1]
+    assert "forward" not in vars(block) and "_orig_forward" not in vars(block) and not model.training
+    torch.testing.assert_close(model(input_ids=x).logits, before, rtol=0, atol=0)
