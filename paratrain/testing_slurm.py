@@ -1,0 +1,162 @@
+"""A real SLURM on this machine, for tests and for trying paratrain's SLURM support by hand.
+
+``LocalSlurm`` starts a munge daemon on a private socket (so that its key and daemons stay
+apart from any others), ``slurmctld`` and one ``slurmd`` for this host, all as root, in a
+folder of their own with ports of their own; ``stop()`` ends every daemon it started and
+removes the folder. Commands reach this SLURM through ``env()`` (``SLURM_CONF``). It needs
+Debian's ``slurm-wlm`` and ``munge`` packages (``scripts/install_slurm.sh``); ``missing()``
+says in one line what keeps it from starting here, or None.
+
+    python -m paratrain.testing_slurm      # starts one, prints its SLURM_CONF, Ctrl-C ends it
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+DAEMONS = ("munged", "slurmctld", "slurmd")
+CLIENTS = ("sinfo", "srun", "sbatch", "scontrol")
+
+#: The CPUs this host offers its jobs: more than it has, so that a test's 3 tasks fit on
+#: 2 cores (each task mostly waits on its peers).
+CPUS = 8
+
+CONFIG = """\
+ClusterName=paratrain
+SlurmctldHost={host}(127.0.0.1)
+SlurmUser=root
+SlurmdUser=root
+SlurmctldPort={ctld_port}
+SlurmdPort={slurmd_port}
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket={folder}/munge.sock
+StateSaveLocation={folder}/state
+SlurmdSpoolDir={folder}/spool
+SlurmctldPidFile={folder}/slurmctld.pid
+SlurmdPidFile={folder}/slurmd.pid
+SlurmctldLogFile={folder}/slurmctld.log
+SlurmdLogFile={folder}/slurmd.log
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+MpiDefault=none
+SchedulerType=sched/builtin
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+ReturnToService=2
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+SlurmdParameters=config_overrides
+NodeName={host} NodeAddr=127.0.0.1 CPUs={cpus} State=UNKNOWN
+PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
+"""
+
+
+def missing() -> str | None:
+    """Why a local SLURM cannot start here (one line), or None."""
+    absent = [name for name in DAEMONS + CLIENTS if shutil.which(name) is None]
+    if absent:
+        return f"SLURM is not installed ({', '.join(absent)} missing): bash scripts/install_slurm.sh"
+    if os.geteuid() != 0:
+        return "a local SLURM runs its daemons as root"
+    return None
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class LocalSlurm:
+    """One SLURM controller and one compute node (this host), started on construction."""
+
+    def __init__(self, timeout: float = 30.0):
+        reason = missing()
+        if reason:
+            raise RuntimeError(reason)
+        self.folder = Path(tempfile.mkdtemp(prefix="paratrain-slurm-"))
+        self.host = socket.gethostname().split(".")[0]
+        try:
+            self._start(timeout)
+        except BaseException:
+            self.stop()
+            raise
+
+    def env(self) -> dict[str, str]:
+        """The environment of a command that talks to this SLURM (over this process's)."""
+        return {**os.environ, "SLURM_CONF": str(self.folder / "slurm.conf")}
+
+    def _start(self, timeout: float) -> None:
+        folder = self.folder
+        for name in ("state", "spool"):
+            (folder / name).mkdir()
+        key = folder / "munge.key"
+        key.write_bytes(secrets.token_bytes(1024))
+        key.chmod(0o400)
+        subprocess.run(["munged", "-f", f"--socket={folder}/munge.sock", f"--key-file={key}",
+                        f"--log-file={folder}/munged.log", f"--pid-file={folder}/munged.pid",
+                        f"--seed-file={folder}/munged.seed"], check=True)  # fmt: skip
+        conf = folder / "slurm.conf"
+        conf.write_text(CONFIG.format(host=self.host, folder=folder, cpus=CPUS, ctld_port=_free_port(),
+                                      slurmd_port=_free_port()))  # fmt: skip
+        for daemon in ("slurmctld", "slurmd"):
+            subprocess.run([daemon, "-f", str(conf)], check=True, env=self.env())
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            state = subprocess.run(["sinfo", "-h", "-o", "%t"], capture_output=True, text=True, env=self.env())
+            if state.stdout.strip() == "idle":
+                return
+            time.sleep(0.2)
+        raise RuntimeError(f"the local SLURM's node did not come up within {timeout:g} s (logs in {folder})")
+
+    def run(self, *command: str, timeout: float = 240, **options) -> subprocess.CompletedProcess:
+        """A command against this SLURM (``srun ...``, ``sbatch ...``), its output captured."""
+        return subprocess.run(command, capture_output=True, text=True, env=options.pop("env", self.env()),
+                              timeout=timeout, **options)  # fmt: skip
+
+    def wait_for_job(self, job: str, timeout: float = 240) -> str:
+        """Until job ``job`` has ended: its final state (COMPLETED, FAILED, ...)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            shown = self.run("scontrol", "show", "job", job).stdout
+            state = next((w.split("=")[1] for w in shown.split() if w.startswith("JobState=")), "")
+            if state and state not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED"):
+                return state
+            time.sleep(0.5)
+        raise TimeoutError(f"job {job} did not end within {timeout:g} s")
+
+    def stop(self) -> None:
+        """End every daemon started here (and their jobs), remove the folder."""
+        for daemon in ("slurmd", "slurmctld", "munged"):
+            pid_file = self.folder / f"{daemon}.pid"
+            if pid_file.exists():
+                try:
+                    pid = int(pid_file.read_text().split()[0])
+                    os.kill(pid, signal.SIGTERM)
+                    for _ in range(100):
+                        os.kill(pid, 0)
+                        time.sleep(0.05)
+                    os.kill(pid, signal.SIGKILL)
+                except (ProcessLookupError, ValueError, IndexError):
+                    pass
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    cluster = LocalSlurm()
+    print(f"export SLURM_CONF={cluster.folder / 'slurm.conf'}   # node {cluster.host}; Ctrl-C stops it", flush=True)
+    try:
+        signal.pause()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        cluster.stop()
