@@ -55,6 +55,7 @@ ReturnToService=2
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 SlurmdParameters=config_overrides
+SchedulerParameters=sched_interval=2
 NodeName={host} NodeAddr=127.0.0.1 CPUs={cpus} State=UNKNOWN
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
 """
@@ -123,13 +124,22 @@ class LocalSlurm:
         return subprocess.run(command, capture_output=True, text=True, env=options.pop("env", self.env()),
                               timeout=timeout, **options)  # fmt: skip
 
+    def job(self, job: str) -> dict[str, str]:
+        """``scontrol show job``'s fields of job ``job`` (JobState, Reason, Restarts, ...)."""
+        shown = self.run("scontrol", "show", "job", job).stdout.split()
+        return dict(word.split("=", 1) for word in shown if "=" in word)
+
     def wait_for_job(self, job: str, timeout: float = 240) -> str:
-        """Until job ``job`` has ended: its final state (COMPLETED, FAILED, ...)."""
+        """Until job ``job`` has ended: its final state (COMPLETED, FAILED, ...). A requeued
+        job waits about two minutes before it may start again (SLURM's begin time): here it
+        may start at once."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            shown = self.run("scontrol", "show", "job", job).stdout
-            state = next((w.split("=")[1] for w in shown.split() if w.startswith("JobState=")), "")
-            if state and state not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED"):
+            fields = self.job(job)
+            state = fields.get("JobState", "")
+            if state == "PENDING" and fields.get("Reason") == "BeginTime":
+                self.run("scontrol", "update", f"JobId={job}", "StartTime=now")
+            elif state and state not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED"):
                 return state
             time.sleep(0.5)
         raise TimeoutError(f"job {job} did not end within {timeout:g} s")

@@ -80,7 +80,7 @@ def batch_script(args: argparse.Namespace) -> str:
               shlex.join(train), "code=$?"]  # fmt: skip
     if args.requeue:
         lines += [f"if [ $code -eq {EXIT_STOPPED} ]; then  # stopped at the time-limit warning, with a checkpoint",
-                  '    scontrol requeue "$SLURM_JOB_ID"', "fi"]  # fmt: skip
+                  '    scontrol requeue "$SLURM_JOB_ID" && exit 0  # runs again, from that checkpoint', "fi"]  # fmt: skip
     return "\n".join([*lines, "exit $code", ""])
 
 

@@ -110,7 +110,7 @@ def test_the_batch_script_runs_one_task_per_process_and_requeues_a_stopped_run()
     for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=4", "#SBATCH --time=02:00:00",
                  "#SBATCH --gpus-per-task=1", "#SBATCH --signal=USR1@90", "#SBATCH --requeue",
                  "srun paratrain train --strategy allreduce --checkpoint-dir ck --resume",
-                 '    scontrol requeue "$SLURM_JOB_ID"'):  # fmt: skip
+                 '    scontrol requeue "$SLURM_JOB_ID" && exit 0  # runs again, from that checkpoint'):  # fmt: skip
         assert line in lines, line
     assert "if [ $code -eq 75 ]" in script and lines[-1] == "exit $code"
 
