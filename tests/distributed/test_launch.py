@@ -109,6 +109,16 @@ def test_one_srun_task_per_node_starts_the_node_s_processes(tmp_path):
     assert metrics["workers"] == 4 and metrics["global_steps"] == 1433 // (32 * 4)
 
 
+def test_a_pytorchjob_s_four_variables_form_one_run(tmp_path):
+    """What a Kubeflow PyTorchJob sets in each pod: MASTER_ADDR, MASTER_PORT, RANK and
+    WORLD_SIZE, nothing else (no LOCAL_RANK, no torchrun agent): one run of 2 workers."""
+    out = tmp_path / "m.json"
+    base = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2"}
+    outputs = _tasks([*TRAIN, "--metrics-out", str(out)], [{**base, "RANK": str(rank)} for rank in range(2)])
+    assert sum("done:" in stdout for stdout, _ in outputs) == 1
+    assert json.loads(out.read_text())["workers"] == 2
+
+
 def test_tf_config_ranks_follow_ps_chief_worker_order():
     doc = {
         "cluster": {"worker": ["w0:1", "w1:1"], "chief": ["c:7"], "ps": ["p:9"]},

@@ -135,3 +135,15 @@ def test_a_script_the_allocation_cannot_run_is_refused_in_one_line(argv, words):
     with pytest.raises(ConfigError) as error:
         _script(*argv)
     assert words in str(error.value)
+
+
+def test_the_script_docs_clusters_md_shows_is_the_one_paratrain_slurm_writes():
+    import re
+    import shlex
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[2] / "docs" / "clusters.md").read_text()
+    blocks = re.findall(r"```bash\n(.*?)```", text, re.DOTALL)
+    shown = next(b for b in blocks if b.startswith("#!/bin/bash"))
+    command = next(b for b in blocks if b.startswith("paratrain slurm")).replace("\\\n", " ")
+    assert _script(*shlex.split(command)[2:]) == shown
