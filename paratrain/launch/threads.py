@@ -4,7 +4,8 @@ channels-last memory order: the defaults ``paratrain train`` picks from the mach
 A process's compute threads share the cores with the other processes of the run on the
 same machine: by default each takes the cores it may use (its CPU affinity, and its cgroup's
 CPU quota where one is set) divided by the processes on this machine (``LOCAL_WORLD_SIZE``,
-which torchrun and ``paratrain train --workers N`` set), at least one. Two workers on a
+which torchrun and ``paratrain train --workers N`` set; a TF_CONFIG's tasks on this host; an
+srun step's tasks on this node), at least one. Two workers on a
 16-core host compute with 8 threads each instead of one. ``--threads-per-worker`` or
 ``$PARATRAIN_THREADS_PER_WORKER`` choose otherwise (``OMP_NUM_THREADS``, which torchrun sets
 to 1 for every multi-process run, is not read).
@@ -17,6 +18,8 @@ import os
 from pathlib import Path
 
 import torch
+
+from paratrain.comm.transport import cluster_from_env
 
 
 def usable_cores() -> int:
@@ -50,10 +53,13 @@ def _cgroup_quota() -> float | None:
 
 
 def default_threads(environ: dict[str, str] | None = None) -> int:
-    """The usable cores divided by the processes on this machine, at least one."""
+    """The usable cores divided by the processes of the run on this machine, at least one
+    (as the cluster says: torchrun's ``LOCAL_WORLD_SIZE``, a TF_CONFIG's tasks on this
+    host, an srun step's tasks on this node)."""
     environ = os.environ if environ is None else environ
-    local = max(1, int(environ.get("LOCAL_WORLD_SIZE", "1")))
-    return max(1, usable_cores() // local)
+    cluster = cluster_from_env(environ)
+    local = cluster.local_world_size if cluster is not None else int(environ.get("LOCAL_WORLD_SIZE", "1"))
+    return max(1, usable_cores() // max(1, local))
 
 
 def set_threads(requested: int | None) -> int:

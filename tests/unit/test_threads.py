@@ -19,6 +19,13 @@ def test_the_cores_are_shared_among_the_processes_of_this_machine():
     assert default_threads({"LOCAL_WORLD_SIZE": "2"}) == max(1, cores // 2)
     assert default_threads({"LOCAL_WORLD_SIZE": str(cores * 4)}) == 1  # never zero
     assert default_threads({}) == cores
+    # Clusters that set no LOCAL_WORLD_SIZE: an srun step's tasks on this node, a TF_CONFIG's on this host.
+    srun = {"SLURM_PROCID": "0", "SLURM_STEP_ID": "0", "SLURM_NTASKS": "4", "SLURM_NODEID": "0",
+            "SLURM_STEP_NODELIST": "n[1-2]", "SLURM_STEP_TASKS_PER_NODE": "2(x2)"}  # fmt: skip
+    assert default_threads(srun) == max(1, cores // 2)
+    hosts = {"worker": ["10.0.0.1:2222", "10.0.0.1:2223", "10.0.0.1:2224", "10.0.0.2:2222"]}
+    tf_config = {"TF_CONFIG": json.dumps({"cluster": hosts, "task": {"type": "worker", "index": 0}})}
+    assert default_threads(tf_config) == max(1, cores // 3)
 
 
 def test_set_threads_takes_the_request_then_the_environment_then_the_default(monkeypatch):
