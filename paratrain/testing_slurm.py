@@ -22,6 +22,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from paratrain.comm.transport import free_port
+
 DAEMONS = ("munged", "slurmctld", "slurmd")
 CLIENTS = ("sinfo", "srun", "sbatch", "scontrol")
 
@@ -71,12 +73,6 @@ def missing() -> str | None:
     return None
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class LocalSlurm:
     """One SLURM controller and one compute node (this host), started on construction."""
 
@@ -107,8 +103,8 @@ class LocalSlurm:
                         f"--log-file={folder}/munged.log", f"--pid-file={folder}/munged.pid",
                         f"--seed-file={folder}/munged.seed"], check=True)  # fmt: skip
         conf = folder / "slurm.conf"
-        conf.write_text(CONFIG.format(host=self.host, folder=folder, cpus=CPUS, ctld_port=_free_port(),
-                                      slurmd_port=_free_port()))  # fmt: skip
+        conf.write_text(CONFIG.format(host=self.host, folder=folder, cpus=CPUS, ctld_port=free_port(),
+                                      slurmd_port=free_port()))  # fmt: skip
         for daemon in ("slurmctld", "slurmd"):
             subprocess.run([daemon, "-f", str(conf)], check=True, env=self.env())
         deadline = time.monotonic() + timeout

@@ -81,10 +81,23 @@ def tasks_on_node(text: str, node: int) -> int:
     return counts[node]
 
 
+def in_srun_step(env: Mapping[str, str]) -> bool:
+    """Whether this process is a task of an ``srun`` step (the batch script's has no step id)."""
+    return "SLURM_PROCID" in env and ("SLURM_STEP_ID" in env or "SLURM_STEPID" in env)
+
+
+def step_nodes(env: Mapping[str, str]) -> list[str]:
+    """The hosts of this task's step, in order (its node list expanded)."""
+    nodes = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
+    if not nodes:
+        raise ConfigError("under srun, SLURM_STEP_NODELIST (or SLURM_JOB_NODELIST) must name the step's hosts")
+    return expand_hostlist(nodes)
+
+
 def under_srun(env: Mapping[str, str]) -> bool:
-    """Whether this process is one task of several of an ``srun`` step (the batch script's
-    has no step id; a step of one task, ``srun --pty bash`` say, starts its runs as any shell)."""
-    if "SLURM_PROCID" not in env or not ("SLURM_STEP_ID" in env or "SLURM_STEPID" in env):
+    """Whether this process is one task of several of an ``srun`` step (a step of one task,
+    ``srun --pty bash`` say, starts its runs as any shell)."""
+    if not in_srun_step(env):
         return False
     tasks = env.get("SLURM_STEP_NUM_TASKS") or env.get("SLURM_NTASKS") or "1"
     return tasks.isdigit() and int(tasks) > 1
@@ -97,19 +110,16 @@ def slurm_place(env: Mapping[str, str]) -> dict[str, object]:
         step = int(env.get("SLURM_STEP_ID", env.get("SLURM_STEPID", "0")))
         job = int(env.get("SLURM_JOB_ID", env.get("SLURM_JOBID", "0")))
         local = int(env.get("SLURM_LOCALID", "0"))
-        nodes = env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST")
         per_node = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE")
         node = int(env.get("SLURM_NODEID", "0"))
         port = int(env.get("MASTER_PORT") or PORT_BASE + (job + step) % PORT_SPAN)
     except ValueError as error:
         raise ConfigError(f"bad SLURM environment variable: {error}") from None
-    if not nodes:
-        raise ConfigError("under srun, SLURM_STEP_NODELIST (or SLURM_JOB_NODELIST) must name the step's hosts")
     return {
         "rank": rank,
         "world_size": size,
         "local_rank": local,
-        "master_addr": env.get("MASTER_ADDR") or expand_hostlist(nodes)[0],
+        "master_addr": env.get("MASTER_ADDR") or step_nodes(env)[0],
         "master_port": port,
         "local_world_size": tasks_on_node(per_node, node) if per_node else 1,
     }

@@ -38,11 +38,11 @@ def add_train_arguments(train: argparse.ArgumentParser) -> None:
             train.add_argument(flag, type=kind, default=None, metavar=f.name.upper(), help=help_text)
 
 
-def parse_train_config(argv: list[str]) -> Any:
-    """The TrainConfig that ``paratrain train ARGV`` would run (outside any cluster)."""
+def parse_train_config(argv: list[str], cluster: Any = None) -> Any:
+    """The TrainConfig that ``paratrain train ARGV`` would run (in ``cluster``, or outside any)."""
     parser = OneLineParser(prog="paratrain train")
     add_train_arguments(parser)
-    return train_config(parser.parse_args(argv), cluster=None)
+    return train_config(parser.parse_args(argv), cluster)
 
 
 def train_config(args: argparse.Namespace, cluster: Any, base: dict[str, Any] | None = None) -> Any:

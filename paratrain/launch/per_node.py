@@ -15,7 +15,7 @@ import subprocess
 import sys
 from collections.abc import Mapping, Sequence
 
-from paratrain.comm.slurm import expand_hostlist, slurm_place, tasks_on_node
+from paratrain.comm.slurm import in_srun_step, slurm_place, step_nodes
 from paratrain.errors import ConfigError
 
 
@@ -36,23 +36,20 @@ def node_command(argv: Sequence[str], procs: int, env: Mapping[str, str]) -> lis
     """The torchrun command this node's task runs for ``paratrain ARGV``."""
     if procs < 1:
         raise ConfigError(f"--procs-per-node must be >= 1, got {procs}")
-    if "SLURM_PROCID" not in env or not ("SLURM_STEP_ID" in env or "SLURM_STEPID" in env):
+    if not in_srun_step(env):
         raise ConfigError(
             "--procs-per-node starts processes on each node of an srun step of one task per node "
             "(srun --ntasks-per-node 1 paratrain train --procs-per-node N ...); elsewhere use --workers or torchrun"
         )
-    place = slurm_place(env)
-    nodes = expand_hostlist(env.get("SLURM_STEP_NODELIST") or env.get("SLURM_JOB_NODELIST") or "")
-    node = int(env.get("SLURM_NODEID", "0"))
-    per_node = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE")
-    tasks = tasks_on_node(per_node, node) if per_node else 1
+    place, nodes = slurm_place(env), step_nodes(env)
+    tasks = place["local_world_size"]  # this node's tasks
     if tasks != 1 or place["world_size"] != len(nodes):
         raise ConfigError(
             f"--procs-per-node needs one srun task per node: this step runs {place['world_size']} tasks on "
             f"{len(nodes)} nodes ({tasks} here); use srun --ntasks-per-node 1"
         )
     return [
-        sys.executable, "-m", "torch.distributed.run", "--nnodes", str(len(nodes)), "--node-rank", str(node),
+        sys.executable, "-m", "torch.distributed.run", "--nnodes", str(len(nodes)), "--node-rank", env.get("SLURM_NODEID", "0"),
         "--nproc-per-node", str(procs), "--master-addr", str(place["master_addr"]),
         "--master-port", str(place["master_port"]), "-m", "paratrain", *without_flag(argv, "--procs-per-node"),
     ]  # fmt: skip

@@ -22,8 +22,7 @@ from typing import Any
 from paratrain.comm.transport import ClusterEnv
 from paratrain.console import console
 from paratrain.errors import ConfigError
-from paratrain.launch.flags import add_train_arguments, train_config
-from paratrain.launch.parser import OneLineParser
+from paratrain.launch.flags import parse_train_config
 from paratrain.train.preemption import EXIT_STOPPED
 
 _TIME = re.compile(r"^(\d+-)?\d{1,2}(:\d{2}){0,2}$")
@@ -86,11 +85,8 @@ def batch_script(args: argparse.Namespace) -> str:
 
 def _run_flags(flags: list[str], processes: int) -> Any:
     """The run's TrainConfig from its flags, checked against ``processes`` tasks."""
-    parser = OneLineParser(prog="paratrain train")
-    add_train_arguments(parser)
-    args = parser.parse_args(flags)
     cluster = ClusterEnv(rank=0, world_size=processes, local_rank=0, master_addr="", master_port=0, source="slurm")
-    config = train_config(args, cluster)
+    config = parse_train_config(flags, cluster)
     config.topology.check_cluster(cluster, config.strategy)
     return config
 

@@ -9,7 +9,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from paratrain.comm.flat import mean_gradients
 from paratrain.parallel.shared import SplitStage
 from paratrain.strategies.numerics import finite_gradients
 
@@ -38,7 +37,8 @@ class TiedGradients:
             grads = [c.grad for c in copies if c.grad is not None]
             first.grad = torch.stack(grads).sum(0) if grads else torch.zeros_like(first)
             if group is not None:
-                sent += mean_gradients([first], group, 1)  # the mean over one: the sum
+                dist.all_reduce(first.grad, group=group)
+                sent += first.grad.numel() * first.grad.element_size()
             for copy in copies[1:]:
                 copy.grad = first.grad.clone()
         return sent

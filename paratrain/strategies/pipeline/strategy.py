@@ -356,7 +356,7 @@ class PipelineStrategy(Strategy):
 
     def _forward_only(self, inputs: tuple[torch.Tensor, ...], base: int) -> Any:
         return forward_only(
-            self._evaluation or self._module,
+            self._evaluation if self._evaluation is not None else self._module,
             inputs,
             self.stage,
             self.num_stages,
