@@ -18,10 +18,11 @@ and prints one line per host when the run ends.
 from __future__ import annotations
 
 import json
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+
+from paratrain.periodic import Periodic
 
 INTERVAL = 0.25  # seconds between samples
 #: The CFS period each host's CPU quota is enforced over (hosts.py writes it, the counters
@@ -62,24 +63,15 @@ class UsageRecorder:
     def __init__(self, cluster, interval: float = INTERVAL):
         self.cluster, self.interval = cluster, interval
         self.samples: list[list[list[float]]] = [[] for _ in cluster.hosts]
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, name="cluster-usage", daemon=True)
+        self._sampler = Periodic(self._sample, interval, "cluster-usage", first=True, last=True)
 
     def start(self) -> UsageRecorder:
-        self._thread.start()
+        self._sampler.start()
         return self
 
     def stop(self) -> None:
         """Stop, after one last sample (before the hosts' processes are ended)."""
-        self._stop.set()
-        self._thread.join()
-
-    def _loop(self) -> None:
-        while True:
-            self._sample()
-            if self._stop.wait(self.interval):
-                self._sample()
-                return
+        self._sampler.stop()
 
     def _sample(self) -> None:
         now = time.time()

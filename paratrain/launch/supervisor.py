@@ -33,13 +33,13 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from paratrain.checkpoints.store import CheckpointStore
 from paratrain.comm.transport import host_rendezvous
 from paratrain.errors import ParatrainError, WorkerFailed, signal_name
 from paratrain.launch.process import LauncherEnv, exit_now, launcher_env, process_context, run_entry, take_env
 from paratrain.launch.stacks import ENV as STACKS_ENV
 from paratrain.launch.stacks import attach_stacks, dump_on_signal, stack_file
 from paratrain.session.join_token import JOIN_TOKEN_ENV, new_join_token
-from paratrain.train.checkpoint import CheckpointStore
 from paratrain.train.faults import new_progress, read_progress
 
 

@@ -35,6 +35,7 @@ from paratrain.strategies.step import uncompiled
 from paratrain.strategies.topology import Role, Topology
 
 if TYPE_CHECKING:
+    from paratrain.checkpoints.files import RunCheckpoints, StateWriter
     from paratrain.config import TrainConfig
     from paratrain.strategies.roles import FitLoop, ModelFiles, Remote, Server
 
@@ -331,6 +332,12 @@ class Strategy:
     @property
     def remote(self) -> Remote | None:
         """This process's view of state another holds (a parameter-server worker)."""
+        return None
+
+    def state_writer(self, files: RunCheckpoints, loop: FitLoop) -> StateWriter | None:
+        """How this process's state goes into checkpoints where its role writes its own
+        (checkpoints/files.py: a parameter-server shard or worker); None: a training
+        replica's part at steps (train/checkpoint.py)."""
         return None
 
     @property

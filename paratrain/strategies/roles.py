@@ -1,13 +1,15 @@
 """What some strategies' processes do beyond training one replica, each a role of its own
 that the Trainer and the checkpointer ask for (``Strategy.server``, ``Strategy.remote``,
-``Strategy.model_files``) instead of methods every strategy carries:
+``Strategy.model_files``, ``Strategy.state_writer``) instead of methods every strategy
+carries:
 
 - a *server* serves instead of training (a parameter-server shard): ``Trainer.fit`` runs
-  it in place of its loop, the checkpointer restores it and it tells the workers where
-  they go on;
+  it in place of its loop;
 - a *remote* view is a training process whose state another holds (a parameter-server
   worker: the shards hold the parameters, the optimizer and the run's position);
-- *model files* write the model and optimizer in the mode's own form (fsdp: sharded).
+- *model files* write the model and optimizer in the mode's own form (fsdp: sharded);
+- a *state writer* (checkpoints/files.py) puts a process's state into checkpoints where
+  its role writes otherwise than a training replica (a shard at the versions it publishes).
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ class FitLoop(Protocol):
     optimizer: torch.optim.Optimizer
     batch: int
     """Batches of the current epoch done."""
+    epoch: int
+    global_step: int
 
     def state_dict(self) -> dict[str, Any]: ...
 
@@ -44,21 +48,8 @@ class Server(Protocol):
     def serve(self) -> Any:
         """Serve until training ends (the classic ``server.join()``)."""
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """This server's part of a checkpoint split as this run is."""
-
-    def load_resharded_state(self, states: list[dict[str, Any]]) -> None:
-        """This server's part from every part of a checkpoint split into another number."""
-
-    def announce_resume(self, folder: str | None) -> None:
-        """Tell the processes whose state it holds which checkpoint it resumed from (None: none)."""
-
 
 class Remote(Protocol):
-    def resume_position(self) -> dict[str, Any]:
-        """Where the loop goes on after a resume (``global_step``, ``epoch``, the checkpoint
-        ``folder``, None when the servers started afresh), as the servers say."""
-
     def examples_applied(self) -> int:
         """Examples in all the updates applied so far, run-wide, as this process knows it."""
 

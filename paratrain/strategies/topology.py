@@ -58,9 +58,16 @@ class Topology:
         return 0
 
     @property
+    def num_servers(self) -> int:
+        """Processes that serve instead of training (parameter-server shards); they come
+        first in rank order."""
+        return 0
+
+    @property
     def expendable_ranks(self) -> frozenset[int]:
-        """Ranks whose death the run survives (the rest must all finish)."""
-        return frozenset()
+        """Ranks whose death the run survives (the rest must all finish): every one where
+        a lost replica is replaced, else none."""
+        return frozenset(range(self.num_processes)) if self.replaces_lost else frozenset()
 
     def role(self, rank: int) -> Role:
         return Role.WORKER

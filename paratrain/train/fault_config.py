@@ -78,7 +78,7 @@ class FaultConfig:
             if parsed and parsed[0] >= workers:
                 raise ConfigError(f"{name} names worker {parsed[0]}, but the run has workers 0..{workers - 1}")
         if self.fail_shard_at:
-            shards = getattr(topology, "num_shards", 0)
+            shards = topology.num_servers
             if not shards:
                 raise ConfigError(
                     f"--fail {self.fail} names a parameter-server shard; --strategy {strategy} has none "

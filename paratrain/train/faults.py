@@ -18,7 +18,6 @@ import time
 from typing import Any
 
 from paratrain.session.incarnation import restart_count
-from paratrain.strategies.topology import Role
 from paratrain.train.callbacks import Callback
 
 
@@ -58,7 +57,7 @@ class ShardFailAt(Callback):
         strategy = self.trainer.strategy
         if (
             version == self.version
-            and strategy.role is Role.PS
+            and strategy.server is not None
             and strategy.rank == self.shard
             and restart_count() == 0
         ):
@@ -134,7 +133,7 @@ class StepBeacon(Callback):
 
     def on_version(self, version: int) -> None:
         # A parameter-server shard's step is its version: the global step of a ps-* run.
-        if self.trainer.strategy.role is Role.PS:
+        if self.trainer.strategy.server is not None:
             self._slot[self.rank] = version
 
 

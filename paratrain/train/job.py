@@ -22,7 +22,6 @@ from paratrain.data.sharding import as_source, is_map_style
 from paratrain.launch.threads import set_threads
 from paratrain.models import build_model
 from paratrain.registry import OPTIMIZERS, SCHEDULES, STRATEGIES, is_reference, load_reference
-from paratrain.strategies.topology import Role
 from paratrain.train.callbacks import Callback, EarlyStopping, LearningRateScheduler, TokenLog, perplexity
 from paratrain.train.checkpoint import Checkpoint
 from paratrain.train.faults import fault_callbacks, restart_count
@@ -123,7 +122,7 @@ def _run(config: TrainConfig, strategy: Any, started: float) -> dict[str, Any]:
         callbacks.append(tensorboard)
     if config.timeline:
         callbacks.append(TimelineSpans())
-    with timeline.span("serve") if strategy.role is Role.PS else contextlib.nullcontext():
+    with timeline.span("serve") if strategy.server is not None else contextlib.nullcontext():
         history = trainer.fit(
             splits.train,
             epochs=config.epochs,
@@ -134,7 +133,7 @@ def _run(config: TrainConfig, strategy: Any, started: float) -> dict[str, Any]:
             verbose=1 if config.progress else 0,
             log_every=config.log_every,
         )
-    if strategy.role is not Role.WORKER:
+    if strategy.server is not None:
         return {"role": strategy.role.value, "rank": strategy.rank}
     # The final model, after every process's updates (asynchronous ones too).
     final = trainer.evaluate(splits.test)

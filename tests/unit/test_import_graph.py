@@ -102,10 +102,12 @@ def test_the_check_finds_a_cycle_hidden_in_a_function_or_a_package():
 
 def test_strategies_and_comm_import_nothing_above_them():
     """``launch -> train -> strategies -> comm``: a strategy never imports the loop or the
-    launcher, and a codec no strategy."""
+    launcher, and a codec or the checkpoint store no strategy."""
     graph = _graph(_modules())
     for name, targets in graph.items():
         if name.startswith("paratrain.strategies"):
             assert not {t for t in targets if t.startswith(("paratrain.train", "paratrain.launch"))}, name
+        if name.startswith("paratrain.checkpoints"):
+            assert not {t for t in targets if t.startswith(("paratrain.strategies", "paratrain.train"))}, name
         if name.startswith("paratrain.comm"):
             assert not {t for t in targets if t.startswith(("paratrain.strategies", "paratrain.train"))}, name

@@ -43,7 +43,7 @@ from paratrain.parallel.split import parse_split_points
 from paratrain.session.incarnation import restart_count
 from paratrain.strategies.base import DEFAULT_TIMEOUT_S
 from paratrain.strategies.fault_tolerant.membership import ReplicaGroup
-from paratrain.strategies.fault_tolerant.replicas import replica_slot, torchft_modules
+from paratrain.strategies.fault_tolerant.replicas import check_replica_job, replica_slot, torchft_modules
 from paratrain.strategies.fault_tolerant.session import FaultTolerantSession, check_compression, session_options
 from paratrain.strategies.pipeline.gradients import TiedGradients
 from paratrain.strategies.pipeline.stages import MicrobatchTraffic, feed, scored, stage_loss
@@ -65,17 +65,8 @@ class PipelineReplicaGroups(PipelineTopology):
     replaces_lost = True
     whole_batches = True
 
-    @property
-    def expendable_ranks(self) -> frozenset[int]:
-        return frozenset(range(self.num_processes))
-
     def check_cluster(self, cluster: ClusterEnv, strategy: str) -> None:
-        """Under torchrun, each replica is its own job of ``num_stages`` processes."""
-        if cluster.world_size != self.num_stages:
-            raise ConfigError(
-                f"--strategy {strategy} runs one torchrun job per replica, of --stages {self.num_stages} "
-                f"processes (REPLICA_GROUP_ID set, --lighthouse given), got a job of {cluster.world_size}"
-            )
+        check_replica_job(cluster, strategy, self.num_stages, f"of --stages {self.num_stages} processes")
 
 
 class FaultTolerantPipelineStrategy(PipelineStrategy):

@@ -37,17 +37,18 @@ class ReplicaGroups(Topology):
     replaces_lost = True
     whole_batches = True
 
-    @property
-    def expendable_ranks(self) -> frozenset[int]:
-        return frozenset(range(self.num_replicas))
-
     def check_cluster(self, cluster: ClusterEnv, strategy: str) -> None:
-        """Under torchrun, each replica is its own job of one process (``--nproc-per-node 1``)."""
-        if cluster.world_size != 1:
-            raise ConfigError(
-                f"--strategy {strategy} runs one torchrun job per replica (--nnodes 1 --nproc-per-node 1, "
-                f"REPLICA_GROUP_ID set, --lighthouse given), got a job of {cluster.world_size} processes"
-            )
+        check_replica_job(cluster, strategy, 1, "of one process: --nnodes 1 --nproc-per-node 1")
+
+
+def check_replica_job(cluster: ClusterEnv, strategy: str, processes: int, form: str) -> None:
+    """Under torchrun, each fault-tolerant replica is its own job of ``processes`` processes
+    (``form`` says how), so that a lost one is replaced alone."""
+    if cluster.world_size != processes:
+        raise ConfigError(
+            f"--strategy {strategy} runs one torchrun job per replica, {form} (REPLICA_GROUP_ID set, "
+            f"--lighthouse given), got a job of {cluster.world_size} processes"
+        )
 
 
 def torchft_modules() -> Any:

@@ -51,6 +51,11 @@ class PSMode(str, Enum):
 PULL_DTYPES = {"none": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
+def _joining(default: Any, help: str) -> Any:
+    """An option of the modes that admit workers joining while the run trains."""
+    return option(default, f"ps-async, ps-backup: {help}", strategies=("ps-backup", "ps-async"))
+
+
 @dataclass
 class PSConfig:
     """Options of the parameter-server strategies (``ps-sync``, ``ps-backup``, ``ps-async``)."""
@@ -81,23 +86,18 @@ class PSConfig:
     pull_compression: str = option(
         "none", "parameter server: parameters sent to workers in none (fp32), fp16 or bf16", choices=tuple(PULL_DTYPES)
     )
-    join: str | None = option(
+    join: str | None = _joining(
         None,
-        "ps-async, ps-backup: join the running run whose rendezvous is HOST:PORT (it prints it) as one more "
-        "worker; it starts from the shards' current parameters",
-        strategies=("ps-backup", "ps-async"),
+        "join the running run whose rendezvous is HOST:PORT (it prints it) as one more worker; it starts from "
+        "the shards' current parameters",
     )
-    joiners: bool = option(
-        True,
-        "ps-async, ps-backup: let workers join while the run trains (--join, with the run's join token); "
-        "--no-joiners closes the door",
-        strategies=("ps-backup", "ps-async"),
+    joiners: bool = _joining(
+        True, "let workers join while the run trains (--join, with the run's join token); --no-joiners closes the door"
     )
-    join_token_file: str | None = option(
+    join_token_file: str | None = _joining(
         None,
-        "ps-async, ps-backup: the file holding the run's join token (first line); default PARATRAIN_JOIN_TOKEN, "
-        "else a local run makes one, prints it and saves it readable by you only; a joiner gives the run's",
-        strategies=("ps-backup", "ps-async"),
+        "the file holding the run's join token (first line); default PARATRAIN_JOIN_TOKEN, else a local run makes "
+        "one, prints it and saves it readable by you only; a joiner gives the run's",
     )
     on_worker_lost: str = option(
         "stop",
@@ -190,6 +190,10 @@ class PSTopology(Topology):
 
     @property
     def chief_rank(self) -> int:
+        return self.num_shards
+
+    @property
+    def num_servers(self) -> int:
         return self.num_shards
 
     @property

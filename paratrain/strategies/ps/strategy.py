@@ -23,18 +23,21 @@ import torch
 from torch import nn
 from torch.optim import Optimizer
 
+from paratrain.checkpoints.files import RunCheckpoints
 from paratrain.comm.codec_config import CodecConfig, make_codec
 from paratrain.comm.codecs import Codec
 from paratrain.data.batch import num_examples
 from paratrain.data.sharding import ShardedBatches
 from paratrain.errors import ConfigError, ReplicaLeft
+from paratrain.periodic import Periodic
 from paratrain.session.leaving import LeaveOnSigterm
 from paratrain.strategies.accounting import staleness_summary
 from paratrain.strategies.base import DEFAULT_TIMEOUT_S, Strategy
 from paratrain.strategies.device import resolve_device
 from paratrain.strategies.ps.batches import AssignedBatches
+from paratrain.strategies.ps.checkpoint import ShardState, WorkerState
 from paratrain.strategies.ps.checks import check_run
-from paratrain.strategies.ps.heartbeat import Heartbeat
+from paratrain.strategies.ps.heartbeat import heartbeat
 from paratrain.strategies.ps.host import ShardHost
 from paratrain.strategies.ps.join_door import JoinDoor, output_folder, say_joined
 from paratrain.strategies.ps.joining import describe_run, run_options
@@ -59,6 +62,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
     from paratrain.config import TrainConfig
+    from paratrain.strategies.roles import FitLoop
 
 
 class ParameterServerStrategy(Strategy):
@@ -125,7 +129,7 @@ class ParameterServerStrategy(Strategy):
         self.codec = make_codec(compression, codec_options)
         self.host: ShardHost | None = None
         """The shard this process serves as (None on a worker)."""
-        self._heartbeat: Heartbeat | None = None
+        self._heartbeat: Periodic | None = None
         self.worker: PSWorker | None = None
         """This process's side of the wire where it is a worker (None on a shard)."""
         self.membership: Membership | None = None
@@ -230,7 +234,7 @@ class ParameterServerStrategy(Strategy):
                 on_version=lambda version: self.on_version(version),  # the Trainer sets it later
             )
             self.worker.per_update = self._per_update
-            self._heartbeat = Heartbeat(self.membership.store, self.rank, self.heartbeat_timeout).start()
+            self._heartbeat = heartbeat(self.membership.store, self.rank, self.heartbeat_timeout).start()
         super().setup()
 
     @property
@@ -246,6 +250,12 @@ class ParameterServerStrategy(Strategy):
     def remote(self) -> PSWorker | None:
         """A worker's parameters, optimizer and position are the shards' (roles.py)."""
         return self.worker
+
+    def state_writer(self, files: RunCheckpoints, loop: FitLoop) -> ShardState | WorkerState:
+        """A shard writes its slice at versions, a worker its codec's state beside them (checkpoint.py)."""
+        if self.host is not None:
+            return ShardState(files, self, self.host)
+        return WorkerState(files, self, self.worker, loop, self._codec_has_state())
 
     # ----- model -------------------------------------------------------------------------
     def prepare(

@@ -1,0 +1,88 @@
+"""What every process's state writer shares: the run's checkpoint folder, how often it
+saves, the signature it writes and checks, and which checkpoint the run resumed from.
+
+A state writer (``StateWriter``) is the part of checkpointing that depends on what a
+process holds: a training replica writes its part at steps (train/checkpoint.py), a
+parameter-server shard at the versions it publishes and a parameter-server worker the
+state of its codec beside them (strategies/ps/checkpoint.py). The ``Checkpoint``
+callback asks the strategy for its process's writer and calls it at the loop's events;
+the writers never call the loop."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Protocol
+
+from paratrain.checkpoints.store import CheckpointStore
+from paratrain.console import console
+from paratrain.errors import ConfigError
+
+
+class StateWriter(Protocol):
+    def restore(self) -> None:
+        """Load this process's part of the newest complete checkpoint (nothing if none)."""
+
+    def at_step(self, step: int) -> None:
+        """A training step ended that the run saves at (``every_steps``), or a stop asks for one."""
+
+    def at_version(self, version: int) -> None:
+        """A parameter version was published (a shard) or received (a worker)."""
+
+    def at_end(self, step: int) -> None:
+        """Training ended at ``step``: save the final state, finish any commit."""
+
+
+class RunCheckpoints:
+    """The checkpoints of one run as every writer of it sees them."""
+
+    def __init__(self, store: CheckpointStore, every_steps: int, timeout: float, signature: Callable[[], dict]):
+        self.store, self.every_steps, self.timeout = store, every_steps, timeout
+        self.signature = signature
+        """The run's signature now (``signature.run_signature``)."""
+        self.restored_step: int | None = None
+        """The step of the checkpoint this run resumed from (None: it started afresh)."""
+        self.last_saved = -1
+        """The step (a parameter-server run: the version) this process saved last."""
+        self._committing: threading.Thread | None = None
+
+    def choose(self, speaks: bool) -> Path | None:
+        """The newest complete checkpoint (None: start afresh); the process that ``speaks``
+        for the run names the corrupt ones newer than it, or says none is complete."""
+        folder, corrupt = self.store.resume_from()
+        if speaks:
+            for line in corrupt:
+                console.print(f"paratrain: {line}")
+            if folder is None and self.store.root.is_dir() and any(self.store.root.iterdir()):
+                console.print(f"paratrain: no complete checkpoint in {self.store.root}; training from the start")
+        return folder
+
+    def restored(self, step: int, speaks: bool) -> None:
+        """The run goes on from the checkpoint of ``step``; the process that ``speaks``
+        moves corrupt checkpoints newer than it aside, before a save writes their steps again."""
+        self.restored_step = self.last_saved = step
+        if speaks:
+            for aside in self.store.clear_after(step):
+                console.print(f"paratrain: moved the corrupt checkpoint aside to {aside}")
+
+    def commit_in_background(self, step: int, signature: dict[str, Any]) -> None:
+        """Commit ``step`` once every part named in ``signature`` is there, from a thread,
+        so that the caller goes on (a shard serving); one commit at a time."""
+        self.finish_commit(None)
+        self._committing = threading.Thread(
+            target=self._commit_quietly, args=(step, dict(signature)), name="checkpoint-commit", daemon=True
+        )
+        self._committing.start()
+
+    def finish_commit(self, timeout: float | None) -> None:
+        """Wait for the commit under way, if any (``timeout`` None: however long it takes)."""
+        if self._committing is not None:
+            self._committing.join(timeout)
+            self._committing = None
+
+    def _commit_quietly(self, step: int, signature: dict[str, Any]) -> None:
+        try:
+            self.store.commit(step, signature["part_names"], signature, self.timeout)
+        except (RuntimeError, ConfigError) as error:  # the previous checkpoint stays the newest
+            console.print(f"paratrain: {error}", style="red")
