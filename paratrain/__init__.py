@@ -40,6 +40,7 @@ _PUBLIC = {
     "StepOutput": "paratrain.strategies.step",
     "StepRecipe": "paratrain.strategies.recipe",
     "Strategy": "paratrain.strategies.base",
+    "TensorParallelStrategy": "paratrain.strategies.tensor.strategy",
     "TrainConfig": "paratrain.config",
     "Trainer": "paratrain.train.trainer",
     "WorkerFailed": "paratrain.errors",

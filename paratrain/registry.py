@@ -147,6 +147,7 @@ STRATEGIES = StrategyTable(
         "paratrain.strategies.pipeline.spec:SPEC",
         "paratrain.strategies.averaging.spec:SPEC",
         "paratrain.strategies.fsdp.spec:SPEC",
+        "paratrain.strategies.tensor.spec:SPEC",
         "paratrain.strategies.fault_tolerant.spec:SPEC",
     ]
 )

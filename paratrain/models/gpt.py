@@ -37,17 +37,19 @@ class Embeddings(nn.Module):
 class CausalSelfAttention(nn.Module):
     def __init__(self, width: int, heads: int, dropout: float):
         super().__init__()
-        self.heads = heads
+        self.head_width = width // heads
         self.qkv = nn.Linear(width, 3 * width)
         self.out = nn.Linear(width, width)
         self.dropout = dropout
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        batch, length, width = x.shape
-        q, k, v = self.qkv(x).view(batch, length, 3, self.heads, width // self.heads).permute(2, 0, 3, 1, 4)
+        # The heads are counted from the projection's width: split by tensor parallelism,
+        # a process holds some of them (paratrain/parallel/tensor.py).
+        batch, length, _ = x.shape
+        q, k, v = self.qkv(x).view(batch, length, 3, -1, self.head_width).permute(2, 0, 3, 1, 4)
         dropout = self.dropout if self.training else 0.0
         y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
-        return self.out(y.transpose(1, 2).reshape(batch, length, width))
+        return self.out(y.transpose(1, 2).reshape(batch, length, -1))
 
 
 class GPTBlock(nn.Module):
@@ -78,6 +80,12 @@ class LMHead(nn.Module):
 
 class GPT(nn.Sequential):
     _no_split_modules = ["GPTBlock"]
+    _tp_plan = {  # how tensor parallelism splits each block (parallel/tensor.py)
+        "*.attention.qkv": "colwise:3",
+        "*.attention.out": "rowwise",
+        "*.mlp.0": "colwise",
+        "*.mlp.2": "rowwise",
+    }
 
     def __init__(self, vocab: int, context: int, sizes: GPTConfig):
         embeddings = Embeddings(vocab, context, sizes.gpt_width, sizes.gpt_dropout)

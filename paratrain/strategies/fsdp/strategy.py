@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -44,8 +43,10 @@ from paratrain.comm.codecs import Codec
 from paratrain.errors import ConfigError
 from paratrain.strategies.accounting import staleness_summary
 from paratrain.strategies.base import DEFAULT_TIMEOUT_S
+from paratrain.strategies.numerics import finite_on_every_process, sharded_gradients, sharded_parameters
 from paratrain.strategies.recipe import StepRecipe
 from paratrain.strategies.replica import ReplicaStrategy
+from paratrain.strategies.sharded_files import ShardedModelFiles
 from paratrain.strategies.spec import process_options
 from paratrain.strategies.step import uncompiled
 
@@ -54,9 +55,6 @@ if TYPE_CHECKING:
 
 #: The codecs a reduce-scatter carries (the type gradients are reduced in).
 REDUCE_DTYPES = {"none": None, "fp16": torch.float16, "bf16": torch.bfloat16}
-
-#: The folder of a checkpoint that holds the sharded model and optimizer.
-SHARDS = "model"
 
 
 class FSDPStrategy(ReplicaStrategy):
@@ -137,24 +135,10 @@ class FSDPStrategy(ReplicaStrategy):
         return _gradient_sync_off(uncompiled(model))
 
     def gradients_finite(self, optimizer: torch.optim.Optimizer) -> bool:
-        local = [
-            _local(p.grad)
-            for group in optimizer.param_groups
-            for p in group["params"]
-            if p.grad is not None and _local(p.grad).numel()
-        ]
-        return self._all_finite(local)
+        return finite_on_every_process(sharded_gradients(optimizer), self.device)
 
     def parameters_finite(self, model: nn.Module) -> bool:
-        return self._all_finite([_local(p.detach()) for p in model.parameters() if _local(p).numel()])
-
-    def _all_finite(self, shards: list[torch.Tensor]) -> bool:
-        """Whether every process's ``shards`` are finite (every process gets the same answer)."""
-        bad = torch.zeros(1, device=self.device)
-        if shards:
-            bad += (~torch.isfinite(torch.stack(torch._foreach_norm(shards)).sum())).float()
-        dist.all_reduce(bad)
-        return not bool(bad.item())
+        return finite_on_every_process(sharded_parameters(model), self.device)
 
     # ----- accounting ----------------------------------------------------------------------------------
     def _step_bytes(self) -> int:
@@ -179,36 +163,8 @@ class FSDPStrategy(ReplicaStrategy):
 
     # ----- sharded checkpoints -------------------------------------------------------------------------
     @property
-    def model_files(self) -> FSDPStrategy:
-        return self
-
-    def save_model(self, module: nn.Module, optimizer: torch.optim.Optimizer, folder: Path) -> list[str]:
-        """Every process writes its shard of the model and optimizer to ``folder/model/``
-        (a collective); returns the files written there, relative to ``folder``."""
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_state_dict
-
-        model_state, optimizer_state = get_state_dict(module, optimizer)
-        target = folder / SHARDS
-        dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=target)
-        return sorted(f"{SHARDS}/{path.name}" for path in target.iterdir() if path.is_file())
-
-    def load_model(self, module: nn.Module, optimizer: torch.optim.Optimizer, folder: Path) -> None:
-        """Read the sharded model and optimizer of ``folder``, resharded to this run's
-        processes (a collective)."""
-        import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
-
-        model_state, optimizer_state = get_state_dict(module, optimizer)
-        state = {"model": model_state, "optimizer": optimizer_state}
-        try:
-            dcp.load(state, checkpoint_id=folder / SHARDS)
-        except Exception as error:  # DCP wraps every rank's failure in CheckpointException
-            first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-            raise ConfigError(
-                f"checkpoint {folder}: its sharded model does not load into this model ({first})"
-            ) from None
-        set_state_dict(module, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    def model_files(self) -> ShardedModelFiles:
+        return ShardedModelFiles()
 
 
 def fsdp_mesh(device: torch.device) -> Any:
@@ -252,11 +208,6 @@ def _codec_refusal(name: str) -> str:
         f"--compression {name}: fsdp reduce-scatters gradients, which only none, fp16 and bf16 can be "
         "(a coded payload cannot be summed shard by shard); use one of those, or --strategy allreduce"
     )
-
-
-def _local(tensor: torch.Tensor) -> torch.Tensor:
-    """This process's shard of a DTensor (a plain tensor is its own)."""
-    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
 
 
 @contextlib.contextmanager

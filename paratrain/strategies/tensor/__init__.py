@@ -1,0 +1,1 @@
+"""``tensor``: tensor parallelism, each layer split over processes (strategy.py)."""

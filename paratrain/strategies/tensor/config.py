@@ -1,0 +1,54 @@
+"""The options of ``tensor``: a section of the run's TrainConfig (config.py), kept apart
+from the strategy so that the configuration never imports a strategy."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import ClassVar
+
+from paratrain.errors import ConfigError
+from paratrain.options import at_least, check_options, option
+
+
+@dataclass
+class TensorConfig:
+    """Options of ``--strategy tensor``."""
+
+    strategies: ClassVar[tuple[str, ...]] = ("tensor",)
+
+    tensor_parallel: int = option(
+        2, "tensor: processes each layer is split over (T); --workers W processes make W/T replicas"
+    )
+    tp_plan: str | None = option(
+        None,
+        "tensor: how to split the model, as JSON or a JSON file: module pattern to style (colwise, colwise:K, "
+        'colwise_rep, rowwise, heads), e.g. \'{"layers.*.fc1": "colwise", "layers.*.fc2": "rowwise"}\'; '
+        "default: the model's own plan",
+    )
+
+    def __post_init__(self) -> None:
+        check_options(self)
+        at_least("tensor_parallel", self.tensor_parallel, 1)
+        self.plan()  # a plan that does not read is refused with the options
+
+    def plan(self) -> dict[str, str] | None:
+        """``--tp-plan`` read: a dict of module pattern to style, or None (the model's own)."""
+        if self.tp_plan is None:
+            return None
+        text = self.tp_plan
+        if not text.lstrip().startswith("{"):
+            try:
+                text = Path(text).expanduser().read_text()
+            except OSError as error:
+                raise ConfigError(
+                    f"--tp-plan {self.tp_plan}: not JSON, and not a file that reads ({error.strerror})"
+                ) from None
+        try:
+            plan = json.loads(text)
+        except json.JSONDecodeError as error:
+            raise ConfigError(f"--tp-plan: not JSON ({error.msg} at line {error.lineno})") from None
+        if not isinstance(plan, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in plan.items()):
+            raise ConfigError('--tp-plan must be a JSON object of module pattern to style, e.g. {"fc1": "colwise"}')
+        return plan

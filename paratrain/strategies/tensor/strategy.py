@@ -1,0 +1,211 @@
+"""``tensor``: tensor parallelism, each layer split over ``--tensor-parallel T`` processes
+(the tutorials' "vertical" split of a layer across devices; Megatron-LM's, through
+DTensor: paratrain/parallel/tensor.py says how a plan splits a model).
+
+The T processes of a replica compute one step together: each holds 1/T of every split
+weight (and of its gradient and optimizer state), the activations between a block's
+column-split and row-split layers stay split, and a block costs two all-reduces of its
+activations forward and two backward. ``--workers W`` processes make W/T data-parallel
+replicas, on a device mesh (replica, shard) whose shard dimension holds neighbouring
+ranks; after the backward pass each process sums its part of the gradient over the
+replicas (one all-reduce, in the replica dimension), so a step is one step of the global
+batch, as under allreduce.
+
+Checkpoints go through ``torch.distributed.checkpoint`` (strategies/sharded_files.py):
+each process writes its part of the model and optimizer.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, ClassVar
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+
+from paratrain.comm.transport import cluster_from_env, default_backend
+from paratrain.console import console
+from paratrain.errors import ConfigError
+from paratrain.parallel.tensor import matching, parallelize, plan_for
+from paratrain.strategies.base import DEFAULT_TIMEOUT_S, Strategy
+from paratrain.strategies.device import resolve_device
+from paratrain.strategies.numerics import finite_on_every_process, sharded_gradients, sharded_parameters
+from paratrain.strategies.recipe import StepRecipe
+from paratrain.strategies.sharded_files import ShardedModelFiles
+from paratrain.strategies.spec import process_options
+from paratrain.strategies.tensor.topology import TensorTopology
+
+if TYPE_CHECKING:
+    from paratrain.config import TrainConfig
+
+
+class TensorParallelStrategy(Strategy):
+    name = "tensor"
+    compiles = False
+    takes_channels_last = False
+    reshards: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        device: str = "auto",
+        timeout: float = DEFAULT_TIMEOUT_S,
+        tensor_parallel: int = 2,
+        plan: dict[str, str] | None = None,
+        workers: int | None = None,
+    ):
+        super().__init__(device=device, timeout=timeout, workers=workers)
+        if not isinstance(tensor_parallel, int) or tensor_parallel < 1:
+            raise ConfigError(f"tensor_parallel must be a whole number >= 1, got {tensor_parallel!r}")
+        self.tensor_parallel = tensor_parallel
+        self.plan = plan
+        self.mesh: Any = None
+        self._replica_group: Any = None
+        self._grad_bytes = 0
+        self._activation_bytes = 0  # what the row-split layers all-reduce, per step, forward
+
+    @classmethod
+    def from_config(cls, config: TrainConfig) -> TensorParallelStrategy:
+        tensor = config.tensor
+        return cls(**process_options(config), tensor_parallel=tensor.tensor_parallel, plan=tensor.plan())
+
+    @classmethod
+    def topology_for(cls, config: TrainConfig) -> TensorTopology:
+        """``--workers`` counts processes; the default 1 means one replica of T processes."""
+        return TensorTopology.of(config.workers, config.tensor.tensor_parallel)
+
+    @classmethod
+    def check_model(cls, model: nn.Module, config: TrainConfig) -> None:
+        matching(model, plan_for(model, config.tensor.plan()), config.tensor.tensor_parallel)
+
+    @classmethod
+    def check_step(cls, name: str, precision: str, compile: bool = False, channels_last: bool = False) -> None:
+        if precision == "fp16":
+            raise ConfigError(
+                "--precision fp16 needs a gradient scaler over split gradients that tensor does not have here; "
+                "use --precision bf16"
+            )
+        super().check_step(name, precision, compile, channels_last)
+
+    def planned_topology(self) -> TensorTopology:
+        return TensorTopology.of(self.workers, self.tensor_parallel)
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            **super().describe(),
+            "workers": self.topology.num_processes,  # processes, as --workers counts them
+            "replicas": self.num_replicas,
+            "tensor_parallel": self.tensor_parallel,
+        }
+
+    # ----- process -----------------------------------------------------------------------
+    def setup(self) -> None:
+        """Join the run and lay its processes out as a (replica, shard) device mesh."""
+        if not self._ready:
+            cluster = cluster_from_env()
+            self.device = resolve_device(self.device_preference, cluster.local_rank if cluster else 0)
+            self._join_group(default_backend(self.device))
+            world, tensor = dist.get_world_size(), self.tensor_parallel
+            if world % tensor:
+                raise ConfigError(f"the run has {world} processes, not a multiple of --tensor-parallel {tensor}")
+            self.process_rank = dist.get_rank()
+            self.topology = TensorTopology(num_replicas=world // tensor, tensor=tensor)
+            self.mesh = init_device_mesh(self.device.type, (world // tensor, tensor), mesh_dim_names=("dp", "tp"))
+            self._replica_group = self.mesh["dp"].get_group() if world > tensor else None
+        super().setup()
+
+    def teardown(self) -> None:
+        self.mesh = self._replica_group = None
+        super().teardown()
+
+    # ----- model -------------------------------------------------------------------------
+    def prepare(
+        self, model: nn.Module, optimizer: torch.optim.Optimizer, recipe: StepRecipe | None = None
+    ) -> tuple[nn.Module, torch.optim.Optimizer]:
+        """Split ``model`` in place over this replica's processes (its plan: parallel/tensor.py)
+        and point ``optimizer`` at the split parameters."""
+        model, optimizer = super().prepare(model, optimizer, recipe)
+        if optimizer.state:
+            raise ConfigError(
+                "tensor splits the parameters the optimizer steps: give it an optimizer that has not stepped yet "
+                "(load optimizer state through a checkpoint, after prepare)"
+            )
+        names = {id(p): name for name, p in model.named_parameters()}
+        groups = [[names[id(p)] for p in group["params"]] for group in optimizer.param_groups]
+        chosen = parallelize(model, self.mesh["tp"], plan_for(model, self.plan))
+        split = dict(model.named_parameters())
+        for group, names_of_group in zip(optimizer.param_groups, groups):
+            group["params"] = [split[name] for name in names_of_group]
+        self._grad_bytes = sum(p.to_local().numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+        modules = dict(model.named_modules())
+        for name, style in chosen.items():
+            if style.kind == "rowwise":
+                modules[name].register_forward_hook(self._count_activation)
+        if self.is_chief:
+            console.print(
+                f"paratrain: tensor parallel over {self.tensor_parallel} processes, {self.num_replicas} "
+                f"replica(s): {len(chosen)} modules split ({_summary(chosen)}); ranks "
+                f"{_layout(self.topology)}"
+            )
+        return model, optimizer
+
+    def _count_activation(self, module: nn.Module, inputs: Any, output: torch.Tensor) -> None:
+        if module.training:
+            self._activation_bytes += output.numel() * output.element_size()
+
+    def reduce_gradients(self, model: nn.Module) -> None:
+        """Sum each process's part of the gradient over the replicas, then divide (Gloo's
+        AVG is unreliable: pytorch #162338)."""
+        if self._replica_group is None:
+            return
+        grads = [p.grad.to_local() for p in model.parameters() if p.grad is not None]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, group=self._replica_group)
+        flat /= self.num_replicas
+        parts = torch.split(flat, [g.numel() for g in grads])
+        torch._foreach_copy_(grads, [part.view_as(g) for part, g in zip(parts, grads)])
+
+    def gradients_finite(self, optimizer: torch.optim.Optimizer) -> bool:
+        return finite_on_every_process(sharded_gradients(optimizer), self.device)
+
+    def parameters_finite(self, model: nn.Module) -> bool:
+        return finite_on_every_process(sharded_parameters(model), self.device)
+
+    def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Sum over the replicas: the processes of one replica hold the same loss and counts."""
+        if self._replica_group is not None:
+            dist.all_reduce(tensor, group=self._replica_group)
+        return tensor
+
+    @property
+    def model_files(self) -> ShardedModelFiles:
+        return ShardedModelFiles()
+
+    # ----- accounting ----------------------------------------------------------------------
+    def _step_bytes(self) -> float:
+        """What one process hands to its collectives per step, as a ring sends it: the row-split
+        layers' outputs all-reduced forward and as many activation gradients backward, over
+        the T processes; its part of the gradient over the replicas."""
+        steps = max(self._steps, 1)
+        tensor, replicas = self.tensor_parallel, self.num_replicas
+        activations = 2 * self._activation_bytes / steps * 2 * (tensor - 1) / tensor
+        gradient = self._grad_bytes * 2 * (replicas - 1) / replicas
+        return activations + gradient
+
+    def step_counters(self) -> dict[str, float]:
+        return {"bytes_sent": self._step_bytes() * self._steps, "wait_seconds": self.wait_seconds, "staleness": 0}
+
+    def stats(self) -> dict[str, Any]:
+        return {**super().stats(), "bytes_sent": int(self._step_bytes() * self._steps * self.topology.num_processes)}
+
+
+def _summary(chosen: dict[str, Any]) -> str:
+    counts: dict[str, int] = {}
+    for style in chosen.values():
+        counts[style.kind] = counts.get(style.kind, 0) + 1
+    return ", ".join(f"{count} {kind}" for kind, count in sorted(counts.items()))
+
+
+def _layout(topology: TensorTopology) -> str:
+    groups = [list(range(r * topology.tensor, (r + 1) * topology.tensor)) for r in range(topology.num_replicas)]
+    return " | ".join(f"replica {r}: {group}" for r, group in enumerate(groups))

@@ -1,0 +1,42 @@
+"""Who is who in a tensor-parallel run, from its configuration alone: replicas of
+``--tensor-parallel`` processes that split each layer between them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from paratrain.errors import ConfigError
+from paratrain.strategies.topology import Topology
+
+
+@dataclass(frozen=True)
+class TensorTopology(Topology):
+    """``num_replicas`` data-parallel replicas of ``tensor`` processes each; global rank
+    ``replica * tensor + shard``: the processes of one replica are neighbours, as on a
+    machine whose devices are joined by its fastest links (the device mesh (replica,
+    shard) of torchtitan). Every process reads its replica's slice of each global batch
+    and writes its own checkpoint part, the model through DCP."""
+
+    tensor: int = 2
+
+    @classmethod
+    def of(cls, workers: int | None, tensor: int) -> TensorTopology:
+        """The topology of ``workers`` processes (None or 1: one replica) split ``tensor`` ways."""
+        processes = workers if workers and workers > 1 else tensor
+        if processes % tensor:
+            raise ConfigError(f"--workers {processes} is not a multiple of --tensor-parallel {tensor}")
+        return cls(num_replicas=processes // tensor, tensor=tensor)
+
+    @property
+    def num_processes(self) -> int:
+        return self.num_replicas * self.tensor
+
+    def replica(self, rank: int) -> int:
+        return rank // self.tensor
+
+    def rank_name(self, rank: int) -> str:
+        replica, shard = divmod(rank, self.tensor)
+        return f"tensor shard {shard} of replica {replica}" if self.num_replicas > 1 else f"tensor shard {shard}"
+
+    def model_part(self, rank: int) -> str | None:
+        return None  # every process's part of the model is in the checkpoint's DCP files

@@ -1,0 +1,145 @@
+"""tensor: each layer split over the processes of a replica (DTensor), against the
+single-process reference on the same global batch: a transformers GPT-2 (tied embedding,
+fused query-key-value, dict batches and its own loss), a Llama that carries its own plan,
+and paratrain's gpt from the command line, split 2 ways and on a 2 x 2 mesh."""
+
+import json
+
+import pytest
+import torch
+
+import paratrain
+from paratrain.testing import flat_parameters, relative_difference, run_distributed
+from tests.distributed.test_transformers import PROJECT, SEQ, STEPS, B, gpt2, optimizer_for, tokens
+
+pytestmark = pytest.mark.distributed
+transformers = pytest.importorskip("transformers")
+
+
+def llama():
+    """A Llama whose config carries its tensor-parallel plan (base_model_tp_plan), with
+    grouped-query attention (4 query heads, 2 key-value heads) and a tied output layer."""
+    torch.manual_seed(0)
+    config = transformers.LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=SEQ, tie_word_embeddings=True, bos_token_id=0, eos_token_id=0,
+    )  # fmt: skip
+    return transformers.LlamaForCausalLM(config)
+
+
+def _train(strategy, batch_size, optimizer="sgd", build=gpt2):
+    """One epoch of STEPS global batches; the whole parameters (gathered from the splits),
+    each step's loss, and what each split parameter holds here against its whole size."""
+    model = build()
+    trainer = paratrain.Trainer(model, optimizer=optimizer_for(model, optimizer), strategy=strategy, metrics=())
+    losses = []
+    record = paratrain.Callback()
+    record.on_batch_end = lambda step, logs: losses.append(float(logs["local_loss"]))
+    trainer.fit(tokens(STEPS * batch_size * strategy.num_replicas), epochs=1, batch_size=batch_size, seed=0,
+                verbose=0, callbacks=[record])  # fmt: skip
+    module = trainer.module
+    if isinstance(strategy, paratrain.TensorParallelStrategy):
+        params = torch.cat([p.detach().full_tensor().reshape(-1) for p in module.parameters()])
+        held = {n: (p.to_local().numel(), p.numel()) for n, p in module.named_parameters()}
+    else:
+        params, held = flat_parameters(module), {}
+    strategy.teardown()
+    return params, losses, held
+
+
+def _tensor(replicas, tensor, optimizer, build):
+    strategy = paratrain.TensorParallelStrategy(device="cpu", tensor_parallel=tensor)
+    return _train(strategy, B, optimizer, build)
+
+
+@pytest.mark.parametrize(("replicas", "tensor"), [(1, 2), (2, 2)], ids=["2-way", "2x2-mesh"])
+def test_a_gpt2_split_by_tensor_parallelism_equals_one_process(replicas, tensor):
+    """The final parameters (and with one replica every step's loss) equal one process of the global batch
+    (SGD: the same sums in another order, 1e-5); each process holds 1/T of each split
+    weight (the fused query-key-value, the MLP, the tied embedding and output layer), and
+    the norms and position embedding whole."""
+    reference, single_losses, _ = _train(paratrain.SingleDeviceStrategy(device="cpu"), B * replicas, build=gpt2)
+    for params, losses, held in run_distributed(_tensor, replicas, tensor, "sgd", gpt2, world_size=replicas * tensor):
+        assert relative_difference(params, reference) < 1e-5
+        if replicas == 1:  # each step's loss is the replica's: that of the whole batch
+            assert losses == pytest.approx(single_losses, rel=1e-5)
+        split = [n for n, (here, whole) in held.items() if here * tensor == whole]
+        assert set(split) == {
+            "transformer.wte.weight",
+            *(f"transformer.h.{i}.{m}" for i in range(2) for m in (
+                "attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_fc.bias",
+                "mlp.c_proj.weight")),
+        }  # fmt: skip
+        assert all(here == whole for n, (here, whole) in held.items() if n not in split)
+
+
+def test_a_llama_split_by_its_own_plan_trains_with_adamw_as_one_process():
+    """The plan comes from the model (transformers' _tp_plan, from its config's
+    base_model_tp_plan); the tied embedding and output layer are split by vocabulary rows
+    alike and stay one parameter. AdamW: each step's loss to 1e-4 (where a gradient is rounding noise, AdamW's
+    division by its root makes the noise a whole step, so the parameters are not compared)."""
+    _, single_losses, _ = _train(paratrain.SingleDeviceStrategy(device="cpu"), B, "adamw", build=llama)
+    for _, losses, held in run_distributed(_tensor, 1, 2, "adamw", llama, world_size=2):
+        assert losses == pytest.approx(single_losses, rel=1e-4)
+        assert held["model.layers.0.self_attn.q_proj.weight"] == (32 * 32 // 2, 32 * 32)
+        assert held["model.layers.1.mlp.down_proj.weight"] == (64 * 32 // 2, 64 * 32)
+        assert held["model.embed_tokens.weight"] == (64 * 32 // 2, 64 * 32)
+        assert held["model.norm.weight"] == (32, 32)
+
+
+def test_the_builtin_gpt_on_a_mesh_equals_allreduce_from_the_command_line(cli, tmp_path):
+    """--workers 4 --tensor-parallel 2: two replicas of two processes, the global batch of
+    allreduce --workers 2 (2 x 16): the same test loss to the rounding of the sums."""
+    text = tmp_path / "text.txt"  # 12 global batches of 32 examples of 32 bytes, and a test tenth
+    text.write_bytes(bytes((7 * i + i // 97) % 251 for i in range(32 * 32 * 12 * 10 // 9 + 64)))
+    common = ["train", "--model", "gpt", "--dataset", f"text-lm:{text}", "--seq-len", "32", "--epochs", "1",
+              "--batch-size", "16", "--gpt-layers", "2", "--gpt-width", "32", "--gpt-heads", "4", "--no-progress"]  # fmt: skip
+    results = {}
+    for name, extra in {
+        "allreduce": ["--workers", "2"],
+        "tensor": ["--workers", "4", "--tensor-parallel", "2"],
+    }.items():
+        out = tmp_path / f"{name}.json"
+        result = cli(*common, "--strategy", name, *extra, "--metrics-out", str(out))
+        assert result.returncode == 0, result.stderr[-3000:]
+        results[name] = json.loads(out.read_text())
+    assert "ranks replica 0: [0, 1] | replica 1: [2, 3]" in result.stdout
+    assert results["tensor"]["global_steps"] == results["allreduce"]["global_steps"] == 12
+    assert results["tensor"]["test_loss"] == pytest.approx(results["allreduce"]["test_loss"], rel=1e-5)
+
+
+@pytest.mark.parametrize(
+    ("flags", "says"),
+    [
+        (["--workers", "3"], "--workers 3 is not a multiple of --tensor-parallel 2"),
+        (["--tp-plan", "{not json"], "--tp-plan: not JSON"),
+        (["--tp-plan", '{"transformer.h.*.mlp.c_fc": "diagonal"}'], "has style 'diagonal'; the styles are"),
+        (["--tp-plan", '{"transformer.h.*.mlp.fc9": "colwise"}'], "'transformer.h.*.mlp.fc9' names no module"),
+        (["--tp-plan", '{"transformer.h.*.ln_1": "colwise"}'], "is a LayerNorm; colwise splits nn.Linear"),
+        (["--tensor-parallel", "3"], "transformer.wte has 64 input rows, not a multiple of 3"),
+        (
+            ["--tensor-parallel", "3", "--tp-plan", '{"transformer.h.*.attn": "heads"}'],
+            "transformer.h.0.attn.num_heads = 2, not a multiple of 3",
+        ),
+        (
+            ["--tensor-parallel", "3", "--tp-plan", '{"transformer.wte": "rowwise"}'],
+            "transformer.wte has 64 input rows, not a multiple of 3",
+        ),
+        (
+            ["--tensor-parallel", "3", "--tp-plan", '{"transformer.h.*.attn.c_attn": "colwise:3"}'],
+            "has 96 output features in 3 packed projections, not a multiple of 9",
+        ),
+    ],
+)
+def test_a_run_that_cannot_be_split_is_one_line_and_exit_2(cli, tmp_path, flags, says):
+    (tmp_path / "hfgpt.py").write_text(PROJECT)
+    result = cli("train", "--model", "hfgpt:model", "--dataset", "hfgpt:data", "--loss", "model", "--metrics", "",
+                 "--strategy", "tensor", *flags, cwd=tmp_path)  # fmt: skip
+    assert result.returncode == 2, result.stderr[-2000:]
+    ours = [line for line in result.stderr.splitlines() if not line.startswith("[transformers]")]
+    assert says in result.stderr and len(ours) == 1, result.stderr
+
+
+def test_options_of_tensor_parallelism_are_refused_by_other_strategies(cli):
+    result = cli("train", "--strategy", "allreduce", "--tensor-parallel", "2")
+    assert result.returncode == 2 and "--tensor-parallel" in result.stderr and "tensor" in result.stderr
