@@ -55,6 +55,7 @@ class Strategy:
     """Whether the mode sends gradients that a codec (``--compression``) can compress."""
     scales_loss: ClassVar[bool] = True
     """Whether the optimizer runs where the gradient is made, as fp16's GradScaler needs."""
+    scaler_missing: ClassVar[str] = ""  # why fp16's GradScaler cannot serve this mode's gradients
     compiles: ClassVar[bool] = True
     """Whether ``torch.compile`` of the prepared model works under this mode."""
     reshards: ClassVar[bool] = False

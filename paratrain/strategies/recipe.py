@@ -45,6 +45,8 @@ def check_step_options(mode: Any, name: str, precision: str, compile: bool, chan
         raise ConfigError(
             f"--channels-last: --strategy {name} shards parameters, which must be contiguous; leave it off"
         )
+    if precision == "fp16" and mode.scaler_missing:
+        raise ConfigError(f"--precision fp16 needs a gradient scaler that {mode.scaler_missing}; use --precision bf16")
     if precision == "fp16" and not mode.scales_loss:
         raise ConfigError(
             f"--precision fp16 needs a gradient scaler beside the optimizer, which --strategy {name} "

@@ -111,3 +111,12 @@ class Topology:
                 f"the cluster has {cluster.world_size} processes but --strategy {strategy} "
                 f"with --workers {self.num_replicas} needs {self.num_processes}"
             )
+
+
+def replicas_of(workers: int | None, group: int, flag: str) -> int:
+    """The replicas of a run of ``workers`` processes (None or 1: one replica) where each
+    replica is ``group`` processes (``flag`` names the option that sets it)."""
+    processes = workers if workers and workers > 1 else group
+    if processes % group:
+        raise ConfigError(f"--workers {processes} is not a multiple of {flag} {group}")
+    return processes // group

@@ -59,6 +59,7 @@ REDUCE_DTYPES = {"none": None, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 class FSDPStrategy(ReplicaStrategy):
     name = "fsdp"
+    scaler_missing = "fsdp's sharded gradients do not have here"
     takes_compression = True
     takes_channels_last = False
     compiles = False
@@ -84,15 +85,6 @@ class FSDPStrategy(ReplicaStrategy):
     def check_config(cls, config: TrainConfig) -> None:
         if config.codec.compression not in REDUCE_DTYPES:
             raise ConfigError(_codec_refusal(config.codec.compression))
-
-    @classmethod
-    def check_step(cls, name: str, precision: str, compile: bool = False, channels_last: bool = False) -> None:
-        if precision == "fp16":
-            raise ConfigError(
-                "--precision fp16 needs a gradient scaler that fsdp's sharded gradients do not have here; "
-                "use --precision bf16"
-            )
-        super().check_step(name, precision, compile, channels_last)
 
     @classmethod
     def from_config(cls, config: TrainConfig) -> FSDPStrategy:

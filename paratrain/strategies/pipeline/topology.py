@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from paratrain.errors import ConfigError
-from paratrain.strategies.topology import Topology
+from paratrain.strategies.topology import Topology, replicas_of
 
 
 @dataclass(frozen=True)
@@ -21,10 +20,7 @@ class PipelineTopology(Topology):
     def of(cls, workers: int | None, num_stages: int) -> PipelineTopology:
         """The topology of ``workers`` processes (None or 1: one pipeline) in ``num_stages``
         stages: the one place it is computed, from the options or from a strategy."""
-        processes = workers if workers and workers > 1 else num_stages
-        if processes % num_stages:
-            raise ConfigError(f"--workers {processes} is not a multiple of --stages {num_stages}")
-        return cls(num_replicas=processes // num_stages, num_stages=num_stages)
+        return cls(num_replicas=replicas_of(workers, num_stages, "--stages"), num_stages=num_stages)
 
     @property
     def num_processes(self) -> int:

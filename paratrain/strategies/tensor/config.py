@@ -1,5 +1,5 @@
-"""The options of ``tensor``: a section of the run's TrainConfig (config.py), kept apart
-from the strategy so that the configuration never imports a strategy."""
+"""``--tensor-parallel`` and ``--tp-plan``, the section of TrainConfig (config.py) that the
+``tensor`` strategy takes; like every section it imports no strategy."""
 
 from __future__ import annotations
 

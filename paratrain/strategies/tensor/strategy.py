@@ -17,7 +17,7 @@ each process writes its part of the model and optimizer.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -42,16 +42,16 @@ if TYPE_CHECKING:
 
 class TensorParallelStrategy(Strategy):
     name = "tensor"
-    compiles = False
-    takes_channels_last = False
-    reshards: ClassVar[bool] = False
+    scaler_missing = "tensor's split gradients do not have here"
+    compiles = takes_channels_last = False  # DTensor parameters: neither compiled nor in channels-last order
 
     def __init__(
         self,
-        device: str = "auto",
-        timeout: float = DEFAULT_TIMEOUT_S,
         tensor_parallel: int = 2,
         plan: dict[str, str] | None = None,
+        *,
+        device: str = "auto",
+        timeout: float = DEFAULT_TIMEOUT_S,
         workers: int | None = None,
     ):
         super().__init__(device=device, timeout=timeout, workers=workers)
@@ -77,15 +77,6 @@ class TensorParallelStrategy(Strategy):
     @classmethod
     def check_model(cls, model: nn.Module, config: TrainConfig) -> None:
         matching(model, plan_for(model, config.tensor.plan()), config.tensor.tensor_parallel)
-
-    @classmethod
-    def check_step(cls, name: str, precision: str, compile: bool = False, channels_last: bool = False) -> None:
-        if precision == "fp16":
-            raise ConfigError(
-                "--precision fp16 needs a gradient scaler over split gradients that tensor does not have here; "
-                "use --precision bf16"
-            )
-        super().check_step(name, precision, compile, channels_last)
 
     def planned_topology(self) -> TensorTopology:
         return TensorTopology.of(self.workers, self.tensor_parallel)

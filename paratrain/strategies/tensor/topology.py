@@ -5,8 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from paratrain.errors import ConfigError
-from paratrain.strategies.topology import Topology
+from paratrain.strategies.topology import Topology, replicas_of
 
 
 @dataclass(frozen=True)
@@ -22,10 +21,7 @@ class TensorTopology(Topology):
     @classmethod
     def of(cls, workers: int | None, tensor: int) -> TensorTopology:
         """The topology of ``workers`` processes (None or 1: one replica) split ``tensor`` ways."""
-        processes = workers if workers and workers > 1 else tensor
-        if processes % tensor:
-            raise ConfigError(f"--workers {processes} is not a multiple of --tensor-parallel {tensor}")
-        return cls(num_replicas=processes // tensor, tensor=tensor)
+        return cls(num_replicas=replicas_of(workers, tensor, "--tensor-parallel"), tensor=tensor)
 
     @property
     def num_processes(self) -> int:
