@@ -2,14 +2,22 @@
 splits), written into a checkpoint through ``torch.distributed.checkpoint``: every process
 writes its own part (``model/`` in the checkpoint folder, each file in the manifest), so
 that no process ever holds the whole state, and a checkpoint loads into another layout
-(DCP reshards on load). The ``model_files`` role of strategies/roles.py."""
+(DCP reshards on load). The ``model_files`` role of strategies/roles.py.
+
+DCP writes each process's part as a block of the whole tensor; a part that is not one
+(a packed projection split by tensor parallelism: its slice of each projection, a
+strided shard) is written as the contiguous shard it equals, and made strided again
+when read back."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor, Shard
+from torch.distributed.tensor.placement_types import _StridedShard
 
 from paratrain.errors import ConfigError
 
@@ -26,7 +34,7 @@ class ShardedModelFiles:
 
         model_state, optimizer_state = get_state_dict(module, optimizer)
         target = folder / SHARDS
-        dcp.save({"model": model_state, "optimizer": optimizer_state}, checkpoint_id=target)
+        dcp.save(_contiguous({"model": model_state, "optimizer": optimizer_state}), checkpoint_id=target)
         return sorted(f"{SHARDS}/{path.name}" for path in target.iterdir() if path.is_file())
 
     def load_model(self, module: nn.Module, optimizer: torch.optim.Optimizer, folder: Path) -> None:
@@ -35,7 +43,8 @@ class ShardedModelFiles:
         from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 
         model_state, optimizer_state = get_state_dict(module, optimizer)
-        state = {"model": model_state, "optimizer": optimizer_state}
+        layout = {"model": model_state, "optimizer": optimizer_state}
+        state = _contiguous(layout)
         try:
             dcp.load(state, checkpoint_id=folder / SHARDS)
         except Exception as error:  # DCP wraps every rank's failure in CheckpointException
@@ -43,4 +52,29 @@ class ShardedModelFiles:
             raise ConfigError(
                 f"checkpoint {folder}: its sharded model does not load into this model ({first})"
             ) from None
+        state = _placed_as(state, layout)
         set_state_dict(module, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+
+
+def _contiguous(state: Any) -> Any:
+    """``state`` (nested dicts and lists) with each strided DTensor as the contiguous shard
+    of the same whole tensor."""
+    if isinstance(state, dict):
+        return {key: _contiguous(value) for key, value in state.items()}
+    if isinstance(state, list):
+        return [_contiguous(value) for value in state]
+    if isinstance(state, DTensor) and any(isinstance(p, _StridedShard) for p in state.placements):
+        placements = [Shard(p.dim) if isinstance(p, _StridedShard) else p for p in state.placements]
+        return state.redistribute(state.device_mesh, placements)
+    return state
+
+
+def _placed_as(state: Any, layout: Any) -> Any:
+    """``state`` read back, each DTensor placed as its counterpart in ``layout`` is."""
+    if isinstance(state, dict):
+        return {key: _placed_as(value, layout[key]) for key, value in state.items()}
+    if isinstance(state, list):
+        return [_placed_as(value, like) for value, like in zip(state, layout)]
+    if isinstance(state, DTensor) and isinstance(layout, DTensor) and state.placements != layout.placements:
+        return state.redistribute(layout.device_mesh, layout.placements)
+    return state

@@ -164,7 +164,10 @@ class ReplicaState:
         self.files.last_saved = step
         if strategy.is_chief:
             parts = strategy.topology.checkpoint_parts() + (own_files or [])
-            store.commit(step, parts, self.files.signature(), self.files.timeout)
+            # The replicas beside the processes: where a replica is several processes
+            # (tensor), a resume on another layout carries the data position by replicas.
+            meta = {**self.files.signature(), "replicas": strategy.num_replicas}
+            store.commit(step, parts, meta, self.files.timeout)
 
     def at_version(self, version: int) -> None:
         """A replica publishes no versions."""
@@ -194,7 +197,7 @@ class ReplicaState:
                 else CheckpointStore.read_part(folder, model_part, manifest, map_location=device)
             )
             self._load_model(folder, held, manifest)
-        saved_replicas, replicas = manifest.get("workers"), strategy.num_replicas
+        saved_replicas, replicas = manifest.get("replicas", manifest.get("workers")), strategy.num_replicas
         strategy_state = own["strategy"]
         if reshards:
             strategy_state = strategy.reshard_state(strategy_state, int(saved_replicas))

@@ -143,3 +143,38 @@ def test_a_run_that_cannot_be_split_is_one_line_and_exit_2(cli, tmp_path, flags,
 def test_options_of_tensor_parallelism_are_refused_by_other_strategies(cli):
     result = cli("train", "--strategy", "allreduce", "--tensor-parallel", "2")
     assert result.returncode == 2 and "--tensor-parallel" in result.stderr and "tensor" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("before", "after"),
+    [
+        (["--workers", "2", "--tensor-parallel", "2", "--batch-size", "8"],
+         ["--workers", "1", "--tensor-parallel", "1", "--batch-size", "8"]),
+        (["--workers", "4", "--tensor-parallel", "2", "--batch-size", "4"],
+         ["--workers", "2", "--tensor-parallel", "2", "--batch-size", "8"]),
+    ],
+    ids=["2-way-then-whole", "2x2-mesh-then-2-way"],
+)  # fmt: skip
+def test_a_checkpoint_resumes_on_another_degree_and_mesh_as_the_run_never_stopped(cli, tmp_path, before, after):
+    """Two epochs split as ``before``, then two more from its checkpoint split as ``after``
+    (the same global batch): the test loss of the run that never stopped, to the rounding of
+    the sums (SGD). DCP reads the model and optimizer into the other layout; the packed
+    query-key-value, written as contiguous shards, comes back as the slices of each
+    projection; the data position goes on by replicas. No dropout: the processes of a split
+    layer draw its dropout masks from other streams than one process does."""
+    (tmp_path / "hfgpt.py").write_text(PROJECT.replace("n_head=2)", "n_head=2, resid_pdrop=0, embd_pdrop=0, attn_pdrop=0)"))
+    common = ["train", "--model", "hfgpt:model", "--dataset", "hfgpt:data", "--loss", "model", "--metrics", "",
+              "--optimizer", "sgd", "--lr", "0.1", "--no-progress", "--strategy", "tensor"]  # fmt: skip
+    straight = tmp_path / "straight.json"
+    result = cli(*common, *before, "--epochs", "4", "--metrics-out", str(straight), cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    result = cli(*common, *before, "--epochs", "2", "--checkpoint-dir", "ck", cwd=tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    resumed = tmp_path / "resumed.json"
+    result = cli(*common, *after, "--epochs", "4", "--checkpoint-dir", "ck", "--resume", "--metrics-out", str(resumed),
+                 cwd=tmp_path)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "resumed from" in result.stdout
+    metrics, expected = json.loads(resumed.read_text()), json.loads(straight.read_text())
+    assert metrics["global_steps"] == expected["global_steps"]
+    assert metrics["test_loss"] == pytest.approx(expected["test_loss"], rel=1e-5)

@@ -44,6 +44,7 @@ class TensorParallelStrategy(Strategy):
     name = "tensor"
     scaler_missing = "tensor's split gradients do not have here"
     compiles = takes_channels_last = False  # DTensor parameters: neither compiled nor in channels-last order
+    reshards = True  # DCP loads the model into another degree or mesh
 
     def __init__(
         self,

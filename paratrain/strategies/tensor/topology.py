@@ -14,7 +14,8 @@ class TensorTopology(Topology):
     ``replica * tensor + shard``: the processes of one replica are neighbours, as on a
     machine whose devices are joined by its fastest links (the device mesh (replica,
     shard) of torchtitan). Every process reads its replica's slice of each global batch
-    and writes its own checkpoint part, the model through DCP."""
+    and writes its own checkpoint part; the model goes to the checkpoint's DCP files
+    (strategies/sharded_files.py), read through rank 0's part."""
 
     tensor: int = 2
 
@@ -33,6 +34,3 @@ class TensorTopology(Topology):
     def rank_name(self, rank: int) -> str:
         replica, shard = divmod(rank, self.tensor)
         return f"tensor shard {shard} of replica {replica}" if self.num_replicas > 1 else f"tensor shard {shard}"
-
-    def model_part(self, rank: int) -> str | None:
-        return None  # every process's part of the model is in the checkpoint's DCP files
