@@ -162,7 +162,9 @@ def test_a_checkpoint_resumes_on_another_degree_and_mesh_as_the_run_never_stoppe
     query-key-value, written as contiguous shards, comes back as the slices of each
     projection; the data position goes on by replicas. No dropout: the processes of a split
     layer draw its dropout masks from other streams than one process does."""
-    (tmp_path / "hfgpt.py").write_text(PROJECT.replace("n_head=2)", "n_head=2, resid_pdrop=0, embd_pdrop=0, attn_pdrop=0)"))
+    (tmp_path / "hfgpt.py").write_text(
+        PROJECT.replace("n_head=2)", "n_head=2, resid_pdrop=0, embd_pdrop=0, attn_pdrop=0)")
+    )
     common = ["train", "--model", "hfgpt:model", "--dataset", "hfgpt:data", "--loss", "model", "--metrics", "",
               "--optimizer", "sgd", "--lr", "0.1", "--no-progress", "--strategy", "tensor"]  # fmt: skip
     straight = tmp_path / "straight.json"
