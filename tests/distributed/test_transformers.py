@@ -179,8 +179,10 @@ def test_a_gpt2_and_its_dataset_train_from_the_command_line(cli, tmp_path):
 
 
 @pytest.mark.parametrize(
-    "flags, processes", [(["--strategy", "fsdp"], 2), (["--strategy", "ps-sync"], 3), (["--strategy", "pipeline"], 2)]
-)
+    "flags, processes",
+    [(["--strategy", "fsdp"], 2), (["--strategy", "ps-sync"], 3), (["--strategy", "pipeline"], 2),
+     (["--strategy", "tensor"], 2)],
+)  # fmt: skip
 def test_the_readme_gpt2_script_runs_under_torchrun(tmp_path, flags, processes):
     """The README's transformers script, verbatim: every process exits 0 and the workers
     learn to count on (from ln 64 = 4.16)."""
