@@ -27,11 +27,12 @@ def llama():
     return transformers.LlamaForCausalLM(config)
 
 
-def _train(strategy, batch_size, optimizer="sgd", build=gpt2):
+def _train(strategy, batch_size, optimizer="sgd", build=gpt2, clip=None):
     """One epoch of STEPS global batches; the whole parameters (gathered from the splits),
     each step's loss, and what each split parameter holds here against its whole size."""
     model = build()
-    trainer = paratrain.Trainer(model, optimizer=optimizer_for(model, optimizer), strategy=strategy, metrics=())
+    opt = optimizer_for(model, optimizer)
+    trainer = paratrain.Trainer(model, optimizer=opt, strategy=strategy, metrics=(), clip_grad_norm=clip)
     losses = []
     record = paratrain.Callback()
     record.on_batch_end = lambda step, logs: losses.append(float(logs["local_loss"]))
@@ -47,9 +48,18 @@ def _train(strategy, batch_size, optimizer="sgd", build=gpt2):
     return params, losses, held
 
 
-def _tensor(replicas, tensor, optimizer, build):
+def _tensor(replicas, tensor, optimizer, build, clip=None):
     strategy = paratrain.TensorParallelStrategy(device="cpu", tensor_parallel=tensor)
-    return _train(strategy, B, optimizer, build)
+    return _train(strategy, B, optimizer, build, clip)
+
+
+def test_clipping_takes_the_norm_over_every_split_as_one_process_does():
+    """A clip norm below the gradient's (0.5; GPT-2's first gradients are near 3) scales every
+    step: the norm must be the whole gradient's, each split counted once and the tied
+    embedding once, for the parameters to equal one process's."""
+    reference, _, _ = _train(paratrain.SingleDeviceStrategy(device="cpu"), B, clip=0.5)
+    for params, _, _ in run_distributed(_tensor, 1, 2, "sgd", gpt2, 0.5, world_size=2):
+        assert relative_difference(params, reference) < 1e-5
 
 
 @pytest.mark.parametrize(("replicas", "tensor"), [(1, 2), (2, 2)], ids=["2-way", "2x2-mesh"])
