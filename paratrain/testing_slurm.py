@@ -3,7 +3,12 @@
 ``LocalSlurm`` starts a munge daemon on a private socket (so that its key and daemons stay
 apart from any others), ``slurmctld`` and one ``slurmd`` for this host, all as root, in a
 folder of their own with ports of their own; ``stop()`` ends every daemon it started and
-removes the folder. Commands reach this SLURM through ``env()`` (``SLURM_CONF``). It needs
+removes the folder. Given an ``EmulatedCluster`` (paratrain/cluster/hosts.py), it starts
+one ``slurmd`` on each emulated host instead (in the host's network namespace and CPU
+cgroup, under the host's name), and the controller on the hosts' bridge: a SLURM of
+several nodes whose jobs' tasks run on the emulated hosts. Their names resolve nowhere, so
+a job gives its tasks ``MASTER_ADDR`` (the first host's address) and
+``GLOO_SOCKET_IFNAME=eth0``, as a site without name service would. Commands reach this SLURM through ``env()`` (``SLURM_CONF``). It needs
 Debian's ``slurm-wlm`` and ``munge`` packages (``scripts/install_slurm.sh``); ``missing()``
 says in one line what keeps it from starting here, or None.
 
@@ -21,8 +26,12 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from paratrain.comm.transport import free_port
+
+if TYPE_CHECKING:
+    from paratrain.cluster.hosts import EmulatedCluster
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
 CLIENTS = ("sinfo", "srun", "sbatch", "scontrol")
@@ -33,7 +42,7 @@ CPUS = 8
 
 CONFIG = """\
 ClusterName=paratrain
-SlurmctldHost={host}(127.0.0.1)
+SlurmctldHost={host}({controller})
 SlurmUser=root
 SlurmdUser=root
 SlurmctldPort={ctld_port}
@@ -42,11 +51,11 @@ AuthType=auth/munge
 CredType=cred/munge
 AuthInfo=socket={folder}/munge.sock
 StateSaveLocation={folder}/state
-SlurmdSpoolDir={folder}/spool
+SlurmdSpoolDir={folder}/spool-%n
 SlurmctldPidFile={folder}/slurmctld.pid
-SlurmdPidFile={folder}/slurmd.pid
+SlurmdPidFile={folder}/slurmd-%n.pid
 SlurmctldLogFile={folder}/slurmctld.log
-SlurmdLogFile={folder}/slurmd.log
+SlurmdLogFile={folder}/slurmd-%n.log
 ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 MpiDefault=none
@@ -58,7 +67,7 @@ JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 SlurmdParameters=config_overrides
 SchedulerParameters=sched_interval=2
-NodeName={host} NodeAddr=127.0.0.1 CPUs={cpus} State=UNKNOWN
+{nodes}
 PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES
 """
 
@@ -74,14 +83,17 @@ def missing() -> str | None:
 
 
 class LocalSlurm:
-    """One SLURM controller and one compute node (this host), started on construction."""
+    """One SLURM controller and its compute nodes (this host, or each host of ``hosts``),
+    started on construction."""
 
-    def __init__(self, timeout: float = 30.0):
+    def __init__(self, timeout: float = 30.0, hosts: EmulatedCluster | None = None):
         reason = missing()
         if reason:
             raise RuntimeError(reason)
         self.folder = Path(tempfile.mkdtemp(prefix="paratrain-slurm-"))
         self.host = socket.gethostname().split(".")[0]
+        self.hosts = hosts
+        self.nodes = [h.name for h in hosts.hosts] if hosts is not None else [self.host]
         try:
             self._start(timeout)
         except BaseException:
@@ -94,8 +106,7 @@ class LocalSlurm:
 
     def _start(self, timeout: float) -> None:
         folder = self.folder
-        for name in ("state", "spool"):
-            (folder / name).mkdir()
+        (folder / "state").mkdir()
         key = folder / "munge.key"
         key.write_bytes(secrets.token_bytes(1024))
         key.chmod(0o400)
@@ -103,17 +114,27 @@ class LocalSlurm:
                         f"--log-file={folder}/munged.log", f"--pid-file={folder}/munged.pid",
                         f"--seed-file={folder}/munged.seed"], check=True)  # fmt: skip
         conf = folder / "slurm.conf"
-        conf.write_text(CONFIG.format(host=self.host, folder=folder, cpus=CPUS, ctld_port=free_port(),
-                                      slurmd_port=free_port()))  # fmt: skip
-        for daemon in ("slurmctld", "slurmd"):
-            subprocess.run([daemon, "-f", str(conf)], check=True, env=self.env())
+        if self.hosts is None:
+            controller, nodes = "127.0.0.1", [f"NodeName={self.host} NodeAddr=127.0.0.1 CPUs={CPUS} State=UNKNOWN"]
+        else:  # the controller on the hosts' bridge, a node on each host
+            controller = f"198.18.{self.hosts.id}.254"
+            subprocess.run(["ip", "addr", "add", f"{controller}/24", "dev", self.hosts.bridge], check=True)
+            nodes = [f"NodeName={h.name} NodeAddr={h.address} CPUs={CPUS} State=UNKNOWN" for h in self.hosts.hosts]
+        conf.write_text(CONFIG.format(host=self.host, controller=controller, folder=folder, nodes="\n".join(nodes),
+                                      ctld_port=free_port(), slurmd_port=free_port()))  # fmt: skip
+        subprocess.run(["slurmctld", "-f", str(conf)], check=True, env=self.env())
+        if self.hosts is None:
+            subprocess.run(["slurmd", "-f", str(conf)], check=True, env=self.env())
+        for host in self.hosts.hosts if self.hosts is not None else []:
+            slurmd = ["slurmd", "-f", str(conf), "-N", host.name]
+            subprocess.run(self.hosts.command(host, slurmd, daemon=True), check=True, env=self.env())
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            state = subprocess.run(["sinfo", "-h", "-o", "%t"], capture_output=True, text=True, env=self.env())
-            if state.stdout.strip() == "idle":
+            state = subprocess.run(["sinfo", "-h", "-N", "-o", "%t"], capture_output=True, text=True, env=self.env())
+            if state.stdout.split() == ["idle"] * len(self.nodes):
                 return
             time.sleep(0.2)
-        raise RuntimeError(f"the local SLURM's node did not come up within {timeout:g} s (logs in {folder})")
+        raise RuntimeError(f"the local SLURM's nodes did not come up within {timeout:g} s (logs in {folder})")
 
     def run(self, *command: str, timeout: float = 240, **options) -> subprocess.CompletedProcess:
         """A command against this SLURM (``srun ...``, ``sbatch ...``), its output captured."""
@@ -142,8 +163,8 @@ class LocalSlurm:
 
     def stop(self) -> None:
         """End every daemon started here (and their jobs), remove the folder."""
-        for daemon in ("slurmd", "slurmctld", "munged"):
-            pid_file = self.folder / f"{daemon}.pid"
+        pid_files = sorted(self.folder.glob("slurmd-*.pid")) + [self.folder / f"{d}.pid" for d in DAEMONS[1::-1]]
+        for pid_file in pid_files:
             if pid_file.exists():
                 try:
                     pid = int(pid_file.read_text().split()[0])

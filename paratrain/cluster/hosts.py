@@ -156,13 +156,19 @@ class EmulatedCluster:
             if host.accounting is not None:
                 host.accounting.mkdir(exist_ok=True)
 
-    def command(self, host: Host, argv: list[str]) -> list[str]:
-        """``argv`` run on ``host``: in its namespace and its CPU cgroup."""
+    def command(self, host: Host, argv: list[str], daemon: bool = False) -> list[str]:
+        """``argv`` run on ``host``: in its namespace and its CPU cgroup. A ``daemon`` (a
+        SLURM node's slurmd) also gets the host's name as its hostname, and keeps the
+        machine's cgroup mount, which it needs for its jobs."""
         # The cgroup first: `ip netns exec` mounts a sysfs of its own, without the cgroup tree.
         groups = [host.cgroup] + ([host.accounting] if host.accounting is not None else [])
         join = " && ".join(f"echo $$ > {group / 'cgroup.procs'}" for group in groups)
         pin = f"taskset -c {','.join(map(str, host.cores))} " if host.cores is not None else ""
-        enter = f'{join} && exec {pin}ip netns exec {host.namespace} "$@"'
+        if daemon:
+            named = f"""unshare --uts sh -c 'hostname "$0" && exec "$@"' {host.name}"""
+            enter = f'{join} && exec {pin}nsenter --net=/var/run/netns/{host.namespace} {named} "$@"'
+        else:
+            enter = f'{join} && exec {pin}ip netns exec {host.namespace} "$@"'
         return ["sh", "-c", enter, "paratrain-host", *argv]
 
     # ----- faults -------------------------------------------------------------------------------

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from paratrain.cluster.hosts import EmulatedCluster, HostSpec, check_support
+from paratrain.errors import ConfigError
 from paratrain.testing_slurm import LocalSlurm, missing
 
 pytestmark = [pytest.mark.distributed, pytest.mark.skipif(missing() is not None, reason=str(missing()))]
@@ -70,3 +72,65 @@ def test_a_job_warned_of_its_time_limit_stops_requeues_itself_and_ends_as_the_un
     whole = cli("train", "--workers", "2", *run[:5], "--metrics-out", str(tmp_path / "whole.json"))
     assert whole.returncode == 0, whole.stderr[-3000:]
     assert resumed["test_loss"] == json.loads((tmp_path / "whole.json").read_text())["test_loss"]
+
+
+def _no_hosts() -> str | None:
+    try:
+        check_support()
+    except ConfigError as error:
+        return str(error)
+    return None
+
+
+@pytest.fixture(scope="module")
+def slurm_on_hosts():
+    """A SLURM of three nodes, one slurmd on each of three emulated hosts (network
+    namespaces on a bridge, 0.6 of a core each); the controller on the bridge."""
+    if _no_hosts():
+        pytest.skip(_no_hosts())
+    with EmulatedCluster([HostSpec(cpu=0.6) for _ in range(3)]) as hosts:
+        cluster = LocalSlurm(hosts=hosts)
+        try:
+            yield cluster, hosts
+        finally:
+            cluster.stop()
+
+
+def _on_hosts(slurm, hosts):
+    """A job's environment on the emulated hosts: their names resolve nowhere, so the
+    tasks are given the first host's address and the hosts' interface."""
+    first = hosts.hosts[0].address
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
+    return {**slurm.env(), "MASTER_ADDR": first, "GLOO_SOCKET_IFNAME": "eth0", "PATH": path}
+
+
+def test_an_srun_step_over_two_nodes_is_one_run_across_the_hosts(slurm_on_hosts, tmp_path):
+    """srun -N 2 -n 2: one task on each of two nodes (two hosts, two network namespaces),
+    one run of 2 workers whose chief reports it."""
+    slurm, hosts = slurm_on_hosts
+    where = slurm.run("srun", "-N", "2", "-n", "2", "hostname", env=_on_hosts(slurm, hosts))
+    assert sorted(where.stdout.split()) == ["host0", "host1"], where.stderr
+    out = tmp_path / "m.json"
+    result = slurm.run("srun", "-N", "2", "-n", "2", sys.executable, "-m", "paratrain", "train", "--strategy",
+                       "allreduce", "--epochs", "1", "--no-progress", "--metrics-out", str(out), cwd=tmp_path,
+                       env=_on_hosts(slurm, hosts))  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.count("done:") == 1
+    metrics = json.loads(out.read_text())
+    assert metrics["workers"] == 2 and metrics["global_steps"] == 1433 // 64 and metrics["test_accuracy"] > 0.7
+
+
+def test_paratrain_slurms_script_runs_a_parameter_server_over_three_nodes_to_completed(slurm_on_hosts, tmp_path):
+    """--nodes 3 --tasks-per-node 1: the shard on host0, a worker on each of host1 and host2."""
+    slurm, hosts = slurm_on_hosts
+    out = tmp_path / "m.json"
+    submitted = slurm.run(sys.executable, "-m", "paratrain", "slurm", "--nodes", "3", "--tasks-per-node", "1",
+                          "--time", "00:05:00", "--submit", "--", "--strategy", "ps-sync", "--ps-shards", "1",
+                          "--epochs", "1", "--no-progress", "--metrics-out", str(out), cwd=tmp_path,
+                          env=_on_hosts(slurm, hosts))  # fmt: skip
+    assert submitted.returncode == 0, submitted.stderr[-3000:]
+    job = submitted.stdout.split()[-1]
+    assert slurm.wait_for_job(job) == "COMPLETED", (tmp_path / f"paratrain-{job}.out").read_text()[-3000:]
+    assert slurm.job(job)["NodeList"] == "host[0-2]"
+    metrics = json.loads(out.read_text())
+    assert metrics["workers"] == 2 and metrics["ps_shards"] == 1 and metrics["test_accuracy"] > 0.7
