@@ -1,7 +1,8 @@
 """One run started three ways on this host: ``srun`` (a real SLURM, paratrain/testing_slurm.py),
 ``paratrain train --workers 2`` and ``torchrun``: examples/s and the wall time of the command.
 With ``--hosts``, one run over two emulated hosts (1 core and a 1 Gbit/s link each) started
-two ways: ``srun -N 2`` (a slurmd on each host) and ``paratrain cluster run --hosts 2``.
+three ways: ``srun -N 2`` (a slurmd on each host), ``paratrain cluster run --hosts 2`` and
+torchrun on each host (``--nnodes 2``).
 
     sudo .venv/bin/python benchmarks/slurm_launch.py [--rounds 3] [--epochs 10] [--hosts]
 
@@ -18,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import statistics
 import subprocess
 import sys
@@ -48,14 +50,22 @@ def commands(epochs: int, out: Path) -> dict[str, list[str]]:
 
 
 def on_hosts(epochs: int, out: Path, hosts: EmulatedCluster) -> dict[str, list[str]]:
-    """The run over two emulated hosts: srun on the SLURM whose nodes they are (the first
-    host's address and the hosts' interface given, as their names resolve nowhere), and
+    """The run over two emulated hosts: srun on the SLURM whose nodes they are, and
     paratrain's own launcher for emulated hosts, which makes a cluster of its own alike."""
     train = ["paratrain", "train", "--strategy", "allreduce", "--epochs", str(epochs), "--no-progress",
              "--log-every", "0", "--metrics-out", str(out)]  # fmt: skip
-    env = f"ALL,MASTER_ADDR={hosts.hosts[0].address},GLOO_SOCKET_IFNAME=eth0"
+    rendezvous = ["--nnodes", "2", "--nproc-per-node", "1", "--master-addr", hosts.hosts[0].address,
+                  "--master-port", str(free_port())]  # fmt: skip
+    nodes = [
+        shlex.join(
+            hosts.command(host, [*PYTHON, "torch.distributed.run", *rendezvous, "--node-rank", str(i), "-m", *train])
+        )  # fmt: skip
+        for i, host in enumerate(hosts.hosts)
+    ]
     return {
-        "srun -N 2 -n 2": ["srun", "-N", "2", "-n", "2", f"--export={env}", *PYTHON, *train],
+        "srun -N 2 -n 2": ["srun", "-N", "2", "-n", "2", *PYTHON, *train],
+        # torchrun on each host, its hosts' interface named (their hostname is this machine's).
+        "torchrun on each host": ["sh", "-c", f"export GLOO_SOCKET_IFNAME=eth0; {nodes[0]} & {nodes[1]}; wait"],
         "paratrain cluster run --hosts 2": [*PYTHON, "paratrain", "cluster", "run", "--hosts", "2", "--cpu", "1",
                                             "--link", "1gbit", "--", *PYTHON, *train],
     }  # fmt: skip

@@ -5,10 +5,10 @@ apart from any others), ``slurmctld`` and one ``slurmd`` for this host, all as r
 folder of their own with ports of their own; ``stop()`` ends every daemon it started and
 removes the folder. Given an ``EmulatedCluster`` (paratrain/cluster/hosts.py), it starts
 one ``slurmd`` on each emulated host instead (in the host's network namespace and CPU
-cgroup, under the host's name), and the controller on the hosts' bridge: a SLURM of
-several nodes whose jobs' tasks run on the emulated hosts. Their names resolve nowhere, so
-a job gives its tasks ``MASTER_ADDR`` (the first host's address) and
-``GLOO_SOCKET_IFNAME=eth0``, as a site without name service would. Commands reach this SLURM through ``env()`` (``SLURM_CONF``). It needs
+cgroup, its hostname the node's name), and the controller on the hosts' bridge: a SLURM
+of several nodes whose jobs' tasks run on the emulated hosts. The nodes' names
+(``pt<id>host<i>``) resolve through entries in /etc/hosts that ``stop()`` removes, as a
+cluster's names resolve. Commands reach this SLURM through ``env()`` (``SLURM_CONF``). It needs
 Debian's ``slurm-wlm`` and ``munge`` packages (``scripts/install_slurm.sh``); ``missing()``
 says in one line what keeps it from starting here, or None.
 
@@ -34,6 +34,7 @@ if TYPE_CHECKING:
     from paratrain.cluster.hosts import EmulatedCluster
 
 DAEMONS = ("munged", "slurmctld", "slurmd")
+HOSTS_FILE = Path("/etc/hosts")
 CLIENTS = ("sinfo", "srun", "sbatch", "scontrol")
 
 #: The CPUs this host offers its jobs: more than it has, so that a test's 3 tasks fit on
@@ -93,7 +94,8 @@ class LocalSlurm:
         self.folder = Path(tempfile.mkdtemp(prefix="paratrain-slurm-"))
         self.host = socket.gethostname().split(".")[0]
         self.hosts = hosts
-        self.nodes = [h.name for h in hosts.hosts] if hosts is not None else [self.host]
+        self.nodes = [f"{hosts.prefix}{h.name}" for h in hosts.hosts] if hosts is not None else [self.host]
+        self._marker = f"# {self.folder.name}"  # the /etc/hosts lines this SLURM added end so
         try:
             self._start(timeout)
         except BaseException:
@@ -119,15 +121,18 @@ class LocalSlurm:
         else:  # the controller on the hosts' bridge, a node on each host
             controller = f"198.18.{self.hosts.id}.254"
             subprocess.run(["ip", "addr", "add", f"{controller}/24", "dev", self.hosts.bridge], check=True)
-            nodes = [f"NodeName={h.name} NodeAddr={h.address} CPUs={CPUS} State=UNKNOWN" for h in self.hosts.hosts]
+            named = list(zip(self.nodes, self.hosts.hosts))
+            nodes = [f"NodeName={name} NodeAddr={h.address} CPUs={CPUS} State=UNKNOWN" for name, h in named]
+            with HOSTS_FILE.open("a") as names:
+                names.writelines(f"{h.address} {name} {self._marker}\n" for name, h in named)
         conf.write_text(CONFIG.format(host=self.host, controller=controller, folder=folder, nodes="\n".join(nodes),
                                       ctld_port=free_port(), slurmd_port=free_port()))  # fmt: skip
         subprocess.run(["slurmctld", "-f", str(conf)], check=True, env=self.env())
         if self.hosts is None:
             subprocess.run(["slurmd", "-f", str(conf)], check=True, env=self.env())
-        for host in self.hosts.hosts if self.hosts is not None else []:
-            slurmd = ["slurmd", "-f", str(conf), "-N", host.name]
-            subprocess.run(self.hosts.command(host, slurmd, daemon=True), check=True, env=self.env())
+        for name, host in zip(self.nodes, self.hosts.hosts) if self.hosts is not None else []:
+            slurmd = ["slurmd", "-f", str(conf), "-N", name]
+            subprocess.run(self.hosts.command(host, slurmd, hostname=name), check=True, env=self.env())
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             state = subprocess.run(["sinfo", "-h", "-N", "-o", "%t"], capture_output=True, text=True, env=self.env())
@@ -159,7 +164,11 @@ class LocalSlurm:
             elif state and state not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED"):
                 return state
             time.sleep(0.5)
-        raise TimeoutError(f"job {job} did not end within {timeout:g} s")
+        fields = self.job(job)
+        raise TimeoutError(
+            f"job {job} did not end within {timeout:g} s: {fields.get('JobState')} ({fields.get('Reason')}) on "
+            f"{fields.get('NodeList')}; logs in {self.folder}"
+        )
 
     def stop(self) -> None:
         """End every daemon started here (and their jobs), remove the folder."""
@@ -175,6 +184,9 @@ class LocalSlurm:
                     os.kill(pid, signal.SIGKILL)
                 except (ProcessLookupError, ValueError, IndexError):
                     pass
+        if self.hosts is not None and HOSTS_FILE.exists():
+            lines = HOSTS_FILE.read_text().splitlines(keepends=True)
+            HOSTS_FILE.write_text("".join(line for line in lines if not line.rstrip().endswith(self._marker)))
         shutil.rmtree(self.folder, ignore_errors=True)
 
 

@@ -156,16 +156,16 @@ class EmulatedCluster:
             if host.accounting is not None:
                 host.accounting.mkdir(exist_ok=True)
 
-    def command(self, host: Host, argv: list[str], daemon: bool = False) -> list[str]:
-        """``argv`` run on ``host``: in its namespace and its CPU cgroup. A ``daemon`` (a
-        SLURM node's slurmd) also gets the host's name as its hostname, and keeps the
-        machine's cgroup mount, which it needs for its jobs."""
+    def command(self, host: Host, argv: list[str], hostname: str | None = None) -> list[str]:
+        """``argv`` run on ``host``: in its namespace and its CPU cgroup. With a ``hostname``
+        (a SLURM node's slurmd), that is its hostname, and it keeps the machine's cgroup
+        mount, which a slurmd needs for its jobs."""
         # The cgroup first: `ip netns exec` mounts a sysfs of its own, without the cgroup tree.
         groups = [host.cgroup] + ([host.accounting] if host.accounting is not None else [])
         join = " && ".join(f"echo $$ > {group / 'cgroup.procs'}" for group in groups)
         pin = f"taskset -c {','.join(map(str, host.cores))} " if host.cores is not None else ""
-        if daemon:
-            named = f"""unshare --uts sh -c 'hostname "$0" && exec "$@"' {host.name}"""
+        if hostname is not None:
+            named = f"""unshare --uts sh -c 'hostname "$0" && exec "$@"' {hostname}"""
             enter = f'{join} && exec {pin}nsenter --net=/var/run/netns/{host.namespace} {named} "$@"'
         else:
             enter = f'{join} && exec {pin}ip netns exec {host.namespace} "$@"'

@@ -4,6 +4,7 @@ form one run, and the batch script ``paratrain slurm`` writes runs to COMPLETED.
 
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -85,7 +86,8 @@ def _no_hosts() -> str | None:
 @pytest.fixture(scope="module")
 def slurm_on_hosts():
     """A SLURM of three nodes, one slurmd on each of three emulated hosts (network
-    namespaces on a bridge, 0.6 of a core each); the controller on the bridge."""
+    namespaces on a bridge, 0.6 of a core each); the controller on the bridge. Afterwards
+    nothing of it is left: no daemon, namespace, link or /etc/hosts entry."""
     if _no_hosts():
         pytest.skip(_no_hosts())
     with EmulatedCluster([HostSpec(cpu=0.6) for _ in range(3)]) as hosts:
@@ -96,41 +98,62 @@ def slurm_on_hosts():
             cluster.stop()
 
 
-def _on_hosts(slurm, hosts):
-    """A job's environment on the emulated hosts: their names resolve nowhere, so the
-    tasks are given the first host's address and the hosts' interface."""
-    first = hosts.hosts[0].address
-    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"
-    return {**slurm.env(), "MASTER_ADDR": first, "GLOO_SOCKET_IFNAME": "eth0", "PATH": path}
+def _on_hosts(slurm):
+    """A job's environment on the emulated hosts: without the suite's loopback interface
+    for Gloo (conftest.py), which reaches no other host."""
+    env = {**slurm.env(), "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
+    env.pop("GLOO_SOCKET_IFNAME", None)
+    return env
 
 
-def test_an_srun_step_over_two_nodes_is_one_run_across_the_hosts(slurm_on_hosts, tmp_path):
-    """srun -N 2 -n 2: one task on each of two nodes (two hosts, two network namespaces),
-    one run of 2 workers whose chief reports it."""
+def test_a_batch_job_over_two_nodes_is_one_run_across_the_hosts(slurm_on_hosts, tmp_path):
+    """paratrain slurm --nodes 2: one task on each of two nodes (two hosts, two network
+    namespaces, names that resolve), one allreduce run of 2 workers, the job COMPLETED."""
     slurm, hosts = slurm_on_hosts
-    where = slurm.run("srun", "-N", "2", "-n", "2", "hostname", env=_on_hosts(slurm, hosts))
-    assert sorted(where.stdout.split()) == ["host0", "host1"], where.stderr
+    where = slurm.run("srun", "-N", "2", "-n", "2", "hostname", env=_on_hosts(slurm))
+    assert sorted(where.stdout.split()) == slurm.nodes[:2], where.stderr
     out = tmp_path / "m.json"
-    result = slurm.run("srun", "-N", "2", "-n", "2", sys.executable, "-m", "paratrain", "train", "--strategy",
-                       "allreduce", "--epochs", "1", "--no-progress", "--metrics-out", str(out), cwd=tmp_path,
-                       env=_on_hosts(slurm, hosts))  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.count("done:") == 1
+    submitted = slurm.run(sys.executable, "-m", "paratrain", "slurm", "--nodes", "2", "--tasks-per-node", "1",
+                          "--time", "00:05:00", "--submit", "--", "--strategy", "allreduce", "--epochs", "1",
+                          "--no-progress", "--metrics-out", str(out), cwd=tmp_path, env=_on_hosts(slurm))  # fmt: skip
+    assert submitted.returncode == 0, submitted.stderr[-3000:]
+    job = submitted.stdout.split()[-1]
+    log = tmp_path / f"paratrain-{job}.out"
+    assert slurm.wait_for_job(job) == "COMPLETED", log.read_text()[-3000:]
+    assert slurm.job(job)["NodeList"] == f"{hosts.prefix}host[0-1]"
+    assert log.read_text().count("done:") == 1
     metrics = json.loads(out.read_text())
     assert metrics["workers"] == 2 and metrics["global_steps"] == 1433 // 64 and metrics["test_accuracy"] > 0.7
 
 
 def test_paratrain_slurms_script_runs_a_parameter_server_over_three_nodes_to_completed(slurm_on_hosts, tmp_path):
-    """--nodes 3 --tasks-per-node 1: the shard on host0, a worker on each of host1 and host2."""
+    """--nodes 3 --tasks-per-node 1: the shard on the first node, a worker on each of the others."""
     slurm, hosts = slurm_on_hosts
     out = tmp_path / "m.json"
     submitted = slurm.run(sys.executable, "-m", "paratrain", "slurm", "--nodes", "3", "--tasks-per-node", "1",
                           "--time", "00:05:00", "--submit", "--", "--strategy", "ps-sync", "--ps-shards", "1",
                           "--epochs", "1", "--no-progress", "--metrics-out", str(out), cwd=tmp_path,
-                          env=_on_hosts(slurm, hosts))  # fmt: skip
+                          env=_on_hosts(slurm))  # fmt: skip
     assert submitted.returncode == 0, submitted.stderr[-3000:]
     job = submitted.stdout.split()[-1]
     assert slurm.wait_for_job(job) == "COMPLETED", (tmp_path / f"paratrain-{job}.out").read_text()[-3000:]
-    assert slurm.job(job)["NodeList"] == "host[0-2]"
+    assert slurm.job(job)["NodeList"] == f"{hosts.prefix}host[0-2]"
     metrics = json.loads(out.read_text())
     assert metrics["workers"] == 2 and metrics["ps_shards"] == 1 and metrics["test_accuracy"] > 0.7
+
+
+def test_a_slurm_on_emulated_hosts_leaves_nothing_behind():
+    """Its nodes' names resolve while it runs; after stop() and the hosts' close, no daemon,
+    /etc/hosts entry, namespace, link or cgroup of theirs is left."""
+    if _no_hosts():
+        pytest.skip(_no_hosts())
+    with EmulatedCluster([HostSpec(cpu=0.5), HostSpec(cpu=0.5)]) as hosts:
+        slurm = LocalSlurm(hosts=hosts)
+        try:
+            resolved = subprocess.run(["getent", "hosts", slurm.nodes[1]], capture_output=True, text=True).stdout
+            assert resolved.split()[0] == hosts.hosts[1].address
+        finally:
+            slurm.stop()
+        daemons = subprocess.run(["pgrep", "-f", str(slurm.folder)], capture_output=True, text=True).stdout
+        assert daemons == "" and slurm._marker not in Path("/etc/hosts").read_text()
+    assert hosts.leftovers() == []
