@@ -46,6 +46,40 @@ def run(flags: list[str], epochs: int, folder: Path) -> dict[str, float]:
     return {key: metrics[key] for key in ("tokens_per_second", "test_loss", "bytes_sent", "global_steps")}
 
 
+def measure(sides: dict[str, list[str]], rounds: int, epochs: int) -> tuple[list[dict], dict[str, dict]]:
+    """Each side once a round, in a rotated order; every round's results and each side's medians."""
+    names, results = list(sides), []
+    with tempfile.TemporaryDirectory() as folder:
+        for index in range(rounds):
+            order = names[index % len(names) :] + names[: index % len(names)]
+            result = {name: run(sides[name], epochs, Path(folder)) for name in order}
+            results.append(result)
+            print(json.dumps(result), flush=True)
+    medians = {
+        name: {key: statistics.median(r[name][key] for r in results) for key in results[0][name]} for name in names
+    }
+    return results, medians
+
+
+def speed_rows(medians: dict[str, dict]) -> list[str]:
+    """The table, its header and a row per side, each against the first (allreduce)."""
+    base = next(iter(medians.values()))["tokens_per_second"]
+    rows = ["| side | tokens/s | vs allreduce | test loss | MB sent per step |", "| --- | ---: | ---: | ---: | ---: |"]
+    for name, m in medians.items():
+        per_step = m["bytes_sent"] / m["global_steps"] / 1e6
+        rows.append(
+            f"| {name} | {m['tokens_per_second']:.0f} | {m['tokens_per_second'] / base:.2f}x | "
+            f"{m['test_loss']:.4f} | {per_step:.2f} |"
+        )
+    return rows
+
+
+def write_table(out: Path, lines: list[str]) -> None:
+    """The results' table beside their JSON (``out`` with .md), and on the terminal."""
+    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
@@ -54,17 +88,7 @@ def main() -> None:
     args = parser.parse_args()
     import torch
 
-    names = list(SIDES)
-    rounds = []
-    with tempfile.TemporaryDirectory() as folder:
-        for index in range(args.rounds):
-            order = names[index % len(names) :] + names[: index % len(names)]
-            result = {name: run(SIDES[name], args.epochs, Path(folder)) for name in order}
-            rounds.append(result)
-            print(json.dumps(result), flush=True)
-    medians = {
-        name: {key: statistics.median(r[name][key] for r in rounds) for key in rounds[0][name]} for name in names
-    }
+    rounds, medians = measure(SIDES, args.rounds, args.epochs)
     document = {
         "rounds": rounds,
         "medians": medians,
@@ -79,23 +103,11 @@ def main() -> None:
     }
     out = Path(args.out)
     out.write_text(json.dumps(document, indent=1) + "\n")
-    base = medians[names[0]]["tokens_per_second"]
-    table = [
+    heading = (
         f"# gpt ({SIZES['gpt_layers']}x{SIZES['gpt_width']}, {SIZES['seq_len']} tokens), global batch {GLOBAL_BATCH}, "
-        f"AdamW, 2 processes, {args.rounds} rounds (medians)",
-        "",
-        "| side | tokens/s | vs allreduce | test loss | MB sent per step |",
-        "| --- | ---: | ---: | ---: | ---: |",
-    ]
-    for name in names:
-        m = medians[name]
-        per_step = m["bytes_sent"] / m["global_steps"] / 1e6
-        table.append(
-            f"| {name} | {m['tokens_per_second']:.0f} | {m['tokens_per_second'] / base:.2f}x | "
-            f"{m['test_loss']:.4f} | {per_step:.2f} |"
-        )
-    out.with_suffix(".md").write_text("\n".join(table) + "\n")
-    print("\n".join(table))
+        f"AdamW, 2 processes, {args.rounds} rounds (medians)"
+    )
+    write_table(out, [heading, "", *speed_rows(medians)])
 
 
 if __name__ == "__main__":

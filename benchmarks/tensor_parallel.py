@@ -25,33 +25,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
-import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
-SIZES = {"gpt_layers": 4, "gpt_width": 128, "gpt_heads": 4, "seq_len": 64}
-LR = 1e-3
+from pipeline_gpt import SIZES, measure, speed_rows, write_table  # noqa: E402  (the same runs, the same table)
+
 SIDES = {
     "allreduce, 2 workers x 16": ["--strategy", "allreduce", "--workers", "2", "--batch-size", "16"],
     "fsdp, 2 workers x 16": ["--strategy", "fsdp", "--workers", "2", "--batch-size", "16"],
     "tensor, T=2, batch 32": ["--strategy", "tensor", "--workers", "2", "--tensor-parallel", "2", "--batch-size", "32"],
 }
 MEMORY_LAYERS, MEMORY_WIDTH, CAP_MIB = 8, 256, 64
-
-
-def run(flags: list[str], epochs: int, folder: Path) -> dict[str, float]:
-    out = folder / "metrics.json"
-    sizes = [f"--{k.replace('_', '-')}={v}" for k, v in SIZES.items()]
-    command = [sys.executable, "-m", "paratrain", "train", *flags, "--model", "gpt", "--dataset", "text-lm",
-               *sizes, "--optimizer", "adamw", "--lr", str(LR), "--epochs", str(epochs), "--log-every", "0",
-               "--no-progress", "--seed", "0", "--metrics-out", str(out)]  # fmt: skip
-    subprocess.run(command, check=True, cwd=ROOT, capture_output=True)
-    metrics = json.loads(out.read_text())
-    return {key: metrics[key] for key in ("tokens_per_second", "test_loss", "bytes_sent", "global_steps")}
 
 
 def held(tensor: int) -> dict[str, float]:
@@ -115,16 +102,7 @@ def main() -> None:
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     held_rows = memory()
-    names = list(SIDES)
-    rounds = []
-    with tempfile.TemporaryDirectory() as folder:
-        for index in range(args.rounds):
-            order = names[index % len(names) :] + names[: index % len(names)]
-            rounds.append({name: run(SIDES[name], args.epochs, Path(folder)) for name in order})
-            print(f"round {index + 1}: " + ", ".join(f"{n} {rounds[-1][n]['tokens_per_second']:.0f}" for n in names))
-    medians = {
-        name: {key: statistics.median(r[name][key] for r in rounds) for key in rounds[0][name]} for name in names
-    }
+    rounds, medians = measure(SIDES, args.rounds, args.epochs)
     result = {
         "torch": torch.__version__,
         "cores": os.cpu_count(),
@@ -133,7 +111,6 @@ def main() -> None:
     }
     out = ROOT / args.out
     out.write_text(json.dumps(result, indent=2) + "\n")
-    base = medians[names[0]]["tokens_per_second"]
     lines = [
         f"# tensor parallelism on the gpt ({os.cpu_count()} cores, Gloo, torch {torch.__version__})",
         "",
@@ -147,22 +124,8 @@ def main() -> None:
             f"| {row['tensor']} | {row['measured_bytes'] / 1e6:.1f} | {row['predicted_bytes'] / 1e6:.1f} | "
             f"{row['measured_bytes'] / row['predicted_bytes']:.3f} | {row['deepest_gpt_within_cap']} layers |"
         )
-    lines += [
-        "",
-        f"## Speed: gpt 4x128, 64 tokens, global batch 32, AdamW, 2 processes, {args.rounds} rounds (medians)",
-        "",
-        "| side | tokens/s | vs allreduce | test loss | MB sent per step |",
-        "| --- | ---: | ---: | ---: | ---: |",
-    ]
-    for name in names:
-        m = medians[name]
-        per_step = m["bytes_sent"] / m["global_steps"] / 1e6
-        lines.append(
-            f"| {name} | {m['tokens_per_second']:.0f} | {m['tokens_per_second'] / base:.2f}x | "
-            f"{m['test_loss']:.4f} | {per_step:.2f} |"
-        )
-    out.with_suffix(".md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    speed = f"## Speed: gpt 4x128, 64 tokens, global batch 32, AdamW, 2 processes, {args.rounds} rounds (medians)"
+    write_table(out, [*lines, "", speed, "", *speed_rows(medians)])
 
 
 if __name__ == "__main__":
