@@ -36,7 +36,8 @@ from paratrain.config import TrainConfig
 from paratrain.data.datasets import load_digits
 from paratrain.launch.factory import make_strategy
 from paratrain.launch.local import launch, run_locally
-from paratrain.strategies.fsdp.strategy import fsdp_mesh, fsdp_units
+from paratrain.parallel.sharding import fsdp_units
+from paratrain.strategies.fsdp.strategy import fsdp_mesh
 from paratrain.testing import flat_parameters
 from paratrain.train.trainer import Trainer
 

@@ -50,9 +50,23 @@ def _train(strategy, batch_size, optimizer="sgd", build=gpt2, clip=None, accumul
     return params, losses, held
 
 
-def _tensor(replicas, tensor, optimizer, build, clip=None, accumulate=1, precision="fp32"):
-    strategy = paratrain.TensorParallelStrategy(device="cpu", tensor_parallel=tensor)
+def _tensor(replicas, tensor, optimizer, build, clip=None, accumulate=1, precision="fp32", shard=False):
+    strategy = paratrain.TensorParallelStrategy(tensor, shard_replicas=shard, device="cpu")
     return _train(strategy, B // accumulate, optimizer, build, clip, accumulate, precision)
+
+
+def test_replicas_sharded_by_fsdp_train_as_the_mesh_of_whole_replicas():
+    """A 2 x 2 mesh whose replicas shard their parts by FSDP2 (2-D): every step's loss on each
+    replica equals that of the mesh whose replicas all-reduce (itself one process's run, the
+    test above), to the rounding of the sums; each process holds 1/4 of each split weight
+    and 1/2 of the others."""
+    plain = run_distributed(_tensor, 2, 2, "sgd", gpt2, world_size=4)
+    sharded = run_distributed(_tensor, 2, 2, "sgd", gpt2, None, 1, "fp32", True, world_size=4)
+    for (_, losses, _), (_, expected, _) in zip(sharded, plain):
+        assert losses == pytest.approx(expected, rel=1e-5)
+    held = sharded[0][2]
+    assert held["transformer.h.0.mlp.c_fc.weight"] == (32 * 128 // 4, 32 * 128)
+    assert held["transformer.h.0.ln_1.weight"] == (32 // 2, 32)
 
 
 def test_accumulated_micro_batches_make_the_step_of_the_whole_batch():
@@ -142,6 +156,7 @@ def test_the_builtin_gpt_on_a_mesh_equals_allreduce_from_the_command_line(cli, t
     [
         (["--workers", "3"], "--workers 3 is not a multiple of --tensor-parallel 2"),
         (["--tp-plan", "{not json"], "--tp-plan: not JSON"),
+        (["--workers", "4", "--shard-replicas", "--checkpoint-dir", "ck"], "--checkpoint-dir with --shard-replicas"),
         (["--tp-plan", '{"transformer.h.*.mlp.c_fc": "diagonal"}'], "has style 'diagonal'; the styles are"),
         (["--tp-plan", '{"transformer.h.*.mlp.fc9": "colwise"}'], "'transformer.h.*.mlp.fc9' names no module"),
         (["--tp-plan", '{"transformer.h.*.ln_1": "colwise"}'], "is a LayerNorm; colwise splits nn.Linear"),

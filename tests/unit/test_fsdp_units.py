@@ -3,7 +3,7 @@
 import pytest
 from torch import nn
 
-from paratrain.strategies.fsdp.strategy import fsdp_units
+from paratrain.parallel.sharding import fsdp_units
 
 
 class Tied(nn.Module):

@@ -31,7 +31,6 @@ number of processes (DCP reshards on load), with the data position carried over.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -41,6 +40,7 @@ from torch import nn
 from paratrain.comm.codec_config import as_codec
 from paratrain.comm.codecs import Codec
 from paratrain.errors import ConfigError
+from paratrain.parallel.sharding import fsdp_units, gradient_sync_off
 from paratrain.strategies.accounting import staleness_summary
 from paratrain.strategies.base import DEFAULT_TIMEOUT_S
 from paratrain.strategies.numerics import finite_on_every_process, sharded_gradients, sharded_parameters
@@ -124,7 +124,7 @@ class FSDPStrategy(ReplicaStrategy):
         return model, optimizer
 
     def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
-        return _gradient_sync_off(uncompiled(model))
+        return gradient_sync_off(uncompiled(model))
 
     def gradients_finite(self, optimizer: torch.optim.Optimizer) -> bool:
         return finite_on_every_process(sharded_gradients(optimizer), self.device)
@@ -166,48 +166,8 @@ def fsdp_mesh(device: torch.device) -> Any:
     return DeviceMesh.from_group(dist.group.WORLD, device_type=device.type)
 
 
-def fsdp_units(model: nn.Module) -> list[nn.Module]:
-    """The modules fsdp shards as units of their own (the root is the last unit).
-
-    A model that names its blocks (a Hugging Face model's ``_no_split_modules``: GPT-2's
-    ``GPT2Block``, Llama's ``LlamaDecoderLayer``) is sharded block by block, one all-gather
-    a block, as torchtitan and accelerate do; the embeddings and the final norm stay with
-    the root. Any other model: every module below the root that holds parameters of its
-    own. Either way a unit holds no parameter that a module outside it shares (a language
-    model's output layer tied to its input embedding): such a parameter stays with the
-    root, since FSDP2 shards each parameter in exactly one unit."""
-    owners: dict[int, list[nn.Module]] = {}
-    for module in model.modules():
-        for param in module.parameters(recurse=False):
-            owners.setdefault(id(param), []).append(module)
-
-    def self_contained(unit: nn.Module) -> bool:
-        inside = {id(m) for m in unit.modules()}
-        return all(id(owner) in inside for param in unit.parameters() for owner in owners[id(param)])
-
-    def own_unshared(module: nn.Module) -> bool:  # a child with parameters is a unit of its own
-        own = list(module.parameters(recurse=False))
-        return bool(own) and all(len(owners[id(p)]) == 1 for p in own)
-
-    blocks = set(getattr(model, "_no_split_modules", None) or ())
-    if blocks:
-        return [m for m in model.modules() if m is not model and type(m).__name__ in blocks and self_contained(m)]
-    return [m for m in model.modules() if m is not model and own_unshared(m)]
-
-
 def _codec_refusal(name: str) -> str:
     return (
         f"--compression {name}: fsdp reduce-scatters gradients, which only none, fp16 and bf16 can be "
         "(a coded payload cannot be summed shard by shard); use one of those, or --strategy allreduce"
     )
-
-
-@contextlib.contextmanager
-def _gradient_sync_off(model: nn.Module) -> Iterator[None]:
-    """Backward passes that keep their unsharded gradients (no reduce-scatter) until the
-    last micro-batch of an accumulated step."""
-    model.set_requires_gradient_sync(False)
-    try:
-        yield
-    finally:
-        model.set_requires_gradient_sync(True)

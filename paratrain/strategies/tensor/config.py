@@ -21,6 +21,11 @@ class TensorConfig:
     tensor_parallel: int = option(
         2, "tensor: processes each layer is split over (T); --workers W processes make W/T replicas"
     )
+    shard_replicas: bool = option(
+        False,
+        "tensor: shard each process's part of the parameters, gradients and optimizer state over the replicas "
+        "too (FSDP2 over the replica dimension of the mesh: 2-D, as torchtitan's FSDP x TP)",
+    )
     tp_plan: str | None = option(
         None,
         "tensor: how to split the model, as JSON or a JSON file: module pattern to style (colwise, colwise:K, "

@@ -17,16 +17,19 @@ each process writes its part of the model and optimizer.
 
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import fully_shard
 
 from paratrain.comm.transport import cluster_from_env, default_backend
 from paratrain.console import console
 from paratrain.errors import ConfigError
+from paratrain.parallel.sharding import fsdp_units, gradient_sync_off
 from paratrain.parallel.tensor import matching, parallelize, plan_for
 from paratrain.strategies.base import DEFAULT_TIMEOUT_S, Strategy
 from paratrain.strategies.device import resolve_device
@@ -40,6 +43,16 @@ if TYPE_CHECKING:
     from paratrain.config import TrainConfig
 
 
+#: Why a run whose replicas shard their parts (FSDP2 x TP) writes no checkpoint here: a packed
+#: projection's part is a strided shard of a strided shard, which torch 2.13 gathers wrong
+#: (a resume in that layout fails; in another, GPT-2's query-key-value bias comes back off).
+SHARDED_CHECKPOINTS = (
+    "--checkpoint-dir with --shard-replicas: checkpoints of replicas sharded over tensor-parallel splits are not "
+    "written correctly in this PyTorch; to checkpoint, leave out --shard-replicas (each process then holds "
+    "1/T of the model, the replicas all-reduce)"
+)
+
+
 class TensorParallelStrategy(Strategy):
     name = "tensor"
     scaler_missing = "tensor's split gradients do not have here"
@@ -50,6 +63,7 @@ class TensorParallelStrategy(Strategy):
         self,
         tensor_parallel: int = 2,
         plan: dict[str, str] | None = None,
+        shard_replicas: bool = False,
         *,
         device: str = "auto",
         timeout: float = DEFAULT_TIMEOUT_S,
@@ -60,6 +74,7 @@ class TensorParallelStrategy(Strategy):
             raise ConfigError(f"tensor_parallel must be a whole number >= 1, got {tensor_parallel!r}")
         self.tensor_parallel = tensor_parallel
         self.plan = plan
+        self.shard_replicas = shard_replicas
         self.mesh: Any = None
         self._replica_group: Any = None
         self._grad_bytes = 0
@@ -68,12 +83,17 @@ class TensorParallelStrategy(Strategy):
     @classmethod
     def from_config(cls, config: TrainConfig) -> TensorParallelStrategy:
         tensor = config.tensor
-        return cls(**process_options(config), tensor_parallel=tensor.tensor_parallel, plan=tensor.plan())
+        return cls(tensor.tensor_parallel, tensor.plan(), tensor.shard_replicas, **process_options(config))
 
     @classmethod
     def topology_for(cls, config: TrainConfig) -> TensorTopology:
         """``--workers`` counts processes; the default 1 means one replica of T processes."""
         return TensorTopology.of(config.workers, config.tensor.tensor_parallel)
+
+    @classmethod
+    def check_config(cls, config: TrainConfig) -> None:
+        if config.tensor.shard_replicas and config.checkpoint_dir:
+            raise ConfigError(SHARDED_CHECKPOINTS)
 
     @classmethod
     def check_model(cls, model: nn.Module, config: TrainConfig) -> None:
@@ -88,6 +108,7 @@ class TensorParallelStrategy(Strategy):
             "workers": self.topology.num_processes,  # processes, as --workers counts them
             "replicas": self.num_replicas,
             "tensor_parallel": self.tensor_parallel,
+            "shard_replicas": self.shard_replicas,
         }
 
     # ----- process -----------------------------------------------------------------------
@@ -125,10 +146,16 @@ class TensorParallelStrategy(Strategy):
         names = {id(p): name for name, p in model.named_parameters()}
         groups = [[names[id(p)] for p in group["params"]] for group in optimizer.param_groups]
         chosen = parallelize(model, self.mesh["tp"], plan_for(model, self.plan))
+        self._grad_bytes = sum(
+            p.to_local().numel() * p.element_size() for p in model.parameters() if p.requires_grad
+        )  # this process's part
+        if self._sharded:  # FSDP2 over the replicas, unit by unit, the root last
+            for unit in fsdp_units(model):
+                fully_shard(unit, mesh=self.mesh["dp"])
+            self.track(fully_shard(model, mesh=self.mesh["dp"]))
         split = dict(model.named_parameters())
         for group, names_of_group in zip(optimizer.param_groups, groups):
             group["params"] = [split[name] for name in names_of_group]
-        self._grad_bytes = sum(p.to_local().numel() * p.element_size() for p in model.parameters() if p.requires_grad)
         modules = dict(model.named_modules())
         for name, style in chosen.items():
             if style.kind == "rowwise":
@@ -145,10 +172,18 @@ class TensorParallelStrategy(Strategy):
         if module.training:
             self._activation_bytes += output.numel() * output.element_size()
 
+    @property
+    def _sharded(self) -> bool:
+        """Whether FSDP2 shards over the replicas (and reduce-scatters their gradients)."""
+        return self.shard_replicas and self.num_replicas > 1
+
+    def no_sync(self, model: nn.Module) -> contextlib.AbstractContextManager[Any]:
+        return gradient_sync_off(model) if self._sharded else contextlib.nullcontext()
+
     def reduce_gradients(self, model: nn.Module) -> None:
         """Sum each process's part of the gradient over the replicas, then divide (Gloo's
-        AVG is unreliable: pytorch #162338)."""
-        if self._replica_group is None:
+        AVG is unreliable: pytorch #162338); sharded over the replicas, FSDP2 has done it."""
+        if self._replica_group is None or self._sharded:
             return
         grads = [p.grad.to_local() for p in model.parameters() if p.grad is not None]
         flat = torch.cat([g.reshape(-1) for g in grads])
@@ -171,6 +206,8 @@ class TensorParallelStrategy(Strategy):
 
     @property
     def model_files(self) -> ShardedModelFiles:
+        if self._sharded:
+            raise ConfigError(SHARDED_CHECKPOINTS)
         return ShardedModelFiles()
 
     # ----- accounting ----------------------------------------------------------------------
@@ -181,7 +218,7 @@ class TensorParallelStrategy(Strategy):
         steps = max(self._steps, 1)
         tensor, replicas = self.tensor_parallel, self.num_replicas
         activations = 2 * self._activation_bytes / steps * 2 * (tensor - 1) / tensor
-        gradient = self._grad_bytes * 2 * (replicas - 1) / replicas
+        gradient = self._grad_bytes * (3 if self._sharded else 2) * (replicas - 1) / replicas  # ZeRO-3: 1.5x
         return activations + gradient
 
     def step_counters(self) -> dict[str, float]:
