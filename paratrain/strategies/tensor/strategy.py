@@ -103,13 +103,10 @@ class TensorParallelStrategy(Strategy):
         return TensorTopology.of(self.workers, self.tensor_parallel)
 
     def describe(self) -> dict[str, Any]:
-        return {
-            **super().describe(),
-            "workers": self.topology.num_processes,  # processes, as --workers counts them
-            "replicas": self.num_replicas,
-            "tensor_parallel": self.tensor_parallel,
-            "shard_replicas": self.shard_replicas,
-        }
+        facts = super().describe()
+        facts.update(workers=self.topology.num_processes, replicas=self.num_replicas)  # --workers counts processes
+        facts.update(tensor_parallel=self.tensor_parallel, shard_replicas=self.shard_replicas)
+        return facts
 
     # ----- process -----------------------------------------------------------------------
     def setup(self) -> None:
