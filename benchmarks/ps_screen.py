@@ -113,11 +113,11 @@ def handshake(joins: int) -> dict:
     joiner = torch.distributed.TCPStore("127.0.0.1", store.port, is_master=False, timeout=timedelta(seconds=10))
     door = Door(store, 0, threading.Event(), None, 10.0, (token, run))  # each side its own client, as across hosts
     times = []
-    for worker in range(joins):
-        proving = threading.Thread(target=door._proven, args=(worker,))
+    for candidate in range(joins):
+        proving = threading.Thread(target=door._proven, args=(candidate,))
         started = time.perf_counter()
         proving.start()
-        _prove(joiner, "127.0.0.1", {"shards": 1, "prefix": run}, worker, token, 10.0)
+        _prove(joiner, "127.0.0.1", {"shards": 1, "prefix": run}, f"c{candidate}", token, 10.0)
         times.append(time.perf_counter() - started)
         proving.join()
     times.sort()

@@ -49,14 +49,14 @@ def challenge() -> str:
     return secrets.token_hex(16)
 
 
-def proof(token: str, run: str, worker: int, shard: int, asked: str) -> str:
-    """The answer to challenge ``asked`` of ``shard``'s door in run ``run`` for ``worker``."""
-    message = f"paratrain-join|{run}|{worker}|{shard}|{asked}".encode()
+def proof(token: str, run: str, who: int | str, shard: int, asked: str) -> str:
+    """The answer to challenge ``asked`` of ``shard``'s door in run ``run`` for joiner ``who``."""
+    message = f"paratrain-join|{run}|{who}|{shard}|{asked}".encode()
     return hmac.new(token.encode(), message, hashlib.sha256).hexdigest()
 
 
-def proves(token: str, run: str, worker: int, shard: int, asked: str, answer: str) -> bool:
-    return hmac.compare_digest(proof(token, run, worker, shard, asked), answer)
+def proves(token: str, run: str, who: int | str, shard: int, asked: str, answer: str) -> bool:
+    return hmac.compare_digest(proof(token, run, who, shard, asked), answer)
 
 
 def save_join_token(token: str, path: Path) -> Path:

@@ -146,7 +146,7 @@ def test_a_joiner_with_another_setting_or_without_the_join_token_is_refused_in_o
     )
     assert refused.stderr.strip() == f"paratrain: error: --join {address}: {needs}; the one given is not it"
     assert run.returncode == 0, stderr[-3000:]
-    assert "refused worker 2: it did not prove the join token" in stdout
+    assert "refused joiner 0: it did not prove the join token" in stdout
     metrics = json.loads(out.read_text())
     assert metrics["workers_joined"] == [] and metrics["workers_lost"] == [] and metrics["rejected_messages"] == {}
     assert metrics["test_accuracy"] >= 0.93

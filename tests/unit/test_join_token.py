@@ -3,6 +3,7 @@ the one-line refusals of a joiner, over a real store on loopback."""
 
 import json
 import threading
+import time
 from datetime import timedelta
 
 import pytest
@@ -85,4 +86,26 @@ def test_a_joiner_is_refused_in_one_line_by_a_closed_door_without_a_token_and_wi
         finished.set()
         door.thread.join(5)
     assert door.refused == 1 and admitted == []
-    assert run_store.get("verdict/2/0") == b"refused"
+    assert run_store.get("verdict/c0/0") == b"refused"
+    assert run_store.add("joins", 0) == 0 and not run_store.check(["join/0"])  # no worker number taken
+
+
+def test_a_door_admits_only_a_worker_number_taken_after_proving_the_token():
+    """A process that takes a worker number without the handshake (as a joiner skipping
+    it would) is refused; one that proved the token as a candidate first is admitted."""
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=10))
+    run_store = _run(store)
+    run_store.add("joins", 1)
+    run_store.set("join/0", json.dumps({"worker": 2, "candidate": 7}))  # no such candidate proved
+    finished, admitted = threading.Event(), []
+    door = Door(run_store, 0, finished, lambda worker, link: admitted.append(worker), 10.0, ("right", "run/"))
+    door._proven = lambda candidate: True  # the handshake itself is the test above's
+    run_store.add("candidates", 1)
+    run_store.set("candidate/0", json.dumps({"candidate": 0}))
+    door.start()
+    deadline = time.monotonic() + 5
+    while door.refused < 1 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    finished.set()
+    door.thread.join(5)
+    assert door.refused == 1 and admitted == []

@@ -6,15 +6,16 @@ the run in its store (the rendezvous store at HOST:PORT, where the run's workers
 1. shard 0 publishes the run under ``RUN_KEY`` (its store prefix and message tags, mode,
    shards, workers, parameter count, whether its doors are open); the joiner checks its
    own configuration against it, and that it holds a join token (session/join_token.py);
-2. the joiner takes the next worker number (``joins``: the first joiner of a run of N
-   workers is worker N) and posts ``join/<k>``;
-3. each shard's door (``Door``, a thread) sees the request and asks the joiner a fresh
-   challenge (``challenge/<worker>/<shard>``); the joiner answers with its proof under the
-   token (``answer/...``), and the door says ``ok`` or ``refused`` (``verdict/...``). A
-   refused joiner exits with one line (exit 2); nothing of the run waits for it or moves.
-   Then the door makes a two-process Gloo group with the joiner (links.PairLink); the
-   shard serves it as any other worker, and shard 0 tells it where the run stands
-   (``joined/<worker>``: version and epoch);
+2. the joiner takes a candidate number (``candidates``) and posts ``candidate/<c>``; each
+   shard's door (``Door``, a thread) asks it a fresh challenge (``challenge/c<c>/<shard>``),
+   the joiner answers with its proof under the token (``answer/...``), and the door says
+   ``ok`` or ``refused`` (``verdict/...``). A refused joiner exits with one line (exit 2);
+   nothing of the run waits for it or moves;
+3. proven at every door, the joiner takes the next worker number (``joins``: the first
+   joiner of a run of N workers is worker N) and posts ``join/<k>`` naming its candidate;
+   a door admits only a candidate it has seen prove the token. It makes a two-process
+   Gloo group with the joiner (links.PairLink); the shard serves it as any other worker,
+   and shard 0 tells it where the run stands (``joined/<worker>``: version and epoch);
 4. the joiner's first pull brings the current parameters; shard 0 hands it batches of
    the current epoch as to everyone else. It beats, pushes and says done as the others.
 
@@ -82,20 +83,22 @@ class Door:
             return
 
     def _admit_all(self) -> None:
-        request, missing_since = 0, None
+        candidates, joins = Requests(self.store, "candidates", "candidate"), Requests(self.store, "joins", "join")
+        proven: set[int] = set()  # candidates this door has seen prove the token, not yet admitted
         while not self.finished.wait(0.1):
-            if self.store.add("joins", 0) <= request:  # no one has taken a number since
+            candidate = candidates.next()
+            if candidate is not None and self._proven(candidate["candidate"]):
+                proven.add(candidate["candidate"])
+            request = joins.next()
+            if request is None:
                 continue
-            if not self.store.check([f"join/{request}"]):
-                # A joiner that took a number and died before asking holds no one up for long.
-                missing_since = missing_since or time.monotonic()
-                if time.monotonic() - missing_since > SKIP_AFTER_S:
-                    request, missing_since = request + 1, None
+            worker = request["worker"]
+            if request.get("candidate") not in proven:  # a number taken without the handshake
+                self.refused += 1
+                print(f"paratrain: ps shard {self.shard}: refused worker {worker}: it did not prove the join token",
+                      flush=True)  # fmt: skip
                 continue
-            worker = json.loads(self.store.get(f"join/{request}"))["worker"]
-            request, missing_since = request + 1, None
-            if not self._proven(worker):
-                continue
+            proven.discard(request["candidate"])
             try:  # blocks this thread (not the shard's others) until the joiner connects
                 link = PairLink(self.store, pair_prefix(worker, self.shard), 0, self.timeout)
             except RuntimeError as error:
@@ -107,23 +110,48 @@ class Door:
         if self.shard == 0:
             self.store.set("closed", "1")
 
-    def _proven(self, worker: int) -> bool:
-        """Ask ``worker`` a fresh challenge and check its answer under the join token; say
-        the verdict. A joiner that does not answer within HANDSHAKE_S is refused."""
-        asked, key = challenge(), f"{worker}/{self.shard}"
+    def _proven(self, candidate: int) -> bool:
+        """Ask joiner ``candidate`` a fresh challenge and check its answer under the join
+        token; say the verdict. A joiner that does not answer within HANDSHAKE_S is refused."""
+        who = f"c{candidate}"
+        asked, key = challenge(), f"{who}/{self.shard}"
         self.store.set(f"challenge/{key}", asked)
         try:
             self.store.wait([f"answer/{key}"], timedelta(seconds=HANDSHAKE_S))
             answer = self.store.get(f"answer/{key}").decode()
         except (RuntimeError, UnicodeDecodeError):  # no answer in time (DistStoreError), or not text
             answer = ""
-        if proves(self.token, self.run, worker, self.shard, asked, answer):
+        if proves(self.token, self.run, who, self.shard, asked, answer):
             self.store.set(f"verdict/{key}", "ok")
             return True
         self.refused += 1
         self.store.set(f"verdict/{key}", "refused")
-        print(f"paratrain: ps shard {self.shard}: refused worker {worker}: it did not prove the join token", flush=True)
+        print(
+            f"paratrain: ps shard {self.shard}: refused joiner {candidate}: it did not prove the join token", flush=True
+        )
         return False
+
+
+class Requests:
+    """The requests posted under ``key/<i>`` in the order of the ``counter`` their posters
+    took numbers from: ``next()`` gives the next one, or None while it has not come."""
+
+    def __init__(self, store: Any, counter: str, key: str):
+        self.store, self.counter, self.key = store, counter, key
+        self.index, self.missing_since = 0, None
+
+    def next(self) -> dict[str, Any] | None:
+        if self.store.add(self.counter, 0) <= self.index:  # no one has taken a number since
+            return None
+        if not self.store.check([f"{self.key}/{self.index}"]):
+            # A joiner that took a number and died before posting holds no one up for long.
+            self.missing_since = self.missing_since or time.monotonic()
+            if time.monotonic() - self.missing_since > SKIP_AFTER_S:
+                self.index, self.missing_since = self.index + 1, None
+            return None
+        request = json.loads(self.store.get(f"{self.key}/{self.index}"))
+        self.index, self.missing_since = self.index + 1, None
+        return request
 
 
 #: Options of the run a joiner does not take: its outputs, its own worker count, restarts,
@@ -181,9 +209,13 @@ def join_run(address: str, facts: dict[str, Any], timeout: float, token: str | N
     store = dist.PrefixStore(run["prefix"], root)
     if store.check(["closed"]):
         raise WorkerLost(f"--join {address}: the run there has finished; there is nothing to join")
+    # First prove the token as a candidate; only then take a worker number, so that a
+    # refused joiner moves nothing of the run's (its worker numbers stay consecutive).
+    candidate = store.add("candidates", 1) - 1
+    store.set(f"candidate/{candidate}", json.dumps({"candidate": candidate}))
+    _prove(store, address, run, f"c{candidate}", token, timeout)
     worker = run["workers"] + store.add("joins", 1) - 1
-    store.set(f"join/{worker - run['workers']}", json.dumps({"worker": worker}))
-    _prove(store, address, run, worker, token, timeout)
+    store.set(f"join/{worker - run['workers']}", json.dumps({"worker": worker, "candidate": candidate}))
     try:
         links = [PairLink(store, pair_prefix(worker, shard), 1, timeout) for shard in range(run["shards"])]
         store.wait([f"joined/{worker}"], wait)
@@ -196,23 +228,23 @@ def join_run(address: str, facts: dict[str, Any], timeout: float, token: str | N
     return {"store": store, "run": run, "worker": worker, "links": links, "position": position}
 
 
-def _prove(store: Any, address: str, run: dict[str, Any], worker: int, token: str, timeout: float) -> None:
+def _prove(store: Any, address: str, run: dict[str, Any], who: str, token: str, timeout: float) -> None:
     """Answer every shard's challenge with the proof under ``token``; ConfigError (exit 2)
     where a door refuses it."""
     wait = timedelta(seconds=timeout)
     try:
         for shard in range(run["shards"]):
-            key = f"{worker}/{shard}"
+            key = f"{who}/{shard}"
             store.wait([f"challenge/{key}"], wait)
             asked = store.get(f"challenge/{key}").decode()
-            store.set(f"answer/{key}", proof(token, run["prefix"], worker, shard, asked))
+            store.set(f"answer/{key}", proof(token, run["prefix"], who, shard, asked))
         verdicts = []
         for shard in range(run["shards"]):
-            store.wait([f"verdict/{worker}/{shard}"], wait)
-            verdicts.append(store.get(f"verdict/{worker}/{shard}").decode())
+            store.wait([f"verdict/{who}/{shard}"], wait)
+            verdicts.append(store.get(f"verdict/{who}/{shard}").decode())
     except RuntimeError as error:
         raise WorkerLost(
-            f"--join {address}: the shards did not ask worker {worker} to prove the join token within --timeout "
+            f"--join {address}: the shards did not ask this joiner to prove the join token within --timeout "
             f"{timeout:g} s (the run may have finished; {str(error).splitlines()[0]})"
         ) from None
     if any(verdict != "ok" for verdict in verdicts):
