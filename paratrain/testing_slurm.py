@@ -185,8 +185,13 @@ class LocalSlurm:
                 except (ProcessLookupError, ValueError, IndexError):
                     pass
         if self.hosts is not None and HOSTS_FILE.exists():
-            lines = HOSTS_FILE.read_text().splitlines(keepends=True)
-            HOSTS_FILE.write_text("".join(line for line in lines if not line.rstrip().endswith(self._marker)))
+            # Rewritten in place, never emptied: another SLURM's daemons on this machine resolve
+            # their own names through it meanwhile (a truncated file failed a job's launch).
+            with HOSTS_FILE.open("r+") as names:
+                kept = "".join(line for line in names if not line.rstrip().endswith(self._marker))
+                names.seek(0)
+                names.write(kept)
+                names.truncate()
         shutil.rmtree(self.folder, ignore_errors=True)
 
 

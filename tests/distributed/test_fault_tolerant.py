@@ -201,14 +201,15 @@ def test_a_replica_added_to_a_running_torchrun_job_takes_the_live_state(tmp_path
         env = {**os.environ, "REPLICA_GROUP_ID": str(replica)}
         return subprocess.Popen(command, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
 
-    # Replica 1's steps take eight times as long (it sleeps; the others wait for it, at no
-    # CPU cost), over 8 epochs (712 steps): ~35 s of run under the suite's load for a third to
-    # start, which takes torchrun, an import of torch and a quorum, up to ~20 s there. With 4x
-    # (17 s of run under load) the run was once over before the third started, and it trained
-    # alone from step 0. The straggler's sleep (7 steps' time, ~0.15 s) stays well under the
-    # Lighthouse's 1 s join timeout, so it is not left out of the quorums. Replica 0 prints the
-    # step log; the third starts once the job is past its first logged step (20 of 712).
-    jobs = [job(0, "--progress", "--log-every", "20"), job(1, "--straggler", "1:8")]
+    # Replica 1's steps take twelve times as long (it sleeps; the others wait for it, at no
+    # CPU cost), over 8 epochs (712 steps): under the suite's load, time for a third to start,
+    # which takes torchrun, an import of torch and a quorum, up to ~20 s there. With 4x, and
+    # once with 8x in a clean-clone CI run, the run was over before the third started, and it
+    # trained alone from step 0. The straggler's sleep (11 steps' time, ~0.25 s) stays well
+    # under the Lighthouse's 1 s join timeout, so it is not left out of the quorums. Replica 0
+    # prints the step log; the third starts once the job is past its first logged step (20 of
+    # 712).
+    jobs = [job(0, "--progress", "--log-every", "20"), job(1, "--straggler", "1:12")]
     try:
         seen = []
         for line in jobs[0].stdout:
