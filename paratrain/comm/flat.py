@@ -1,9 +1,11 @@
 """Gradients as one flat buffer: one collective for a whole model (or stage) instead of one
 per tensor, as DDP's buckets do. Used where paratrain reduces gradients itself: a pipeline
-stage across replicas, local SGD's first steps, a fault-tolerant quorum's sum.
+stage across replicas, local SGD's first steps, a fault-tolerant quorum's sum, a
+tensor-parallel process's part across replicas.
 
 Gloo's ``ReduceOp.AVG`` has an open silent-correctness report (pytorch #162338): a mean is
-a sum divided here.
+a sum divided here. Parameters that are DTensors (split by tensor parallelism) are reduced
+by their local parts: each process's part, over the processes holding the same one.
 """
 
 from __future__ import annotations
@@ -15,9 +17,15 @@ import torch.distributed as dist
 from torch import nn
 
 
+def local_part(tensor: torch.Tensor) -> torch.Tensor:
+    """This process's part of a DTensor (a plain tensor is its own)."""
+    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
+
+
 def flat_gradients(params: Sequence[nn.Parameter]) -> torch.Tensor:
     """A new flat tensor of ``params``' gradients in order (zeros for one without a gradient)."""
-    return torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
+    grads = (p.grad if p.grad is not None else torch.zeros_like(p) for p in params)
+    return torch.cat([local_part(g).reshape(-1) for g in grads])
 
 
 def write_gradients(params: Sequence[nn.Parameter], flat: torch.Tensor) -> None:
@@ -25,10 +33,11 @@ def write_gradients(params: Sequence[nn.Parameter], flat: torch.Tensor) -> None:
     made where a parameter has none."""
     offset = 0
     for p in params:
-        n = p.numel()
         if p.grad is None:
             p.grad = torch.empty_like(p)
-        p.grad.copy_(flat[offset : offset + n].view_as(p))
+        grad = local_part(p.grad)
+        n = grad.numel()
+        grad.copy_(flat[offset : offset + n].view_as(grad))
         offset += n
 
 

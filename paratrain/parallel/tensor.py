@@ -168,7 +168,7 @@ def parallelize(model: nn.Module, mesh: DeviceMesh, plan: dict[str, str]) -> dic
     for module in model.modules():  # the rest: replicated, their inputs and outputs whole
         own = list(module.named_parameters(recurse=False))
         if own and not any(isinstance(param, DTensor) for _, param in own):
-            distribute_module(module, mesh, _replicated, _replicated_inputs, _local_outputs)
+            distribute_module(module, mesh, _replicated, _replicated_inputs, _outputs_as(None))
     for holders in ties:  # every holder of a tied parameter holds the first holder's again
         first_module, first_name = holders[0]
         shared = getattr(first_module, first_name)
@@ -245,7 +245,14 @@ def _inputs_as(placement: Placement) -> Callable[..., Any]:
 
 
 def _outputs_as(placement: Placement | None) -> Callable[..., Any]:
-    def finish(module: nn.Module, output: DTensor, mesh: DeviceMesh) -> torch.Tensor:
+    """A module's outputs as plain tensors (each DTensor's local part, placed as
+    ``placement`` first where one is given)."""
+
+    def finish(module: nn.Module, output: Any, mesh: DeviceMesh) -> Any:
+        if isinstance(output, (tuple, list)):
+            return type(output)(finish(module, x, mesh) for x in output)
+        if not isinstance(output, DTensor):
+            return output
         if placement is not None and output.placements != (placement,):
             output = output.redistribute(mesh, [placement])
         return output.to_local()
@@ -266,14 +273,6 @@ def _replicated_inputs(module: nn.Module, inputs: tuple[Any, ...], mesh: DeviceM
         else x
         for x in inputs
     )
-
-
-def _local_outputs(module: nn.Module, output: Any, mesh: DeviceMesh) -> Any:
-    if isinstance(output, DTensor):
-        return output.to_local()
-    if isinstance(output, (tuple, list)):
-        return type(output)(_local_outputs(module, x, mesh) for x in output)
-    return output
 
 
 def _local_heads(module: nn.Module, name: str, size: int) -> None:

@@ -7,6 +7,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from paratrain.comm.flat import local_part
+
 
 def finite_parameters(model: nn.Module) -> bool:
     return bool(torch.isfinite(torch.stack(torch._foreach_norm([p.detach() for p in model.parameters()])).sum()))
@@ -18,11 +20,6 @@ def finite_gradients(optimizer: torch.optim.Optimizer) -> bool:
     if not grads:
         return True
     return bool(torch.isfinite(torch.stack(torch._foreach_norm(grads)).sum()))
-
-
-def local_part(tensor: torch.Tensor) -> torch.Tensor:
-    """This process's part of a DTensor (a plain tensor is its own)."""
-    return tensor.to_local() if hasattr(tensor, "to_local") else tensor
 
 
 def sharded_gradients(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:

@@ -122,10 +122,9 @@ class Checkpoint(Callback):
 
     # ----- a process that serves (a parameter-server shard) -------------------------------
     def on_serve_begin(self, logs: dict[str, Any]) -> None:
+        writer = self.writer  # chosen now, with the run's signature as it starts
         if self.resume:
-            self.writer.restore()
-        else:
-            self.writer  # noqa: B018 - chosen now, with the run's signature as it starts
+            writer.restore()
 
     def on_version(self, version: int) -> None:
         """A shard published ``version`` (its state is that version's), or a worker received it."""

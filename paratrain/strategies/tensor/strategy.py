@@ -26,6 +26,7 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 
+from paratrain.comm.flat import mean_gradients
 from paratrain.comm.transport import cluster_from_env, default_backend
 from paratrain.console import console
 from paratrain.errors import ConfigError
@@ -182,12 +183,7 @@ class TensorParallelStrategy(Strategy):
         AVG is unreliable: pytorch #162338); sharded over the replicas, FSDP2 has done it."""
         if self._replica_group is None or self._sharded:
             return
-        grads = [p.grad.to_local() for p in model.parameters() if p.grad is not None]
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        dist.all_reduce(flat, group=self._replica_group)
-        flat /= self.num_replicas
-        parts = torch.split(flat, [g.numel() for g in grads])
-        torch._foreach_copy_(grads, [part.view_as(g) for part, g in zip(parts, grads)])
+        mean_gradients(list(model.parameters()), self._replica_group, self.num_replicas)
 
     def gradients_finite(self, optimizer: torch.optim.Optimizer) -> bool:
         return finite_on_every_process(sharded_gradients(optimizer), self.device)
