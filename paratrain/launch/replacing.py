@@ -17,6 +17,9 @@ processes dies, its other processes are stopped.
   while at least ``min_replicas`` are alive, and fails naming who died otherwise.
 - No replica stepping for longer than ``timeout`` (a hung one): the run is stopped with
   one line naming the replicas left.
+- Once a replica is done, a replica that is behind it and that the Lighthouse has not heard
+  for longer than its heartbeat timeout (stopped, or its host gone) is stopped at once; any
+  other gets ``timeout`` to finish too.
 """
 
 from __future__ import annotations
@@ -134,6 +137,22 @@ def supervise_replacing(
             time.sleep(0.1)
             if finished_at is None and finished:
                 finished_at = time.monotonic()
+            if finished_at is not None:
+                unheard = _unheard(
+                    f"http://127.0.0.1:{port}",
+                    heartbeat_timeout,
+                    [s for s in range(num_replicas) if s not in finished and s not in lost],
+                    read_progress(folder / "progress", num_processes)[::per_replica],
+                )
+                for slot in unheard:
+                    print(
+                        f"paratrain: {names[slot * per_replica]} was not heard for over {heartbeat_timeout:g} s "
+                        "when another replica finished the run (stopped, or its host is gone); stopped",
+                        file=sys.stderr,
+                        flush=True,
+                    )
+                    _stop(replicas[slot])
+                    lost.add(slot)
             if finished_at is not None and time.monotonic() - finished_at > timeout:
                 for slot in set(range(num_replicas)) - finished - lost:
                     print(
@@ -233,6 +252,23 @@ def supervise_replacing(
 def _tag(slot: int, member: int, incarnation: int, per_replica: int) -> str:
     """A process's name in the run's folder (error and result files)."""
     return f"{slot}-{incarnation}" if per_replica == 1 else f"{slot}.{member}-{incarnation}"
+
+
+def _unheard(lighthouse: str, heartbeat_timeout: float, slots: list[int], steps: list[int]) -> list[int]:
+    """Of ``slots``, the replicas behind the furthest (``steps``: each replica's last step)
+    whose last heartbeat the Lighthouse heard over ``heartbeat_timeout`` s ago, if ever."""
+    from paratrain.strategies.fault_tolerant.peers import heartbeat_ages
+
+    try:
+        ages = heartbeat_ages(lighthouse)
+    except (OSError, ValueError):
+        return []
+    last = max(steps)
+
+    def age(slot: int) -> float:
+        return min((a for rid, a in ages.items() if rid.split(":")[0] == f"replica_{slot}"), default=float("inf"))
+
+    return [slot for slot in slots if steps[slot] < last and age(slot) > heartbeat_timeout]
 
 
 def _finishing(processes: list[Any]) -> bool:

@@ -1,4 +1,4 @@
-"""The options of fault injection (``--fail``, ``--hang``, ``--terminate``, ``--straggler``):
+"""The options of fault injection (``--fail``, ``--hang``, ``--vanish``, ``--terminate``, ``--straggler``):
 a section of the run's TrainConfig, parsed and checked here; train/faults.py injects them."""
 
 from __future__ import annotations
@@ -25,6 +25,11 @@ class FaultConfig:
     hang: str | None = option(
         None, "fault injection: WORKER@STEP makes that worker stop answering at that step (for --timeout drills)"
     )
+    vanish: str | None = option(
+        None,
+        "fault injection: WORKER@STEP stops that worker's process (SIGSTOP) at that step: its connections stay "
+        "open and its heartbeats stop, as when its host loses power",
+    )
     terminate: str | None = option(
         None,
         "fault injection: WORKER@STEP sends that worker's process SIGTERM after that step (allreduce-ft, ps-async, "
@@ -36,7 +41,7 @@ class FaultConfig:
         parsed = self.fail_at or self.fail_shard_at  # each parses (and checks) its text
         if parsed is not None and parsed[1] < 1:
             raise ConfigError(f"--fail {self.fail}: the step or version must be >= 1")
-        _ = self.hang_at, self.terminate_at  # parsed for their errors
+        _ = self.hang_at, self.vanish_at, self.terminate_at  # parsed for their errors
         if self.straggler_factor and self.straggler_factor[1] < 1:
             raise ConfigError(f"--straggler factor must be >= 1, got {self.straggler_factor[1]}")
 
@@ -59,6 +64,10 @@ class FaultConfig:
         return _parse("hang", self.hang, "@", int, "WORKER@STEP, e.g. 1@40")
 
     @property
+    def vanish_at(self) -> tuple[int, int] | None:
+        return _parse("vanish", self.vanish, "@", int, "WORKER@STEP, e.g. 1@40")
+
+    @property
     def terminate_at(self) -> tuple[int, int] | None:
         return _parse("terminate", self.terminate, "@", int, "WORKER@STEP, e.g. 2@40")
 
@@ -72,6 +81,7 @@ class FaultConfig:
         for name, parsed in (
             ("--fail", self.fail_at),
             ("--hang", self.hang_at),
+            ("--vanish", self.vanish_at),
             ("--terminate", self.terminate_at),
             ("--straggler", self.straggler_factor),
         ):

@@ -1,4 +1,5 @@
-"""Fault injection for drills and tests, in every strategy: ``--fail``, ``--hang``, ``--terminate`` and ``--straggler``;
+"""Fault injection for drills and tests, in every strategy: ``--fail``, ``--hang``, ``--vanish``, ``--terminate``
+and ``--straggler``;
 ``--fail ps:SHARD@VERSION`` for a parameter-server shard.
 
 They are callbacks keyed by the worker index (``strategy.rank``, 0..workers-1), so the
@@ -21,28 +22,38 @@ from paratrain.session.incarnation import restart_count
 from paratrain.train.callbacks import Callback
 
 
-class FailAt(Callback):
+class AtStep(Callback):
+    """Something done to worker ``worker``'s process at the end of step ``step``, in the run's
+    first attempt only (``act``)."""
+
+    def __init__(self, worker: int, step: int):
+        self.worker, self.step = worker, step
+
+    def on_batch_end(self, step: int, logs: dict[str, Any]) -> None:
+        if step == self.step and self._here():
+            self.act(step)
+
+    def _here(self) -> bool:
+        return self.trainer.strategy.rank == self.worker and restart_count() == 0
+
+    def act(self, step: int) -> None:
+        raise NotImplementedError
+
+
+class FailAt(AtStep):
     """The process of worker ``worker`` is killed (SIGKILL, as by ``kill -9``, the OOM
     killer or a preempted machine: no cleanup) at the end of step ``step``."""
 
-    def __init__(self, worker: int, step: int):
-        self.worker, self.step = worker, step
-
-    def on_batch_end(self, step: int, logs: dict[str, Any]) -> None:
-        if step == self.step and self.trainer.strategy.rank == self.worker and restart_count() == 0:
-            _die(f"worker {self.worker}: injected failure at step {step}")
+    def act(self, step: int) -> None:
+        _die(f"worker {self.worker}: injected failure at step {step}")
 
 
-class TerminateAt(Callback):
+class TerminateAt(AtStep):
     """Worker ``worker``'s process gets SIGTERM at the end of step ``step`` (as from a
     scheduler scaling the job down, or a preemption notice)."""
 
-    def __init__(self, worker: int, step: int):
-        self.worker, self.step = worker, step
-
-    def on_batch_end(self, step: int, logs: dict[str, Any]) -> None:
-        if step == self.step and self.trainer.strategy.rank == self.worker and restart_count() == 0:
-            os.kill(os.getpid(), signal.SIGTERM)
+    def act(self, step: int) -> None:
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 class ShardFailAt(Callback):
@@ -86,7 +97,7 @@ class Straggler(Callback):
 
 
 def fault_callbacks(config: Any) -> list[Callback]:
-    """The callbacks that ``--fail``, ``--hang``, ``--terminate`` and ``--straggler`` ask for."""
+    """The callbacks that ``--fail``, ``--hang``, ``--vanish``, ``--terminate`` and ``--straggler`` ask for."""
     callbacks: list[Callback] = []
     faults = config.faults
     if faults.fail_at:
@@ -95,6 +106,8 @@ def fault_callbacks(config: Any) -> list[Callback]:
         callbacks.append(ShardFailAt(*faults.fail_shard_at))
     if faults.hang_at:
         callbacks.append(HangAt(*faults.hang_at))
+    if faults.vanish_at:
+        callbacks.append(VanishAt(*faults.vanish_at))
     if faults.terminate_at:
         callbacks.append(TerminateAt(*faults.terminate_at))
     if faults.straggler_factor:
@@ -102,19 +115,32 @@ def fault_callbacks(config: Any) -> list[Callback]:
     return callbacks
 
 
-class HangAt(Callback):
+class HangAt(AtStep):
     """Worker ``worker`` stops answering at the end of step ``step`` (it sleeps for good),
     like a deadlocked or swapped-out process: the others must time out (``--timeout``)
     and name it, never hang with it."""
 
-    def __init__(self, worker: int, step: int):
-        self.worker, self.step = worker, step
+    def act(self, step: int) -> None:
+        print(f"paratrain: worker {self.worker}: injected hang at step {step}", file=sys.stderr, flush=True)
+        while True:
+            time.sleep(3600)
 
-    def on_batch_end(self, step: int, logs: dict[str, Any]) -> None:
-        if step == self.step and self.trainer.strategy.rank == self.worker and restart_count() == 0:
-            print(f"paratrain: worker {self.worker}: injected hang at step {step}", file=sys.stderr, flush=True)
-            while True:
-                time.sleep(3600)
+
+class VanishAt(AtStep):
+    """Worker ``worker``'s process stops (SIGSTOP), every thread of it, in the forward pass of
+    step ``step`` (after the step's quorum; at the step's end where the model's own forward is
+    not called, in a pipeline's stage): its connections stay open and its heartbeats stop, as
+    when its host loses power or its network. The others must go on without it (per-step
+    fault tolerance: after the Lighthouse's heartbeat timeout) or time out and name it
+    (``--timeout``); the launcher kills it at the end."""
+
+    def on_batch_begin(self, step: int, logs: dict[str, Any]) -> None:
+        if step + 1 == self.step and self._here():
+            self.trainer.module.register_forward_pre_hook(lambda *_: self.act(self.step))
+
+    def act(self, step: int) -> None:
+        print(f"paratrain: worker {self.worker}: injected vanish at step {step}", file=sys.stderr, flush=True)
+        os.kill(os.getpid(), signal.SIGSTOP)
 
 
 class StepBeacon(Callback):

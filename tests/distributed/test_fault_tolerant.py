@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -121,6 +122,25 @@ def test_without_restarts_the_survivor_finishes_alone(cli, tmp_path, reference):
     metrics, stderr = _train(cli, tmp_path, "alone", "--strategy", "allreduce-ft", "--workers", "2", "--fail", "1@40")
     assert "paratrain: worker 1 was lost (killed by SIGKILL) after step 40; the run goes on with 1 replica" in stderr
     assert as_formed(metrics["participants"]["per_step"], 2) == [[1, 40, 2], [41, reference["global_steps"], 1]]
+    _same_run(metrics, reference)
+
+
+def test_a_replica_whose_host_vanished_is_left_behind_at_the_missed_heartbeat(cli, tmp_path, reference):
+    """Worker 1 stops in step 41's forward pass (SIGSTOP: its sockets stay open, its heartbeats
+    stop, as a host that lost power). The survivor's all-reduce of the step, in a quorum with
+    worker 1, would wait the whole --timeout on it;
+    it is abandoned once the Lighthouse has not heard worker 1 for the heartbeat timeout, the
+    step is done again alone, and the run ends at its last step, not --timeout after it."""
+    flags = ["--strategy", "allreduce-ft", "--workers", "2", "--vanish", "1@41", "--timeout", "90"]
+    started = time.monotonic()
+    metrics, stderr = _train(cli, tmp_path, "vanished", *flags)
+    seconds = time.monotonic() - started
+    assert "paratrain: worker 1: injected vanish at step 41" in stderr
+    assert "paratrain: worker 1 was not heard for over 1 s when another replica finished the run" in stderr
+    assert as_formed(metrics["participants"]["per_step"], 2) == [[1, 40, 2], [41, reference["global_steps"], 1]]
+    assert metrics["uncommitted_steps"] >= 1  # step 41's first try, given up
+    # Two waits of --timeout (the all-reduce, then the end of the run) before: over 180 s.
+    assert seconds < 60, seconds
     _same_run(metrics, reference)
 
 

@@ -11,8 +11,17 @@ from paratrain.strategies.fault_tolerant.strategy import FaultTolerantAllReduceS
 
 
 class _Work:
-    def wait(self) -> None:
-        pass
+    """A collective of a quorum of one: done at once."""
+
+    def get_future(self) -> torch.futures.Future:
+        future = torch.futures.Future()
+        future.set_result(None)
+        return future
+
+
+class FakeGroup:
+    def allreduce(self, tensors, opts) -> _Work:
+        return _Work()
 
 
 class FakeManager:
@@ -36,8 +45,11 @@ class FakeManager:
     def num_participants(self) -> int:
         return 1
 
-    def allreduce(self, tensor, reduce_op=None) -> _Work:
-        return _Work()
+    def wait_quorum(self) -> None:
+        pass
+
+    def is_participating(self) -> bool:
+        return True
 
     def errored(self):
         return None
@@ -52,6 +64,7 @@ def _strategy():
     strategy.device = torch.device("cpu")
     strategy.use_recipe(None)
     strategy.session.manager = FakeManager()
+    strategy.session.membership.group = FakeGroup()
     return strategy
 
 

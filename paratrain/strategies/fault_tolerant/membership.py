@@ -14,7 +14,8 @@ from typing import Any
 
 from paratrain.comm.transport import load_compiler
 from paratrain.errors import ConfigError, WorkerLost
-from paratrain.strategies.fault_tolerant.quorum_group import quorum_group, rendezvous_timeout
+from paratrain.strategies.fault_tolerant.peers import PeerWatch
+from paratrain.strategies.fault_tolerant.quorum_group import quorum_group, rendezvous_timeout, sum_in_quorum
 from paratrain.strategies.fault_tolerant.record import RunRecord
 from paratrain.strategies.fault_tolerant.replicas import torchft_modules
 from paratrain.timeline import span
@@ -45,6 +46,10 @@ class Membership:
         """Where each heal is written down (the run's record, record.py)."""
         self.manager: Any = None
         """torchft's Manager once ``start`` made it; None before and after."""
+        self.group: Any = None
+        """The Manager's gradient group (quorum_group.py)."""
+        self.peers: PeerWatch | None = None
+        """Which members of the current quorum the Lighthouse no longer hears (peers.py)."""
         self.quorums = 0
         self.worker = 0  # this process's rank in the run, for messages and the record
         self.incarnation = 0
@@ -74,8 +79,9 @@ class Membership:
         wait = timedelta(seconds=self.timeout)
         store_host, store_port, group_rank, group_size = group
         load_compiler()
+        self.group = quorum_group(wait, rendezvous_timeout(self.timeout, self.heartbeat_timeout))
         self.manager = torchft.Manager(
-            pg=quorum_group(wait, rendezvous_timeout(self.timeout, self.heartbeat_timeout)),
+            pg=self.group,
             load_state_dict=load_state_dict,
             state_dict=state_dict,
             min_replica_size=self.min_replicas,
@@ -94,6 +100,8 @@ class Membership:
             init_sync=False,  # every replica builds the same initial model from --seed
             max_retries=max(3, num_replicas * 2),  # then a replica that cannot commit leaves
         )
+        self.peers = PeerWatch(lighthouse, self.heartbeat_timeout)
+        self.peers.follow(self.manager)
         return self.manager
 
     def stop(self) -> None:
@@ -102,6 +110,11 @@ class Membership:
             with contextlib.suppress(Exception):
                 self.manager.shutdown(wait=False)
             self.manager = None
+
+    def sum(self, tensors: list[Any], step: int) -> None:
+        """Sum ``tensors`` over the current quorum, in place; a lost member (one the
+        Lighthouse no longer hears included) leaves the step uncommitted."""
+        sum_in_quorum(self.manager, self.group, tensors, self.peers, step)
 
     def form_quorum(self) -> None:
         """The quorum of the next step: who takes part, and a heal if this replica is behind

@@ -9,16 +9,16 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed import ReduceOp
 
 from paratrain.comm.flat import flat_gradients, write_gradients
 from paratrain.errors import WorkerLost
+from paratrain.strategies.fault_tolerant.membership import Membership
 from paratrain.strategies.fault_tolerant.replicas import batch_mark
 from paratrain.timeline import span
 
 
 def sum_over_quorum(
-    manager: Any,
+    membership: Membership,
     params: list[nn.Parameter],
     loss: torch.Tensor,
     share: float,
@@ -28,7 +28,7 @@ def sum_over_quorum(
     worker: int,
 ) -> torch.Tensor:
     """Sum the gradients of ``params`` and ``loss``, each weighted by ``share``, over the
-    quorum of ``manager``, in place (in ``wire_dtype`` on the wire: None for the parameters'
+    quorum of ``membership``, in place (in ``wire_dtype`` on the wire: None for the parameters'
     own); returns the summed loss. WorkerLost when the participants' batches of ``step``
     differ (``worker`` names this one)."""
     grads = flat_gradients(params)
@@ -41,14 +41,13 @@ def sum_over_quorum(
     with span("allreduce"):
         if wire_dtype is None:  # one all-reduce: gradient, loss and mark
             flat = torch.cat([grads.mul_(share), tail.to(grads.dtype)])
-            manager.allreduce(flat, reduce_op=ReduceOp.SUM).wait()
+            membership.sum([flat], step)
             grads, tail = flat[:-2], flat[-2:]
         else:  # the gradient in 16 bits (scaled first: a share is never below 1/P)
             wire = grads.mul_(share).to(wire_dtype)
-            works = [manager.allreduce(t, reduce_op=ReduceOp.SUM) for t in (wire, tail)]
-            for work in works:
-                work.wait()
+            membership.sum([wire, tail], step)
             grads = wire.to(grads.dtype)
+    manager = membership.manager
     if manager.errored() is None and int(tail[1]) != mark * manager.num_participants():
         raise WorkerLost(
             f"worker {worker}: the replicas disagree on the global batch of step {step} (a position was not carried over)"

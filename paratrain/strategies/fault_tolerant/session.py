@@ -286,7 +286,7 @@ class FaultTolerantSession:
         during it makes the step uncommitted instead (reduce.py)."""
         with self.watchdog.phase("all-reduce", step):
             return sum_over_quorum(
-                self.manager, params, loss, share, self.wire_dtype, step, targets, worker=self.replica.process_rank
+                self.membership, params, loss, share, self.wire_dtype, step, targets, worker=self.replica.process_rank
             )
 
     # ----- accounting --------------------------------------------------------------------

@@ -157,7 +157,7 @@ class Requests:
 #: Options of the run a joiner does not take: its outputs, its own worker count, restarts,
 #: fault injections (they name the run's workers), and where the run keeps its join token.
 NOT_TAKEN = ("metrics_out", "logdir", "timeline", "checkpoint_dir", "resume", "workers", "max_restarts",
-             "fail_at", "fail_shard_at", "hang", "terminate", "straggler", "join_token_file", "joiners")  # fmt: skip
+             "fail", "fail_at", "fail_shard_at", "hang", "vanish", "terminate", "straggler", "join_token_file", "joiners")  # fmt: skip
 
 
 def run_options(options: dict[str, Any]) -> dict[str, Any]:

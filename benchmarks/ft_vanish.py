@@ -1,0 +1,141 @@
+"""Vanished replicas: how long the survivors of a per-step fault-tolerant run wait for a
+replica whose host is gone (its process stopped, its connections open, no heartbeat).
+
+    python benchmarks/ft_vanish.py [--runs 20] [--hold 4] [--seed S]
+        [--strategies allreduce-ft,pipeline-ft]
+
+Each run is the `paratrain train` of benchmarks/ft_stress.py (3 replicas of the mlp on
+digits for `allreduce-ft`, 2 replicas of 2 stages for `pipeline-ft`; `--timeout 20`,
+`--max-restarts 1`). At a step drawn uniformly over the undisturbed run, one process of a
+replica drawn at random is stopped (SIGSTOP, from outside: the moment lands in a quorum,
+the forward, the all-reduce or between steps alike); `--hold` seconds later it is killed
+(SIGKILL: the host is declared dead), and the launcher replaces it. Measured: the
+survivors' pause (from the stop to the next step the run logs), whether the run exits 0
+within its limit at the undisturbed accuracy (1 point), and how long after its last step
+it exits. Writes benchmarks/results/ft_vanish.json and .md, and the table between the
+markers of docs/reliability.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.ft_stress import DOC, RESULTS, STRATEGIES, Replicas, Run, _step, undisturbed, verdict  # noqa: E402
+
+BEGIN, END = "<!-- ft-vanish:begin -->", "<!-- ft-vanish:end -->"
+
+
+def vanished_run(strategy: str, calm: dict, hold: float, rng: random.Random) -> dict:
+    _, num_replicas, per_replica = STRATEGIES[strategy]
+    step = rng.randint(1, max(calm["steps"] - 1, 1))
+    limit = 3 * calm["seconds"] + 60
+    with tempfile.TemporaryDirectory(prefix="ft-vanish-") as tmp:
+        run = Run(strategy, ["--max-restarts", "1"], Path(tmp))
+        replicas = Replicas(run, num_replicas, per_replica)
+        stop = None
+        while run.process.poll() is None and run.now() < limit and stop is None:
+            members = replicas.refresh()
+            if _step(run) >= step and len(members) == num_replicas:
+                slot = rng.randrange(num_replicas)
+                pid = rng.choice(members[slot])
+                stop = {"kind": "vanish", "replica": slot, "at": run.now(), "step": _step(run)}
+                os.kill(pid, signal.SIGSTOP)
+                time.sleep(hold)
+                replicas.kill(pid)  # SIGKILL ends a stopped process too
+            time.sleep(0.01)
+        ended = run.wait(limit)
+        metrics = run.metrics()
+    after = [t for t, _ in run.steps if stop and t > stop["at"]]
+    return {
+        "strategy": strategy,
+        "kills": [stop] if stop else [],
+        "pause": after[0] - stop["at"] if after else None,
+        "ended": ended,
+        "exit": run.process.returncode,
+        "seconds": run.now(),
+        "exit_after_last_step": run.now() - run.steps[-1][0] if run.steps else None,
+        "test_accuracy": metrics.get("test_accuracy"),
+        "last_line": next((line for _, line in reversed(run.errors) if line.startswith("paratrain:")), ""),
+        "stderr_tail": "\n".join(line for _, line in run.errors[-15:]),
+    }
+
+
+def vanish(strategy: str, runs: int, hold: float, seed: int) -> dict:
+    rng = random.Random(f"{seed}-{strategy}")
+    calm = undisturbed(strategy)
+    print(f"{strategy}: undisturbed {calm['seconds']:.1f} s, test accuracy {calm['test_accuracy']:.3f}", flush=True)
+    rows = []
+    for index in range(runs):
+        row = vanished_run(strategy, calm, hold, rng)
+        row["ok"] = verdict(row, calm["test_accuracy"])
+        rows.append(row)
+        pause = "-" if row["pause"] is None else f"{row['pause']:.2f} s"
+        print(f"  run {index + 1}: stopped at step {row['kills'][0]['step'] if row['kills'] else '-'}, pause {pause}, "
+              f"exit {row['exit']}, accuracy {row['test_accuracy']}, ok {row['ok']}", flush=True)  # fmt: skip
+        if not row["ok"]:
+            print(row["stderr_tail"], flush=True)
+        else:
+            row.pop("stderr_tail")
+    pauses = [r["pause"] for r in rows if r["pause"] is not None]
+    tails = [r["exit_after_last_step"] for r in rows if r["exit_after_last_step"] is not None]
+    return {
+        "seed": seed,
+        "hold": hold,
+        "runs": len(rows),
+        "pause_median": statistics.median(pauses) if pauses else 0.0,
+        "pause_max": max(pauses, default=0.0),
+        "exit_after_last_step_max": max(tails, default=0.0),
+        "undisturbed_accuracy": calm["test_accuracy"],
+        "accuracy_min": min((r["test_accuracy"] for r in rows if r["test_accuracy"] is not None), default=0.0),
+        "not_ok": sum(not r["ok"] for r in rows),
+        "hangs": sum(not r["ended"] for r in rows),
+        "rows": rows,
+    }
+
+
+def table(summary: dict) -> list[str]:
+    lines = ["| strategy | runs | pause median s | pause max s | exit after last step, max s | "
+             "accuracy min (undisturbed) | not ok | hangs |",
+             "| --- | ---: | ---: | ---: | ---: | --- | ---: | ---: |"]  # fmt: skip
+    for strategy, s in summary.items():
+        lines.append(
+            f"| `{strategy}` | {s['runs']} | {s['pause_median']:.2f} | {s['pause_max']:.2f} | "
+            f"{s['exit_after_last_step_max']:.2f} | {s['accuracy_min']:.3f} ({s['undisturbed_accuracy']:.3f}) | "
+            f"{s['not_ok']} | {s['hangs']} |"
+        )
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=20, help="runs per strategy, one vanished replica each")
+    parser.add_argument("--hold", type=float, default=4.0, help="seconds a replica stays stopped before its kill")
+    parser.add_argument("--seed", type=int, default=random.SystemRandom().randrange(10**6))
+    parser.add_argument("--strategies", default=",".join(STRATEGIES))
+    parser.add_argument("--out", default=str(RESULTS / "ft_vanish.json"))
+    args = parser.parse_args()
+    print(f"ft vanish seed {args.seed}", flush=True)
+    summary = {name: vanish(name, args.runs, args.hold, args.seed) for name in args.strategies.split(",")}
+    Path(args.out).write_text(json.dumps(summary, indent=1, default=str) + "\n")
+    lines = table(summary)
+    Path(args.out).with_suffix(".md").write_text("\n".join(lines) + "\n")
+    text = DOC.read_text()
+    if BEGIN in text and END in text and args.out == str(RESULTS / "ft_vanish.json"):
+        head, rest = text.split(BEGIN)
+        DOC.write_text(head + BEGIN + "\n" + "\n".join(lines) + "\n" + END + rest.split(END, 1)[1])
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
