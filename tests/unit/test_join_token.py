@@ -14,6 +14,7 @@ from paratrain.session.join_token import JOIN_TOKEN_ENV, proof, proves, read_joi
 from paratrain.strategies.ps.join_door import JoinDoor
 from paratrain.strategies.ps.joining import RUN_KEY, Door, join_run
 from paratrain.strategies.ps.modes import PSConfig
+from paratrain.strategies.ps.protocol.wire import MAGIC
 
 FACTS = {"strategy": "ps-async", "shards": 1, "compression": "none", "pull_compression": "none"}
 
@@ -101,7 +102,7 @@ def test_a_door_admits_only_a_worker_number_taken_after_proving_the_token():
     door = Door(run_store, 0, finished, lambda worker, link: admitted.append(worker), 10.0, ("right", "run/"))
     door._proven = lambda candidate: True  # the handshake itself is the test above's
     run_store.add("candidates", 1)
-    run_store.set("candidate/0", json.dumps({"candidate": 0}))
+    run_store.set("candidate/0", json.dumps({"candidate": 0, "protocol": MAGIC}))
     door.start()
     deadline = time.monotonic() + 5
     while door.refused < 1 and time.monotonic() < deadline:
@@ -109,3 +110,26 @@ def test_a_door_admits_only_a_worker_number_taken_after_proving_the_token():
     finished.set()
     door.thread.join(5)
     assert door.refused == 1 and admitted == []
+
+
+def test_a_joiner_of_another_protocol_version_is_refused_before_any_challenge_or_link():
+    """A Gloo link cannot refuse a message longer than the buffer posted for it (Gloo ends
+    the receiving process), so the door refuses a joiner of another protocol version before
+    it has one: no challenge asked, no worker number, no link."""
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=10))
+    run_store = _run(store)
+    finished, admitted = threading.Event(), []
+    door = Door(run_store, 0, finished, lambda worker, link: admitted.append(worker), 10.0, ("right", "run/"))
+    run_store.add("candidates", 2)
+    run_store.set("candidate/0", json.dumps({"candidate": 0}))  # an older joiner: no version said
+    run_store.set("candidate/1", json.dumps({"candidate": 1, "protocol": MAGIC + 1}))
+    door.start()
+    deadline = time.monotonic() + 5
+    while door.refused < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    finished.set()
+    door.thread.join(5)
+    assert door.refused == 2 and admitted == []
+    assert run_store.get("verdict/c0/0") == b"protocol" and run_store.get("verdict/c1/0") == b"protocol"
+    assert not run_store.check(["challenge/c0/0"]) and not run_store.check(["challenge/c1/0"])
+    assert run_store.add("joins", 0) == 0

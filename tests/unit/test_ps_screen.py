@@ -41,7 +41,7 @@ def _model():
     return nn.Sequential(nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 3))
 
 
-def _server(mode, workers=0, round_of=1):
+def _server(mode, workers=0, round_of=1, heartbeat_timeout=5.0):
     """A shard of one shard; ``workers``: the run's own (ranks), ``round_of``: the gradients
     a synchronous round takes."""
     model = _model()
@@ -49,7 +49,7 @@ def _server(mode, workers=0, round_of=1):
     rule = MODES[mode].make_rule(PSConfig(), round_of)
     return ShardServer(
         0, 1, workers, model, optimizer, rule, store=None,
-        heartbeat_timeout=5.0, tolerate_loss=True, wait_timeout=5.0,
+        heartbeat_timeout=heartbeat_timeout, tolerate_loss=True, wait_timeout=5.0,
     )  # fmt: skip
 
 
@@ -124,9 +124,11 @@ def _bad(rng, server):
     return _message(server, push, torch.full((server.layout.total,), math.nan)), "skipped"
 
 
-def _train(server, bad_per_step=0, rng=None):
+def _train(server, bad_per_step=0, rng=None, send_bad=None):
     """Worker 0's pushes, from one process's gradients, with ``bad_per_step`` bad messages
-    from others before each; its parameters at the end."""
+    from others before each (``send_bad(server, rng, expected)`` sends one; default: over
+    in-process links); its parameters at the end."""
+    send_bad = send_bad or _send_bad
     client, pulled = _client(server, 0)
     reference = _model()
     client.post_reply()
@@ -136,7 +138,7 @@ def _train(server, bad_per_step=0, rng=None):
     expected = {"refused": 0, "skipped": 0}
     for step in range(1, STEPS + 1):
         for _ in range(bad_per_step):
-            _send_bad(server, rng, expected)
+            send_bad(server, rng, expected)
         deadline = time.monotonic() + 20
         while sum(server.screen.refused.values()) < expected["refused"] or server.tally.skipped < expected["skipped"]:
             assert time.monotonic() < deadline, (dict(server.screen.refused), server.tally.skipped, expected)

@@ -6,8 +6,11 @@ the run in its store (the rendezvous store at HOST:PORT, where the run's workers
 1. shard 0 publishes the run under ``RUN_KEY`` (its store prefix and message tags, mode,
    shards, workers, parameter count, whether its doors are open); the joiner checks its
    own configuration against it, and that it holds a join token (session/join_token.py);
-2. the joiner takes a candidate number (``candidates``) and posts ``candidate/<c>``; each
-   shard's door (``Door``, a thread) asks it a fresh challenge (``challenge/c<c>/<shard>``),
+2. the joiner takes a candidate number (``candidates``) and posts ``candidate/<c>`` with the
+   version of the shards' protocol it speaks (wire.py's ``MAGIC``: a Gloo link cannot refuse
+   a message longer than the buffer the shard posted for it, Gloo ends the receiving process,
+   so a joiner of another version is refused before any link exists); each shard's door
+   (``Door``, a thread) asks it a fresh challenge (``challenge/c<c>/<shard>``),
    the joiner answers with its proof under the token (``answer/...``), and the door says
    ``ok`` or ``refused`` (``verdict/...``). A refused joiner exits with one line (exit 2);
    nothing of the run waits for it or moves;
@@ -36,6 +39,7 @@ import torch.distributed as dist
 from paratrain.errors import ConfigError, WorkerLost
 from paratrain.session.join_token import HANDSHAKE_S, challenge, proof, proves
 from paratrain.strategies.ps.protocol.links import PairLink
+from paratrain.strategies.ps.protocol.wire import MAGIC
 
 #: The key, outside any run's prefix, under which shard 0 describes the run joiners join.
 RUN_KEY = "paratrain/ps-run"
@@ -87,7 +91,7 @@ class Door:
         proven: set[int] = set()  # candidates this door has seen prove the token, not yet admitted
         while not self.finished.wait(0.1):
             candidate = candidates.next()
-            if candidate is not None and self._proven(candidate["candidate"]):
+            if candidate is not None and self._speaks(candidate) and self._proven(candidate["candidate"]):
                 proven.add(candidate["candidate"])
             request = joins.next()
             if request is None:
@@ -109,6 +113,20 @@ class Door:
                 self.store.set(f"joined/{worker}", json.dumps(position))
         if self.shard == 0:
             self.store.set("closed", "1")
+
+    def _speaks(self, candidate: dict[str, Any]) -> bool:
+        """Whether joiner ``candidate`` speaks this run's protocol; refused (verdict
+        ``protocol``) if not, without a challenge."""
+        if candidate.get("protocol") == MAGIC:
+            return True
+        self.refused += 1
+        self.store.set(f"verdict/c{candidate['candidate']}/{self.shard}", "protocol")
+        print(
+            f"paratrain: ps shard {self.shard}: refused joiner {candidate['candidate']}: it speaks protocol "
+            f"{candidate.get('protocol')}, the run {MAGIC:g} (another paratrain version)",
+            flush=True,
+        )
+        return False
 
     def _proven(self, candidate: int) -> bool:
         """Ask joiner ``candidate`` a fresh challenge and check its answer under the join
@@ -212,7 +230,7 @@ def join_run(address: str, facts: dict[str, Any], timeout: float, token: str | N
     # First prove the token as a candidate; only then take a worker number, so that a
     # refused joiner moves nothing of the run's (its worker numbers stay consecutive).
     candidate = store.add("candidates", 1) - 1
-    store.set(f"candidate/{candidate}", json.dumps({"candidate": candidate}))
+    store.set(f"candidate/{candidate}", json.dumps({"candidate": candidate, "protocol": MAGIC}))
     _prove(store, address, run, f"c{candidate}", token, timeout)
     worker = run["workers"] + store.add("joins", 1) - 1
     store.set(f"join/{worker - run['workers']}", json.dumps({"worker": worker, "candidate": candidate}))
@@ -247,5 +265,10 @@ def _prove(store: Any, address: str, run: dict[str, Any], who: str, token: str, 
             f"--join {address}: the shards did not ask this joiner to prove the join token within --timeout "
             f"{timeout:g} s (the run may have finished; {str(error).splitlines()[0]})"
         ) from None
+    if "protocol" in verdicts:
+        raise ConfigError(
+            f"--join {address}: refused: the run there speaks another version of the shards' protocol than this "
+            f"worker ({MAGIC:g}): join with the paratrain version the run runs"
+        )
     if any(verdict != "ok" for verdict in verdicts):
         raise ConfigError(f"--join {address}: {REFUSED}; the one given is not it")

@@ -12,7 +12,7 @@ import torch
 
 
 class _Sent:
-    def wait(self) -> bool:
+    def wait(self, timeout: object = None) -> bool:
         return True
 
 
@@ -26,7 +26,9 @@ class _Receive:
         except queue.Empty:
             raise RuntimeError("Timed out waiting for the message") from None
         if message.numel() * message.element_size() > self.tensor.numel() * self.tensor.element_size():
-            raise RuntimeError("message larger than the posted buffer")  # as Gloo refuses it
+            # Gloo ends the receiving process then (EnforceNotMet in its I/O thread); the
+            # protocol never sends one (a joiner of another version is refused at the door).
+            raise RuntimeError("message larger than the posted buffer")
         self.tensor.view(-1).view(torch.uint8)[: message.numel() * message.element_size()].copy_(
             message.reshape(-1).view(torch.uint8)
         )

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
 import torch
@@ -300,11 +301,22 @@ class ShardServer:
         return self._cast[1]
 
     def _flush_replies(self) -> None:
+        """Wait for the replies in flight (their bytes are read from ``self.params``), each at
+        most the heartbeat timeout. A worker posts its receive before it asks, so a live one
+        takes its reply at once; one that has not within that time is stopped or its host is
+        gone, and is lost: over Gloo a send ends only when its receiver takes it, and it would
+        hold the shard, every other worker with it, until Gloo's timeout (``--timeout``)."""
+        bound = self.watch.heartbeat_timeout
         for worker, work, _ in self._sending:
             try:
-                work.wait()
-            except RuntimeError:
-                self._lose(worker, "its connection closed")
+                work.wait(timedelta(seconds=bound))
+            except RuntimeError as error:
+                if worker in self.lost:
+                    continue
+                timed_out = "Timed out" in str(error)
+                self._lose(
+                    worker, f"it did not take its reply within {bound:g} s" if timed_out else "its connection closed"
+                )
         self._sending.clear()
 
     # ----- liveness -----------------------------------------------------------------------
