@@ -42,10 +42,13 @@ from pathlib import Path
 
 from paratrain.testing import descendants, run_processes
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.recorded_table import record  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 DOC = ROOT / "docs" / "reliability.md"
-BEGIN, END = "<!-- ft-stress:begin -->", "<!-- ft-stress:end -->"
 RUN = ["--log-every", "1", "--progress", "--timeout", "20"]
 STRATEGIES = {
     # flags, replicas, processes per replica
@@ -389,14 +392,7 @@ def main() -> None:
         for row in result["rows"]:
             if row["ok"]:
                 row.pop("stderr_tail")
-    Path(args.out).write_text(json.dumps(summary, indent=1, default=str) + "\n")
-    lines = table(summary)
-    Path(args.out).with_suffix(".md").write_text("\n".join(lines) + "\n")
-    text = DOC.read_text()
-    if BEGIN in text and END in text and args.out == str(RESULTS / "ft_stress.json"):
-        head, rest = text.split(BEGIN)
-        DOC.write_text(head + BEGIN + "\n" + "\n".join(lines) + "\n" + END + rest.split(END, 1)[1])
-    print("\n".join(lines))
+    record(Path(args.out), summary, table(summary), DOC, "ft-stress", args.out == str(RESULTS / "ft_stress.json"))
 
 
 def _log(message: str) -> None:

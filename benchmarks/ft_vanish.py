@@ -20,7 +20,6 @@ markers of docs/reliability.md.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import signal
@@ -33,8 +32,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.ft_stress import DOC, RESULTS, STRATEGIES, Replicas, Run, _step, undisturbed, verdict  # noqa: E402
-
-BEGIN, END = "<!-- ft-vanish:begin -->", "<!-- ft-vanish:end -->"
+from benchmarks.recorded_table import record  # noqa: E402
 
 
 def vanished_run(strategy: str, calm: dict, hold: float, rng: random.Random) -> dict:
@@ -142,14 +140,7 @@ def main() -> None:
     args = parser.parse_args()
     print(f"ft vanish seed {args.seed}", flush=True)
     summary = {name: vanish(name, args.runs, args.hold, args.seed) for name in args.strategies.split(",")}
-    Path(args.out).write_text(json.dumps(summary, indent=1, default=str) + "\n")
-    lines = table(summary)
-    Path(args.out).with_suffix(".md").write_text("\n".join(lines) + "\n")
-    text = DOC.read_text()
-    if BEGIN in text and END in text and args.out == str(RESULTS / "ft_vanish.json"):
-        head, rest = text.split(BEGIN)
-        DOC.write_text(head + BEGIN + "\n" + "\n".join(lines) + "\n" + END + rest.split(END, 1)[1])
-    print("\n".join(lines))
+    record(Path(args.out), summary, table(summary), DOC, "ft-vanish", args.out == str(RESULTS / "ft_vanish.json"))
 
 
 if __name__ == "__main__":

@@ -29,10 +29,14 @@ from pathlib import Path
 
 from paratrain.testing import alive, descendants, run_processes
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.recorded_table import record  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 DOC = ROOT / "docs" / "reliability.md"
-BEGIN, END = "<!-- kill-anytime:begin -->", "<!-- kill-anytime:end -->"
+MARKER = "kill-anytime"
 TIMEOUT_S = 20
 ORPHAN_GRACE_S = 10  # a process still importing when the launcher dies notices within this
 RUN = ["--epochs", "3", "--no-progress", "--log-every", "0", "--checkpoint-every", "10", "--max-restarts", "1",
@@ -197,14 +201,9 @@ def main() -> None:
         rows = [r for r in earlier if r["strategy"] not in strategies] + rows
         rows.sort(key=lambda r: list(STRATEGIES).index(r["strategy"]))
     lines = table(rows)
-    out.with_suffix(".json").write_text(json.dumps({"timeout": TIMEOUT_S, "rows": rows}, indent=2) + "\n")
     heading = [f"# Kill drills at random moments (--timeout {TIMEOUT_S})", ""]
-    out.with_suffix(".md").write_text("\n".join(heading + lines) + "\n")
-    text = DOC.read_text()
-    if BEGIN in text and END in text and out == RESULTS / "kill_anytime":  # the recorded table only
-        head, rest = text.split(BEGIN)
-        DOC.write_text(head + BEGIN + "\n" + "\n".join(lines) + "\n" + END + rest.split(END, 1)[1])
-    print("\n".join(lines))
+    document = {"timeout": TIMEOUT_S, "rows": rows}
+    record(out, document, lines, DOC, MARKER, out == RESULTS / "kill_anytime", heading)
 
 
 if __name__ == "__main__":

@@ -37,7 +37,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from paratrain.launch.cli import build_parser  # noqa: E402
-from paratrain.simulate.cli import check_arguments, model_and_data, sweep  # noqa: E402
+from paratrain.simulate.calibrate import model_and_data  # noqa: E402
+from paratrain.simulate.cli import check_arguments, sweep  # noqa: E402
 
 WORKERS = "1,2,4,8,16,32,64,128,256,512,1024"
 

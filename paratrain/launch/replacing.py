@@ -145,23 +145,13 @@ def supervise_replacing(
                     read_progress(folder / "progress", num_processes)[::per_replica],
                 )
                 for slot in unheard:
-                    print(
-                        f"paratrain: {names[slot * per_replica]} was not heard for over {heartbeat_timeout:g} s "
-                        "when another replica finished the run (stopped, or its host is gone); stopped",
-                        file=sys.stderr,
-                        flush=True,
-                    )
-                    _stop(replicas[slot])
+                    why = f"was not heard for over {heartbeat_timeout:g} s when another replica finished the run"
+                    _stop_late(names[slot * per_replica], f"{why} (stopped, or its host is gone)", replicas[slot])
                     lost.add(slot)
             if finished_at is not None and time.monotonic() - finished_at > timeout:
                 for slot in set(range(num_replicas)) - finished - lost:
-                    print(
-                        f"paratrain: {names[slot * per_replica]} did not finish within --timeout {timeout:g} s "
-                        "of a replica that finished the run; stopped",
-                        file=sys.stderr,
-                        flush=True,
-                    )
-                    _stop(replicas[slot])
+                    why = f"did not finish within --timeout {timeout:g} s of a replica that finished the run"
+                    _stop_late(names[slot * per_replica], why, replicas[slot])
                     lost.add(slot)
                 break
             top = max(read_progress(folder / "progress", num_processes))
@@ -269,6 +259,12 @@ def _unheard(lighthouse: str, heartbeat_timeout: float, slots: list[int], steps:
         return min((a for rid, a in ages.items() if rid.split(":")[0] == f"replica_{slot}"), default=float("inf"))
 
     return [slot for slot in slots if steps[slot] < last and age(slot) > heartbeat_timeout]
+
+
+def _stop_late(name: str, why: str, processes: list[Any]) -> None:
+    """A replica still running once the run is over: one line, and it is stopped."""
+    print(f"paratrain: {name} {why}; stopped", file=sys.stderr, flush=True)
+    _stop(processes)
 
 
 def _finishing(processes: list[Any]) -> bool:

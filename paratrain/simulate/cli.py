@@ -8,15 +8,15 @@ plots) is imported where it is used.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
-import time
 from typing import Any
 
-from paratrain.config import TrainConfig, _check_writable
-from paratrain.data.datasets import load_dataset
+from paratrain.config import _check_writable
+from paratrain.console import console
 from paratrain.errors import ConfigError
-from paratrain.models import build_model
+from paratrain.simulate import calibration
 from paratrain.simulate.tables import print_table, print_training
 
 DEFAULT_WORKERS = "1,2,4,8,16,32,64,128,256,512,1024"
@@ -67,7 +67,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--ring-latency-us",
         type=float,
         default=None,
-        help="microseconds per ring all-reduce step (default: --latency-us)",
+        help="microseconds per ring all-reduce step (default: the calibration's, else --latency-us)",
     )
     a("--ps-shards", type=int, default=1, help="parameter-server shards P (ps-*) (default 1)")
     a(
@@ -133,11 +133,35 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     a(
         "--message-cpu-us",
         type=float,
-        default=0.0,
-        help="with --cpu-share: CPU microseconds a node spends on each message it receives (default 0)",
+        default=None,
+        help="with --cpu-share: CPU microseconds a node spends on each message it receives (default: the "
+        "calibration's, else 0)",
     )
-    a("--ps-message-us", type=float, default=0.0, help="ps-*: microseconds a shard works on each push (default 0)")
-    a("--ps-update-us", type=float, default=0.0, help="ps-*: microseconds a shard works on each update (default 0)")
+    a(
+        "--ps-message-us",
+        type=float,
+        default=None,
+        help="ps-*: microseconds a shard works on each push (default: the calibration's, else 0)",
+    )
+    a(
+        "--ps-update-us",
+        type=float,
+        default=None,
+        help="ps-*: microseconds a shard works on each update (default: the calibration's, else 0)",
+    )
+    a(
+        "--calibrate",
+        metavar="FILE.json",
+        default=None,
+        help="measure here what the cost model needs for --model (compute, a message's CPU, a shard's work, a ring "
+        "step, the codec), write it to FILE.json, and predict with it",
+    )
+    a(
+        "--calibration",
+        metavar="FILE.json",
+        default=None,
+        help="predict with the costs measured by --calibrate (a flag given still wins)",
+    )
     a("--failure-rate", type=float, default=0.0, help="failures per worker per hour (default 0)")
     a(
         "--recovery-s",
@@ -202,6 +226,7 @@ def check_arguments(args: argparse.Namespace) -> tuple[list[str], list[int]]:
         "seed",
         "ps_message_us",
         "ps_update_us",
+        "message_cpu_us",
     ):
         _positive(name.replace("_", "-"), getattr(args, name), allow_zero=True)
     if args.host_speedup is not None:
@@ -224,39 +249,16 @@ def check_arguments(args: argparse.Namespace) -> tuple[list[str], list[int]]:
         raise ConfigError("--train replays plain gradient steps; diloco's outer optimizer is not modelled there")
     if args.train and (len(strategies) != 1 or len(workers) != 1):
         raise ConfigError("--train takes one --strategy and one --workers count, e.g. --strategy ps-async --workers 8")
-    for name in ("json_out", "plot"):
+    if args.calibrate and args.calibration:
+        raise ConfigError("--calibrate FILE measures and predicts with FILE; --calibration reads one: give one")
+    if args.calibrate and args.model_mb is not None:
+        raise ConfigError("--calibrate measures --model's own gradient; --model-mb is for a prediction without one")
+    for name in ("json_out", "plot", "calibrate"):
         if getattr(args, name):
             _check_writable(name, getattr(args, name))
     if args.plot and not args.plot.lower().endswith((".png", ".svg", ".pdf")):
         raise ConfigError(f"--plot must name a .png, .svg or .pdf file; got {args.plot!r}")
     return strategies, workers
-
-
-def model_and_data(args: argparse.Namespace) -> tuple[Any, Any]:
-    """--model built (seeded) for --dataset, and the data set's splits."""
-    config = TrainConfig(model=args.model, dataset=args.dataset, seed=args.seed, batch_size=args.batch_size)
-    splits = load_dataset(config)
-    import torch
-
-    torch.manual_seed(args.seed)
-    return build_model(config.model, splits.spec, options=config.model_options), splits
-
-
-def profile_compute_s(model: Any, splits: Any, batch_size: int, repeats: int = 5) -> float:
-    """Median seconds of one forward+backward on a local batch, measured here."""
-    import torch
-
-    loader = torch.utils.data.DataLoader(splits.train, batch_size=batch_size, shuffle=False)
-    inputs, targets = next(iter(loader))
-    loss_fn = torch.nn.CrossEntropyLoss()
-    times = []
-    for i in range(repeats + 2):
-        start = time.perf_counter()
-        model.zero_grad(set_to_none=True)
-        loss_fn(model(inputs), targets).backward()
-        if i >= 2:  # two warm-up steps
-            times.append(time.perf_counter() - start)
-    return sorted(times)[len(times) // 2]
 
 
 def _speedup(text: str | None) -> tuple[float, ...] | None:
@@ -278,6 +280,9 @@ def build_cluster(args: argparse.Namespace, workers: int, model: Any | None, com
     else:
         shapes = [tuple(p.shape) for p in model.parameters() if p.requires_grad]
         model_bytes = 4.0 * sum(math.prod(s) for s in shapes)
+    codec = make_codec(args.compression, shapes, args.topk_ratio, args.powersgd_rank)
+    if getattr(args, "codec_gbps", None):  # measured by a calibration
+        codec = dataclasses.replace(codec, throughput=args.codec_gbps * 1e9)
     return Cluster(
         workers=workers,
         compute_s=compute_s,
@@ -286,17 +291,17 @@ def build_cluster(args: argparse.Namespace, workers: int, model: Any | None, com
         latency=args.latency_us * 1e-6,
         ps_shards=args.ps_shards,
         ring_latency=None if args.ring_latency_us is None else args.ring_latency_us * 1e-6,
-        codec=make_codec(args.compression, shapes, args.topk_ratio, args.powersgd_rank),
+        codec=codec,
         straggler=parse_straggler(args.straggler),
         failure_rate=args.failure_rate,
         recovery_s=args.recovery_s,
-        ps_message_s=args.ps_message_us * 1e-6,
-        ps_update_s=args.ps_update_us * 1e-6,
+        ps_message_s=(args.ps_message_us or 0.0) * 1e-6,
+        ps_update_s=(args.ps_update_us or 0.0) * 1e-6,
         host_cores=args.host_cores,
         host_speedup=_speedup(args.host_speedup),
         cpu_share=args.cpu_share,
         cpu_period_s=args.cpu_period_ms * 1e-3,
-        message_cpu_s=args.message_cpu_us * 1e-6,
+        message_cpu_s=(args.message_cpu_us or 0.0) * 1e-6,
     )
 
 
@@ -335,6 +340,12 @@ def sweep(
 
 def simulate_command(args: argparse.Namespace) -> int:
     strategies, workers = check_arguments(args)
+    if args.calibrate:
+        _calibrate(args)
+    for line in calibration.apply(args):
+        console.print(line)
+    from paratrain.simulate.calibrate import model_and_data, profile_compute_s  # deferred: imports torch
+
     need_data = args.profile or args.train or args.compute_ms is None
     model = splits = None
     if need_data or args.model_mb is None:
@@ -364,3 +375,14 @@ def simulate_command(args: argparse.Namespace) -> int:
 
         (plot_training if args.train else plot_sweep)(payload, args.plot)
     return 0
+
+
+def _calibrate(args: argparse.Namespace) -> None:
+    """``--calibrate FILE``: measure, write, and predict with it."""
+    from paratrain.simulate.calibrate import calibrate, model_and_data, write  # deferred: imports torch
+
+    model, splits = model_and_data(args)
+    measured = calibrate(args, model, splits)
+    write(args.calibrate, measured)
+    console.print(f"paratrain: calibration written to {args.calibrate}")
+    args.calibration = args.calibrate

@@ -1,0 +1,177 @@
+"""``paratrain simulate --calibrate FILE``: measure here what the simulator's cost model needs
+for the user's model, and write it down for later predictions (``--calibration FILE``,
+calibration.py reads it).
+
+A distributed step costs far more than its bytes on the wire: the framework's work on each
+message (DDP's buckets, Gloo's threads, the shard's bookkeeping) is most of it on a small
+model, and a micro-benchmark of the transport alone misses it (a one-value Gloo all-reduce:
+0.06 ms; what a real 2-process all-reduce step adds to the mlp's: 1.5 ms). So the costs
+are taken from real ``paratrain train`` runs of ``--model`` on ``--dataset`` (``--batch-size``),
+one thread a process, each process on a core of its own, about 400 steps each (at least 2
+epochs), examples/s of training past the first epoch:
+
+- ``compute_ms``: a step of ``single`` (T1): the forward and backward pass, the optimizer,
+  the batch and the step's bookkeeping, all a worker does besides communicating;
+- ``ring_step_us``: what a step of ``allreduce`` with 2 workers (T2) adds to T1, per step of
+  the ring (a 2-process ring has 2): (T2 - T1) / 2. Over loopback that is CPU, so it is also
+  ``message_cpu_us``, what a message costs its receiver on a node under a CPU quota;
+- ``ps_push_us``: what a step of ``ps-sync`` with 1 worker (Tp) adds to T1: the push, the
+  shard's work on it and its update, and the reply;
+- ``ps_update_us``: the shard's optimizer step (SGD with momentum 0.9) on the model's
+  parameters as one flat tensor, measured alone;
+- ``codec_gbps``: ``--compression``'s encode plus decode of the model's gradient, in
+  gigabytes of dense gradient a second (0 for ``none``: nothing to code).
+
+calibration.py turns them into the engine's parameters for the prediction at hand.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from paratrain.config import TrainConfig
+from paratrain.data.datasets import load_dataset
+from paratrain.errors import ConfigError
+from paratrain.models import build_model
+from paratrain.simulate.calibration import FORMAT, VERSION
+
+
+def calibrate(args: Any, model: Any, splits: Any) -> dict[str, Any]:
+    """Every cost of the module docstring for ``model`` (built for ``args.model`` on
+    ``args.dataset``)."""
+    flat = torch.cat([p.detach().reshape(-1) for p in model.parameters() if p.requires_grad]).float()
+    single = _step_s(args, splits, ["--strategy", "single"], 1)
+    ring = max(_step_s(args, splits, ["--strategy", "allreduce", "--workers", "2"], 2) - single, 0.0) / 2
+    push = max(_step_s(args, splits, ["--strategy", "ps-sync", "--workers", "1"], 1) - single, 0.0)
+    costs = {
+        "compute_ms": single * 1e3,
+        "ring_step_us": ring * 1e6,
+        "message_cpu_us": ring * 1e6,
+        "ps_push_us": push * 1e6,
+        "ps_update_us": _update_s(flat) * 1e6,
+        "codec_gbps": _codec_gbps(args, model, flat),
+    }
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "measured": {
+            "host": platform.node(),
+            "at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "torch": torch.__version__,
+            "threads": 1,
+            "cores": os.cpu_count(),
+        },
+        "model": {
+            "model": args.model,
+            "dataset": args.dataset,
+            "batch_size": args.batch_size,
+            "compression": args.compression,
+            "gradient_bytes": flat.numel() * 4,
+        },
+        "costs": costs,
+    }
+
+
+#: Steps each measuring run takes, about (whole epochs).
+RUN_STEPS = 400
+
+
+def _step_s(args: Any, splits: Any, flags: list[str], workers: int) -> float:
+    """Seconds a step of a real ``paratrain train`` with ``flags`` takes, one thread a process."""
+    per_epoch = max(len(splits.train) // (args.batch_size * workers), 1)
+    epochs = max(2, math.ceil(RUN_STEPS / per_epoch))
+    with tempfile.TemporaryDirectory(prefix="paratrain-calibrate-") as folder:
+        out = Path(folder) / "metrics.json"
+        command = [sys.executable, "-m", "paratrain", "train", *flags, "--model", args.model, "--dataset",
+                   args.dataset, "--batch-size", str(args.batch_size), "--epochs", str(epochs), "--seed",
+                   str(args.seed), "--no-progress", "--log-every", "0", "--metrics-out", str(out)]  # fmt: skip
+        env = {**os.environ, "PARATRAIN_THREADS_PER_WORKER": "1", "OMP_NUM_THREADS": "1"}
+        run = subprocess.run(command, capture_output=True, text=True, env=env, timeout=3600)
+        if run.returncode != 0 or not out.exists():
+            last = (run.stderr.strip().splitlines() or ["no output"])[-1]
+            raise ConfigError(f"--calibrate: the measuring run paratrain train {' '.join(flags)} failed: {last}")
+        history = json.loads(out.read_text())["history"]
+    # Past the first epoch (its warm-up): examples over training seconds, both cumulative.
+    first, last = history[0], history[-1]
+    rate = (last["examples_seen"] - first["examples_seen"]) / (last["wall_seconds"] - first["wall_seconds"])
+    return args.batch_size * workers / rate
+
+
+def model_and_data(args: argparse.Namespace) -> tuple[Any, Any]:
+    """--model built (seeded) for --dataset, and the data set's splits."""
+    config = TrainConfig(model=args.model, dataset=args.dataset, seed=args.seed, batch_size=args.batch_size)
+    splits = load_dataset(config)
+    torch.manual_seed(args.seed)
+    return build_model(config.model, splits.spec, options=config.model_options), splits
+
+
+def profile_compute_s(model: Any, splits: Any, batch_size: int, repeats: int = 5) -> float:
+    """Median seconds of one forward+backward on a local batch, measured here."""
+    loader = torch.utils.data.DataLoader(splits.train, batch_size=batch_size, shuffle=False)
+    inputs, targets = next(iter(loader))
+    loss_fn = torch.nn.CrossEntropyLoss()
+    times = []
+    for i in range(repeats + 2):
+        start = time.perf_counter()
+        model.zero_grad(set_to_none=True)
+        loss_fn(model(inputs), targets).backward()
+        if i >= 2:  # two warm-up steps
+            times.append(time.perf_counter() - start)
+    return sorted(times)[len(times) // 2]
+
+
+def write(path: str, calibration: dict[str, Any]) -> None:
+    try:
+        Path(path).write_text(json.dumps(calibration, indent=1) + "\n")
+    except OSError as error:
+        raise ConfigError(f"--calibrate {path}: cannot write it ({error.strerror})") from None
+
+
+def _median_s(work: Any, repeats: int = 20) -> float:
+    times = []
+    for i in range(repeats + 3):
+        start = time.perf_counter()
+        work()
+        if i >= 3:
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def _update_s(flat: torch.Tensor) -> float:
+    params = flat.clone().requires_grad_(True)
+    params.grad = torch.randn_like(params)
+    optimizer = torch.optim.SGD([params], lr=0.01, momentum=0.9)
+    return _median_s(optimizer.step)
+
+
+def _codec_gbps(args: Any, model: Any, flat: torch.Tensor) -> float:
+    if args.compression == "none":
+        return 0.0
+    from paratrain.comm.codec_config import CodecConfig, make_codec
+    from paratrain.comm.packing import PackedGradient
+
+    options = CodecConfig(
+        compression=args.compression, compression_ratio=args.topk_ratio, powersgd_rank=args.powersgd_rank
+    )
+    pieces = [(str(i), tuple(p.shape)) for i, p in enumerate(q for q in model.parameters() if q.requires_grad)]
+    packer = PackedGradient(
+        make_codec(args.compression, options), lambda: make_codec(args.compression, options), pieces
+    )
+    wire = torch.zeros(packer.nbytes, dtype=torch.uint8)
+    out = torch.zeros_like(flat)
+    seconds = _median_s(lambda: (packer.compress_into(flat, wire), packer.decompress_into(wire, out)))
+    return flat.numel() * 4 / seconds / 1e9

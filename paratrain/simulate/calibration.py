@@ -1,0 +1,107 @@
+"""Predictions from a calibration file (``--calibration FILE``, written by ``--calibrate``,
+calibrate.py): the costs a flag does not give are taken from it, and one line before the
+table says where each number came from. A prediction without a calibration says so."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+from paratrain.errors import ConfigError
+
+FORMAT = "paratrain-calibration"
+VERSION = 1
+
+#: Each cost a calibration holds, and how a line names it.
+COSTS = {
+    "compute_ms": "compute {:.3g} ms a step",
+    "ring_step_us": "a ring step {:.3g} us",
+    "message_cpu_us": "{:.3g} us of CPU a message received",
+    "ps_push_us": "a push and its reply {:.3g} us",
+    "ps_update_us": "a shard's update {:.3g} us",
+    "codec_gbps": "its codec {:.3g} GB/s",
+}
+#: What a calibration must share with the prediction that takes it.
+SAME = ("model", "dataset", "batch_size", "compression")
+
+
+def load(path: str) -> dict[str, Any]:
+    """The calibration in ``path``; ConfigError (one line) when it is none."""
+    try:
+        calibration = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise ConfigError(
+            f"--calibration {path}: no such file (paratrain simulate --calibrate {path} makes it)"
+        ) from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise ConfigError(f"--calibration {path}: not a calibration file ({error})") from None
+    if not isinstance(calibration, dict) or calibration.get("format") != FORMAT:
+        raise ConfigError(f"--calibration {path}: not a paratrain calibration file")
+    if calibration.get("version") != VERSION:
+        raise ConfigError(
+            f"--calibration {path}: version {calibration.get('version')} of the calibration file; this paratrain "
+            f"reads version {VERSION}: measure again with --calibrate"
+        )
+    costs = calibration.get("costs")
+    if not isinstance(costs, dict) or any(
+        not isinstance(costs.get(name), (int, float)) or not costs[name] >= 0 for name in COSTS
+    ):
+        raise ConfigError(f"--calibration {path}: its costs must be numbers >= 0 for {', '.join(COSTS)}")
+    return calibration
+
+
+def apply(args: argparse.Namespace) -> list[str]:
+    """Fill the costs that no flag gave from ``--calibration``; the lines that say where the
+    numbers came from."""
+    if args.calibration is None:
+        return [
+            "paratrain: no calibration: a message's and a shard's CPU are taken as 0 and the codec's speed as "
+            "assumed (paratrain simulate --calibrate FILE measures them here; then --calibration FILE)"
+        ]
+    calibration = load(args.calibration)
+    model = calibration["model"]
+    differ = [name for name in SAME if model.get(name) != getattr(args, name)]
+    if differ:
+        raise ConfigError(
+            f"--calibration {args.calibration} measured {', '.join(f'{n}={model.get(n)}' for n in differ)}; "
+            f"this prediction has {', '.join(f'{n}={getattr(args, n)}' for n in differ)}: calibrate for it"
+        )
+    if args.model_mb is not None:
+        raise ConfigError(
+            f"--model-mb and --calibration {args.calibration}: the calibration measured {model['model']}'s "
+            f"gradient ({model['gradient_bytes'] / 1e6:.3g} MB); give one or the other"
+        )
+    costs = calibration["costs"]
+    # The engine's parameters: a push at a shard costs its message's CPU and the reply's at
+    # the worker on quota nodes (--cpu-share) on top of --ps-message-us, not elsewhere.
+    quota = args.cpu_share is not None
+    message = costs["ps_push_us"] - costs["ps_update_us"] - (2 * costs["message_cpu_us"] if quota else 0.0)
+    engine = {
+        "compute_ms": ("--compute-ms", costs["compute_ms"]),
+        "ring_latency_us": ("--ring-latency-us", costs["ring_step_us"]),
+        "message_cpu_us": ("--message-cpu-us", costs["message_cpu_us"]),
+        "ps_message_us": ("--ps-message-us", max(message, 0.0)),
+        "ps_update_us": ("--ps-update-us", costs["ps_update_us"]),
+    }
+    given = []
+    for name, (flag, value) in engine.items():
+        if name == "compute_ms" and args.profile:
+            continue
+        if getattr(args, name) is not None:
+            given.append(flag)
+        elif name != "message_cpu_us" or quota:
+            setattr(args, name, value)
+    args.codec_gbps = costs["codec_gbps"]
+    taken = [words.format(costs[name]) for name, words in COSTS.items() if costs[name] or name != "codec_gbps"]
+    measured = calibration["measured"]
+    line = (
+        f"paratrain: calibration {args.calibration} (measured on {measured['host']} at {measured['at']}, "
+        f"{model['model']} on {model['dataset']}, batch {model['batch_size']}): {', '.join(taken)}"
+    )
+    if given:
+        line += f"; from the flags: {', '.join(given)}"
+    if args.profile:
+        line += "; compute measured now (--profile)"
+    return [line]

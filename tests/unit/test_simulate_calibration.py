@@ -1,0 +1,135 @@
+"""``paratrain simulate --calibrate`` measures the cost model's numbers here and writes them;
+``--calibration`` predicts with them, says where each number came from, and refuses a file
+that is none or was measured for another model in one line."""
+
+import json
+
+import pytest
+
+from paratrain.simulate.calibration import FORMAT, VERSION
+
+PREDICT = ["--strategy", "allreduce", "--workers", "4", "--steps", "40", "--cpu-share", "0.5"]
+
+
+def _calibration(path, **costs):
+    """A calibration file as --calibrate writes one, with ``costs`` over plain ones."""
+    document = {
+        "format": FORMAT,
+        "version": VERSION,
+        "measured": {"host": "h1", "at": "2026-11-26T12:00:00+00:00", "torch": "2.13.0", "threads": 1, "cores": 2},
+        "model": {
+            "model": "mlp",
+            "dataset": "digits",
+            "batch_size": 32,
+            "compression": "none",
+            "gradient_bytes": 76840,
+        },  # fmt: skip
+        "costs": {
+            "compute_ms": 2.0,
+            "ring_step_us": 40.0,
+            "message_cpu_us": 0.0,
+            "ps_push_us": 80.0,
+            "ps_update_us": 30.0,
+            "codec_gbps": 0.0,
+            **costs,
+        },  # fmt: skip
+    }
+    path.write_text(json.dumps(document))
+    return str(path)
+
+
+def _rate(result):
+    """Examples/s of the table's one row."""
+    assert result.returncode == 0, result.stderr[-2000:]
+    row = next(line for line in result.stdout.splitlines() if "│ allreduce" in line)
+    return float(row.split("│")[4])
+
+
+def test_calibrate_measures_every_cost_here_and_predicts_with_them(cli, tmp_path):
+    path = tmp_path / "cal.json"
+    result = cli("simulate", "--calibrate", str(path), *PREDICT)
+    assert result.returncode == 0, result.stderr[-2000:]
+    calibration = json.loads(path.read_text())
+    assert calibration["format"] == FORMAT and calibration["model"]["model"] == "mlp"
+    costs = calibration["costs"]
+    for name in ("compute_ms", "ring_step_us", "message_cpu_us", "ps_push_us", "ps_update_us"):
+        assert 0 < costs[name] < 1e6, (name, costs)
+    # a real 2-process step costs more than a real 1-process one, and a ring step is what it adds
+    assert costs["message_cpu_us"] == costs["ring_step_us"]
+    assert costs["codec_gbps"] == 0.0  # no codec
+    assert f"paratrain: calibration {path} (measured on " in result.stdout
+    assert f"compute {costs['compute_ms']:.3g} ms a step" in result.stdout
+
+
+def _applied(path, *flags):
+    import argparse
+
+    from paratrain.simulate.calibration import apply
+    from paratrain.simulate.cli import add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--calibration", str(path), *flags])
+    return args, apply(args)
+
+
+def test_the_engine_s_parameters_are_derived_for_the_prediction_at_hand(tmp_path):
+    path = _calibration(tmp_path / "e.json", ps_push_us=1000.0, ps_update_us=100.0, message_cpu_us=200.0)
+    args, lines = _applied(path)  # whole cores: a push's messages cost no quota'd CPU apart
+    assert (args.compute_ms, args.ring_latency_us, args.ps_update_us) == (2.0, 40.0, 100.0)
+    assert args.ps_message_us == 900.0 and args.message_cpu_us is None
+    args, _ = _applied(path, "--cpu-share", "0.5")  # the push's and the reply's CPU counted apart
+    assert args.ps_message_us == 1000.0 - 100.0 - 2 * 200.0 and args.message_cpu_us == 200.0
+    args, lines = _applied(path, "--ps-update-us", "7", "--profile")
+    assert args.ps_update_us == 7.0 and args.compute_ms is None  # --profile measures it now
+    assert lines[0].endswith("; from the flags: --ps-update-us; compute measured now (--profile)")
+
+
+def test_a_message_s_cpu_from_the_calibration_slows_a_quota_host_s_ring(cli, tmp_path):
+    free = _rate(cli("simulate", "--calibration", _calibration(tmp_path / "a.json"), *PREDICT))
+    costly = cli("simulate", "--calibration", _calibration(tmp_path / "b.json", message_cpu_us=500.0), *PREDICT)
+    # 6 hops of 500 us of CPU at half a core: 6 ms more a 2 ms step
+    assert _rate(costly) < 0.5 * free
+    assert "500 us of CPU a message received" in costly.stdout
+    assert "no calibration" not in costly.stdout
+
+
+def test_a_flag_given_wins_over_the_calibration_and_the_line_says_so(cli, tmp_path):
+    path = _calibration(tmp_path / "c.json", message_cpu_us=500.0)
+    result = cli("simulate", "--calibration", path, *PREDICT, "--message-cpu-us", "0")
+    assert _rate(result) == _rate(cli("simulate", "--calibration", _calibration(tmp_path / "d.json"), *PREDICT))
+    assert "from the flags: --message-cpu-us" in result.stdout
+
+
+def test_a_prediction_without_a_calibration_says_so(cli):
+    result = cli("simulate", "--compute-ms", "2", *PREDICT)
+    assert result.returncode == 0
+    assert "paratrain: no calibration: a message's and a shard's CPU are taken as 0" in result.stdout
+
+
+@pytest.mark.parametrize(
+    ("write", "words"),
+    [
+        (None, "no such file (paratrain simulate --calibrate"),
+        ("{not json", "not a calibration file"),
+        ('{"format": "other"}', "not a paratrain calibration file"),
+        ({"version": 99}, "version 99 of the calibration file; this paratrain reads version 1"),
+        ({"costs": {"compute_ms": -1}}, "its costs must be numbers >= 0"),
+        ({"model": {"model": "cifar_cnn", "dataset": "digits", "batch_size": 32, "compression": "none"}},
+         "measured model=cifar_cnn; this prediction has model=mlp: calibrate for it"),
+    ],
+)  # fmt: skip
+def test_a_file_that_is_no_calibration_for_this_prediction_is_one_line(cli, tmp_path, write, words):
+    path = tmp_path / "bad.json"
+    if isinstance(write, str):
+        path.write_text(write)
+    elif isinstance(write, dict):
+        _calibration(path)
+        document = json.loads(path.read_text())
+        for key, value in write.items():
+            document[key] = {**document[key], **value} if isinstance(value, dict) and key == "costs" else value
+        path.write_text(json.dumps(document))
+    result = cli("simulate", "--calibration", str(path), *PREDICT)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and words in lines[0], result.stderr
