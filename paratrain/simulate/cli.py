@@ -17,179 +17,12 @@ from paratrain.config import _check_writable
 from paratrain.console import console
 from paratrain.errors import ConfigError
 from paratrain.simulate import calibration
-from paratrain.simulate.tables import print_table, print_training
-
-DEFAULT_WORKERS = "1,2,4,8,16,32,64,128,256,512,1024"
+from paratrain.simulate.flags import add_flags
+from paratrain.simulate.tables import print_table, print_targets, print_training
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    a = p.add_argument
-    a(
-        "--strategy",
-        default="allreduce",
-        help="allreduce, ps-sync, ps-backup, ps-async, local-sgd, diloco, fsdp, or several comma-separated "
-        "(default allreduce)",
-    )
-    a(
-        "--workers",
-        default=DEFAULT_WORKERS,
-        help=f"worker counts to simulate, comma-separated (default {DEFAULT_WORKERS}); with --train, one count",
-    )
-    a(
-        "--steps",
-        type=int,
-        default=200,
-        help="global steps per run (ps-async: the same number of pushes, steps x workers) (default 200)",
-    )
-    a(
-        "--compute-ms",
-        type=float,
-        default=None,
-        help="milliseconds of forward+backward per local batch (default: measured, as --profile)",
-    )
-    a(
-        "--profile",
-        action="store_true",
-        help="measure the compute time: a few real forward/backward steps of --model on --dataset here",
-    )
-    a("--model", default="mlp", help="model whose size (and, with --profile or --train, compute) is used (default mlp)")
-    a("--dataset", default="digits", help="data set for --profile and --train (default digits)")
-    a("--batch-size", type=int, default=32, help="examples per worker per step (default 32)")
-    a("--model-mb", type=float, default=None, help="gradient size in MB (10^6 bytes), instead of --model's own")
-    a(
-        "--bandwidth-gbps",
-        type=float,
-        default=10.0,
-        help="every node's link, Gb/s each way; inf for an ideal network (default 10)",
-    )
-    a("--latency-us", type=float, default=10.0, help="microseconds per message on a link (default 10)")
-    a(
-        "--ring-latency-us",
-        type=float,
-        default=None,
-        help="microseconds per ring all-reduce step (default: the calibration's, else --latency-us)",
-    )
-    a("--ps-shards", type=int, default=1, help="parameter-server shards P (ps-*) (default 1)")
-    a(
-        "--backup-workers",
-        type=int,
-        default=0,
-        help="ps-backup: spare workers K whose late gradients are dropped (default 0)",
-    )
-    a(
-        "--staleness-bound",
-        type=int,
-        default=None,
-        help="ps-async: a worker more than S steps ahead of the slowest waits",
-    )
-    a(
-        "--stale-policy",
-        default="none",
-        choices=("none", "scale-lr", "drop"),
-        help="ps-async: stale-gradient policy (default none)",
-    )
-    a(
-        "--max-staleness",
-        type=int,
-        default=4,
-        help="ps-async with --stale-policy drop: largest staleness applied (default 4)",
-    )
-    a("--period", type=int, default=8, help="local-sgd, diloco: local steps H between synchronizations (default 8)")
-    a("--fragments", type=int, default=1, help="local-sgd, diloco: fragments synchronized in turn (default 1)")
-    a(
-        "--reshard-after-forward",
-        action=argparse.BooleanOptionalAction,
-        default=True,
-        help="fsdp: gather the parameters again for the backward pass (default: yes, ZeRO-3)",
-    )
-    a("--fsdp-units", type=int, default=4, help="fsdp: units, one all-gather each per pass (default 4)")
-    a("--compression", default="none", help="gradient codec: none, fp16, bf16, int8, topk, powersgd (default none)")
-    a("--topk-ratio", type=float, default=0.01, help="topk: share of gradient entries sent (default 0.01)")
-    a("--powersgd-rank", type=int, default=4, help="powersgd: rank of the low-rank factors (default 4)")
-    a(
-        "--straggler",
-        default="none",
-        help="none, lognormal:SIGMA, fixed:WORKER:FACTOR, or sleep:WORKER:FACTOR (as paratrain train --straggler) (default none)",
-    )
-    a(
-        "--host-cores",
-        type=float,
-        default=None,
-        help="every process on one host of this many cores, shared (default: a machine per node)",
-    )
-    a(
-        "--host-speedup",
-        default=None,
-        help="with --host-cores: measured throughput of 1, 2, ... processes computing at once, relative to one, e.g. 1,1.6,1.5,1.2",
-    )
-    a(
-        "--cpu-share",
-        type=float,
-        default=None,
-        help="every node limited to this share of one core by a CPU quota, as a Kubernetes CPU limit or "
-        "paratrain cluster --cpu (default: whole cores)",
-    )
-    a("--cpu-period-ms", type=float, default=100.0, help="with --cpu-share: the quota's period (default 100)")
-    a(
-        "--message-cpu-us",
-        type=float,
-        default=None,
-        help="with --cpu-share: CPU microseconds a node spends on each message it receives (default: the "
-        "calibration's, else 0)",
-    )
-    a(
-        "--ps-message-us",
-        type=float,
-        default=None,
-        help="ps-*: microseconds a shard works on each push (default: the calibration's, else 0)",
-    )
-    a(
-        "--ps-update-us",
-        type=float,
-        default=None,
-        help="ps-*: microseconds a shard works on each update (default: the calibration's, else 0)",
-    )
-    a(
-        "--calibrate",
-        metavar="FILE.json",
-        default=None,
-        help="measure here what the cost model needs for --model (compute, a message's CPU, a shard's work, a ring "
-        "step, the codec), write it to FILE.json, and predict with it",
-    )
-    a(
-        "--calibration",
-        metavar="FILE.json",
-        default=None,
-        help="predict with the costs measured by --calibrate (a flag given still wins)",
-    )
-    a("--failure-rate", type=float, default=0.0, help="failures per worker per hour (default 0)")
-    a(
-        "--recovery-s",
-        type=float,
-        default=60.0,
-        help="seconds a failed worker needs before it computes again (default 60)",
-    )
-    a(
-        "--seed",
-        type=int,
-        default=0,
-        help="random seed: stragglers, failures, and with --train the model and data order (default 0)",
-    )
-    a("--json-out", metavar="FILE.json", default=None, help="write the results as one JSON object")
-    a(
-        "--plot",
-        metavar="FILE.png",
-        default=None,
-        help="plot throughput and scaling efficiency (with --train: accuracy against simulated time)",
-    )
-    a(
-        "--train",
-        action="store_true",
-        help="virtual-cluster training: real SGD in this process, in the order and with the staleness the simulation gives",
-    )
-    a("--epochs", type=int, default=5, help="--train: passes over the training data (default 5)")
-    a("--lr", type=float, default=0.05, help="--train: learning rate (default 0.05)")
-    a("--momentum", type=float, default=0.9, help="--train: SGD momentum (default 0.9)")
+    add_flags(p)
     p.set_defaults(handler=simulate_command)
 
 
@@ -245,9 +78,19 @@ def check_arguments(args: argparse.Namespace) -> tuple[list[str], list[int]]:
         raise ConfigError(f"--fragments {args.fragments} must divide --period {args.period}")
     if "fsdp" in strategies and args.compression not in ("none", "fp16", "bf16"):
         raise ConfigError(f"--compression {args.compression}: fsdp reduce-scatters gradients in none, fp16 or bf16")
-    if args.train and "diloco" in strategies:
+    targeted = args.target_accuracy is not None or args.target_loss is not None
+    if args.target_accuracy is not None and args.target_loss is not None:
+        raise ConfigError("--target-accuracy and --target-loss: give one target")
+    if args.target_accuracy is not None and not 0 < args.target_accuracy <= 1:
+        raise ConfigError(f"--target-accuracy must be in (0, 1], got {args.target_accuracy}")
+    _positive("target-loss", args.target_loss)
+    if args.seeds < 1:
+        raise ConfigError(f"--seeds must be >= 1, got {args.seeds}")
+    if (args.train or targeted) and "diloco" in strategies:
         raise ConfigError("--train replays plain gradient steps; diloco's outer optimizer is not modelled there")
-    if args.train and (len(strategies) != 1 or len(workers) != 1):
+    if targeted and len(workers) != 1:
+        raise ConfigError("--target-* compares the strategies at one --workers count, e.g. --workers 8")
+    if args.train and not targeted and (len(strategies) != 1 or len(workers) != 1):
         raise ConfigError("--train takes one --strategy and one --workers count, e.g. --strategy ps-async --workers 8")
     if args.calibrate and args.calibration:
         raise ConfigError("--calibrate FILE measures and predicts with FILE; --calibration reads one: give one")
@@ -355,7 +198,9 @@ def simulate_command(args: argparse.Namespace) -> int:
         if args.compute_ms and not args.profile
         else profile_compute_s(model, splits, args.batch_size)
     )
-    if args.train:
+    if args.target_accuracy is not None or args.target_loss is not None:
+        payload = _to_target(args, strategies, workers[0], model, splits, compute_s)
+    elif args.train:
         from paratrain.simulate.virtual import train_virtual  # deferred: kept off the parser build
 
         cluster = build_cluster(args, workers[0], model, compute_s)
@@ -375,6 +220,19 @@ def simulate_command(args: argparse.Namespace) -> int:
 
         (plot_training if args.train else plot_sweep)(payload, args.plot)
     return 0
+
+
+def _to_target(args: argparse.Namespace, strategies: list[str], workers: int, model: Any, splits: Any,
+               compute_s: float) -> dict[str, Any]:  # fmt: skip
+    """``--target-*``: the strategies ranked by simulated time to the target, and the line."""
+    from paratrain.simulate.target import recommendation, time_to_target  # deferred: imports the engine
+
+    cluster = build_cluster(args, workers, model, compute_s)
+    rows = time_to_target(args, strategies, cluster, model, splits, options(args))
+    print_targets(rows, args, workers)
+    line = recommendation(rows, args, workers)
+    console.print(line)
+    return {"compute_seconds": compute_s, "workers": workers, "targets": rows, "recommendation": line}
 
 
 def _calibrate(args: argparse.Namespace) -> None:

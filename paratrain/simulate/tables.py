@@ -39,3 +39,17 @@ def print_training(result: dict[str, Any]) -> None:
         f"done: test_accuracy {result['test_accuracy']:.4f} after {result['updates']} updates, "
         f"{result['sim_seconds']:.3f} simulated seconds ({result['strategy']}, {result['workers']} workers)"
     )
+
+
+def print_targets(rows: list[dict[str, Any]], args: Any, workers: int) -> None:
+    """``--target-*``: each strategy's simulated seconds to the target, fastest first."""
+    from paratrain.simulate.target import target_words
+
+    table = Table(title=f"simulated time to {target_words(args)}, {workers} workers, {args.seeds} seeds")
+    for name in ("strategy", "median s", "each seed s", "final accuracy"):
+        table.add_column(name, justify="left" if name == "strategy" else "right", no_wrap=True)
+    for r in rows:
+        median = "-" if r["median_seconds"] is None else f"{r['median_seconds']:.3g}"
+        seeds = " ".join("-" if s is None else f"{s:.3g}" for s in r["seconds"])
+        table.add_row(r["strategy"], median, seeds, f"{r['final_accuracy']:.4f}")
+    Console(highlight=False, width=max(shutil.get_terminal_size().columns, 110)).print(table)

@@ -1,0 +1,188 @@
+"""The flags of ``paratrain simulate`` (cli.py checks and runs them). Nothing heavy is
+imported here: the parser is built on every ``paratrain`` call."""
+
+from __future__ import annotations
+
+import argparse
+
+DEFAULT_WORKERS = "1,2,4,8,16,32,64,128,256,512,1024"
+
+
+def add_flags(p: argparse.ArgumentParser) -> None:
+    """The flags of ``paratrain simulate``."""
+    a = p.add_argument
+    a(
+        "--strategy",
+        default="allreduce",
+        help="allreduce, ps-sync, ps-backup, ps-async, local-sgd, diloco, fsdp, or several comma-separated "
+        "(default allreduce)",
+    )
+    a(
+        "--workers",
+        default=DEFAULT_WORKERS,
+        help=f"worker counts to simulate, comma-separated (default {DEFAULT_WORKERS}); with --train, one count",
+    )
+    a(
+        "--steps",
+        type=int,
+        default=200,
+        help="global steps per run (ps-async: the same number of pushes, steps x workers) (default 200)",
+    )
+    a(
+        "--compute-ms",
+        type=float,
+        default=None,
+        help="milliseconds of forward+backward per local batch (default: measured, as --profile)",
+    )
+    a(
+        "--profile",
+        action="store_true",
+        help="measure the compute time: a few real forward/backward steps of --model on --dataset here",
+    )
+    a("--model", default="mlp", help="model whose size (and, with --profile or --train, compute) is used (default mlp)")
+    a("--dataset", default="digits", help="data set for --profile and --train (default digits)")
+    a("--batch-size", type=int, default=32, help="examples per worker per step (default 32)")
+    a("--model-mb", type=float, default=None, help="gradient size in MB (10^6 bytes), instead of --model's own")
+    a(
+        "--bandwidth-gbps",
+        type=float,
+        default=10.0,
+        help="every node's link, Gb/s each way; inf for an ideal network (default 10)",
+    )
+    a("--latency-us", type=float, default=10.0, help="microseconds per message on a link (default 10)")
+    a(
+        "--ring-latency-us",
+        type=float,
+        default=None,
+        help="microseconds per ring all-reduce step (default: the calibration's, else --latency-us)",
+    )
+    a("--ps-shards", type=int, default=1, help="parameter-server shards P (ps-*) (default 1)")
+    a(
+        "--backup-workers",
+        type=int,
+        default=0,
+        help="ps-backup: spare workers K whose late gradients are dropped (default 0)",
+    )
+    a(
+        "--staleness-bound",
+        type=int,
+        default=None,
+        help="ps-async: a worker more than S steps ahead of the slowest waits",
+    )
+    a(
+        "--stale-policy",
+        default="none",
+        choices=("none", "scale-lr", "drop"),
+        help="ps-async: stale-gradient policy (default none)",
+    )
+    a(
+        "--max-staleness",
+        type=int,
+        default=4,
+        help="ps-async with --stale-policy drop: largest staleness applied (default 4)",
+    )
+    a("--period", type=int, default=8, help="local-sgd, diloco: local steps H between synchronizations (default 8)")
+    a("--fragments", type=int, default=1, help="local-sgd, diloco: fragments synchronized in turn (default 1)")
+    a(
+        "--reshard-after-forward",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="fsdp: gather the parameters again for the backward pass (default: yes, ZeRO-3)",
+    )
+    a("--fsdp-units", type=int, default=4, help="fsdp: units, one all-gather each per pass (default 4)")
+    a("--compression", default="none", help="gradient codec: none, fp16, bf16, int8, topk, powersgd (default none)")
+    a("--topk-ratio", type=float, default=0.01, help="topk: share of gradient entries sent (default 0.01)")
+    a("--powersgd-rank", type=int, default=4, help="powersgd: rank of the low-rank factors (default 4)")
+    a(
+        "--straggler",
+        default="none",
+        help="none, lognormal:SIGMA, fixed:WORKER:FACTOR, or sleep:WORKER:FACTOR (as paratrain train --straggler) (default none)",
+    )
+    a(
+        "--host-cores",
+        type=float,
+        default=None,
+        help="every process on one host of this many cores, shared (default: a machine per node)",
+    )
+    a(
+        "--host-speedup",
+        default=None,
+        help="with --host-cores: measured throughput of 1, 2, ... processes computing at once, relative to one, e.g. 1,1.6,1.5,1.2",
+    )
+    a(
+        "--cpu-share",
+        type=float,
+        default=None,
+        help="every node limited to this share of one core by a CPU quota, as a Kubernetes CPU limit or "
+        "paratrain cluster --cpu (default: whole cores)",
+    )
+    a("--cpu-period-ms", type=float, default=100.0, help="with --cpu-share: the quota's period (default 100)")
+    a(
+        "--message-cpu-us",
+        type=float,
+        default=None,
+        help="with --cpu-share: CPU microseconds a node spends on each message it receives (default: the "
+        "calibration's, else 0)",
+    )
+    a(
+        "--ps-message-us",
+        type=float,
+        default=None,
+        help="ps-*: microseconds a shard works on each push (default: the calibration's, else 0)",
+    )
+    a(
+        "--ps-update-us",
+        type=float,
+        default=None,
+        help="ps-*: microseconds a shard works on each update (default: the calibration's, else 0)",
+    )
+    a(
+        "--calibrate",
+        metavar="FILE.json",
+        default=None,
+        help="measure here what the cost model needs for --model (compute, a message's CPU, a shard's work, a ring "
+        "step, the codec), write it to FILE.json, and predict with it",
+    )
+    a(
+        "--calibration",
+        metavar="FILE.json",
+        default=None,
+        help="predict with the costs measured by --calibrate (a flag given still wins)",
+    )
+    a("--failure-rate", type=float, default=0.0, help="failures per worker per hour (default 0)")
+    a(
+        "--recovery-s",
+        type=float,
+        default=60.0,
+        help="seconds a failed worker needs before it computes again (default 60)",
+    )
+    a(
+        "--seed",
+        type=int,
+        default=0,
+        help="random seed: stragglers, failures, and with --train the model and data order (default 0)",
+    )
+    a("--json-out", metavar="FILE.json", default=None, help="write the results as one JSON object")
+    a(
+        "--plot",
+        metavar="FILE.png",
+        default=None,
+        help="plot throughput and scaling efficiency (with --train: accuracy against simulated time)",
+    )
+    a(
+        "--train",
+        action="store_true",
+        help="virtual-cluster training: real SGD in this process, in the order and with the staleness the simulation gives",
+    )
+    a("--epochs", type=int, default=5, help="--train, --target-*: passes over the training data (default 5)")
+    a(
+        "--target-accuracy",
+        type=float,
+        default=None,
+        help="rank the strategies by simulated time until the model reaches this test accuracy, each trained on "
+        "its simulated schedule (as --train); one --workers count",
+    )
+    a("--target-loss", type=float, default=None, help="as --target-accuracy, to this test loss")
+    a("--seeds", type=int, default=3, help="--target-*: seeds per strategy, from --seed on (default 3)")
+    a("--lr", type=float, default=0.05, help="--train: learning rate (default 0.05)")
+    a("--momentum", type=float, default=0.9, help="--train: SGD momentum (default 0.9)")

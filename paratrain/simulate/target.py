@@ -1,0 +1,80 @@
+"""``paratrain simulate --target-accuracy A`` (or ``--target-loss L``): which strategy reaches
+the target first on the simulated cluster.
+
+Examples a second is not what a user chooses on: local SGD, DiLoCo and asynchronous updates
+make different progress per example. So each strategy trains the real model in this
+process on its simulated schedule (virtual.py's replay: the order, the staleness and the
+local steps the schedule produces), and its time to the target is the simulated time of the
+first evaluation that reaches it, over ``--seeds`` seeds (the cluster's draws and the data
+order; the model's first parameters are the same). Strategies are ranked by the median; one
+that does not reach the target within ``--epochs`` in a seed ranks after every one that does.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import statistics
+from typing import Any
+
+from paratrain.simulate.simulator import simulate
+from paratrain.simulate.virtual import replay
+
+#: Evaluations a training run makes: the time to a target is known to 1/EVALS of the run.
+EVALS = 50
+
+
+def reaches(point: dict[str, float], args: argparse.Namespace) -> bool:
+    if args.target_accuracy is not None:
+        return point["test_accuracy"] >= args.target_accuracy
+    return point["test_loss"] <= args.target_loss
+
+
+def target_words(args: argparse.Namespace) -> str:
+    if args.target_accuracy is not None:
+        return f"test accuracy {args.target_accuracy:g}"
+    return f"test loss {args.target_loss:g}"
+
+
+def time_to_target(
+    args: argparse.Namespace,
+    strategies: list[str],
+    cluster: Any,
+    model: Any,
+    splits: Any,
+    options: dict[str, Any],
+) -> list[dict[str, Any]]:
+    """Each strategy's seconds to the target on ``cluster`` in each seed (None: not within
+    ``--epochs``), ranked."""
+    rows = []
+    for strategy in strategies:
+        seconds, finals = [], []
+        for seed in range(args.seed, args.seed + args.seeds):
+            steps = max(args.epochs * (len(splits.train) // (args.batch_size * cluster.workers)), 1)
+            outcome = simulate(strategy, cluster, steps, seed=seed, record=True, **options)
+            result = replay(outcome, copy.deepcopy(model), splits.train, splits.test, batch=args.batch_size,
+                            lr=args.lr, momentum=args.momentum, seed=seed, evals=EVALS)  # fmt: skip
+            seconds.append(next((p["sim_seconds"] for p in result["history"] if reaches(p, args)), None))
+            finals.append(result["test_accuracy"])
+        reached = [s for s in seconds if s is not None]
+        rows.append({
+            "strategy": strategy,
+            "seconds": seconds,
+            "median_seconds": statistics.median(reached) if len(reached) == len(seconds) else None,
+            "reached": len(reached),
+            "final_accuracy": statistics.median(finals),
+        })  # fmt: skip
+    return sorted(rows, key=lambda r: (r["median_seconds"] is None, r["median_seconds"] or 0.0, -r["reached"]))
+
+
+def recommendation(rows: list[dict[str, Any]], args: argparse.Namespace, workers: int) -> str:
+    """The one line: every strategy's median time to the target, fastest first."""
+    parts = []
+    for row in rows:
+        if row["median_seconds"] is None:
+            parts.append(f"{row['strategy']} not in every seed within {args.epochs} epochs "
+                         f"({row['reached']} of {len(row['seconds'])})")  # fmt: skip
+            continue
+        spread = [s for s in row["seconds"] if s is not None]
+        parts.append(f"{row['strategy']} in {row['median_seconds']:.3g} s ({min(spread):.3g}-{max(spread):.3g})")
+    return f"on this cluster, {workers} workers, to {target_words(args)}: " + ", ".join(parts)
