@@ -9,7 +9,11 @@ given by hand.
    (``paratrain train``, one thread a process, examples/s of training past the first epoch,
    the median of ``--repeats`` runs);
 3. per worker count: whether the prediction names the fastest strategy (two within 10% of
-   each other count as tied), and each prediction's error.
+   each other count as tied), and each prediction's error;
+4. the same calibration predicts the 24 settings of benchmarks/cluster_validation.py (hosts
+   at 0.3 of a core under a 10 ms CPU quota, 1 Gbit/s links, with and without a host at half
+   that), with the flags that describe those hosts, against the real runs recorded there
+   (benchmarks/results/cluster_validation.json: recorded at an earlier commit, not rerun).
 
 Writes benchmarks/results/simulator_calibration.json and .md, and the table between the
 markers of docs/simulator.md.
@@ -65,6 +69,68 @@ def predicted_rate(strategy: str, workers: int, calibration: Path, model: str, d
     return next(r["examples_per_second"] for r in rows if r["workers"] == workers)
 
 
+def predicted_on_hosts(settings: dict, setup: dict, calibration: Path, model: str, dataset: str) -> float:
+    """A recorded emulated-host setting, predicted through the CLI with the calibration."""
+    flags = ["--strategy", settings["strategy"], "--workers", str(settings["workers"]), "--cpu-share",
+             str(setup["cpu"]), "--cpu-period-ms", "10", "--bandwidth-gbps", str(float(setup["link"][:-4])),
+             "--latency-us", "0"]  # fmt: skip
+    if settings.get("backup_workers"):
+        flags += ["--backup-workers", str(settings["backup_workers"])]
+    if settings.get("straggler"):
+        flags += ["--straggler", "fixed:" + settings["straggler"]]
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder) / "sim.json"
+        paratrain("simulate", "--calibration", str(calibration), *flags, "--model", model, "--dataset", dataset,
+                  "--steps", "400", "--json-out", str(out))  # fmt: skip
+        rows = json.loads(out.read_text())["results"]
+    return next(r["examples_per_second"] for r in rows if r["workers"] == settings["workers"])
+
+
+def emulated_hosts(calibration: Path, model: str, dataset: str) -> dict:
+    """The recorded emulated-host runs against the calibrated predictions; the fastest named
+    per worker count, with and without the slow host."""
+    recorded = json.loads((RESULTS / "cluster_validation.json").read_text())
+    rows = []
+    for row in recorded["rows"]:
+        predicted = predicted_on_hosts(row["settings"], recorded["setup"], calibration, model, dataset)
+        rows.append({**row["settings"], "real": row["examples_per_second"], "predicted": predicted,
+                     "error": predicted / row["examples_per_second"] - 1})  # fmt: skip
+    picks = []
+    for workers in sorted({r["workers"] for r in rows}):
+        for slow in (False, True):
+            group = [r for r in rows if r["workers"] == workers and bool(r.get("straggler")) == slow]
+            named = max(group, key=lambda r: r["predicted"])["strategy"]
+            real = fastest({r["strategy"]: r["real"] for r in group})
+            picks.append({"workers": workers, "straggler": slow, "named": named, "fastest": sorted(real),
+                          "right": named in real})  # fmt: skip
+    errors = [abs(r["error"]) for r in rows]
+    return {"setup": recorded["setup"], "rows": rows, "picks": picks, "median_abs_error": statistics.median(errors)}
+
+
+def host_lines(hosts: dict) -> list[str]:
+    setup, picks = hosts["setup"], hosts["picks"]
+    named = ", ".join(
+        f"{p['workers']}{' slow' if p['straggler'] else ''}: `{p['named']}` for {'/'.join(p['fastest'])}" for p in picks
+    )
+    return [
+        "",
+        f"The same calibration on the emulated hosts of benchmarks/cluster_validation.py ({setup['cpu']} of a core "
+        f"a host, {setup['link']} links; the real runs as recorded there), predicted with `--cpu-share`, "
+        "`--cpu-period-ms 10`, `--bandwidth-gbps`, `--latency-us 0` and `--straggler fixed:W:2`:",
+        "",
+        "| strategy | workers | slow host | real examples/s | predicted | error |",
+        "| --- | ---: | --- | ---: | ---: | ---: |",
+        *(
+            f"| `{r['strategy']}` | {r['workers']} | {r.get('straggler', 'none')} | {r['real']:.0f} | "
+            f"{r['predicted']:.0f} | {r['error']:+.0%} |"
+            for r in hosts["rows"]
+        ),
+        "",
+        f"Median absolute error {hosts['median_abs_error']:.0%}; the fastest named (within 10%) in "
+        f"{sum(p['right'] for p in picks)} of {len(picks)} groups ({named}).",
+    ]
+
+
 def fastest(rates: dict[str, float]) -> set[str]:
     top = max(rates.values())
     return {name for name, rate in rates.items() if rate >= top * (1 - TIED)}
@@ -99,8 +165,9 @@ def main() -> None:
             named = max(predicted, key=predicted.get)
             picks.append({"workers": workers, "named": named, "fastest": sorted(fastest(real)),
                           "right": named in fastest(real)})  # fmt: skip
+    hosts = emulated_hosts(calibration, args.model, args.dataset)
     document = {"calibration": json.loads(calibration.read_text()), "rows": rows, "picks": picks,
-                "cores": os.cpu_count(), "repeats": args.repeats}  # fmt: skip
+                "cores": os.cpu_count(), "repeats": args.repeats, "emulated_hosts": hosts}  # fmt: skip
     costs = document["calibration"]["costs"]
     lines = [
         f"Calibrated on this machine ({os.cpu_count()} cores): compute {costs['compute_ms']:.3f} ms a step, a ring "
@@ -120,6 +187,7 @@ def main() -> None:
             f"{', '.join(f'`{s}`' for s in p['fastest'])}: {'right' if p['right'] else 'wrong'}"
             for p in picks
         ),  # fmt: skip
+        *host_lines(hosts),
     ]
     recorded = args.out == str(RESULTS / "simulator_calibration.json")
     record(Path(args.out), document, lines, DOC, "simulator-calibration", recorded)
