@@ -17,8 +17,8 @@ from paratrain.config import _check_writable
 from paratrain.console import console
 from paratrain.errors import ConfigError
 from paratrain.simulate import calibration
-from paratrain.simulate.flags import add_flags
-from paratrain.simulate.tables import print_table, print_targets, print_training
+from paratrain.simulate.flags import DEFAULT_WORKERS, add_flags
+from paratrain.simulate.tables import print_candidates, print_table, print_targets, print_training
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -88,7 +88,15 @@ def check_arguments(args: argparse.Namespace) -> tuple[list[str], list[int]]:
         raise ConfigError(f"--seeds must be >= 1, got {args.seeds}")
     if (args.train or targeted) and "diloco" in strategies:
         raise ConfigError("--train replays plain gradient steps; diloco's outer optimizer is not modelled there")
-    if targeted and len(workers) != 1:
+    cluster_flags = args.hosts is not None or args.link is not None or args.host or args.cpu != 1.0
+    if args.recommend and (args.hosts is None or args.workers != DEFAULT_WORKERS or args.strategy != "allreduce"):
+        raise ConfigError(
+            "--recommend chooses the strategies and their workers on the hosts it is given: give --hosts N "
+            "(and --cpu, --link, --host), not --strategy or --workers"
+        )
+    if cluster_flags and not args.recommend:
+        raise ConfigError("--hosts, --cpu, --link and --host describe the cluster for --recommend; give it too")
+    if targeted and not args.recommend and len(workers) != 1:
         raise ConfigError("--target-* compares the strategies at one --workers count, e.g. --workers 8")
     if args.train and not targeted and (len(strategies) != 1 or len(workers) != 1):
         raise ConfigError("--train takes one --strategy and one --workers count, e.g. --strategy ps-async --workers 8")
@@ -185,6 +193,10 @@ def simulate_command(args: argparse.Namespace) -> int:
     strategies, workers = check_arguments(args)
     if args.calibrate:
         _calibrate(args)
+    if args.recommend:
+        from paratrain.simulate.recommend import describe  # deferred: reads the hosts as paratrain cluster does
+
+        describe(args)
     for line in calibration.apply(args):
         console.print(line)
     from paratrain.simulate.calibrate import model_and_data, profile_compute_s  # deferred: imports torch
@@ -198,7 +210,13 @@ def simulate_command(args: argparse.Namespace) -> int:
         if args.compute_ms and not args.profile
         else profile_compute_s(model, splits, args.batch_size)
     )
-    if args.target_accuracy is not None or args.target_loss is not None:
+    if args.recommend:
+        from paratrain.simulate.recommend import recommend  # deferred: imports the engine
+
+        payload = recommend(args, model, splits, compute_s, build_cluster, options)
+        print_candidates(payload["candidates"])
+        console.print(payload["recommendation"])
+    elif args.target_accuracy is not None or args.target_loss is not None:
         payload = _to_target(args, strategies, workers[0], model, splits, compute_s)
     elif args.train:
         from paratrain.simulate.virtual import train_virtual  # deferred: kept off the parser build

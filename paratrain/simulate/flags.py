@@ -184,5 +184,21 @@ def add_flags(p: argparse.ArgumentParser) -> None:
     )
     a("--target-loss", type=float, default=None, help="as --target-accuracy, to this test loss")
     a("--seeds", type=int, default=3, help="--target-*: seeds per strategy, from --seed on (default 3)")
+    a(
+        "--recommend",
+        action="store_true",
+        help="rank the strategies and their key options on the hosts that --hosts, --cpu, --link and --host "
+        "describe (as paratrain cluster run takes them); with --target-*, by time to the target too",
+    )
+    a("--hosts", type=int, default=None, help="--recommend: the cluster's hosts")
+    a("--cpu", type=float, default=1.0, help="--recommend: cores' worth of CPU per host (default 1.0)")
+    a("--link", default=None, help="--recommend: each host's link rate, tc units: 1gbit, 100mbit")
+    a(
+        "--host",
+        action="append",
+        default=[],
+        metavar="I:cpu=X",
+        help="--recommend: one host's own CPU share, e.g. 3:cpu=0.15 (a slow host)",
+    )
     a("--lr", type=float, default=0.05, help="--train: learning rate (default 0.05)")
     a("--momentum", type=float, default=0.9, help="--train: SGD momentum (default 0.9)")

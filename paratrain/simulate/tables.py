@@ -53,3 +53,23 @@ def print_targets(rows: list[dict[str, Any]], args: Any, workers: int) -> None:
         seeds = " ".join("-" if s is None else f"{s:.3g}" for s in r["seconds"])
         table.add_row(r["strategy"], median, seeds, f"{r['final_accuracy']:.4f}")
     Console(highlight=False, width=max(shutil.get_terminal_size().columns, 110)).print(table)
+
+
+def print_candidates(rows: list[dict[str, Any]]) -> None:
+    """``--recommend``: every candidate's examples/s (and time to the target), fastest first."""
+    table = Table(title="candidates on the described hosts")
+    targeted = any("median_seconds" in r for r in rows)
+    names = ["candidate", "workers", "examples/s", "same updates as SGD", *(["to target, median s"] * targeted)]
+    for name in names:
+        table.add_column(name, justify="left" if name == "candidate" else "right", no_wrap=True)
+    for r in sorted(rows, key=lambda r: -r["examples_per_second"]):
+        cells = [
+            r["candidate"],
+            str(r["workers"]),
+            f"{r['examples_per_second']:,.0f}",
+            "yes" if r["same_updates"] else "no",
+        ]
+        if targeted:
+            cells.append("-" if r["median_seconds"] is None else f"{r['median_seconds']:.3g}")
+        table.add_row(*cells)
+    Console(highlight=False, width=max(shutil.get_terminal_size().columns, 110)).print(table)

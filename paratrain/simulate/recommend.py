@@ -1,0 +1,143 @@
+"""``paratrain simulate --recommend``: the user's question, on a cluster described as
+``paratrain cluster run`` describes one (``--hosts``, ``--cpu``, ``--link``, ``--host
+I:cpu=X``): which strategy, with which key options, is fastest there.
+
+Every candidate runs on the same hosts: ``allreduce`` and ``local-sgd`` (``--period`` 4, 8
+and 16) on every host; the parameter servers with their shard on a host of its own and the
+others as workers (``ps-sync``, ``ps-backup`` with one backup worker, ``ps-async`` without
+and with a staleness bound of 2); ``fsdp`` where the hosts have whole cores (the quota
+engine does not model it). A host at a lower CPU share than the others is a slow worker
+(``fixed:W:F``, F the ratio of the shares); one at most. Hosts under a CPU share are
+simulated under its quota with ``paratrain cluster``'s 10 ms period.
+
+Candidates are ranked by examples/s among those that make the same updates as plain SGD
+(the ``allreduce``, ``fsdp`` and parameter-server ones), and with ``--target-accuracy`` or
+``--target-loss`` by simulated time to the target among all (target.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+from typing import Any
+
+from paratrain.errors import ConfigError
+
+#: A quota's period on ``paratrain cluster``'s hosts, in milliseconds (cluster/usage.py's PERIOD_US).
+CLUSTER_PERIOD_MS = 10.0
+#: Strategies whose updates are plain SGD's: their examples/s compare directly.
+SAME_UPDATES = ("allreduce", "fsdp", "ps-sync", "ps-backup", "ps-async")
+UNITS = {"bit": 1e-9, "kbit": 1e-6, "mbit": 1e-3, "gbit": 1.0}
+
+
+@dataclass
+class Candidate:
+    strategy: str
+    workers: int
+    options: dict[str, Any] = field(default_factory=dict)
+    """Overrides of the prediction's flags (``period``, ``backup_workers``, ``staleness_bound``)."""
+
+    @property
+    def label(self) -> str:
+        words = [self.strategy]
+        for name, value in self.options.items():
+            words.append(f"--{name.replace('_', '-')} {value}")
+        return " ".join(words)
+
+
+def rate_gbps(text: str) -> float:
+    """A link rate in tc's units (``1gbit``, ``100mbit``), in Gb/s."""
+    for unit in sorted(UNITS, key=len, reverse=True):
+        if text.endswith(unit):
+            try:
+                return float(text.removesuffix(unit)) * UNITS[unit]
+            except ValueError:
+                break
+    raise ConfigError(f"--link must be a rate in tc's units (e.g. 1gbit, 100mbit), got {text!r}")
+
+
+def describe(args: argparse.Namespace) -> None:
+    """Set the prediction's flags for the described hosts on ``args`` (before a calibration
+    is applied: a message's CPU counts on hosts under a quota only), the hosts in words
+    (``hosts_words``) and the slow host (``slow_host``, ``slow_factor``)."""
+    from paratrain.cluster.run import host_specs  # deferred: the emulated cluster's parser
+
+    specs = host_specs(args)
+    if len(specs) < 2:
+        raise ConfigError("--recommend compares strategies on 2 or more --hosts")
+    slow = [i for i, spec in enumerate(specs) if spec.cpu < args.cpu]
+    if len(slow) > 1 or any(spec.cpu > args.cpu for spec in specs):
+        raise ConfigError("--recommend models one host slower than the others (--host I:cpu=X below --cpu), no more")
+    if args.cpu_share is not None or args.straggler != "none":
+        raise ConfigError(
+            "--recommend takes the hosts' CPU and a slow host from --cpu and --host, not --cpu-share or --straggler"
+        )
+    words = f"{len(specs)} hosts at {args.cpu:g} of a core"
+    if args.cpu < 1:
+        args.cpu_share, args.cpu_period_ms = args.cpu, CLUSTER_PERIOD_MS
+    if args.link:
+        args.bandwidth_gbps = rate_gbps(args.link)
+        words += f", {args.link} links"
+    args.slow_host, args.slow_factor = (slow[0], args.cpu / specs[slow[0]].cpu) if slow else (None, 1.0)
+    if slow:
+        words += f", host {slow[0]} at {specs[slow[0]].cpu:g}"
+    args.hosts_words = words
+
+
+def candidates(hosts: int, quota: bool) -> list[Candidate]:
+    found = [Candidate("allreduce", hosts)]
+    if not quota:
+        found.append(Candidate("fsdp", hosts))
+    found += [Candidate("ps-sync", hosts - 1), Candidate("ps-async", hosts - 1),
+              Candidate("ps-async", hosts - 1, {"staleness_bound": 2})]  # fmt: skip
+    if hosts >= 3:  # a shard, N workers and one backup worker
+        found.append(Candidate("ps-backup", hosts - 2, {"backup_workers": 1}))
+    found += [Candidate("local-sgd", hosts, {"period": period}) for period in (4, 8, 16)]
+    return found
+
+
+def flags_of(base: argparse.Namespace, candidate: Candidate) -> argparse.Namespace:
+    """The prediction's flags for one candidate: its options, and the slow host as its worker
+    (under a parameter server host 0 is the shard, so host I is worker I - 1)."""
+    flags = argparse.Namespace(**{**vars(base), **candidate.options})
+    slow = base.slow_host
+    if slow is not None:
+        worker = slow - 1 if candidate.strategy.startswith("ps-") else slow
+        flags.straggler = f"fixed:{max(worker, 0)}:{base.slow_factor:g}"
+    return flags
+
+
+def recommend(
+    args: argparse.Namespace, model: Any, splits: Any, compute_s: float, build_cluster: Any, options: Any
+) -> dict[str, Any]:
+    """Every candidate on the hosts ``describe`` set on ``args`` (``build_cluster(flags,
+    workers, model, compute_s)`` and ``options(flags)`` as cli.py makes them), ranked; and
+    the line."""
+    from paratrain.simulate.simulator import simulate
+    from paratrain.simulate.target import target_words, time_to_target
+
+    targeted = args.target_accuracy is not None or args.target_loss is not None
+    rows = []
+    for candidate in candidates(args.hosts, args.cpu_share is not None):
+        flags = flags_of(args, candidate)
+        cluster = build_cluster(flags, candidate.workers, model, compute_s)
+        outcome = simulate(candidate.strategy, cluster, args.steps, seed=args.seed, **options(flags))
+        row = {"candidate": candidate.label, "strategy": candidate.strategy, "workers": candidate.workers,
+               "examples_per_second": outcome.summary(args.batch_size)["examples_per_second"],
+               "same_updates": candidate.strategy in SAME_UPDATES}  # fmt: skip
+        if targeted:
+            (reached,) = time_to_target(flags, [candidate.strategy], cluster, model, splits, options(flags))
+            row.update(seconds=reached["seconds"], median_seconds=reached["median_seconds"])
+        rows.append(row)
+    same = sorted((r for r in rows if r["same_updates"]), key=lambda r: -r["examples_per_second"])
+    line = f"on this cluster ({args.hosts_words}): by examples/s, " + ", ".join(
+        f"{r['candidate']} {r['examples_per_second']:,.0f}" for r in same[:3]
+    )
+    if targeted:
+        ranked = sorted(rows, key=lambda r: (r["median_seconds"] is None, r["median_seconds"] or 0.0))
+        first = [r for r in ranked if r["median_seconds"] is not None][:3]
+        line += f"; to {target_words(args)} first: " + (
+            ", ".join(f"{r['candidate']} in {r['median_seconds']:.3g} s" for r in first)
+            or f"none within {args.epochs} epochs"
+        )
+    return {"hosts": args.hosts_words, "candidates": rows, "recommendation": line}

@@ -1,0 +1,78 @@
+"""``paratrain simulate --recommend``: the strategies and their key options ranked on hosts
+described as ``paratrain cluster run`` takes them, each prediction the one the explicit
+flags for those hosts give."""
+
+import json
+
+import pytest
+
+from paratrain.launch.cli import main
+from tests.unit.test_simulate_calibration import _calibration
+
+HOSTS = ["--hosts", "4", "--cpu", "0.3", "--link", "1gbit", "--host", "3:cpu=0.15"]
+
+
+def _run(tmp_path, name, *flags):
+    out = tmp_path / f"{name}.json"
+    assert main(["simulate", *flags, "--steps", "200", "--json-out", str(out)]) == 0
+    return json.loads(out.read_text())
+
+
+def test_each_candidate_is_the_prediction_of_the_explicit_flags_for_those_hosts(tmp_path):
+    calibration = _calibration(tmp_path / "cal.json", message_cpu_us=700.0, ps_push_us=1200.0)
+    result = _run(tmp_path, "recommend", "--recommend", *HOSTS, "--calibration", calibration)
+    rows = {r["candidate"]: r for r in result["candidates"]}
+    assert sorted(rows) == sorted(
+        [
+            "allreduce",
+            "ps-sync",
+            "ps-async",
+            "ps-async --staleness-bound 2",
+            "ps-backup --backup-workers 1",
+            "local-sgd --period 4",
+            "local-sgd --period 8",
+            "local-sgd --period 16",
+        ]
+    )  # fmt: skip  (no fsdp: the quota engine does not model it)
+    hosts = ["--cpu-share", "0.3", "--cpu-period-ms", "10", "--bandwidth-gbps", "1", "--calibration", calibration]
+    # host 3 is allreduce's worker 3, and under a parameter server (host 0 the shard) worker 2
+    for candidate, flags in [
+        ("allreduce", ["--strategy", "allreduce", "--workers", "4", "--straggler", "fixed:3:2"]),
+        ("ps-sync", ["--strategy", "ps-sync", "--workers", "3", "--straggler", "fixed:2:2"]),
+        ("ps-backup --backup-workers 1",
+         ["--strategy", "ps-backup", "--workers", "2", "--backup-workers", "1", "--straggler", "fixed:2:2"]),
+    ]:  # fmt: skip
+        (alone,) = _run(tmp_path, candidate.split()[0], *flags, *hosts)["results"]
+        assert rows[candidate]["examples_per_second"] == pytest.approx(alone["examples_per_second"], rel=1e-9)
+    same = sorted((r for r in result["candidates"] if r["same_updates"]), key=lambda r: -r["examples_per_second"])
+    assert result["recommendation"].startswith(
+        f"on this cluster (4 hosts at 0.3 of a core, 1gbit links, host 3 at 0.15): by examples/s, {same[0]['candidate']} "
+    )
+
+
+def test_whole_cores_add_fsdp_and_a_target_ranks_by_time_to_it(tmp_path):
+    result = _run(tmp_path, "target", "--recommend", "--hosts", "3", "--compute-ms", "1", "--target-accuracy", "0.85",
+                  "--epochs", "3", "--seeds", "1")  # fmt: skip
+    names = [r["candidate"] for r in result["candidates"]]
+    assert "fsdp" in names and "ps-backup --backup-workers 1" in names
+    reached = sorted((r for r in result["candidates"] if r["median_seconds"] is not None),
+                     key=lambda r: r["median_seconds"])  # fmt: skip
+    assert reached and f"to test accuracy 0.85 first: {reached[0]['candidate']} in " in result["recommendation"]
+
+
+@pytest.mark.parametrize(
+    ("flags", "words"),
+    [
+        (["--recommend"], "give --hosts N"),
+        (["--recommend", "--hosts", "3", "--strategy", "ps-sync"], "not --strategy or --workers"),
+        (["--hosts", "3"], "describe the cluster for --recommend"),
+        (["--recommend", "--hosts", "1"], "2 or more --hosts"),
+        (["--recommend", "--hosts", "4", "--host", "1:cpu=0.1", "--host", "2:cpu=0.1", "--cpu", "0.5"], "one host slower"),
+        (["--recommend", "--hosts", "3", "--link", "fast"], "--link must be a rate in tc's units"),
+        (["--recommend", "--hosts", "3", "--cpu-share", "0.5"], "not --cpu-share or --straggler"),
+    ],
+)  # fmt: skip
+def test_a_cluster_that_cannot_be_described_is_one_line_and_exit_2(capsys, flags, words):
+    assert main(["simulate", "--compute-ms", "1", *flags]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and words in err[0], err
