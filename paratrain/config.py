@@ -83,6 +83,11 @@ class TrainConfig:
     )
     seq_len: int = option(64, "text-lm: tokens per example (the language model's context)")
     strategy: str = option("single", "how training is distributed", choices=STRATEGIES)
+    fault_tolerant: bool = option(
+        False,
+        "keep training through a lost replica, each step in a quorum of the live ones: allreduce and pipeline "
+        "(the same as allreduce-ft and pipeline-ft)",
+    )
     workers: int = option(1, "number of data-parallel replicas (processes)")
     device: str = option("auto", "auto (CUDA when available), cpu or cuda", choices=("auto", "cpu", "cuda"))
     heartbeat_timeout: float = option(
@@ -187,6 +192,8 @@ class TrainConfig:
 
     def __post_init__(self) -> None:
         check_options(self)
+        if self.fault_tolerant:
+            self.strategy = fault_tolerant_strategy(self.strategy)
         for name in ("workers", "epochs", "batch_size", "lr_decay_steps", "reference_batch", "max_len",
                      "checkpoint_every", "keep", "accumulate", "threads_per_worker", "seq_len"):  # fmt: skip
             at_least(name, getattr(self, name), 1)
@@ -326,6 +333,23 @@ def config_fields() -> list[dataclasses.Field]:
     for section in SECTIONS.values():
         fields += option_fields(section)
     return fields
+
+
+#: The strategies --fault-tolerant makes per-step fault tolerant, and what they become.
+FAULT_TOLERANT = {"allreduce": "allreduce-ft", "pipeline": "pipeline-ft"}
+
+
+def fault_tolerant_strategy(strategy: str) -> str:
+    """``--strategy S --fault-tolerant``: the strategy that is S kept through lost replicas."""
+    if strategy in FAULT_TOLERANT.values():
+        return strategy
+    if strategy not in FAULT_TOLERANT:
+        raise ConfigError(
+            f"--fault-tolerant keeps {' and '.join(FAULT_TOLERANT)} training through a lost replica; --strategy "
+            f"{strategy} has no per-step fault tolerance yet (it restarts from its checkpoints: --checkpoint-dir "
+            "with --max-restarts)"
+        )
+    return FAULT_TOLERANT[strategy]
 
 
 def _check_writable(name: str, path: str) -> None:

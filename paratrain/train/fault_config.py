@@ -10,7 +10,9 @@ from paratrain.errors import ConfigError
 from paratrain.options import flag, option
 from paratrain.strategies.topology import Topology
 
-FAIL_FORM = "WORKER@STEP (e.g. 1@40) or ps:SHARD@VERSION (e.g. ps:0@100)"
+FAIL_FORM = "WORKER@STEP (e.g. 1@40), all@STEP (every worker at once) or ps:SHARD@VERSION (e.g. ps:0@100)"
+#: ``--fail all@STEP``'s worker: every worker of the run at once (a power cut).
+ALL_WORKERS = -1
 
 
 @dataclass
@@ -19,8 +21,8 @@ class FaultConfig:
 
     fail: str | None = option(
         None,
-        "fault injection: WORKER@STEP makes that worker's process die at that step; ps:SHARD@VERSION makes a "
-        "parameter-server shard die once it has published that version",
+        "fault injection: WORKER@STEP makes that worker's process die at that step (all@STEP: every worker's); "
+        "ps:SHARD@VERSION makes a parameter-server shard die once it has published that version",
     )
     hang: str | None = option(
         None, "fault injection: WORKER@STEP makes that worker stop answering at that step (for --timeout drills)"
@@ -50,6 +52,9 @@ class FaultConfig:
         """``--fail WORKER@STEP`` as (worker, step)."""
         if self.fail is None or self.fail.startswith("ps:"):
             return None
+        if self.fail.startswith("all@"):
+            (_, step) = _parse("fail", self.fail.replace("all@", "0@", 1), "@", int, FAIL_FORM)
+            return ALL_WORKERS, step
         return _parse("fail", self.fail, "@", int, FAIL_FORM)
 
     @property

@@ -20,6 +20,7 @@ from typing import Any
 
 from paratrain.session.incarnation import restart_count
 from paratrain.train.callbacks import Callback
+from paratrain.train.fault_config import ALL_WORKERS
 
 
 class AtStep(Callback):
@@ -34,18 +35,19 @@ class AtStep(Callback):
             self.act(step)
 
     def _here(self) -> bool:
-        return self.trainer.strategy.rank == self.worker and restart_count() == 0
+        return self.worker in (self.trainer.strategy.rank, ALL_WORKERS) and restart_count() == 0
 
     def act(self, step: int) -> None:
         raise NotImplementedError
 
 
 class FailAt(AtStep):
-    """The process of worker ``worker`` is killed (SIGKILL, as by ``kill -9``, the OOM
-    killer or a preempted machine: no cleanup) at the end of step ``step``."""
+    """The process of worker ``worker`` (every worker's: ``ALL_WORKERS``) is killed (SIGKILL,
+    as by ``kill -9``, the OOM killer or a preempted machine: no cleanup) at the end of step
+    ``step``."""
 
     def act(self, step: int) -> None:
-        _die(f"worker {self.worker}: injected failure at step {step}")
+        _die(f"worker {self.trainer.strategy.rank}: injected failure at step {step}")
 
 
 class TerminateAt(AtStep):

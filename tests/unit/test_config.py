@@ -93,3 +93,14 @@ def test_bad_toml_files(tmp_path, text, words):
 def test_missing_toml_file(tmp_path):
     with pytest.raises(ConfigError, match="no such file"):
         load_toml(str(tmp_path / "absent.toml"))
+
+
+def test_fault_tolerant_makes_allreduce_and_pipeline_their_ft_strategies_and_refuses_the_others():
+    from paratrain.config import TrainConfig
+
+    assert TrainConfig(strategy="allreduce", fault_tolerant=True).strategy == "allreduce-ft"
+    assert TrainConfig(strategy="pipeline", fault_tolerant=True, workers=2, stages=2).strategy == "pipeline-ft"
+    assert TrainConfig(strategy="allreduce-ft", fault_tolerant=True).strategy == "allreduce-ft"
+    for strategy in ("fsdp", "local-sgd", "diloco", "ps-sync", "single"):
+        with pytest.raises(ConfigError, match=f"--strategy {strategy} has no per-step fault tolerance yet"):
+            TrainConfig(strategy=strategy, fault_tolerant=True)

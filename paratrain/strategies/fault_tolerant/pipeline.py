@@ -104,7 +104,7 @@ class FaultTolerantPipelineStrategy(PipelineStrategy):
         replicas = cls.topology_for(config).num_replicas
         if config.checkpoint_dir is not None:
             raise ConfigError(
-                "--strategy pipeline-ft recovers from live peers, not checkpoints: drop --checkpoint-dir "
+                "--strategy pipeline-ft writes no checkpoints yet (allreduce-ft does): drop --checkpoint-dir "
                 "(or use --strategy pipeline, which restarts the run from its checkpoints)"
             )
         if config.ft.min_replicas > replicas:

@@ -37,6 +37,13 @@ class ReplicaGroups(Topology):
     replaces_lost = True
     whole_batches = True
 
+    def checkpoint_parts(self) -> list[str]:
+        """Every replica holds the same committed state: one of them writes it (checkpoint.py)."""
+        return ["rank-0"]
+
+    def checkpoint_part(self, rank: int) -> str | None:
+        return "rank-0"
+
     def check_cluster(self, cluster: ClusterEnv, strategy: str) -> None:
         check_replica_job(cluster, strategy, 1, "of one process: --nnodes 1 --nproc-per-node 1")
 

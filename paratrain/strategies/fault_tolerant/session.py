@@ -185,6 +185,8 @@ class FaultTolerantSession:
                 load_state_dict=lambda state: load_live_state(self, state),
             )
             wait_for_all_first_replicas(self.incarnation, replica.topology.num_processes, replica.timeout)
+        if trainer.global_step:  # resumed from a checkpoint (checkpoint.py): the run's step is its
+            self.manager.load_state_dict({"step": trainer.global_step, "batches_committed": 0})
         with self.watchdog.phase("first quorum", self.manager.current_step() + 1):
             self.membership.form_quorum()
         self._quorum_ready = True
@@ -203,8 +205,14 @@ class FaultTolerantSession:
                 f"worker {replica.process_rank} could not take the live state from a peer: "
                 f"{str(self.manager.errored().original_exception).splitlines()[0]}"
             )
-        elif self.incarnation > 0 and self.manager.num_participants() < 2 and replica.num_replicas > 1:
-            # Alone at step 0, a replacement would train the run again from the start.
+        elif (
+            self.incarnation > 0
+            and self.manager.num_participants() < 2
+            and replica.num_replicas > 1
+            and not trainer.global_step
+        ):
+            # Alone at step 0, a replacement would train the run again from the start (one
+            # resumed from a checkpoint goes on from it: every replica was lost).
             raise WorkerLost(
                 f"worker {replica.process_rank}'s replacement found no live replica to take the state from "
                 "(the others are gone or done)"
@@ -312,4 +320,10 @@ class FaultTolerantSession:
         }
 
     def state_dict(self) -> dict[str, Any]:
-        return {"participants": {str(p): c for p, c in self.record.participants.items()}}
+        """The run's record and the last committed loss, which a checkpoint keeps (checkpoint.py)."""
+        return {"record": self.record.state_dict(), "last_loss": self.last_loss}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if "record" in state:
+            self.record.load_state_dict(state["record"])
+            self.last_loss = float(state["last_loss"])

@@ -24,7 +24,9 @@ heal (who is behind, who sends it the state) and the reconfiguration of the grad
 group after each membership change are what torchft's Lighthouse and Manager do and
 are tested for; paratrain adds what they leave to the user (global-batch semantics,
 a reduction that never raises out of ``backward()``, safe loading of a peer's state,
-the launcher that replaces only the dead). See docs/reliability.md.
+the launcher that replaces only the dead). With ``--checkpoint-dir``, the first replica of
+the quorum also writes checkpoints, from which the replacements resume when every replica
+was lost at once (checkpoint.py). See docs/reliability.md.
 """
 
 from __future__ import annotations
@@ -35,12 +37,14 @@ from typing import TYPE_CHECKING, Any
 from torch import nn
 from torch.optim import Optimizer
 
+from paratrain.checkpoints.files import RunCheckpoints, StateWriter
 from paratrain.comm.transport import host_store
 from paratrain.data.batch import map_tensors, num_examples
 from paratrain.errors import ConfigError
 from paratrain.session.incarnation import restart_count
 from paratrain.strategies.base import DEFAULT_TIMEOUT_S, Strategy
 from paratrain.strategies.device import resolve_device
+from paratrain.strategies.fault_tolerant.checkpoint import QuorumState
 from paratrain.strategies.fault_tolerant.membership import ReplicaGroup
 from paratrain.strategies.fault_tolerant.replicas import (
     REPLICA_STORE_ENV,
@@ -81,11 +85,6 @@ class FaultTolerantAllReduceStrategy(Strategy):
     @classmethod
     def check_config(cls, config: TrainConfig) -> None:
         check_compression(cls.name, config.codec.compression)
-        if config.checkpoint_dir is not None:
-            raise ConfigError(
-                "--strategy allreduce-ft recovers from live peers, not checkpoints: drop --checkpoint-dir "
-                "(or use --strategy allreduce, which restarts the run from its checkpoints)"
-            )
         if config.ft.min_replicas > config.workers:
             raise ConfigError(
                 f"--min-replicas {config.ft.min_replicas} is more than --workers {config.workers}: no step could commit"
@@ -128,6 +127,10 @@ class FaultTolerantAllReduceStrategy(Strategy):
     def begin_fit(self, trainer: FitLoop) -> None:
         self.session.begin(trainer, self._replica_group)
 
+    def state_writer(self, files: RunCheckpoints, loop: FitLoop) -> StateWriter:
+        """One replica, the first of the step's quorum, writes the run's checkpoint (checkpoint.py)."""
+        return QuorumState(files, loop, self.session)
+
     def _replica_group(self, host: str) -> ReplicaGroup:
         """Where this replica's processes meet (a store's host and port) and this process's
         rank among them, of how many: one process, and a store of its own, the launcher's if
@@ -166,3 +169,7 @@ class FaultTolerantAllReduceStrategy(Strategy):
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), **self.session.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.session.load_state_dict(state)

@@ -1,0 +1,117 @@
+"""The state writer of a training replica (``ReplicaState``): under allreduce every rank
+saves its position, random generators and codec residuals, and rank 0 alone the (identical)
+model and optimizer; each pipeline stage saves its own stage. The ``Checkpoint`` callback
+(train/checkpoint.py) uses it where the strategy names no writer of its own; a strategy may
+compose it into its own (strategies/fault_tolerant/checkpoint.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from paratrain.checkpoints.files import RunCheckpoints
+from paratrain.checkpoints.signature import check_signature
+from paratrain.checkpoints.store import CheckpointStore
+from paratrain.console import console
+from paratrain.errors import ConfigError
+
+
+class ReplicaState:
+    """The state writer of a training replica (a process of allreduce, fsdp, a pipeline
+    stage, local SGD): its part at steps, the model where its topology says."""
+
+    def __init__(self, files: RunCheckpoints, trainer: Any):
+        self.files, self.trainer = files, trainer
+        self.strategy = trainer.strategy
+        rank = self.strategy.process_rank
+        self.part = self.strategy.topology.checkpoint_part(rank)
+        self.model_part = self.strategy.topology.model_part(rank)
+
+    def at_step(self, step: int) -> None:
+        """Write this process's part of step ``step``; on the chief, commit the checkpoint."""
+        if step == self.files.last_saved:
+            return
+        trainer, strategy, store = self.trainer, self.strategy, self.files.store
+        trainer.check_finite()  # never save a model that has diverged
+        state: dict[str, Any] = {"trainer": trainer.state_dict(), "strategy": strategy.state_dict()}
+        folder = store.folder(step)
+        store._makedirs(folder)
+        files = strategy.model_files
+        own_files = files.save_model(trainer.module, trainer.optimizer, folder) if files is not None else None
+        if own_files is None and self.model_part == self.part:
+            state["model"] = trainer.module.state_dict()
+            state["optimizer"] = trainer.optimizer.state_dict()
+        store.write_part(step, self.part, state)
+        self.files.last_saved = step
+        if strategy.is_chief:
+            parts = strategy.topology.checkpoint_parts() + (own_files or [])
+            # The replicas beside the processes: where a replica is several processes
+            # (tensor), a resume on another layout carries the data position by replicas.
+            meta = {**self.files.signature(), "replicas": strategy.num_replicas}
+            store.commit(step, parts, meta, self.files.timeout)
+
+    def at_version(self, version: int) -> None:
+        """A replica publishes no versions."""
+
+    def at_end(self, step: int) -> None:
+        self.at_step(step)
+
+    def restore(self) -> None:
+        """Load the newest complete checkpoint into this process (nothing if there is none)."""
+        strategy = self.strategy
+        speaks = strategy.is_chief
+        folder = self.files.choose(speaks)
+        if folder is None:
+            return
+        manifest = CheckpointStore.read_manifest(folder)
+        reshards = strategy.reshards
+        check_signature(folder, manifest, self.files.signature(), reshards)
+        part, model_part = self.part, self.model_part
+        if reshards and part not in manifest["parts"]:  # a replica the saving run did not have
+            part = model_part = "rank-0"
+        device = strategy.device
+        own = CheckpointStore.read_part(folder, part, manifest, map_location=device)
+        if model_part is not None:
+            held = (
+                own
+                if model_part == part
+                else CheckpointStore.read_part(folder, model_part, manifest, map_location=device)
+            )
+            self._load_model(folder, held, manifest)
+        saved_replicas, replicas = manifest.get("replicas", manifest.get("workers")), strategy.num_replicas
+        strategy_state = own["strategy"]
+        if reshards:
+            strategy_state = strategy.reshard_state(strategy_state, int(saved_replicas))
+        strategy.load_state_dict(strategy_state)
+        self.trainer.load_state_dict(own["trainer"])
+        if reshards and saved_replicas != replicas:
+            self.trainer.carry_position(int(saved_replicas), replicas)
+            if speaks:
+                console.print(
+                    f"paratrain: {folder} was written by {saved_replicas} replicas, this run has {replicas}: "
+                    f"the model is resharded and epoch {self.trainer.epoch + 1} goes on at batch {self.trainer.batch}"
+                )
+        self.files.restored(int(manifest["step"]), speaks)
+        if speaks:
+            console.print(f"paratrain: resumed from {folder} (step {self.files.restored_step})")
+
+    def _load_model(self, folder: Path, state: dict[str, Any], manifest: dict[str, Any]) -> None:
+        if "model" not in state and any("/" in name for name in manifest["parts"]):
+            # The mode wrote the model in its own files (fsdp: sharded), every process its part.
+            CheckpointStore.check_files(folder, manifest)
+            files = self.strategy.model_files
+            if files is None:
+                raise ConfigError(
+                    f"checkpoint {folder}: its model was saved sharded (fsdp), which {self.strategy.name} cannot read"
+                )
+            files.load_model(self.trainer.module, self.trainer.optimizer, folder)
+            return
+        if "model" not in state:
+            raise ConfigError(f"checkpoint {folder}: its part for this process holds no model")
+        try:
+            self.trainer.module.load_state_dict(state["model"])
+            self.trainer.optimizer.load_state_dict(state["optimizer"])
+        except (RuntimeError, ValueError, KeyError) as error:
+            raise ConfigError(
+                f"checkpoint {folder} holds another model or optimizer ({str(error).splitlines()[0].strip()})"
+            ) from None
