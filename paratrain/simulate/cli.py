@@ -17,7 +17,7 @@ from paratrain.config import _check_writable
 from paratrain.console import console
 from paratrain.errors import ConfigError
 from paratrain.simulate import calibration
-from paratrain.simulate.flags import DEFAULT_WORKERS, add_flags
+from paratrain.simulate.flags import DEFAULT_WORKERS, add_flags, has_target
 from paratrain.simulate.tables import print_candidates, print_table, print_targets, print_training
 
 
@@ -78,7 +78,7 @@ def check_arguments(args: argparse.Namespace) -> tuple[list[str], list[int]]:
         raise ConfigError(f"--fragments {args.fragments} must divide --period {args.period}")
     if "fsdp" in strategies and args.compression not in ("none", "fp16", "bf16"):
         raise ConfigError(f"--compression {args.compression}: fsdp reduce-scatters gradients in none, fp16 or bf16")
-    targeted = args.target_accuracy is not None or args.target_loss is not None
+    targeted = has_target(args)
     if args.target_accuracy is not None and args.target_loss is not None:
         raise ConfigError("--target-accuracy and --target-loss: give one target")
     if args.target_accuracy is not None and not 0 < args.target_accuracy <= 1:
@@ -216,7 +216,7 @@ def simulate_command(args: argparse.Namespace) -> int:
         payload = recommend(args, model, splits, compute_s, build_cluster, options)
         print_candidates(payload["candidates"])
         console.print(payload["recommendation"])
-    elif args.target_accuracy is not None or args.target_loss is not None:
+    elif has_target(args):
         payload = _to_target(args, strategies, workers[0], model, splits, compute_s)
     elif args.train:
         from paratrain.simulate.virtual import train_virtual  # deferred: kept off the parser build

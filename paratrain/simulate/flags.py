@@ -202,3 +202,8 @@ def add_flags(p: argparse.ArgumentParser) -> None:
     )
     a("--lr", type=float, default=0.05, help="--train: learning rate (default 0.05)")
     a("--momentum", type=float, default=0.9, help="--train: SGD momentum (default 0.9)")
+
+
+def has_target(args: argparse.Namespace) -> bool:
+    """Whether ``--target-accuracy`` or ``--target-loss`` was given."""
+    return args.target_accuracy is not None or args.target_loss is not None

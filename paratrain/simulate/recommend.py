@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from paratrain.errors import ConfigError
+from paratrain.simulate.flags import has_target
 
 #: A quota's period on ``paratrain cluster``'s hosts, in milliseconds (cluster/usage.py's PERIOD_US).
 CLUSTER_PERIOD_MS = 10.0
@@ -116,7 +117,7 @@ def recommend(
     from paratrain.simulate.simulator import simulate
     from paratrain.simulate.target import target_words, time_to_target
 
-    targeted = args.target_accuracy is not None or args.target_loss is not None
+    targeted = has_target(args)
     rows = []
     for candidate in candidates(args.hosts, args.cpu_share is not None):
         flags = flags_of(args, candidate)

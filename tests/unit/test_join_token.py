@@ -91,6 +91,16 @@ def test_a_joiner_is_refused_in_one_line_by_a_closed_door_without_a_token_and_wi
     assert run_store.add("joins", 0) == 0 and not run_store.check(["join/0"])  # no worker number taken
 
 
+def _serve_until_refused(door, finished, refusals):
+    """Run ``door`` until it has refused ``refusals`` joiners (5 s at most), then close it."""
+    door.start()
+    deadline = time.monotonic() + 5
+    while door.refused < refusals and time.monotonic() < deadline:
+        time.sleep(0.05)
+    finished.set()
+    door.thread.join(5)
+
+
 def test_a_door_admits_only_a_worker_number_taken_after_proving_the_token():
     """A process that takes a worker number without the handshake (as a joiner skipping
     it would) is refused; one that proved the token as a candidate first is admitted."""
@@ -103,12 +113,7 @@ def test_a_door_admits_only_a_worker_number_taken_after_proving_the_token():
     door._proven = lambda candidate: True  # the handshake itself is the test above's
     run_store.add("candidates", 1)
     run_store.set("candidate/0", json.dumps({"candidate": 0, "protocol": MAGIC}))
-    door.start()
-    deadline = time.monotonic() + 5
-    while door.refused < 1 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    finished.set()
-    door.thread.join(5)
+    _serve_until_refused(door, finished, 1)
     assert door.refused == 1 and admitted == []
 
 
@@ -123,12 +128,7 @@ def test_a_joiner_of_another_protocol_version_is_refused_before_any_challenge_or
     run_store.add("candidates", 2)
     run_store.set("candidate/0", json.dumps({"candidate": 0}))  # an older joiner: no version said
     run_store.set("candidate/1", json.dumps({"candidate": 1, "protocol": MAGIC + 1}))
-    door.start()
-    deadline = time.monotonic() + 5
-    while door.refused < 2 and time.monotonic() < deadline:
-        time.sleep(0.05)
-    finished.set()
-    door.thread.join(5)
+    _serve_until_refused(door, finished, 2)
     assert door.refused == 2 and admitted == []
     assert run_store.get("verdict/c0/0") == b"protocol" and run_store.get("verdict/c1/0") == b"protocol"
     assert not run_store.check(["challenge/c0/0"]) and not run_store.check(["challenge/c1/0"])

@@ -15,12 +15,11 @@ def live_state(session: Any) -> dict[str, Any]:
     assert trainer is not None, "a replica serves state only once it trains"
     position = trainer.state_dict()
     position["batch"] = max(trainer.batch - 1, 0)
-    own = {**session.replica.state_dict(), "last_loss": session.last_loss, "record": session.record.state_dict()}
     return {
         "model": trainer.module.state_dict(),
         "optimizer": trainer.optimizer.state_dict(),
         "trainer": position,
-        "strategy": own,
+        "strategy": session.replica.state_dict(),  # its session's record and last loss with it
     }
 
 
@@ -32,7 +31,6 @@ def load_live_state(session: Any, state: dict[str, Any]) -> None:
     trainer.module.load_state_dict(state["model"])
     trainer.optimizer.load_state_dict(state["optimizer"])
     own = state["strategy"]
-    session.last_loss = float(own["last_loss"])
     session.replica.skipped_updates = int(own["skipped_updates"])
-    session.record.load_state_dict(own["record"])
+    session.load_state_dict(own)
     session.joined_state = state["trainer"]
