@@ -172,6 +172,7 @@ MODELS = Registry(
         "cifar_cnn": "paratrain.models.cifar_cnn:build_cifar_cnn",
         "lstm": "paratrain.models.lstm_classifier:build_lstm",
         "gpt": "paratrain.models.gpt:build_gpt",
+        "dlrm": "paratrain.models.dlrm:build_dlrm",
     },
     user_code=True,
 )
@@ -184,10 +185,11 @@ DATASETS = Registry(
         "cifar10": "paratrain.data.cifar:load_cifar10",
         "text": "paratrain.data.text:load_text",
         "text-lm": "paratrain.data.text_lm:load_text_lm",
+        "clicks": "paratrain.data.clicks:load_clicks",
     },
     aliases={"fashion_mnist": "fashion-mnist", "cifar-10": "cifar10"},
     user_code=True,
-    with_argument=("text-lm",),
+    with_argument=("text-lm", "clicks"),
 )
 
 OPTIMIZERS = Registry(
@@ -196,6 +198,7 @@ OPTIMIZERS = Registry(
         "sgd": "paratrain.train.optimizers:make_sgd",
         "adam": "paratrain.train.optimizers:make_adam",
         "adamw": "paratrain.train.optimizers:make_adamw",
+        "adagrad": "paratrain.train.optimizers:make_adagrad",
     },
 )
 

@@ -17,8 +17,11 @@ class DataSpec:
     """Shape of one example: (channels, height, width) for images, (length,) for tokens."""
     num_classes: int
     input_kind: str = "image"
-    """"image" (float tensors) or "tokens" (integer ids, see vocab_size)."""
+    """"image" (float tensors), "tokens" (integer ids, see vocab_size) or "clicks" (a dict of
+    dense features, ``input_shape``, and one row id per table, ``tables``)."""
     vocab_size: int = 0
+    tables: tuple[int, ...] = ()
+    """Click data: the rows of each categorical feature's table."""
     per_position: bool = False
     """Whether the target is a token at every input position (a language model's next
     token: outputs ``(batch, positions, vocab_size)``) rather than one label per example."""

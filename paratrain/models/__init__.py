@@ -5,6 +5,7 @@ A model here knows nothing of how it is parallelised: strategies wrap it.
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import torch
@@ -17,17 +18,23 @@ from paratrain.registry import MODELS, is_reference
 from paratrain.usercode import user_model
 
 
-def build_model(name: str, spec: DataSpec, example: Any = None, options: Any = None) -> nn.Module:
+def build_model(
+    name: str, spec: DataSpec, example: Any = None, options: Any = None, lazy_tables: bool = False
+) -> nn.Module:
     """Build model ``name`` (a built-in, or ``package.module:factory``) for data described
     by ``spec``; ConfigError if they do not fit. ``example``: one ``(inputs, targets)``
     example of the data, which a user's model is tried on. ``options``: the run's section
-    of options for this model (``TrainConfig.model_options``: ``--gpt-*`` for gpt), if any."""
+    of options for this model (``TrainConfig.model_options``: ``--gpt-*`` for gpt), if any.
+    ``lazy_tables``: a built-in model's embedding tables stay on the meta device, for a run
+    whose parameter server holds them row by row (``parallel/tables.py``)."""
     builder = MODELS.get(name)
     if is_reference(name):
         model = user_model(builder, spec, f"--model {name}")
         if example is not None:
             check_runs(model, example, name)
         return model
+    if lazy_tables and "lazy_tables" in inspect.signature(builder).parameters:
+        return builder(spec, lazy_tables=True)  # its tables exist nowhere whole: nothing to try it on
     model = builder(spec) if options is None else builder(spec, options)
     check_fits(model, spec, name)
     return model
@@ -54,9 +61,11 @@ def check_fits(model: nn.Module, spec: DataSpec, name: str = "model") -> None:
         )
     dtype = torch.long if spec.input_kind == "tokens" else torch.float32
     example = torch.zeros((2, *spec.input_shape), dtype=dtype)
+    if spec.input_kind == "clicks":
+        example = {"dense": example, "ids": torch.zeros((2, len(spec.tables)), dtype=torch.long)}
     try:
         with torch.no_grad():
-            out = model(example)
+            out = call_model(model, example)
     except (RuntimeError, ValueError, IndexError) as error:
         raise ConfigError(
             f"model {name} does not fit the data (examples of shape {spec.input_shape}): {str(error).splitlines()[0]}"

@@ -81,7 +81,8 @@ def _run(config: TrainConfig, strategy: Any, started: float) -> dict[str, Any]:
     threads = set_threads(config.threads_per_worker)
     torch.manual_seed(config.seed)
     splits = load_dataset(config)
-    model = build_model(config.model, splits.spec, first_example(splits.train), config.model_options)
+    lazy_tables = config.ps.tables != "none"  # the shards make their own rows (parallel/tables.py)
+    model = build_model(config.model, splits.spec, first_example(splits.train), config.model_options, lazy_tables)
     optimizer = OPTIMIZERS.get(config.optimizer)(model.parameters(), config)
     trainer = Trainer(
         model,

@@ -22,3 +22,8 @@ def make_adam(params: Iterable[torch.nn.Parameter], config: TrainConfig) -> torc
 def make_adamw(params: Iterable[torch.nn.Parameter], config: TrainConfig) -> torch.optim.Optimizer:
     """AdamW (decoupled weight decay): DiLoCo's inner optimizer."""
     return torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
+
+
+def make_adagrad(params: Iterable[torch.nn.Parameter], config: TrainConfig) -> torch.optim.Optimizer:
+    """Adagrad: the classic optimizer of sparse models (row-wise on tables on the parameter server)."""
+    return torch.optim.Adagrad(params, lr=config.lr, weight_decay=config.weight_decay)

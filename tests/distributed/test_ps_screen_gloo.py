@@ -126,7 +126,7 @@ def test_a_joiner_that_never_takes_its_reply_is_lost_and_holds_the_shard_no_long
         server.admit(1, sender.link)
         sender._send(_message(server, Header(PULL)))  # asks, and never takes the reply
         deadline = time.monotonic() + 10
-        while not server._sending and time.monotonic() < deadline:
+        while not server.replies.sending and time.monotonic() < deadline:
             time.sleep(0.01)
         started = time.monotonic()
         parameters, _ = _train(server)  # worker 0's 12 pushes, each answered within its 5 s

@@ -48,7 +48,7 @@ def test_default_run_reaches_95_percent_in_under_30_seconds(cli, tmp_path):
         (["--workers", "0"], ["--workers must be >= 1"]),
         (["--workers", "two"], ["--workers", "invalid int value"]),
         (["--strategy", "magic"], ["unknown strategy 'magic'", "allreduce"]),
-        (["--model", "resnet"], ["unknown model 'resnet'", "cifar_cnn, gpt, lstm, mlp"]),
+        (["--model", "resnet"], ["unknown model 'resnet'", "cifar_cnn, dlrm, gpt, lstm, mlp"]),
         (["--strategy", "single", "--workers", "3"], ["--strategy single", "--workers 3"]),
         (["--batch-size", "5000"], ["larger than the data set"]),
         (["--metrics-out", "/nonexistent/dir/m.json"], ["--metrics-out", "does not exist"]),

@@ -70,3 +70,22 @@ class AssignedBatches(ShardedBatches):
         order = None if self.streaming else self._order()
         for k in self.strategy.worker.assigned_batches(self.epoch, self.num_batches):
             yield k, None if order is None else order[k * self.batch_size : (k + 1) * self.batch_size]
+
+
+def run_batches(
+    worker: BatchHandout,
+    dataset: object,
+    batch_size: int,
+    shuffle: bool,
+    drop_last: bool,
+    seed: int,
+    whole_rounds: bool,
+) -> ShardedBatches:
+    """A parameter-server run's batches: training batches handed out by shard 0 (``drop_last``),
+    evaluation's read by the chief alone, all of it (workers never wait for each other there)."""
+    if drop_last:
+        # Synchronous rounds take N batches: whole rounds per epoch keep ps-sync equal to
+        # one process with the global batch. Backup and async workers take what they can.
+        group = worker.num_replicas if whole_rounds else 1
+        return AssignedBatches(worker, dataset, batch_size, group=group, shuffle=shuffle, seed=seed)
+    return ShardedBatches(dataset, batch_size, shuffle=False, drop_last=False, device=worker.device)

@@ -22,6 +22,22 @@ def check_run(config: TrainConfig) -> None:
             "--join adds a worker to a running run, whose shards keep its checkpoints: drop "
             "--checkpoint-dir and --max-restarts"
         )
+    check_tables(config)
     fail = config.faults.fail_at
     if fail and fail[0] == 0 and survives_lost_worker(mode, config.ps):
         raise ConfigError("--fail names worker 0, the chief (it evaluates and writes the metrics); name another worker")
+
+
+def check_tables(config: TrainConfig) -> None:
+    """ConfigError for a table option without tables, or a run option tables cannot honour."""
+    ps = config.ps
+    if ps.tables == "none":
+        for name, default in (("table_sharding", "mod"), ("table_optimizer", "auto")):
+            if getattr(ps, name) != default:
+                raise ConfigError(f"--{name.replace('_', '-')} applies to tables on the shards: give --tables too")
+        return
+    if config.clip_grad_norm:
+        raise ConfigError(
+            "--clip-grad-norm needs the whole gradient's norm; with --tables the rows' gradients go straight to "
+            "the shards: drop --clip-grad-norm or --tables"
+        )

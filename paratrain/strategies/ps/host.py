@@ -18,6 +18,7 @@ from torch import nn
 
 from paratrain.strategies.ps.modes import MODES, PULL_DTYPES, PSConfig, PSMode, survives_lost_worker
 from paratrain.strategies.ps.protocol.server import ShardServer
+from paratrain.strategies.ps.tables.setup import shard_tables
 
 
 class ShardHost:
@@ -51,6 +52,8 @@ class ShardHost:
     def prepare(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
         """Build this shard's server over its slice of ``model`` and ``optimizer``."""
         facts = MODES[self.mode]
+        pull_dtype = PULL_DTYPES[self.config.pull_compression]
+        tables = shard_tables(model, optimizer, self.config, self.shard, pull_dtype)  # out of the model first
         self.server = ShardServer(
             self.shard,
             self.num_shards,
@@ -66,7 +69,8 @@ class ShardHost:
             wait_timeout=self.timeout,
             codec_factory=self.codec_factory,
             tags=self.tags,
-            pull_dtype=PULL_DTYPES[self.config.pull_compression],
+            pull_dtype=pull_dtype,
+            tables=tables,
             # read at each version, so that on_version may be set after this
             on_version=lambda version: self.on_version(version),
         )

@@ -99,6 +99,22 @@ class PSConfig:
         "the file holding the run's join token (first line); default PARATRAIN_JOIN_TOKEN, else a local run makes "
         "one, prints it and saves it readable by you only; a joiner gives the run's",
     )
+    tables: str = option(
+        "none",
+        "parameter server: embedding tables the shards hold by rows, workers pulling only the rows a batch "
+        "touches: none, all (every nn.Embedding/EmbeddingBag not tied to another layer) or NAME[,NAME]",
+    )
+    table_sharding: str = option(
+        "mod",
+        "parameter server with --tables: row r on shard r mod P (mod) or in contiguous runs (range)",
+        choices=("mod", "range"),
+    )
+    table_optimizer: str = option(
+        "auto",
+        "parameter server with --tables: how a shard steps the rows a gradient touched: sgd, adagrad (row-wise) "
+        "or lazy-adam; auto follows --optimizer (sgd, adagrad; adam and adamw: lazy-adam)",
+        choices=("auto", "sgd", "adagrad", "lazy-adam"),
+    )
     on_worker_lost: str = option(
         "stop",
         "ps-sync: stop (the run ends, or restarts with --max-restarts) or continue (later rounds take the "

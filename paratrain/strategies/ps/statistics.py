@@ -35,4 +35,19 @@ def run_statistics(
         "rejected_messages": dict(sum((Counter(s.get("rejected_messages", {})) for s in shards), Counter())),
         "global_steps": first["version"],
         "examples_processed": first["samples"],
+        **({"tables": table_statistics(shards)} if "rows_served" in first else {}),
+    }
+
+
+def table_statistics(shards: list[dict[str, Any]]) -> dict[str, Any]:
+    """Tables on the shards (tables/shard.py): bytes held per shard, rows served to workers'
+    forward passes, rows stepped, rows left out by the stale-gradient policy, and the rows'
+    staleness (the updates a row had between its pull and its gradient's arrival)."""
+    staleness = sum((Counter({int(k): v for k, v in s["row_staleness"].items()}) for s in shards), Counter())
+    return {
+        "bytes_per_shard": [s["table_bytes"] for s in shards],
+        "rows_served": sum(s["rows_served"] for s in shards),
+        "rows_applied": sum(s["rows_applied"] for s in shards),
+        "rows_dropped": sum(s["rows_dropped"] for s in shards),
+        "row_staleness": staleness_summary(dict(staleness)),
     }

@@ -34,7 +34,7 @@ from paratrain.session.leaving import LeaveOnSigterm
 from paratrain.strategies.accounting import staleness_summary
 from paratrain.strategies.base import DEFAULT_TIMEOUT_S, Strategy
 from paratrain.strategies.device import resolve_device
-from paratrain.strategies.ps.batches import AssignedBatches
+from paratrain.strategies.ps.batches import run_batches
 from paratrain.strategies.ps.checkpoint import ShardState, WorkerState
 from paratrain.strategies.ps.checks import check_run
 from paratrain.strategies.ps.heartbeat import heartbeat
@@ -51,6 +51,7 @@ from paratrain.strategies.ps.modes import (
     PSTopology,
     survives_lost_worker,
 )
+from paratrain.strategies.ps.tables.setup import worker_tables
 from paratrain.strategies.ps.worker import PSWorker
 from paratrain.strategies.recipe import StepRecipe
 from paratrain.strategies.spec import process_options
@@ -96,6 +97,9 @@ class ParameterServerStrategy(Strategy):
         join: str | None = None,
         joiners: bool = True,
         join_token_file: str | None = None,
+        tables: str = "none",
+        table_sharding: str = "mod",
+        table_optimizer: str = "auto",
     ):
         # `workers` counts the workers of a round; backup workers come on top of them.
         super().__init__(device=device, timeout=timeout, workers=workers)
@@ -114,6 +118,9 @@ class ParameterServerStrategy(Strategy):
             join=join,
             joiners=joiners,
             join_token_file=join_token_file,
+            tables=tables,
+            table_sharding=table_sharding,
+            table_optimizer=table_optimizer,
         )
         self.join = join  # HOST:PORT of a running run this worker joins (joining.py); None: its own run's
         self.run_options: dict[str, Any] | None = None  # the run's flags, published to the workers that join it
@@ -276,17 +283,18 @@ class ParameterServerStrategy(Strategy):
                     joiners=self.door.open,
                 )
             return model, optimizer
+        pull_dtype = self.PULL_DTYPES[self.pull_compression]
+        self.worker.tables = worker_tables(model, self.config, pull_dtype)  # out of the model first
         model = self.recipe.prepare_model(model.to(self.device))
         layout = ShardLayout.of(model, self.num_shards)
         self.membership.check_parameters(layout.total, self.join)
-        pull_dtype = self.PULL_DTYPES[self.pull_compression]
         self.worker.prepare(model, optimizer, layout, self.device, pull_dtype, self.codec, self._fresh_codec)
         return model, optimizer
 
     def _joining_facts(self) -> dict[str, Any]:
         """What a joining worker must share with the run (joining.py checks them)."""
         facts = {"strategy": self.name, "shards": self.num_shards, "compression": self.codec.name}
-        return {**facts, "pull_compression": self.pull_compression}
+        return {**facts, "pull_compression": self.pull_compression, "tables": self.config.tables}
 
     def begin_fit(self, trainer: Any) -> None:
         """A worker that joined goes on from where the run stands (the epoch whose batches
@@ -334,14 +342,14 @@ class ParameterServerStrategy(Strategy):
         worker = self.worker
         with span("pull", COMM):  # the reply to the last push: parameters (and staleness)
             worker.await_reply()
-        worker.buffers.grads.zero_()
+        worker.begin_step()
         loss, outputs = self.recipe.forward_backward(model, loss_fn, inputs, targets, self.device)
         self.steps_taken += 1
         if self.recipe.clip_grad_norm:  # this worker's own gradient, before the push
             self.clip_gradients(model)
         # A worker sees its own gradient only: it flags it, and the shards skip it (in ps-sync
         # and ps-backup: the whole round it is part of).
-        finite = not self.skip_nonfinite(model, loss, lambda: bool(torch.isfinite(worker.buffers.grads).all()))
+        finite = not self.skip_nonfinite(model, loss, worker.gradient_is_finite)
         samples = num_examples(targets)
         leaving = self._sigterm.asked  # asked to leave (SIGTERM): this batch is the last one it asks for
         with span("push", COMM):
@@ -371,13 +379,7 @@ class ParameterServerStrategy(Strategy):
         self, dataset: object, batch_size: int, *, shuffle: bool = True, drop_last: bool = True, seed: int = 0
     ) -> ShardedBatches:
         self.setup()
-        if drop_last:
-            # Synchronous rounds take N batches: whole rounds per epoch keep ps-sync equal to
-            # one process with the global batch. Backup and async workers take what they can.
-            group = self.num_replicas if self.facts.whole_rounds else 1
-            return AssignedBatches(self, dataset, batch_size, group=group, shuffle=shuffle, seed=seed)
-        # Evaluation: the chief alone, on all of it (workers never wait for each other here).
-        return ShardedBatches(dataset, batch_size, shuffle=False, drop_last=False, device=self.device)
+        return run_batches(self, dataset, batch_size, shuffle, drop_last, seed, self.facts.whole_rounds)
 
     def stats(self) -> dict[str, Any]:
         """On the chief after finish(): totals over every shard and worker."""

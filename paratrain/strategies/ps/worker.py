@@ -53,6 +53,8 @@ class PSWorker:
         """Gradients per version: 1 (ps-async), else a round's."""
         self.client: ShardClient | None = None
         self.buffers: FlatParameters | None = None
+        self.tables: Any = None
+        """The model's tables held by the shards (tables/remote.py: TableRows), or None."""
         self.version_seen = 0
         """The newest parameter version this worker received (its codec state's version)."""
         self.last_staleness = 0
@@ -90,6 +92,8 @@ class PSWorker:
             backup_workers=self.backup_workers,
             timeout=self.timeout,
         )
+        if self.tables is not None:
+            self.tables.client = self.client
         self._base_lr = optimizer.param_groups[0]["lr"]
         self.pull(wanted=0)
 
@@ -135,9 +139,21 @@ class PSWorker:
         client = self.client
         client.post_reply()
         header = self.header(PUSH, samples=samples, wants_reply=True, finite=finite)
-        client.send(header, self.buffers.gradients_to_send())
+        sections = self.tables.sections() if self.tables is not None and finite else None
+        client.send(header, self.buffers.gradients_to_send(), sections)
         self._pushed_on = client.versions[0]
         self.samples_per_push = samples
+
+    def begin_step(self) -> None:
+        """Zero the gradient; this step's table rows come with its forward pass."""
+        self.buffers.grads.zero_()
+        if self.tables is not None:
+            self.tables.clear()
+
+    def gradient_is_finite(self) -> bool:
+        """Whether this step's gradient (its table rows' too) holds no NaN or Inf."""
+        finite = bool(torch.isfinite(self.buffers.grads).all())
+        return finite and (self.tables is None or self.tables.finite())
 
     def assigned_batches(self, epoch: int, num_batches: int) -> Iterator[int]:
         """Indices of the batches of ``epoch`` that shard 0 hands this worker, one per step:

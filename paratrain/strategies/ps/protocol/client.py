@@ -20,15 +20,19 @@ from paratrain.strategies.ps.layout import ShardLayout
 from paratrain.strategies.ps.protocol.wire import (
     HEADER_BYTES,
     PUSH,
+    ROWS,
     TAG_MESSAGE,
     TAG_REPLY,
     TAG_REPLY_HEADER,
+    TAG_ROWS,
+    TAG_SECTION,
     Header,
     checks_lateness,
     empty_reply_header,
     message_buffer,
     read_reply_header,
 )
+from paratrain.strategies.ps.tables import sections
 
 
 class ShardClient:
@@ -88,9 +92,12 @@ class ShardClient:
         self.assigned = replies[0][1]
         return True
 
-    def send(self, header: Header, gradient: torch.Tensor | None = None) -> None:
+    def send(
+        self, header: Header, gradient: torch.Tensor | None = None, sections: list[torch.Tensor] | None = None
+    ) -> None:
         """One message to every shard: ``header`` (its version: that shard's), then for a
-        finite push in time that shard's slice of the flat ``gradient``."""
+        finite push in time that shard's slice of the flat ``gradient``, and its table
+        ``sections`` (one a shard: its rows' gradients) as a message of their own."""
         # The previous message's buffers are reused now; its sends finished long ago in
         # practice, so waiting for them here keeps the wait off the step's critical path.
         self.drain()
@@ -107,10 +114,43 @@ class ShardClient:
                 self.packers[shard].compress_into(
                     gradient[self.layout.shard_range(shard)], message[HEADER_BYTES : HEADER_BYTES + payload]
                 )
+            section = sections[shard] if sections is not None and header.has_payload else None
+            header.extra = section.numel() if section is not None else 0
             message = header.write(message, payload)
             works.append(link.isend(message, TAG_MESSAGE + self.tags))
             self.bytes_sent += message.numel() * message.element_size()
+            if section is not None:
+                works.append(link.isend(section, TAG_SECTION + self.tags))
+                self.bytes_sent += section.numel()
         self._sends = works
+
+    def fetch_rows(self, requests: list[list[torch.Tensor]], layout: Any, dtype: torch.dtype) -> list[Any]:
+        """The rows ``requests`` asks of each shard (per table: the shard's row ids), with
+        their clocks: per shard, (clocks, rows per table); one round trip to the shards asked."""
+        self.drain()
+        dims = [spec.dim for spec in layout.specs]
+        works, replies, sends = [], [], []
+        for shard, ids in enumerate(requests):
+            counts = [len(i) for i in ids]
+            total = sum(counts)
+            if not total:
+                replies.append(None)
+                continue
+            reply = torch.empty(sections.reply_bytes(total, sum(n * d for n, d in zip(counts, dims)), dtype),
+                                dtype=torch.uint8)  # fmt: skip
+            works.append(self.links[shard].irecv(reply, TAG_ROWS + self.tags))
+            section = sections.pack_request(ids)
+            message = Header(ROWS, version=self.versions[shard], extra=section.numel()).write(self.messages[shard])
+            sends += [self.links[shard].isend(message, TAG_MESSAGE + self.tags),
+                      self.links[shard].isend(section, TAG_SECTION + self.tags)]  # fmt: skip
+            self.bytes_sent += message.numel() + section.numel()
+            replies.append((reply, total, counts))
+        started = time.perf_counter()
+        self.wait(sends, "row request")
+        self.wait(works, "rows")
+        self.wait_seconds += time.perf_counter() - started
+        empty = (torch.zeros(0, dtype=torch.int64), [torch.zeros(0, d) for d in dims])
+        return [empty if r is None else sections.read_reply(r[0], r[1], dims, r[2], dtype) for r in replies]
 
     def message_bytes(self) -> int:
         """The bytes of one whole message to every shard."""

@@ -6,12 +6,13 @@ trip costs one wake-up."""
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-from paratrain.strategies.ps.protocol.wire import SHUTDOWN, TAG_MESSAGE, Header, Malformed, blank
+from paratrain.strategies.ps.protocol.wire import SHUTDOWN, TAG_MESSAGE, TAG_SECTION, Header, Malformed, blank
 
 MAX_BROKEN_RECEIVES = 100
 """Receives failing in a row before the shard gives up serving: one dying worker breaks one
@@ -55,7 +56,7 @@ class Receiving:
                 # the next receive, posted now (one left posted would take a later run's message)
                 current = 1 - current
                 work = dist.irecv(blank(server.messages[current]), src=None, tag=tag)
-            if header is not None and not server._handle(worker, message, header):
+            if header is not None and not server._handle(worker, message, header, self.section(worker, header)):
                 return
 
     def joined(self, worker: int, link: Any) -> None:
@@ -70,7 +71,21 @@ class Receiving:
                 return
             header = self.screened(worker, message)
             if header is not None:
-                server._handle(worker, message, header)
+                server._handle(worker, message, header, self.section(worker, header))
+
+    def section(self, worker: int, header: Header) -> torch.Tensor | None:
+        """The table section that follows ``header`` from ``worker`` (its length checked by the
+        screen), taken within the heartbeat timeout; None when the header states none."""
+        if not header.extra:
+            return None
+        server = self.server
+        section = torch.empty(header.extra, dtype=torch.uint8)
+        work = server.links[worker].irecv(section, TAG_SECTION + server.tags)
+        try:
+            work.wait(timedelta(seconds=server.watch.heartbeat_timeout))
+        except RuntimeError:
+            return torch.empty(0, dtype=torch.uint8)  # cut short: refused as such when read
+        return section
 
     def screened(self, worker: int, message: torch.Tensor) -> Header | None:
         """``message``'s header, or None for a message the shard refuses (screen.py)."""

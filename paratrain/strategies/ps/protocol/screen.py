@@ -4,7 +4,8 @@ allocated for it or applied, and one that is refused changes nothing but a count
 ``Header.read`` (wire.py) refuses what no sender of this protocol writes (another program
 or version, a field out of its range, a message cut short); ``Screen.check`` then refuses
 what no worker of this run may send now: a sender that is no worker of it, a shutdown from
-anyone but the chief, a push computed on a version the shard has not published, a pull
+anyone but the chief, a table section longer than the shard's rows allow, a push computed on a version the
+shard has not published, a pull
 for a version beyond any in flight, a second request before the reply to the first, a second
 push to the same synchronous round, a batch request outside the run's epochs. A payload
 that does not decode is refused by the shard as it decodes it, into its scratch buffer.
@@ -23,7 +24,7 @@ from typing import Any, Protocol
 
 import torch
 
-from paratrain.strategies.ps.protocol.wire import PULL, PUSH, SHUTDOWN, Header, Malformed
+from paratrain.strategies.ps.protocol.wire import PULL, PUSH, ROWS, SHUTDOWN, Header, Malformed
 
 
 class Served(Protocol):
@@ -40,6 +41,7 @@ class Served(Protocol):
     def holds_push_of(self, worker: int) -> bool: ...
     def epochs_dealt(self) -> dict[int, int]: ...
     def deals(self) -> bool: ...
+    def section_bound(self, header: Header) -> int: ...
 
 
 class Screen:
@@ -53,6 +55,10 @@ class Screen:
         if worker not in server.workers:
             raise Malformed("a sender that is no worker of the run")
         header = Header.read(message, self.payload_bytes)
+        if header.extra > server.section_bound(header) or header.extra % 4:
+            raise Malformed("a table section longer than any the shard takes")
+        if header.kind == ROWS and not header.extra:
+            raise Malformed("a row request with no rows")
         if header.kind == SHUTDOWN and worker != 0:
             raise Malformed("a shutdown from a worker other than the chief")
         if header.kind == PUSH and header.version > server.version:

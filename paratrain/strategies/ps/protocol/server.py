@@ -20,7 +20,6 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Callable
-from datetime import timedelta
 from typing import Any
 
 import torch
@@ -32,26 +31,25 @@ from paratrain.errors import ConfigError, WorkerLost
 from paratrain.strategies.ps.heartbeat import Watch
 from paratrain.strategies.ps.joining import Door
 from paratrain.strategies.ps.layout import ShardLayout
-from paratrain.strategies.ps.policies import Gradient, SyncRule
+from paratrain.strategies.ps.policies import AsyncRule, Gradient, SyncRule
 from paratrain.strategies.ps.protocol.dealer import Dealer
 from paratrain.strategies.ps.protocol.links import WorldLink
 from paratrain.strategies.ps.protocol.optimizer import shard_optimizer
 from paratrain.strategies.ps.protocol.receiving import Receiving
+from paratrain.strategies.ps.protocol.replies import Replies
 from paratrain.strategies.ps.protocol.screen import Screen
 from paratrain.strategies.ps.protocol.tally import ShardTally
 from paratrain.strategies.ps.protocol.wire import (
     DONE,
     HEADER_BYTES,
-    NOT_ASSIGNED,
     PULL,
     PUSH,
+    ROWS,
     SHUTDOWN,
-    TAG_REPLY,
-    TAG_REPLY_HEADER,
     Header,
+    Malformed,
     checks_lateness,
     message_buffer,
-    reply_header,
 )
 from paratrain.strategies.ps.reshard import optimizer_order, reshard
 
@@ -75,6 +73,7 @@ class ShardServer:
         tags: int = 0,
         rule_name: str = "",
         on_version: Callable[[int], None] | None = None,
+        tables: Any = None,
     ):
         self.tags = tags  # this run's offset of the message tags
         self.rule_name = rule_name or type(rule).__name__
@@ -102,8 +101,7 @@ class ShardServer:
         self.incoming = torch.zeros_like(self.params)
         # Replies may carry the parameters in 16 bits (--pull-compression); cast once per version.
         self.pull_dtype = pull_dtype
-        self._cast: tuple[int, torch.Tensor] | None = None
-        self._sending: list[Any] = []  # replies in flight, read from self.params
+        self.replies = Replies(self)  # what it sends back (replies.py)
         self.optimizer = self._shard_optimizer(optimizer)
         self.base_lrs = [group["lr"] for group in self.optimizer.param_groups]
         self.version = 0
@@ -122,6 +120,8 @@ class ShardServer:
         # store, where a worker looks before pushing a large gradient that would come late.
         backups = num_workers - rule.required if isinstance(rule, SyncRule) else 0
         self.announces = checks_lateness(backups, self.packer.nbytes)
+        self.tables = tables  # this shard's rows of the run's tables (tables/shard.py), or None
+        self.row_policy = rule.policy if isinstance(rule, AsyncRule) else None  # judges each row's staleness
         self.lock = threading.Lock()
         self.finished = threading.Event()
         self.fatal: str | None = None
@@ -151,6 +151,14 @@ class ShardServer:
     def clocks(self) -> dict[int, int]:
         return self._clocks
 
+    def section_bound(self, header: Header) -> int:
+        """The longest table section a message with ``header`` may bring (0: none)."""
+        if self.tables is None:
+            return 0
+        if header.kind == ROWS:
+            return self.tables.request_bound()
+        return self.tables.push_bound() if header.has_payload else 0
+
     # ----- serving ------------------------------------------------------------------------
     def serve(self) -> dict[str, Any]:
         """Serve until every worker is done or lost; returns this shard's statistics."""
@@ -170,19 +178,21 @@ class ShardServer:
         if self.fatal:
             raise WorkerLost(self.fatal)
         with self.lock:
-            self._flush_replies()
+            self.replies.flush()
             stats = self.statistics()
         self.store.set(f"stats/{self.shard}", json.dumps(stats))
         # Keep answering pulls (the chief's final one) until the chief says the run is over.
         receiver.join(timeout=self.wait_timeout)
         return stats
 
-    def _handle(self, worker: int, message: torch.Tensor, header: Header) -> bool:
-        """One message from ``worker`` (``header``: its header, screened); False for the
-        chief's word that the run is over."""
+    def _handle(self, worker: int, message: torch.Tensor, header: Header, section: Any = None) -> bool:
+        """One message from ``worker`` (``header``: its header, screened; ``section``: the
+        table section that came with it); False for the chief's word that the run is over."""
         self.watch.heard(worker)
         with self.lock:
-            if header.kind == PUSH:
+            if header.kind == ROWS:
+                self.replies.rows(worker, section)
+            elif header.kind == PUSH:
                 finite = not header.nonfinite
                 if header.has_payload:  # a non-finite or late push carries no payload
                     try:
@@ -191,9 +201,16 @@ class ShardServer:
                         self.receiving.refuse(worker, "a payload that does not decode")
                         return True
                     finite = bool(torch.isfinite(self.incoming).all())  # else skipped, as --on-nan skip does
+                rows = None
+                if self.tables is not None and header.has_payload:
+                    try:
+                        rows = self.tables.read_push(section)
+                    except Malformed as refusal:
+                        self.receiving.refuse(worker, refusal.reason)
+                        return True
                 self.tally.late_pushes += header.late
                 grad = Gradient(worker, header.version, header.samples, header.lr_scale, finite)
-                self._on_push(grad)
+                self._on_push(grad, rows)
                 if header.wants_reply:
                     self._waiting.append((worker, self.rule.wanted_after(grad), header.batch))
             elif header.kind == PULL:
@@ -220,10 +237,16 @@ class ShardServer:
         threading.Thread(target=self.receiving.joined, args=(worker, link), name="ps-joined", daemon=True).start()
         return position
 
-    def _on_push(self, grad: Gradient) -> None:
+    def _on_push(self, grad: Gradient, rows: Any = None) -> None:
         self._clocks[grad.worker] += 1
         self.tally.samples += grad.samples
+        lr_scale = grad.lr_scale  # before the rule scales it for the dense gradient's staleness
         verdict = self.rule.accept(grad, self)
+        if rows is not None and grad.finite:
+            if self.row_policy is not None:  # ps-async: each row by its own staleness
+                self.tables.step_now(rows, lr_scale, self.row_policy)
+            elif verdict == "hold":
+                self.tables.hold(rows, grad.samples)
         if verdict == "drop":
             self.tally.dropped += 1
             self.tally.dropped_samples += grad.samples
@@ -247,9 +270,13 @@ class ShardServer:
                 total = sum(g.samples for g in self._held)
                 self.grad.copy_(self.held).div_(total)
                 self.tally.staleness[0] += len(self._held)
+                if self.tables is not None:
+                    self.tables.step_held(total, self._held[0].lr_scale)
                 self._apply(self._held[0].lr_scale)
             else:  # the average holds a NaN or Inf: the version comes without an update
                 self.tally.skipped += 1
+                if self.tables is not None:
+                    self.tables.drop_held()
                 self._apply(self._held[0].lr_scale, skip=True)
             self.held.zero_()
             self._held.clear()
@@ -257,7 +284,7 @@ class ShardServer:
         for worker, wanted, batch in self._waiting:
             # A worker that is done gets what there is: nothing more will come for it.
             if worker in self.done or self.rule.may_pull(worker, wanted, self):
-                self._reply(worker, self.dealer.deal(batch))
+                self.replies.params(worker, self.dealer.deal(batch))
             else:
                 still_waiting.append((worker, wanted, batch))
         self._waiting = still_waiting
@@ -267,7 +294,7 @@ class ShardServer:
     def _apply(self, lr_scale: float, skip: bool = False) -> None:
         """One optimizer step (none with ``skip``), then the next version."""
         if not skip:
-            self._flush_replies()  # their bytes are read from self.params, about to change
+            self.replies.flush()  # their bytes are read from self.params, about to change
             for group, base in zip(self.optimizer.param_groups, self.base_lrs):
                 group["lr"] = base * lr_scale
             self.optimizer.step()
@@ -281,43 +308,6 @@ class ShardServer:
         """This shard's version to the store, where workers check a push for lateness."""
         if self.announces:
             self.store.set(f"version/{self.shard}", str(self.version))
-
-    def _reply(self, worker: int, batch: int = NOT_ASSIGNED) -> None:
-        live = [self._clocks[w] for w in self.active_workers()]
-        if live:
-            self.tally.max_clock_gap = max(self.tally.max_clock_gap, self._clocks[worker] - min(live))
-        link = self.links[worker]
-        version = reply_header(self.version, batch)
-        params = self._pull_payload()
-        self._sending.append((worker, link.isend(version, TAG_REPLY_HEADER + self.tags), version))
-        self._sending.append((worker, link.isend(params, TAG_REPLY + self.tags), None))
-        self.tally.bytes_sent += version.numel() * 8 + params.numel() * params.element_size()
-
-    def _pull_payload(self) -> torch.Tensor:
-        if self.pull_dtype == self.params.dtype:
-            return self.params
-        if self._cast is None or self._cast[0] != self.version:
-            self._cast = (self.version, self.params.to(self.pull_dtype))
-        return self._cast[1]
-
-    def _flush_replies(self) -> None:
-        """Wait for the replies in flight (their bytes are read from ``self.params``), each at
-        most the heartbeat timeout. A worker posts its receive before it asks, so a live one
-        takes its reply at once; one that has not within that time is stopped or its host is
-        gone, and is lost: over Gloo a send ends only when its receiver takes it, and it would
-        hold the shard, every other worker with it, until Gloo's timeout (``--timeout``)."""
-        bound = self.watch.heartbeat_timeout
-        for worker, work, _ in self._sending:
-            try:
-                work.wait(timedelta(seconds=bound))
-            except RuntimeError as error:
-                if worker in self.lost:
-                    continue
-                timed_out = "Timed out" in str(error)
-                self._lose(
-                    worker, f"it did not take its reply within {bound:g} s" if timed_out else "its connection closed"
-                )
-        self._sending.clear()
 
     # ----- liveness -----------------------------------------------------------------------
     def _monitor_loop(self) -> None:
@@ -345,6 +335,7 @@ class ShardServer:
             "version": self.version,
             **self.dealer.state_dict(),
             **self.tally.state_dict(),
+            **({"tables": self.tables.state_dict()} if self.tables is not None else {}),
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -357,6 +348,8 @@ class ShardServer:
         self.version = int(state["version"])
         self.dealer.load_state_dict(state)
         self.tally.load_state_dict(state)
+        if self.tables is not None:
+            self.tables.load_state_dict(state["tables"])
 
     def load_resharded(self, states: list[dict[str, Any]]) -> None:
         """This shard's state from the parts of a checkpoint saved by another number of
@@ -377,4 +370,5 @@ class ShardServer:
             **self.screen.statistics(),
             "workers_lost": sorted(self.lost),
             "workers_joined": list(self.joined),
+            **(self.tables.statistics() if self.tables is not None else {}),
         }

@@ -3,7 +3,11 @@ one place for both sides.
 
 A message to a shard is one byte tensor: a ``Header`` (``HEADER_SIZE`` float32 fields),
 then, for a push, the shard's slice of the gradient compressed by the run's codec (always
-the codec's full payload size), then a trailer (``TRAILER_BYTES``). One message a step (a
+the codec's full payload size), then a trailer (``TRAILER_BYTES``). A run with tables on
+the shards (tables/) sends a row request (``ROWS``) before its forward pass, and each push
+carries the rows' gradients: both as a *section*, a second message on ``TAG_SECTION`` whose
+length the header states (``extra``), which the shard receives from that worker once the
+header passed its screen (tables/sections.py). One message a step (a
 push that also asks for the next parameters) means one wake-up of the shard a step; Gloo
 moves a message only once the receiver has posted its buffer, so fewer messages is most of
 the latency. The rare control messages (pull, done, shutdown) carry no payload; a late
@@ -30,12 +34,12 @@ from dataclasses import dataclass, field
 import torch
 
 # Message kinds, in the first field of every message to a shard.
-PULL, PUSH, DONE, SHUTDOWN = 1, 2, 3, 4
-TAG_MESSAGE, TAG_REPLY_HEADER, TAG_REPLY = 11, 13, 14
+PULL, PUSH, DONE, SHUTDOWN, ROWS = 1, 2, 3, 4, 5
+TAG_MESSAGE, TAG_REPLY_HEADER, TAG_REPLY, TAG_SECTION, TAG_ROWS = 11, 13, 14, 15, 12
 RUN_TAG_STRIDE = 16  # each run in a process group adds a multiple of this to its tags
-KINDS = (PULL, PUSH, DONE, SHUTDOWN)
-MAGIC = 20_802.0  # the protocol's mark and version (2.08.02): first field of every message
-HEADER_SIZE = 16
+KINDS = (PULL, PUSH, DONE, SHUTDOWN, ROWS)
+MAGIC = 20_803.0  # the protocol's mark and version (2.08.03): first field of every message
+HEADER_SIZE = 18
 HEADER_BYTES = HEADER_SIZE * 4  # float32 fields at the front of a byte message
 TRAILER_BYTES = 8  # the nonce again, as two float32 fields, right after the payload
 FRONT_BYTES = 12  # the mark and the nonce: a receiver blanks them before each receive
@@ -83,14 +87,16 @@ def checks_lateness(backup_workers: int, push_bytes: int) -> bool:
 class Header:
     """The fields of a message to a shard, in their order on the wire (after ``MAGIC``).
 
-    ``version``: the shard's version of the worker's parameters (a push: the version its
-    gradient was computed on). ``wanted``: a pull answers once the shard has at least this
-    version. ``batch``: (epoch, batches in it) when the worker asks shard 0 for its next
-    batch with the reply. ``nonfinite``: the gradient held a NaN or Inf (--on-nan skip);
-    its payload is not sent. ``late``: under backup workers, the round the push was
-    computed for closed before it went (the shard's version, kept in the store, had moved
-    on): the header alone goes, and the shard counts the gradient dropped as it would have
-    on its arrival. ``nonce``: drawn for each message, repeated by its trailer."""
+        ``version``: the shard's version of the worker's parameters (a push: the version its
+        gradient was computed on). ``wanted``: a pull answers once the shard has at least this
+        version. ``batch``: (epoch, batches in it) when the worker asks shard 0 for its next
+        batch with the reply. ``nonfinite``: the gradient held a NaN or Inf (--on-nan skip);
+        its payload is not sent. ``late``: under backup workers, the round the push was
+        computed for closed before it went (the shard's version, kept in the store, had moved
+        on): the header alone goes, and the shard counts the gradient dropped as it would have
+        on its arrival. ``extra``: the bytes of the section that follows on ``TAG_SECTION`` (a
+    row request's ids, a push's gradient rows; 0: none). ``nonce``: drawn for each message,
+    repeated by its trailer."""
 
     kind: int
     version: int = 0
@@ -101,6 +107,7 @@ class Header:
     batch: tuple[int, int] | None = None
     nonfinite: bool = False
     late: bool = False
+    extra: int = 0
     nonce: int = field(default=0, compare=False)
 
     @property
@@ -124,6 +131,7 @@ class Header:
             float(num_batches),
             float(self.nonfinite),
             float(self.late),
+            *encode_version(self.extra),
         ]
 
     def write(self, message: torch.Tensor, payload_bytes: int = 0) -> torch.Tensor:
@@ -151,7 +159,7 @@ class Header:
             raise Malformed("not this protocol or version")
         if not all(math.isfinite(x) for x in f):
             raise Malformed("a header field is not finite")
-        ints = [f[i] for i in (1, 2, 3, 4, 5, 6, 9, 10, 12, 13)]
+        ints = [f[i] for i in (1, 2, 3, 4, 5, 6, 9, 10, 12, 13, 16, 17)]
         flags = [f[i] for i in (8, 11, 14, 15)]
         if any(x != int(x) or x < 0 for x in ints) or any(x not in (0.0, 1.0) for x in flags):
             raise Malformed("a header field is out of its range")
@@ -165,6 +173,7 @@ class Header:
             batch=(int(f[12]), int(f[13])) if f[11] else None,
             nonfinite=bool(f[14]),
             late=bool(f[15]),
+            extra=decode_version(f[16], f[17]),
             nonce=int(f[1]) * 65536 + int(f[2]),
         )
         if header.kind not in KINDS:

@@ -1,0 +1,149 @@
+"""A shard's rows of every table: their values, their clocks (how many updates each row
+has had: a row's staleness is how far its clock moved since a worker pulled it) and their
+lazy optimizer (optimizers.py).
+
+The server (protocol/server.py) calls it as its rule decides: rows of a push held for a
+synchronous round (weighted by examples, as the dense gradient) and stepped when the round
+makes a version; applied at once in ps-async, each row judged by its own staleness under
+the stale-gradient policy (``scale-lr`` divides a row's step by its staleness, ``drop``
+leaves out rows staler than ``--max-staleness``).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any
+
+import torch
+from torch import nn
+
+from paratrain.errors import ConfigError
+from paratrain.parallel.tables import TableSpec, rows_of
+from paratrain.strategies.ps.policies import StalePolicy
+from paratrain.strategies.ps.tables import sections
+from paratrain.strategies.ps.tables.layout import TableLayout
+from paratrain.strategies.ps.tables.optimizers import RowOptimizer
+
+
+class TableShard:
+    def __init__(
+        self,
+        layout: TableLayout,
+        shard: int,
+        modules: list[nn.Module],
+        groups: list[dict[str, Any]],
+        kind: str,
+        decoupled: bool,
+        pull_dtype: torch.dtype = torch.float32,
+    ):
+        self.layout, self.shard, self.pull_dtype = layout, shard, pull_dtype
+        self.specs: list[TableSpec] = layout.specs
+        self.rows_on = [layout.rows_on(t, shard) for t in range(len(layout))]
+        self.dims = [spec.dim for spec in self.specs]
+        self.rows = [rows_of(m, layout.global_ids(t, shard)) for t, m in enumerate(modules)]
+        self.clocks = [torch.zeros(n, dtype=torch.int64) for n in self.rows_on]
+        self.optimizers = [RowOptimizer(kind, g, r, decoupled) for g, r in zip(groups, self.rows)]
+        self._held: list[tuple[sections.RowGrads, int]] = []
+        self.row_staleness: Counter[int] = Counter()
+        self.rows_served = 0
+        self.rows_applied = 0
+        self.rows_dropped = 0
+
+    # ----- the wire -----------------------------------------------------------------------
+    def request_bound(self) -> int:
+        return sections.request_bound(self.rows_on)
+
+    def push_bound(self) -> int:
+        return sections.push_bound(self.rows_on, self.dims)
+
+    def answer(self, section: torch.Tensor) -> torch.Tensor:
+        """The reply to a row request: the rows' clocks, then the rows (Malformed: refused)."""
+        ids = sections.read_request(section, self.rows_on)
+        self.rows_served += sum(len(i) for i in ids)
+        clocks = torch.cat([c[i] for c, i in zip(self.clocks, ids)])
+        rows = torch.cat([r[i].reshape(-1) for r, i in zip(self.rows, ids)]).to(self.pull_dtype)
+        return sections.pack_reply(clocks, rows)
+
+    def read_push(self, section: torch.Tensor) -> sections.RowGrads:
+        return sections.read_push(section, self.rows_on, self.dims, self.clocks)
+
+    # ----- the rule's verdicts ------------------------------------------------------------
+    def hold(self, grads: sections.RowGrads, samples: int) -> None:
+        """Keep a push's rows for this round's average, weighted by its examples."""
+        self._held.append((grads, samples))
+
+    def drop_held(self) -> None:
+        """The round made its version without an update (a gradient held a NaN or Inf)."""
+        self._held.clear()
+        self.step_all([], 1.0)
+
+    def step_held(self, total: int, lr_scale: float) -> None:
+        """Step the average of the round's rows (each push's weighted by its examples)."""
+        merged = []
+        for t in range(len(self.specs)):
+            ids = torch.cat([g.ids[t] for g, _ in self._held]) if self._held else torch.zeros(0, dtype=torch.int64)
+            grads = torch.cat([g.grads[t] * (n / total) for g, n in self._held]) if self._held else None
+            merged.append((ids, grads))
+            self.row_staleness[0] += len(ids)
+        self._held.clear()
+        self.step_all(merged, lr_scale)
+
+    def step_now(self, grads: sections.RowGrads, lr_scale: float, policy: StalePolicy | None) -> None:
+        """ps-async: apply one push's rows at once, each scaled (or left out) by the policy
+        for its own staleness."""
+        merged = []
+        for t in range(len(self.specs)):
+            ids, g = grads.ids[t], grads.grads[t]
+            staleness = self.clocks[t][ids] - grads.clocks[t]
+            self.row_staleness.update(staleness.tolist())
+            if policy is not None and len(ids):
+                factors = torch.tensor([_factor(policy, s) for s in staleness.tolist()], dtype=torch.float32)
+                keep = factors > 0
+                self.rows_dropped += int((~keep).sum())
+                ids, g = ids[keep], g[keep] * factors[keep].unsqueeze(1)
+            merged.append((ids, g))
+        self.step_all(merged, lr_scale)
+
+    def step_all(self, merged: list[tuple[torch.Tensor, torch.Tensor | None]], lr_scale: float) -> None:
+        """One step of every table (its step count moves even where no row was touched)."""
+        for t, optimizer in enumerate(self.optimizers):
+            ids, grads = merged[t] if merged else (torch.zeros(0, dtype=torch.int64), None)
+            if len(ids):
+                unique, inverse = torch.unique(ids, return_inverse=True)
+                summed = torch.zeros(len(unique), self.dims[t]).index_add_(0, inverse, grads)
+                optimizer.step(unique, summed, lr_scale)
+                self.clocks[t][unique] += 1
+                self.rows_applied += len(unique)
+            else:
+                optimizer.step(ids, torch.zeros(0, self.dims[t]), lr_scale)
+
+    # ----- checkpoints and statistics ---------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "rows": [r.clone() for r in self.rows],
+            "clocks": [c.clone() for c in self.clocks],
+            "optimizers": [o.state_dict() for o in self.optimizers],
+            "global_ids": [self.layout.global_ids(t, self.shard) for t in range(len(self.specs))],
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for t, rows in enumerate(state["rows"]):
+            if rows.shape != self.rows[t].shape:
+                raise ConfigError(f"checkpoint table {self.specs[t].name} holds {tuple(rows.shape)} rows on this shard")
+            self.rows[t].copy_(rows)
+            self.clocks[t].copy_(state["clocks"][t])
+            self.optimizers[t].load_state_dict(state["optimizers"][t])
+
+    def statistics(self) -> dict[str, Any]:
+        return {
+            "table_bytes": sum(r.numel() * 4 for r in self.rows),
+            "rows_served": self.rows_served,
+            "rows_applied": self.rows_applied,
+            "rows_dropped": self.rows_dropped,
+            "row_staleness": {str(k): v for k, v in sorted(self.row_staleness.items())},
+        }
+
+
+def _factor(policy: StalePolicy, staleness: int) -> float:
+    factor = policy.factor(staleness)
+    return 0.0 if factor is None else factor

@@ -1,0 +1,160 @@
+"""Embedding tables on the parameter server: row-sharded on the shards, only the rows a
+batch touches pulled and pushed, in every mode, against the single-process reference."""
+
+import json
+
+import pytest
+import torch
+from torch.utils.data import Subset
+
+import paratrain
+from paratrain.data.clicks import load_clicks
+from paratrain.models.dlrm import DLRM
+from paratrain.strategies.ps.strategy import ParameterServerStrategy
+from paratrain.testing import relative_difference, run_distributed, write_text_folders
+
+pytestmark = pytest.mark.distributed
+
+CLICKS = "tables=3,rows=300/2000/40,examples=3000,seed=3"
+
+
+def _fit(strategy, batch, steps, optimizer="sgd", lazy=False):
+    torch.manual_seed(0)
+    splits = load_clicks(None, CLICKS)
+    model = DLRM(splits.spec, lazy_tables=lazy)
+    if optimizer == "sgd":
+        opt = torch.optim.SGD(model.parameters(), lr=0.2)
+    else:
+        opt = torch.optim.Adagrad(model.parameters(), lr=0.05)
+    trainer = paratrain.Trainer(model, "cross_entropy", opt, strategy=strategy)
+    n = steps * batch * max(strategy.num_replicas, 1)
+    trainer.fit(Subset(splits.train, range(n)), epochs=1, batch_size=batch, verbose=0)
+    return trainer
+
+
+def _dense(module):
+    return torch.cat([p.detach().reshape(-1) for n, p in module.named_parameters() if not n.startswith("tables.")])
+
+
+def _ps(mode, shards, sharding, batch, steps):
+    strategy = ParameterServerStrategy(mode, num_shards=shards, device="cpu", tables="all", table_sharding=sharding)
+    trainer = _fit(strategy, batch, steps, lazy=True)
+    result = None
+    if strategy.is_chief:
+        rows = strategy.worker.tables
+        result = (_dense(trainer.module), [rows.read(t) for t in range(3)], strategy.stats())
+    strategy.teardown()
+    return result
+
+
+@pytest.mark.parametrize("shards, sharding", [(1, "mod"), (2, "mod"), (2, "range")])
+def test_ps_sync_with_tables_equals_single_with_the_global_batch(shards, sharding):
+    """Two workers of batch b, the tables split by rows over the shards (never whole on a
+    worker: the model is built with its tables on the meta device), equal one process of
+    batch 2b with SGD: a touched row moves as under the dense step, an untouched one not
+    at all. To float32 rounding (1e-5)."""
+    b, k = 16, 12
+    single = _fit(paratrain.SingleDeviceStrategy(device="cpu"), 2 * b, k)
+    tables = [t.weight.detach() for t in single.module.tables]
+    dense, rows, stats = run_distributed(_ps, "sync", shards, sharding, b, k, world_size=shards + 2)[shards]
+    assert relative_difference(dense, _dense(single.module)) < 1e-5
+    initial = _initial_tables()
+    for got, want, start in zip(rows, tables, initial):
+        assert relative_difference(got, want) < 1e-5
+        # the rows' movement alone (most rows are untouched): float32 rounding of the steps
+        assert relative_difference(got - start, want - start) < 1e-4
+    moved = sum(int((w != t0).any(1).sum()) for w, t0 in zip(tables, initial))
+    assert stats["tables"]["rows_applied"] >= moved > 0  # each step stepped the rows its batch touched
+    assert stats["tables"]["row_staleness"]["max"] == 0
+
+
+def _initial_tables():
+    torch.manual_seed(0)
+    return [t.weight.detach() for t in DLRM(load_clicks(None, CLICKS).spec).tables]
+
+
+def _adagrad(shards, batch, steps):
+    strategy = ParameterServerStrategy("sync", num_shards=shards, device="cpu", tables="all")
+    trainer = _fit(strategy, batch, steps, optimizer="adagrad", lazy=True)
+    result = _dense(trainer.module) if strategy.is_chief else None
+    rows = [strategy.worker.tables.read(t) for t in range(3)] if strategy.is_chief else None
+    strategy.teardown()
+    return result, rows
+
+
+def test_tables_under_adagrad_step_row_wise_and_the_rest_as_in_one_process():
+    """Adagrad: the dense part equals one process exactly, the tables follow row-wise
+    Adagrad (one accumulator per row), computed here from the single run's own gradients
+    would need its history; instead: the tables moved, stayed finite, and rows no batch
+    touched are their initial values."""
+    b, k = 16, 8
+    dense, rows = run_distributed(_adagrad, 2, b, k, world_size=4)[2]
+    initial = _initial_tables()
+    touched = [torch.zeros(len(t), dtype=torch.bool) for t in initial]
+    ids = load_clicks(None, CLICKS).train.ids[: 2 * b * k]
+    for t in range(3):
+        touched[t][ids[:, t]] = True
+        assert torch.isfinite(rows[t]).all()
+        assert torch.equal(rows[t][~touched[t]], initial[t][~touched[t]])
+        assert (rows[t][touched[t]] != initial[t][touched[t]]).any(1).all()
+    assert torch.isfinite(dense).all()
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--strategy", "ps-async", "--stale-policy", "scale-lr"],
+        ["--strategy", "ps-async", "--staleness-bound", "1", "--optimizer", "adamw", "--lr", "0.01"],
+        ["--strategy", "ps-backup", "--backup-workers", "1", "--optimizer", "adagrad", "--lr", "0.1"],
+    ],
+)
+def test_every_mode_trains_a_recommendation_model_with_its_tables_on_the_shards(cli, tmp_path, args):
+    """The built-in DLRM on synthetic clicks, its tables on 2 shards, learns the click rule
+    (a third are clicks: 0.67 for always-no) in every mode; the metrics say what the
+    tables cost and how stale their rows were."""
+    out = tmp_path / "m.json"
+    result = cli(
+        "train", "--model", "dlrm", "--dataset", "clicks:rows=2000,examples=6000", "--workers", "2",
+        "--ps-shards", "2", "--tables", "all", "--batch-size", "32", "--epochs", "3", "--momentum", "0",
+        "--lr", "0.2", "--no-progress", "--log-every", "0", "--metrics-out", str(out), *args,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    metrics = json.loads(out.read_text())
+    assert metrics["test_accuracy"] > 0.75
+    tables = metrics["tables"]
+    assert sum(tables["bytes_per_shard"]) == 4 * 2000 * 16 * 4
+    assert tables["rows_served"] > 0 and tables["rows_applied"] > 0
+    if "ps-async" in args:
+        assert tables["row_staleness"]["max"] >= 1  # two workers: rows moved between pull and push
+
+
+def test_an_lstm_text_classifier_trains_with_its_embedding_as_a_table(cli, tmp_path):
+    """The tutorials' text classifier, its embedding (padding row and all) a table on the shards."""
+    text_data = write_text_folders(tmp_path / "t", 40, 10, classes=("neg", "pos"))
+    result = cli(
+        "train", "--strategy", "ps-sync", "--workers", "2", "--dataset", "text", "--data-dir", str(text_data),
+        "--model", "lstm", "--tables", "embedding", "--epochs", "2", "--no-progress", "--log-every", "0",
+        "--metrics-out", str(tmp_path / "m.json"),
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    metrics = json.loads((tmp_path / "m.json").read_text())
+    assert metrics["tables"]["rows_served"] > 0
+
+
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["--strategy", "allreduce", "--tables", "all"], "--tables applies to"),
+        (["--strategy", "ps-sync", "--table-sharding", "range"], "give --tables too"),
+        (["--strategy", "ps-sync", "--tables", "all", "--table-sharding", "hash"], "--table-sharding must be one of"),
+        (["--strategy", "ps-sync", "--tables", "nosuch"], "no nn.Embedding or nn.EmbeddingBag of that name"),
+        (["--strategy", "ps-sync", "--tables", "all", "--clip-grad-norm", "1"], "--clip-grad-norm needs the whole"),
+        (["--strategy", "ps-sync", "--tables", "all", "--model", "mlp", "--dataset", "digits"], "has no nn.Embedding"),
+    ],
+)
+def test_bad_table_flags_are_one_line_exit_2(cli, args, words):
+    base = ["train", "--model", "dlrm", "--dataset", "clicks:rows=100,examples=200", "--workers", "2", "--epochs", "1"]
+    result = cli(*base, *args)
+    assert result.returncode == 2, result.stderr
+    assert words in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
