@@ -2,6 +2,7 @@
 batch touches pulled and pushed, in every mode, against the single-process reference."""
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -158,3 +159,30 @@ def test_bad_table_flags_are_one_line_exit_2(cli, args, words):
     assert result.returncode == 2, result.stderr
     assert words in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def test_tables_resume_to_the_bit_and_on_another_number_of_shards(cli, tmp_path):
+    """ps-sync with tables stopped after 2 epochs and resumed to 4 is the run never stopped
+    (every epoch's test loss, to the bit); read by 2 shards with range sharding instead of
+    1, every row goes to the shard that holds it now, and the run is again the same."""
+    common = ["train", "--strategy", "ps-sync", "--model", "dlrm", "--dataset", "clicks:rows=500,examples=1600",
+              "--workers", "2", "--tables", "all", "--momentum", "0", "--lr", "0.2", "--batch-size", "32",
+              "--checkpoint-every", "7", "--no-progress", "--log-every", "0"]  # fmt: skip
+
+    def run(name, *args):
+        out = tmp_path / f"{name}.json"
+        result = cli(*common, *args, "--metrics-out", str(out))
+        assert result.returncode == 0, result.stderr[-3000:]
+        return json.loads(out.read_text()), result
+
+    whole, _ = run("whole", "--epochs", "4")
+    run("first", "--epochs", "2", "--checkpoint-dir", str(tmp_path / "c"))
+    shutil.copytree(tmp_path / "c", tmp_path / "d")
+    resumed, _ = run("resumed", "--epochs", "4", "--checkpoint-dir", str(tmp_path / "c"), "--resume")
+    resharded, result = run("resharded", "--epochs", "4", "--checkpoint-dir", str(tmp_path / "d"), "--resume",
+                            "--ps-shards", "2", "--table-sharding", "range")  # fmt: skip
+    assert "resharded" in result.stdout
+    for run_ in (resumed, resharded):
+        assert run_["resumed_from_step"] == 40
+        ran = len(run_["history"])
+        assert ran == 2 and [e["test_loss"] for e in run_["history"]] == [e["test_loss"] for e in whole["history"][-2:]]

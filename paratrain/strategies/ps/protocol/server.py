@@ -349,12 +349,17 @@ class ShardServer:
         self.dealer.load_state_dict(state)
         self.tally.load_state_dict(state)
         if self.tables is not None:
+            if "tables" not in state:
+                raise ConfigError("the checkpoint was written without --tables: its tables were dense")
             self.tables.load_state_dict(state["tables"])
 
     def load_resharded(self, states: list[dict[str, Any]]) -> None:
         """This shard's state from the parts of a checkpoint saved by another number of
         shards (every part, in shard order)."""
-        self.load_state_dict(reshard(states, self.layout, self.shard, self.group_of))
+        state = reshard(states, self.layout, self.shard, self.group_of)
+        if self.tables is not None:
+            state["tables"] = self.tables.resharded([part["tables"] for part in states])
+        self.load_state_dict(state)
 
     def position(self) -> dict[str, int]:
         """Where a resumed run goes on: the version, and the first epoch with batches left."""

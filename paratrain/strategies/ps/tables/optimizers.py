@@ -96,7 +96,7 @@ class RowOptimizer:
             if self.decoupled and self.weight_decay:
                 w = w * (1 - lr * self.weight_decay)
             correction1, correction2 = 1 - beta1**self.steps, 1 - beta2**self.steps
-            w = w - lr / correction1 * m / (v.sqrt() / correction2**0.5 + self.eps)
+            w = w - lr * correction2**0.5 / correction1 * m / (v.sqrt() + self.eps)  # as SparseAdam
         self.rows[ids] = w
 
     def state_dict(self) -> dict[str, Any]:

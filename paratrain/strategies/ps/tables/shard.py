@@ -126,6 +126,33 @@ class TableShard:
             "global_ids": [self.layout.global_ids(t, self.shard) for t in range(len(self.specs))],
         }
 
+    def resharded(self, parts: list[dict[str, Any]]) -> dict[str, Any]:
+        """This shard's state from the table states of a checkpoint written by another number
+        of shards or another sharding (each part names the global ids of its rows): rows,
+        clocks and per-row optimizer state go to the shard that holds each row now."""
+        state = self.state_dict()
+        for t, spec in enumerate(self.specs):
+            filled = torch.zeros(self.rows_on[t], dtype=torch.bool)
+            for part in parts:
+                if len(part["rows"]) != len(self.specs):
+                    raise ConfigError(f"the checkpoint holds {len(part['rows'])} tables, this run {len(self.specs)}")
+                ids = part["global_ids"][t]
+                if len(ids) and int(ids.max()) >= spec.rows:
+                    raise ConfigError(f"the checkpoint's table {spec.name} has rows past this model's {spec.rows}")
+                shard, local = self.layout.locate(t, ids)
+                mine = shard == self.shard
+                state["rows"][t][local[mine]] = part["rows"][t][mine]
+                state["clocks"][t][local[mine]] = part["clocks"][t][mine]
+                saved = part["optimizers"][t]
+                for key, value in state["optimizers"][t].items():
+                    if torch.is_tensor(value):
+                        value[local[mine]] = saved[key][mine]
+                state["optimizers"][t]["steps"] = int(saved["steps"])
+                filled[local[mine]] = True
+            if not bool(filled.all()):
+                raise ConfigError(f"the checkpoint's parts do not hold every row of table {spec.name}")
+        return state
+
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for t, rows in enumerate(state["rows"]):
             if rows.shape != self.rows[t].shape:

@@ -1,0 +1,175 @@
+"""Tables on the parameter server, piece by piece: where rows live, what travels for them
+(and what a shard refuses), how a shard steps them, and how rows are made."""
+
+import pytest
+import torch
+from torch import nn
+
+from paratrain.errors import ConfigError
+from paratrain.parallel.tables import RowInit, TableSpec, find_tables, materialize
+from paratrain.strategies.ps.protocol.wire import Malformed
+from paratrain.strategies.ps.tables import sections
+from paratrain.strategies.ps.tables.layout import TableLayout
+from paratrain.strategies.ps.tables.optimizers import RowOptimizer, table_kind
+
+
+@pytest.mark.parametrize("sharding", ["mod", "range"])
+@pytest.mark.parametrize("rows, shards", [(10, 3), (7, 7), (2, 3), (1000, 4)])
+def test_every_row_lives_on_exactly_one_shard_and_is_found_there(sharding, rows, shards):
+    layout = TableLayout([TableSpec("t", rows, 4)], shards, sharding)
+    held = torch.cat([layout.global_ids(0, s) for s in range(shards)])
+    assert sorted(held.tolist()) == list(range(rows))
+    assert sum(layout.rows_on(0, s) for s in range(shards)) == rows
+    shard, local = layout.locate(0, torch.arange(rows))
+    for s in range(shards):
+        assert torch.equal(layout.global_ids(0, s, local[shard == s]), torch.arange(rows)[shard == s])
+        assert all(0 <= x < layout.rows_on(0, s) for x in local[shard == s].tolist())
+
+
+def test_mod_sharding_spreads_the_hot_rows_of_a_zipf_law():
+    layout = TableLayout([TableSpec("t", 10_000, 4)], 4, "mod")
+    shard, _ = layout.locate(0, torch.arange(100))  # the hundred hottest ids
+    assert torch.bincount(shard).tolist() == [25, 25, 25, 25]
+
+
+def _push(rows_on=(5, 3), dims=(2, 4)):
+    ids = [torch.tensor([4, 0]), torch.tensor([2])]
+    clocks = [torch.tensor([1, 0]), torch.tensor([3])]
+    grads = [torch.randn(2, dims[0]), torch.randn(1, dims[1])]
+    return sections.pack_push(ids, clocks, grads), ids, clocks, grads
+
+
+def test_a_push_section_reads_back_what_was_packed():
+    section, ids, clocks, grads = _push()
+    now = [torch.tensor([0, 0, 0, 0, 5]), torch.tensor([0, 0, 3])]
+    got = sections.read_push(section, [5, 3], [2, 4], now)
+    for a, b in zip(got.ids + got.clocks + got.grads, ids + clocks + grads):
+        assert torch.equal(a, b)
+    assert section.numel() <= sections.push_bound([5, 3], [2, 4])
+    request = sections.pack_request(ids)
+    assert [t.tolist() for t in sections.read_request(request, [5, 3])] == [[4, 0], [2]]
+
+
+@pytest.mark.parametrize(
+    "change, reason",
+    [
+        (lambda s: s[:-4], "length does not match"),
+        (lambda s: torch.cat([s, torch.zeros(4, dtype=torch.uint8)]), "length does not match"),
+        (lambda s: s[:4], "cut short"),
+        (lambda s: _set_long(s, 0, 6), "more rows than the shard holds"),
+        (lambda s: _set_long(s, 0, -1), "more rows than the shard holds"),
+        (lambda s: _set_long(s, 2, 5), "out of the shard's range"),
+        (lambda s: _set_long(s, 3, 4), "asked for twice"),
+        (lambda s: _set_long(s, 5, 2), "a row clock the shard has not reached"),
+        (lambda s: _set_float(s, 0, float("nan")), "not finite"),
+    ],
+)
+def test_a_shard_refuses_a_section_out_of_its_range(change, reason):
+    section, *_ = _push()
+    now = [torch.tensor([0, 0, 0, 0, 1]), torch.tensor([0, 0, 3])]
+    with pytest.raises(Malformed, match=reason):
+        sections.read_push(change(section.clone()), [5, 3], [2, 4], now)
+
+
+def _set_long(section, index, value):
+    section[: 8 * (index + 1)].view(torch.int64)[index] = value
+    return section
+
+
+def _set_float(section, index, value):
+    head = 8 * (2 + 2 * 3)
+    section[head:].view(torch.float32)[index] = value
+    return section
+
+
+def test_a_request_for_rows_twice_or_past_the_shard_is_refused():
+    with pytest.raises(Malformed, match="twice"):
+        sections.read_request(sections.pack_request([torch.tensor([1, 1]), torch.tensor([], dtype=torch.long)]), [5, 3])
+    with pytest.raises(Malformed, match="range"):
+        sections.read_request(sections.pack_request([torch.tensor([5]), torch.tensor([], dtype=torch.long)]), [5, 3])
+
+
+def test_lazy_sgd_moves_touched_rows_as_dense_sgd_and_no_other():
+    torch.manual_seed(0)
+    weight = torch.randn(6, 3)
+    dense = nn.Parameter(weight.clone())
+    sgd = torch.optim.SGD([dense], lr=0.1)
+    rows = weight.clone()
+    lazy = RowOptimizer("sgd", sgd.param_groups[0], rows)
+    for _ in range(3):
+        ids = torch.tensor([0, 4])
+        grad = torch.randn(2, 3)
+        dense.grad = torch.zeros(6, 3).index_add_(0, ids, grad)
+        sgd.step()
+        lazy.step(ids, grad, 1.0)
+    assert torch.allclose(rows, dense.detach(), atol=1e-7)
+    assert torch.equal(rows[[1, 2, 3, 5]], weight[[1, 2, 3, 5]])
+
+
+def test_lazy_adam_is_torch_sparse_adam():
+    """lazy-adam steps what torch.optim.SparseAdam (TensorFlow's LazyAdam) steps."""
+    torch.manual_seed(0)
+    weight = torch.randn(8, 4)
+    param = nn.Parameter(weight.clone())
+    sparse = torch.optim.SparseAdam([param], lr=0.01)
+    rows = weight.clone()
+    lazy = RowOptimizer("lazy-adam", sparse.param_groups[0], rows)
+    for step in (0, 1, 2, 4, 1):
+        ids = torch.tensor([step, 3, 7])  # each row once, as a shard steps them
+        grad = torch.randn(3, 4)
+        param.grad = torch.sparse_coo_tensor(ids.unsqueeze(0), grad, (8, 4))
+        sparse.step()
+        lazy.step(ids, grad, 1.0)
+    assert torch.allclose(rows, param.detach(), atol=1e-6)
+    assert torch.equal(rows[[5, 6]], weight[[5, 6]])  # never touched
+    assert not torch.equal(rows[0], weight[0])
+
+
+def test_row_wise_adagrad_keeps_one_accumulator_per_row():
+    rows = torch.ones(3, 2)
+    opt = RowOptimizer("adagrad", {"lr": 0.5, "eps": 0.0}, rows)
+    opt.step(torch.tensor([1]), torch.tensor([[3.0, 1.0]]), 1.0)
+    assert opt.state["sum"].tolist() == [0.0, 5.0, 0.0]  # mean of the squares
+    assert torch.allclose(rows[1], torch.tensor([1 - 0.5 * 3 / 5**0.5, 1 - 0.5 * 1 / 5**0.5]))
+    assert rows[0].tolist() == [1.0, 1.0]
+
+
+def test_the_table_optimizer_follows_the_users_or_is_named():
+    p = [nn.Parameter(torch.zeros(1))]
+    assert table_kind(torch.optim.AdamW(p), "auto") == "lazy-adam"
+    assert table_kind(torch.optim.Adagrad(p), "auto") == "adagrad"
+    assert table_kind(torch.optim.RMSprop(p), "sgd") == "sgd"
+    with pytest.raises(ConfigError, match="RMSprop has no lazy form: give --table-optimizer"):
+        table_kind(torch.optim.RMSprop(p), "auto")
+
+
+def test_a_row_is_the_same_whoever_makes_it_and_materialize_makes_them_all():
+    init = RowInit(seed=7, dim=3, scale=0.1)
+    ids = torch.tensor([9000, 5, 4096, 4095])
+    together = init(ids)
+    alone = torch.cat([init(ids[i : i + 1]) for i in range(len(ids))])
+    assert torch.equal(together, alone)
+    assert together.abs().max() <= 0.1
+    table = nn.EmbeddingBag(10_000, 3, device="meta")
+    table.init_rows = init
+    model = materialize(nn.Sequential(table))
+    assert torch.equal(model[0].weight.detach()[ids], together)
+
+
+def test_tables_are_found_by_name_or_all_and_tied_weights_stay_dense():
+    class Tied(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.words = nn.Embedding(10, 4)
+            self.places = nn.Embedding(5, 4)
+            self.out = nn.Linear(4, 10, bias=False)
+            self.out.weight = self.words.weight
+
+    model = Tied()
+    assert [name for name, _ in find_tables(model, "all")] == ["places"]
+    with pytest.raises(ConfigError, match="tied to another module"):
+        find_tables(model, "words")
+    with pytest.raises(ConfigError, match="the model has words, places"):
+        find_tables(model, "out")
+    with pytest.raises(ConfigError, match="max_norm"):
+        find_tables(nn.Sequential(nn.Embedding(3, 2, max_norm=1.0)), "0")
