@@ -4,7 +4,7 @@ command line, validated once.
 TrainConfig holds the run-level options and composes the sections each component owns:
 ``codec`` (comm/codec_config.py), each strategy folder's (named by its spec, which the
 strategy table reads: ``allreduce``, ``ps``, ``pipeline``, ``averaging``, ``fsdp``, ``ft``),
-``faults`` (train/fault_config.py) and ``gpt`` (models/gpt_config.py): leaf modules that
+``faults`` (train/fault_config.py), ``gpt`` (models/gpt_config.py) and ``dlrm`` (models/dlrm_config.py): leaf modules that
 import no strategy runtime, so that the configuration sits below the strategies. Every option is one
 command-line flag (``batch_size`` <-> ``--batch-size``) and one key of a ``--config`` TOML
 file, whichever section it lives in: flags and keys are flat, as they always were. A
@@ -23,6 +23,7 @@ from typing import Any
 
 from paratrain.comm.codec_config import CodecConfig
 from paratrain.errors import ConfigError
+from paratrain.models.dlrm_config import DLRMConfig
 from paratrain.models.gpt_config import GPTConfig
 from paratrain.options import (
     at_least,
@@ -52,7 +53,13 @@ for models of many GB or a compiled first step that takes longer."""
 
 #: The sections of a TrainConfig: attribute -> the config class of the component that owns
 #: it; each strategy folder's section comes from its spec (registry.STRATEGIES).
-SECTIONS: dict[str, type] = {"codec": CodecConfig, **STRATEGIES.sections(), "faults": FaultConfig, "gpt": GPTConfig}
+SECTIONS: dict[str, type] = {
+    "codec": CodecConfig,
+    **STRATEGIES.sections(),
+    "faults": FaultConfig,
+    "gpt": GPTConfig,
+    "dlrm": DLRMConfig,
+}
 
 
 @dataclass(init=False, eq=False)

@@ -63,9 +63,24 @@ def parse(argument: str | None) -> dict[str, Any]:
 
 
 def _zipf_ids(rng: np.random.Generator, rows: int, count: int, exponent: float) -> np.ndarray:
-    weights = 1.0 / np.arange(1, rows + 1, dtype=np.float64) ** exponent
-    cumulative = np.cumsum(weights)
-    return np.searchsorted(cumulative, rng.random(count) * cumulative[-1]).astype(np.int64)
+    """Ids in ``[0, rows)`` with P(id) falling as (id + 1) ** -exponent: the continuous power
+    law's inverse distribution, floored (memory by examples, not by rows)."""
+    u = rng.random(count)
+    if abs(exponent - 1.0) < 1e-9:
+        x = np.exp(u * np.log(rows + 1.0))
+    else:
+        a = 1.0 - exponent
+        x = (u * ((rows + 1.0) ** a - 1.0) + 1.0) ** (1.0 / a)
+    return np.minimum(np.floor(x).astype(np.int64) - 1, rows - 1)
+
+
+def _scores(ids: np.ndarray, salt: int) -> np.ndarray:
+    """Each id's hidden score in [-1.5, 1.5), a hash of the id (no table of scores is made)."""
+    h = (ids.astype(np.uint64) + np.uint64(salt)) * np.uint64(0x9E3779B97F4A7C15)
+    h ^= h >> np.uint64(31)
+    h *= np.uint64(0xBF58476D1CE4E5B9)
+    h ^= h >> np.uint64(29)
+    return (h >> np.uint64(11)).astype(np.float64) / 2.0**53 * 3.0 - 1.5
 
 
 def make_clicks(rows: list[int], examples: int, dense: int, zipf: float, seed: int) -> tuple[Clicks, Clicks]:
@@ -73,8 +88,9 @@ def make_clicks(rows: list[int], examples: int, dense: int, zipf: float, seed: i
     ids = np.stack([_zipf_ids(rng, n, examples, zipf) for n in rows], axis=1)
     features = rng.standard_normal((examples, dense)).astype(np.float32)
     logit = features @ rng.standard_normal(dense) * 0.5
-    for t, n in enumerate(rows):
-        logit += rng.standard_normal(n)[ids[:, t]]
+    salts = rng.integers(1 << 40, size=len(rows))
+    for t in range(len(rows)):
+        logit += _scores(ids[:, t], int(salts[t]))
     labels = (logit > np.quantile(logit, 2 / 3)).astype(np.int64)
     cut = int(examples * (1 - TEST_SHARE))
     tensors = torch.from_numpy(features), torch.from_numpy(ids), torch.from_numpy(labels)

@@ -94,7 +94,8 @@ def join_command(args: argparse.Namespace) -> int:
 def preflight(config: Any) -> None:
     """Catch bad data, a model that does not fit it, or a model the strategy cannot run as
     configured, here, before starting N processes."""
-    model = build_model(config.model, load_dataset(config).spec, options=config.model_options)
+    spec = load_dataset(config).spec
+    model = build_model(config.model, spec, options=config.model_options, lazy_tables=config.ps.holds_tables)
     STRATEGIES.get(config.strategy).check_model(model, config)
 
 

@@ -34,7 +34,8 @@ def build_model(
             check_runs(model, example, name)
         return model
     if lazy_tables and "lazy_tables" in inspect.signature(builder).parameters:
-        return builder(spec, lazy_tables=True)  # its tables exist nowhere whole: nothing to try it on
+        given = () if options is None else (options,)
+        return builder(spec, *given, lazy_tables=True)  # its tables exist nowhere whole: nothing to try it on
     model = builder(spec) if options is None else builder(spec, options)
     check_fits(model, spec, name)
     return model

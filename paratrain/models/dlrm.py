@@ -10,6 +10,8 @@ whole at once (``lazy_tables=False``, the default), each row the same as a shard
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -57,5 +59,7 @@ class DLRM(nn.Module):
         return self.top(torch.cat([x, dots[:, i, j]], dim=1))
 
 
-def build_dlrm(spec: DataSpec, lazy_tables: bool = False) -> nn.Module:
-    return DLRM(spec, lazy_tables=lazy_tables)
+def build_dlrm(spec: DataSpec, options: Any = None, lazy_tables: bool = False) -> nn.Module:
+    """``options``: the run's ``--dlrm-*`` sizes (models/dlrm_config.py), if any."""
+    sizes = {} if options is None else {"dim": options.dlrm_dim, "bottom": options.dlrm_bottom, "top": options.dlrm_top}
+    return DLRM(spec, lazy_tables=lazy_tables, **sizes)

@@ -54,14 +54,17 @@ class RowInit:
 
     def __call__(self, ids: torch.Tensor) -> torch.Tensor:
         out = torch.empty(len(ids), self.dim)
-        if not len(ids):
-            return out
-        chunks = torch.div(ids, CHUNK_ROWS, rounding_mode="floor")
-        for chunk in torch.unique(chunks).tolist():
-            at = (chunks == chunk).nonzero().squeeze(1)
+        ordered, order = torch.sort(ids)
+        chunks, counts = torch.unique_consecutive(
+            torch.div(ordered, CHUNK_ROWS, rounding_mode="floor"), return_counts=True
+        )
+        start = 0
+        for chunk, count in zip(chunks.tolist(), counts.tolist()):
             generator = torch.Generator().manual_seed(self.seed * 1_000_003 + chunk)
             block = torch.empty(CHUNK_ROWS, self.dim).uniform_(-self.scale, self.scale, generator=generator)
-            out[at] = block[ids[at] - chunk * CHUNK_ROWS]
+            at = slice(start, start + count)
+            out[order[at]] = block[ordered[at] - chunk * CHUNK_ROWS]
+            start += count
         return out
 
 

@@ -81,8 +81,9 @@ def _run(config: TrainConfig, strategy: Any, started: float) -> dict[str, Any]:
     threads = set_threads(config.threads_per_worker)
     torch.manual_seed(config.seed)
     splits = load_dataset(config)
-    lazy_tables = config.ps.tables != "none"  # the shards make their own rows (parallel/tables.py)
-    model = build_model(config.model, splits.spec, first_example(splits.train), config.model_options, lazy_tables)
+    model = build_model(
+        config.model, splits.spec, first_example(splits.train), config.model_options, config.ps.holds_tables
+    )  # tables the shards hold stay on the meta device: each shard makes its own rows
     optimizer = OPTIMIZERS.get(config.optimizer)(model.parameters(), config)
     trainer = Trainer(
         model,

@@ -151,6 +151,9 @@ def test_an_lstm_text_classifier_trains_with_its_embedding_as_a_table(cli, tmp_p
         (["--strategy", "ps-sync", "--tables", "nosuch"], "no nn.Embedding or nn.EmbeddingBag of that name"),
         (["--strategy", "ps-sync", "--tables", "all", "--clip-grad-norm", "1"], "--clip-grad-norm needs the whole"),
         (["--strategy", "ps-sync", "--tables", "all", "--model", "mlp", "--dataset", "digits"], "has no nn.Embedding"),
+        (["--strategy", "ps-sync", "--tables", "all", "--dataset", "clicks:rows=4000000000"], "GiB available"),
+        (["--strategy", "ps-sync", "--dataset", "clicks:rows=1"], "rows >= 2 each"),
+        (["--strategy", "ps-sync", "--dataset", "clicks:colour=red"], "is not KEY=VALUE with KEY one of"),
     ],
 )
 def test_bad_table_flags_are_one_line_exit_2(cli, args, words):
@@ -186,3 +189,29 @@ def test_tables_resume_to_the_bit_and_on_another_number_of_shards(cli, tmp_path)
         assert run_["resumed_from_step"] == 40
         ran = len(run_["history"])
         assert ran == 2 and [e["test_loss"] for e in run_["history"]] == [e["test_loss"] for e in whole["history"][-2:]]
+
+
+def test_a_table_larger_than_a_worker_trains_without_any_worker_holding_it(cli, tmp_path):
+    """A 1.5 GB table (24 million rows of 16 floats) on 2 shards: every process of the run
+    builds the model with the table on the meta device, each shard makes its half of the
+    rows, and the workers' peak resident memory is that of the same run on a table of a
+    thousand rows (within 5% of the table): each worker holds only the rows of its batches."""
+
+    def run(rows):
+        out = tmp_path / f"{rows}.json"
+        result = cli(
+            "train", "--strategy", "ps-sync", "--model", "dlrm", "--dataset", f"clicks:tables=1,rows={rows},examples=4000",
+            "--workers", "2", "--ps-shards", "2", "--tables", "all", "--momentum", "0", "--epochs", "1",
+            "--no-progress", "--log-every", "0", "--metrics-out", str(out),
+        )  # fmt: skip
+        assert result.returncode == 0, result.stderr[-3000:]
+        return json.loads(out.read_text())
+
+    rows, dim = 24_000_000, 16
+    table = rows * dim * 4
+    small, big = run(1000), run(rows)
+    assert sum(big["tables"]["bytes_per_shard"]) == table
+    rss, base = big["max_rss_bytes"], small["max_rss_bytes"]
+    assert max(rss["workers"]) - max(base["workers"]) < 0.05 * table, (rss, base)
+    assert max(rss["workers"]) < table / 3, rss
+    assert min(rss["shards"]) - max(base["shards"]) > table / 2 * 0.9, (rss, base)  # each shard holds its half

@@ -31,7 +31,7 @@ def check_run(config: TrainConfig) -> None:
 def check_tables(config: TrainConfig) -> None:
     """ConfigError for a table option without tables, or a run option tables cannot honour."""
     ps = config.ps
-    if ps.tables == "none":
+    if not ps.holds_tables:
         for name, default in (("table_sharding", "mod"), ("table_optimizer", "auto")):
             if getattr(ps, name) != default:
                 raise ConfigError(f"--{name.replace('_', '-')} applies to tables on the shards: give --tables too")

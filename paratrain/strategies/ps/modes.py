@@ -134,6 +134,11 @@ class PSConfig:
     def num_shards(self) -> int:
         return self.ps_shards or 1
 
+    @property
+    def holds_tables(self) -> bool:
+        """Whether the shards hold embedding tables by rows (tables/)."""
+        return self.tables != "none"
+
 
 @dataclass(frozen=True)
 class ModeFacts:

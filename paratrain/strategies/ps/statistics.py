@@ -4,6 +4,7 @@ other workers' bytes, and the chief's own."""
 
 from __future__ import annotations
 
+import resource
 from collections import Counter
 from typing import Any
 
@@ -51,3 +52,8 @@ def table_statistics(shards: list[dict[str, Any]]) -> dict[str, Any]:
         "rows_dropped": sum(s["rows_dropped"] for s in shards),
         "row_staleness": staleness_summary(dict(staleness)),
     }
+
+
+def max_rss_bytes() -> int:
+    """This process's peak resident memory so far (what a table on the shards spares a worker)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

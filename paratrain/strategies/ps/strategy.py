@@ -28,7 +28,7 @@ from paratrain.comm.codec_config import CodecConfig, make_codec
 from paratrain.comm.codecs import Codec
 from paratrain.data.batch import num_examples
 from paratrain.data.sharding import ShardedBatches
-from paratrain.errors import ConfigError, ReplicaLeft
+from paratrain.errors import ReplicaLeft
 from paratrain.periodic import Periodic
 from paratrain.session.leaving import LeaveOnSigterm
 from paratrain.strategies.accounting import staleness_summary
@@ -51,7 +51,7 @@ from paratrain.strategies.ps.modes import (
     PSTopology,
     survives_lost_worker,
 )
-from paratrain.strategies.ps.tables.setup import worker_tables
+from paratrain.strategies.ps.tables.setup import check_model_tables, worker_tables
 from paratrain.strategies.ps.worker import PSWorker
 from paratrain.strategies.recipe import StepRecipe
 from paratrain.strategies.spec import process_options
@@ -104,8 +104,6 @@ class ParameterServerStrategy(Strategy):
         # `workers` counts the workers of a round; backup workers come on top of them.
         super().__init__(device=device, timeout=timeout, workers=workers)
         self.mode = PSMode.of(mode.value if isinstance(mode, PSMode) else mode)
-        if pull_compression not in PULL_DTYPES:
-            raise ConfigError(f"--pull-compression must be one of {', '.join(PULL_DTYPES)}, got {pull_compression!r}")
         self.config = PSConfig(
             ps_shards=num_shards,
             backup_workers=backup_workers,
@@ -158,6 +156,10 @@ class ParameterServerStrategy(Strategy):
     @classmethod
     def check_config(cls, config: TrainConfig) -> None:
         check_run(config)
+
+    @classmethod
+    def check_model(cls, model: nn.Module, config: TrainConfig) -> None:
+        check_model_tables(model, config)
 
     @classmethod
     def from_config(cls, config: TrainConfig) -> ParameterServerStrategy:

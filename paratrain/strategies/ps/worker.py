@@ -24,7 +24,7 @@ from paratrain.strategies.ps.layout import ShardLayout
 from paratrain.strategies.ps.modes import ModeFacts
 from paratrain.strategies.ps.protocol.client import ShardClient
 from paratrain.strategies.ps.protocol.wire import DONE, PULL, PUSH, SHUTDOWN, Header
-from paratrain.strategies.ps.statistics import run_statistics
+from paratrain.strategies.ps.statistics import max_rss_bytes, run_statistics
 
 
 class PSWorker:
@@ -205,7 +205,8 @@ class PSWorker:
         if self.finished:
             return
         client = self.client
-        self.store.set(f"worker/{self.rank}", json.dumps({"bytes_sent": client.bytes_sent + client.message_bytes()}))
+        mine = {"bytes_sent": client.bytes_sent + client.message_bytes(), "max_rss": max_rss_bytes()}
+        self.store.set(f"worker/{self.rank}", json.dumps(mine))
         # Done first: a shard answers a done worker's last pull at once, whatever the rule.
         client.send(self.header(DONE))
         self.await_reply()
@@ -237,14 +238,19 @@ class PSWorker:
             sent = self.client.bytes_sent if self.client else 0
             return {"bytes_sent": sent, "dropped_gradients": 0, "staleness": staleness_summary({})}
         first = self._server_stats[0]
-        others = sum(
-            json.loads(self.store.get(f"worker/{w}"))["bytes_sent"]
+        others = [
+            json.loads(self.store.get(f"worker/{w}"))
             for w in [*range(1, self.num_replicas), *first["workers_joined"]]
             if w not in first["workers_lost"]
-        )
+        ]
         # The chief's own count is live (its final pull and the coming shutdown included).
         chief = self.client.bytes_sent + self.client.message_bytes()
-        return run_statistics(self._server_stats, others, chief, self.buffers.pull_ratio())
+        stats = run_statistics(
+            self._server_stats, sum(w["bytes_sent"] for w in others), chief, self.buffers.pull_ratio()
+        )
+        stats["max_rss_bytes"] = {"workers": [max_rss_bytes(), *(w.get("max_rss", 0) for w in others)],
+                                  "shards": [s.get("max_rss", 0) for s in self._server_stats]}  # fmt: skip
+        return stats
 
     def shut_down_shards(self) -> None:
         """The chief, once the run is over: the shards may stop serving."""

@@ -52,6 +52,7 @@ from paratrain.strategies.ps.protocol.wire import (
     message_buffer,
 )
 from paratrain.strategies.ps.reshard import optimizer_order, reshard
+from paratrain.strategies.ps.statistics import max_rss_bytes
 
 
 class ShardServer:
@@ -375,5 +376,6 @@ class ShardServer:
             **self.screen.statistics(),
             "workers_lost": sorted(self.lost),
             "workers_joined": list(self.joined),
+            "max_rss": max_rss_bytes(),
             **(self.tables.statistics() if self.tables is not None else {}),
         }

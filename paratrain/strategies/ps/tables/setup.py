@@ -15,7 +15,7 @@ from paratrain.parallel.tables import find_tables, spec_of
 from paratrain.strategies.ps.tables.layout import TableLayout
 from paratrain.strategies.ps.tables.optimizers import table_kind
 from paratrain.strategies.ps.tables.remote import TableRows, swap_tables
-from paratrain.strategies.ps.tables.shard import TableShard
+from paratrain.strategies.ps.tables.shard import TableShard, check_memory
 
 
 def _layout(model: nn.Module, selection: str, num_shards: int, sharding: str) -> tuple[list[Any], TableLayout]:
@@ -28,7 +28,7 @@ def shard_tables(
 ) -> TableShard | None:
     """This shard's rows of the tables ``config.tables`` names (None: no tables), taken out
     of ``model``; stepped by the lazy form of ``optimizer``, each with its group's settings."""
-    if config.tables == "none":
+    if not config.holds_tables:
         return None
     tables, layout = _layout(model, config.tables, config.num_shards, config.table_sharding)
     kind = table_kind(optimizer, config.table_optimizer)
@@ -47,9 +47,27 @@ def shard_tables(
 def worker_tables(model: nn.Module, config: Any, pull_dtype: torch.dtype) -> TableRows | None:
     """The fetcher of rows for ``model``'s tables, which it replaces (None: no tables); its
     client is set once the worker is connected."""
-    if config.tables == "none":
+    if not config.holds_tables:
         return None
     tables, layout = _layout(model, config.tables, config.num_shards, config.table_sharding)
     rows = TableRows(layout, None, pull_dtype)
     swap_tables(model, tables, rows, layout.specs)
     return rows
+
+
+def check_model_tables(model: nn.Module, run: Any) -> None:
+    """Before any process starts: the tables ``--tables`` names exist and can be tables, and
+    every shard's rows with their optimizer state fit its host's memory (``run``: the
+    TrainConfig)."""
+    config = run.ps
+    if not config.holds_tables:
+        return
+    _, layout = _layout(model, config.tables, config.num_shards, config.table_sharding)
+    kind = config.table_optimizer if config.table_optimizer != "auto" else _KIND_OF_NAME.get(run.optimizer, "sgd")
+    momentum = run.momentum if run.optimizer == "sgd" else 0.0
+    for shard in range(config.num_shards):
+        rows = sum(layout.rows_on(t, shard) * spec.row_bytes for t, spec in enumerate(layout.specs))
+        check_memory(shard, rows, kind, momentum)
+
+
+_KIND_OF_NAME = {"sgd": "sgd", "adagrad": "adagrad", "adam": "lazy-adam", "adamw": "lazy-adam"}

@@ -40,6 +40,8 @@ class TableShard:
         self.specs: list[TableSpec] = layout.specs
         self.rows_on = [layout.rows_on(t, shard) for t in range(len(layout))]
         self.dims = [spec.dim for spec in self.specs]
+        momentum = float(groups[0].get("momentum", 0.0)) if groups else 0.0
+        check_memory(shard, sum(n * d * 4 for n, d in zip(self.rows_on, self.dims)), kind, momentum)
         self.rows = [rows_of(m, layout.global_ids(t, shard)) for t, m in enumerate(modules)]
         self.clocks = [torch.zeros(n, dtype=torch.int64) for n in self.rows_on]
         self.optimizers = [RowOptimizer(kind, g, r, decoupled) for g, r in zip(groups, self.rows)]
@@ -174,3 +176,32 @@ class TableShard:
 def _factor(policy: StalePolicy, staleness: int) -> float:
     factor = policy.factor(staleness)
     return 0.0 if factor is None else factor
+
+
+def state_factor(kind: str, momentum: float) -> float:
+    """Optimizer state per byte of rows: lazy-adam's two moments, sgd's momentum buffer."""
+    return {"lazy-adam": 2.0, "sgd": 1.0 if momentum else 0.0}.get(kind, 0.0)
+
+
+def check_memory(shard: int, row_bytes: int, kind: str, momentum: float, available: int | None = None) -> None:
+    """ConfigError, before any row is made, when this shard's rows and their optimizer
+    state cannot fit in the memory its host has available (``MemAvailable``)."""
+    available = available if available is not None else _available_bytes()
+    needed = row_bytes * (1 + state_factor(kind, momentum))
+    if available is not None and needed > available:
+        state = f"{kind}{' momentum' if kind == 'sgd' and momentum else ''} state"
+        raise ConfigError(
+            f"--tables: ps shard {shard} would hold {needed / 2**30:.1f} GiB of rows and {state}, its host has "
+            f"{available / 2**30:.1f} GiB available: give more --ps-shards (each holds 1/P of the rows) or more memory"
+        )
+
+
+def _available_bytes() -> int | None:
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None

@@ -173,3 +173,13 @@ def test_tables_are_found_by_name_or_all_and_tied_weights_stay_dense():
         find_tables(model, "out")
     with pytest.raises(ConfigError, match="max_norm"):
         find_tables(nn.Sequential(nn.Embedding(3, 2, max_norm=1.0)), "0")
+
+
+def test_a_row_id_out_of_a_tables_range_is_one_line_naming_the_table():
+    from paratrain.strategies.ps.tables.remote import RemoteTable
+
+    table = RemoteTable(0, TableSpec("tables.0", 10, 2), rows=None)
+    with pytest.raises(ConfigError, match=r"table tables.0: row id 10 is out of its range 0..9"):
+        table(torch.tensor([[3, 10]]))
+    with pytest.raises(ConfigError, match=r"row id -1 is out of its range"):
+        table(torch.tensor([-1]))
