@@ -115,7 +115,7 @@ def test_every_mode_trains_a_recommendation_model_with_its_tables_on_the_shards(
     tables cost and how stale their rows were."""
     out = tmp_path / "m.json"
     result = cli(
-        "train", "--model", "dlrm", "--dataset", "clicks:rows=2000,examples=6000", "--workers", "2",
+        "train", "--model", "dlrm", "--dataset", "clicks:rows=500,examples=12000", "--workers", "2",
         "--ps-shards", "2", "--tables", "all", "--batch-size", "32", "--epochs", "3", "--momentum", "0",
         "--lr", "0.2", "--no-progress", "--log-every", "0", "--metrics-out", str(out), *args,
     )  # fmt: skip
@@ -123,7 +123,7 @@ def test_every_mode_trains_a_recommendation_model_with_its_tables_on_the_shards(
     metrics = json.loads(out.read_text())
     assert metrics["test_accuracy"] > 0.75
     tables = metrics["tables"]
-    assert sum(tables["bytes_per_shard"]) == 4 * 2000 * 16 * 4
+    assert sum(tables["bytes_per_shard"]) == 4 * 500 * 16 * 4
     assert tables["rows_served"] > 0 and tables["rows_applied"] > 0
     if "ps-async" in args:
         assert tables["row_staleness"]["max"] >= 1  # two workers: rows moved between pull and push
