@@ -196,3 +196,40 @@ def test_the_readme_gpt2_script_runs_under_torchrun(tmp_path, flags, processes):
     assert result.returncode == 0, result.stderr[-3000:]
     losses = [float(x) for x in re.findall(r"last epoch's loss \[([0-9.]+)\]", result.stdout)]
     assert len(losses) == 2 and max(losses) < 2.0  # the workers (a shard trains none)
+
+
+def _with_tables(table_sharding):
+    strategy = paratrain.ParameterServerStrategy(
+        "sync", num_shards=2, device="cpu", tables="all", table_sharding=table_sharding
+    )
+    model = gpt2()
+    trainer = paratrain.Trainer(model, optimizer=optimizer_for(model, "sgd"), strategy=strategy, metrics=())
+    trainer.fit(tokens(STEPS * B * 2), epochs=1, batch_size=B, seed=0, verbose=0)
+    result = None
+    if strategy.is_chief:
+        named = {n: p.detach().clone() for n, p in trainer.module.named_parameters()}
+        result = (
+            named,
+            strategy.worker.tables.read("transformer.wpe"),
+            trainer.module.lm_head.weight is model.transformer.wte.weight,
+        )
+    strategy.teardown()
+    return result
+
+
+@pytest.mark.parametrize("table_sharding", ["mod", "range"])
+def test_a_gpt2_with_its_position_embedding_as_a_table_equals_one_process(table_sharding):
+    """``--tables all`` on a GPT-2 takes the position embedding (its word embedding is tied
+    to the output layer, which reads it whole: it stays dense) onto 2 shards by rows; with
+    SGD the run equals one process of the global batch, the table to float32 rounding."""
+    model = gpt2()
+    trainer = paratrain.Trainer(
+        model, optimizer=optimizer_for(model, "sgd"), strategy=paratrain.SingleDeviceStrategy(device="cpu"), metrics=()
+    )
+    trainer.fit(tokens(STEPS * 2 * B), epochs=1, batch_size=2 * B, seed=0, verbose=0)
+    reference = {n: p.detach() for n, p in trainer.module.named_parameters()}
+    named, wpe, tied = run_distributed(_with_tables, table_sharding, world_size=4)[2]
+    assert tied and "transformer.wpe.weight" not in named
+    dense = torch.cat([named[n].reshape(-1) for n in named])
+    assert relative_difference(dense, torch.cat([reference[n].reshape(-1) for n in named])) < 1e-5
+    assert relative_difference(wpe, reference["transformer.wpe.weight"]) < 1e-5
