@@ -37,8 +37,10 @@ def _dense(module):
     return torch.cat([p.detach().reshape(-1) for n, p in module.named_parameters() if not n.startswith("tables.")])
 
 
-def _ps(mode, shards, sharding, batch, steps):
-    strategy = ParameterServerStrategy(mode, num_shards=shards, device="cpu", tables="all", table_sharding=sharding)
+def _ps(mode, shards, sharding, batch, steps, dense="ps"):
+    strategy = ParameterServerStrategy(
+        mode, num_shards=shards, device="cpu", tables="all", table_sharding=sharding, dense=dense
+    )
     trainer = _fit(strategy, batch, steps, lazy=True)
     result = None
     if strategy.is_chief:
@@ -48,16 +50,20 @@ def _ps(mode, shards, sharding, batch, steps):
     return result
 
 
-@pytest.mark.parametrize("shards, sharding", [(1, "mod"), (2, "mod"), (2, "range")])
-def test_ps_sync_with_tables_equals_single_with_the_global_batch(shards, sharding):
+@pytest.mark.parametrize(
+    "shards, sharding, dense", [(1, "mod", "ps"), (2, "mod", "ps"), (2, "range", "ps"), (2, "mod", "allreduce")]
+)
+def test_ps_sync_with_tables_equals_single_with_the_global_batch(shards, sharding, dense):
     """Two workers of batch b, the tables split by rows over the shards (never whole on a
     worker: the model is built with its tables on the meta device), equal one process of
     batch 2b with SGD: a touched row moves as under the dense step, an untouched one not
-    at all. To float32 rounding (1e-5)."""
+    at all. To float32 rounding (1e-5). With --dense allreduce the shards hold the tables
+    alone and the workers all-reduce the rest and step it themselves: the same."""
     b, k = 16, 12
     single = _fit(paratrain.SingleDeviceStrategy(device="cpu"), 2 * b, k)
     tables = [t.weight.detach() for t in single.module.tables]
-    dense, rows, stats = run_distributed(_ps, "sync", shards, sharding, b, k, world_size=shards + 2)[shards]
+    results = run_distributed(_ps, "sync", shards, sharding, b, k, dense, world_size=shards + 2)
+    dense, rows, stats = results[shards]
     assert relative_difference(dense, _dense(single.module)) < 1e-5
     initial = _initial_tables()
     for got, want, start in zip(rows, tables, initial):
@@ -107,6 +113,7 @@ def test_tables_under_adagrad_step_row_wise_and_the_rest_as_in_one_process():
         ["--strategy", "ps-async", "--stale-policy", "scale-lr"],
         ["--strategy", "ps-async", "--staleness-bound", "1", "--optimizer", "adamw", "--lr", "0.01"],
         ["--strategy", "ps-backup", "--backup-workers", "1", "--optimizer", "adagrad", "--lr", "0.1"],
+        ["--strategy", "ps-async", "--dense", "allreduce", "--stale-policy", "drop", "--max-staleness", "2"],
     ],
 )
 def test_every_mode_trains_a_recommendation_model_with_its_tables_on_the_shards(cli, tmp_path, args):
@@ -125,6 +132,8 @@ def test_every_mode_trains_a_recommendation_model_with_its_tables_on_the_shards(
     tables = metrics["tables"]
     assert sum(tables["bytes_per_shard"]) == 4 * 500 * 16 * 4
     assert tables["rows_served"] > 0 and tables["rows_applied"] > 0
+    served = tables["rows_served_per_shard"]
+    assert max(served) < 1.3 * min(served), served  # mod sharding spreads the hot rows of the Zipf law
     if "ps-async" in args:
         assert tables["row_staleness"]["max"] >= 1  # two workers: rows moved between pull and push
 
@@ -153,6 +162,15 @@ def test_an_lstm_text_classifier_trains_with_its_embedding_as_a_table(cli, tmp_p
         (["--strategy", "ps-sync", "--tables", "all", "--model", "mlp", "--dataset", "digits"], "has no nn.Embedding"),
         (["--strategy", "ps-sync", "--tables", "all", "--dataset", "clicks:rows=4000000000"], "GiB available"),
         (["--strategy", "ps-sync", "--dataset", "clicks:rows=1"], "rows >= 2 each"),
+        (["--strategy", "ps-sync", "--dense", "allreduce"], "give --tables too"),
+        (
+            ["--strategy", "ps-backup", "--backup-workers", "1", "--tables", "all", "--dense", "allreduce"],
+            "--dense applies to --strategy ps-sync and ps-async",
+        ),  # fmt: skip
+        (
+            ["--strategy", "ps-sync", "--tables", "all", "--dense", "allreduce", "--checkpoint-dir", "ck"],
+            "--checkpoint-dir is not available with --dense allreduce",
+        ),  # fmt: skip
         (["--strategy", "ps-sync", "--dataset", "clicks:colour=red"], "is not KEY=VALUE with KEY one of"),
     ],
 )

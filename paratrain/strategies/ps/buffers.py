@@ -12,7 +12,7 @@ from torch import nn
 
 class FlatParameters:
     def __init__(self, params: list[nn.Parameter], device: torch.device, pull_dtype: torch.dtype):
-        self.params = torch.cat([p.detach().reshape(-1) for p in params])
+        self.params = torch.cat([p.detach().reshape(-1) for p in params]) if params else torch.zeros(0, device=device)
         """Every trainable parameter, in model order; the model's parameters are views of it."""
         self.grads = torch.zeros_like(self.params)
         """Their gradients, likewise (the backward pass accumulates into it)."""

@@ -32,10 +32,18 @@ def check_tables(config: TrainConfig) -> None:
     """ConfigError for a table option without tables, or a run option tables cannot honour."""
     ps = config.ps
     if not ps.holds_tables:
-        for name, default in (("table_sharding", "mod"), ("table_optimizer", "auto")):
+        for name, default in (("table_sharding", "mod"), ("table_optimizer", "auto"), ("dense", "ps")):
             if getattr(ps, name) != default:
                 raise ConfigError(f"--{name.replace('_', '-')} applies to tables on the shards: give --tables too")
         return
+    if ps.dense == "allreduce":
+        for given, flag in ((config.checkpoint_dir, "--checkpoint-dir"), (config.max_restarts, "--max-restarts"),
+                            (ps.join, "--join"), (config.codec.compression != "none", "--compression")):  # fmt: skip
+            if given:
+                raise ConfigError(
+                    f"{flag} is not available with --dense allreduce (the dense layers live on the workers, the "
+                    "shards hold the tables): drop it, or keep the dense layers on the shards (--dense ps)"
+                )
     if config.clip_grad_norm:
         raise ConfigError(
             "--clip-grad-norm needs the whole gradient's norm; with --tables the rows' gradients go straight to "

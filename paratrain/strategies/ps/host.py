@@ -71,6 +71,7 @@ class ShardHost:
             tags=self.tags,
             pull_dtype=pull_dtype,
             tables=tables,
+            dense=self.config.dense == "ps",
             # read at each version, so that on_version may be set after this
             on_version=lambda version: self.on_version(version),
         )

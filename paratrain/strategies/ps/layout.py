@@ -40,14 +40,18 @@ class ShardLayout:
         self.total = sum(self.numels)
         self.num_shards = num_shards
         self.element_size = element_size
-        if self.total < num_shards:
+        if 0 < self.total < num_shards:  # none at all: the shards hold tables only (--dense allreduce)
             raise ConfigError(f"--ps-shards {num_shards} is more than the model's {self.total} parameters")
         self.bounds = [self.total * s // num_shards for s in range(num_shards + 1)]
         self.pieces: list[list[Piece]] = [self._pieces(s) for s in range(num_shards)]
 
     @classmethod
-    def of(cls, model: nn.Module, num_shards: int) -> ShardLayout:
-        params = [p for p in model.parameters() if p.requires_grad]
+    def of(cls, model: nn.Module, num_shards: int, dense: bool = True) -> ShardLayout:
+        """``model``'s trainable parameters over ``num_shards``; none with ``dense=False``
+        (the workers all-reduce them: tables/ and dense.py)."""
+        params = [p for p in model.parameters() if p.requires_grad] if dense else []
+        if not params:
+            return cls([], num_shards)
         dtypes = {p.dtype for p in params}
         if len(dtypes) != 1:
             raise ConfigError(

@@ -109,6 +109,13 @@ class PSConfig:
         "parameter server with --tables: row r on shard r mod P (mod) or in contiguous runs (range)",
         choices=("mod", "range"),
     )
+    dense: str = option(
+        "ps",
+        "parameter server with --tables: the rest of the model on the shards (ps), or all-reduced among the "
+        "workers, each stepping its own copy (allreduce: PERSIA's hybrid, tables by rows, dense layers in lockstep)",
+        choices=("ps", "allreduce"),
+        strategies=("ps-sync", "ps-async"),
+    )
     table_optimizer: str = option(
         "auto",
         "parameter server with --tables: how a shard steps the rows a gradient touched: sgd, adagrad (row-wise) "
@@ -180,6 +187,8 @@ MODES: dict[PSMode, ModeFacts] = {
 
 def survives_lost_worker(mode: PSMode, config: PSConfig) -> bool:
     """Whether a run in ``mode`` goes on without a lost worker."""
+    if config.dense == "allreduce":
+        return False  # every worker takes part in each step's all-reduce
     return MODES[mode].survives_lost_worker or config.on_worker_lost == "continue"
 
 
@@ -199,6 +208,18 @@ class PSTopology(Topology):
     mode: PSMode = PSMode.SYNC
     survives_loss: bool = False
     """Workers other than the chief may be lost without ending the run."""
+
+    @classmethod
+    def of(cls, mode: PSMode, config: PSConfig, num_workers: int) -> PSTopology:
+        """The topology of a run in ``mode`` with ``config``'s options and ``num_workers``
+        workers (backups included)."""
+        return cls(
+            num_replicas=num_workers,
+            num_shards=config.num_shards,
+            num_backups=config.backup_workers,
+            mode=mode,
+            survives_loss=survives_lost_worker(mode, config),
+        )
 
     @property
     def num_workers(self) -> int:

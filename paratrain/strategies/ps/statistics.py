@@ -48,6 +48,7 @@ def table_statistics(shards: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "bytes_per_shard": [s["table_bytes"] for s in shards],
         "rows_served": sum(s["rows_served"] for s in shards),
+        "rows_served_per_shard": [s["rows_served"] for s in shards],  # the layout's balance by access
         "rows_applied": sum(s["rows_applied"] for s in shards),
         "rows_dropped": sum(s["rows_dropped"] for s in shards),
         "row_staleness": staleness_summary(dict(staleness)),

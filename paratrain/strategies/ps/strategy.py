@@ -37,6 +37,7 @@ from paratrain.strategies.device import resolve_device
 from paratrain.strategies.ps.batches import run_batches
 from paratrain.strategies.ps.checkpoint import ShardState, WorkerState
 from paratrain.strategies.ps.checks import check_run
+from paratrain.strategies.ps.dense import DenseAllReduce
 from paratrain.strategies.ps.heartbeat import heartbeat
 from paratrain.strategies.ps.host import ShardHost
 from paratrain.strategies.ps.join_door import JoinDoor, output_folder, say_joined
@@ -100,6 +101,7 @@ class ParameterServerStrategy(Strategy):
         tables: str = "none",
         table_sharding: str = "mod",
         table_optimizer: str = "auto",
+        dense: str = "ps",
     ):
         # `workers` counts the workers of a round; backup workers come on top of them.
         super().__init__(device=device, timeout=timeout, workers=workers)
@@ -119,6 +121,7 @@ class ParameterServerStrategy(Strategy):
             tables=tables,
             table_sharding=table_sharding,
             table_optimizer=table_optimizer,
+            dense=dense,
         )
         self.join = join  # HOST:PORT of a running run this worker joins (joining.py); None: its own run's
         self.run_options: dict[str, Any] | None = None  # the run's flags, published to the workers that join it
@@ -141,17 +144,12 @@ class ParameterServerStrategy(Strategy):
         """This process's place in the run (membership.py), once it joined."""
         self._per_update = 1  # gradients per version: 1 (ps-async), else a round's
         self._sigterm = LeaveOnSigterm()  # asked: say done after this step and leave
+        self.dense: DenseAllReduce | None = None  # --dense allreduce: the workers' own dense step
 
     # ----- configuration ---------------------------------------------------------------
     @classmethod
     def topology_for(cls, config: TrainConfig) -> PSTopology:
-        return PSTopology(
-            num_replicas=config.num_worker_processes,
-            num_shards=config.ps.num_shards,
-            num_backups=config.ps.backup_workers,
-            mode=PSMode.of(config.strategy),
-            survives_loss=survives_lost_worker(PSMode.of(config.strategy), config.ps),
-        )
+        return PSTopology.of(PSMode.of(config.strategy), config.ps, config.num_worker_processes)
 
     @classmethod
     def check_config(cls, config: TrainConfig) -> None:
@@ -182,13 +180,7 @@ class ParameterServerStrategy(Strategy):
         return self._topology((self.workers or 1) + self.backup_workers)
 
     def _topology(self, num_workers: int) -> PSTopology:
-        return PSTopology(
-            num_replicas=num_workers,
-            num_shards=self.num_shards,
-            num_backups=self.backup_workers,
-            mode=self.mode,
-            survives_loss=survives_lost_worker(self.mode, self.config),
-        )
+        return PSTopology.of(self.mode, self.config, num_workers)
 
     def describe(self) -> dict[str, Any]:
         workers, shards, backups = self.num_replicas - self.backup_workers, self.num_shards, self.backup_workers
@@ -213,6 +205,8 @@ class ParameterServerStrategy(Strategy):
         self.topology = self._topology(member.num_workers)
         if self.role is Role.WORKER:
             self.device = resolve_device(self.device_preference, member.local_rank)
+        if self.config.dense == "allreduce":  # every rank makes the workers' group (dense.py)
+            self.dense = DenseAllReduce(self.num_shards, self.num_replicas)
         own = 1 if self.facts.one_update_per_gradient else self.num_replicas - self.backup_workers
         self._per_update = member.joined["run"]["per_update"] if member.joined is not None else own
         if self.role is Role.PS:
@@ -242,7 +236,7 @@ class ParameterServerStrategy(Strategy):
                 self.timeout,
                 on_version=lambda version: self.on_version(version),  # the Trainer sets it later
             )
-            self.worker.per_update = self._per_update
+            self.worker.per_update, self.worker.dense = self._per_update, self.dense
             self._heartbeat = heartbeat(self.membership.store, self.rank, self.heartbeat_timeout).start()
         super().setup()
 
@@ -288,7 +282,9 @@ class ParameterServerStrategy(Strategy):
         pull_dtype = self.PULL_DTYPES[self.pull_compression]
         self.worker.tables = worker_tables(model, self.config, pull_dtype)  # out of the model first
         model = self.recipe.prepare_model(model.to(self.device))
-        layout = ShardLayout.of(model, self.num_shards)
+        layout = ShardLayout.of(model, self.num_shards, dense=self.dense is None)
+        if self.dense is not None:
+            self.dense.prepare(model)
         self.membership.check_parameters(layout.total, self.join)
         self.worker.prepare(model, optimizer, layout, self.device, pull_dtype, self.codec, self._fresh_codec)
         return model, optimizer
@@ -344,18 +340,20 @@ class ParameterServerStrategy(Strategy):
         worker = self.worker
         with span("pull", COMM):  # the reply to the last push: parameters (and staleness)
             worker.await_reply()
-        worker.begin_step()
+        worker.begin_step(optimizer)
         loss, outputs = self.recipe.forward_backward(model, loss_fn, inputs, targets, self.device)
         self.steps_taken += 1
         if self.recipe.clip_grad_norm:  # this worker's own gradient, before the push
             self.clip_gradients(model)
         # A worker sees its own gradient only: it flags it, and the shards skip it (in ps-sync
         # and ps-backup: the whole round it is part of).
-        finite = not self.skip_nonfinite(model, loss, worker.gradient_is_finite)
+        dense_finite = worker.reduce_dense(model)  # every worker, every step (--dense allreduce)
+        finite = not self.skip_nonfinite(model, loss, lambda: dense_finite and worker.gradient_is_finite())
         samples = num_examples(targets)
         leaving = self._sigterm.asked  # asked to leave (SIGTERM): this batch is the last one it asks for
         with span("push", COMM):
             worker.push(samples, finite, last=leaving)
+        worker.step_dense(optimizer, finite)
         self._steps += 1
         if leaving:
             self.finish(model)  # done: the shards stop counting on this worker
@@ -369,7 +367,7 @@ class ParameterServerStrategy(Strategy):
 
     def set_learning_rate(self, optimizer: torch.optim.Optimizer, lr: float) -> None:
         if self.worker is not None:
-            self.worker.set_learning_rate(lr)  # the shards' optimizers scale theirs
+            self.worker.set_learning_rate(lr, optimizer)  # the shards' optimizers scale theirs
 
     # ----- end of training -------------------------------------------------------------------
     def finish(self, model: nn.Module) -> None:
@@ -380,6 +378,8 @@ class ParameterServerStrategy(Strategy):
     def distribute(
         self, dataset: object, batch_size: int, *, shuffle: bool = True, drop_last: bool = True, seed: int = 0
     ) -> ShardedBatches:
+        if self.config.dense == "allreduce" and drop_last:  # lockstep: each worker its share, as allreduce
+            return super().distribute(dataset, batch_size, shuffle=shuffle, drop_last=drop_last, seed=seed)
         self.setup()
         return run_batches(self, dataset, batch_size, shuffle, drop_last, seed, self.facts.whole_rounds)
 

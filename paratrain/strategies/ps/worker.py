@@ -55,6 +55,8 @@ class PSWorker:
         self.buffers: FlatParameters | None = None
         self.tables: Any = None
         """The model's tables held by the shards (tables/remote.py: TableRows), or None."""
+        self.dense: Any = None
+        """--dense allreduce: the dense layers all-reduced among the workers (dense.py), or None."""
         self.version_seen = 0
         """The newest parameter version this worker received (its codec state's version)."""
         self.last_staleness = 0
@@ -78,7 +80,7 @@ class PSWorker:
     ) -> None:
         """Make ``model``'s parameters views of the flat buffers, connect to the shards that
         hold ``layout``'s slices, and pull."""
-        params = [p for p in model.parameters() if p.requires_grad]
+        params = [p for p in model.parameters() if p.requires_grad] if layout.total else []  # else all-reduced
         self.buffers = FlatParameters(params, device, pull_dtype)
         packers = [PackedGradient(codec, codec_factory, layout.piece_shapes(s)) for s in range(self.num_shards)]
         self.client = ShardClient(
@@ -97,9 +99,11 @@ class PSWorker:
         self._base_lr = optimizer.param_groups[0]["lr"]
         self.pull(wanted=0)
 
-    def set_learning_rate(self, lr: float) -> None:
+    def set_learning_rate(self, lr: float, optimizer: torch.optim.Optimizer) -> None:
         # Shards scale each parameter group's rate by this factor (sent with every push).
         self._lr_scale = lr / self._base_lr
+        if self.dense is not None:  # the dense layers step here
+            self.dense.set_learning_rate(optimizer, lr)
 
     # ----- the wire ------------------------------------------------------------------------
     def header(
@@ -144,11 +148,22 @@ class PSWorker:
         self._pushed_on = client.versions[0]
         self.samples_per_push = samples
 
-    def begin_step(self) -> None:
+    def begin_step(self, optimizer: torch.optim.Optimizer) -> None:
         """Zero the gradient; this step's table rows come with its forward pass."""
         self.buffers.grads.zero_()
         if self.tables is not None:
             self.tables.clear()
+        if self.dense is not None:
+            self.dense.begin_step(optimizer)
+
+    def reduce_dense(self, model: nn.Module) -> bool:
+        """--dense allreduce: average the dense gradient over the workers; whether it is finite."""
+        return self.dense.reduce(model) if self.dense is not None else True
+
+    def step_dense(self, optimizer: torch.optim.Optimizer, finite: bool) -> None:
+        """--dense allreduce: the dense layers' step, the same on every worker."""
+        if self.dense is not None and finite:
+            optimizer.step()
 
     def gradient_is_finite(self) -> bool:
         """Whether this step's gradient (its table rows' too) holds no NaN or Inf."""
@@ -250,6 +265,9 @@ class PSWorker:
         )
         stats["max_rss_bytes"] = {"workers": [max_rss_bytes(), *(w.get("max_rss", 0) for w in others)],
                                   "shards": [s.get("max_rss", 0) for s in self._server_stats]}  # fmt: skip
+        if self.dense is not None:  # every worker sent as much in the dense layers' all-reduces
+            stats["bytes_sent"] += self.dense.bytes_sent * self.num_replicas
+            stats["dense_allreduce_bytes"] = self.dense.bytes_sent * self.num_replicas
         return stats
 
     def shut_down_shards(self) -> None:

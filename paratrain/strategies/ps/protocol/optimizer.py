@@ -30,6 +30,10 @@ def shard_optimizer(
         param = nn.Parameter(params[piece.offset : piece.offset + piece.numel])  # shares storage: steps update params
         param.grad = grad[piece.offset : piece.offset + piece.numel]
         groups[group_of[piece.index]]["params"].append(param)
+    if not pieces:  # a shard of tables only: an optimizer over nothing, which steps as a no-op
+        empty = nn.Parameter(params[:0])
+        empty.grad = grad[:0]
+        groups[0]["params"].append(empty)
     return type(optimizer)([g for g in groups if g["params"]], **constructor_defaults(optimizer))
 
 

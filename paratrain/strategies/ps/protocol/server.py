@@ -75,6 +75,7 @@ class ShardServer:
         rule_name: str = "",
         on_version: Callable[[int], None] | None = None,
         tables: Any = None,
+        dense: bool = True,
     ):
         self.tags = tags  # this run's offset of the message tags
         self.rule_name = rule_name or type(rule).__name__
@@ -84,11 +85,11 @@ class ShardServer:
         self.rule, self.store = rule, store
         self.tolerate_loss, self.wait_timeout = tolerate_loss, wait_timeout
         self.door_key = door_key  # (join token, run): workers that prove it may join (joining.py)
-        self.layout = ShardLayout.of(model, num_shards)
-        params = [p for p in model.parameters() if p.requires_grad]
+        self.layout = ShardLayout.of(model, num_shards, dense)  # dense=False: workers all-reduce it
+        params = [p for p in model.parameters() if p.requires_grad] if dense else []
         group_of = {id(p): g for g, group in enumerate(optimizer.param_groups) for p in group["params"]}
         self.group_of = [group_of[id(p)] for p in params]  # each parameter's group in the user's optimizer
-        flat = torch.cat([p.detach().reshape(-1).cpu() for p in params])
+        flat = torch.cat([p.detach().reshape(-1).cpu() for p in params]) if params else torch.zeros(0)
         self.params = flat[self.layout.shard_range(shard)].clone()
         self.grad = torch.zeros_like(self.params)
         self.held = torch.zeros_like(self.params)
