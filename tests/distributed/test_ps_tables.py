@@ -2,6 +2,7 @@
 batch touches pulled and pushed, in every mode, against the single-process reference."""
 
 import json
+import shlex
 import shutil
 
 import pytest
@@ -13,6 +14,7 @@ from paratrain.data.clicks import load_clicks
 from paratrain.models.dlrm import DLRM
 from paratrain.strategies.ps.strategy import ParameterServerStrategy
 from paratrain.testing import relative_difference, run_distributed, write_text_folders
+from tests.conftest import REPO
 
 pytestmark = pytest.mark.distributed
 
@@ -233,3 +235,21 @@ def test_a_table_larger_than_a_worker_trains_without_any_worker_holding_it(cli, 
     assert max(rss["workers"]) - max(base["workers"]) < 0.05 * table, (rss, base)
     assert max(rss["workers"]) < table / 3, rss
     assert min(rss["shards"]) - max(base["shards"]) > table / 2 * 0.9, (rss, base)  # each shard holds its half
+
+
+def _documented_command(document):
+    text = (REPO / document).read_text()
+    start = text.index("paratrain train --strategy ps-async --workers 2 --ps-shards 2 --model dlrm")
+    command = text[start : text.index("\n", text.index("--tables all", start))]
+    return shlex.split(command.split("#")[0].replace("\\\n", " "))
+
+
+def test_the_documented_tables_command_runs_verbatim(cli, tmp_path):
+    """The command the README gives for tables (docs/parameter_server.md gives the same), as
+    written there, learns the click rule."""
+    argv = _documented_command("README.md")
+    assert _documented_command("docs/parameter_server.md") == argv
+    out = tmp_path / "m.json"
+    result = cli(*argv[1:], "--no-progress", "--metrics-out", str(out))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert json.loads(out.read_text())["test_accuracy"] > 0.75

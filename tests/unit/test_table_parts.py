@@ -89,38 +89,39 @@ def test_a_request_for_rows_twice_or_past_the_shard_is_refused():
         sections.read_request(sections.pack_request([torch.tensor([5]), torch.tensor([], dtype=torch.long)]), [5, 3])
 
 
-def test_lazy_sgd_moves_touched_rows_as_dense_sgd_and_no_other():
+def _lazy_beside(kind, reference, rows, dim, steps, sparse):
+    """A table stepped by RowOptimizer ``kind`` and the same table as one parameter stepped by
+    the ``reference`` optimizer on the same gradients (a sparse or a dense one), ``steps``
+    giving each step's row ids: (initial, lazy rows, reference rows)."""
     torch.manual_seed(0)
-    weight = torch.randn(6, 3)
-    dense = nn.Parameter(weight.clone())
-    sgd = torch.optim.SGD([dense], lr=0.1)
-    rows = weight.clone()
-    lazy = RowOptimizer("sgd", sgd.param_groups[0], rows)
-    for _ in range(3):
-        ids = torch.tensor([0, 4])
-        grad = torch.randn(2, 3)
-        dense.grad = torch.zeros(6, 3).index_add_(0, ids, grad)
-        sgd.step()
+    weight = torch.randn(rows, dim)
+    param = nn.Parameter(weight.clone())
+    optimizer = reference([param])
+    table = weight.clone()
+    lazy = RowOptimizer(kind, optimizer.param_groups[0], table)
+    for ids in map(torch.tensor, steps):
+        grad = torch.randn(len(ids), dim)
+        if sparse:
+            param.grad = torch.sparse_coo_tensor(ids.unsqueeze(0), grad, (rows, dim))
+        else:
+            param.grad = torch.zeros(rows, dim).index_add_(0, ids, grad)
+        optimizer.step()
         lazy.step(ids, grad, 1.0)
-    assert torch.allclose(rows, dense.detach(), atol=1e-7)
+    return weight, table, param.detach()
+
+
+def test_lazy_sgd_moves_touched_rows_as_dense_sgd_and_no_other():
+    weight, rows, dense = _lazy_beside("sgd", lambda p: torch.optim.SGD(p, lr=0.1), 6, 3, [[0, 4]] * 3, False)
+    assert torch.allclose(rows, dense, atol=1e-7)
     assert torch.equal(rows[[1, 2, 3, 5]], weight[[1, 2, 3, 5]])
 
 
 def test_lazy_adam_is_torch_sparse_adam():
-    """lazy-adam steps what torch.optim.SparseAdam (TensorFlow's LazyAdam) steps."""
-    torch.manual_seed(0)
-    weight = torch.randn(8, 4)
-    param = nn.Parameter(weight.clone())
-    sparse = torch.optim.SparseAdam([param], lr=0.01)
-    rows = weight.clone()
-    lazy = RowOptimizer("lazy-adam", sparse.param_groups[0], rows)
-    for step in (0, 1, 2, 4, 1):
-        ids = torch.tensor([step, 3, 7])  # each row once, as a shard steps them
-        grad = torch.randn(3, 4)
-        param.grad = torch.sparse_coo_tensor(ids.unsqueeze(0), grad, (8, 4))
-        sparse.step()
-        lazy.step(ids, grad, 1.0)
-    assert torch.allclose(rows, param.detach(), atol=1e-6)
+    """lazy-adam steps what torch.optim.SparseAdam (TensorFlow's LazyAdam) steps, each row
+    once a step as a shard steps them."""
+    steps = [[step, 3, 7] for step in (0, 1, 2, 4, 1)]
+    weight, rows, sparse = _lazy_beside("lazy-adam", lambda p: torch.optim.SparseAdam(p, lr=0.01), 8, 4, steps, True)
+    assert torch.allclose(rows, sparse, atol=1e-6)
     assert torch.equal(rows[[5, 6]], weight[[5, 6]])  # never touched
     assert not torch.equal(rows[0], weight[0])
 
