@@ -4,6 +4,8 @@ batch touches pulled and pushed, in every mode, against the single-process refer
 import json
 import shlex
 import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -253,3 +255,26 @@ def test_the_documented_tables_command_runs_verbatim(cli, tmp_path):
     result = cli(*argv[1:], "--no-progress", "--metrics-out", str(out))
     assert result.returncode == 0, result.stderr[-3000:]
     assert json.loads(out.read_text())["test_accuracy"] > 0.75
+
+
+def test_a_worker_joins_a_running_run_with_tables(cli, tmp_path):
+    """A worker that joins a ps-async run with tables (over its own link to each shard)
+    takes the run's options, fetches rows and pushes their gradients like the others; the
+    run goes on to learn the click rule."""
+    out = tmp_path / "run.json"
+    command = [sys.executable, "-m", "paratrain", "train", "--strategy", "ps-async", "--workers", "2",
+               "--ps-shards", "2", "--model", "dlrm", "--dataset", "clicks:rows=2000,examples=16000", "--tables",
+               "all", "--epochs", "8", "--no-progress", "--log-every", "0", "--metrics-out", str(out)]  # fmt: skip
+    run = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        line = next(line for line in run.stdout if "--join " in line)
+        address, token = line.split("--join ")[1].split()[0], line.split("--join-token-file ")[1].split()[0]
+        joined = cli("train", "--join", address, "--join-token-file", token, "--no-progress", "--log-every", "0")
+        _, stderr = run.communicate(timeout=240)
+    finally:
+        run.kill()
+    assert joined.returncode == 0, joined.stderr[-3000:]
+    assert int(joined.stdout.strip().splitlines()[-1].split(" took ")[1].split()[0]) >= 10, joined.stdout
+    assert run.returncode == 0, stderr[-3000:]
+    metrics = json.loads(out.read_text())
+    assert metrics["workers_joined"] == [2] and metrics["test_accuracy"] > 0.75
