@@ -4,7 +4,7 @@ command line, validated once.
 TrainConfig holds the run-level options and composes the sections each component owns:
 ``codec`` (comm/codec_config.py), each strategy folder's (named by its spec, which the
 strategy table reads: ``allreduce``, ``ps``, ``pipeline``, ``averaging``, ``fsdp``, ``ft``),
-``faults`` (train/fault_config.py), ``gpt`` (models/gpt_config.py) and ``dlrm`` (models/dlrm_config.py): leaf modules that
+``faults`` (train/fault_config.py), ``gpt`` (models/gpt_config.py), ``dlrm`` (models/dlrm_config.py) and ``lstm`` (models/lstm_config.py): leaf modules that
 import no strategy runtime, so that the configuration sits below the strategies. Every option is one
 command-line flag (``batch_size`` <-> ``--batch-size``) and one key of a ``--config`` TOML
 file, whichever section it lives in: flags and keys are flat, as they always were. A
@@ -25,6 +25,7 @@ from paratrain.comm.codec_config import CodecConfig
 from paratrain.errors import ConfigError
 from paratrain.models.dlrm_config import DLRMConfig
 from paratrain.models.gpt_config import GPTConfig
+from paratrain.models.lstm_config import LSTMConfig
 from paratrain.options import (
     at_least,
     check_options,
@@ -59,6 +60,7 @@ SECTIONS: dict[str, type] = {
     "faults": FaultConfig,
     "gpt": GPTConfig,
     "dlrm": DLRMConfig,
+    "lstm": LSTMConfig,
 }
 
 

@@ -27,7 +27,9 @@ from paratrain.parallel.split import Bounds
 
 #: ``--schedule`` names -> torch.distributed.pipelining schedule classes (imported on use:
 #: torch.distributed.pipelining imports sympy, which takes seconds).
-SCHEDULES: dict[str, str] = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B"}
+SCHEDULES: dict[str, str] = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "wavefront": "paratrain's own"}
+"""``wavefront`` is paratrain's own (parallel/wavefront.py): a stacked RNN one layer a stage,
+its micro-batches chunks of the sequence along time."""
 
 _DTYPES = [
     torch.float32,

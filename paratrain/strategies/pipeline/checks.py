@@ -15,6 +15,7 @@ from paratrain.parallel.split import (
 )
 from paratrain.parallel.traced import check_split_names, default_split_names
 from paratrain.strategies.pipeline.stages import is_layered
+from paratrain.strategies.pipeline.wavefront import wavefront_parts
 
 if TYPE_CHECKING:
     from paratrain.config import TrainConfig
@@ -31,7 +32,9 @@ def check_pipeline_config(config: TrainConfig) -> None:
             f"--workers {workers} is not a multiple of --stages {stages}: the run has workers / stages "
             f"pipeline replicas of {stages} processes each (e.g. --workers {2 * stages})"
         )
-    if config.batch_size % options.microbatches:
+    if options.schedule == "wavefront":
+        check_wavefront_config(config)
+    elif config.batch_size % options.microbatches:
         raise ConfigError(
             f"--batch-size {config.batch_size} must be a multiple of --microbatches {options.microbatches} "
             "(every micro-batch has the same size)"
@@ -51,11 +54,24 @@ def check_pipeline_config(config: TrainConfig) -> None:
         raise ConfigError("--balance time and --split-points both choose the split; give one of them")
 
 
+def check_wavefront_config(config: TrainConfig) -> None:
+    """The wavefront puts one LSTM layer on each stage and cuts along time: the options that
+    choose a split, or a per-step fault-tolerant pipeline, are refused."""
+    options = config.pipeline
+    if options.split_points is not None or options.balance != "params":
+        raise ConfigError("--schedule wavefront puts one LSTM layer on each stage: drop --split-points and --balance")
+    if config.strategy != "pipeline":
+        raise ConfigError(f"--schedule wavefront runs under --strategy pipeline, not {config.strategy}")
+
+
 def check_pipeline_model(model: nn.Module, config: TrainConfig) -> None:
     """The split must give every stage a layer (a block, for a traced model): said before
     the stages start. Layers that share a parameter (tied weights) may go to different
     stages: their copies are kept one (parallel/shared.py)."""
     options = config.pipeline
+    if options.schedule == "wavefront":
+        wavefront_parts(model, options.stages)
+        return
     points = parse_split_points(options.split_points) if options.split_points is not None else None
     if not is_layered(model, points):
         traced_split(model, points, options.stages, options.balance)

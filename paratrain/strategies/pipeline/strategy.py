@@ -57,6 +57,7 @@ from paratrain.strategies.pipeline.stages import (
     stage_loss,
 )
 from paratrain.strategies.pipeline.topology import PipelineTopology
+from paratrain.strategies.pipeline.wavefront import WavefrontSchedule
 from paratrain.strategies.recipe import StepRecipe
 from paratrain.strategies.spec import process_options
 from paratrain.strategies.step import LossFn, StepOutput
@@ -110,6 +111,7 @@ class PipelineStrategy(Strategy):
         self._example: tuple[torch.Tensor, ...] | None = None  # the micro-batch it was traced on
         self._tied: TiedGradients | None = None  # its parameters held by several stages
         self._evaluation: nn.Module | None = None  # its stage traced in evaluation mode
+        self._wave: WavefrontSchedule | None = None  # --schedule wavefront: one LSTM layer a stage
 
     # ----- configuration ---------------------------------------------------------------
     @classmethod
@@ -136,15 +138,10 @@ class PipelineStrategy(Strategy):
         return self.topology_class.of(self.workers, self.num_stages)
 
     def describe(self) -> dict[str, Any]:
-        return {
-            **super().describe(),
-            "workers": self.topology.num_processes,  # processes, as --workers counts them
-            "replicas": self.num_replicas,
-            "stages": self.num_stages,
-            "microbatches": self.num_microbatches,
-            "schedule": self.schedule_name,
-            "split": [list(b) for b in self.bounds] if self.bounds else self._split_names,
-        }
+        split = [list(b) for b in self.bounds] if self.bounds else self._split_names
+        return {**super().describe(), "workers": self.topology.num_processes,  # processes, as --workers counts
+                "replicas": self.num_replicas, "stages": self.num_stages, "microbatches": self.num_microbatches,
+                "schedule": self.schedule_name, "split": split}  # fmt: skip
 
     # ----- process -----------------------------------------------------------------------
     def setup(self) -> None:
@@ -175,10 +172,9 @@ class PipelineStrategy(Strategy):
                 self._stage_group = group
 
     def teardown(self) -> None:
-        """The schedule and its stage hold this run's process groups and pending sends: they
-        go first, while the interpreter is whole (freed during shutdown, after the groups,
-        they abort the process), then the groups."""
-        self._schedule = None
+        """The schedule and its stage hold this run's process groups and pending sends: they go first,
+        while the interpreter is whole (freed at shutdown, after the groups, they abort it)."""
+        self._schedule = self._wave = None
         self._stage_group = self._pipeline_group = None
         gc.collect()
         super().teardown()
@@ -207,6 +203,10 @@ class PipelineStrategy(Strategy):
         self.setup()
         self.use_recipe(recipe)
         model = self.recipe.prepare_model(model)
+        if self.schedule_name == "wavefront":
+            self._wave = WavefrontSchedule.of(self, model)
+            self._module, self._optimizer, self._whole = self._wave.module, self._wave.keep(optimizer), model
+            return self._module, optimizer
         self._pending = (model, optimizer)
         if is_layered(model, self.split_points):
             layers = sequential_layers(model)
@@ -285,6 +285,8 @@ class PipelineStrategy(Strategy):
     ) -> StepOutput:
         """One step of the schedule on this stage; the loss (batch mean) and the logits on
         the last stage, a zero loss and no logits on the others."""
+        if self._wave is not None:
+            return self._wave.train_step(self, loss_fn, optimizer, inputs, targets)
         inputs = self.recipe.prepare_inputs(inputs)
         if self._module is None:
             self._build(inputs)
@@ -301,6 +303,13 @@ class PipelineStrategy(Strategy):
         if self._tied is not None:
             self._bytes_sent += self._tied()
         self._bytes_sent += self.step_microbatches * self._traffic.bytes
+        # Equal micro-batches: the mean of their mean losses is the batch's mean loss.
+        loss = torch.stack([l.detach() for l in losses]).mean().to(self.device) if self.is_last_stage else None
+        return self.finish_step(optimizer, loss, outputs)
+
+    def finish_step(self, optimizer: Optimizer, loss: torch.Tensor | None, outputs: Any) -> StepOutput:
+        """The end of every schedule's step, its gradients computed: averaged over replicas,
+        clipped, a non-finite step skipped, the step; the loss and logits on the last stage."""
         if self.num_replicas > 1:
             self._average_gradients()
         self.steps_taken += 1
@@ -312,9 +321,7 @@ class PipelineStrategy(Strategy):
             optimizer.step()
             self._steps += 1
         if self.is_last_stage:
-            # Equal micro-batches: the mean of their mean losses is the batch's mean loss.
-            loss = torch.stack([l.detach() for l in losses]).mean().to(self.device)  # host memory over Gloo
-            return StepOutput(loss, outputs.detach(), skipped=skip)
+            return StepOutput(loss, outputs.detach(), skipped=skip)  # host memory over Gloo
         return StepOutput(torch.zeros((), device=self.device), torch.empty(0, device=self.device), skipped=skip)
 
     @property
@@ -342,6 +349,8 @@ class PipelineStrategy(Strategy):
     def forward(self, model: nn.Module, inputs: Any) -> Any:
         """Evaluation's forward pass through every stage; outputs on the last stage only (a
         dict batch's: its logits and the model's own loss of them)."""
+        if self._wave is not None:
+            return self._wave.forward(self.recipe.prepare_inputs(inputs))
         inputs = self.recipe.prepare_inputs(inputs)
         if self._module is None:
             self._build(inputs)
