@@ -127,3 +127,36 @@ def test_a_model_the_wavefront_cannot_split_is_one_line(cli, flags, words):
     result = cli("train", "--strategy", "pipeline", "--schedule", "wavefront", "--stages", "2", *flags)
     assert result.returncode == 2, result.stderr
     assert words in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+def _fit_lstm(strategy, steps=6, batch=16):
+    import paratrain
+    from paratrain.data.datasets import load_digits
+    from paratrain.models.lstm_classifier import LSTMClassifier
+
+    torch.manual_seed(0)
+    splits = load_digits()
+    model = LSTMClassifier(splits.spec, layers=2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    trainer = paratrain.Trainer(model, "cross_entropy", optimizer, strategy=strategy)
+    x, y = splits.train.tensors
+    history = trainer.fit((x[: steps * batch], y[: steps * batch]), epochs=2, batch_size=batch, verbose=0)
+    losses = history.history.get("train_loss")
+    strategy.teardown()
+    return losses
+
+
+def _wave_api():
+    import paratrain
+
+    return _fit_lstm(paratrain.PipelineStrategy(num_stages=2, schedule="wavefront", num_microbatches=3, device="cpu"))
+
+
+def test_the_wavefront_from_the_python_api_equals_one_process():
+    """PipelineStrategy(schedule="wavefront") on a user's script: the last stage's losses
+    are one process's."""
+    import paratrain
+
+    single = _fit_lstm(paratrain.SingleDeviceStrategy(device="cpu"))
+    wave = run_distributed(_wave_api, world_size=2)[1]
+    assert wave == pytest.approx(single, rel=1e-5)
