@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from paratrain.comm.transport import free_port
+from paratrain.strategies.fault_tolerant.peers import heartbeat_ages
 from tests.conftest import as_formed
 
 pytest.importorskip("torchft")
@@ -229,6 +230,14 @@ def long_reference(tmp_path_factory):
     return _single(tmp_path_factory.mktemp("single"), LONG_RUN)
 
 
+def _heard(port):
+    """Whether the Lighthouse on ``port`` hears a replica (False while it is not up yet)."""
+    try:
+        return bool(heartbeat_ages(f"http://127.0.0.1:{port}"))
+    except OSError:
+        return False
+
+
 def test_a_replica_added_to_a_running_torchrun_job_takes_the_live_state(tmp_path, long_reference):
     """The multi-machine recipe on one machine: the user's Lighthouse, one torchrun job per
     replica, and a third replica started while the two others train."""
@@ -254,9 +263,15 @@ def test_a_replica_added_to_a_running_torchrun_job_takes_the_live_state(tmp_path
     # trained alone from step 0. The straggler's sleep (11 steps' time, ~0.25 s) stays well
     # under the Lighthouse's 1 s join timeout, so it is not left out of the quorums. Replica 0
     # prints the step log; the third starts once the job is past its first logged step (20 of
-    # 712).
-    jobs = [job(0, "--progress", "--log-every", "20"), job(1, "--straggler", "1:12")]
+    # 712). The straggler starts first and replica 0 once the Lighthouse hears it: replica 0
+    # alone would train at its own pace, and under load it once finished the whole run
+    # before the straggler's torchrun had started.
+    jobs = [job(1, "--straggler", "1:12")]
     try:
+        deadline = time.monotonic() + 120
+        while not _heard(port) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        jobs.insert(0, job(0, "--progress", "--log-every", "20"))
         seen = []
         for line in jobs[0].stdout:
             seen.append(line)
