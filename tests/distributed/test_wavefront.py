@@ -160,3 +160,23 @@ def test_the_wavefront_from_the_python_api_equals_one_process():
     single = _fit_lstm(paratrain.SingleDeviceStrategy(device="cpu"))
     wave = run_distributed(_wave_api, world_size=2)[1]
     assert wave == pytest.approx(single, rel=1e-5)
+
+
+def test_wavefront_replicas_equal_one_process_and_a_resumed_run_the_whole_one(cli, tmp_path):
+    """2 replicas x 2 stages equal one process of the global batch; a wavefront run stopped
+    after 2 epochs and resumed to 4 ends as the run never stopped (its checkpoints are the
+    pipeline's: each stage its part)."""
+    wave = ["--strategy", "pipeline", "--schedule", "wavefront", "--stages", "2", "--microbatches", "4",
+            "--lstm-layers", "2"]  # fmt: skip
+    single = _history(cli, tmp_path, "single", "--strategy", "single", "--lstm-layers", "2", "--batch-size", "64")
+    replicas = _history(cli, tmp_path, "replicas", *wave, "--workers", "4")
+    assert replicas["replicas"] == 2
+    for a, b in zip(replicas["history"], single["history"], strict=True):
+        assert a["test_loss"] == pytest.approx(b["test_loss"], rel=1e-5)
+    saving = [*wave, "--checkpoint-every", "15", "--checkpoint-dir", str(tmp_path / "ck")]
+    whole = _history(cli, tmp_path, "whole", *wave, "--epochs", "4")
+    _history(cli, tmp_path, "first", *saving)
+    resumed = _history(cli, tmp_path, "resumed", *saving, "--epochs", "4", "--resume")
+    assert resumed["resumed_from_step"] == 88
+    assert [e["test_loss"] for e in resumed["history"][-2:]] == [e["test_loss"] for e in whole["history"][-2:]]
+    assert resumed["test_loss"] == whole["test_loss"]
