@@ -18,8 +18,14 @@ class PipelineConfig:
     strategies: ClassVar[tuple[str, ...]] = ("pipeline", "pipeline-ft")
 
     stages: int = option(2, "pipeline: stages the model is split into, one process each")
-    microbatches: int = option(4, "pipeline: micro-batches per batch (--batch-size must be a multiple)")
-    schedule: str = option("1f1b", "pipeline: micro-batch schedule", choices=tuple(SCHEDULES))
+    microbatches: int = option(
+        4, "pipeline: micro-batches per batch (--batch-size must be a multiple); wavefront: chunks of each sequence"
+    )
+    schedule: str = option(
+        "1f1b",
+        "pipeline: micro-batch schedule (gpipe, 1f1b), or wavefront: a stacked LSTM one layer a stage, along time",
+        choices=tuple(SCHEDULES),
+    )
     balance: str = option(
         "params", "pipeline: balance stages by parameter count or by measured time per layer", choices=BALANCES
     )
