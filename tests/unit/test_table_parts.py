@@ -7,6 +7,7 @@ from torch import nn
 
 from paratrain.errors import ConfigError
 from paratrain.parallel.tables import RowInit, TableSpec, find_tables, materialize
+from paratrain.strategies.ps.policies import StalePolicy
 from paratrain.strategies.ps.protocol.wire import Malformed
 from paratrain.strategies.ps.tables import sections
 from paratrain.strategies.ps.tables.layout import TableLayout
@@ -184,3 +185,56 @@ def test_a_row_id_out_of_a_tables_range_is_one_line_naming_the_table():
         table(torch.tensor([[3, 10]]))
     with pytest.raises(ConfigError, match=r"row id -1 is out of its range"):
         table(torch.tensor([-1]))
+
+
+def _shard(rows=6, dim=2, lr=1.0):
+    from paratrain.strategies.ps.tables.shard import TableShard
+
+    torch.manual_seed(0)
+    table = nn.Embedding(rows, dim)
+    layout = TableLayout([TableSpec("t", rows, dim)], 1)
+    return TableShard(layout, 0, [table], [{"lr": lr}], "sgd", False), table.weight.detach().clone()
+
+
+def _rows(ids, clocks, grads):
+    from paratrain.strategies.ps.tables.sections import RowGrads
+
+    return RowGrads([torch.tensor(ids)], [torch.tensor(clocks)], [torch.tensor(grads, dtype=torch.float32)])
+
+
+@pytest.mark.parametrize(
+    "policy, moved",
+    [
+        (StalePolicy("none"), {0: 1.0, 1: 1.0, 2: 1.0}),
+        (StalePolicy("scale-lr"), {0: 1.0, 1: 1.0, 2: 0.5}),  # staleness 0 and 1 step whole, 2 by half
+        (StalePolicy("drop", max_staleness=1), {0: 1.0, 1: 1.0, 2: 0.0}),  # staler than 1: left out
+    ],
+)
+def test_ps_async_judges_each_row_by_its_own_staleness(policy, moved):
+    """Row 2 was updated twice since the push's pull, row 1 once, row 0 never: each row's
+    step is scaled (or left out) by its own staleness, not the push's."""
+    shard, start = _shard()
+    shard.step_now(_rows([1, 2], [0, 0], [[0.0, 0.0], [0.0, 0.0]]), 1.0, None)  # clocks: row 1 -> 1, row 2 -> 1
+    shard.step_now(_rows([2], [1], [[0.0, 0.0]]), 1.0, None)  # row 2 -> 2
+    assert shard.clocks[0][:3].tolist() == [0, 1, 2]
+    before = shard.rows[0].clone()
+    shard.step_now(_rows([0, 1, 2], [0, 0, 0], [[1.0, 1.0]] * 3), 1.0, policy)
+    for row, share in moved.items():
+        assert torch.allclose(before[row] - shard.rows[0][row], torch.full((2,), share)), (row, shard.rows[0][row])
+    assert shard.row_staleness[2] == 1 and shard.row_staleness[1] == 1
+    assert shard.rows_dropped == (1 if policy.name == "drop" else 0)
+    assert torch.equal(shard.rows[0][3:], start[3:])  # untouched rows never move
+
+
+def test_a_synchronous_round_averages_its_rows_by_examples_and_a_skipped_round_moves_none():
+    shard, start = _shard()
+    shard.hold(_rows([0, 1], [0, 0], [[3.0, 3.0], [1.0, 1.0]]), samples=1)
+    shard.hold(_rows([1], [0], [[4.0, 4.0]]), samples=3)
+    shard.step_held(total=4, lr_scale=1.0)
+    # row 0: 3 x 1/4; row 1: (1 x 1 + 4 x 3) / 4
+    assert torch.allclose(start[0] - shard.rows[0][0], torch.full((2,), 0.75))
+    assert torch.allclose(start[1] - shard.rows[0][1], torch.full((2,), 13 / 4))
+    after = shard.rows[0].clone()
+    shard.hold(_rows([0], [1], [[1.0, 1.0]]), samples=1)
+    shard.drop_held()
+    assert torch.equal(shard.rows[0], after) and shard.optimizers[0].steps == 2
