@@ -40,10 +40,6 @@ class TableSpec:
     def row_bytes(self) -> int:
         return self.dim * 4
 
-    @property
-    def nbytes(self) -> int:
-        return self.rows * self.row_bytes
-
 
 class RowInit:
     """Rows drawn uniformly from ``[-scale, scale]``, chunk by chunk of CHUNK_ROWS rows from

@@ -17,6 +17,7 @@ pass: the bubble ``(S - 1) / (C + S - 1)``, measured per stage by ``busy_seconds
 
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -24,6 +25,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import nn
+
+from paratrain.errors import ConfigError
 
 
 @dataclass
@@ -43,9 +46,16 @@ class WavefrontParts:
     back_modules: list[nn.Module] = field(default_factory=list)
 
 
+def check_lstm(lstm: nn.LSTM) -> None:
+    """ConfigError for an LSTM whose layers the wavefront cannot take one by one."""
+    if lstm.bidirectional or lstm.proj_size or not lstm.batch_first:
+        raise ConfigError("the wavefront splits a unidirectional batch_first nn.LSTM without projections")
+
+
 def layer_of(lstm: nn.LSTM, k: int) -> nn.LSTM:
     """Layer ``k`` of ``lstm`` as a single-layer ``nn.LSTM`` whose parameters *are* that
     layer's (the same Parameter objects: an optimizer over the model steps them)."""
+    check_lstm(lstm)
     size = lstm.input_size if k == 0 else lstm.hidden_size
     layer = nn.LSTM(size, lstm.hidden_size, batch_first=True, bias=lstm.bias, device="meta")
     for name in ("weight_ih", "weight_hh", *(("bias_ih", "bias_hh") if lstm.bias else ())):
@@ -55,17 +65,7 @@ def layer_of(lstm: nn.LSTM, k: int) -> nn.LSTM:
 
 def split_lstm(lstm: nn.LSTM) -> list[nn.LSTM]:
     """One single-layer ``nn.LSTM`` per layer of ``lstm``, with its weights (copies)."""
-    if lstm.bidirectional or lstm.proj_size or not lstm.batch_first:
-        raise ValueError("the wavefront splits a unidirectional batch_first nn.LSTM without projections")
-    layers = []
-    for k in range(lstm.num_layers):
-        size = lstm.input_size if k == 0 else lstm.hidden_size
-        layer = nn.LSTM(size, lstm.hidden_size, batch_first=True, bias=lstm.bias)
-        with torch.no_grad():
-            for name in ("weight_ih", "weight_hh", *(("bias_ih", "bias_hh") if lstm.bias else ())):
-                getattr(layer, f"{name}_l0").copy_(getattr(lstm, f"{name}_l{k}"))
-        layers.append(layer)
-    return layers
+    return [copy.deepcopy(layer_of(lstm, k)) for k in range(lstm.num_layers)]
 
 
 @dataclass

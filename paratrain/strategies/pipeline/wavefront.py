@@ -12,7 +12,8 @@ import torch
 from torch import nn
 
 from paratrain.errors import ConfigError
-from paratrain.parallel.wavefront import WavefrontParts, WavefrontStage, layer_of
+from paratrain.parallel.wavefront import WavefrontParts, WavefrontStage, check_lstm, layer_of
+from paratrain.strategies.pipeline.stages import keep_stage_parameters
 
 
 def wavefront_parts(model: nn.Module, num_stages: int) -> WavefrontParts:
@@ -25,6 +26,7 @@ def wavefront_parts(model: nn.Module, num_stages: int) -> WavefrontParts:
             "wavefront_parts() (the built-in lstm model has: --model lstm --lstm-layers N)"
         )
     parts = parts()
+    check_lstm(parts.lstm)
     if parts.lstm.num_layers != num_stages:
         raise ConfigError(
             f"--schedule wavefront puts one LSTM layer on each stage: the model has {parts.lstm.num_layers} "
@@ -53,9 +55,7 @@ class WavefrontSchedule:
 
     def keep(self, optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
         """The optimizer made for the whole model keeps this stage's parameters alone."""
-        held = {id(p) for p in self.module.parameters()}
-        for group in optimizer.param_groups:
-            group["params"] = [p for p in group["params"] if id(p) in held]
+        keep_stage_parameters(optimizer, {id(p): [p] for p in self.module.parameters()})
         return optimizer
 
     def train_step(self, strategy: Any, loss_fn: Any, optimizer: torch.optim.Optimizer, inputs: Any, targets: Any):

@@ -4,10 +4,10 @@ allocated for it or applied, and one that is refused changes nothing but a count
 ``Header.read`` (wire.py) refuses what no sender of this protocol writes (another program
 or version, a field out of its range, a message cut short); ``Screen.check`` then refuses
 what no worker of this run may send now: a sender that is no worker of it, a shutdown from
-anyone but the chief, a table section longer than the shard's rows allow, a push computed on a version the
-shard has not published, a pull
-for a version beyond any in flight, a second request before the reply to the first, a second
-push to the same synchronous round, a batch request outside the run's epochs. A payload
+anyone but the chief, a table section longer than the shard's rows allow, a push computed
+on a version the shard has not published, a pull for a version beyond any in flight, a
+second request before the reply to the first, a second push to the same synchronous round,
+a batch request outside the run's epochs. A payload
 that does not decode is refused by the shard as it decodes it, into its scratch buffer.
 
 A refusal is counted by its reason (``rejected_messages`` in the metrics) and said once

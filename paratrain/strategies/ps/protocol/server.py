@@ -86,7 +86,7 @@ class ShardServer:
         self.tolerate_loss, self.wait_timeout = tolerate_loss, wait_timeout
         self.door_key = door_key  # (join token, run): workers that prove it may join (joining.py)
         self.layout = ShardLayout.of(model, num_shards, dense)  # dense=False: workers all-reduce it
-        params = [p for p in model.parameters() if p.requires_grad] if dense else []
+        params = [p for p in model.parameters() if p.requires_grad] if self.layout.total else []
         group_of = {id(p): g for g, group in enumerate(optimizer.param_groups) for p in group["params"]}
         self.group_of = [group_of[id(p)] for p in params]  # each parameter's group in the user's optimizer
         flat = torch.cat([p.detach().reshape(-1).cpu() for p in params]) if params else torch.zeros(0)

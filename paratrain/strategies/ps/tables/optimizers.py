@@ -26,21 +26,22 @@ import torch
 from paratrain.errors import ConfigError
 
 KINDS = ("auto", "sgd", "adagrad", "lazy-adam")
-_FOLLOWS = {"SGD": "sgd", "Adagrad": "adagrad", "Adam": "lazy-adam", "AdamW": "lazy-adam"}
+_FOLLOWS = {"sgd": "sgd", "adagrad": "adagrad", "adam": "lazy-adam", "adamw": "lazy-adam"}
 
 
-def table_kind(optimizer: torch.optim.Optimizer, kind: str) -> str:
+def table_kind(optimizer: str, kind: str) -> str:
+    """The kind that steps the rows: ``kind``, or with ``auto`` the one that follows
+    ``optimizer`` (the user's optimizer's class name, or an ``--optimizer`` name)."""
     if kind not in KINDS:
         raise ConfigError(f"--table-optimizer must be one of {', '.join(KINDS)}, got {kind!r}")
     if kind != "auto":
         return kind
-    name = type(optimizer).__name__
-    if name not in _FOLLOWS:
+    if optimizer.lower() not in _FOLLOWS:
         raise ConfigError(
-            f"tables on the parameter server step lazily with sgd, adagrad or lazy-adam; {name} has no lazy form: "
-            "give --table-optimizer"
+            f"tables on the parameter server step lazily with sgd, adagrad or lazy-adam; {optimizer} has no lazy "
+            "form: give --table-optimizer"
         )
-    return _FOLLOWS[name]
+    return _FOLLOWS[optimizer.lower()]
 
 
 class RowOptimizer:

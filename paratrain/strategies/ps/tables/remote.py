@@ -69,7 +69,6 @@ class TableRows:
         self.layout, self.client, self.pull_dtype = layout, client, pull_dtype
         self.pulled: list[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]] = []
         """(table, global ids, their clocks, the rows as leaves whose .grad backward fills)."""
-        self.rows_pulled = 0
         self._ready: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
     def clear(self) -> None:
@@ -126,7 +125,6 @@ class TableRows:
                     rows[where] = shard_rows[table]
                     first = sum(len(at[t][shard]) for t in wanted if t < table)  # clocks run table by table
                     clocks[where] = shard_clocks[first : first + len(where)]
-            self.rows_pulled += len(ids)
             out[table] = (ids, rows, clocks)
         return out
 

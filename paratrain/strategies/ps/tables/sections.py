@@ -30,9 +30,6 @@ class RowGrads:
     clocks: list[torch.Tensor]
     grads: list[torch.Tensor]
 
-    def rows(self) -> int:
-        return sum(len(i) for i in self.ids)
-
 
 def _bytes(*parts: torch.Tensor) -> torch.Tensor:
     return torch.cat([p.contiguous().reshape(-1).view(torch.uint8) for p in parts])

@@ -31,7 +31,7 @@ def shard_tables(
     if not config.holds_tables:
         return None
     tables, layout = _layout(model, config.tables, config.num_shards, config.table_sharding)
-    kind = table_kind(optimizer, config.table_optimizer)
+    kind = table_kind(type(optimizer).__name__, config.table_optimizer)
     groups = []
     for name, module in tables:
         group = next((g for g in optimizer.param_groups if any(p is module.weight for p in g["params"])), None)
@@ -63,11 +63,7 @@ def check_model_tables(model: nn.Module, run: Any) -> None:
     if not config.holds_tables:
         return
     _, layout = _layout(model, config.tables, config.num_shards, config.table_sharding)
-    kind = config.table_optimizer if config.table_optimizer != "auto" else _KIND_OF_NAME.get(run.optimizer, "sgd")
+    kind = table_kind(run.optimizer, config.table_optimizer)
     momentum = run.momentum if run.optimizer == "sgd" else 0.0
     for shard in range(config.num_shards):
-        rows = sum(layout.rows_on(t, shard) * spec.row_bytes for t, spec in enumerate(layout.specs))
-        check_memory(shard, rows, kind, momentum)
-
-
-_KIND_OF_NAME = {"sgd": "sgd", "adagrad": "adagrad", "adam": "lazy-adam", "adamw": "lazy-adam"}
+        check_memory(shard, layout.shard_bytes(shard), kind, momentum)

@@ -41,7 +41,7 @@ class TableShard:
         self.rows_on = [layout.rows_on(t, shard) for t in range(len(layout))]
         self.dims = [spec.dim for spec in self.specs]
         momentum = float(groups[0].get("momentum", 0.0)) if groups else 0.0
-        check_memory(shard, sum(n * d * 4 for n, d in zip(self.rows_on, self.dims)), kind, momentum)
+        check_memory(shard, layout.shard_bytes(shard), kind, momentum)
         self.rows = [rows_of(m, layout.global_ids(t, shard)) for t, m in enumerate(modules)]
         self.clocks = [torch.zeros(n, dtype=torch.int64) for n in self.rows_on]
         self.optimizers = [RowOptimizer(kind, g, r, decoupled) for g, r in zip(groups, self.rows)]
