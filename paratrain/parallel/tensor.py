@@ -152,11 +152,17 @@ def matching(model: nn.Module, plan: dict[str, str], size: int) -> dict[str, Sty
     return chosen
 
 
+def planned(model: nn.Module, plan: dict[str, str], size: int) -> dict[str, Style]:
+    """The modules ``parallelize`` splits ``size`` ways, with their styles: ``matching``'s,
+    less those that would split a tied parameter unlike another module holding it."""
+    return _untie_conflicts(model, matching(model, plan, size), size)
+
+
 def parallelize(model: nn.Module, mesh: DeviceMesh, plan: dict[str, str]) -> dict[str, Style]:
     """Split ``model`` in place over ``mesh`` (one dimension) as ``plan`` says; every
     parameter it leaves whole becomes a replicated DTensor. Returns the modules split."""
     size = mesh.size()
-    chosen = _untie_conflicts(model, matching(model, plan, size), size)
+    chosen = planned(model, plan, size)
     ties = _ties(model)
     modules = dict(model.named_modules())
     for name, style in chosen.items():

@@ -133,14 +133,15 @@ def model_and_data(args: argparse.Namespace) -> tuple[Any, Any]:
 
 def profile_compute_s(model: Any, splits: Any, batch_size: int, repeats: int = 5) -> float:
     """Median seconds of one forward+backward on a local batch, measured here."""
+    from paratrain.train.scores import cross_entropy_loss  # deferred: the trainer's, a logit per position too
+
     loader = torch.utils.data.DataLoader(splits.train, batch_size=batch_size, shuffle=False)
     inputs, targets = next(iter(loader))
-    loss_fn = torch.nn.CrossEntropyLoss()
     times = []
     for i in range(repeats + 2):
         start = time.perf_counter()
         model.zero_grad(set_to_none=True)
-        loss_fn(model(inputs), targets).backward()
+        cross_entropy_loss(model(inputs), targets).backward()
         if i >= 2:  # two warm-up steps
             times.append(time.perf_counter() - start)
     return sorted(times)[len(times) // 2]

@@ -100,6 +100,7 @@ def check_arguments(args: argparse.Namespace) -> tuple[list[str], list[int]]:
         raise ConfigError("--target-* compares the strategies at one --workers count, e.g. --workers 8")
     if args.train and not targeted and (len(strategies) != 1 or len(workers) != 1):
         raise ConfigError("--train takes one --strategy and one --workers count, e.g. --strategy ps-async --workers 8")
+    _check_tensor(args, strategies, targeted)
     if args.calibrate and args.calibration:
         raise ConfigError("--calibrate FILE measures and predicts with FILE; --calibration reads one: give one")
     if args.calibrate and args.model_mb is not None:
@@ -110,6 +111,35 @@ def check_arguments(args: argparse.Namespace) -> tuple[list[str], list[int]]:
     if args.plot and not args.plot.lower().endswith((".png", ".svg", ".pdf")):
         raise ConfigError(f"--plot must name a .png, .svg or .pdf file; got {args.plot!r}")
     return strategies, workers
+
+
+def _check_tensor(args: argparse.Namespace, strategies: list[str], targeted: bool) -> None:
+    """``tensor``'s flags go with ``--strategy tensor`` alone, and it with a model to measure."""
+    given = [
+        flag
+        for flag, value, default in (
+            ("--tensor-parallel", args.tensor_parallel, "2"),
+            ("--shard-replicas", args.shard_replicas, False),
+            ("--tp-bandwidth-gbps", args.tp_bandwidth_gbps, None),
+            ("--tp-plan", args.tp_plan, None),
+        )
+        if value != default
+    ]
+    if "tensor" not in strategies:
+        if given:
+            raise ConfigError(f"{', '.join(given)} describe --strategy tensor's meshes; add tensor to --strategy")
+        return
+    from paratrain.simulate.tensor_shape import tensor_sizes  # deferred: imports torch
+
+    tensor_sizes(args.tensor_parallel)
+    _positive("tp-bandwidth-gbps", args.tp_bandwidth_gbps)
+    if args.model_mb is not None:
+        raise ConfigError("--strategy tensor measures --model's plan and activations; --model-mb gives neither")
+    if args.train or targeted or args.recommend:
+        raise ConfigError(
+            "--strategy tensor makes allreduce's updates with W/T replicas; --train, --target-* and --recommend "
+            "replay the other strategies: ask them of allreduce at W/T workers"
+        )
 
 
 def _speedup(text: str | None) -> tuple[float, ...] | None:
@@ -170,23 +200,54 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def sweep(
-    args: argparse.Namespace, strategies: list[str], workers: list[int], model: Any, compute_s: float
+    args: argparse.Namespace,
+    strategies: list[str],
+    workers: list[int],
+    model: Any,
+    compute_s: float,
+    splits: Any = None,
 ) -> list[dict[str, Any]]:
     """Every strategy at every worker count, with scaling efficiency against one worker."""
     from paratrain.simulate.simulator import simulate  # deferred: kept off the parser build
 
     rows = []
-    for strategy in strategies:
+    for strategy, extra in _variants(args, strategies, model, splits):
         baseline = None
-        for n in sorted(set(workers) | {1}):
+        counts = [n for n in workers if "mesh" not in extra or n == 1 or n % extra["mesh"].tensor == 0]
+        for n in sorted(set(counts) | {1}):
             cluster = build_cluster(args, n, model, compute_s)
-            summary = simulate(strategy, cluster, args.steps, seed=args.seed, **options(args)).summary(args.batch_size)
+            outcome = simulate(strategy, cluster, args.steps, seed=args.seed, **options(args), **extra)
+            summary = outcome.summary(args.batch_size)
             if n == 1:
                 baseline = summary["examples_per_second"]
             summary["scaling_efficiency"] = summary["examples_per_second"] / (n * baseline)
-            if n in workers:
+            if "mesh" in extra:
+                summary["parameter_bytes_per_process"] = _held(extra["mesh"], n)
+            if n in counts:
                 rows.append(summary)
+    if not rows:
+        raise ConfigError(f"--workers {args.workers}: none is a multiple of --tensor-parallel {args.tensor_parallel}")
     return rows
+
+
+def _variants(args: argparse.Namespace, strategies: list[str], model: Any, splits: Any) -> list[tuple[str, dict]]:
+    """Each strategy to sweep, with its options: ``tensor`` once per mesh."""
+    found: list[tuple[str, dict]] = []
+    for strategy in strategies:
+        if strategy != "tensor":
+            found.append((strategy, {}))
+            continue
+        from paratrain.simulate.tensor_shape import meshes  # deferred: imports torch
+
+        found += [("tensor", {"mesh": mesh}) for mesh in meshes(args, model, splits)]
+    return found
+
+
+def _held(mesh: Any, workers: int) -> float:
+    """The parameter bytes one process holds on ``mesh`` at ``workers`` processes."""
+    tensor = mesh.tensor if workers > 1 else 1
+    part = mesh.shape.part_bytes(tensor)
+    return part / mesh.replicas(workers) if mesh.shard_replicas else part
 
 
 def simulate_command(args: argparse.Namespace) -> int:
@@ -201,7 +262,7 @@ def simulate_command(args: argparse.Namespace) -> int:
         console.print(line)
     from paratrain.simulate.calibrate import model_and_data, profile_compute_s  # deferred: imports torch
 
-    need_data = args.profile or args.train or args.compute_ms is None
+    need_data = args.profile or args.train or args.compute_ms is None or "tensor" in strategies
     model = splits = None
     if need_data or args.model_mb is None:
         model, splits = model_and_data(args)
@@ -226,7 +287,7 @@ def simulate_command(args: argparse.Namespace) -> int:
         print_training(result)
         payload: dict[str, Any] = {"compute_seconds": compute_s, **result}
     else:
-        rows = sweep(args, strategies, workers, model, compute_s)
+        rows = sweep(args, strategies, workers, model, compute_s, splits)
         print_table(rows, compute_s)
         payload = {"compute_seconds": compute_s, "results": rows}
     payload["arguments"] = {k: v for k, v in vars(args).items() if k != "handler"}

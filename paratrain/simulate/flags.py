@@ -14,8 +14,8 @@ def add_flags(p: argparse.ArgumentParser) -> None:
     a(
         "--strategy",
         default="allreduce",
-        help="allreduce, ps-sync, ps-backup, ps-async, local-sgd, diloco, fsdp, or several comma-separated "
-        "(default allreduce)",
+        help="allreduce, ps-sync, ps-backup, ps-async, local-sgd, diloco, fsdp, tensor, or several "
+        "comma-separated (default allreduce)",
     )
     a(
         "--workers",
@@ -90,6 +90,25 @@ def add_flags(p: argparse.ArgumentParser) -> None:
         help="fsdp: gather the parameters again for the backward pass (default: yes, ZeRO-3)",
     )
     a("--fsdp-units", type=int, default=4, help="fsdp: units, one all-gather each per pass (default 4)")
+    a(
+        "--tensor-parallel",
+        default="2",
+        help="tensor: processes T each layer is split over, comma-separated to compare meshes (W/T replicas of T "
+        "at each --workers W) (default 2)",
+    )
+    a(
+        "--shard-replicas",
+        action="store_true",
+        help="tensor: the replicas shard their parts by FSDP2 instead of all-reducing them (2-D)",
+    )
+    a(
+        "--tp-bandwidth-gbps",
+        type=float,
+        default=None,
+        help="tensor: the link between the T processes of a replica, Gb/s each way (one machine's: NVLink, PCIe) "
+        "(default --bandwidth-gbps)",
+    )
+    a("--tp-plan", default=None, help="tensor: how to split --model, as paratrain train --tp-plan (default its own)")
     a("--compression", default="none", help="gradient codec: none, fp16, bf16, int8, topk, powersgd (default none)")
     a("--topk-ratio", type=float, default=0.01, help="topk: share of gradient entries sent (default 0.01)")
     a("--powersgd-rank", type=int, default=4, help="powersgd: rank of the low-rank factors (default 4)")

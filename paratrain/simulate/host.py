@@ -20,6 +20,7 @@ simulator.py agree on the closed forms (tests/unit/test_simulator_host.py).
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -31,6 +32,7 @@ from paratrain.simulate.costs import Outcome, Update, allreduce_step_s, fsdp_ste
 from paratrain.simulate.engine import HostRun
 from paratrain.simulate.host_ps import ParameterServerHost
 from paratrain.simulate.quota import ThrottledNodes
+from paratrain.simulate.tensor import compute_scale
 
 
 class AllReduceHost(HostRun):
@@ -121,23 +123,28 @@ def simulate_on_host(
     strategy: str, cluster: Cluster, steps: int, rng: np.random.Generator, record: bool, **options: Any
 ):
     """``simulate`` for the event-driven engine: the same Outcome as simulator.py's models."""
-    if strategy in ("allreduce", "local-sgd", "diloco", "fsdp"):
+    if strategy in ("allreduce", "local-sgd", "diloco", "fsdp", "tensor"):
         period = options.get("period", 8) if strategy in ("local-sgd", "diloco") else 1
         rounds = -(-steps // period)
-        step_s = _allreduce_step
+        step_s, replicas, name = _allreduce_step, cluster.workers, strategy
         if strategy == "fsdp":
             step_s = functools.partial(_fsdp_step, **{k: options[k] for k in ("reshard", "units") if k in options})
+        if strategy == "tensor":  # each process computes its share; a step makes one update per replica
+            mesh = options["mesh"]
+            replicas, name, step_s = mesh.replicas(cluster.workers), mesh.label(), mesh.step_s
+            tensor = mesh.tensor if cluster.workers > 1 else 1
+            cluster = dataclasses.replace(cluster, compute_s=cluster.compute_s * compute_scale(mesh.shape, tensor))
         run: Any = AllReduceHost(cluster, rng, rounds, period, record, step_s)
         for w in range(run.n):
             run.begin(0.0, w)
         run.run()
         n = run.n
         return Outcome(
-            strategy,
+            name,
             n,
             rounds * period,
             run.wall,
-            rounds * period * n,
+            rounds * period * replicas,
             max(run.wall - run.computing_s / n, 0.0),
             trace=run.trace,
             period=period,

@@ -14,6 +14,7 @@ because there every push changes what the next pull sees.
 | ``local-sgd`` | H local steps, then one ring all-reduce of the parameters (Lin et al. 2020) |
 | ``diloco`` | local-sgd's rounds plus the outer optimizer step; ``--fragments F``: 1/F of the model every H/F steps |
 | ``fsdp`` | per step: all-gather (forward), all-gather again (backward, when resharded) and reduce-scatter, each overlapped with its pass unit by unit but the first |
+| ``tensor`` | per step: each process's share of the compute, its activations' collectives inside the replica, then the replicas' gradient all-reduce (or fsdp over them): tensor.py |
 
 With ``host_cores`` set (every process on one machine, sharing its cores) or a
 ``sleep:`` straggler, ``simulate`` runs host.py's event-driven engine instead.
@@ -33,6 +34,7 @@ from paratrain.errors import ConfigError
 from paratrain.simulate.cluster import Cluster
 from paratrain.simulate.costs import FSDP_UNITS, Outcome, Update, allreduce_step_s, fsdp_step_s
 from paratrain.simulate.host import simulate_on_host
+from paratrain.simulate.tensor import TensorModel
 from paratrain.strategies.ps.policies import StalePolicy
 
 
@@ -309,6 +311,7 @@ STRATEGIES = {
     "local-sgd": LocalSGDModel("local-sgd"),
     "diloco": LocalSGDModel("diloco", outer_step=True),
     "fsdp": FSDPModel(),
+    "tensor": TensorModel(),
 }
 
 
@@ -324,7 +327,7 @@ def simulate(
 
     options: ``backup`` (ps-backup K), ``staleness_bound``, ``stale_policy``,
     ``max_staleness`` (ps-async), ``period`` (local-sgd, diloco H), ``fragments`` (diloco),
-    ``reshard`` and ``units`` (fsdp).
+    ``reshard`` and ``units`` (fsdp), ``mesh`` (tensor: simulate/tensor.py's Mesh).
     """
     if strategy not in STRATEGIES:
         raise ConfigError(f"--strategy must be one of {', '.join(STRATEGIES)}; got {strategy!r}")
@@ -332,10 +335,10 @@ def simulate(
         raise ConfigError("--strategy ps-backup needs --backup-workers K >= 1 (K = 0 is ps-sync)")
     if strategy != "ps-backup":
         options["backup"] = 0
-    if cluster.cpu_share is not None and strategy == "fsdp":
+    if cluster.cpu_share is not None and strategy in ("fsdp", "tensor"):
         raise ConfigError(
             "--cpu-share simulates allreduce, local-sgd, diloco and the parameter servers hop by hop; "
-            "fsdp's all-gathers and reduce-scatters are not modelled under a CPU quota"
+            f"{strategy}'s all-gathers and reduce-scatters are not modelled under a CPU quota"
         )
     rng = np.random.default_rng(seed)
     if cluster.event_driven:

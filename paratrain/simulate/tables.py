@@ -13,10 +13,12 @@ from paratrain.console import console
 
 def print_table(rows: list[dict[str, Any]], compute_s: float) -> None:
     table = Table(title=f"simulated: {compute_s * 1e3:.3g} ms compute per step")
-    for name in ("strategy", "workers", "step ms", "examples/s", "scaling", "comm", "stale mean/max", "dropped"):
+    held = any("parameter_bytes_per_process" in r for r in rows)  # tensor's meshes
+    names = ["strategy", "workers", "step ms", "examples/s", "scaling", "comm", "stale mean/max", "dropped"]
+    for name in names + ["params MB/process"] * held:
         table.add_column(name, justify="left" if name == "strategy" else "right", no_wrap=True)
     for r in rows:
-        table.add_row(
+        cells = [
             r["strategy"],
             str(r["workers"]),
             f"{r['step_seconds'] * 1e3:.3f}",
@@ -25,7 +27,11 @@ def print_table(rows: list[dict[str, Any]], compute_s: float) -> None:
             f"{r['comm_share']:.3f}",
             f"{r['staleness']['mean']:.2f}/{r['staleness']['max']}",
             str(r["dropped_gradients"]),
-        )
+        ]
+        if held:
+            part = r.get("parameter_bytes_per_process")
+            cells.append("-" if part is None else f"{part / 1e6:.3g}")
+        table.add_row(*cells)
     Console(highlight=False, width=max(shutil.get_terminal_size().columns, 110)).print(table)
     console.print("scaling: examples/s over workers x one worker's; comm: share of the step not computing")
 

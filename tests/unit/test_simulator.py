@@ -8,6 +8,7 @@ import pytest
 
 from paratrain.simulate.cluster import BUCKET_BYTES, Cluster, make_codec, parse_straggler
 from paratrain.simulate.simulator import STRATEGIES, simulate
+from paratrain.simulate.tensor import Mesh, TensorShape
 
 C = 0.1  # seconds of compute per step
 MB = 1e6
@@ -40,6 +41,9 @@ def test_one_worker_parameter_server_pushes_and_pulls_the_whole_model():
 def test_infinite_bandwidth_and_no_latency_leave_only_compute(strategy):
     c = cluster(16, bandwidth=math.inf, latency=0.0)
     options = {"backup": 2} if strategy == "ps-backup" else {}
+    if strategy == "tensor":  # nothing of the compute split: each process computes all of it
+        shape = TensorShape(size=2, split_bytes=1e6, whole_bytes=1e6, split_share=0.0, all_reduce_bytes=(1e6,))
+        options = {"mesh": Mesh(shape, 2)}
     summary = simulate(strategy, c, 40, **options).summary(32)
     assert summary["step_seconds"] == pytest.approx(C, rel=1e-12)
     assert summary["comm_share"] == pytest.approx(0.0, abs=1e-12)

@@ -1,0 +1,140 @@
+"""Tensor parallelism and meshes in the simulator: ``--strategy tensor --tensor-parallel T``.
+
+W processes make D = W/T replicas of T processes (the device mesh (replica, shard) of
+``paratrain train --strategy tensor``, strategies/tensor/). What a step costs comes from
+the user's model and its plan (parallel/tensor.py), measured here on one local batch in
+one process, the model whole:
+
+| piece | model |
+| --- | --- |
+| compute | a process computes ``compute_s`` x (1 - f + f/T), f the share of the forward pass's FLOPs in the modules the plan splits (their matrix products; an attention split by heads counts whole); the rest (norms, embeddings left whole, the loss) every process computes whole |
+| activations | every row-wise module's output all-reduced forward (its partial sums; a vocabulary-split embedding's too), every column-wise module's input gradient all-reduced backward (when its input needs one), a ``colwise_rep`` output all-gathered: ring collectives over the T processes, on the link between them (``tp_bandwidth``: one machine's, NVLink or PCIe on GPUs) with the cluster's ring step latency each step; not overlapped with compute (DTensor's collectives block) |
+| replicas | after the backward pass each process all-reduces its part of the gradient (the split parameters' 1/T and the whole ones) over the D replicas, on the cluster's link (strategies/tensor: one flat all-reduce, not overlapped); ``shard_replicas``: FSDP2 over the replicas instead (costs.py's fsdp step on that part) |
+| one process | W = 1 is one process of the whole model: ``compute_s``, nothing sent |
+
+A Megatron block thus costs two all-reduces of its activations forward and two backward;
+a model with separate query, key and value projections (Llama) three backward where a
+fused one (GPT-2's ``c_attn``) costs one: the hooks count what the plan gives.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from paratrain.errors import ConfigError
+from paratrain.simulate.cluster import Cluster
+from paratrain.simulate.costs import FSDP_UNITS, Outcome, Update, fsdp_step_s
+
+
+@dataclass(frozen=True)
+class TensorShape:
+    """What tensor parallelism over ``size`` processes does to one model's step, measured on
+    one local batch with the model whole (tensor_shape.py)."""
+
+    size: int
+    split_bytes: float
+    """Parameters of the modules the plan splits (fp32): each process holds 1/T of them."""
+    whole_bytes: float
+    """Every other trainable parameter: each process holds all of it."""
+    split_share: float
+    """f: the share of the forward pass's FLOPs inside the modules split."""
+    all_reduce_bytes: tuple[float, ...] = ()
+    """Each activation all-reduce of a step (forward and backward), the whole tensor's bytes."""
+    all_gather_bytes: tuple[float, ...] = ()
+    """Each all-gather of a step (a ``colwise_rep`` output), the whole tensor's bytes."""
+    modules: int = 0
+
+    def part_bytes(self, tensor: int) -> float:
+        """The parameters one process holds when each replica is split ``tensor`` ways."""
+        return self.split_bytes / tensor + self.whole_bytes
+
+    def describe(self, model_name: str) -> str:
+        sent = (sum(self.all_reduce_bytes) + sum(self.all_gather_bytes)) / 1e6
+        total = self.split_bytes + self.whole_bytes
+        return (
+            f"paratrain: tensor plan of {model_name}: {self.modules} modules split, {self.split_bytes / total:.0%} "
+            f"of the parameters, {self.split_share:.0%} of the forward FLOPs; a step all-reduces "
+            f"{len(self.all_reduce_bytes)} activations and gathers {len(self.all_gather_bytes)} ({sent:.3g} MB whole)"
+        )
+
+
+# ----- a step -------------------------------------------------------------------------------------
+def activation_s(shape: TensorShape, tensor: int, bandwidth: float, step_latency: float) -> float:
+    """Seconds a process spends in a step's activation collectives over ``tensor`` processes:
+    ring all-reduces (2(T-1) steps of 1/T of the tensor) and all-gathers (T-1 steps)."""
+    if tensor <= 1:
+        return 0.0
+    share = (tensor - 1) / tensor
+    reduce_s = sum(2 * share * b / bandwidth + 2 * (tensor - 1) * step_latency for b in shape.all_reduce_bytes)
+    gather_s = sum(share * b / bandwidth + (tensor - 1) * step_latency for b in shape.all_gather_bytes)
+    return reduce_s + gather_s
+
+
+def compute_scale(shape: TensorShape, tensor: int) -> float:
+    """A process's compute over the whole model's: (1 - f) + f / T."""
+    return 1 - shape.split_share + shape.split_share / tensor
+
+
+@dataclass(frozen=True)
+class Mesh:
+    """One layout of W processes: ``tensor`` T a replica, W/T replicas, the replicas
+    sharded (FSDP2) or all-reducing; ``tp_bandwidth`` the link inside a replica (bytes/s)."""
+
+    shape: TensorShape
+    tensor: int
+    shard_replicas: bool = False
+    tp_bandwidth: float | None = None
+    units: int = FSDP_UNITS
+
+    def label(self) -> str:
+        return f"tensor T={self.tensor}" + (" +fsdp" if self.shard_replicas else "")
+
+    def replicas(self, workers: int) -> int:
+        if workers == 1:
+            return 1
+        if workers % self.tensor:
+            raise ConfigError(
+                f"--strategy tensor: --workers {workers} is not a multiple of --tensor-parallel {self.tensor}"
+            )
+        return workers // self.tensor
+
+    def step_s(self, cluster: Cluster, slowest: Any) -> Any:
+        """Seconds of a step given the slowest process's compute (already scaled by
+        compute_scale): the activations' collectives, then the replicas' gradient sync."""
+        tensor = self.tensor if cluster.workers > 1 else 1
+        replicas = self.replicas(cluster.workers)
+        step_latency = cluster.latency if cluster.ring_latency is None else cluster.ring_latency
+        link = self.tp_bandwidth or cluster.bandwidth
+        busy = slowest + activation_s(self.shape, tensor, link, step_latency)
+        if replicas == 1:
+            return busy
+        across = dataclasses.replace(cluster, workers=replicas, model_bytes=self.shape.part_bytes(tensor))
+        if self.shard_replicas:
+            return fsdp_step_s(across, busy, reshard=True, units=self.units)
+        return busy + across.ring_allreduce_s(across.codec.wire_bytes(across.model_bytes))
+
+
+class TensorModel:
+    """``tensor``: rounds like allreduce, each process computing its 1/T of the split layers."""
+
+    name = "tensor"
+
+    def run(
+        self, cluster: Cluster, steps: int, rng: np.random.Generator, record: bool, mesh: Mesh | None = None, **_: Any
+    ) -> Outcome:
+        if mesh is None:
+            raise ConfigError("--strategy tensor needs the model's tensor shape (simulate measures it from --model)")
+        n = cluster.workers
+        replicas = mesh.replicas(n)
+        scale = compute_scale(mesh.shape, mesh.tensor if n > 1 else 1)
+        slowest = cluster.compute_times(rng, steps).max(axis=1) * scale
+        step = mesh.step_s(cluster, slowest)
+        ends = np.cumsum(step)
+        trace = [Update(float(t), list(range(replicas)), [r] * replicas) for r, t in enumerate(ends)] if record else []
+        return Outcome(
+            mesh.label(), n, steps, float(ends[-1]), steps * replicas, float((step - slowest).sum()), trace=trace
+        )
