@@ -20,7 +20,9 @@ epochs), examples/s of training past the first epoch:
 - ``ps_update_us``: the shard's optimizer step (SGD with momentum 0.9) on the model's
   parameters as one flat tensor, measured alone;
 - ``codec_gbps``: ``--compression``'s encode plus decode of the model's gradient, in
-  gigabytes of dense gradient a second (0 for ``none``: nothing to code).
+  gigabytes of dense gradient a second (0 for ``none``: nothing to code);
+- ``host_link_gbps``: the rate of a Gloo all-reduce between two processes of this host
+  (link_probe.py): the link of a tensor-parallel replica whose processes share a machine.
 
 calibration.py turns them into the engine's parameters for the prediction at hand.
 """
@@ -48,6 +50,7 @@ from paratrain.data.datasets import load_dataset
 from paratrain.errors import ConfigError
 from paratrain.models import build_model
 from paratrain.simulate.calibration import FORMAT, VERSION
+from paratrain.simulate.link_probe import host_link_gbps
 
 
 def calibrate(args: Any, model: Any, splits: Any) -> dict[str, Any]:
@@ -64,6 +67,7 @@ def calibrate(args: Any, model: Any, splits: Any) -> dict[str, Any]:
         "ps_push_us": push * 1e6,
         "ps_update_us": _update_s(flat) * 1e6,
         "codec_gbps": _codec_gbps(args, model, flat),
+        "host_link_gbps": host_link_gbps(),
     }
     return {
         "format": FORMAT,

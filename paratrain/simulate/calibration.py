@@ -23,6 +23,8 @@ COSTS = {
     "ps_update_us": "a shard's update {:.3g} us",
     "codec_gbps": "its codec {:.3g} GB/s",
 }
+#: Costs a calibration may hold (older files lack them), and how a line names each.
+OPTIONAL = {"host_link_gbps": "a host's link {:.3g} Gb/s (tensor's replicas)"}
 #: What a calibration must share with the prediction that takes it.
 SAME = ("model", "dataset", "batch_size", "compression")
 
@@ -49,6 +51,9 @@ def load(path: str) -> dict[str, Any]:
         not isinstance(costs.get(name), (int, float)) or not costs[name] >= 0 for name in COSTS
     ):
         raise ConfigError(f"--calibration {path}: its costs must be numbers >= 0 for {', '.join(COSTS)}")
+    for name in OPTIONAL:
+        if name in costs and (not isinstance(costs[name], (int, float)) or not costs[name] >= 0):
+            raise ConfigError(f"--calibration {path}: its {name} must be a number >= 0")
     return calibration
 
 
@@ -94,7 +99,13 @@ def apply(args: argparse.Namespace) -> list[str]:
         elif name != "message_cpu_us" or quota:
             setattr(args, name, value)
     args.codec_gbps = costs["codec_gbps"]
+    if costs.get("host_link_gbps") and "tensor" in args.strategy.split(","):
+        if args.tp_bandwidth_gbps is None:
+            args.tp_bandwidth_gbps = costs["host_link_gbps"]
+        else:
+            given.append("--tp-bandwidth-gbps")
     taken = [words.format(costs[name]) for name, words in COSTS.items() if costs[name] or name != "codec_gbps"]
+    taken += [words.format(costs[name]) for name, words in OPTIONAL.items() if costs.get(name)]
     measured = calibration["measured"]
     line = (
         f"paratrain: calibration {args.calibration} (measured on {measured['host']} at {measured['at']}, "

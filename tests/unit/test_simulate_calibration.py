@@ -57,6 +57,7 @@ def test_calibrate_measures_every_cost_here_and_predicts_with_them(cli, tmp_path
     # a real 2-process step costs more than a real 1-process one, and a ring step is what it adds
     assert costs["message_cpu_us"] == costs["ring_step_us"]
     assert costs["codec_gbps"] == 0.0  # no codec
+    assert 0.1 < costs["host_link_gbps"] < 1e4  # loopback between two processes: Gb/s, not B/s or GB/s
     assert f"paratrain: calibration {path} (measured on " in result.stdout
     assert f"compute {costs['compute_ms']:.3g} ms a step" in result.stdout
 
@@ -83,6 +84,18 @@ def test_the_engine_s_parameters_are_derived_for_the_prediction_at_hand(tmp_path
     args, lines = _applied(path, "--ps-update-us", "7", "--profile")
     assert args.ps_update_us == 7.0 and args.compute_ms is None  # --profile measures it now
     assert lines[0].endswith("; from the flags: --ps-update-us; compute measured now (--profile)")
+
+
+def test_the_host_link_is_tensor_s_link_inside_a_replica(tmp_path):
+    path = _calibration(tmp_path / "t.json", host_link_gbps=12.5)
+    args, lines = _applied(path, "--strategy", "tensor")
+    assert args.tp_bandwidth_gbps == 12.5 and "a host's link 12.5 Gb/s (tensor's replicas)" in lines[0]
+    args, lines = _applied(path, "--strategy", "tensor", "--tp-bandwidth-gbps", "100")
+    assert args.tp_bandwidth_gbps == 100.0 and lines[0].endswith("; from the flags: --tp-bandwidth-gbps")
+    args, _ = _applied(path)  # another strategy: no tensor link to give
+    assert args.tp_bandwidth_gbps is None
+    args, _ = _applied(_calibration(tmp_path / "old.json"), "--strategy", "tensor")  # written before it was measured
+    assert args.tp_bandwidth_gbps is None
 
 
 def test_a_message_s_cpu_from_the_calibration_slows_a_quota_host_s_ring(cli, tmp_path):
@@ -115,6 +128,7 @@ def test_a_prediction_without_a_calibration_says_so(cli):
         ('{"format": "other"}', "not a paratrain calibration file"),
         ({"version": 99}, "version 99 of the calibration file; this paratrain reads version 1"),
         ({"costs": {"compute_ms": -1}}, "its costs must be numbers >= 0"),
+        ({"costs": {"host_link_gbps": "fast"}}, "its host_link_gbps must be a number >= 0"),
         ({"model": {"model": "cifar_cnn", "dataset": "digits", "batch_size": 32, "compression": "none"}},
          "measured model=cifar_cnn; this prediction has model=mlp: calibrate for it"),
     ],
