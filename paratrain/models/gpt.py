@@ -12,6 +12,7 @@ data (``data/text_lm.py``) gives each position's next token as its target.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -67,24 +68,37 @@ class GPTBlock(nn.Module):
 
 
 class LMHead(nn.Module):
-    """The final norm and the output layer, whose weight is the token embedding's."""
+    """The final norm and the output layer, whose weight is the token embedding's. The
+    output layer is an ``nn.Linear`` holding the embedding's weight, (vocabulary, width):
+    tensor parallelism splits a Linear's output features and an embedding's rows by that
+    same first dimension, so the tied weight is split alike in both and stays one parameter."""
 
     def __init__(self, embedding: nn.Embedding):
         super().__init__()
         self.norm = nn.LayerNorm(embedding.embedding_dim)
-        self.weight = embedding.weight
+        width, vocab = embedding.embedding_dim, embedding.num_embeddings
+        self.output = nn.Linear(width, vocab, bias=False, device="meta")  # its own weight never made
+        self.output.weight = embedding.weight
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(self.norm(x), self.weight)
+        return self.output(self.norm(x))
+
+    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, *args: Any, **kwargs: Any) -> None:
+        # A state dict written while the head held the weight itself names it "weight".
+        if prefix + "weight" in state_dict and prefix + "output.weight" not in state_dict:
+            state_dict[prefix + "output.weight"] = state_dict.pop(prefix + "weight")
+        super()._load_from_state_dict(state_dict, prefix, *args, **kwargs)
 
 
 class GPT(nn.Sequential):
     _no_split_modules = ["GPTBlock"]
-    _tp_plan = {  # how tensor parallelism splits each block (parallel/tensor.py)
+    _tp_plan = {  # how tensor parallelism splits it (parallel/tensor.py)
+        "*.token": "rowwise",  # the vocabulary's rows, as the tied output layer splits them
         "*.attention.qkv": "colwise:3",
         "*.attention.out": "rowwise",
         "*.mlp.0": "colwise",
         "*.mlp.2": "rowwise",
+        "*.output": "colwise_rep",  # the logits: split by vocabulary for the loss (parallel/vocabulary.py)
     }
 
     def __init__(self, vocab: int, context: int, sizes: GPTConfig):

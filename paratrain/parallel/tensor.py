@@ -8,7 +8,8 @@ A *plan* maps module names to styles; a ``*`` in a name stands for one part of i
   output features (and of the bias) and computes those outputs from the whole input;
   ``colwise:K`` for K projections packed in one layer (a fused query-key-value: each
   process holds its slice of each); ``colwise_rep`` (also ``colwise_gather_output``)
-  gathers the outputs whole again (an output layer scored whole);
+  gathers the outputs whole again (an output layer scored whole; the model's output layer
+  keeps its logits split by vocabulary inside ``vocabulary.split_logits()``);
 - ``rowwise``: the layer's inputs are split (the outputs of a ``colwise`` layer before
   it): each process holds a slice of the weight's input features, and the partial
   outputs are summed by one all-reduce; on an ``nn.Embedding`` the rows (the vocabulary)
@@ -50,6 +51,7 @@ from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_modul
 from torch.distributed.tensor.placement_types import Placement, _StridedShard
 
 from paratrain.errors import ConfigError
+from paratrain.parallel.vocabulary import logits_out
 
 STYLES = ("colwise", "colwise:K", "colwise_rep", "rowwise", "heads", "replicate")
 
@@ -165,12 +167,13 @@ def parallelize(model: nn.Module, mesh: DeviceMesh, plan: dict[str, str]) -> dic
     chosen = planned(model, plan, size)
     ties = _ties(model)
     modules = dict(model.named_modules())
+    logits = output_layer(model, chosen)
     for name, style in chosen.items():
         module = modules[name]
         if style.kind == "heads":
             _local_heads(module, name, size)
         else:
-            _split(module, mesh, style)
+            _split(module, mesh, style, logits=name == logits)
     for module in model.modules():  # the rest: replicated, their inputs and outputs whole
         own = list(module.named_parameters(recurse=False))
         if own and not any(isinstance(param, DTensor) for _, param in own):
@@ -181,6 +184,16 @@ def parallelize(model: nn.Module, mesh: DeviceMesh, plan: dict[str, str]) -> dic
         for module, pname in holders[1:]:
             setattr(module, pname, shared)
     return chosen
+
+
+def output_layer(model: nn.Module, chosen: dict[str, Style]) -> str | None:
+    """The module of ``chosen`` whose outputs are the model's logits, where the plan gathers
+    them (``colwise_rep``): the model's last layer (registered last, as GPT-2's, Llama's and
+    paratrain's gpt's output layers are). Inside ``vocabulary.split_logits()`` it gives them
+    split by vocabulary."""
+    layers = [name for name, module in model.named_modules() if _layer_kind(module)]
+    style = chosen.get(layers[-1]) if layers else None
+    return layers[-1] if style is not None and style.gather else None
 
 
 # ----- one module ----------------------------------------------------------------------------------
@@ -222,7 +235,9 @@ def _check_divisible(module: nn.Module, name: str, style: Style, size: int) -> N
         )
 
 
-def _split(module: nn.Module, mesh: DeviceMesh, style: Style) -> None:
+def _split(module: nn.Module, mesh: DeviceMesh, style: Style, logits: bool = False) -> None:
+    """Split ``module``'s parameters as ``style`` says; ``logits``: the output layer, whose
+    outputs stay split inside ``split_logits()``."""
     placements = _placements(module, style)
     embedding = _layer_kind(module) == "embedding"
 
@@ -235,7 +250,8 @@ def _split(module: nn.Module, mesh: DeviceMesh, style: Style) -> None:
         into, out = Replicate(), (Replicate() if style.gather else None)
     else:
         into, out = (Replicate() if embedding else Shard(-1)), Replicate()
-    distribute_module(module, mesh, partition, _inputs_as(into), _outputs_as(out))
+    finish = logits_out(_outputs_as(out)) if logits else _outputs_as(out)
+    distribute_module(module, mesh, partition, _inputs_as(into), finish)
 
 
 def _inputs_as(placement: Placement) -> Callable[..., Any]:

@@ -26,6 +26,7 @@ from paratrain.errors import ConfigError, DivergedError
 from paratrain.session.diagnosis import timeout_culprits
 from paratrain.session.exits import leave_at_exit
 from paratrain.session.teardown import GroupLease
+from paratrain.strategies import evaluation
 from paratrain.strategies.accounting import staleness_summary
 from paratrain.strategies.local_step import local_step
 from paratrain.strategies.numerics import finite_gradients, finite_parameters
@@ -296,10 +297,9 @@ class Strategy:
     def describe_rank(self, global_rank: int) -> str:
         return self.topology.rank_name(global_rank)
 
-    def forward(self, model: nn.Module, inputs: torch.Tensor) -> torch.Tensor | None:
-        """Evaluation's forward pass on ``model`` (unwrapped): the logits, or None on a process
-        that holds none (pipeline stages before the last, which pass activations on)."""
-        return self.recipe.forward(model, inputs, self.device)
+    #: ``forward(model, inputs)``: evaluation's outputs, None where a process holds none;
+    #: ``score(model, inputs, targets, loss_fn, metrics)``: their loss and metrics (evaluation.py).
+    forward, score = evaluation.forward, evaluation.score
 
     def step_counters(self) -> dict[str, float]:
         """This process's running totals, read after every step by the TensorBoard logger:

@@ -19,7 +19,8 @@ class StepOutput:
     loss: torch.Tensor
     """Mean loss over this replica's batch (a 0-d tensor on the device)."""
     logits: torch.Tensor
-    """Model outputs for this replica's batch."""
+    """Model outputs for this replica's batch (under tensor's loss parallel, the logits split
+    by vocabulary: DTensors, ``full_tensor()`` makes them whole)."""
     skipped: bool = False
     """The update was skipped: a NaN or Inf loss or gradient, with ``on_nan = "skip"``."""
     position: dict[str, Any] | None = None

@@ -10,6 +10,10 @@ logits), ``nll``, and ``model``: the loss the model computes itself and returns 
 Face model given ``labels``: ``outputs.loss``; a dict with ``"loss"``; a scalar tensor),
 the default where the batch is a dict of tensors alone; the metrics ``accuracy``,
 ``top<k>_accuracy`` (``top5_accuracy``), ``mae`` (mean absolute error) and ``mse``.
+
+A loss marked ``loss_parallel = True`` is ``F.cross_entropy`` of the outputs, the classes
+last: under ``--strategy tensor`` it may be given the logits split by vocabulary (a DTensor),
+as ``cross_entropy`` is; any other loss, and every metric, gets them whole.
 """
 
 from __future__ import annotations
@@ -58,6 +62,11 @@ def cross_entropy_loss(outputs: torch.Tensor, targets: torch.Tensor) -> torch.Te
     if outputs.dim() > 2 and outputs.shape[:-1] == targets.shape:
         return F.cross_entropy(outputs.reshape(-1, outputs.shape[-1]), targets.reshape(-1))
     return F.cross_entropy(outputs, targets)
+
+
+# F.cross_entropy of the outputs, whose classes are last: tensor parallelism may hand it the
+# logits split by vocabulary (torch's loss_parallel computes it on them; strategies/tensor/loss.py).
+cross_entropy_loss.loss_parallel = True  # type: ignore[attr-defined]
 
 
 def model_loss(outputs: Any, batch: Any) -> torch.Tensor:
@@ -124,6 +133,7 @@ def default_loss(outputs: Any, targets: Any) -> torch.Tensor:
 
 
 default_loss.uses_model_loss = True  # type: ignore[attr-defined]  # for a dict batch
+default_loss.loss_parallel = True  # type: ignore[attr-defined]  # for a pair: F.cross_entropy, classes last
 
 
 def resolve_loss(loss: str | Score | None) -> Score:

@@ -350,11 +350,10 @@ class Trainer:
         sums = torch.zeros(2 + len(scores), dtype=torch.float64, device=self.strategy.device)
         with self.strategy.evaluating(model):
             for inputs, targets in self.strategy.distribute(data, batch_size, shuffle=False, drop_last=False):
-                outputs = self.strategy.forward(model, inputs)
-                if outputs is None:  # a pipeline stage before the last: it passed its activations on
+                values = self.strategy.score(model, inputs, targets, self.loss_fn, scores)
+                if values is None:  # a pipeline stage before the last: it passed its activations on
                     continue
                 n = num_examples(targets)
-                values = [self.loss_fn(outputs, targets), *(score(outputs, targets) for score in scores)]
                 sums[0] += n
                 sums[1:] += torch.stack([v.detach().double().reshape(()) for v in values]) * n
         model.train(was_training)

@@ -43,7 +43,7 @@ def test_the_builtin_corpus_is_the_same_text_every_time():
 def test_gpt_ties_its_output_layer_to_the_token_embedding_and_predicts_every_position(tmp_path):
     splits = _splits(tmp_path, builtin_corpus(5_000))
     model = build_model("gpt", splits.spec, options=GPTConfig(**SMALL))
-    embedding, head = model[0].token.weight, model[-1].weight
+    embedding, head = model[0].token.weight, model[-1].output.weight
     assert head is embedding
     assert sum(p.numel() for p in model.parameters()) < sum(p.numel() for p in model.state_dict().values())
     inputs, _ = splits.train[0]
@@ -111,3 +111,17 @@ def test_text_lm_data_that_cannot_be_read_is_one_line(tmp_path):
 def test_gpt_refuses_data_with_one_label_per_example():
     with pytest.raises(ConfigError, match="model gpt predicts the next token at every position"):
         build_model("gpt", load_dataset(TrainConfig()).spec)
+
+
+def test_a_state_dict_written_when_the_head_held_the_weight_itself_loads(tmp_path):
+    splits = _splits(tmp_path, builtin_corpus(5_000))
+    model = build_model("gpt", splits.spec, options=GPTConfig(**SMALL))
+    state = model.state_dict()
+    head = f"{len(model) - 1}."
+    old = {
+        (head + "weight" if key == head + "output.weight" else key): value.clone() + 1 for key, value in state.items()
+    }
+    model.load_state_dict(old)
+    assert (
+        torch.equal(model[-1].output.weight, old[head + "weight"]) and model[-1].output.weight is model[0].token.weight
+    )

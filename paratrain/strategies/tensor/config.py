@@ -1,5 +1,6 @@
-"""``--tensor-parallel`` and ``--tp-plan``, the section of TrainConfig (config.py) that the
-``tensor`` strategy takes; like every section it imports no strategy."""
+"""``--tensor-parallel``, ``--tp-plan``, ``--shard-replicas`` and ``--loss-parallel``: the section
+of TrainConfig (config.py) that the ``tensor`` strategy takes; like every section it imports
+no strategy."""
 
 from __future__ import annotations
 
@@ -25,6 +26,12 @@ class TensorConfig:
         False,
         "tensor: shard each process's part of the parameters, gradients and optimizer state over the replicas "
         "too (FSDP2 over the replica dimension of the mesh: 2-D, as torchtitan's FSDP x TP)",
+    )
+    loss_parallel: bool = option(
+        True,
+        "tensor: keep the output layer's logits split by vocabulary and compute a cross-entropy loss on the "
+        "slices (torch's loss_parallel), with no all-gather of the whole logits; other losses and the metrics get "
+        "them whole",
     )
     tp_plan: str | None = option(
         None,

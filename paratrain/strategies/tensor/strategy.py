@@ -11,6 +11,12 @@ ranks; after the backward pass each process sums its part of the gradient over t
 replicas (one all-reduce, in the replica dimension), so a step is one step of the global
 batch, as under allreduce.
 
+``loss_parallel`` (on by default, as torchtitan): where the plan's output layer gathers
+its logits (``colwise_rep``) and the loss is a cross-entropy, each process keeps its slice
+of the vocabulary and the loss is computed on the slices (parallel/vocabulary.py; which
+losses: loss.py): no all-gather of the (batch, positions, vocabulary) logits, and no whole
+copy of them on each process.
+
 Checkpoints go through ``torch.distributed.checkpoint`` (strategies/sharded_files.py):
 each process writes its part of the model and optimizer.
 """
@@ -25,19 +31,24 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
+from torch.distributed.tensor import DTensor
 
 from paratrain.comm.flat import mean_gradients
 from paratrain.comm.transport import cluster_from_env, default_backend
 from paratrain.console import console
 from paratrain.errors import ConfigError
 from paratrain.parallel.sharding import fsdp_units, gradient_sync_off
-from paratrain.parallel.tensor import matching, parallelize, plan_for
+from paratrain.parallel.tensor import matching, output_layer, parallelize, plan_for
+from paratrain.parallel.vocabulary import LOSS_ALL_REDUCES, LOSS_VALUE_BYTES, split_logits, whole
 from paratrain.strategies.base import DEFAULT_TIMEOUT_S, Strategy
 from paratrain.strategies.device import resolve_device
+from paratrain.strategies.local_step import local_step
 from paratrain.strategies.numerics import finite_on_every_process, sharded_gradients, sharded_parameters
 from paratrain.strategies.recipe import StepRecipe
 from paratrain.strategies.sharded_files import ShardedModelFiles
 from paratrain.strategies.spec import process_options
+from paratrain.strategies.step import LossFn, StepOutput
+from paratrain.strategies.tensor.loss import own_loss_splits, plain_loss, takes_split_logits
 from paratrain.strategies.tensor.topology import TensorTopology
 
 if TYPE_CHECKING:
@@ -66,6 +77,7 @@ class TensorParallelStrategy(Strategy):
         plan: dict[str, str] | None = None,
         shard_replicas: bool = False,
         *,
+        loss_parallel: bool = True,
         device: str = "auto",
         timeout: float = DEFAULT_TIMEOUT_S,
         workers: int | None = None,
@@ -76,15 +88,25 @@ class TensorParallelStrategy(Strategy):
         self.tensor_parallel = tensor_parallel
         self.plan = plan
         self.shard_replicas = shard_replicas
+        self.loss_parallel = loss_parallel
         self.mesh: Any = None
         self._replica_group: Any = None
         self._grad_bytes = 0
         self._activation_bytes = 0  # what the row-split layers all-reduce, per step, forward
+        self._logits_bytes = 0.0  # what the output layer's logits (or the loss on their slices) send
+        self._splits = False  # whether a loss may take the logits split (loss_parallel, an output layer)
+        self._own_loss_splits = False  # whether the model's own loss takes them split (loss.py)
 
     @classmethod
     def from_config(cls, config: TrainConfig) -> TensorParallelStrategy:
         tensor = config.tensor
-        return cls(tensor.tensor_parallel, tensor.plan(), tensor.shard_replicas, **process_options(config))
+        return cls(
+            tensor.tensor_parallel,
+            tensor.plan(),
+            tensor.shard_replicas,
+            loss_parallel=tensor.loss_parallel,
+            **process_options(config),
+        )
 
     @classmethod
     def topology_for(cls, config: TrainConfig) -> TensorTopology:
@@ -107,6 +129,7 @@ class TensorParallelStrategy(Strategy):
         facts = super().describe()
         facts.update(workers=self.topology.num_processes, replicas=self.num_replicas)  # --workers counts processes
         facts.update(tensor_parallel=self.tensor_parallel, shard_replicas=self.shard_replicas)
+        facts.update(loss_parallel=self.loss_parallel)
         return facts
 
     # ----- process -----------------------------------------------------------------------
@@ -158,10 +181,16 @@ class TensorParallelStrategy(Strategy):
         for name, style in chosen.items():
             if style.kind == "rowwise":
                 modules[name].register_forward_hook(self._count_activation)
+        logits = output_layer(model, chosen)
+        if logits is not None:
+            modules[logits].register_forward_hook(self._count_logits)
+        self._splits = self.loss_parallel and logits is not None
+        self._own_loss_splits = self._splits and own_loss_splits(model)
         if self.is_chief:
+            split = f"; {logits}'s logits split by vocabulary for a cross-entropy" if self._splits else ""
             console.print(
                 f"paratrain: tensor parallel over {self.tensor_parallel} processes, {self.num_replicas} "
-                f"replica(s): {len(chosen)} modules split ({_summary(chosen)}); ranks "
+                f"replica(s): {len(chosen)} modules split ({_summary(chosen)}){split}; ranks "
                 f"{_layout(self.topology)}"
             )
         return model, optimizer
@@ -169,6 +198,44 @@ class TensorParallelStrategy(Strategy):
     def _count_activation(self, module: nn.Module, inputs: Any, output: torch.Tensor) -> None:
         if module.training:
             self._activation_bytes += output.numel() * output.element_size()
+
+    def _count_logits(self, module: nn.Module, inputs: Any, output: torch.Tensor) -> None:
+        """The output layer's sends, as a ring makes them: its logits all-gathered whole, or
+        split (a DTensor), the loss's all-reduces of a few values a position."""
+        if not module.training:
+            return
+        tensor = self.tensor_parallel
+        if isinstance(output, DTensor):
+            positions = output.numel() // output.shape[-1]
+            self._logits_bytes += LOSS_ALL_REDUCES * positions * LOSS_VALUE_BYTES * 2 * (tensor - 1) / tensor
+        else:
+            self._logits_bytes += output.numel() * output.element_size() * (tensor - 1) / tensor
+
+    # ----- step and evaluation -------------------------------------------------------------
+    def train_step(
+        self, model: nn.Module, loss_fn: LossFn, optimizer: torch.optim.Optimizer, inputs: Any, targets: Any
+    ) -> StepOutput:
+        """One step of this replica's batch (local_step.py); where the loss takes the logits
+        split by vocabulary, inside ``split_logits()``: its outputs are then the split logits
+        (DTensors; ``full_tensor()`` makes them whole)."""
+        if not self._takes_split(loss_fn, targets):
+            return local_step(self, model, loss_fn, optimizer, inputs, targets)
+        with split_logits():
+            return local_step(self, model, plain_loss(loss_fn), optimizer, inputs, targets)
+
+    def score(self, model: nn.Module, inputs: Any, targets: Any, loss_fn: LossFn, metrics: list[LossFn]) -> Any:
+        """Evaluation of one batch: where the loss takes the logits split, it computes on them
+        and the metrics (any callable) are given them whole, gathered batch by batch."""
+        if not self._takes_split(loss_fn, targets):
+            return super().score(model, inputs, targets, loss_fn, metrics)
+        with split_logits():
+            outputs = self.forward(model, inputs)
+            loss = plain_loss(loss_fn)(outputs, targets)
+        gathered = whole(outputs) if metrics else outputs
+        return [loss, *(metric(gathered, targets) for metric in metrics)]
+
+    def _takes_split(self, loss_fn: LossFn, targets: Any) -> bool:
+        return self._splits and takes_split_logits(loss_fn, targets, self._own_loss_splits)
 
     @property
     def _sharded(self) -> bool:
@@ -207,10 +274,11 @@ class TensorParallelStrategy(Strategy):
     def _step_bytes(self) -> float:
         """What one process hands to its collectives per step, as a ring sends it: the row-split
         layers' outputs all-reduced forward and as many activation gradients backward, over
-        the T processes; its part of the gradient over the replicas."""
+        the T processes; the output layer's logits gathered, or the loss's all-reduces on their
+        slices; its part of the gradient over the replicas."""
         steps = max(self._steps, 1)
         tensor, replicas = self.tensor_parallel, self.num_replicas
-        activations = 2 * self._activation_bytes / steps * 2 * (tensor - 1) / tensor
+        activations = 2 * self._activation_bytes / steps * 2 * (tensor - 1) / tensor + self._logits_bytes / steps
         gradient = self._grad_bytes * (3 if self._sharded else 2) * (replicas - 1) / replicas  # ZeRO-3: 1.5x
         return activations + gradient
 
