@@ -122,6 +122,7 @@ def _check_tensor(args: argparse.Namespace, strategies: list[str], targeted: boo
             ("--shard-replicas", args.shard_replicas, False),
             ("--tp-bandwidth-gbps", args.tp_bandwidth_gbps, None),
             ("--tp-plan", args.tp_plan, None),
+            ("--no-loss-parallel", args.loss_parallel, True),
         )
         if value != default
     ]

@@ -108,6 +108,12 @@ def add_flags(p: argparse.ArgumentParser) -> None:
         help="tensor: the link between the T processes of a replica, Gb/s each way (one machine's: NVLink, PCIe) "
         "(default --bandwidth-gbps)",
     )
+    a(
+        "--loss-parallel",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="tensor: the cross-entropy on the logits split by vocabulary, not gathered (default: yes, as train)",
+    )
     a("--tp-plan", default=None, help="tensor: how to split --model, as paratrain train --tp-plan (default its own)")
     a("--compression", default="none", help="gradient codec: none, fp16, bf16, int8, topk, powersgd (default none)")
     a("--topk-ratio", type=float, default=0.01, help="topk: share of gradient entries sent (default 0.01)")

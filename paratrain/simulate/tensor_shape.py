@@ -15,12 +15,18 @@ from paratrain.errors import ConfigError
 from paratrain.simulate.tensor import Mesh, TensorShape
 
 
-def measure(model: nn.Module, inputs: Any, plan: dict[str, str] | None, size: int) -> TensorShape:
+def measure(
+    model: nn.Module, inputs: Any, plan: dict[str, str] | None, size: int, loss_parallel: bool = True
+) -> TensorShape:
     """``model``'s TensorShape for a split ``size`` ways by ``plan`` (None: its own), from
-    one forward pass on ``inputs`` (a local batch); the model is left as it was."""
-    from paratrain.parallel.tensor import plan_for, planned  # deferred: DTensor, only for tensor
+    one forward pass on ``inputs`` (a local batch); the model is left as it was. With
+    ``loss_parallel`` (train's ``--loss-parallel``, a cross-entropy loss) the output layer's
+    logits are not gathered: the loss all-reduces a few values a position instead."""
+    from paratrain.parallel.tensor import output_layer, plan_for, planned  # deferred: DTensor, only for tensor
+    from paratrain.parallel.vocabulary import LOSS_ALL_REDUCES, LOSS_VALUE_BYTES
 
     chosen = planned(model, plan_for(model, plan), size)
+    logits = output_layer(model, chosen) if loss_parallel else None
     modules = dict(model.named_modules())
     split_ids = {id(p) for name in chosen for p in modules[name].parameters()}
     trainable = [p for p in model.parameters() if p.requires_grad]
@@ -29,7 +35,7 @@ def measure(model: nn.Module, inputs: Any, plan: dict[str, str] | None, size: in
     reduced: list[float] = []
     gathered: list[float] = []
 
-    def counter(style: Any) -> Any:
+    def counter(style: Any, split_logits: bool) -> Any:
         def hook(module: nn.Module, args: tuple[Any, ...], output: Any) -> None:
             out = output[0] if isinstance(output, (tuple, list)) else output
             if style.kind == "rowwise":
@@ -37,12 +43,14 @@ def measure(model: nn.Module, inputs: Any, plan: dict[str, str] | None, size: in
             elif style.kind == "colwise":
                 if args and torch.is_tensor(args[0]) and args[0].requires_grad:
                     reduced.append(_bytes(args[0]))  # its input's gradient, backward
-                if style.gather:
+                if split_logits:  # the loss's maximum, sum of exponentials and target logit
+                    reduced.extend([out.numel() // out.shape[-1] * LOSS_VALUE_BYTES] * LOSS_ALL_REDUCES)
+                elif style.gather:
                     gathered.append(_bytes(out))
 
         return hook
 
-    hooks = [modules[name].register_forward_hook(counter(style)) for name, style in chosen.items()]
+    hooks = [modules[name].register_forward_hook(counter(style, name == logits)) for name, style in chosen.items()]
     try:
         with FlopCounterMode(display=False) as flops:
             _call(model, inputs)
@@ -104,7 +112,7 @@ def meshes(args: Any, model: nn.Module, splits: Any) -> list[Mesh]:
     inputs = batch[0] if isinstance(batch, (tuple, list)) else batch
     found = []
     for size in tensor_sizes(args.tensor_parallel):
-        shape = measure(model, inputs, plan, size)
+        shape = measure(model, inputs, plan, size, args.loss_parallel)
         found.append(
             Mesh(
                 shape,

@@ -38,9 +38,13 @@ def test_measure_counts_the_split_parameters_flops_and_collectives():
     # fc2's output all-reduced forward; fc1's input needs no gradient (the data): nothing backward
     assert shape.all_reduce_bytes == (4 * B * IN,)
     assert shape.all_gather_bytes == ()
-    shape = measure(Net(), torch.randn(B, IN, requires_grad=True), {**PLAN, "head": "colwise_rep"}, 2)
-    assert sorted(shape.all_reduce_bytes) == sorted([4 * B * IN, 4 * B * IN, 4 * B * IN])  # fc1, head backward
-    assert shape.all_gather_bytes == (4 * B * OUT,)
+    inputs, plan = torch.randn(B, IN, requires_grad=True), {**PLAN, "head": "colwise_rep"}
+    shape = measure(Net(), inputs, plan, 2, loss_parallel=False)
+    assert shape.all_reduce_bytes == (4 * B * IN,) * 3  # fc1 and head backward, fc2 forward
+    assert shape.all_gather_bytes == (4 * B * OUT,)  # the logits gathered whole
+    shape = measure(Net(), inputs, plan, 2)  # the loss on the slices: 3 all-reduces of a value an example
+    assert sorted(shape.all_reduce_bytes) == [4 * B] * 3 + [4 * B * IN] * 3
+    assert shape.all_gather_bytes == ()
 
 
 def test_measure_refuses_what_train_refuses():
@@ -52,13 +56,17 @@ def test_gpt2_block_costs_megatrons_two_all_reduces_each_way():
     transformers = pytest.importorskip("transformers")
     config = transformers.GPT2Config(n_layer=2, n_embd=32, n_head=4, vocab_size=64, n_positions=16)
     model = transformers.GPT2LMHeadModel(config)
-    shape = measure(model, {"input_ids": torch.randint(0, 64, (2, 16))}, None, 2)
+    inputs = {"input_ids": torch.randint(0, 64, (2, 16))}
+    shape = measure(model, inputs, None, 2, loss_parallel=False)
     hidden = 4 * 2 * 16 * 32
     # per block: attention and MLP outputs forward, c_attn and c_fc inputs backward; the
     # embedding's vocabulary-split output forward; the output layer's input backward
     assert sorted(shape.all_reduce_bytes) == [hidden] * (4 * 2 + 2)
     assert shape.all_gather_bytes == (4 * 2 * 16 * 64,)  # the logits gathered whole
     assert 0.8 < shape.split_share <= 1.0
+    split = measure(model, inputs, None, 2)  # the loss on the slices: 3 values a position, no gather
+    assert sorted(split.all_reduce_bytes) == [4 * 2 * 16] * 3 + [hidden] * (4 * 2 + 2)
+    assert split.all_gather_bytes == ()
 
 
 SHAPE = TensorShape(
@@ -122,6 +130,7 @@ def test_cli_compares_meshes_of_the_gpt(tmp_path, capsys):
     "extra, words",
     [
         (["--tensor-parallel", "4"], "add tensor to --strategy"),
+        (["--no-loss-parallel"], "add tensor to --strategy"),
         (["--strategy", "tensor", "--model-mb", "10"], "--model-mb gives neither"),
         (["--strategy", "tensor", "--tensor-parallel", "0"], "--tensor-parallel must be counts >= 1"),
         (["--strategy", "tensor", "--workers", "3"], "none is a multiple of --tensor-parallel"),
