@@ -21,8 +21,11 @@ epochs), examples/s of training past the first epoch:
   parameters as one flat tensor, measured alone;
 - ``codec_gbps``: ``--compression``'s encode plus decode of the model's gradient, in
   gigabytes of dense gradient a second (0 for ``none``: nothing to code);
-- ``host_link_gbps``: the rate of a Gloo all-reduce between two processes of this host
-  (link_probe.py): the link of a tensor-parallel replica whose processes share a machine.
+- ``host_link_gbps`` and ``host_step_us``: the rate and the fixed cost (a ring step's) of a
+  Gloo all-reduce between two processes of this host (link_probe.py): the link of a
+  tensor-parallel replica whose processes share a machine. A step of ``allreduce`` costs
+  far more than that fixed cost (DDP's buckets and hooks: ``ring_step_us``); the activation
+  collectives of tensor parallelism are bare all-reduces.
 
 calibration.py turns them into the engine's parameters for the prediction at hand.
 """
@@ -50,7 +53,7 @@ from paratrain.data.datasets import load_dataset
 from paratrain.errors import ConfigError
 from paratrain.models import build_model
 from paratrain.simulate.calibration import FORMAT, VERSION
-from paratrain.simulate.link_probe import host_link_gbps
+from paratrain.simulate.link_probe import host_link
 
 
 def calibrate(args: Any, model: Any, splits: Any) -> dict[str, Any]:
@@ -67,8 +70,8 @@ def calibrate(args: Any, model: Any, splits: Any) -> dict[str, Any]:
         "ps_push_us": push * 1e6,
         "ps_update_us": _update_s(flat) * 1e6,
         "codec_gbps": _codec_gbps(args, model, flat),
-        "host_link_gbps": host_link_gbps(),
     }
+    costs["host_link_gbps"], costs["host_step_us"] = host_link()
     return {
         "format": FORMAT,
         "version": VERSION,

@@ -24,7 +24,10 @@ COSTS = {
     "codec_gbps": "its codec {:.3g} GB/s",
 }
 #: Costs a calibration may hold (older files lack them), and how a line names each.
-OPTIONAL = {"host_link_gbps": "a host's link {:.3g} Gb/s (tensor's replicas)"}
+OPTIONAL = {
+    "host_link_gbps": "a host's link {:.3g} Gb/s",
+    "host_step_us": "{:.3g} us a ring step on it (tensor's replicas)",
+}
 #: What a calibration must share with the prediction that takes it.
 SAME = ("model", "dataset", "batch_size", "compression")
 
@@ -99,11 +102,15 @@ def apply(args: argparse.Namespace) -> list[str]:
         elif name != "message_cpu_us" or quota:
             setattr(args, name, value)
     args.codec_gbps = costs["codec_gbps"]
-    if costs.get("host_link_gbps") and "tensor" in args.strategy.split(","):
-        if args.tp_bandwidth_gbps is None:
-            args.tp_bandwidth_gbps = costs["host_link_gbps"]
-        else:
-            given.append("--tp-bandwidth-gbps")
+    for name, flag, attribute in (
+        ("host_link_gbps", "--tp-bandwidth-gbps", "tp_bandwidth_gbps"),
+        ("host_step_us", "--tp-latency-us", "tp_latency_us"),
+    ):
+        if costs.get(name) and "tensor" in args.strategy.split(","):
+            if getattr(args, attribute) is None:
+                setattr(args, attribute, costs[name])
+            else:
+                given.append(flag)
     taken = [words.format(costs[name]) for name, words in COSTS.items() if costs[name] or name != "codec_gbps"]
     taken += [words.format(costs[name]) for name, words in OPTIONAL.items() if costs.get(name)]
     measured = calibration["measured"]

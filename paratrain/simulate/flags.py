@@ -109,6 +109,13 @@ def add_flags(p: argparse.ArgumentParser) -> None:
         "(default --bandwidth-gbps)",
     )
     a(
+        "--tp-latency-us",
+        type=float,
+        default=None,
+        help="tensor: microseconds per ring step of a collective inside a replica (default: the calibration's host "
+        "step, else --ring-latency-us, else --latency-us)",
+    )
+    a(
         "--loss-parallel",
         action=argparse.BooleanOptionalAction,
         default=True,

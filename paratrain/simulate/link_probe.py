@@ -1,10 +1,12 @@
-"""The link between two processes of one host, as Gloo's all-reduce sees it: the rate that
-a tensor-parallel replica's activations travel at when its processes share a machine
-(calibrate.py writes it as ``host_link_gbps``; tensor.py's ``tp_bandwidth``).
+"""The link between two processes of one host, as Gloo's all-reduce sees it: the rate and
+the fixed cost a tensor-parallel replica's activations travel at when its processes share a
+machine (calibrate.py writes them as ``host_link_gbps`` and ``host_step_us``; tensor.py's
+``tp_bandwidth`` and ``tp_latency``).
 
-Two processes (one thread each) all-reduce a small and a large tensor; a 2-process ring
-all-reduce of b bytes takes b / rate plus a fixed cost, so the rate is the difference of
-the sizes over the difference of the times, the fixed cost cancelling out."""
+Two processes (one thread each) all-reduce a tiny, a small and a large tensor. A 2-process
+ring all-reduce of b bytes takes b / rate plus a fixed cost: the rate is the difference of
+the two larger sizes over the difference of their times (the fixed cost cancelling out),
+the fixed cost the tiny one's time, two ring steps of it."""
 
 from __future__ import annotations
 
@@ -18,17 +20,19 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-SIZES = (2**20, 2**24)
-"""Bytes all-reduced: 1 MiB and 16 MiB."""
+SIZES = (2**12, 2**20, 2**24)
+"""Bytes all-reduced: 4 KiB (the fixed cost), 1 MiB and 16 MiB (the rate)."""
 
 
-def host_link_gbps(repeats: int = 10) -> float:
-    """Gigabits a second between two processes of this host (a 2-process Gloo all-reduce)."""
+def host_link(repeats: int = 10) -> tuple[float, float]:
+    """(gigabits a second, microseconds a ring step) between two processes of this host, as a
+    2-process Gloo all-reduce sees them."""
     with tempfile.TemporaryDirectory(prefix="paratrain-link-") as folder:
         out = Path(folder) / "times"
         mp.start_processes(_probe, args=(folder, repeats), nprocs=2, start_method="spawn")
-        small, large = (float(x) for x in out.read_text().split())
-    return max((SIZES[1] - SIZES[0]) / max(large - small, 1e-9) * 8 / 1e9, 0.0)
+        tiny, small, large = (float(x) for x in out.read_text().split())
+    gbps = max((SIZES[2] - SIZES[1]) / max(large - small, 1e-9) * 8 / 1e9, 0.0)
+    return gbps, tiny / 2 * 1e6
 
 
 def _probe(rank: int, folder: str, repeats: int) -> None:

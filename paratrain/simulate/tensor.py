@@ -8,7 +8,7 @@ one process, the model whole:
 | piece | model |
 | --- | --- |
 | compute | a process computes ``compute_s`` x (1 - f + f/T), f the share of the forward pass's FLOPs in the modules the plan splits (their matrix products; an attention split by heads counts whole); the rest (norms, embeddings left whole, the loss) every process computes whole |
-| activations | every row-wise module's output all-reduced forward (its partial sums; a vocabulary-split embedding's too), every column-wise module's input gradient all-reduced backward (when its input needs one), a ``colwise_rep`` output all-gathered: ring collectives over the T processes, on the link between them (``tp_bandwidth``: one machine's, NVLink or PCIe on GPUs) with the cluster's ring step latency each step; not overlapped with compute (DTensor's collectives block) |
+| activations | every row-wise module's output all-reduced forward (its partial sums; a vocabulary-split embedding's too), every column-wise module's input gradient all-reduced backward (when its input needs one), a ``colwise_rep`` output all-gathered: ring collectives over the T processes, on the link between them (``tp_bandwidth``: one machine's, NVLink or PCIe on GPUs) with its own ring step latency (``tp_latency``, else the cluster's); not overlapped with compute (DTensor's collectives block) |
 | replicas | after the backward pass each process all-reduces its part of the gradient (the split parameters' 1/T and the whole ones) over the D replicas, on the cluster's link (strategies/tensor: one flat all-reduce, not overlapped); ``shard_replicas``: FSDP2 over the replicas instead (costs.py's fsdp step on that part) |
 | one process | W = 1 is one process of the whole model: ``compute_s``, nothing sent |
 
@@ -88,6 +88,8 @@ class Mesh:
     tensor: int
     shard_replicas: bool = False
     tp_bandwidth: float | None = None
+    tp_latency: float | None = None
+    """Seconds a ring step inside a replica (None: the cluster's ring step latency)."""
     units: int = FSDP_UNITS
 
     def label(self) -> str:
@@ -108,6 +110,8 @@ class Mesh:
         tensor = self.tensor if cluster.workers > 1 else 1
         replicas = self.replicas(cluster.workers)
         step_latency = cluster.latency if cluster.ring_latency is None else cluster.ring_latency
+        if self.tp_latency is not None:
+            step_latency = self.tp_latency
         link = self.tp_bandwidth or cluster.bandwidth
         busy = slowest + activation_s(self.shape, tensor, link, step_latency)
         if replicas == 1:

@@ -119,6 +119,7 @@ def meshes(args: Any, model: nn.Module, splits: Any) -> list[Mesh]:
                 size,
                 shard_replicas=args.shard_replicas,
                 tp_bandwidth=None if args.tp_bandwidth_gbps is None else args.tp_bandwidth_gbps * 1e9 / 8,
+                tp_latency=None if args.tp_latency_us is None else args.tp_latency_us * 1e-6,
                 units=args.fsdp_units,
             )
         )

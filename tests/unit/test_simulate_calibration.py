@@ -58,6 +58,7 @@ def test_calibrate_measures_every_cost_here_and_predicts_with_them(cli, tmp_path
     assert costs["message_cpu_us"] == costs["ring_step_us"]
     assert costs["codec_gbps"] == 0.0  # no codec
     assert 0.1 < costs["host_link_gbps"] < 1e4  # loopback between two processes: Gb/s, not B/s or GB/s
+    assert 0 < costs["host_step_us"] < costs["ring_step_us"]  # a bare all-reduce, not a DDP step
     assert f"paratrain: calibration {path} (measured on " in result.stdout
     assert f"compute {costs['compute_ms']:.3g} ms a step" in result.stdout
 
@@ -87,13 +88,14 @@ def test_the_engine_s_parameters_are_derived_for_the_prediction_at_hand(tmp_path
 
 
 def test_the_host_link_is_tensor_s_link_inside_a_replica(tmp_path):
-    path = _calibration(tmp_path / "t.json", host_link_gbps=12.5)
+    path = _calibration(tmp_path / "t.json", host_link_gbps=12.5, host_step_us=60.0)
     args, lines = _applied(path, "--strategy", "tensor")
-    assert args.tp_bandwidth_gbps == 12.5 and "a host's link 12.5 Gb/s (tensor's replicas)" in lines[0]
+    assert (args.tp_bandwidth_gbps, args.tp_latency_us) == (12.5, 60.0)
+    assert "a host's link 12.5 Gb/s, 60 us a ring step on it (tensor's replicas)" in lines[0]
     args, lines = _applied(path, "--strategy", "tensor", "--tp-bandwidth-gbps", "100")
     assert args.tp_bandwidth_gbps == 100.0 and lines[0].endswith("; from the flags: --tp-bandwidth-gbps")
     args, _ = _applied(path)  # another strategy: no tensor link to give
-    assert args.tp_bandwidth_gbps is None
+    assert args.tp_bandwidth_gbps is None and args.tp_latency_us is None
     args, _ = _applied(_calibration(tmp_path / "old.json"), "--strategy", "tensor")  # written before it was measured
     assert args.tp_bandwidth_gbps is None
 

@@ -92,6 +92,13 @@ def test_step_closed_form_on_a_two_by_two_mesh():
     assert out["strategy"] == "tensor T=2"
 
 
+def test_the_replica_s_own_ring_step_prices_its_collectives():
+    slow = simulate("tensor", cluster(2, ring_latency=5e-3), 10, mesh=Mesh(SHAPE, 2)).summary(32)
+    own = simulate("tensor", cluster(2, ring_latency=5e-3), 10, mesh=Mesh(SHAPE, 2, tp_latency=1e-5)).summary(32)
+    # 3 collectives of 2 ring steps (all-gather: 1) at 5 ms against 10 us
+    assert slow["step_seconds"] - own["step_seconds"] == pytest.approx((2 + 2 + 1) * (5e-3 - 1e-5))
+
+
 def test_one_way_mesh_is_allreduce_and_its_sharded_replicas_fsdp():
     plain = simulate("tensor", cluster(4), 10, mesh=Mesh(SHAPE, 1)).summary(32)
     assert plain["step_seconds"] == pytest.approx(simulate("allreduce", cluster(4), 10).summary(32)["step_seconds"])
