@@ -66,4 +66,9 @@ def config_from_run(path: str) -> dict[str, Any]:
         raise ConfigError(
             f"--config-from {path}: unknown option {unknown[0]!r} (written by another paratrain version?)"
         )
-    return {k: v for k, v in document["config"].items() if k not in OUTPUT_FIELDS}
+    config = dict(document["config"])
+    if "loss_parallel" not in config and config.get("tensor_parallel") == 2:
+        # Written before --tensor-parallel's default became each strategy's own (tensor 2,
+        # pipeline 1: unsplit stages) with --loss-parallel: the 2 is that former default.
+        del config["tensor_parallel"]
+    return {k: v for k, v in config.items() if k not in OUTPUT_FIELDS}

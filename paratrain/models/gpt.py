@@ -46,8 +46,11 @@ class CausalSelfAttention(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # The heads are counted from the projection's width: split by tensor parallelism,
         # a process holds some of them (paratrain/parallel/tensor.py).
-        batch, length, _ = x.shape
-        q, k, v = self.qkv(x).view(batch, length, 3, -1, self.head_width).permute(2, 0, 3, 1, 4)
+        # The positions are counted from the projection too: under sequence parallelism x
+        # holds a process's positions, the projection (which gathers them first) all of them.
+        qkv = self.qkv(x)
+        batch, length = qkv.shape[:2]
+        q, k, v = qkv.view(batch, length, 3, -1, self.head_width).permute(2, 0, 3, 1, 4)
         dropout = self.dropout if self.training else 0.0
         y = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout, is_causal=True)
         return self.out(y.transpose(1, 2).reshape(batch, length, -1))
@@ -99,6 +102,12 @@ class GPT(nn.Sequential):
         "*.mlp.0": "colwise",
         "*.mlp.2": "rowwise",
         "*.output": "colwise_rep",  # the logits: split by vocabulary for the loss (parallel/vocabulary.py)
+        # --sequence-parallel (parallel/sequence.py): the embeddings' output split by position,
+        # the norms run on each process's positions
+        "0": "split_sequence",
+        "*.norm1": "sequence",
+        "*.norm2": "sequence",
+        "*.norm": "sequence",
     }
 
     def __init__(self, vocab: int, context: int, sizes: GPTConfig):

@@ -51,9 +51,14 @@ from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_modul
 from torch.distributed.tensor.placement_types import Placement, _StridedShard
 
 from paratrain.errors import ConfigError
+from paratrain.parallel.sequence import POSITIONS, split_positions
+from paratrain.parallel.sequence import on_positions as on_positions_of
 from paratrain.parallel.vocabulary import logits_out
 
-STYLES = ("colwise", "colwise:K", "colwise_rep", "rowwise", "heads", "replicate")
+STYLES = ("colwise", "colwise:K", "colwise_rep", "rowwise", "heads", "sequence", "split_sequence", "replicate")
+
+#: The styles of sequence parallelism (parallel/sequence.py): in effect with it alone.
+SEQUENCE_STYLES = ("sequence", "split_sequence")
 
 #: transformers' names for the styles above (its models' plans use them).
 ALIASES = {"embedding_rowwise": "rowwise", "embedding_colwise": "colwise"}
@@ -97,7 +102,7 @@ class Style:
             return Style("colwise", gather=True)
         if name == "colwise" and (not count or count.isdigit() and int(count) >= 1):
             return Style("colwise", int(count or 1))
-        if name in ("rowwise", "heads") and not count:
+        if name in ("rowwise", "heads", "sequence", "split_sequence") and not count:
             return Style(name)
         raise ConfigError(f"tensor-parallel plan: {where} has style {text!r}; the styles are {', '.join(STYLES)}")
 
@@ -142,6 +147,8 @@ def matching(model: nn.Module, plan: dict[str, str], size: int) -> dict[str, Sty
                 chosen[name] = style
     modules = dict(model.named_modules())
     for name, style in chosen.items():
+        if style.kind in SEQUENCE_STYLES:
+            continue  # any module: it runs on each process's positions (parallel/sequence.py)
         if style.kind != "heads" and _layer_kind(modules[name]) is None:
             raise ConfigError(
                 f"tensor-parallel plan: {name} is a {type(modules[name]).__name__}; {style.kind} splits "
@@ -160,11 +167,22 @@ def planned(model: nn.Module, plan: dict[str, str], size: int) -> dict[str, Styl
     return _untie_conflicts(model, matching(model, plan, size), size)
 
 
-def parallelize(model: nn.Module, mesh: DeviceMesh, plan: dict[str, str]) -> dict[str, Style]:
+def parallelize(model: nn.Module, mesh: DeviceMesh, plan: dict[str, str], sequence: bool = False) -> dict[str, Style]:
     """Split ``model`` in place over ``mesh`` (one dimension) as ``plan`` says; every
-    parameter it leaves whole becomes a replicated DTensor. Returns the modules split."""
+    parameter it leaves whole becomes a replicated DTensor. ``sequence``: the plan's
+    ``sequence`` and ``split_sequence`` modules hold the activations split by position
+    (parallel/sequence.py), which the split layers then gather and scatter; without it
+    those entries leave their modules whole. Returns the modules split."""
     size = mesh.size()
     chosen = planned(model, plan, size)
+    on_positions = {name: style for name, style in chosen.items() if style.kind in SEQUENCE_STYLES}
+    chosen = {name: style for name, style in chosen.items() if name not in on_positions}
+    if sequence and not any(style.kind == "split_sequence" for style in on_positions.values()):
+        raise ConfigError(
+            f"--sequence-parallel: the plan of {type(model).__name__} names no module whose output to split by "
+            'position ("split_sequence", where the split starts) and which modules run on the positions '
+            '("sequence": norms, dropouts); give them in the plan (--tp-plan)'
+        )
     ties = _ties(model)
     modules = dict(model.named_modules())
     logits = output_layer(model, chosen)
@@ -173,7 +191,9 @@ def parallelize(model: nn.Module, mesh: DeviceMesh, plan: dict[str, str]) -> dic
         if style.kind == "heads":
             _local_heads(module, name, size)
         else:
-            _split(module, mesh, style, logits=name == logits)
+            _split(module, mesh, style, logits=name == logits, sequence=sequence)
+    for name, style in on_positions.items() if sequence else ():
+        (split_positions if style.kind == "split_sequence" else on_positions_of)(modules[name], mesh)
     for module in model.modules():  # the rest: replicated, their inputs and outputs whole
         own = list(module.named_parameters(recurse=False))
         if own and not any(isinstance(param, DTensor) for _, param in own):
@@ -194,6 +214,12 @@ def output_layer(model: nn.Module, chosen: dict[str, Style]) -> str | None:
     layers = [name for name, module in model.named_modules() if _layer_kind(module)]
     style = chosen.get(layers[-1]) if layers else None
     return layers[-1] if style is not None and style.gather else None
+
+
+def divide_heads(module: nn.Module, name: str, size: int) -> None:
+    """``heads``: ``module`` counts the heads of one process of ``size``, as ``parallelize``
+    makes it (a model traced into pipeline stages is traced so: parallel/tensor_stages.py)."""
+    _local_heads(module, name, size)
 
 
 # ----- one module ----------------------------------------------------------------------------------
@@ -235,9 +261,11 @@ def _check_divisible(module: nn.Module, name: str, style: Style, size: int) -> N
         )
 
 
-def _split(module: nn.Module, mesh: DeviceMesh, style: Style, logits: bool = False) -> None:
+def _split(module: nn.Module, mesh: DeviceMesh, style: Style, logits: bool = False, sequence: bool = False) -> None:
     """Split ``module``'s parameters as ``style`` says; ``logits``: the output layer, whose
-    outputs stay split inside ``split_logits()``."""
+    outputs stay split inside ``split_logits()``; ``sequence``: a column-wise layer's input
+    comes split by position (all-gathered first), a row-wise linear layer's output goes so
+    (a reduce-scatter in place of the all-reduce)."""
     placements = _placements(module, style)
     embedding = _layer_kind(module) == "embedding"
 
@@ -246,19 +274,27 @@ def _split(module: nn.Module, mesh: DeviceMesh, style: Style, logits: bool = Fal
             placed = distribute_tensor(param.data, mesh, [placements[pname]])
             mod.register_parameter(pname, nn.Parameter(placed, param.requires_grad))
 
+    given = None
     if style.kind == "colwise":
         into, out = Replicate(), (Replicate() if style.gather else None)
+        given = POSITIONS if sequence else None
     else:
-        into, out = (Replicate() if embedding else Shard(-1)), Replicate()
+        into, out = (
+            (Replicate() if embedding else Shard(-1)),
+            (POSITIONS if sequence and not embedding else Replicate()),
+        )
     finish = logits_out(_outputs_as(out)) if logits else _outputs_as(out)
-    distribute_module(module, mesh, partition, _inputs_as(into), finish)
+    distribute_module(module, mesh, partition, _inputs_as(into, given), finish)
 
 
-def _inputs_as(placement: Placement) -> Callable[..., Any]:
+def _inputs_as(placement: Placement, given: Placement | None = None) -> Callable[..., Any]:
+    """A module's first input as a DTensor placed as ``placement``: a plain tensor is taken
+    as placed ``given`` (default ``placement``), then redistributed."""
+
     def prepare(module: nn.Module, inputs: tuple[Any, ...], mesh: DeviceMesh) -> tuple[Any, ...]:
         first = inputs[0]
         if not isinstance(first, DTensor):
-            first = DTensor.from_local(first, mesh, [placement], run_check=False)
+            first = DTensor.from_local(first, mesh, [given or placement], run_check=False)
         elif first.placements != (placement,):
             first = first.redistribute(mesh, [placement])
         return (first, *inputs[1:])
@@ -331,7 +367,8 @@ def _untie_conflicts(model: nn.Module, chosen: dict[str, Style], size: int) -> d
         placed = set()
         for module, pname in holders:
             style = chosen.get(names[id(module)])
-            placed.add(None if style is None or style.kind == "heads" else _placements(module, style)[pname])
+            split = style is not None and style.kind in ("colwise", "rowwise")
+            placed.add(_placements(module, style)[pname] if split else None)
         if len(placed) > 1:
             for module, _ in holders:
                 kept.pop(names[id(module)], None)

@@ -132,7 +132,8 @@ def test_a_llama_split_by_its_own_plan_trains_with_adamw_as_one_process():
 
 def test_the_builtin_gpt_on_a_mesh_equals_allreduce_from_the_command_line(cli, tmp_path):
     """--workers 4 --tensor-parallel 2: two replicas of two processes, the global batch of
-    allreduce --workers 2 (2 x 16): the same test loss to the rounding of the sums."""
+    allreduce --workers 2 (2 x 16): the same test loss to the rounding of the sums; with
+    --sequence-parallel too."""
     text = tmp_path / "text.txt"  # 12 global batches of 32 examples of 32 bytes, and a test tenth
     text.write_bytes(bytes((7 * i + i // 97) % 251 for i in range(32 * 32 * 12 * 10 // 9 + 64)))
     common = ["train", "--model", "gpt", "--dataset", f"text-lm:{text}", "--seq-len", "32", "--epochs", "1",
@@ -141,14 +142,18 @@ def test_the_builtin_gpt_on_a_mesh_equals_allreduce_from_the_command_line(cli, t
     for name, extra in {
         "allreduce": ["--workers", "2"],
         "tensor": ["--workers", "4", "--tensor-parallel", "2"],
+        "sequence": ["--workers", "4", "--tensor-parallel", "2", "--sequence-parallel"],
     }.items():
+        name, strategy = (name, "tensor") if name == "sequence" else (name, name)
         out = tmp_path / f"{name}.json"
-        result = cli(*common, "--strategy", name, *extra, "--metrics-out", str(out))
+        result = cli(*common, "--strategy", strategy, *extra, "--metrics-out", str(out))
         assert result.returncode == 0, result.stderr[-3000:]
         results[name] = json.loads(out.read_text())
     assert "ranks replica 0: [0, 1] | replica 1: [2, 3]" in result.stdout
+    assert "activations between them split by position" in result.stdout
     assert results["tensor"]["global_steps"] == results["allreduce"]["global_steps"] == 12
-    assert results["tensor"]["test_loss"] == pytest.approx(results["allreduce"]["test_loss"], rel=1e-5)
+    for name in ("tensor", "sequence"):  # sequence parallelism: the same sums, scattered and gathered
+        assert results[name]["test_loss"] == pytest.approx(results["allreduce"]["test_loss"], rel=1e-5)
 
 
 @pytest.mark.parametrize(

@@ -100,6 +100,22 @@ def test_config_from_takes_the_embedded_config_without_outputs(tmp_path):
         config_from_run(str(run))
 
 
+def test_config_from_a_file_written_when_every_run_held_tensor_parallel_2(tmp_path, cli):
+    """Before --tensor-parallel's default became each strategy's own, every metrics file held
+    its former default, 2: a pipeline run repeated from one stays unsplit; a file written
+    since (it holds loss_parallel) keeps its 2, a choice."""
+    from paratrain.config_files import config_from_run
+
+    old, new = tmp_path / "old.json", tmp_path / "new.json"
+    config = {"strategy": "pipeline", "stages": 2, "workers": 2, "tensor_parallel": 2}
+    old.write_text(json.dumps({"config": config}))
+    new.write_text(json.dumps({"config": {**config, "workers": 4, "loss_parallel": True}}))
+    assert "tensor_parallel" not in config_from_run(str(old))
+    assert config_from_run(str(new))["tensor_parallel"] == 2
+    done = cli("train", "--config-from", str(old), "--model", "mlp", "--epochs", "1", "--no-progress")
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
 def test_config_from_with_config_is_exit_2(cli, tmp_path):
     done = cli("train", "--config", "recipes/digits_allreduce.toml", "--config-from", "x.json")
     assert done.returncode == 2 and "not both" in done.stderr

@@ -2,31 +2,47 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from torch import nn
 
 from paratrain.errors import ConfigError
+from paratrain.parallel.pipeline import SCHEDULES
 from paratrain.parallel.split import (
+    BALANCES,
     bounds_from_split_points,
     check_num_parts,
     parse_split_points,
     sequential_layers,
 )
 from paratrain.parallel.traced import check_split_names, default_split_names
+from paratrain.strategies.pipeline.mesh import TensorStages, check_mesh_config
 from paratrain.strategies.pipeline.stages import is_layered
 from paratrain.strategies.pipeline.wavefront import wavefront_parts
 
 if TYPE_CHECKING:
     from paratrain.config import TrainConfig
 
+#: A plan given to a pipeline whose stages are not split: refused rather than left unused.
+UNSPLIT_PLAN = "--tp-plan splits a pipeline's stages over --tensor-parallel T processes: give T > 1, or drop --tp-plan"
+
 
 def check_pipeline_config(config: TrainConfig) -> None:
     """What the run's options must be for a pipeline (pipeline-ft checks them too)."""
     options, workers = config.pipeline, config.workers
-    stages = options.stages
+    stages, tensor = options.stages, config.tensor.degree(config.strategy)
     if stages < 2:
         raise ConfigError(f"--strategy pipeline needs --stages S >= 2, got {stages}")
+    if tensor == 1 and config.tensor.tp_plan is not None:
+        raise ConfigError(UNSPLIT_PLAN)
+    if tensor > 1:
+        check_mesh_config(config)
+        if workers > 1 and workers % (stages * tensor):
+            raise ConfigError(
+                f"--workers {workers} is not a multiple of --stages {stages} x --tensor-parallel {tensor}: the run "
+                f"has workers / (stages x T) pipeline replicas of {stages * tensor} processes each (e.g. --workers "
+                f"{stages * tensor})"
+            )
     if workers > 1 and workers % stages:
         raise ConfigError(
             f"--workers {workers} is not a multiple of --stages {stages}: the run has workers / stages "
@@ -54,6 +70,24 @@ def check_pipeline_config(config: TrainConfig) -> None:
         raise ConfigError("--balance time and --split-points both choose the split; give one of them")
 
 
+def check_strategy_options(
+    num_stages: int, num_microbatches: int, schedule: str, balance: str, tensor_parallel: int, tp_plan: Any = None
+) -> None:
+    """What a PipelineStrategy's own arguments must be (from Python as from the options)."""
+    if schedule not in SCHEDULES:
+        raise ConfigError(f"--schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
+    if balance not in BALANCES:
+        raise ConfigError(f"--balance must be params or time, got {balance!r}")
+    if schedule == "1f1b" and num_microbatches < num_stages:
+        # PyTorch's Schedule1F1B needs its warm-up of num_stages micro-batches.
+        raise ConfigError(f"schedule 1f1b needs num_microbatches >= num_stages, got {num_microbatches} < {num_stages}")
+    if not isinstance(tensor_parallel, int) or tensor_parallel < 1:
+        raise ConfigError(f"tensor_parallel must be a whole number >= 1, got {tensor_parallel!r}")
+    if tp_plan is not None and tensor_parallel == 1:
+        raise ConfigError(UNSPLIT_PLAN)
+    TensorStages.check(tensor_parallel, schedule, balance)
+
+
 def check_wavefront_config(config: TrainConfig) -> None:
     """The wavefront puts one LSTM layer on each stage and cuts along time: the options that
     choose a split, or a per-step fault-tolerant pipeline, are refused."""
@@ -69,6 +103,8 @@ def check_pipeline_model(model: nn.Module, config: TrainConfig) -> None:
     the stages start. Layers that share a parameter (tied weights) may go to different
     stages: their copies are kept one (parallel/shared.py)."""
     options = config.pipeline
+    if config.tensor.degree(config.strategy) > 1:
+        TensorStages.check_model(model, config)
     if options.schedule == "wavefront":
         wavefront_parts(model, options.stages)
         return

@@ -11,7 +11,9 @@ per stage), so S stages x R replicas of batch b equals one process with batch R*
 
 The loss and the logits live on the last stage. Reductions for metrics count each replica
 once: the last stage speaks for its replica, the others add zeros. The chief is the last
-stage of replica 0 (topology.py); the checks of the options and the model are checks.py's.
+stage of replica 0 (topology.py); every stage runs its part of an evaluation's forward pass.
+The checks of the options and the model are checks.py's.
+``tensor_parallel`` T > 1 splits each stage over T processes (3-D: mesh.py).
 """
 
 from __future__ import annotations
@@ -28,10 +30,9 @@ from torch.optim import Optimizer
 from paratrain.comm.flat import mean_gradients
 from paratrain.comm.transport import cluster_from_env, default_backend
 from paratrain.errors import ConfigError
-from paratrain.parallel.pipeline import SCHEDULES, forward_only, make_schedule, stage_module
+from paratrain.parallel.pipeline import forward_only, make_schedule, stage_module
 from paratrain.parallel.shared import SplitStage, split_stage
 from paratrain.parallel.split import (
-    BALANCES,
     balanced_bounds,
     bounds_from_split_points,
     check_num_parts,
@@ -43,8 +44,14 @@ from paratrain.parallel.traced import sharing, stage_of, trace
 from paratrain.strategies.accounting import staleness_summary
 from paratrain.strategies.base import DEFAULT_TIMEOUT_S, Strategy
 from paratrain.strategies.device import resolve_device
-from paratrain.strategies.pipeline.checks import check_pipeline_config, check_pipeline_model, traced_split
+from paratrain.strategies.pipeline.checks import (
+    check_pipeline_config,
+    check_pipeline_model,
+    check_strategy_options,
+    traced_split,
+)
 from paratrain.strategies.pipeline.gradients import TiedGradients, clip_over_stages, nonfinite_anywhere
+from paratrain.strategies.pipeline.mesh import TensorStages, replica_groups
 from paratrain.strategies.pipeline.stages import (
     MicrobatchTraffic,
     agreed_bounds,
@@ -82,18 +89,16 @@ class PipelineStrategy(Strategy):
         device: str = "auto",
         timeout: float = DEFAULT_TIMEOUT_S,
         workers: int | None = None,
+        *,
+        tensor_parallel: int = 1,
+        tp_plan: dict[str, str] | None = None,
     ):
-        # `workers` counts processes, as --workers does: replicas x stages.
+        """``workers`` counts processes, as --workers does: replicas x stages (x ``tensor_parallel``:
+        the processes each stage is split over, by ``tp_plan`` or the model's own plan: mesh.py)."""
         super().__init__(device=device, timeout=timeout, workers=workers)
-        if schedule not in SCHEDULES:
-            raise ConfigError(f"--schedule must be one of {', '.join(SCHEDULES)}, got {schedule!r}")
-        if balance not in BALANCES:
-            raise ConfigError(f"--balance must be params or time, got {balance!r}")
-        if schedule == "1f1b" and num_microbatches < num_stages:
-            # PyTorch's Schedule1F1B needs its warm-up of num_stages micro-batches.
-            raise ConfigError(
-                f"schedule 1f1b needs num_microbatches >= num_stages, got {num_microbatches} < {num_stages}"
-            )
+        check_strategy_options(num_stages, num_microbatches, schedule, balance, tensor_parallel, tp_plan)
+        self.tensor_parallel = tensor_parallel
+        self._tensor = TensorStages(tensor_parallel, tp_plan) if tensor_parallel > 1 else None
         self.num_stages, self.num_microbatches = num_stages, num_microbatches
         self.schedule_name, self.balance, self.split_points = schedule, balance, split_points
         self._stage_group: Any = None  # this stage across replicas: gradients are averaged here
@@ -117,7 +122,7 @@ class PipelineStrategy(Strategy):
     @classmethod
     def topology_for(cls, config: TrainConfig) -> PipelineTopology:
         """``--workers`` counts processes; the default 1 means one pipeline."""
-        return cls.topology_class.of(config.workers, config.pipeline.stages)
+        return cls.topology_class.of(config.workers, config.pipeline.stages, config.tensor.degree(config.strategy))
 
     @classmethod
     def check_config(cls, config: TrainConfig) -> None:
@@ -131,17 +136,18 @@ class PipelineStrategy(Strategy):
     def from_config(cls, config: TrainConfig) -> PipelineStrategy:
         options = config.pipeline
         points = parse_split_points(options.split_points) if options.split_points else None
-        sizes = (options.stages, options.microbatches)
-        return cls(*sizes, options.schedule, options.balance, points, **process_options(config))
+        sizes, tensor = (options.stages, options.microbatches), config.tensor
+        return cls(*sizes, options.schedule, options.balance, points, **process_options(config),
+                   tensor_parallel=tensor.degree(cls.name), tp_plan=tensor.plan())  # fmt: skip
 
     def planned_topology(self) -> PipelineTopology:
-        return self.topology_class.of(self.workers, self.num_stages)
+        return self.topology_class.of(self.workers, self.num_stages, self.tensor_parallel)
 
     def describe(self) -> dict[str, Any]:
         split = [list(b) for b in self.bounds] if self.bounds else self._split_names
         return {**super().describe(), "workers": self.topology.num_processes,  # processes, as --workers counts
                 "replicas": self.num_replicas, "stages": self.num_stages, "microbatches": self.num_microbatches,
-                "schedule": self.schedule_name, "split": split}  # fmt: skip
+                "schedule": self.schedule_name, "split": split, "tensor_parallel": self.tensor_parallel}  # fmt: skip
 
     # ----- process -----------------------------------------------------------------------
     def setup(self) -> None:
@@ -156,20 +162,15 @@ class PipelineStrategy(Strategy):
     def _place(self, world: int) -> None:
         """This process's place in a process group of ``world`` processes: the topology, its
         rank, and the groups of its replica's stages and of its stage's replicas."""
+        self.process_rank = dist.get_rank()
+        if self._tensor is not None:  # 3-D: the groups of a device mesh (mesh.py)
+            placed = self._tensor.place(world, self.num_stages, self.device)
+            self.topology, self._pipeline_group, self._stage_group = placed
+            return
         if world % self.num_stages:
             raise ConfigError(f"the run has {world} processes, not a multiple of --stages {self.num_stages}")
-        self.process_rank = dist.get_rank()
         self.topology = PipelineTopology(num_replicas=world // self.num_stages, num_stages=self.num_stages)
-        # Every rank creates every group, in the same order (new_group is collective).
-        replicas, stages = self.topology.num_replicas, self.num_stages
-        for replica in range(replicas):
-            group = dist.new_group([replica * stages + s for s in range(stages)])
-            if replica == self.rank:
-                self._pipeline_group = group
-        for stage in range(stages):
-            group = dist.new_group([r * stages + stage for r in range(replicas)])
-            if stage == self.stage:
-                self._stage_group = group
+        self._pipeline_group, self._stage_group = replica_groups(self.topology, self.process_rank)
 
     def teardown(self) -> None:
         """The schedule and its stage hold this run's process groups and pending sends: they go first,
@@ -187,10 +188,6 @@ class PipelineStrategy(Strategy):
     def is_last_stage(self) -> bool:
         return self.stage == self.num_stages - 1
 
-    @property
-    def evaluates(self) -> bool:
-        return True  # every stage runs its part of the evaluation's forward pass
-
     # ----- model -------------------------------------------------------------------------
     def prepare(
         self, model: nn.Module, optimizer: torch.optim.Optimizer, recipe: StepRecipe | None = None
@@ -202,6 +199,8 @@ class PipelineStrategy(Strategy):
         micro-batch: stages.py), the stage is made at the first batch."""
         self.setup()
         self.use_recipe(recipe)
+        if self._tensor is not None:
+            self._tensor.check_step(self.recipe, optimizer)
         model = self.recipe.prepare_model(model)
         if self.schedule_name == "wavefront":
             self._wave = WavefrontSchedule.of(self, model)
@@ -238,8 +237,9 @@ class PipelineStrategy(Strategy):
         self.bounds = bounds
         holdings = [[(p, p) for layer in layers[a:b] for p in layer.parameters()] for a, b in bounds]
         stage = split_stage(stage_module(layers, bounds, self.stage), self.stage, holdings, list(model.parameters()))
+        stage = self._placed(stage, model)
         self._tied = self._tie(stage) if stage.shared_by else None
-        self._module = stage.module.to(self.device)
+        self._module = stage.module
         return stage.copies
 
     def _build_traced(self, model: nn.Module, inputs: Any) -> dict[int, list[nn.Parameter]]:
@@ -247,16 +247,24 @@ class PipelineStrategy(Strategy):
         tensors, keys = feed(inputs)
         rows = max(1, len(tensors[0]) // self.batch_microbatches)
         self._example = tuple(t[:rows] for t in tensors)
-        traced = stage_of(trace(model, keys, self._example, self._split_names), model, self.stage)
+        tracer = self._tensor.trace if self._tensor is not None else trace  # 3-D: traced with split shapes
+        traced = self._placed(stage_of(tracer(model, keys, self._example, self._split_names), model, self.stage), model)
         self._tied = self._tie(traced)
-        evaluation = trace(model, keys, self._example, self._split_names, train=False).get_stage_module(self.stage)
+        evaluation = tracer(model, keys, self._example, self._split_names, train=False).get_stage_module(self.stage)
+        if self._tensor is not None:
+            evaluation = self._tensor.replicate(evaluation.to(self.device))
         self._evaluation = sharing(evaluation, traced.module)  # no dropout, running statistics
-        self._module = traced.module.to(self.device)
+        self._module = traced.module
         return traced.copies
 
+    def _placed(self, stage: SplitStage, model: nn.Module) -> SplitStage:
+        """``stage`` on this process's device; in 3-D, split over its tensor-parallel group."""
+        stage.module.to(self.device)
+        return stage if self._tensor is None else self._tensor.split(stage, model, self.topology, self.is_chief)
+
     def _tie(self, stage: SplitStage) -> TiedGradients:
-        """Sums over this replica's stages, in the run's process group (ranks replica x S + stage)."""
-        return TiedGradients(stage, self.rank, self.num_replicas, self.num_stages)
+        """Sums over this replica's stages (of this shard), in the run's process group."""
+        return TiedGradients(stage, self.rank, self.num_replicas, self.num_stages, self.tensor_parallel, self.shard)
 
     def unwrap(self, model: nn.Module) -> nn.Module:
         """This process's stage (the whole model until a time-balanced split is made)."""
@@ -265,18 +273,10 @@ class PipelineStrategy(Strategy):
     def _schedule_for(self, loss_fn: LossFn, targets: Any) -> Any:
         if self._schedule is None or self._loss_fn is not loss_fn:
             self._loss_fn = loss_fn
-            self._schedule = self.track(
-                make_schedule(
-                    self.schedule_name,
-                    self._module,
-                    self.stage,
-                    self.num_stages,
-                    self.device,
-                    self._pipeline_group,
-                    self.step_microbatches,
-                    stage_loss(self._whole, loss_fn, targets),
-                )
-            )
+            loss = stage_loss(self._whole, loss_fn, targets)
+            made = make_schedule(self.schedule_name, self._module, self.stage, self.num_stages, self.device,
+                                 self._pipeline_group, self.step_microbatches, loss)  # fmt: skip
+            self._schedule = self.track(made)
             self._traffic = MicrobatchTraffic(self._module, self.stage == 0, self.is_last_stage)
         return self._schedule
 
@@ -330,14 +330,16 @@ class PipelineStrategy(Strategy):
         return self.num_microbatches * self.recipe.accumulate
 
     batch_microbatches = step_microbatches  # micro-batches of one batch this process reads
-    first_rank = property(lambda self: self.rank * self.num_stages)  # the replica's stage 0
+    shard = property(lambda self: self.process_rank % self.tensor_parallel)  # its part of the stage's split layers
+    first_rank = property(lambda self: self.rank * self.num_stages * self.tensor_parallel + self.shard)  # stage 0
 
     def clip_gradients(self, model: nn.Module) -> None:
         uncounted = self._tied.uncounted if self._tied is not None else frozenset()
-        params = list(self._module.parameters())
-        clip_over_stages(params, self.recipe.clip_grad_norm, self._pipeline_group, self.device, uncounted)
+        params, tensor = list(self._module.parameters()), self._tensor
+        clip_over_stages(params, self.recipe.clip_grad_norm, self._pipeline_group, self.device, uncounted,
+                         tensor.group if tensor else None, self.shard)  # fmt: skip
 
-    def _nonfinite_anywhere(self, optimizer: torch.optim.Optimizer) -> bool:
+    def _nonfinite_anywhere(self, optimizer: torch.optim.Optimizer) -> bool:  # pipeline-ft's too
         return nonfinite_anywhere(optimizer, self.device)
 
     def _average_gradients(self) -> None:
@@ -364,27 +366,22 @@ class PipelineStrategy(Strategy):
         return {"logits": outputs, "loss": own_loss(self._whole)(outputs, scored(inputs, inputs))}
 
     def _forward_only(self, inputs: tuple[torch.Tensor, ...], base: int) -> Any:
-        return forward_only(
-            self._evaluation if self._evaluation is not None else self._module,
-            inputs,
-            self.stage,
-            self.num_stages,
-            base + self.stage - 1 if self.stage > 0 else None,
-            base + self.stage + 1 if not self.is_last_stage else None,
-            self.device,
-        )
+        module, step = self._evaluation if self._evaluation is not None else self._module, self.tensor_parallel
+        previous = base + (self.stage - 1) * step if self.stage > 0 else None  # the same shard of the stage before
+        following = base + (self.stage + 1) * step if not self.is_last_stage else None
+        return forward_only(module, inputs, self.stage, self.num_stages, previous, following, self.device)
 
     # ----- reductions, accounting, state ---------------------------------------------------
     def all_reduce_sum(self, tensor: torch.Tensor) -> torch.Tensor:
-        """Sum over replicas: the last stage of each replica contributes, the others add zeros
-        (and receive the same sum)."""
-        if not self.is_last_stage:
+        """Sum over replicas: the last stage of each replica contributes (its shard 0), the
+        others add zeros (and receive the same sum)."""
+        if not self.is_last_stage or self.shard:
             tensor.zero_()
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
         return tensor
 
     def stats(self) -> dict[str, Any]:
-        sent = torch.tensor([float(self._bytes_sent)], dtype=torch.float64, device="cpu")
+        sent = torch.tensor([self._bytes_sent + (self._tensor.bytes if self._tensor else 0.0)], dtype=torch.float64)
         if dist.get_backend() == "nccl":
             sent = sent.to(self.device)
         dist.all_reduce(sent)

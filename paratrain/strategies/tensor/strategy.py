@@ -78,6 +78,7 @@ class TensorParallelStrategy(Strategy):
         shard_replicas: bool = False,
         *,
         loss_parallel: bool = True,
+        sequence_parallel: bool = False,
         device: str = "auto",
         timeout: float = DEFAULT_TIMEOUT_S,
         workers: int | None = None,
@@ -89,6 +90,7 @@ class TensorParallelStrategy(Strategy):
         self.plan = plan
         self.shard_replicas = shard_replicas
         self.loss_parallel = loss_parallel
+        self.sequence_parallel = sequence_parallel
         self.mesh: Any = None
         self._replica_group: Any = None
         self._grad_bytes = 0
@@ -101,26 +103,33 @@ class TensorParallelStrategy(Strategy):
     def from_config(cls, config: TrainConfig) -> TensorParallelStrategy:
         tensor = config.tensor
         return cls(
-            tensor.tensor_parallel,
+            tensor.degree(cls.name),
             tensor.plan(),
             tensor.shard_replicas,
             loss_parallel=tensor.loss_parallel,
+            sequence_parallel=tensor.sequence_parallel,
             **process_options(config),
         )
 
     @classmethod
     def topology_for(cls, config: TrainConfig) -> TensorTopology:
         """``--workers`` counts processes; the default 1 means one replica of T processes."""
-        return TensorTopology.of(config.workers, config.tensor.tensor_parallel)
+        return TensorTopology.of(config.workers, config.tensor.degree(cls.name))
 
     @classmethod
     def check_config(cls, config: TrainConfig) -> None:
         if config.tensor.shard_replicas and config.checkpoint_dir:
             raise ConfigError(SHARDED_CHECKPOINTS)
+        tensor = config.tensor.degree(cls.name)
+        if config.tensor.sequence_parallel and config.dataset.startswith("text-lm") and config.seq_len % tensor:
+            raise ConfigError(
+                f"--sequence-parallel over {tensor} processes splits each sequence by position: --seq-len "
+                f"{config.seq_len} is not a multiple of {tensor}"
+            )
 
     @classmethod
     def check_model(cls, model: nn.Module, config: TrainConfig) -> None:
-        matching(model, plan_for(model, config.tensor.plan()), config.tensor.tensor_parallel)
+        matching(model, plan_for(model, config.tensor.plan()), config.tensor.degree(cls.name))
 
     def planned_topology(self) -> TensorTopology:
         return TensorTopology.of(self.workers, self.tensor_parallel)
@@ -129,7 +138,7 @@ class TensorParallelStrategy(Strategy):
         facts = super().describe()
         facts.update(workers=self.topology.num_processes, replicas=self.num_replicas)  # --workers counts processes
         facts.update(tensor_parallel=self.tensor_parallel, shard_replicas=self.shard_replicas)
-        facts.update(loss_parallel=self.loss_parallel)
+        facts.update(loss_parallel=self.loss_parallel, sequence_parallel=self.sequence_parallel)
         return facts
 
     # ----- process -----------------------------------------------------------------------
@@ -166,7 +175,7 @@ class TensorParallelStrategy(Strategy):
             )
         names = {id(p): name for name, p in model.named_parameters()}
         groups = [[names[id(p)] for p in group["params"]] for group in optimizer.param_groups]
-        chosen = parallelize(model, self.mesh["tp"], plan_for(model, self.plan))
+        chosen = parallelize(model, self.mesh["tp"], plan_for(model, self.plan), self.sequence_parallel)
         self._grad_bytes = sum(
             p.to_local().numel() * p.element_size() for p in model.parameters() if p.requires_grad
         )  # this process's part
@@ -188,6 +197,7 @@ class TensorParallelStrategy(Strategy):
         self._own_loss_splits = self._splits and own_loss_splits(model)
         if self.is_chief:
             split = f"; {logits}'s logits split by vocabulary for a cross-entropy" if self._splits else ""
+            split += "; the activations between them split by position" if self.sequence_parallel else ""
             console.print(
                 f"paratrain: tensor parallel over {self.tensor_parallel} processes, {self.num_replicas} "
                 f"replica(s): {len(chosen)} modules split ({_summary(chosen)}){split}; ranks "
@@ -196,8 +206,13 @@ class TensorParallelStrategy(Strategy):
         return model, optimizer
 
     def _count_activation(self, module: nn.Module, inputs: Any, output: torch.Tensor) -> None:
+        """A row-wise layer's output, whole: all-reduced, or (sequence parallel, a linear
+        layer's) reduce-scattered to a process's positions, the same bytes."""
         if module.training:
-            self._activation_bytes += output.numel() * output.element_size()
+            scattered = self.sequence_parallel and not isinstance(module, nn.Embedding)
+            self._activation_bytes += (
+                output.numel() * output.element_size() * (self.tensor_parallel if scattered else 1)
+            )
 
     def _count_logits(self, module: nn.Module, inputs: Any, output: torch.Tensor) -> None:
         """The output layer's sends, as a ring makes them: its logits all-gathered whole, or

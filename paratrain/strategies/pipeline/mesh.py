@@ -1,0 +1,214 @@
+"""3-D parallelism: tensor parallelism inside the stages of a pipeline, over data-parallel
+replicas (torchtitan's PP x TP x DP), composed into ``pipeline`` by ``--tensor-parallel T``.
+
+W processes make a device mesh (dp, pp, tp) of W/(S*T) replicas of S stages of T
+processes; global rank ``(replica * S + stage) * T + shard`` (topology.py): the T processes
+of one stage are neighbours, where the fastest links are (the GPUs of one machine), since
+they talk at every split layer. Each stage's module is split over its "tp" group by the
+plan of ``--strategy tensor`` (parallel/tensor.py), matched once on the whole model and
+applied to the modules the stage holds (parallel/tensor_stages.py); a model traced into
+stages is traced with its split shapes. The plan's row-wise layers give whole outputs, so
+what leaves a stage is a whole tensor: the pipeline's sends go between the processes of the
+same shard of consecutive stages (a "pp" group), each carrying the whole activation, and
+the last stage gathers its logits whole for the loss. After the backward passes a tied
+parameter's gradient (the embedding and the output layer) is summed between the processes
+of the same shard on the stages that hold it (gradients.py), and each (stage, shard)
+averages its part of the gradients over the replicas (a "dp" group).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from paratrain.console import console
+from paratrain.errors import ConfigError
+from paratrain.parallel.shared import SplitStage
+from paratrain.parallel.tensor import Style, matching, parallelize, plan_for, planned
+from paratrain.parallel.tensor_stages import SPLIT_KINDS, put_layers, split_shaped, stage_plan
+from paratrain.parallel.traced import trace
+from paratrain.strategies.pipeline.topology import PipelineTopology
+from paratrain.strategies.recipe import StepRecipe
+
+if TYPE_CHECKING:
+    from paratrain.config import TrainConfig
+
+#: How a refusal names the mode (``check_mesh_config``, ``TensorStages.check``).
+NOT_IN_3D = "--strategy pipeline --tensor-parallel (3-D)"
+
+
+def replica_groups(topology: PipelineTopology, rank: int) -> tuple[Any, Any]:
+    """The process groups of ``rank`` in a pipeline without tensor parallelism: its replica's
+    stages (the activations) and its stage's replicas (the gradients' average). Every rank
+    creates every group, in the same order (new_group is collective)."""
+    mine = {}
+    for dim in ("pp", "dp"):
+        for ranks in topology.groups()[dim]:
+            group = dist.new_group(ranks)
+            if rank in ranks:
+                mine[dim] = group
+    return mine["pp"], mine["dp"]
+
+
+def check_mesh_config(config: TrainConfig) -> None:
+    """The options a pipeline whose stages are split (``--tensor-parallel T`` > 1) refuses:
+    those it does not run, in one line each, before any process starts."""
+    tensor = config.tensor.degree("pipeline")
+    refused = {
+        "--checkpoint-dir": config.checkpoint_dir is not None,
+        "--channels-last": bool(config.channels_last),
+        f"--activation-checkpointing {config.activation_checkpointing}": config.activation_checkpointing != "none",
+        f"--precision {config.precision}": config.precision != "fp32",
+    }
+    for option, given in refused.items():
+        if given:
+            raise ConfigError(
+                f"{option} is not available with {NOT_IN_3D} yet; leave it out, or drop --tensor-parallel"
+            )
+    TensorStages.check(tensor, config.pipeline.schedule, config.pipeline.balance)
+
+
+class TensorStages:
+    """The tensor-parallel part of a pipeline process: the mesh, its stage split over the
+    "tp" group, the layout printed, the bytes its split layers send."""
+
+    def __init__(self, size: int, plan: dict[str, str] | None = None):
+        self.size, self.plan = size, plan
+        self.mesh: DeviceMesh | None = None
+        self.bytes = 0.0  # what the split layers' collectives sent, this process, so far
+        self._chosen: dict[str, Style] | None = None  # the whole model's modules split, by their names
+        self._shaped: nn.Module | None = None  # the copy of a traced model traced with split shapes
+
+    @staticmethod
+    def check(size: int, schedule: str, balance: str) -> None:
+        """ConfigError for a schedule or balance the split stages do not take."""
+        if size > 1 and schedule == "wavefront":
+            raise ConfigError(
+                f"--schedule wavefront is not available with {NOT_IN_3D}: an LSTM layer a stage is not split; "
+                "use --schedule gpipe or 1f1b"
+            )
+        if size > 1 and balance == "time":
+            raise ConfigError(
+                f"--balance time is not available with {NOT_IN_3D}: it times the layers whole, not split; use "
+                "--balance params or --split-points"
+            )
+
+    @staticmethod
+    def check_step(recipe: StepRecipe, optimizer: torch.optim.Optimizer) -> None:
+        """ConfigError for the step options the split stages do not take (as check_mesh_config),
+        and for an optimizer that has stepped (its state would not fit the split parameters)."""
+        if recipe.precision != "fp32" or recipe.channels_last or recipe.activation_checkpointing != "none":
+            raise ConfigError(
+                f"{NOT_IN_3D} computes in fp32, in the parameters' own memory order and without activation "
+                "checkpointing here"
+            )
+        if optimizer.state:
+            raise ConfigError(
+                f"{NOT_IN_3D} splits the parameters the optimizer steps: give it an optimizer that has not stepped yet"
+            )
+
+    @staticmethod
+    def check_model(model: nn.Module, config: TrainConfig) -> None:
+        """The plan must apply to the whole model (a pattern naming none of its modules is refused)."""
+        matching(model, plan_for(model, config.tensor.plan()), config.tensor.degree("pipeline"))
+
+    # ----- process -----------------------------------------------------------------------
+    def place(self, world: int, num_stages: int, device: torch.device) -> tuple[PipelineTopology, Any, Any]:
+        """The run's topology and device mesh; this process's "pp" group (the activations) and
+        "dp" group (the gradients' average)."""
+        if world % (num_stages * self.size):
+            raise ConfigError(
+                f"the run has {world} processes, not a multiple of --stages {num_stages} x --tensor-parallel "
+                f"{self.size}"
+            )
+        replicas = world // (num_stages * self.size)
+        topology = PipelineTopology(num_replicas=replicas, num_stages=num_stages, tensor=self.size)
+        self.mesh = init_device_mesh(device.type, (replicas, num_stages, self.size), mesh_dim_names=("dp", "pp", "tp"))
+        return topology, self.mesh["pp"].get_group(), self.mesh["dp"].get_group()
+
+    @property
+    def group(self) -> Any:
+        """This stage's "tp" group: the processes that split its layers."""
+        return self.mesh["tp"].get_group()
+
+    # ----- model -------------------------------------------------------------------------
+    def chosen(self, model: nn.Module) -> dict[str, Style]:
+        """The modules of the whole ``model`` that the plan splits (or whose heads it counts),
+        by their names in it: matched once, so that a pattern naming modules of another stage
+        only is no error on this one."""
+        if self._chosen is None:
+            every = planned(model, plan_for(model, self.plan), self.size)
+            self._chosen = {name: style for name, style in every.items() if style.kind in (*SPLIT_KINDS, "heads")}
+        return self._chosen
+
+    def trace(self, model: nn.Module, keys: Any, example: Any, names: list[str], train: bool = True) -> Any:
+        """``traced.trace`` of ``model`` as split (a copy of it with the split layers' shapes),
+        each stage holding ``model``'s own layers where the plan splits them."""
+        chosen = self.chosen(model)
+        if self._shaped is None:
+            self._shaped = split_shaped(model, chosen, self.size)
+        pipe = trace(self._shaped, keys, example, names, train)
+        for index in range(pipe.num_stages):
+            put_layers(pipe.get_stage_module(index), model, chosen)
+        return pipe
+
+    def split(self, stage: SplitStage, model: nn.Module, topology: PipelineTopology, chief: bool) -> SplitStage:
+        """``stage`` of ``model`` with its module split over the "tp" group (in place), and its
+        parameters (the copies of the user's) the split ones; the layout printed by the chief."""
+        before = {id(p): name for name, p in stage.module.named_parameters(remove_duplicate=False)}
+        plan = stage_plan(model, self.chosen(model), stage.module)
+        split = parallelize(stage.module, self.mesh["tp"], plan)
+        modules = dict(stage.module.named_modules())
+        for name, style in split.items():
+            if style.kind == "rowwise" or style.gather:
+                modules[name].register_forward_hook(self._counter(style))
+        after = dict(stage.module.named_parameters(remove_duplicate=False))
+
+        def new(params: list[nn.Parameter]) -> list[nn.Parameter]:
+            return [after[before[id(p)]] for p in params]
+
+        copies = {user: new(params) for user, params in stage.copies.items()}
+        tied = [(new(params), stages) for params, stages in stage.tied]
+        if chief:
+            console.print(self.layout(topology, model))
+        return SplitStage(stage.module, stage.index, copies, tied, stage.shared_by)
+
+    def replicate(self, module: nn.Module) -> nn.Module:
+        """An evaluation stage traced beside a training stage already split: its layers are
+        the split ones, the parameters it holds whole become replicated DTensors, as the
+        training stage's (then shared with it by name)."""
+        parallelize(module, self.mesh["tp"], {})
+        self._shaped = None  # both stages traced: the copy is no longer needed
+        return module
+
+    def layout(self, topology: PipelineTopology, model: nn.Module) -> str:
+        """What the chief prints at start: the mesh, the modules split, the groups' ranks."""
+        counts: dict[str, int] = {}
+        for style in self.chosen(model).values():
+            counts[style.kind] = counts.get(style.kind, 0) + 1
+        summary = ", ".join(f"{count} {kind}" for kind, count in sorted(counts.items()))
+        groups = "; ".join(
+            f"{dim} groups {' '.join(str(ranks) for ranks in every)}" for dim, every in topology.groups().items()
+        )
+        return (
+            f"paratrain: pipeline x tensor parallel: {topology.num_replicas} replica(s) x {topology.num_stages} "
+            f"stages x {self.size} shards (mesh dp x pp x tp); {len(self.chosen(model))} modules of "
+            f"{type(model).__name__} split ({summary}); ranks {groups}"
+        )
+
+    def _counter(self, style: Style) -> Any:
+        """A forward hook counting a layer's collectives as a ring makes them: a row-wise
+        layer's output all-reduced forward and as many bytes of activation gradient backward;
+        an output layer's logits all-gathered."""
+        share = (self.size - 1) / self.size
+
+        def count(module: nn.Module, inputs: Any, output: torch.Tensor) -> None:
+            if module.training and torch.is_grad_enabled():
+                whole = output.numel() * output.element_size()
+                self.bytes += whole * share if style.gather else 2 * whole * 2 * share
+
+        return count
