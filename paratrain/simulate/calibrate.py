@@ -25,7 +25,12 @@ epochs), examples/s of training past the first epoch:
   Gloo all-reduce between two processes of this host (link_probe.py): the link of a
   tensor-parallel replica whose processes share a machine. A step of ``allreduce`` costs
   far more than that fixed cost (DDP's buckets and hooks: ``ring_step_us``); the activation
-  collectives of tensor parallelism are bare all-reduces.
+  collectives of tensor parallelism are bare all-reduces;
+- ``tp_module_us`` (a model with a tensor plan: the gpt, GPT-2, a model carrying
+  ``_tp_plan``): what each split module adds to a real step of ``tensor`` split 2 ways (T2)
+  beyond the model's share of the compute and its collectives at the host link's rate and
+  fixed cost, per module: DTensor's dispatch of every op on a split tensor, and the
+  collectives' work beyond their bytes.
 
 calibration.py turns them into the engine's parameters for the prediction at hand.
 """
@@ -72,6 +77,9 @@ def calibrate(args: Any, model: Any, splits: Any) -> dict[str, Any]:
         "codec_gbps": _codec_gbps(args, model, flat),
     }
     costs["host_link_gbps"], costs["host_step_us"] = host_link()
+    module = _tensor_module_s(args, model, splits, single, costs)
+    if module is not None:
+        costs["tp_module_us"] = module * 1e6
     return {
         "format": FORMAT,
         "version": VERSION,
@@ -159,6 +167,25 @@ def write(path: str, calibration: dict[str, Any]) -> None:
         Path(path).write_text(json.dumps(calibration, indent=1) + "\n")
     except OSError as error:
         raise ConfigError(f"--calibrate {path}: cannot write it ({error.strerror})") from None
+
+
+def _tensor_module_s(args: Any, model: Any, splits: Any, single: float, costs: dict[str, float]) -> float | None:
+    """What each split module adds to a step of ``tensor`` split 2 ways beyond the model's
+    share of the compute and its collectives' bare all-reduces (DTensor's dispatch of every
+    op, the collectives' own work): a real 2-process step (T2) less that model's step, per
+    module; None for a model without a tensor plan."""
+    from paratrain.simulate.tensor import activation_s, compute_scale  # deferred: the engine
+    from paratrain.simulate.tensor_shape import measure
+
+    try:
+        batch = next(iter(torch.utils.data.DataLoader(splits.train, batch_size=args.batch_size)))
+        shape = measure(model, batch[0] if isinstance(batch, (tuple, list)) else batch, None, 2)
+    except ConfigError:  # no plan, or one that does not split 2 ways
+        return None
+    tensor = _step_s(args, splits, ["--strategy", "tensor", "--workers", "2", "--tensor-parallel", "2"], 1)
+    link = costs["host_link_gbps"] * 1e9 / 8
+    modelled = single * compute_scale(shape, 2) + activation_s(shape, 2, link, costs["host_step_us"] * 1e-6)
+    return max(tensor - modelled, 0.0) / max(shape.modules, 1)
 
 
 def _median_s(work: Any, repeats: int = 20) -> float:

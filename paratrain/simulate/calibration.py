@@ -27,6 +27,7 @@ COSTS = {
 OPTIONAL = {
     "host_link_gbps": "a host's link {:.3g} Gb/s",
     "host_step_us": "{:.3g} us a ring step on it (tensor's replicas)",
+    "tp_module_us": "{:.3g} us a split module adds (tensor)",
 }
 #: What a calibration must share with the prediction that takes it.
 SAME = ("model", "dataset", "batch_size", "compression")
@@ -105,6 +106,7 @@ def apply(args: argparse.Namespace) -> list[str]:
     for name, flag, attribute in (
         ("host_link_gbps", "--tp-bandwidth-gbps", "tp_bandwidth_gbps"),
         ("host_step_us", "--tp-latency-us", "tp_latency_us"),
+        ("tp_module_us", "--tp-module-us", "tp_module_us"),
     ):
         if costs.get(name) and "tensor" in args.strategy.split(","):
             if getattr(args, attribute) is None:

@@ -122,6 +122,7 @@ def _check_tensor(args: argparse.Namespace, strategies: list[str], targeted: boo
             ("--shard-replicas", args.shard_replicas, False),
             ("--tp-bandwidth-gbps", args.tp_bandwidth_gbps, None),
             ("--tp-latency-us", args.tp_latency_us, None),
+            ("--tp-module-us", args.tp_module_us, None),
             ("--tp-plan", args.tp_plan, None),
             ("--no-loss-parallel", args.loss_parallel, True),
         )
@@ -136,6 +137,7 @@ def _check_tensor(args: argparse.Namespace, strategies: list[str], targeted: boo
     tensor_sizes(args.tensor_parallel)
     _positive("tp-bandwidth-gbps", args.tp_bandwidth_gbps)
     _positive("tp-latency-us", args.tp_latency_us, allow_zero=True)
+    _positive("tp-module-us", args.tp_module_us, allow_zero=True)
     if args.model_mb is not None:
         raise ConfigError("--strategy tensor measures --model's plan and activations; --model-mb gives neither")
     if args.train or targeted or args.recommend:

@@ -116,6 +116,13 @@ def add_flags(p: argparse.ArgumentParser) -> None:
         "step, else --ring-latency-us, else --latency-us)",
     )
     a(
+        "--tp-module-us",
+        type=float,
+        default=None,
+        help="tensor: microseconds each split module adds to a step beyond its collectives' bytes (DTensor's "
+        "dispatch, the collectives' own work) (default: the calibration's, else 0)",
+    )
+    a(
         "--loss-parallel",
         action=argparse.BooleanOptionalAction,
         default=True,

@@ -10,6 +10,7 @@ one process, the model whole:
 | compute | a process computes ``compute_s`` x (1 - f + f/T), f the share of the forward pass's FLOPs in the modules the plan splits (their matrix products; an attention split by heads counts whole); the rest (norms, embeddings left whole, the loss) every process computes whole |
 | activations | every row-wise module's output all-reduced forward (its partial sums; a vocabulary-split embedding's too), every column-wise module's input gradient all-reduced backward (when its input needs one), a ``colwise_rep`` output all-gathered: ring collectives over the T processes, on the link between them (``tp_bandwidth``: one machine's, NVLink or PCIe on GPUs) with its own ring step latency (``tp_latency``, else the cluster's); not overlapped with compute (DTensor's collectives block) |
 | replicas | after the backward pass each process all-reduces its part of the gradient (the split parameters' 1/T and the whole ones) over the D replicas, on the cluster's link (strategies/tensor: one flat all-reduce, not overlapped); ``shard_replicas``: FSDP2 over the replicas instead (costs.py's fsdp step on that part) |
+| split modules | each adds ``module_s`` to a step (T > 1): DTensor's dispatch of its ops and the collectives' work beyond their bytes, which a calibration measures (calibrate.py's ``tp_module_us``) |
 | one process | W = 1 is one process of the whole model: ``compute_s``, nothing sent |
 
 A Megatron block thus costs two all-reduces of its activations forward and two backward;
@@ -90,6 +91,9 @@ class Mesh:
     tp_bandwidth: float | None = None
     tp_latency: float | None = None
     """Seconds a ring step inside a replica (None: the cluster's ring step latency)."""
+    module_s: float = 0.0
+    """Seconds each split module adds to a step beyond its collectives' bytes (DTensor's
+    dispatch of its ops, the collectives' own work: a calibration's ``tp_module_us``)."""
     units: int = FSDP_UNITS
 
     def label(self) -> str:
@@ -114,6 +118,8 @@ class Mesh:
             step_latency = self.tp_latency
         link = self.tp_bandwidth or cluster.bandwidth
         busy = slowest + activation_s(self.shape, tensor, link, step_latency)
+        if tensor > 1:
+            busy = busy + self.shape.modules * self.module_s
         if replicas == 1:
             return busy
         across = dataclasses.replace(cluster, workers=replicas, model_bytes=self.shape.part_bytes(tensor))

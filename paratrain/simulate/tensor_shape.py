@@ -25,7 +25,11 @@ def measure(
     from paratrain.parallel.tensor import output_layer, plan_for, planned  # deferred: DTensor, only for tensor
     from paratrain.parallel.vocabulary import LOSS_ALL_REDUCES, LOSS_VALUE_BYTES
 
-    chosen = planned(model, plan_for(model, plan), size)
+    chosen = {  # the modules split (sequence parallelism's are replicated: not modelled apart)
+        name: style
+        for name, style in planned(model, plan_for(model, plan), size).items()
+        if style.kind in ("colwise", "rowwise", "heads")
+    }
     logits = output_layer(model, chosen) if loss_parallel else None
     modules = dict(model.named_modules())
     split_ids = {id(p) for name in chosen for p in modules[name].parameters()}
@@ -120,6 +124,7 @@ def meshes(args: Any, model: nn.Module, splits: Any) -> list[Mesh]:
                 shard_replicas=args.shard_replicas,
                 tp_bandwidth=None if args.tp_bandwidth_gbps is None else args.tp_bandwidth_gbps * 1e9 / 8,
                 tp_latency=None if args.tp_latency_us is None else args.tp_latency_us * 1e-6,
+                module_s=(args.tp_module_us or 0.0) * 1e-6,
                 units=args.fsdp_units,
             )
         )

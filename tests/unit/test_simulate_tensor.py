@@ -1,6 +1,7 @@
 """The simulator's tensor parallelism (simulate/tensor.py, tensor_shape.py): what it measures
 of a model and a plan, and a step's closed form on a mesh."""
 
+import dataclasses
 import json
 
 import pytest
@@ -97,6 +98,26 @@ def test_the_replica_s_own_ring_step_prices_its_collectives():
     own = simulate("tensor", cluster(2, ring_latency=5e-3), 10, mesh=Mesh(SHAPE, 2, tp_latency=1e-5)).summary(32)
     # 3 collectives of 2 ring steps (all-gather: 1) at 5 ms against 10 us
     assert slow["step_seconds"] - own["step_seconds"] == pytest.approx((2 + 2 + 1) * (5e-3 - 1e-5))
+
+
+def test_each_split_module_adds_its_calibrated_cost_on_a_split_mesh_only():
+    base = simulate("tensor", cluster(4), 10, mesh=Mesh(SHAPE, 2)).summary(32)
+    costly = simulate("tensor", cluster(4), 10, mesh=Mesh(dataclasses.replace(SHAPE, modules=6), 2, module_s=1e-3))
+    assert costly.summary(32)["step_seconds"] == pytest.approx(base["step_seconds"] + 6e-3)
+    whole = simulate("tensor", cluster(4), 10, mesh=Mesh(SHAPE, 1, module_s=1e-3)).summary(32)
+    assert whole["step_seconds"] == pytest.approx(simulate("allreduce", cluster(4), 10).summary(32)["step_seconds"])
+
+
+def test_the_gpt_s_norms_are_no_split_modules():
+    from paratrain.models.gpt import GPT
+    from paratrain.models.gpt_config import GPTConfig
+
+    model = GPT(64, 16, GPTConfig(gpt_layers=2, gpt_width=32, gpt_heads=4))
+    shape = measure(model, torch.randint(0, 64, (2, 16)), None, 2)
+    norms = sum(p.numel() * 4 for m in model.modules() if isinstance(m, nn.LayerNorm) for p in m.parameters())
+    position = model[0].position.weight.numel() * 4
+    assert shape.whole_bytes == norms + position  # everything else is split: the blocks, the tied vocabulary
+    assert shape.modules == 2 * 4 + 2  # 4 a block, the token embedding and the output layer
 
 
 def test_one_way_mesh_is_allreduce_and_its_sharded_replicas_fsdp():
