@@ -16,7 +16,12 @@ built-in corpus with AdamW (lr 1e-3) on 2 processes over Gloo, a global batch of
 sequences, one epoch per run: ``allreduce --workers 2 --batch-size 16``, ``fsdp --workers 2
 --batch-size 16`` and ``tensor --workers 2 --tensor-parallel 2 --batch-size 32``. Each
 side's ``tokens_per_second`` is its metrics file's (training steps only). The sides take
-turns, in a rotated order each round; the median of each side is reported. Writes
+turns, in a rotated order each round; the median of each side is reported.
+
+Beside each side, ``paratrain simulate``'s prediction on the user's path, no number given
+by hand: ``--calibrate`` here at each side's batch per process (16 and 32), then
+``--calibration`` for the side's strategy and workers (tensor: the mesh of 1 replica of 2,
+its link inside the replica the calibration's host link). Writes
 benchmarks/results/tensor_parallel.json and .md.
 """
 
@@ -25,7 +30,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,6 +46,35 @@ SIDES = {
     "tensor, T=2, batch 32": ["--strategy", "tensor", "--workers", "2", "--tensor-parallel", "2", "--batch-size", "32"],
 }
 MEMORY_LAYERS, MEMORY_WIDTH, CAP_MIB = 8, 256, 64
+#: Each side as ``paratrain simulate`` asks it: the batch per process, and the flags.
+PREDICTED = {
+    "allreduce, 2 workers x 16": (16, ["--strategy", "allreduce", "--workers", "2"]),
+    "fsdp, 2 workers x 16": (16, ["--strategy", "fsdp", "--workers", "2"]),
+    "tensor, T=2, batch 32": (32, ["--strategy", "tensor", "--workers", "2", "--tensor-parallel", "2"]),
+}
+
+
+def predict() -> dict[str, dict[str, float]]:
+    """Each side's simulated tokens/s, from a calibration measured here at its batch size
+    (the gpt's defaults are SIZES: 4 layers of 128, 64 tokens)."""
+    simulate = [sys.executable, "-m", "paratrain", "simulate", "--model", "gpt", "--dataset", "text-lm"]
+    found = {}
+    with tempfile.TemporaryDirectory(prefix="paratrain-tp-sim-") as folder:
+        for batch in sorted({batch for batch, _ in PREDICTED.values()}):
+            calibration = f"{folder}/cal-{batch}.json"
+            subprocess.run([*simulate, "--batch-size", str(batch), "--calibrate", calibration, "--workers", "2"],
+                           check=True, cwd=ROOT, capture_output=True)  # fmt: skip
+        for side, (batch, flags) in PREDICTED.items():
+            out = f"{folder}/sim.json"
+            subprocess.run([*simulate, "--batch-size", str(batch), "--calibration", f"{folder}/cal-{batch}.json",
+                            *flags, "--json-out", out], check=True, cwd=ROOT, capture_output=True)  # fmt: skip
+            row = json.loads(Path(out).read_text())["results"][0]
+            found[side] = {"tokens_per_second": row["examples_per_second"] * SIZES["seq_len"], "batch": batch}
+        found["calibrations"] = {
+            batch: json.loads(Path(f"{folder}/cal-{batch}.json").read_text())["costs"]
+            for batch in sorted({batch for batch, _ in PREDICTED.values()})
+        }
+    return found
 
 
 def held(tensor: int) -> dict[str, float]:
@@ -102,8 +138,10 @@ def main() -> None:
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     held_rows = memory()
+    predicted = predict()
     rounds, medians = measure(SIDES, args.rounds, args.epochs)
     result = {
+        "predicted": predicted,
         "torch": torch.__version__,
         "cores": os.cpu_count(),
         "speed": {"sizes": SIZES, "rounds": rounds, "medians": medians},
@@ -125,7 +163,21 @@ def main() -> None:
             f"{row['measured_bytes'] / row['predicted_bytes']:.3f} | {row['deepest_gpt_within_cap']} layers |"
         )
     speed = f"## Speed: gpt 4x128, 64 tokens, global batch 32, AdamW, 2 processes, {args.rounds} rounds (medians)"
-    write_table(out, [*lines, "", speed, "", *speed_rows(medians)])
+    write_table(out, [*lines, "", speed, "", *speed_rows(medians), "", *prediction_rows(medians, predicted)])
+
+
+def prediction_rows(medians: dict[str, dict], predicted: dict[str, dict]) -> list[str]:
+    """Each side's measured tokens/s beside the simulator's, calibrated here."""
+    rows = [
+        "## paratrain simulate beside each side (calibrated here: --calibrate, then --calibration)",
+        "",
+        "| side | measured tokens/s | simulated tokens/s | simulated / measured |",
+        "| --- | ---: | ---: | ---: |",
+    ]
+    for name, m in medians.items():
+        sim = predicted[name]["tokens_per_second"]
+        rows.append(f"| {name} | {m['tokens_per_second']:.0f} | {sim:.0f} | {sim / m['tokens_per_second']:.2f} |")
+    return rows
 
 
 if __name__ == "__main__":
