@@ -10,25 +10,10 @@ import pytest
 import torch
 
 import paratrain
-from paratrain.models.gpt import GPT
-from paratrain.models.gpt_config import GPTConfig
 from paratrain.testing import relative_difference, run_distributed
+from tests.distributed.test_tensor_loss import STEPS, B, gpt, sequences
 
 pytestmark = pytest.mark.distributed
-
-VOCAB, SEQ, B, STEPS = 64, 16, 8, 4
-
-
-def gpt():
-    torch.manual_seed(0)
-    return GPT(VOCAB, SEQ, GPTConfig(gpt_layers=2, gpt_width=32, gpt_heads=4))
-
-
-def sequences(examples, seed):
-    """Sequences counting on from a random token (mod VOCAB), each position's target the next."""
-    start = torch.randint(0, VOCAB, (examples, 1), generator=torch.Generator().manual_seed(seed))
-    ids = (start + torch.arange(SEQ + 1)) % VOCAB
-    return ids[:, :-1], ids[:, 1:]
 
 
 def _train(strategy, build, data, loss, clip=None, accumulate=1):

@@ -16,10 +16,10 @@ pytestmark = pytest.mark.distributed
 QUIET = ["--no-progress", "--log-every", "0"]
 
 
-def _async_run(out):
-    """A ps-async run of 2 workers and 30 epochs (~10 s) writing its metrics to ``out``."""
+def _async_run(out, epochs=30):
+    """A ps-async run of 2 workers and ``epochs`` epochs (30: ~10 s) writing its metrics to ``out``."""
     command = [sys.executable, "-m", "paratrain", "train", "--strategy", "ps-async", "--workers", "2",
-               "--epochs", "30", "--metrics-out", str(out), *QUIET]  # fmt: skip
+               "--epochs", str(epochs), "--metrics-out", str(out), *QUIET]  # fmt: skip
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
 
 
@@ -158,7 +158,7 @@ ROGUE = """
 import os, sys, torch
 from paratrain.strategies.ps.joining import join_run
 from paratrain.strategies.ps.protocol.wire import TAG_MESSAGE
-address, token = sys.argv[1], open(sys.argv[2]).read().strip()
+address, token = sys.argv[1], sys.argv[2]
 facts = {"strategy": "ps-async", "shards": 1, "compression": "none", "pull_compression": "none"}
 joined = join_run(address, facts, 30.0, token)
 garbage = torch.zeros(40, dtype=torch.uint8)  # no mark of the protocol
@@ -173,12 +173,12 @@ def test_a_joiner_that_sends_a_malformed_message_over_gloo_is_dropped_and_the_ru
     Gloo link: the shard refuses them (counted), drops it as a lost worker, and the run
     finishes as without it."""
     out = tmp_path / "run.json"
-    run = _async_run(out)
+    run = _async_run(out, epochs=60)  # time for the rogue's start (torch's import) on a loaded machine
     try:
         address, token_file = _door(run.stdout)
-        rogue = subprocess.run(
-            [sys.executable, "-c", ROGUE, address, token_file], capture_output=True, text=True, timeout=60
-        )
+        token = Path(token_file).read_text().strip()  # read at once: the file goes with the run
+        rogue = subprocess.run([sys.executable, "-c", ROGUE, address, token], capture_output=True, text=True,
+                               timeout=60)  # fmt: skip
         stdout, stderr = run.communicate(timeout=240)
     finally:
         run.kill()
