@@ -337,7 +337,10 @@ class Trainer:
         if not self.strategy.evaluates:
             return dict.fromkeys(("loss", *self.metrics))
         with span("evaluate"):
-            return self._evaluate(data, batch_size)
+            try:  # its collectives: a peer lost mid-evaluation is named as one lost mid-step
+                return self._evaluate(data, batch_size)
+            except RuntimeError as error:
+                raise (self.strategy.diagnose(error, self.global_step) or error) from None
 
     def _evaluate(self, data: object, batch_size: int) -> dict[str, float | None]:
         if self.strategy.remote is not None:

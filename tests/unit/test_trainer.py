@@ -114,3 +114,22 @@ def test_trainer_rejects_unknown_names():
         paratrain.Trainer(model, "hinge", optimizer)
     with pytest.raises(ConfigError, match="unknown metric 'f1'"):
         paratrain.Trainer(model, "cross_entropy", optimizer, metrics=["f1"])
+
+
+def test_a_collective_that_times_out_in_evaluation_is_diagnosed_as_in_a_step():
+    """A peer lost while the replicas reduce evaluation's sums: the strategy names it, as it
+    does for a collective of a training step (a cut link at the end of an epoch)."""
+
+    class Lost(paratrain.SingleDeviceStrategy):
+        def all_reduce_sum(self, tensor):
+            raise RuntimeError("Timed out waiting 10000ms for recv operation to complete")
+
+        def diagnose(self, error, step):
+            return RuntimeError(f"worker 1 did not answer at step {step}: {error}")
+
+    model = torch.nn.Linear(4, 2)
+    trainer = paratrain.Trainer(model, "cross_entropy", torch.optim.SGD(model.parameters(), lr=0.1),
+                                strategy=Lost(device="cpu"))  # fmt: skip
+    data = (torch.randn(8, 4), torch.randint(0, 2, (8,)))
+    with pytest.raises(RuntimeError, match="worker 1 did not answer at step 0: Timed out"):
+        trainer.evaluate(data, batch_size=4)
