@@ -167,6 +167,20 @@ def planned(model: nn.Module, plan: dict[str, str], size: int) -> dict[str, Styl
     return _untie_conflicts(model, matching(model, plan, size), size)
 
 
+def split_only(chosen: dict[str, Style]) -> dict[str, Style]:
+    """``chosen`` less the modules sequence parallelism runs on positions (their parameters
+    stay whole): the modules split, or whose heads are counted."""
+    return {name: style for name, style in chosen.items() if style.kind not in SEQUENCE_STYLES}
+
+
+def summary(chosen: dict[str, Style]) -> str:
+    """How many modules of each kind ``chosen`` holds: ``5 colwise, 5 rowwise``."""
+    counts: dict[str, int] = {}
+    for style in chosen.values():
+        counts[style.kind] = counts.get(style.kind, 0) + 1
+    return ", ".join(f"{count} {kind}" for kind, count in sorted(counts.items()))
+
+
 def parallelize(model: nn.Module, mesh: DeviceMesh, plan: dict[str, str], sequence: bool = False) -> dict[str, Style]:
     """Split ``model`` in place over ``mesh`` (one dimension) as ``plan`` says; every
     parameter it leaves whole becomes a replicated DTensor. ``sequence``: the plan's
@@ -176,7 +190,7 @@ def parallelize(model: nn.Module, mesh: DeviceMesh, plan: dict[str, str], sequen
     size = mesh.size()
     chosen = planned(model, plan, size)
     on_positions = {name: style for name, style in chosen.items() if style.kind in SEQUENCE_STYLES}
-    chosen = {name: style for name, style in chosen.items() if name not in on_positions}
+    chosen = split_only(chosen)
     if sequence and not any(style.kind == "split_sequence" for style in on_positions.values()):
         raise ConfigError(
             f"--sequence-parallel: the plan of {type(model).__name__} names no module whose output to split by "

@@ -175,11 +175,10 @@ def _tensor_module_s(args: Any, model: Any, splits: Any, single: float, costs: d
     op, the collectives' own work): a real 2-process step (T2) less that model's step, per
     module; None for a model without a tensor plan."""
     from paratrain.simulate.tensor import activation_s, compute_scale  # deferred: the engine
-    from paratrain.simulate.tensor_shape import measure
+    from paratrain.simulate.tensor_shape import first_inputs, measure
 
     try:
-        batch = next(iter(torch.utils.data.DataLoader(splits.train, batch_size=args.batch_size)))
-        shape = measure(model, batch[0] if isinstance(batch, (tuple, list)) else batch, None, 2)
+        shape = measure(model, first_inputs(splits, args.batch_size), None, 2)
     except ConfigError:  # no plan, or one that does not split 2 ways
         return None
     tensor = _step_s(args, splits, ["--strategy", "tensor", "--workers", "2", "--tensor-parallel", "2"], 1)

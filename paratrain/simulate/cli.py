@@ -227,7 +227,7 @@ def sweep(
                 baseline = summary["examples_per_second"]
             summary["scaling_efficiency"] = summary["examples_per_second"] / (n * baseline)
             if "mesh" in extra:
-                summary["parameter_bytes_per_process"] = _held(extra["mesh"], n)
+                summary["parameter_bytes_per_process"] = extra["mesh"].held_bytes(n)
             if n in counts:
                 rows.append(summary)
     if not rows:
@@ -246,13 +246,6 @@ def _variants(args: argparse.Namespace, strategies: list[str], model: Any, split
 
         found += [("tensor", {"mesh": mesh}) for mesh in meshes(args, model, splits)]
     return found
-
-
-def _held(mesh: Any, workers: int) -> float:
-    """The parameter bytes one process holds on ``mesh`` at ``workers`` processes."""
-    tensor = mesh.tensor if workers > 1 else 1
-    part = mesh.shape.part_bytes(tensor)
-    return part / mesh.replicas(workers) if mesh.shard_replicas else part
 
 
 def simulate_command(args: argparse.Namespace) -> int:

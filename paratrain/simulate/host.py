@@ -132,8 +132,8 @@ def simulate_on_host(
         if strategy == "tensor":  # each process computes its share; a step makes one update per replica
             mesh = options["mesh"]
             replicas, name, step_s = mesh.replicas(cluster.workers), mesh.label(), mesh.step_s
-            tensor = mesh.tensor if cluster.workers > 1 else 1
-            cluster = dataclasses.replace(cluster, compute_s=cluster.compute_s * compute_scale(mesh.shape, tensor))
+            scale = compute_scale(mesh.shape, mesh.degree(cluster.workers))
+            cluster = dataclasses.replace(cluster, compute_s=cluster.compute_s * scale)
         run: Any = AllReduceHost(cluster, rng, rounds, period, record, step_s)
         for w in range(run.n):
             run.begin(0.0, w)

@@ -99,6 +99,15 @@ class Mesh:
     def label(self) -> str:
         return f"tensor T={self.tensor}" + (" +fsdp" if self.shard_replicas else "")
 
+    def degree(self, workers: int) -> int:
+        """T at ``workers`` processes: 1 for one process, the model whole (the scaling's baseline)."""
+        return self.tensor if workers > 1 else 1
+
+    def held_bytes(self, workers: int) -> float:
+        """The parameter bytes one process holds at ``workers`` processes."""
+        part = self.shape.part_bytes(self.degree(workers))
+        return part / self.replicas(workers) if self.shard_replicas else part
+
     def replicas(self, workers: int) -> int:
         if workers == 1:
             return 1
@@ -111,7 +120,7 @@ class Mesh:
     def step_s(self, cluster: Cluster, slowest: Any) -> Any:
         """Seconds of a step given the slowest process's compute (already scaled by
         compute_scale): the activations' collectives, then the replicas' gradient sync."""
-        tensor = self.tensor if cluster.workers > 1 else 1
+        tensor = self.degree(cluster.workers)
         replicas = self.replicas(cluster.workers)
         step_latency = cluster.latency if cluster.ring_latency is None else cluster.ring_latency
         if self.tp_latency is not None:
@@ -140,7 +149,7 @@ class TensorModel:
             raise ConfigError("--strategy tensor needs the model's tensor shape (simulate measures it from --model)")
         n = cluster.workers
         replicas = mesh.replicas(n)
-        scale = compute_scale(mesh.shape, mesh.tensor if n > 1 else 1)
+        scale = compute_scale(mesh.shape, mesh.degree(n))
         slowest = cluster.compute_times(rng, steps).max(axis=1) * scale
         step = mesh.step_s(cluster, slowest)
         ends = np.cumsum(step)

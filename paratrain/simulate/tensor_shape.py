@@ -22,14 +22,16 @@ def measure(
     one forward pass on ``inputs`` (a local batch); the model is left as it was. With
     ``loss_parallel`` (train's ``--loss-parallel``, a cross-entropy loss) the output layer's
     logits are not gathered: the loss all-reduces a few values a position instead."""
-    from paratrain.parallel.tensor import output_layer, plan_for, planned  # deferred: DTensor, only for tensor
+    from paratrain.parallel.tensor import (
+        output_layer,
+        plan_for,
+        planned,
+        split_only,
+    )  # deferred: DTensor, only for tensor
     from paratrain.parallel.vocabulary import LOSS_ALL_REDUCES, LOSS_VALUE_BYTES
 
-    chosen = {  # the modules split (sequence parallelism's are replicated: not modelled apart)
-        name: style
-        for name, style in planned(model, plan_for(model, plan), size).items()
-        if style.kind in ("colwise", "rowwise", "heads")
-    }
+    # the modules split (sequence parallelism's are replicated: not modelled apart)
+    chosen = split_only(planned(model, plan_for(model, plan), size))
     logits = output_layer(model, chosen) if loss_parallel else None
     modules = dict(model.named_modules())
     split_ids = {id(p) for name in chosen for p in modules[name].parameters()}
@@ -95,6 +97,12 @@ def _split_share(counts: dict[str, dict[Any, int]], chosen: set[str]) -> float:
     return min(sum(by_path.get(name, 0) for name in outer) / total, 1.0)
 
 
+def first_inputs(splits: Any, batch_size: int) -> Any:
+    """The inputs of the first local batch of ``splits``' training data (a dict batch whole)."""
+    batch = next(iter(torch.utils.data.DataLoader(splits.train, batch_size=batch_size)))
+    return batch[0] if isinstance(batch, (tuple, list)) else batch
+
+
 def tensor_sizes(text: str) -> list[int]:
     """``--tensor-parallel`` read: the sizes T to compare, each >= 1."""
     try:
@@ -112,8 +120,7 @@ def meshes(args: Any, model: nn.Module, splits: Any) -> list[Mesh]:
     from paratrain.strategies.tensor.config import TensorConfig  # deferred: reads --tp-plan as train does
 
     plan = TensorConfig(tp_plan=args.tp_plan).plan()
-    batch = next(iter(torch.utils.data.DataLoader(splits.train, batch_size=args.batch_size)))
-    inputs = batch[0] if isinstance(batch, (tuple, list)) else batch
+    inputs = first_inputs(splits, args.batch_size)
     found = []
     for size in tensor_sizes(args.tensor_parallel):
         shape = measure(model, inputs, plan, size, args.loss_parallel)

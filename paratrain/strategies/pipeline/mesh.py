@@ -28,8 +28,8 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from paratrain.console import console
 from paratrain.errors import ConfigError
 from paratrain.parallel.shared import SplitStage
-from paratrain.parallel.tensor import Style, matching, parallelize, plan_for, planned
-from paratrain.parallel.tensor_stages import SPLIT_KINDS, put_layers, split_shaped, stage_plan
+from paratrain.parallel.tensor import Style, matching, parallelize, plan_for, planned, split_only, summary
+from paratrain.parallel.tensor_stages import put_layers, split_shaped, stage_plan
 from paratrain.parallel.traced import trace
 from paratrain.strategies.pipeline.topology import PipelineTopology
 from paratrain.strategies.recipe import StepRecipe
@@ -141,8 +141,7 @@ class TensorStages:
         by their names in it: matched once, so that a pattern naming modules of another stage
         only is no error on this one."""
         if self._chosen is None:
-            every = planned(model, plan_for(model, self.plan), self.size)
-            self._chosen = {name: style for name, style in every.items() if style.kind in (*SPLIT_KINDS, "heads")}
+            self._chosen = split_only(planned(model, plan_for(model, self.plan), self.size))
         return self._chosen
 
     def trace(self, model: nn.Module, keys: Any, example: Any, names: list[str], train: bool = True) -> Any:
@@ -187,17 +186,13 @@ class TensorStages:
 
     def layout(self, topology: PipelineTopology, model: nn.Module) -> str:
         """What the chief prints at start: the mesh, the modules split, the groups' ranks."""
-        counts: dict[str, int] = {}
-        for style in self.chosen(model).values():
-            counts[style.kind] = counts.get(style.kind, 0) + 1
-        summary = ", ".join(f"{count} {kind}" for kind, count in sorted(counts.items()))
         groups = "; ".join(
             f"{dim} groups {' '.join(str(ranks) for ranks in every)}" for dim, every in topology.groups().items()
         )
         return (
             f"paratrain: pipeline x tensor parallel: {topology.num_replicas} replica(s) x {topology.num_stages} "
             f"stages x {self.size} shards (mesh dp x pp x tp); {len(self.chosen(model))} modules of "
-            f"{type(model).__name__} split ({summary}); ranks {groups}"
+            f"{type(model).__name__} split ({summary(self.chosen(model))}); ranks {groups}"
         )
 
     def _counter(self, style: Style) -> Any:

@@ -38,7 +38,7 @@ from paratrain.comm.transport import cluster_from_env, default_backend
 from paratrain.console import console
 from paratrain.errors import ConfigError
 from paratrain.parallel.sharding import fsdp_units, gradient_sync_off
-from paratrain.parallel.tensor import matching, output_layer, parallelize, plan_for
+from paratrain.parallel.tensor import matching, output_layer, parallelize, plan_for, summary
 from paratrain.parallel.vocabulary import LOSS_ALL_REDUCES, LOSS_VALUE_BYTES, split_logits, whole
 from paratrain.strategies.base import DEFAULT_TIMEOUT_S, Strategy
 from paratrain.strategies.device import resolve_device
@@ -200,7 +200,7 @@ class TensorParallelStrategy(Strategy):
             split += "; the activations between them split by position" if self.sequence_parallel else ""
             console.print(
                 f"paratrain: tensor parallel over {self.tensor_parallel} processes, {self.num_replicas} "
-                f"replica(s): {len(chosen)} modules split ({_summary(chosen)}){split}; ranks "
+                f"replica(s): {len(chosen)} modules split ({summary(chosen)}){split}; ranks "
                 f"{_layout(self.topology)}"
             )
         return model, optimizer
@@ -302,13 +302,6 @@ class TensorParallelStrategy(Strategy):
 
     def stats(self) -> dict[str, Any]:
         return {**super().stats(), "bytes_sent": int(self._step_bytes() * self._steps * self.topology.num_processes)}
-
-
-def _summary(chosen: dict[str, Any]) -> str:
-    counts: dict[str, int] = {}
-    for style in chosen.values():
-        counts[style.kind] = counts.get(style.kind, 0) + 1
-    return ", ".join(f"{count} {kind}" for kind, count in sorted(counts.items()))
 
 
 def _layout(topology: TensorTopology) -> str:
