@@ -108,7 +108,7 @@ def apply(args: argparse.Namespace) -> list[str]:
         ("host_step_us", "--tp-latency-us", "tp_latency_us"),
         ("tp_module_us", "--tp-module-us", "tp_module_us"),
     ):
-        if costs.get(name) and "tensor" in args.strategy.split(","):
+        if costs.get(name) and {"tensor", "pipeline"} & set(args.strategy.split(",")):
             if getattr(args, attribute) is None:
                 setattr(args, attribute, costs[name])
             else:

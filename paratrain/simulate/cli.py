@@ -100,7 +100,7 @@ def check_arguments(args: argparse.Namespace) -> tuple[list[str], list[int]]:
         raise ConfigError("--target-* compares the strategies at one --workers count, e.g. --workers 8")
     if args.train and not targeted and (len(strategies) != 1 or len(workers) != 1):
         raise ConfigError("--train takes one --strategy and one --workers count, e.g. --strategy ps-async --workers 8")
-    _check_tensor(args, strategies, targeted)
+    _check_meshes(args, strategies, targeted)
     if args.calibrate and args.calibration:
         raise ConfigError("--calibrate FILE measures and predicts with FILE; --calibration reads one: give one")
     if args.calibrate and args.model_mb is not None:
@@ -113,37 +113,59 @@ def check_arguments(args: argparse.Namespace) -> tuple[list[str], list[int]]:
     return strategies, workers
 
 
-def _check_tensor(args: argparse.Namespace, strategies: list[str], targeted: bool) -> None:
-    """``tensor``'s flags go with ``--strategy tensor`` alone, and it with a model to measure."""
-    given = [
-        flag
-        for flag, value, default in (
-            ("--tensor-parallel", args.tensor_parallel, "2"),
-            ("--shard-replicas", args.shard_replicas, False),
-            ("--tp-bandwidth-gbps", args.tp_bandwidth_gbps, None),
-            ("--tp-latency-us", args.tp_latency_us, None),
-            ("--tp-module-us", args.tp_module_us, None),
-            ("--tp-plan", args.tp_plan, None),
-            ("--no-loss-parallel", args.loss_parallel, True),
-        )
-        if value != default
-    ]
-    if "tensor" not in strategies:
-        if given:
-            raise ConfigError(f"{', '.join(given)} describe --strategy tensor's meshes; add tensor to --strategy")
+def _check_meshes(args: argparse.Namespace, strategies: list[str], targeted: bool) -> None:
+    """The mesh flags go with the strategies that take them (tensor, pipeline), and those
+    with a model to measure."""
+    meshed = [s for s in ("tensor", "pipeline") if s in strategies]
+    for flags, takers in (
+        (
+            (("--shard-replicas", args.shard_replicas, False), ("--no-loss-parallel", args.loss_parallel, True)),
+            ("tensor",),
+        ),
+        (
+            (
+                ("--tensor-parallel", args.tensor_parallel, None),
+                ("--tp-bandwidth-gbps", args.tp_bandwidth_gbps, None),
+                ("--tp-latency-us", args.tp_latency_us, None),
+                ("--tp-module-us", args.tp_module_us, None),
+                ("--tp-plan", args.tp_plan, None),
+            ),
+            ("tensor", "pipeline"),
+        ),
+        (
+            (
+                ("--stages", args.stages, None),
+                ("--microbatches", args.microbatches, None),
+                ("--split-points", args.split_points, None),
+            ),
+            ("pipeline",),
+        ),
+    ):
+        given = [flag for flag, value, default in flags if value != default]
+        if given and not any(s in strategies for s in takers):
+            raise ConfigError(
+                f"{', '.join(given)} describe the meshes of --strategy {' or '.join(takers)}; "
+                f"add {' or '.join(takers)} to --strategy"
+            )
+    if not meshed:
         return
-    from paratrain.simulate.tensor_shape import tensor_sizes  # deferred: imports torch
+    from paratrain.simulate.tensor_shape import counts  # deferred: imports torch
 
-    tensor_sizes(args.tensor_parallel)
+    if args.tensor_parallel is not None:
+        counts(args.tensor_parallel, "--tensor-parallel")
+    if args.stages is not None:
+        counts(args.stages, "--stages")
+    if args.microbatches is not None and args.microbatches < 1:
+        raise ConfigError(f"--microbatches must be >= 1, got {args.microbatches}")
     _positive("tp-bandwidth-gbps", args.tp_bandwidth_gbps)
     _positive("tp-latency-us", args.tp_latency_us, allow_zero=True)
     _positive("tp-module-us", args.tp_module_us, allow_zero=True)
     if args.model_mb is not None:
-        raise ConfigError("--strategy tensor measures --model's plan and activations; --model-mb gives neither")
+        raise ConfigError(f"--strategy {meshed[0]} measures --model's parts and activations; --model-mb gives neither")
     if args.train or targeted or args.recommend:
         raise ConfigError(
-            "--strategy tensor makes allreduce's updates with W/T replicas; --train, --target-* and --recommend "
-            "replay the other strategies: ask them of allreduce at W/T workers"
+            f"--strategy {meshed[0]} makes allreduce's updates with one replica per mesh; --train, --target-* and "
+            "--recommend replay the other strategies: ask them of allreduce at that many workers"
         )
 
 
@@ -218,7 +240,7 @@ def sweep(
     rows = []
     for strategy, extra in _variants(args, strategies, model, splits):
         baseline = None
-        counts = [n for n in workers if "mesh" not in extra or n == 1 or n % extra["mesh"].tensor == 0]
+        counts = [n for n in workers if "mesh" not in extra or n == 1 or n % extra["mesh"].size == 0]
         for n in sorted(set(counts) | {1}):
             cluster = build_cluster(args, n, model, compute_s)
             outcome = simulate(strategy, cluster, args.steps, seed=args.seed, **options(args), **extra)
@@ -231,20 +253,27 @@ def sweep(
             if n in counts:
                 rows.append(summary)
     if not rows:
-        raise ConfigError(f"--workers {args.workers}: none is a multiple of --tensor-parallel {args.tensor_parallel}")
+        raise ConfigError(
+            f"--workers {args.workers}: none is a multiple of the processes a replica takes "
+            "(--tensor-parallel, times --stages for pipeline)"
+        )
     return rows
 
 
 def _variants(args: argparse.Namespace, strategies: list[str], model: Any, splits: Any) -> list[tuple[str, dict]]:
-    """Each strategy to sweep, with its options: ``tensor`` once per mesh."""
+    """Each strategy to sweep, with its options: ``tensor`` and ``pipeline`` once per mesh."""
     found: list[tuple[str, dict]] = []
     for strategy in strategies:
-        if strategy != "tensor":
-            found.append((strategy, {}))
-            continue
-        from paratrain.simulate.tensor_shape import meshes  # deferred: imports torch
+        if strategy == "tensor":
+            from paratrain.simulate.tensor_shape import meshes  # deferred: imports torch
 
-        found += [("tensor", {"mesh": mesh}) for mesh in meshes(args, model, splits)]
+            found += [(strategy, {"mesh": mesh}) for mesh in meshes(args, model, splits)]
+        elif strategy == "pipeline":
+            from paratrain.simulate.pipeline_shape import pipeline_meshes  # deferred: imports torch
+
+            found += [(strategy, {"mesh": mesh}) for mesh in pipeline_meshes(args, model, splits)]
+        else:
+            found.append((strategy, {}))
     return found
 
 
@@ -260,7 +289,7 @@ def simulate_command(args: argparse.Namespace) -> int:
         console.print(line)
     from paratrain.simulate.calibrate import model_and_data, profile_compute_s  # deferred: imports torch
 
-    need_data = args.profile or args.train or args.compute_ms is None or "tensor" in strategies
+    need_data = args.profile or args.train or args.compute_ms is None or {"tensor", "pipeline"} & set(strategies)
     model = splits = None
     if need_data or args.model_mb is None:
         model, splits = model_and_data(args)

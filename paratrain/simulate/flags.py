@@ -14,7 +14,7 @@ def add_flags(p: argparse.ArgumentParser) -> None:
     a(
         "--strategy",
         default="allreduce",
-        help="allreduce, ps-sync, ps-backup, ps-async, local-sgd, diloco, fsdp, tensor, or several "
+        help="allreduce, ps-sync, ps-backup, ps-async, local-sgd, diloco, fsdp, tensor, pipeline, or several "
         "comma-separated (default allreduce)",
     )
     a(
@@ -92,10 +92,17 @@ def add_flags(p: argparse.ArgumentParser) -> None:
     a("--fsdp-units", type=int, default=4, help="fsdp: units, one all-gather each per pass (default 4)")
     a(
         "--tensor-parallel",
-        default="2",
-        help="tensor: processes T each layer is split over, comma-separated to compare meshes (W/T replicas of T "
-        "at each --workers W) (default 2)",
+        default=None,
+        help="tensor, pipeline: processes T each layer is split over, comma-separated to compare meshes (W/T "
+        "replicas of T at each --workers W; pipeline: of S x T) (default: tensor 2, pipeline 1)",
     )
+    a(
+        "--stages",
+        default=None,
+        help="pipeline: stages S the model is cut into as train cuts it, comma-separated to compare (default 2)",
+    )
+    a("--microbatches", type=int, default=None, help="pipeline: micro-batches per batch (default 4)")
+    a("--split-points", default=None, help="pipeline: where stages start, as paratrain train --split-points")
     a(
         "--shard-replicas",
         action="store_true",
@@ -105,21 +112,21 @@ def add_flags(p: argparse.ArgumentParser) -> None:
         "--tp-bandwidth-gbps",
         type=float,
         default=None,
-        help="tensor: the link between the T processes of a replica, Gb/s each way (one machine's: NVLink, PCIe) "
+        help="tensor, pipeline: the link between the T processes of a replica, Gb/s each way (one machine's: NVLink, PCIe) "
         "(default --bandwidth-gbps)",
     )
     a(
         "--tp-latency-us",
         type=float,
         default=None,
-        help="tensor: microseconds per ring step of a collective inside a replica (default: the calibration's host "
+        help="tensor, pipeline: microseconds per ring step of a collective among T processes (default: the calibration's host "
         "step, else --ring-latency-us, else --latency-us)",
     )
     a(
         "--tp-module-us",
         type=float,
         default=None,
-        help="tensor: microseconds each split module adds to a step beyond its collectives' bytes (DTensor's "
+        help="tensor, pipeline: microseconds each split module adds to a step beyond its collectives' bytes (DTensor's "
         "dispatch, the collectives' own work) (default: the calibration's, else 0)",
     )
     a(
@@ -128,7 +135,11 @@ def add_flags(p: argparse.ArgumentParser) -> None:
         default=True,
         help="tensor: the cross-entropy on the logits split by vocabulary, not gathered (default: yes, as train)",
     )
-    a("--tp-plan", default=None, help="tensor: how to split --model, as paratrain train --tp-plan (default its own)")
+    a(
+        "--tp-plan",
+        default=None,
+        help="tensor, pipeline: how to split --model, as paratrain train --tp-plan (default its own)",
+    )
     a("--compression", default="none", help="gradient codec: none, fp16, bf16, int8, topk, powersgd (default none)")
     a("--topk-ratio", type=float, default=0.01, help="topk: share of gradient entries sent (default 0.01)")
     a("--powersgd-rank", type=int, default=4, help="powersgd: rank of the low-rank factors (default 4)")

@@ -32,7 +32,6 @@ from paratrain.simulate.costs import Outcome, Update, allreduce_step_s, fsdp_ste
 from paratrain.simulate.engine import HostRun
 from paratrain.simulate.host_ps import ParameterServerHost
 from paratrain.simulate.quota import ThrottledNodes
-from paratrain.simulate.tensor import compute_scale
 
 
 class AllReduceHost(HostRun):
@@ -123,17 +122,16 @@ def simulate_on_host(
     strategy: str, cluster: Cluster, steps: int, rng: np.random.Generator, record: bool, **options: Any
 ):
     """``simulate`` for the event-driven engine: the same Outcome as simulator.py's models."""
-    if strategy in ("allreduce", "local-sgd", "diloco", "fsdp", "tensor"):
+    if strategy in ("allreduce", "local-sgd", "diloco", "fsdp", "tensor", "pipeline"):
         period = options.get("period", 8) if strategy in ("local-sgd", "diloco") else 1
         rounds = -(-steps // period)
         step_s, replicas, name = _allreduce_step, cluster.workers, strategy
         if strategy == "fsdp":
             step_s = functools.partial(_fsdp_step, **{k: options[k] for k in ("reshard", "units") if k in options})
-        if strategy == "tensor":  # each process computes its share; a step makes one update per replica
+        if strategy in ("tensor", "pipeline"):  # each process computes its part; one update per replica
             mesh = options["mesh"]
             replicas, name, step_s = mesh.replicas(cluster.workers), mesh.label(), mesh.step_s
-            scale = compute_scale(mesh.shape, mesh.degree(cluster.workers))
-            cluster = dataclasses.replace(cluster, compute_s=cluster.compute_s * scale)
+            cluster = dataclasses.replace(cluster, compute_s=cluster.compute_s * mesh.scale(cluster.workers))
         run: Any = AllReduceHost(cluster, rng, rounds, period, record, step_s)
         for w in range(run.n):
             run.begin(0.0, w)

@@ -15,6 +15,7 @@ because there every push changes what the next pull sees.
 | ``diloco`` | local-sgd's rounds plus the outer optimizer step; ``--fragments F``: 1/F of the model every H/F steps |
 | ``fsdp`` | per step: all-gather (forward), all-gather again (backward, when resharded) and reduce-scatter, each overlapped with its pass unit by unit but the first |
 | ``tensor`` | per step: each process's share of the compute, its activations' collectives inside the replica, then the replicas' gradient all-reduce (or fsdp over them): tensor.py |
+| ``pipeline`` | per step: M micro-batches through S stages (fill, steady state, drain), each stage split T ways as ``tensor``, then each stage's replicas all-reduce its gradient: pipeline.py |
 
 With ``host_cores`` set (every process on one machine, sharing its cores) or a
 ``sleep:`` straggler, ``simulate`` runs host.py's event-driven engine instead.
@@ -34,7 +35,7 @@ from paratrain.errors import ConfigError
 from paratrain.simulate.cluster import Cluster
 from paratrain.simulate.costs import FSDP_UNITS, Outcome, Update, allreduce_step_s, fsdp_step_s
 from paratrain.simulate.host import simulate_on_host
-from paratrain.simulate.tensor import TensorModel
+from paratrain.simulate.tensor import MeshModel
 from paratrain.strategies.ps.policies import StalePolicy
 
 
@@ -311,7 +312,8 @@ STRATEGIES = {
     "local-sgd": LocalSGDModel("local-sgd"),
     "diloco": LocalSGDModel("diloco", outer_step=True),
     "fsdp": FSDPModel(),
-    "tensor": TensorModel(),
+    "tensor": MeshModel("tensor"),
+    "pipeline": MeshModel("pipeline"),
 }
 
 
@@ -327,7 +329,8 @@ def simulate(
 
     options: ``backup`` (ps-backup K), ``staleness_bound``, ``stale_policy``,
     ``max_staleness`` (ps-async), ``period`` (local-sgd, diloco H), ``fragments`` (diloco),
-    ``reshard`` and ``units`` (fsdp), ``mesh`` (tensor: simulate/tensor.py's Mesh).
+    ``reshard`` and ``units`` (fsdp), ``mesh`` (tensor: simulate/tensor.py's Mesh; pipeline:
+    simulate/pipeline.py's PipelineMesh).
     """
     if strategy not in STRATEGIES:
         raise ConfigError(f"--strategy must be one of {', '.join(STRATEGIES)}; got {strategy!r}")
@@ -335,10 +338,10 @@ def simulate(
         raise ConfigError("--strategy ps-backup needs --backup-workers K >= 1 (K = 0 is ps-sync)")
     if strategy != "ps-backup":
         options["backup"] = 0
-    if cluster.cpu_share is not None and strategy in ("fsdp", "tensor"):
+    if cluster.cpu_share is not None and strategy in ("fsdp", "tensor", "pipeline"):
         raise ConfigError(
             "--cpu-share simulates allreduce, local-sgd, diloco and the parameter servers hop by hop; "
-            f"{strategy}'s all-gathers and reduce-scatters are not modelled under a CPU quota"
+            f"{strategy}'s collectives are not modelled under a CPU quota"
         )
     rng = np.random.default_rng(seed)
     if cluster.event_driven:

@@ -64,12 +64,13 @@ class TensorShape:
 
 
 # ----- a step -------------------------------------------------------------------------------------
-def activation_s(shape: TensorShape, tensor: int, bandwidth: float, step_latency: float) -> float:
+def activation_s(shape: TensorShape, tensor: int, bandwidth: float, step_latency: float, scale: float = 1.0) -> float:
     """Seconds a process spends in a step's activation collectives over ``tensor`` processes:
-    ring all-reduces (2(T-1) steps of 1/T of the tensor) and all-gathers (T-1 steps)."""
+    ring all-reduces (2(T-1) steps of 1/T of the tensor) and all-gathers (T-1 steps); with
+    ``scale`` (a pipeline's micro-batch: 1/M) of the bytes measured."""
     if tensor <= 1:
         return 0.0
-    share = (tensor - 1) / tensor
+    share = (tensor - 1) / tensor * scale
     reduce_s = sum(2 * share * b / bandwidth + 2 * (tensor - 1) * step_latency for b in shape.all_reduce_bytes)
     gather_s = sum(share * b / bandwidth + (tensor - 1) * step_latency for b in shape.all_gather_bytes)
     return reduce_s + gather_s
@@ -96,12 +97,25 @@ class Mesh:
     dispatch of its ops, the collectives' own work: a calibration's ``tp_module_us``)."""
     units: int = FSDP_UNITS
 
+    @property
+    def size(self) -> int:
+        """Processes a replica takes: T."""
+        return self.tensor
+
     def label(self) -> str:
         return f"tensor T={self.tensor}" + (" +fsdp" if self.shard_replicas else "")
+
+    def scale(self, workers: int) -> float:
+        """A process's compute over the whole model's at ``workers`` processes (compute_scale)."""
+        return compute_scale(self.shape, self.degree(workers))
 
     def degree(self, workers: int) -> int:
         """T at ``workers`` processes: 1 for one process, the model whole (the scaling's baseline)."""
         return self.tensor if workers > 1 else 1
+
+    def busy_s(self, slowest: Any, workers: int) -> Any:
+        """The seconds of a step a process computes, given ``slowest`` scaled by ``scale``."""
+        return slowest
 
     def held_bytes(self, workers: int) -> float:
         """The parameter bytes one process holds at ``workers`` processes."""
@@ -137,23 +151,32 @@ class Mesh:
         return busy + across.ring_allreduce_s(across.codec.wire_bytes(across.model_bytes))
 
 
-class TensorModel:
-    """``tensor``: rounds like allreduce, each process computing its 1/T of the split layers."""
+class MeshModel:
+    """``tensor`` and ``pipeline``: rounds like allreduce, each process computing its part of
+    the model (a Mesh here, a pipeline.PipelineMesh), one update a round for each replica."""
 
-    name = "tensor"
+    def __init__(self, name: str):
+        self.name = name
 
     def run(
-        self, cluster: Cluster, steps: int, rng: np.random.Generator, record: bool, mesh: Mesh | None = None, **_: Any
+        self, cluster: Cluster, steps: int, rng: np.random.Generator, record: bool, mesh: Any = None, **_: Any
     ) -> Outcome:
         if mesh is None:
-            raise ConfigError("--strategy tensor needs the model's tensor shape (simulate measures it from --model)")
+            raise ConfigError(
+                f"--strategy {self.name} needs the model's shape on its mesh (simulate measures it from --model)"
+            )
         n = cluster.workers
         replicas = mesh.replicas(n)
-        scale = compute_scale(mesh.shape, mesh.degree(n))
-        slowest = cluster.compute_times(rng, steps).max(axis=1) * scale
+        slowest = cluster.compute_times(rng, steps).max(axis=1) * mesh.scale(n)
         step = mesh.step_s(cluster, slowest)
         ends = np.cumsum(step)
         trace = [Update(float(t), list(range(replicas)), [r] * replicas) for r, t in enumerate(ends)] if record else []
         return Outcome(
-            mesh.label(), n, steps, float(ends[-1]), steps * replicas, float((step - slowest).sum()), trace=trace
+            mesh.label(),
+            n,
+            steps,
+            float(ends[-1]),
+            steps * replicas,
+            float((step - mesh.busy_s(slowest, n)).sum()),
+            trace=trace,
         )

@@ -157,11 +157,11 @@ def test_cli_compares_meshes_of_the_gpt(tmp_path, capsys):
 @pytest.mark.parametrize(
     "extra, words",
     [
-        (["--tensor-parallel", "4"], "add tensor to --strategy"),
+        (["--tensor-parallel", "4"], "add tensor or pipeline to --strategy"),
         (["--no-loss-parallel"], "add tensor to --strategy"),
         (["--strategy", "tensor", "--model-mb", "10"], "--model-mb gives neither"),
         (["--strategy", "tensor", "--tensor-parallel", "0"], "--tensor-parallel must be counts >= 1"),
-        (["--strategy", "tensor", "--workers", "3"], "none is a multiple of --tensor-parallel"),
+        (["--strategy", "tensor", "--workers", "3"], "none is a multiple of the processes a replica takes"),
         (["--strategy", "tensor", "--workers", "4", "--train"], "--train, --target-"),
     ],
 )

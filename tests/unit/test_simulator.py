@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from paratrain.simulate.cluster import BUCKET_BYTES, Cluster, make_codec, parse_straggler
+from paratrain.simulate.pipeline import PipelineMesh, StageShape
 from paratrain.simulate.simulator import STRATEGIES, simulate
 from paratrain.simulate.tensor import Mesh, TensorShape
 
@@ -44,6 +45,9 @@ def test_infinite_bandwidth_and_no_latency_leave_only_compute(strategy):
     if strategy == "tensor":  # nothing of the compute split: each process computes all of it
         shape = TensorShape(size=2, split_bytes=1e6, whole_bytes=1e6, split_share=0.0, all_reduce_bytes=(1e6,))
         options = {"mesh": Mesh(shape, 2)}
+    if strategy == "pipeline":  # one stage, one micro-batch: no bubble
+        shape = TensorShape(size=1, split_bytes=0.0, whole_bytes=1e6, split_share=0.0)
+        options = {"mesh": PipelineMesh((StageShape(shape, 1.0, 0.0),), microbatches=1)}
     summary = simulate(strategy, c, 40, **options).summary(32)
     assert summary["step_seconds"] == pytest.approx(C, rel=1e-12)
     assert summary["comm_share"] == pytest.approx(0.0, abs=1e-12)
