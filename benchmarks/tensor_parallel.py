@@ -1,5 +1,5 @@
 """Tensor parallelism on the built-in gpt: what each process holds at T = 1, 2, 4, and the
-speed of T = 2 against allreduce and fsdp at one global batch.
+speed of T = 2 against allreduce, fsdp and a 2-stage pipeline at one global batch.
 
     .venv/bin/python benchmarks/tensor_parallel.py [--rounds 3] [--epochs 1]
 
@@ -14,14 +14,16 @@ the per-layer bytes, the deepest gpt of that width whose state fits 64 MiB per p
 Speed: the gpt of benchmarks/pipeline_gpt.py (4 layers, width 128, 64 tokens) on the
 built-in corpus with AdamW (lr 1e-3) on 2 processes over Gloo, a global batch of 32
 sequences, one epoch per run: ``allreduce --workers 2 --batch-size 16``, ``fsdp --workers 2
---batch-size 16`` and ``tensor --workers 2 --tensor-parallel 2 --batch-size 32``. Each
+--batch-size 16``, ``tensor --workers 2 --tensor-parallel 2 --batch-size 32`` and ``pipeline
+--workers 2 --stages 2 --microbatches 4 --batch-size 32``. Each
 side's ``tokens_per_second`` is its metrics file's (training steps only). The sides take
 turns, in a rotated order each round; the median of each side is reported.
 
 Beside each side, ``paratrain simulate``'s prediction on the user's path, no number given
 by hand: ``--calibrate`` here at each side's batch per process (16 and 32), then
 ``--calibration`` for the side's strategy and workers (tensor: the mesh of 1 replica of 2,
-its link inside the replica the calibration's host link). Writes
+its link inside the replica the calibration's host link; pipeline: 1 replica of 2 stages,
+its sends on the simulator's default link). Writes
 benchmarks/results/tensor_parallel.json and .md.
 """
 
@@ -44,13 +46,17 @@ SIDES = {
     "allreduce, 2 workers x 16": ["--strategy", "allreduce", "--workers", "2", "--batch-size", "16"],
     "fsdp, 2 workers x 16": ["--strategy", "fsdp", "--workers", "2", "--batch-size", "16"],
     "tensor, T=2, batch 32": ["--strategy", "tensor", "--workers", "2", "--tensor-parallel", "2", "--batch-size", "32"],
-}
+    "pipeline, S=2, M=4, batch 32": [
+        "--strategy", "pipeline", "--workers", "2", "--stages", "2", "--microbatches", "4", "--batch-size", "32"
+    ],
+}  # fmt: skip
 MEMORY_LAYERS, MEMORY_WIDTH, CAP_MIB = 8, 256, 64
 #: Each side as ``paratrain simulate`` asks it: the batch per process, and the flags.
 PREDICTED = {
     "allreduce, 2 workers x 16": (16, ["--strategy", "allreduce", "--workers", "2"]),
     "fsdp, 2 workers x 16": (16, ["--strategy", "fsdp", "--workers", "2"]),
     "tensor, T=2, batch 32": (32, ["--strategy", "tensor", "--workers", "2", "--tensor-parallel", "2"]),
+    "pipeline, S=2, M=4, batch 32": (32, ["--strategy", "pipeline", "--workers", "2", "--stages", "2"]),
 }
 
 

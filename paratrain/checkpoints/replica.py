@@ -71,6 +71,13 @@ class ReplicaState:
             part = model_part = "rank-0"
         device = strategy.device
         own = CheckpointStore.read_part(folder, part, manifest, map_location=device)
+        saved_replicas, replicas = manifest.get("replicas", manifest.get("workers")), strategy.num_replicas
+        strategy_state = own["strategy"]
+        if reshards:
+            strategy_state = strategy.reshard_state(strategy_state, int(saved_replicas))
+        # The strategy's state first: it names a part written elsewhere in the layout (a
+        # pipeline's stage and shard) before its model fails to load here.
+        strategy.load_state_dict(strategy_state)
         if model_part is not None:
             held = (
                 own
@@ -78,11 +85,6 @@ class ReplicaState:
                 else CheckpointStore.read_part(folder, model_part, manifest, map_location=device)
             )
             self._load_model(folder, held, manifest)
-        saved_replicas, replicas = manifest.get("replicas", manifest.get("workers")), strategy.num_replicas
-        strategy_state = own["strategy"]
-        if reshards:
-            strategy_state = strategy.reshard_state(strategy_state, int(saved_replicas))
-        strategy.load_state_dict(strategy_state)
         self.trainer.load_state_dict(own["trainer"])
         if reshards and saved_replicas != replicas:
             self.trainer.carry_position(int(saved_replicas), replicas)

@@ -120,9 +120,9 @@ def test_a_gpt2_traced_into_2_stages_of_2_shards_equals_one_process():
             assert relative_difference(value.reshape(-1), single["whole"][name].reshape(-1)) < 1e-5, name
 
 
-def _cli_gpt(cli, tmp_path, name, *flags):
+def _cli_gpt(cli, tmp_path, name, *flags, exit_code=0):
     """The built-in gpt on text-lm from the command line, 2 layers of width 32: its metrics
-    and what it printed."""
+    and what it printed (where it exits ``exit_code`` 0; else None and what it reported)."""
     text = tmp_path / "text.txt"  # 64 sequences of 16 bytes, and a test tenth
     if not text.exists():
         text.write_bytes(bytes((7 * i + i // 97) % 251 for i in range(16 * 16 * 4 * 10 // 9 + 32)))
@@ -131,8 +131,8 @@ def _cli_gpt(cli, tmp_path, name, *flags):
                  "--gpt-layers", "2", "--gpt-width", "32", "--gpt-heads", "4", "--gpt-dropout", "0",
                  "--optimizer", "sgd", "--momentum", "0", "--lr", "0.1", "--metrics", "", "--no-progress",
                  "--metrics-out", str(out), *flags)  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(out.read_text()), result.stdout
+    assert result.returncode == exit_code, result.stderr[-3000:]
+    return (json.loads(out.read_text()), result.stdout) if exit_code == 0 else (None, result.stderr)
 
 
 @pytest.mark.parametrize(("workers", "batch"), [(4, 8), (8, 16)], ids=["2x2", "2x2x2"])
@@ -152,3 +152,29 @@ def test_the_builtin_gpt_from_the_command_line_equals_single(cli, tmp_path, work
         groups = "tp groups [0, 1] [2, 3] [4, 5] [6, 7]; pp groups [0, 2] [1, 3] [4, 6] [5, 7]; dp groups [0, 4]"
         assert groups in printed and "2 replica(s) x 2 stages x 2 shards" in printed
     assert mesh["tensor_parallel"] == 2 and mesh["workers"] == workers
+
+
+def test_a_3d_run_resumes_from_its_checkpoint_as_if_never_stopped(cli, tmp_path):
+    """2 stages x 2 shards with AdamW (its moments split as the parameters): one epoch with
+    --checkpoint-dir, then --resume to the second, ends where two epochs straight end; each
+    process's part holds its own shard. Another mesh is refused in one line, the checkpoint kept."""
+    mesh = ["--strategy", "pipeline", "--stages", "2", "--microbatches", "2", "--tensor-parallel", "2",
+            "--workers", "4", "--batch-size", "8", "--optimizer", "adamw", "--lr", "0.01"]  # fmt: skip
+    folder = tmp_path / "ck"
+    _cli_gpt(cli, tmp_path, "first", *mesh, "--checkpoint-dir", str(folder))
+    saved = torch.load(next(folder.glob("ckpt-*")) / "rank-1.pt", weights_only=True)
+    assert saved["strategy"]["shard"] == [1, 2] and saved["strategy"]["stage"] == 0
+    split = [v for k, v in saved["model"].items() if k.endswith("attention.qkv.weight")]
+    assert split and all(not hasattr(v, "to_local") for v in split)  # plain tensors, this shard's part
+    resumed, printed = _cli_gpt(cli, tmp_path, "resumed", *mesh, "--epochs", "2", "--checkpoint-dir", str(folder),
+                                "--resume")  # fmt: skip
+    assert "resumed from" in printed
+    straight, _ = _cli_gpt(cli, tmp_path, "straight", *mesh, "--epochs", "2")
+    assert resumed["global_steps"] == straight["global_steps"] == 2 * 64 // 8
+    assert resumed["history"][-1]["test_loss"] == pytest.approx(straight["history"][-1]["test_loss"], rel=1e-6)
+    assert resumed["test_loss"] == pytest.approx(straight["test_loss"], rel=1e-6)
+    files = sorted(p.name for p in folder.rglob("*"))
+    other = [*mesh[:7], "1", *mesh[8:], "--epochs", "3", "--checkpoint-dir", str(folder), "--resume"]
+    _, said = _cli_gpt(cli, tmp_path, "other", *other, exit_code=2)  # 2 replicas of 2 stages: rank 1 is stage 1
+    assert "this process runs stage 1" in said or "shard 0 of 2 of stage 0, this process runs shard 0 of 1" in said
+    assert sorted(p.name for p in folder.rglob("*")) == files

@@ -66,7 +66,6 @@ PIPELINE = ["--strategy", "pipeline", "--stages", "2", "--tensor-parallel", "2"]
         (["--strategy", "pipeline", "--fault-tolerant", "--tensor-parallel", "2"],
          "--tensor-parallel applies to --strategy tensor and pipeline, not to --strategy pipeline-ft"),
         (["--strategy", "single", "--tp-plan", "{}"], "--tp-plan applies to --strategy tensor and pipeline"),
-        ([*PIPELINE, "--checkpoint-dir", "ck"], "--checkpoint-dir is not available with --strategy pipeline --tensor-parallel"),
         ([*PIPELINE, "--precision", "bf16"], "--precision bf16 is not available with --strategy pipeline --tensor-parallel"),
         ([*PIPELINE, "--precision", "fp16"], "--precision fp16 needs a gradient scaler"),
         ([*PIPELINE, "--channels-last"], "--channels-last is not available with --strategy pipeline --tensor-parallel"),

@@ -129,3 +129,21 @@ def traced_split(model: nn.Module, points: list[str] | None, num_stages: int, ba
     names = list(points or default_split_names(model, num_stages))
     check_split_names(model, names, num_stages)
     return names
+
+
+def saved_place(stage: int, shard: int, tensor: int) -> dict[str, Any]:
+    """Where a process's checkpoint part sits in the mesh: its stage (and its shard of T)."""
+    return {"stage": stage, **({"shard": [shard, tensor]} if tensor > 1 else {})}
+
+
+def check_saved_place(state: dict[str, Any], stage: int, shard: int, tensor: int) -> None:
+    """ConfigError where a checkpoint part was written by another place in the mesh: a
+    pipeline resumes on the mesh it was written by."""
+    if state.get("stage") != stage:
+        raise ConfigError(f"checkpoint holds stage {state.get('stage')}, this process runs stage {stage}")
+    saved = list(state.get("shard", [0, 1]))
+    if saved != [shard, tensor]:
+        raise ConfigError(
+            f"checkpoint holds shard {saved[0]} of {saved[1]} of stage {stage}, this process runs shard {shard} of "
+            f"{tensor}: a pipeline resumes on the mesh that wrote it (the same --stages and --tensor-parallel)"
+        )

@@ -27,6 +27,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from paratrain.console import console
 from paratrain.errors import ConfigError
+from paratrain.parallel.local_state import hold_local_parts
 from paratrain.parallel.shared import SplitStage
 from paratrain.parallel.tensor import Style, matching, parallelize, plan_for, planned, split_only, summary
 from paratrain.parallel.tensor_stages import put_layers, split_shaped, stage_plan
@@ -59,7 +60,6 @@ def check_mesh_config(config: TrainConfig) -> None:
     those it does not run, in one line each, before any process starts."""
     tensor = config.tensor.degree("pipeline")
     refused = {
-        "--checkpoint-dir": config.checkpoint_dir is not None,
         "--channels-last": bool(config.channels_last),
         f"--activation-checkpointing {config.activation_checkpointing}": config.activation_checkpointing != "none",
         f"--precision {config.precision}": config.precision != "fp32",
@@ -175,6 +175,12 @@ class TensorStages:
         if chief:
             console.print(self.layout(topology, model))
         return SplitStage(stage.module, stage.index, copies, tied, stage.shared_by)
+
+    @staticmethod
+    def hold_parts(module: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        """The stage's and its optimizer's state dicts hold this process's parts of the split
+        parameters: its checkpoint part, resumed on the same mesh (parallel/local_state.py)."""
+        hold_local_parts(module, optimizer)
 
     def replicate(self, module: nn.Module) -> nn.Module:
         """An evaluation stage traced beside a training stage already split: its layers are

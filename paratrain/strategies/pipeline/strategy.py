@@ -47,7 +47,9 @@ from paratrain.strategies.device import resolve_device
 from paratrain.strategies.pipeline.checks import (
     check_pipeline_config,
     check_pipeline_model,
+    check_saved_place,
     check_strategy_options,
+    saved_place,
     traced_split,
 )
 from paratrain.strategies.pipeline.gradients import TiedGradients, clip_over_stages, nonfinite_anywhere
@@ -223,6 +225,8 @@ class PipelineStrategy(Strategy):
         self._whole = model
         copies = self._build_layers(model, inputs) if self._split_names is None else self._build_traced(model, inputs)
         keep_stage_parameters(optimizer, copies)
+        if self._tensor is not None:
+            self._tensor.hold_parts(self._module, optimizer)
         self._optimizer = optimizer
         self._pending = None
 
@@ -382,16 +386,15 @@ class PipelineStrategy(Strategy):
 
     def stats(self) -> dict[str, Any]:
         sent = torch.tensor([self._bytes_sent + (self._tensor.bytes if self._tensor else 0.0)], dtype=torch.float64)
-        if dist.get_backend() == "nccl":
-            sent = sent.to(self.device)
+        sent = sent.to(self.device) if dist.get_backend() == "nccl" else sent
         dist.all_reduce(sent)
         staleness = staleness_summary({0: self._steps * self.num_replicas})
         return {"bytes_sent": int(sent.item()), "dropped_gradients": 0, "staleness": staleness}
 
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "stage": self.stage, "bounds": [list(b) for b in self.bounds or []]}
+        place = saved_place(self.stage, self.shard, self.tensor_parallel)
+        return {**super().state_dict(), "bounds": [list(b) for b in self.bounds or []], **place}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
-        if state.get("stage") != self.stage:
-            raise ConfigError(f"checkpoint holds stage {state.get('stage')}, this process runs stage {self.stage}")
+        check_saved_place(state, self.stage, self.shard, self.tensor_parallel)
