@@ -15,8 +15,10 @@ def print_table(rows: list[dict[str, Any]], compute_s: float) -> None:
     table = Table(title=f"simulated: {compute_s * 1e3:.3g} ms compute per step")
     held = any("parameter_bytes_per_process" in r for r in rows)  # tensor's meshes
     names = ["strategy", "workers", "step ms", "examples/s", "scaling", "comm", "stale mean/max", "dropped"]
+    label = max((len(r["strategy"]) for r in rows), default=8)  # a mesh's whole name: "pipeline S=2 x T=2"
     for name in names + ["params MB/process"] * held:
-        table.add_column(name, justify="left" if name == "strategy" else "right", no_wrap=True)
+        first = name == "strategy"
+        table.add_column(name, justify="left" if first else "right", no_wrap=True, min_width=label if first else None)
     for r in rows:
         cells = [
             r["strategy"],
@@ -32,7 +34,7 @@ def print_table(rows: list[dict[str, Any]], compute_s: float) -> None:
             part = r.get("parameter_bytes_per_process")
             cells.append("-" if part is None else f"{part / 1e6:.3g}")
         table.add_row(*cells)
-    Console(highlight=False, width=max(shutil.get_terminal_size().columns, 110)).print(table)
+    Console(highlight=False, width=max(shutil.get_terminal_size().columns, 130 if held else 110)).print(table)
     console.print("scaling: examples/s over workers x one worker's; comm: share of the step not computing")
 
 
