@@ -163,16 +163,20 @@ def _send_bad(server, rng, expected):
     message, outcome = _bad(rng, server)
     sender, shard_end = MemoryLink.pair(timeout=0.5)
     worker = next(_next_id)
-    if rng.random() < 0.1:  # no worker of the run: its messages reach the screen all the same
-        threading.Thread(target=server.receiving.joined, args=(10**6 + worker, shard_end), daemon=True).start()
+    stranger = rng.random() < 0.1  # no worker of the run: its messages reach the screen all the same
+    if stranger:
         outcome = "refused"
-    else:
-        server.admit(worker, shard_end)
+    # Queued before the shard reads the link: its 0.5 s receive never waits on this thread,
+    # which a loaded machine may hold back longer.
     if outcome == "stale":
         sender.isend(_message(server, Header(PULL)), TAG_MESSAGE)
     sender.isend(message, TAG_MESSAGE)
     if outcome == "skipped":
         sender.isend(_message(server, Header(DONE)), TAG_MESSAGE)
+    if stranger:
+        threading.Thread(target=server.receiving.joined, args=(10**6 + worker, shard_end), daemon=True).start()
+    else:
+        server.admit(worker, shard_end)
     expected["skipped" if outcome == "skipped" else "refused"] += 1
 
 
