@@ -123,9 +123,12 @@ def recovery(model: str, strategy: str) -> dict:
     killed = next(t for t, line in run["errors"] if "injected failure" in line)
     # Lines of the last steps before the kill may arrive just after its line (two pipes).
     after = [(t, s) for t, s in run["steps"] if t > killed and not kill_step - 2 <= s <= kill_step]
+    before = [t for t, s in run["steps"] if t < killed]
     result = {
         "first_step_after": after[0][0] - killed,
         "back_past_kill": next(t for t, s in after if s > kill_step) - killed,
+        # the run's own pace just before the kill: what a step takes undisturbed
+        "step_before": statistics.median(b - a for a, b in zip(before[-21:], before[-20:])),
     }
     spans = run["metrics"].get("participants", {}).get("per_step", [])
     if len(spans) >= 3:  # 2 -> 1 -> 2: the replacement's first step
@@ -155,16 +158,27 @@ def throughput_kept(model: str, strategy: str, every: float, kills: int) -> dict
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _spread(row: dict, key: str) -> str:
+    """A recovery row's median of ``key`` and its range over the runs that measured it."""
+    values = [run[key] for run in row["runs"] if key in run]
+    return f"{row['median'][key]:.2f} ({min(values):.2f}-{max(values):.2f})"
+
+
 def tables(rows: list[dict], repeats: int, every: float, kills: int) -> list[str]:
     lines = ["# Recovery from a lost replica (2 replicas, SIGKILL of replica 1 at step K)", "",
-             "| model | strategy | kill at step | first step after (s) | back past step K (s) | replacement in (s) |",
-             "| --- | --- | ---: | ---: | ---: | ---: |"]  # fmt: skip
+             "| model | strategy | kill at step | runs | a step before (s) | first step after (s) "
+             "| back past step K (s) | replacement in (s) |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]  # fmt: skip
     for row in (r for r in rows if r["kind"] == "recovery"):
         median = row["median"]
-        rejoin = f"{median['replacement_in']:.2f}" if "replacement_in" in median else "-"
-        lines.append(f"| {row['model']} | {row['strategy']} | {MODELS[row['model']][2]} | "
-                     f"{median['first_step_after']:.2f} | {median['back_past_kill']:.2f} | {rejoin} |")  # fmt: skip
-    lines += ["", f"Medians of {repeats} runs. The restart's checkpoints: every {MODELS['mlp'][3]} steps (mlp), "
+        rejoin = _spread(row, "replacement_in") if "replacement_in" in median else "-"
+        before = _spread(row, "step_before") if "step_before" in median else "-"
+        lines.append(f"| {row['model']} | {row['strategy']} | {MODELS[row['model']][2]} | {len(row['runs'])} | "
+                     f"{before} | {_spread(row, 'first_step_after')} | {_spread(row, 'back_past_kill')} | "
+                     f"{rejoin} |")  # fmt: skip
+    lines += ["", "Medians of the runs (their lowest and highest in brackets). A step before: the median interval "
+              "of the 20 logged steps before the kill (a step's own time, which the first step after includes). "
+              f"The restart's checkpoints: every {MODELS['mlp'][3]} steps (mlp), "
               f"{MODELS['cifar_cnn'][3]} (cifar_cnn). Pipelines: 2 replicas of 2 stages (4 processes); `--fail 1@K` "
               "kills both stages of replica 1.", "",
               f"# Throughput kept: a random replica process killed every {every:g} s, {kills} times", "",

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from paratrain.comm.transport import free_port
+from paratrain.strategies.fault_tolerant.config import FTConfig
 from paratrain.strategies.fault_tolerant.peers import heartbeat_ages
 from tests.conftest import as_formed
 
@@ -139,7 +140,8 @@ def test_a_replica_whose_host_vanished_is_left_behind_at_the_missed_heartbeat(cl
     metrics, stderr = _train(cli, tmp_path, "vanished", *flags)
     seconds = time.monotonic() - started
     assert "paratrain: worker 1: injected vanish at step 41" in stderr
-    assert "paratrain: worker 1 was not heard for over 1 s when another replica finished the run" in stderr
+    heard = FTConfig().replica_heartbeat_timeout  # the default
+    assert f"paratrain: worker 1 was not heard for over {heard:g} s when another replica finished the run" in stderr
     assert as_formed(metrics["participants"]["per_step"], 2) == [[1, 40, 2], [41, reference["global_steps"], 1]]
     assert metrics["uncommitted_steps"] >= 1  # step 41's first try, given up
     # Two waits of --timeout (the all-reduce, then the end of the run) before: over 180 s.

@@ -23,7 +23,7 @@ class FTConfig:
     )
     min_replicas: int = option(1, "allreduce-ft: fewest replicas a step may commit with; below it the run waits")
     replica_heartbeat_timeout: float = option(
-        1.0, "allreduce-ft: seconds without a heartbeat before the Lighthouse drops a replica (a local run's own)"
+        0.2, "allreduce-ft: seconds without a heartbeat before the Lighthouse drops a replica (a local run's own)"
     )
 
     def __post_init__(self) -> None:

@@ -24,6 +24,10 @@ from paratrain.timeline import span
 #: them, and how many they are.
 ReplicaGroup = tuple[str, int, int, int]
 
+#: Heartbeats a replica's Manager sends within ``--replica-heartbeat-timeout``: the Lighthouse
+#: drops a replica only after this many in a row went missing (docs/reliability.md).
+HEARTBEATS_PER_TIMEOUT = 5
+
 
 class Membership:
     def __init__(
@@ -99,6 +103,8 @@ class Membership:
             checkpoint_transport=LiveStateTransport(wait, host),
             init_sync=False,  # every replica builds the same initial model from --seed
             max_retries=max(3, num_replicas * 2),  # then a replica that cannot commit leaves
+            # Five heartbeats a timeout: a replica is dropped after five missed in a row.
+            heartbeat_interval=timedelta(seconds=self.heartbeat_timeout / HEARTBEATS_PER_TIMEOUT),
         )
         self.peers = PeerWatch(lighthouse, self.heartbeat_timeout)
         self.peers.follow(self.manager)
