@@ -16,15 +16,20 @@ pytestmark = pytest.mark.distributed
 transformers = pytest.importorskip("transformers")
 
 
-def llama():
+def llama(tied=True):
     """A Llama whose config carries its tensor-parallel plan (base_model_tp_plan), with
-    grouped-query attention (4 query heads, 2 key-value heads) and a tied output layer."""
+    grouped-query attention (4 query heads, 2 key-value heads) and a tied output layer
+    (or, ``tied`` False, an output layer of its own)."""
     torch.manual_seed(0)
     config = transformers.LlamaConfig(
         vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=SEQ, tie_word_embeddings=True, bos_token_id=0, eos_token_id=0,
+        num_key_value_heads=2, max_position_embeddings=SEQ, tie_word_embeddings=tied, bos_token_id=0, eos_token_id=0,
     )  # fmt: skip
     return transformers.LlamaForCausalLM(config)
+
+
+def untied_llama():
+    return llama(tied=False)
 
 
 def _train(strategy, batch_size, optimizer="sgd", build=gpt2, clip=None, accumulate=1, precision="fp32"):
@@ -128,6 +133,18 @@ def test_a_llama_split_by_its_own_plan_trains_with_adamw_as_one_process():
         assert held["model.layers.1.mlp.down_proj.weight"] == (64 * 32 // 2, 64 * 32)
         assert held["model.embed_tokens.weight"] == (64 * 32 // 2, 64 * 32)
         assert held["model.norm.weight"] == (32, 32)
+
+
+def test_an_untied_llama_s_embedding_split_by_vocabulary_gets_the_gradient_of_one_process():
+    """With its own output layer, the embedding split by vocabulary rows takes its gradient
+    alone (no tied sum): SGD's parameters after every step equal one process's (1e-5), each
+    process holding half of the embedding's rows and of the output layer's."""
+    reference, single_losses, _ = _train(paratrain.SingleDeviceStrategy(device="cpu"), B, build=untied_llama)
+    for params, losses, held in run_distributed(_tensor, 1, 2, "sgd", untied_llama, world_size=2):
+        assert relative_difference(params, reference) < 1e-5
+        assert losses == pytest.approx(single_losses, rel=1e-5)
+        assert held["model.embed_tokens.weight"] == (64 * 32 // 2, 64 * 32)
+        assert held["lm_head.weight"] == (64 * 32 // 2, 64 * 32)
 
 
 def test_the_builtin_gpt_on_a_mesh_equals_allreduce_from_the_command_line(cli, tmp_path):
