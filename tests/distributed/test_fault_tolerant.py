@@ -162,9 +162,11 @@ def test_every_replica_lost_at_once_resumes_from_the_last_checkpoint(cli, tmp_pa
     assert "paratrain: worker 1: injected failure at step 50" in stderr
     assert "found no live replica" not in stderr
     assert metrics["restarts"] >= 1
-    # from step 40; a later loss on a loaded machine (a replica left at a missed heartbeat)
-    # resumes from a later checkpoint, which the metrics then name
-    assert metrics["resumed_from_step"] == 40 if metrics["restarts"] == 1 else metrics["resumed_from_step"] >= 40
+    # The run goes on from step 40's checkpoint. The reporting replica names the checkpoint
+    # it read itself: 40, or a later one where it came up after its peer had written one
+    # (it then took the live state from that peer).
+    resumed = (metrics["restarts"], metrics["resumed_from_step"], metrics["participants"]["per_step"])
+    assert metrics["resumed_from_step"] >= 40 and metrics["resumed_from_step"] % 20 == 0, resumed
     segments = as_formed(metrics["participants"]["per_step"], 2)
     assert segments[0][0] == 1 and segments[-1][1] == reference["global_steps"]
     assert all(a[1] + 1 == b[0] for a, b in zip(segments, segments[1:])), segments  # every step once
