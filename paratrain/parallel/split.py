@@ -111,6 +111,14 @@ def balanced_bounds(costs: Sequence[float], num_parts: int) -> Bounds:
     return bounds[::-1]
 
 
+def parameter_bounds(layers: Sequence[nn.Module], num_parts: int, points: Sequence[int] | None = None) -> Bounds:
+    """The split at ``points`` (layer indices where parts start) when given, else the layers
+    balanced by parameter count."""
+    if points is not None:
+        return bounds_from_split_points(points, len(layers), num_parts)
+    return balanced_bounds(layer_costs(layers, "params"), num_parts)
+
+
 def parse_split_points(text: str) -> list[int] | list[str]:
     """``--split-points``: layer indices of an nn.Sequential (``3,7``), or the names of the
     modules where stages start in any other model (``transformer.h.2``: traced.py)."""

@@ -93,8 +93,10 @@ def check_split_names(model: nn.Module, names: Sequence[str], num_stages: int) -
     known = {name for name, _ in model.named_modules()}
     for name in names:
         if name not in known:
-            lists = [n for n, m in model.named_modules() if isinstance(m, nn.ModuleList) and len(m) > 1]
-            example = f"{lists[0]}.1" if lists else next((n for n, _ in model.named_children()), "a module's name")
+            try:
+                example = f"{repeated_blocks(model)[0]}.1"
+            except ConfigError:  # no blocks (an nn.Sequential named by modules): its first child
+                example = next((n for n, _ in model.named_children()), "a module's name")
             raise ConfigError(
                 f"--split-points: {type(model).__name__} has no module {name!r} (a stage starts at a module, "
                 f"e.g. {example})"

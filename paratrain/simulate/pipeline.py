@@ -26,9 +26,9 @@ from typing import Any
 
 import numpy as np
 
-from paratrain.errors import ConfigError
 from paratrain.simulate.cluster import Cluster
-from paratrain.simulate.tensor import TensorShape, activation_s, compute_scale
+from paratrain.simulate.tensor import TensorShape, activation_s, compute_scale, replica_link
+from paratrain.strategies.topology import replicas_of
 
 
 @dataclass(frozen=True)
@@ -81,21 +81,12 @@ class PipelineMesh:
         return max(s.shape.part_bytes(self.tensor) for s in self.stages)
 
     def replicas(self, workers: int) -> int:
-        if workers == 1:
-            return 1
-        if workers % self.size:
-            raise ConfigError(
-                f"--strategy pipeline: --workers {workers} is not a multiple of --stages x --tensor-parallel "
-                f"({len(self.stages)} x {self.tensor})"
-            )
-        return workers // self.size
+        return replicas_of(workers, self.size, "--stages x --tensor-parallel")
 
     def stage_s(self, cluster: Cluster, slowest: Any) -> list[Any]:
         """Seconds each stage spends on one micro-batch, forward and backward, with its sends."""
         m, t = self.microbatches, self.tensor
-        ring = cluster.latency if cluster.ring_latency is None else cluster.ring_latency
-        step_latency = ring if self.tp_latency is None else self.tp_latency
-        link = self.tp_bandwidth or cluster.bandwidth
+        link, step_latency = replica_link(cluster, self.tp_bandwidth, self.tp_latency)
         found = []
         for k, stage in enumerate(self.stages):
             busy = slowest * stage.compute_share * compute_scale(stage.shape, t) / m

@@ -10,16 +10,9 @@ from torch import nn
 
 from paratrain.console import console
 from paratrain.errors import ConfigError
-from paratrain.parallel.split import (
-    balanced_bounds,
-    bounds_from_split_points,
-    check_num_parts,
-    layer_costs,
-    parse_split_points,
-    sequential_layers,
-)
+from paratrain.parallel.split import check_num_parts, parameter_bounds, parse_split_points, sequential_layers
 from paratrain.simulate.pipeline import PipelineMesh
-from paratrain.simulate.tensor_shape import counts, first_inputs, measure_stages, tensor_sizes
+from paratrain.simulate.tensor_shape import counts, first_inputs, measure_stages, split_link, tensor_sizes
 from paratrain.strategies.pipeline.checks import traced_split
 from paratrain.strategies.pipeline.stages import is_layered
 
@@ -33,10 +26,7 @@ def stage_starts(model: nn.Module, stages: int, split_points: str | None) -> lis
         return traced_split(model, points, stages, "params") if stages > 1 else []
     layers = sequential_layers(model)
     check_num_parts(len(layers), stages)
-    if points is not None:
-        bounds = bounds_from_split_points(points, len(layers), stages)
-    else:
-        bounds = balanced_bounds(layer_costs(layers, "params"), stages)
+    bounds = parameter_bounds(layers, stages, points)
     return [str(start) for start, _ in bounds[1:]]
 
 
@@ -56,16 +46,7 @@ def pipeline_meshes(args: Any, model: nn.Module, splits: Any) -> list[PipelineMe
         for tensor in tensor_sizes(args.tensor_parallel or "1"):
             # train's 3-D mesh gathers the logits whole (it refuses --loss-parallel)
             shapes = measure_stages(model, inputs, starts, plan, tensor, loss_parallel=False)
-            found.append(
-                PipelineMesh(
-                    tuple(shapes),
-                    tensor,
-                    microbatches,
-                    tp_bandwidth=None if args.tp_bandwidth_gbps is None else args.tp_bandwidth_gbps * 1e9 / 8,
-                    tp_latency=None if args.tp_latency_us is None else args.tp_latency_us * 1e-6,
-                    module_s=(args.tp_module_us or 0.0) * 1e-6,
-                )
-            )
+            found.append(PipelineMesh(tuple(shapes), tensor, microbatches, **split_link(args)))
             shares = ", ".join(f"{s.compute_share:.0%}" for s in shapes)
             console.print(
                 f"paratrain: {args.model} in {stages} stages"

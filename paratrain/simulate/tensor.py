@@ -29,6 +29,7 @@ import numpy as np
 from paratrain.errors import ConfigError
 from paratrain.simulate.cluster import Cluster
 from paratrain.simulate.costs import FSDP_UNITS, Outcome, Update, fsdp_step_s
+from paratrain.strategies.topology import replicas_of
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,13 @@ def activation_s(shape: TensorShape, tensor: int, bandwidth: float, step_latency
     reduce_s = sum(2 * share * b / bandwidth + 2 * (tensor - 1) * step_latency for b in shape.all_reduce_bytes)
     gather_s = sum(share * b / bandwidth + (tensor - 1) * step_latency for b in shape.all_gather_bytes)
     return reduce_s + gather_s
+
+
+def replica_link(cluster: Cluster, bandwidth: float | None, step_latency: float | None) -> tuple[float, float]:
+    """The link among the T processes that split a layer (bytes/s, seconds a ring step):
+    the given ones, else the cluster's (its ring step latency, else its message latency)."""
+    ring = cluster.latency if cluster.ring_latency is None else cluster.ring_latency
+    return bandwidth or cluster.bandwidth, ring if step_latency is None else step_latency
 
 
 def compute_scale(shape: TensorShape, tensor: int) -> float:
@@ -123,23 +131,14 @@ class Mesh:
         return part / self.replicas(workers) if self.shard_replicas else part
 
     def replicas(self, workers: int) -> int:
-        if workers == 1:
-            return 1
-        if workers % self.tensor:
-            raise ConfigError(
-                f"--strategy tensor: --workers {workers} is not a multiple of --tensor-parallel {self.tensor}"
-            )
-        return workers // self.tensor
+        return replicas_of(workers, self.tensor, "--tensor-parallel")
 
     def step_s(self, cluster: Cluster, slowest: Any) -> Any:
         """Seconds of a step given the slowest process's compute (already scaled by
         compute_scale): the activations' collectives, then the replicas' gradient sync."""
         tensor = self.degree(cluster.workers)
         replicas = self.replicas(cluster.workers)
-        step_latency = cluster.latency if cluster.ring_latency is None else cluster.ring_latency
-        if self.tp_latency is not None:
-            step_latency = self.tp_latency
-        link = self.tp_bandwidth or cluster.bandwidth
+        link, step_latency = replica_link(cluster, self.tp_bandwidth, self.tp_latency)
         busy = slowest + activation_s(self.shape, tensor, link, step_latency)
         if tensor > 1:
             busy = busy + self.shape.modules * self.module_s

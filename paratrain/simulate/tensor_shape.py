@@ -205,6 +205,16 @@ def tensor_sizes(text: str) -> list[int]:
     return counts(text, "--tensor-parallel")
 
 
+def split_link(args: Any) -> dict[str, Any]:
+    """A mesh's options for the processes that split a layer, from the flags in engine units:
+    their link (``--tp-bandwidth-gbps``, ``--tp-latency-us``) and each split module's cost."""
+    return {
+        "tp_bandwidth": None if args.tp_bandwidth_gbps is None else args.tp_bandwidth_gbps * 1e9 / 8,
+        "tp_latency": None if args.tp_latency_us is None else args.tp_latency_us * 1e-6,
+        "module_s": (args.tp_module_us or 0.0) * 1e-6,
+    }
+
+
 def meshes(args: Any, model: nn.Module, splits: Any) -> list[Mesh]:
     """``--strategy tensor``'s meshes: one per ``--tensor-parallel`` size, measured for
     ``model`` on the first local batch of ``splits``; the line that says what was measured."""
@@ -220,10 +230,8 @@ def meshes(args: Any, model: nn.Module, splits: Any) -> list[Mesh]:
                 shape,
                 size,
                 shard_replicas=args.shard_replicas,
-                tp_bandwidth=None if args.tp_bandwidth_gbps is None else args.tp_bandwidth_gbps * 1e9 / 8,
-                tp_latency=None if args.tp_latency_us is None else args.tp_latency_us * 1e-6,
-                module_s=(args.tp_module_us or 0.0) * 1e-6,
                 units=args.fsdp_units,
+                **split_link(args),
             )
         )
     console.print(found[-1].shape.describe(args.model))

@@ -33,10 +33,9 @@ from paratrain.errors import ConfigError
 from paratrain.parallel.pipeline import forward_only, make_schedule, stage_module
 from paratrain.parallel.shared import SplitStage, split_stage
 from paratrain.parallel.split import (
-    balanced_bounds,
     bounds_from_split_points,
     check_num_parts,
-    layer_costs,
+    parameter_bounds,
     parse_split_points,
     sequential_layers,
 )
@@ -232,10 +231,8 @@ class PipelineStrategy(Strategy):
 
     def _build_layers(self, model: nn.Module, example: torch.Tensor | None) -> dict[int, list[nn.Parameter]]:
         layers = sequential_layers(model)
-        if self.split_points is not None:
-            bounds = bounds_from_split_points(self.split_points, len(layers), self.num_stages)
-        elif self.balance == "params":
-            bounds = balanced_bounds(layer_costs(layers, "params"), self.num_stages)
+        if self.split_points is not None or self.balance == "params":
+            bounds = parameter_bounds(layers, self.num_stages, self.split_points)
         else:
             bounds = agreed_bounds(layers, example, self.num_stages, self.num_microbatches, self.device)
         self.bounds = bounds
