@@ -7,7 +7,7 @@ import pytest
 
 from paratrain.config import TrainConfig
 from paratrain.errors import ConfigError
-from paratrain.strategies.averaging.strategy import _fragments
+from paratrain.strategies.averaging.anchors import fragment_groups
 
 
 @pytest.mark.parametrize(
@@ -70,7 +70,7 @@ def test_taken_where_they_apply():
     ],
 )
 def test_fragments_are_contiguous_and_balanced(sizes, count, expected):
-    assert _fragments(sizes, count) == expected
+    assert fragment_groups(sizes, count) == expected
 
 
 def test_bucket_cap_mb_is_allreduces():

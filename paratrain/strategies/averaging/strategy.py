@@ -46,9 +46,9 @@ from paratrain.comm.average import average
 from paratrain.comm.codec_config import as_codec, check_saved_codec
 from paratrain.comm.codecs import Codec
 from paratrain.comm.flat import mean_gradients
-from paratrain.errors import ConfigError
 from paratrain.options import refuse_untaken, takers
 from paratrain.strategies.accounting import staleness_summary
+from paratrain.strategies.averaging.anchors import Anchors, fragment_due
 from paratrain.strategies.averaging.config import AveragingConfig
 from paratrain.strategies.base import DEFAULT_TIMEOUT_S
 from paratrain.strategies.recipe import StepRecipe
@@ -101,12 +101,8 @@ class PeriodicAveragingStrategy(ReplicaStrategy):
         self.codec = as_codec(compression)
         self.syncs = 0
         """Synchronizations done (of one fragment each, with ``fragments`` > 1)."""
-        self._params: list[nn.Parameter] = []
-        self._names: list[str] = []
-        self._groups: list[list[int]] = []  # parameter indices of each fragment
-        self._anchors: list[torch.Tensor] = []
-        self._outer: list[torch.optim.SGD] = []
-        self._synced_at: list[int] = []  # the step each fragment was last synchronized at
+        self.anchors: Anchors | None = None
+        """The model the replicas share, with its outer optimizers (anchors.py); made by ``prepare``."""
         self._bytes = 0
         self._pending: dict[str, Any] | None = None  # state loaded before prepare()
 
@@ -131,24 +127,9 @@ class PeriodicAveragingStrategy(ReplicaStrategy):
             for tensor in [*model.parameters(), *model.buffers()]:
                 dist.broadcast(tensor.data, src=0)
         named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
-        self._names = [name for name, _ in named]
-        self._params = [p for _, p in named]
-        if len(self._params) < self.fragments:
-            raise ConfigError(
-                f"--fragments {self.fragments}: the model has only {len(self._params)} parameter tensors to split"
-            )
-        self._groups = _fragments([p.numel() for p in self._params], self.fragments)
-        self._anchors = [p.detach().clone() for p in self._params]
-        nesterov = self.outer_momentum > 0
-        self._outer = [
-            torch.optim.SGD(
-                [self._anchors[i] for i in group], lr=self.outer_lr, momentum=self.outer_momentum, nesterov=nesterov
-            )
-            for group in self._groups
-        ]
-        self._synced_at = [self.local_after] * len(self._groups)
+        self.anchors = Anchors(named, self.fragments, self.outer_lr, self.outer_momentum, self.local_after)
         if self._pending is not None:
-            self._load_outer(self._pending)
+            self.anchors.load_state_dict(self._pending)
             self._pending = None
         return model, optimizer
 
@@ -157,18 +138,19 @@ class PeriodicAveragingStrategy(ReplicaStrategy):
         if self.steps_taken >= self.local_after:
             return
         with span("allreduce", COMM):
-            self._bytes += mean_gradients([p for p in self._params if p.grad is not None], None, self.num_replicas)
+            self._bytes += mean_gradients(
+                [p for p in self.anchors.params if p.grad is not None], None, self.num_replicas
+            )
 
     def train_step(self, model, loss_fn, optimizer, inputs, targets):  # noqa: ANN001, ANN201 - Strategy's
         out = super().train_step(model, loss_fn, optimizer, inputs, targets)
         step = self.steps_taken
         if step == self.local_after:  # the replicas are equal here: the anchor starts from them
-            self._reset_anchors()
-        elif step > self.local_after:
-            interval = self.sync_every // self.fragments
-            local = step - self.local_after
-            if local % interval == 0:
-                self.synchronize((local // interval - 1) % self.fragments)
+            self.anchors.reset(step)
+        else:
+            fragment = fragment_due(step, self.local_after, self.sync_every, self.fragments)
+            if fragment is not None:
+                self.synchronize(fragment)
         return out
 
     @torch.no_grad()
@@ -176,55 +158,28 @@ class PeriodicAveragingStrategy(ReplicaStrategy):
         """The outer step of one fragment: average the replicas' deltas from the anchor,
         step the anchor with the outer optimizer (``outer=False``: plain averaging), and go
         on from it. Every replica calls it at the same step."""
-        group = self._groups[fragment]
-        params = [self._params[i] for i in group]
-        anchors = [self._anchors[i] for i in group]
-        deltas = [anchor - p.detach() for anchor, p in zip(anchors, params)]
         with span("synchronize", COMM, fragment=fragment):
-            means, sent = average(deltas, self.codec, [self._names[i] for i in group])
+            means, sent = average(self.anchors.deltas(fragment), self.codec, self.anchors.keys(fragment))
         self._bytes += sent
-        if outer:
-            for anchor, mean in zip(anchors, means):
-                anchor.grad = mean
-            self._outer[fragment].step()
-        else:
-            torch._foreach_sub_(anchors, means)
-        for anchor, p in zip(anchors, params):
-            anchor.grad = None
-            p.copy_(anchor)
-        self._synced_at[fragment] = self.steps_taken
+        self.anchors.step(fragment, means, outer, self.steps_taken)
         self.syncs += 1
-
-    @torch.no_grad()
-    def _reset_anchors(self) -> None:
-        for anchor, p in zip(self._anchors, self._params):
-            anchor.copy_(p.detach())
-        self._synced_at = [self.steps_taken] * len(self._groups)
 
     def finish(self, model: nn.Module) -> None:
         """The end of training: average every fragment that changed since its last
         synchronization (plainly: an outer step with momentum on a part of a round would
         overshoot), so that the replicas end as one model."""
-        for fragment, synced in enumerate(self._synced_at):
+        for fragment, synced in enumerate(self.anchors.synced_at):
             if self.steps_taken > max(synced, self.local_after):
                 self.synchronize(fragment, outer=False)
 
     @contextlib.contextmanager
     def evaluating(self, model: nn.Module) -> Iterator[None]:
         """Evaluation scores the model the replicas share (the anchor), not this replica's."""
-        if self.steps_taken <= self.local_after or not self._anchors:
+        if self.steps_taken <= self.local_after or self.anchors is None:
             yield  # the replicas are equal
             return
-        with torch.no_grad():
-            own = [p.detach().clone() for p in self._params]
-            for p, anchor in zip(self._params, self._anchors):
-                p.copy_(anchor)
-        try:
+        with self.anchors.swapped_in():
             yield
-        finally:
-            with torch.no_grad():
-                for p, mine in zip(self._params, own):
-                    p.copy_(mine)
 
     # ----- accounting and state ------------------------------------------------------------------------
     def step_counters(self) -> dict[str, float]:
@@ -240,14 +195,12 @@ class PeriodicAveragingStrategy(ReplicaStrategy):
         }
 
     def state_dict(self) -> dict[str, Any]:
-        if not self._anchors and self._pending is not None:
+        if self.anchors is None and self._pending is not None:
             return self._pending
         return {
             **super().state_dict(),
+            **self.anchors.state_dict(),
             "compression": self.codec.name,
-            "anchors": [a.detach().clone() for a in self._anchors],
-            "outer": [opt.state_dict() for opt in self._outer],
-            "synced_at": list(self._synced_at),
             "syncs": self.syncs,
             "bytes": self._bytes,
             "codec": self.codec.state_dict(),
@@ -258,20 +211,10 @@ class PeriodicAveragingStrategy(ReplicaStrategy):
         check_saved_codec(state, self.codec)
         self.syncs, self._bytes = int(state["syncs"]), int(state["bytes"])
         self.codec.load_state_dict(state.get("codec", {}))
-        if self._anchors:
-            self._load_outer(state)
+        if self.anchors is not None:
+            self.anchors.load_state_dict(state)
         else:
             self._pending = state
-
-    @torch.no_grad()
-    def _load_outer(self, state: dict[str, Any]) -> None:
-        if len(state["anchors"]) != len(self._anchors) or len(state["outer"]) != len(self._outer):
-            raise ConfigError("checkpoint holds the outer state of another model or another --fragments")
-        for anchor, saved in zip(self._anchors, state["anchors"]):
-            anchor.copy_(saved)
-        for opt, saved in zip(self._outer, state["outer"]):
-            opt.load_state_dict(saved)
-        self._synced_at = [int(s) for s in state["synced_at"]]
 
 
 class LocalSGDStrategy(PeriodicAveragingStrategy):
@@ -285,20 +228,3 @@ class DiLoCoStrategy(PeriodicAveragingStrategy):
 
     name = "diloco"
     outer = (0.7, 0.9)
-
-
-def _fragments(sizes: list[int], count: int) -> list[list[int]]:
-    """Indices 0..len(sizes)-1 (at least ``count`` of them) in ``count`` contiguous groups of
-    about equal total size."""
-    total, groups, current, filled = sum(sizes), [], [], 0
-    for index, size in enumerate(sizes):
-        current.append(index)
-        filled += size
-        remaining_groups = count - len(groups) - 1
-        remaining_tensors = len(sizes) - index - 1
-        if remaining_groups and (filled >= total * (len(groups) + 1) / count or remaining_tensors == remaining_groups):
-            groups.append(current)
-            current = []
-    if current:
-        groups.append(current)
-    return groups
