@@ -27,6 +27,8 @@ _PUBLIC = {
     "ExponentialDecay": "paratrain.train.schedules",
     "FSDPStrategy": "paratrain.strategies.fsdp.strategy",
     "FaultTolerantAllReduceStrategy": "paratrain.strategies.fault_tolerant.strategy",
+    "FaultTolerantDiLoCoStrategy": "paratrain.strategies.fault_tolerant.averaging",
+    "FaultTolerantLocalSGDStrategy": "paratrain.strategies.fault_tolerant.averaging",
     "FaultTolerantPipelineStrategy": "paratrain.strategies.fault_tolerant.pipeline",
     "History": "paratrain.train.trainer",
     "LearningRateScheduler": "paratrain.train.callbacks",

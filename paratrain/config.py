@@ -94,8 +94,8 @@ class TrainConfig:
     strategy: str = option("single", "how training is distributed", choices=STRATEGIES)
     fault_tolerant: bool = option(
         False,
-        "keep training through a lost replica, each step in a quorum of the live ones: allreduce and pipeline "
-        "(the same as allreduce-ft and pipeline-ft)",
+        "keep training through a lost replica, in quorums of the live ones: allreduce and pipeline (each step), "
+        "local-sgd and diloco (each synchronization); the same as allreduce-ft, pipeline-ft, local-sgd-ft, diloco-ft",
     )
     workers: int = option(1, "number of data-parallel replicas (processes)")
     device: str = option("auto", "auto (CUDA when available), cpu or cuda", choices=("auto", "cpu", "cuda"))
@@ -345,7 +345,12 @@ def config_fields() -> list[dataclasses.Field]:
 
 
 #: The strategies --fault-tolerant makes per-step fault tolerant, and what they become.
-FAULT_TOLERANT = {"allreduce": "allreduce-ft", "pipeline": "pipeline-ft"}
+FAULT_TOLERANT = {
+    "allreduce": "allreduce-ft",
+    "pipeline": "pipeline-ft",
+    "local-sgd": "local-sgd-ft",
+    "diloco": "diloco-ft",
+}
 
 
 def fault_tolerant_strategy(strategy: str) -> str:
@@ -354,8 +359,8 @@ def fault_tolerant_strategy(strategy: str) -> str:
         return strategy
     if strategy not in FAULT_TOLERANT:
         raise ConfigError(
-            f"--fault-tolerant keeps {' and '.join(FAULT_TOLERANT)} training through a lost replica; --strategy "
-            f"{strategy} has no per-step fault tolerance yet (it restarts from its checkpoints: --checkpoint-dir "
+            f"--fault-tolerant keeps {', '.join(FAULT_TOLERANT)} training through a lost replica; --strategy "
+            f"{strategy} has no fault tolerance of its own yet (it restarts from its checkpoints: --checkpoint-dir "
             "with --max-restarts)"
         )
     return FAULT_TOLERANT[strategy]

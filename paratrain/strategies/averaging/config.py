@@ -14,14 +14,20 @@ from paratrain.options import at_least, check_options, option
 class AveragingConfig:
     """Options of the strategies that synchronize every H steps (``local-sgd``, ``diloco``)."""
 
-    strategies: ClassVar[tuple[str, ...]] = ("local-sgd", "diloco")
+    strategies: ClassVar[tuple[str, ...]] = ("local-sgd", "diloco", "local-sgd-ft", "diloco-ft")
 
     sync_every: int = option(8, "local-sgd, diloco: local steps H between synchronizations")
     local_after: int = option(
-        0, "local-sgd, diloco: steps of plain gradient all-reduce before the local steps begin (post-local SGD)"
+        0,
+        "local-sgd, diloco: steps of plain gradient all-reduce before the local steps begin (post-local SGD)",
+        strategies=("local-sgd", "diloco"),
     )
-    outer_lr: float = option(0.7, "diloco: outer learning rate on the averaged parameter delta", strategies=("diloco",))
-    outer_momentum: float = option(0.9, "diloco: outer Nesterov momentum (0: plain outer SGD)", strategies=("diloco",))
+    outer_lr: float = option(
+        0.7, "diloco: outer learning rate on the averaged parameter delta", strategies=("diloco", "diloco-ft")
+    )
+    outer_momentum: float = option(
+        0.9, "diloco: outer Nesterov momentum (0: plain outer SGD)", strategies=("diloco", "diloco-ft")
+    )
     fragments: int = option(
         1, "local-sgd, diloco: parameter fragments synchronized in turn, one every H/F steps (Streaming DiLoCo)"
     )

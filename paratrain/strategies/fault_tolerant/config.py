@@ -12,9 +12,9 @@ from paratrain.options import check_options, option
 
 @dataclass
 class FTConfig:
-    """Options of ``allreduce-ft`` and ``pipeline-ft``."""
+    """Options of the fault-tolerant strategies (``--fault-tolerant``)."""
 
-    strategies: ClassVar[tuple[str, ...]] = ("allreduce-ft", "pipeline-ft")
+    strategies: ClassVar[tuple[str, ...]] = ("allreduce-ft", "pipeline-ft", "local-sgd-ft", "diloco-ft")
 
     lighthouse: str | None = option(
         None,

@@ -35,22 +35,39 @@ def sum_over_quorum(
     # Every participant must hold the same step's same global batch: their marks then sum
     # to P times each one's (exact in float32, as the loss must be: never in 16 bits).
     mark = batch_mark(step, targets)
-    tail = torch.stack(
-        [loss.detach().to(grads.device, torch.float32) * share, torch.tensor(float(mark), device=grads.device)]
-    )
-    with span("allreduce"):
-        if wire_dtype is None:  # one all-reduce: gradient, loss and mark
-            flat = torch.cat([grads.mul_(share), tail.to(grads.dtype)])
-            membership.sum([flat], step)
-            grads, tail = flat[:-2], flat[-2:]
-        else:  # the gradient in 16 bits (scaled first: a share is never below 1/P)
-            wire = grads.mul_(share).to(wire_dtype)
-            membership.sum([wire, tail], step)
-            grads = wire.to(grads.dtype)
-    manager = membership.manager
-    if manager.errored() is None and int(tail[1]) != mark * manager.num_participants():
+    grads, loss_sum = sum_weighted(membership, grads, loss.detach(), share, mark, wire_dtype, step)
+    if loss_sum is None:
         raise WorkerLost(
             f"worker {worker}: the replicas disagree on the global batch of step {step} (a position was not carried over)"
         )
     write_gradients(params, grads)
-    return tail[0].detach().clone()
+    return loss_sum
+
+
+def sum_weighted(
+    membership: Membership,
+    flat: torch.Tensor,
+    scalar: torch.Tensor,
+    weight: float,
+    mark: int,
+    wire_dtype: torch.dtype | None,
+    step: int,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``flat`` and ``scalar``, each times ``weight``, summed over the quorum of ``membership``
+    (``flat`` in ``wire_dtype`` on the wire: None for its own), with the participants'
+    ``mark`` (a 16-bit fingerprint of what each holds). The sums; the second None where the
+    marks differ (participants at different steps or batches). ``flat`` is taken over."""
+    tail = torch.stack([scalar.to(flat.device, torch.float32) * weight, torch.tensor(float(mark), device=flat.device)])
+    with span("allreduce"):
+        if wire_dtype is None:  # one all-reduce: the tensor, the scalar and the mark
+            whole = torch.cat([flat.mul_(weight), tail.to(flat.dtype)])
+            membership.sum([whole], step)
+            flat, tail = whole[:-2], whole[-2:]
+        else:  # the tensor in 16 bits (weighted first: a weight is at most 1)
+            wire = flat.mul_(weight).to(wire_dtype)
+            membership.sum([wire, tail], step)
+            flat = wire.to(flat.dtype)
+    manager = membership.manager
+    if manager.errored() is None and int(tail[1]) != mark * manager.num_participants():
+        return flat, None
+    return flat, tail[0].detach().clone()

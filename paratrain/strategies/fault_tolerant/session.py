@@ -25,7 +25,7 @@ from paratrain.errors import ConfigError, ReplicaLeft, WorkerLost
 from paratrain.session.leaving import LeaveOnSigterm
 from paratrain.session.watchdog import Watchdog
 from paratrain.strategies.accounting import staleness_summary
-from paratrain.strategies.fault_tolerant.live import live_state, load_live_state
+from paratrain.strategies.fault_tolerant.live import live_state, load_live_state, position_before_step
 from paratrain.strategies.fault_tolerant.membership import Membership, ReplicaGroup
 from paratrain.strategies.fault_tolerant.record import RunRecord
 from paratrain.strategies.fault_tolerant.reduce import sum_over_quorum
@@ -91,6 +91,35 @@ class Replica(Protocol):
     def state_dict(self) -> dict[str, Any]: ...
 
 
+class QuorumSchedule(Protocol):
+    """When a replica's quorums come, and what that makes of the live state it serves."""
+
+    def live_position(self, trainer: FitLoop) -> dict[str, Any]:
+        """The loop's position a joiner takes, served while this replica waits in a quorum."""
+        ...
+
+    def committed_quorums(self, trainer: FitLoop) -> int:
+        """The quorums a loop resumed from a checkpoint has committed (its Manager's step)."""
+        ...
+
+    def take_live_state(self, state: dict[str, Any]) -> None:
+        """The rest of a peer's strategy state (beyond the session's record), taken in a heal."""
+        ...
+
+
+class EveryStep:
+    """A quorum before every training step (allreduce-ft, pipeline-ft): the step being started
+    is a joiner's first, and the Manager's step is the loop's."""
+
+    live_position = staticmethod(position_before_step)
+
+    def committed_quorums(self, trainer: FitLoop) -> int:
+        return trainer.global_step
+
+    def take_live_state(self, state: dict[str, Any]) -> None:
+        """Every step's state is the model's and the optimizer's."""
+
+
 class FaultTolerantSession:
     def __init__(
         self,
@@ -134,6 +163,8 @@ class FaultTolerantSession:
         self.behind_heals = 0
         self.step_bytes = 0
         """Bytes of this process's gradient on the all-reduce's wire, per step it takes part in."""
+        self.schedule: QuorumSchedule = EveryStep()
+        """When this replica's quorums come, and so what a joiner takes from it (live.py)."""
 
     @property
     def manager(self) -> Any:
@@ -185,8 +216,9 @@ class FaultTolerantSession:
                 load_state_dict=lambda state: load_live_state(self, state),
             )
             wait_for_all_first_replicas(self.incarnation, replica.topology.num_processes, replica.timeout)
-        if trainer.global_step:  # resumed from a checkpoint (checkpoint.py): the run's step is its
-            self.manager.load_state_dict({"step": trainer.global_step, "batches_committed": 0})
+        committed = self.schedule.committed_quorums(trainer)
+        if committed:  # resumed from a checkpoint (checkpoint.py): the run's step is its
+            self.manager.load_state_dict({"step": committed, "batches_committed": 0})
         with self.watchdog.phase("first quorum", self.manager.current_step() + 1):
             self.membership.form_quorum()
         self._quorum_ready = True
@@ -195,7 +227,7 @@ class FaultTolerantSession:
             trainer.load_state_dict(state)
             heal = self.record.recoveries[-1]
             print(
-                f"paratrain: worker {replica.process_rank} joined the run at step {heal['to_step']} with a live "
+                f"paratrain: worker {replica.process_rank} joined the run at step {trainer.global_step} with a live "
                 f"peer's state ({heal['seconds']:.2f} s from its first quorum)",
                 file=sys.stderr,
                 flush=True,
@@ -218,6 +250,11 @@ class FaultTolerantSession:
                 "(the others are gone or done)"
             )
 
+    def leave_if_asked(self, step: int) -> None:
+        """Leave the run after ``step`` where SIGTERM asked for it (ReplicaLeft)."""
+        if self._sigterm.asked:
+            self._leave(step)
+
     def _leave(self, step: int) -> None:
         self.membership.stop()
         raise ReplicaLeft(
@@ -239,11 +276,7 @@ class FaultTolerantSession:
         if self._sigterm.asked:  # asked between steps
             self._leave(step - 1)
         while True:
-            if not self._quorum_ready:
-                with self.watchdog.phase("quorum", step):
-                    self.membership.form_quorum()
-            self._quorum_ready = False
-            done = self.manager.current_step()
+            done = self.next_quorum(step)
             if done >= step:
                 return self._taken_from_peer(step, done)
             optimizer.zero_grad(set_to_none=True)
@@ -254,9 +287,7 @@ class FaultTolerantSession:
             if replica.recipe.clip_grad_norm:
                 replica.clip_gradients(model)
             skip = replica.skip_nonfinite(replica.unwrap(model), loss, lambda: replica.gradients_finite(optimizer))
-            with self.watchdog.phase("commit", step):
-                commit = self.manager.should_commit()
-            if commit:
+            if self.commit(step):
                 if not skip:
                     with span("optimizer"):
                         optimizer.step()
@@ -267,6 +298,20 @@ class FaultTolerantSession:
                     self._leave(step)
                 return StepOutput(loss, outputs, skipped=skip)
             self.uncommitted_steps += 1
+
+    def next_quorum(self, step: int) -> int:
+        """The quorum of ``step`` (the first formed by ``begin`` already), and a heal where this
+        replica is behind: the steps the run has committed, as far as the quorum knows."""
+        if not self._quorum_ready:
+            with self.watchdog.phase("quorum", step):
+                self.membership.form_quorum()
+        self._quorum_ready = False
+        return self.manager.current_step()
+
+    def commit(self, step: int) -> bool:
+        """Whether every participant of ``step``'s quorum got through it (else it is done again)."""
+        with self.watchdog.phase("commit", step):
+            return self.manager.should_commit()
 
     def _taken_from_peer(self, step: int, done: int) -> StepOutput:
         """Healed from a peer that committed steps up to ``done`` without this replica. The

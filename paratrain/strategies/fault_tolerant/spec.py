@@ -1,4 +1,4 @@
-"""The ``allreduce-ft`` and ``pipeline-ft`` strategies as the registry and the run
+"""The fault-tolerant strategies (``allreduce-ft``, ``pipeline-ft``, ``local-sgd-ft``, ``diloco-ft``) as the registry and the run
 configuration see them (strategies/spec.py)."""
 
 from paratrain.strategies.fault_tolerant.config import FTConfig
@@ -9,6 +9,8 @@ SPEC = StrategySpec(
     {
         "allreduce-ft": "strategy:FaultTolerantAllReduceStrategy",
         "pipeline-ft": "pipeline:FaultTolerantPipelineStrategy",
+        "local-sgd-ft": "averaging:FaultTolerantLocalSGDStrategy",
+        "diloco-ft": "averaging:FaultTolerantDiLoCoStrategy",
     },
     "ft",
     FTConfig,
