@@ -107,13 +107,18 @@ def _in_scope(batch_size, optimizer, epochs):
     return _train(current_strategy(), batch_size, optimizer, epochs)
 
 
-def test_a_gpt2_under_allreduce_ft_equals_one_process():
+@pytest.mark.parametrize("name", ["allreduce-ft", "local-sgd-ft"])
+def test_a_gpt2_under_a_fault_tolerant_strategy_equals_one_process(name):
     """Two fault-tolerant replicas (torchft's Manager, a Lighthouse), each computing half of
-    every global batch of dict examples, weighted and summed over the quorum: one process's
-    parameters with the global batch, up to the order of float sums."""
+    every global batch of dict examples, weighted and summed over the quorum (the gradient;
+    local-sgd-ft averaging every step: the step's deltas): one process's parameters with the
+    global batch, up to the order of float sums."""
     pytest.importorskip("torchft")
     reference, _, _ = _train(paratrain.SingleDeviceStrategy(device="cpu"), 2 * B)
-    strategy = paratrain.FaultTolerantAllReduceStrategy(workers=2, device="cpu")
+    if name == "allreduce-ft":
+        strategy = paratrain.FaultTolerantAllReduceStrategy(workers=2, device="cpu")
+    else:
+        strategy = paratrain.FaultTolerantLocalSGDStrategy(workers=2, device="cpu", sync_every=1)
     results = paratrain.launch(_in_scope, B, "sgd", 1, strategy=strategy)
     chiefs = [r for r in results if r[0] is not None]
     assert chiefs and all(tied for _, _, tied in results)

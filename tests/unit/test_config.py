@@ -95,12 +95,14 @@ def test_missing_toml_file(tmp_path):
         load_toml(str(tmp_path / "absent.toml"))
 
 
-def test_fault_tolerant_makes_allreduce_and_pipeline_their_ft_strategies_and_refuses_the_others():
+def test_fault_tolerant_makes_each_strategy_its_ft_strategy_and_refuses_the_others():
     from paratrain.config import TrainConfig
 
     assert TrainConfig(strategy="allreduce", fault_tolerant=True).strategy == "allreduce-ft"
     assert TrainConfig(strategy="pipeline", fault_tolerant=True, workers=2, stages=2).strategy == "pipeline-ft"
     assert TrainConfig(strategy="allreduce-ft", fault_tolerant=True).strategy == "allreduce-ft"
-    for strategy in ("fsdp", "local-sgd", "diloco", "ps-sync", "single"):
-        with pytest.raises(ConfigError, match=f"--strategy {strategy} has no per-step fault tolerance yet"):
+    assert TrainConfig(strategy="local-sgd", fault_tolerant=True, sync_every=4).strategy == "local-sgd-ft"
+    assert TrainConfig(strategy="diloco", fault_tolerant=True, outer_lr=0.5).strategy == "diloco-ft"
+    for strategy in ("fsdp", "ps-sync", "single"):
+        with pytest.raises(ConfigError, match=f"--strategy {strategy} has no fault tolerance of its own yet"):
             TrainConfig(strategy=strategy, fault_tolerant=True)

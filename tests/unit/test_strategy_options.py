@@ -13,12 +13,12 @@ from paratrain.strategies.averaging.anchors import fragment_groups
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"strategy": "local-sgd", "outer_lr": 0.5}, "--outer-lr applies to --strategy diloco, not to --strategy local-sgd"),
+        ({"strategy": "local-sgd", "outer_lr": 0.5}, "--outer-lr applies to --strategy diloco and diloco-ft, not to --strategy local-sgd"),
         # given at its default value, an option is still given: refused, never ignored
-        ({"strategy": "local-sgd", "outer_momentum": 0.9}, "--outer-momentum applies to --strategy diloco, not to --strategy local-sgd"),
-        ({"strategy": "allreduce", "sync_every": 8}, "--sync-every applies to --strategy local-sgd and diloco, not to --strategy allreduce"),
+        ({"strategy": "local-sgd", "outer_momentum": 0.9}, "--outer-momentum applies to --strategy diloco and diloco-ft, not to --strategy local-sgd"),
+        ({"strategy": "allreduce", "sync_every": 8}, "--sync-every applies to --strategy local-sgd, diloco, local-sgd-ft and diloco-ft, not to --strategy allreduce"),
         ({"strategy": "single", "ps_shards": 1}, "--ps-shards applies to the ps-* strategies, not to --strategy single"),
-        ({"strategy": "allreduce", "sync_every": 4}, "--sync-every applies to --strategy local-sgd and diloco, not to --strategy allreduce"),
+        ({"strategy": "allreduce", "sync_every": 4}, "--sync-every applies to --strategy local-sgd, diloco, local-sgd-ft and diloco-ft, not to --strategy allreduce"),
         ({"strategy": "diloco", "sync_every": 10, "fragments": 3}, "--fragments 3 must divide --sync-every 10 (one fragment is synchronized every H/F steps)"),
         ({"strategy": "diloco", "outer_momentum": 1.0}, "--outer-momentum must be < 1, got 1.0"),
         ({"strategy": "diloco", "sync_every": 0}, "--sync-every must be >= 1, got 0"),
