@@ -54,6 +54,9 @@ STRATEGIES = {
     # recovers from live peers: no checkpoints (--max-restarts: replacements)
     "allreduce-ft": ["--strategy", "allreduce-ft", "--workers", "2"],
     "pipeline-ft": ["--strategy", "pipeline-ft", "--stages", "2", "--workers", "4"],
+    # batch 4 (537 steps) and H = 2: the replicas train for as long as allreduce-ft's do
+    "local-sgd-ft": ["--strategy", "local-sgd-ft", "--workers", "2", "--sync-every", "2", "--batch-size", "4"],
+    "diloco-ft": ["--strategy", "diloco-ft", "--workers", "2", "--sync-every", "2", "--batch-size", "4"],
 }
 
 
@@ -134,8 +137,8 @@ def drill(flags: list[str], moment: float, rng: random.Random, limit: float) -> 
 
 
 def _dropped(metrics: dict) -> bool:
-    """allreduce-ft, pipeline-ft: some steps committed with fewer replicas than the run's (a
-    replica was lost, and maybe replaced live)."""
+    """The -ft strategies: some steps (synchronizations) committed with fewer replicas than
+    the run's (a replica was lost, and maybe replaced live)."""
     participants = metrics.get("participants") or {}
     return bool(participants) and participants["min"] < metrics.get("replicas", metrics["workers"])
 
