@@ -1,6 +1,6 @@
-"""Recovery from a lost replica: allreduce-ft and pipeline-ft (the survivors go on, a
-replacement takes the live state) against allreduce and pipeline with a whole-run restart
-from the last checkpoint.
+"""Recovery from a lost replica: allreduce-ft, pipeline-ft and local-sgd-ft (the survivors go
+on, a replacement takes the live state) against allreduce, pipeline and local-sgd with a
+whole-run restart from the last checkpoint.
 
     python benchmarks/ft_recovery.py [--repeats 3] [--models mlp,cifar_cnn] [--strategies ...]
         [--parts recovery,throughput]   (rows of other models, strategies or parts recorded before stay)
@@ -56,6 +56,8 @@ STRATEGIES = {
     "allreduce (restart)": ["--strategy", "allreduce", "--workers", "2"],
     "pipeline-ft": ["--strategy", "pipeline-ft", "--stages", "2", "--workers", "4"],
     "pipeline (restart)": ["--strategy", "pipeline", "--stages", "2", "--workers", "4"],
+    "local-sgd-ft": ["--strategy", "local-sgd-ft", "--workers", "2", "--sync-every", "8"],
+    "local-sgd (restart)": ["--strategy", "local-sgd", "--workers", "2", "--sync-every", "8"],
 }
 STEP = re.compile(r"^step (\d+),")
 
@@ -131,8 +133,11 @@ def recovery(model: str, strategy: str) -> dict:
         "step_before": statistics.median(b - a for a, b in zip(before[-21:], before[-20:])),
     }
     spans = run["metrics"].get("participants", {}).get("per_step", [])
+    flags = STRATEGIES[strategy]
+    # local-sgd-ft's record counts synchronizations: one every H steps
+    per_record = int(flags[flags.index("--sync-every") + 1]) if "--sync-every" in flags else 1
     if len(spans) >= 3:  # 2 -> 1 -> 2: the replacement's first step
-        rejoined = spans[2][0]
+        rejoined = (spans[2][0] - 1) * per_record + 1
         result["replacement_in"] = next(t for t, s in after if s >= rejoined) - killed
     elif len(spans) == 1 and spans[0][2] == 2 and strategy.endswith("-ft"):
         # 2 throughout: the replacement was in the quorum before the survivor stepped alone

@@ -114,6 +114,28 @@ def test_diloco_s_replacement_joins_at_a_synchronization_and_the_run_keeps_its_a
     assert metrics["test_accuracy"] >= max(plain["test_accuracy"] - 0.05, 0.9)
 
 
+def test_every_replica_lost_at_once_resumes_from_the_last_checkpoint(cli, tmp_path):
+    """A power cut: both replicas die after step 50. The first replica of the last quorum
+    wrote a checkpoint every 20 steps; the replacements resume from step 40 (its Manager's
+    step is the checkpoint's synchronizations), do 41-50 again and finish. With H = 1 and
+    plain SGD, every synchronization leaves the replicas equal, so the run is single's to
+    the order of float sums (1e-4 relative), and every synchronization is in the record once."""
+    folder = tmp_path / "ckpt"
+    flags = ["--strategy", "local-sgd-ft", "--sync-every", "1", "--momentum", "0", "--checkpoint-dir", str(folder),
+             "--checkpoint-every", "20", "--max-restarts", "2", "--fail", "all@50"]  # fmt: skip
+    metrics, stderr = _train(cli, tmp_path, "cut", *flags)
+    assert "paratrain: worker 0: injected failure at step 50" in stderr
+    assert "paratrain: worker 1: injected failure at step 50" in stderr
+    assert metrics["restarts"] >= 1 and metrics["resumed_from_step"] >= 40
+    segments = as_formed(metrics["participants"]["per_step"], 2)
+    assert segments[0][0] == 1 and segments[-1][1] == metrics["synchronizations"] == 445
+    assert all(a[1] + 1 == b[0] for a, b in zip(segments, segments[1:])), segments
+    single = tmp_path / "single.json"
+    result = cli("train", *RUN[:2], "--batch-size", "16", *RUN[4:7], "--momentum", "0", "--metrics-out", str(single))
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert _test_losses(metrics) == pytest.approx(_test_losses(json.loads(single.read_text())), rel=1e-4)
+
+
 def test_without_restarts_the_survivor_finishes_alone(cli, tmp_path):
     flags = ["--strategy", "local-sgd-ft", "--sync-every", "4"]
     metrics, stderr = _train(cli, tmp_path, "alone", *flags, "--fail", "1@42")
@@ -163,5 +185,7 @@ def test_the_python_api_with_every_step_averaged_is_one_process():
     trainer.fit(data.train, epochs=2, batch_size=32, verbose=0)
     reference = flat_parameters(trainer.module)
     strategy = paratrain.FaultTolerantLocalSGDStrategy(workers=2, device="cpu", sync_every=1)
-    for params in paratrain.launch(_in_scope, 2, strategy=strategy):
+    results = paratrain.launch(_in_scope, 2, strategy=strategy)
+    assert len(results) == 2
+    for params in results:
         assert relative_difference(params, reference) < 1e-5
