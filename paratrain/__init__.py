@@ -28,6 +28,7 @@ _PUBLIC = {
     "FSDPStrategy": "paratrain.strategies.fsdp.strategy",
     "FaultTolerantAllReduceStrategy": "paratrain.strategies.fault_tolerant.strategy",
     "FaultTolerantDiLoCoStrategy": "paratrain.strategies.fault_tolerant.averaging",
+    "FaultTolerantFSDPStrategy": "paratrain.strategies.fault_tolerant.fsdp",
     "FaultTolerantLocalSGDStrategy": "paratrain.strategies.fault_tolerant.averaging",
     "FaultTolerantPipelineStrategy": "paratrain.strategies.fault_tolerant.pipeline",
     "History": "paratrain.train.trainer",

@@ -94,8 +94,9 @@ class TrainConfig:
     strategy: str = option("single", "how training is distributed", choices=STRATEGIES)
     fault_tolerant: bool = option(
         False,
-        "keep training through a lost replica, in quorums of the live ones: allreduce and pipeline (each step), "
-        "local-sgd and diloco (each synchronization); the same as allreduce-ft, pipeline-ft, local-sgd-ft, diloco-ft",
+        "keep training through a lost replica, in quorums of the live ones: allreduce, pipeline and fsdp (each "
+        "step), local-sgd and diloco (each synchronization); the same as --strategy allreduce-ft, pipeline-ft, "
+        "fsdp-ft, local-sgd-ft, diloco-ft",
     )
     workers: int = option(1, "number of data-parallel replicas (processes)")
     device: str = option("auto", "auto (CUDA when available), cpu or cuda", choices=("auto", "cpu", "cuda"))
@@ -348,6 +349,7 @@ def config_fields() -> list[dataclasses.Field]:
 FAULT_TOLERANT = {
     "allreduce": "allreduce-ft",
     "pipeline": "pipeline-ft",
+    "fsdp": "fsdp-ft",
     "local-sgd": "local-sgd-ft",
     "diloco": "diloco-ft",
 }

@@ -151,7 +151,7 @@ def test_without_restarts_the_survivor_finishes_alone(cli, tmp_path):
         (["--strategy", "local-sgd", "--fault-tolerant", "--local-after", "10"], "--local-after applies to"),
         (["--strategy", "diloco-ft", "--compression", "int8"], "--compression must be one of none, fp16, bf16"),
         (["--strategy", "local-sgd-ft", "--outer-lr", "0.5"], "--outer-lr applies to"),
-        (["--strategy", "fsdp", "--fault-tolerant"], "--fault-tolerant keeps allreduce, pipeline, local-sgd, diloco"),
+        (["--strategy", "ps-sync", "--fault-tolerant"], "--fault-tolerant keeps allreduce, pipeline, fsdp, local-sgd"),
     ],
 )
 def test_what_a_fault_tolerant_averaging_run_cannot_take_is_refused_in_one_line(cli, flags, message):

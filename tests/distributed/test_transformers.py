@@ -107,7 +107,7 @@ def _in_scope(batch_size, optimizer, epochs):
     return _train(current_strategy(), batch_size, optimizer, epochs)
 
 
-@pytest.mark.parametrize("name", ["allreduce-ft", "local-sgd-ft"])
+@pytest.mark.parametrize("name", ["allreduce-ft", "local-sgd-ft", "fsdp-ft"])
 def test_a_gpt2_under_a_fault_tolerant_strategy_equals_one_process(name):
     """Two fault-tolerant replicas (torchft's Manager, a Lighthouse), each computing half of
     every global batch of dict examples, weighted and summed over the quorum (the gradient;
@@ -117,8 +117,10 @@ def test_a_gpt2_under_a_fault_tolerant_strategy_equals_one_process(name):
     reference, _, _ = _train(paratrain.SingleDeviceStrategy(device="cpu"), 2 * B)
     if name == "allreduce-ft":
         strategy = paratrain.FaultTolerantAllReduceStrategy(workers=2, device="cpu")
-    else:
+    elif name == "local-sgd-ft":
         strategy = paratrain.FaultTolerantLocalSGDStrategy(workers=2, device="cpu", sync_every=1)
+    else:  # FSDP2 inside each replica (of one process here: the GPT-2's tied weight through it)
+        strategy = paratrain.FaultTolerantFSDPStrategy(shards=1, workers=2, device="cpu")
     results = paratrain.launch(_in_scope, B, "sgd", 1, strategy=strategy)
     chiefs = [r for r in results if r[0] is not None]
     assert chiefs and all(tied for _, _, tied in results)

@@ -103,6 +103,7 @@ def test_fault_tolerant_makes_each_strategy_its_ft_strategy_and_refuses_the_othe
     assert TrainConfig(strategy="allreduce-ft", fault_tolerant=True).strategy == "allreduce-ft"
     assert TrainConfig(strategy="local-sgd", fault_tolerant=True, sync_every=4).strategy == "local-sgd-ft"
     assert TrainConfig(strategy="diloco", fault_tolerant=True, outer_lr=0.5).strategy == "diloco-ft"
-    for strategy in ("fsdp", "ps-sync", "single"):
+    assert TrainConfig(strategy="fsdp", fault_tolerant=True, workers=4, shards_per_replica=2).strategy == "fsdp-ft"
+    for strategy in ("tensor", "ps-sync", "single"):
         with pytest.raises(ConfigError, match=f"--strategy {strategy} has no fault tolerance of its own yet"):
             TrainConfig(strategy=strategy, fault_tolerant=True)

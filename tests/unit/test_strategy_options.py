@@ -22,7 +22,7 @@ from paratrain.strategies.averaging.anchors import fragment_groups
         ({"strategy": "diloco", "sync_every": 10, "fragments": 3}, "--fragments 3 must divide --sync-every 10 (one fragment is synchronized every H/F steps)"),
         ({"strategy": "diloco", "outer_momentum": 1.0}, "--outer-momentum must be < 1, got 1.0"),
         ({"strategy": "diloco", "sync_every": 0}, "--sync-every must be >= 1, got 0"),
-        ({"strategy": "allreduce", "reshard_after_forward": False}, "--reshard-after-forward applies to --strategy fsdp, not to --strategy allreduce"),
+        ({"strategy": "allreduce", "reshard_after_forward": False}, "--reshard-after-forward applies to --strategy fsdp and fsdp-ft, not to --strategy allreduce"),
         ({"strategy": "fsdp", "compression": "int8"}, "--compression int8: fsdp reduce-scatters gradients, which only none, fp16 and bf16 can be (a coded payload cannot be summed shard by shard); use one of those, or --strategy allreduce"),
         ({"strategy": "fsdp", "precision": "fp16"}, "--precision fp16 needs a gradient scaler that fsdp's sharded gradients do not have here; use --precision bf16"),
         ({"strategy": "fsdp", "compile": True}, "--compile is not available with --strategy fsdp"),

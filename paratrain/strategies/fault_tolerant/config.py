@@ -14,7 +14,7 @@ from paratrain.options import check_options, option
 class FTConfig:
     """Options of the fault-tolerant strategies (``--fault-tolerant``)."""
 
-    strategies: ClassVar[tuple[str, ...]] = ("allreduce-ft", "pipeline-ft", "local-sgd-ft", "diloco-ft")
+    strategies: ClassVar[tuple[str, ...]] = ("allreduce-ft", "pipeline-ft", "local-sgd-ft", "diloco-ft", "fsdp-ft")
 
     lighthouse: str | None = option(
         None,

@@ -74,6 +74,20 @@ def torchft_modules() -> Any:
     return torchft
 
 
+def one_process_group(timeout: float, host: str) -> tuple[tuple[str, int, int, int], Any]:
+    """Where a replica of one process meets its own Manager: the store its launcher hosts for
+    it (it outlives the replica), else one it hosts itself; rank 0 of 1. The store this
+    process hosts, if any, which it must keep alive."""
+    hosted = os.environ.get(REPLICA_STORE_ENV)
+    if hosted:
+        store_host, _, port = hosted.rpartition(":")
+        return (store_host, int(port), 0, 1), None
+    from paratrain.comm.transport import host_store
+
+    store = host_store(timeout, host)
+    return (host, store.port, 0, 1), store
+
+
 def replica_slot() -> int:
     """This process's replica: ``REPLICA_GROUP_ID`` (torchft's name, set by the launcher or by
     the user for each torchrun job)."""

@@ -1,4 +1,4 @@
-"""The fault-tolerant strategies (``allreduce-ft``, ``pipeline-ft``, ``local-sgd-ft``, ``diloco-ft``) as the registry and the run
+"""The fault-tolerant strategies (``allreduce-ft``, ``pipeline-ft``, ``local-sgd-ft``, ``diloco-ft``, ``fsdp-ft``) as the registry and the run
 configuration see them (strategies/spec.py)."""
 
 from paratrain.strategies.fault_tolerant.config import FTConfig
@@ -11,6 +11,7 @@ SPEC = StrategySpec(
         "pipeline-ft": "pipeline:FaultTolerantPipelineStrategy",
         "local-sgd-ft": "averaging:FaultTolerantLocalSGDStrategy",
         "diloco-ft": "averaging:FaultTolerantDiLoCoStrategy",
+        "fsdp-ft": "fsdp:FaultTolerantFSDPStrategy",
     },
     "ft",
     FTConfig,

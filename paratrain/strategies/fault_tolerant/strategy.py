@@ -38,7 +38,6 @@ from torch import nn
 from torch.optim import Optimizer
 
 from paratrain.checkpoints.files import RunCheckpoints, StateWriter
-from paratrain.comm.transport import host_store
 from paratrain.data.batch import map_tensors, num_examples
 from paratrain.errors import ConfigError
 from paratrain.session.incarnation import restart_count
@@ -46,12 +45,7 @@ from paratrain.strategies.base import DEFAULT_TIMEOUT_S, Strategy
 from paratrain.strategies.device import resolve_device
 from paratrain.strategies.fault_tolerant.checkpoint import QuorumState
 from paratrain.strategies.fault_tolerant.membership import ReplicaGroup
-from paratrain.strategies.fault_tolerant.replicas import (
-    REPLICA_STORE_ENV,
-    ReplicaGroups,
-    replica_slot,
-    torchft_modules,
-)
+from paratrain.strategies.fault_tolerant.replicas import ReplicaGroups, one_process_group, replica_slot, torchft_modules
 from paratrain.strategies.fault_tolerant.session import FaultTolerantSession, check_compression, session_options
 from paratrain.strategies.roles import FitLoop
 from paratrain.strategies.step import LossFn, StepOutput
@@ -135,12 +129,8 @@ class FaultTolerantAllReduceStrategy(Strategy):
         """Where this replica's processes meet (a store's host and port) and this process's
         rank among them, of how many: one process, and a store of its own, the launcher's if
         it hosts one (the gradient group of a quorum meets in its first member's)."""
-        hosted = os.environ.get(REPLICA_STORE_ENV)
-        if hosted:
-            store_host, _, port = hosted.rpartition(":")
-            return store_host, int(port), 0, 1
-        self._store = host_store(self.timeout, host)
-        return host, self._store.port, 0, 1
+        group, self._store = one_process_group(self.timeout, host)
+        return group
 
     # ----- data and step -----------------------------------------------------------------
     def train_step(
