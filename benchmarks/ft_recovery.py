@@ -1,6 +1,6 @@
-"""Recovery from a lost replica: allreduce-ft, pipeline-ft and local-sgd-ft (the survivors go
-on, a replacement takes the live state) against allreduce, pipeline and local-sgd with a
-whole-run restart from the last checkpoint.
+"""Recovery from a lost replica: allreduce-ft, pipeline-ft, local-sgd-ft and fsdp-ft (the
+survivors go on, a replacement takes the live state) against allreduce, pipeline, local-sgd
+and fsdp with a whole-run restart from the last checkpoint.
 
     python benchmarks/ft_recovery.py [--repeats 3] [--models mlp,cifar_cnn] [--strategies ...]
         [--parts recovery,throughput]   (rows of other models, strategies or parts recorded before stay)
@@ -58,6 +58,8 @@ STRATEGIES = {
     "pipeline (restart)": ["--strategy", "pipeline", "--stages", "2", "--workers", "4"],
     "local-sgd-ft": ["--strategy", "local-sgd-ft", "--workers", "2", "--sync-every", "8"],
     "local-sgd (restart)": ["--strategy", "local-sgd", "--workers", "2", "--sync-every", "8"],
+    "fsdp-ft": ["--strategy", "fsdp-ft", "--workers", "4", "--shards-per-replica", "2", "--batch-size", "16"],
+    "fsdp (restart)": ["--strategy", "fsdp", "--workers", "4", "--batch-size", "16"],
 }
 STEP = re.compile(r"^step (\d+),")
 

@@ -57,6 +57,7 @@ STRATEGIES = {
     # batch 4 (537 steps) and H = 2: the replicas train for as long as allreduce-ft's do
     "local-sgd-ft": ["--strategy", "local-sgd-ft", "--workers", "2", "--sync-every", "2", "--batch-size", "4"],
     "diloco-ft": ["--strategy", "diloco-ft", "--workers", "2", "--sync-every", "2", "--batch-size", "4"],
+    "fsdp-ft": ["--strategy", "fsdp-ft", "--workers", "4", "--shards-per-replica", "2", "--batch-size", "8"],
 }
 
 

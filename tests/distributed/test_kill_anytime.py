@@ -17,7 +17,8 @@ SEED = random.SystemRandom().randrange(10**6)
 # allreduce-ft: tests/distributed/test_ft_stress.py kills three of its processes in one run
 # and checks the accuracy too; pipeline-ft's drill here covers the replacing launcher's death.
 @pytest.mark.parametrize(
-    "strategy", ["allreduce", "ps-backup", "ps-sync", "pipeline", "fsdp", "diloco", "pipeline-ft", "local-sgd-ft"]
+    "strategy",
+    ["allreduce", "ps-backup", "ps-sync", "pipeline", "fsdp", "diloco", "pipeline-ft", "local-sgd-ft", "fsdp-ft"],
 )
 def test_a_kill_at_a_random_moment_never_hangs(strategy):
     print(f"kill drill seed {SEED}: repeat with python benchmarks/kill_anytime.py --seed {SEED} "
