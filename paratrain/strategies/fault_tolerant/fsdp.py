@@ -21,9 +21,11 @@ mean over the K shards is the part's exact mean gradient; the part's gradient is
 its share of the global batch before the sum over the quorum. Without a loss it is ``fsdp``
 on ``workers`` processes (tested).
 
-Not yet: checkpoints (``--checkpoint-dir`` is refused; ``fsdp`` restarts from its sharded
-checkpoints), SIGTERM leaving (a shard cannot leave alone: the signal ends it, and its
-replica is replaced or dropped).
+With ``--checkpoint-dir``, the shards of the quorum's first replica write the run's
+checkpoint, each its own part of the model and optimizer (``shard-<k>``, plain tensors),
+while the other replicas go on; it resumes on the same layout (``fsdp`` itself reshards
+through DCP). A shard does not leave on SIGTERM (it cannot leave alone: the signal ends it,
+and its replica is replaced or dropped).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.optim import Optimizer
 
+from paratrain.checkpoints.files import RunCheckpoints, StateWriter
 from paratrain.comm.transport import cluster_from_env, default_backend
 from paratrain.data.batch import map_tensors, num_examples
 from paratrain.errors import ConfigError
@@ -44,6 +47,7 @@ from paratrain.parallel.local_state import hold_local_parts
 from paratrain.session.incarnation import restart_count
 from paratrain.strategies.base import DEFAULT_TIMEOUT_S, Strategy
 from paratrain.strategies.device import resolve_device
+from paratrain.strategies.fault_tolerant.checkpoint import QuorumState
 from paratrain.strategies.fault_tolerant.membership import ReplicaGroup
 from paratrain.strategies.fault_tolerant.replicas import (
     check_replica_job,
@@ -86,6 +90,17 @@ class ShardedReplicaGroups(Topology):
             return f"worker {rank}"
         return f"shard {rank % self.shards} of replica {self.replica(rank)}"
 
+    def checkpoint_parts(self) -> list[str]:
+        """Every replica holds the same committed state: the first replica's shards write it,
+        each its own part (checkpoint.py)."""
+        return [f"shard-{shard}" for shard in range(self.shards)]
+
+    def checkpoint_part(self, rank: int) -> str | None:
+        return f"shard-{rank % self.shards}"
+
+    def model_part(self, rank: int) -> str | None:
+        return self.checkpoint_part(rank)
+
     def check_cluster(self, cluster: ClusterEnv, strategy: str) -> None:
         check_replica_job(cluster, strategy, self.shards, f"of --shards-per-replica {self.shards} processes")
 
@@ -125,18 +140,13 @@ class FaultTolerantFSDPStrategy(FSDPStrategy):
         return ShardedReplicaGroups(replicas_of(config.workers, shards, "--shards-per-replica"), shards)
 
     def planned_topology(self) -> Topology:
-        return ShardedReplicaGroups(replicas_of(self.workers, self.shards, "shards="), self.shards)
+        return ShardedReplicaGroups(replicas_of(self.workers, self.shards, "shards"), self.shards)
 
     @classmethod
     def check_config(cls, config: TrainConfig) -> None:
         super().check_config(config)
         check_compression(cls.name, config.codec.compression)
         replicas = cls.topology_for(config).num_replicas
-        if config.checkpoint_dir is not None:
-            raise ConfigError(
-                "--strategy fsdp-ft writes no checkpoints yet: drop --checkpoint-dir (or use --strategy fsdp, "
-                "which restarts the run from its sharded checkpoints)"
-            )
         if config.ft.min_replicas > replicas:
             raise ConfigError(
                 f"--min-replicas {config.ft.min_replicas} is more than the run's {replicas} replicas "
@@ -222,8 +232,13 @@ class FaultTolerantFSDPStrategy(FSDPStrategy):
 
     @property
     def model_files(self) -> None:
-        """No sharded checkpoint files (checkpoints are refused)."""
+        """No files of DCP's: each shard writes its own part of the model and optimizer into
+        its checkpoint part, which resumes on the same layout."""
         return None
+
+    def state_writer(self, files: RunCheckpoints, loop: FitLoop) -> StateWriter:
+        """The shards of the step's first replica write the run's checkpoint (checkpoint.py)."""
+        return QuorumState(files, loop, self.session)
 
     def distribute(self, dataset: object, batch_size: int, **options: Any) -> Any:
         """The whole global batch of ``batch_size`` per process (fault-tolerant replicas split it
