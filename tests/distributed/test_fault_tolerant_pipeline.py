@@ -104,3 +104,23 @@ def test_a_chief_lost_after_the_last_step_leaves_the_survivor_to_report_the_run(
     metrics = json.loads(out.read_text())
     assert as_formed(metrics["participants"]["per_step"], 2) == [[1, last, 2]]
     _same_run(metrics, reference)
+
+
+def test_every_replica_lost_at_once_resumes_from_the_last_checkpoint(cli, tmp_path, reference):
+    """A power cut: both pipeline replicas (all four processes) die after step 50. The stages
+    of the first replica of each quorum wrote a checkpoint every 20 steps, each its own
+    stage; the replacements resume from step 40, do 41-50 again and finish as if nothing
+    happened."""
+    folder = tmp_path / "ckpt"
+    out = tmp_path / "m.json"
+    flags = ["--checkpoint-dir", str(folder), "--checkpoint-every", "20", "--max-restarts", "2", "--fail", "all@50"]
+    result = cli("train", *FT, *RUN, *flags, "--metrics-out", str(out))
+    assert result.returncode == 0, result.stderr[-3000:]
+    metrics = json.loads(out.read_text())
+    assert metrics["restarts"] >= 1 and metrics["resumed_from_step"] >= 40, metrics["participants"]
+    segments = as_formed(metrics["participants"]["per_step"], 2)
+    assert segments[0][0] == 1 and segments[-1][1] == reference["global_steps"]
+    assert all(a[1] + 1 == b[0] for a, b in zip(segments, segments[1:])), segments  # every step once
+    manifests = [json.loads((d / "manifest.json").read_text()) for d in sorted(folder.glob("ckpt-*"))]
+    assert manifests and all(sorted(m["parts"]) == ["stage-0", "stage-1"] for m in manifests)
+    _same_run(metrics, reference)

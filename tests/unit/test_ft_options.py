@@ -21,7 +21,6 @@ from paratrain.strategies.fault_tolerant.replicas import ReplicaGroups, part_of
         ({"strategy": "allreduce-ft", "lighthouse": "host:29510"}, "--lighthouse must be an address like http://HOST:29510, got 'host:29510'"),
         ({"strategy": "allreduce-ft", "replica_heartbeat_timeout": 0.0}, "--replica-heartbeat-timeout must be > 0, got 0.0"),
         ({"strategy": "allreduce", "min_replicas": 2}, "--min-replicas applies to --strategy allreduce-ft, pipeline-ft, local-sgd-ft, diloco-ft and fsdp-ft, not to --strategy allreduce"),
-        ({"strategy": "pipeline-ft", "workers": 4, "checkpoint_dir": "ckpt"}, "--strategy pipeline-ft writes no checkpoints yet (allreduce-ft does): drop --checkpoint-dir (or use --strategy pipeline, which restarts the run from its checkpoints)"),
         ({"strategy": "pipeline-ft", "workers": 4, "min_replicas": 3}, "--min-replicas 3 is more than the run's 2 pipeline replicas (--workers 4 / --stages 2): no step could commit"),
         ({"strategy": "pipeline-ft", "workers": 4, "balance": "time"}, "--strategy pipeline-ft splits by --balance params or --split-points: a replacement takes its stage from a peer before any batch, when a split by time is not known yet"),
         ({"strategy": "pipeline-ft", "workers": 3}, "--workers 3 is not a multiple of --stages 2: the run has workers / stages pipeline replicas of 2 processes each (e.g. --workers 4)"),

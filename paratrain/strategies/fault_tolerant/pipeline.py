@@ -34,6 +34,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.optim import Optimizer
 
+from paratrain.checkpoints.files import RunCheckpoints, StateWriter
 from paratrain.comm.transport import cluster_from_env
 from paratrain.data.batch import map_tensors, num_examples
 from paratrain.errors import ConfigError, WorkerLost
@@ -42,6 +43,7 @@ from paratrain.parallel.shared import SplitStage
 from paratrain.parallel.split import parse_split_points
 from paratrain.session.incarnation import restart_count
 from paratrain.strategies.base import DEFAULT_TIMEOUT_S
+from paratrain.strategies.fault_tolerant.checkpoint import QuorumState
 from paratrain.strategies.fault_tolerant.membership import ReplicaGroup
 from paratrain.strategies.fault_tolerant.replicas import check_replica_job, replica_slot, torchft_modules
 from paratrain.strategies.fault_tolerant.session import FaultTolerantSession, check_compression, session_options
@@ -64,6 +66,14 @@ class PipelineReplicaGroups(PipelineTopology):
 
     replaces_lost = True
     whole_batches = True
+
+    def checkpoint_parts(self) -> list[str]:
+        """Every replica holds the same committed state: the first replica's stages write it,
+        each its own stage (checkpoint.py)."""
+        return [f"stage-{stage}" for stage in range(self.num_stages)]
+
+    def checkpoint_part(self, rank: int) -> str | None:
+        return f"stage-{self.stage(rank)}"
 
     def check_cluster(self, cluster: ClusterEnv, strategy: str) -> None:
         check_replica_job(cluster, strategy, self.num_stages, f"of --stages {self.num_stages} processes")
@@ -102,11 +112,6 @@ class FaultTolerantPipelineStrategy(PipelineStrategy):
         super().check_config(config)
         check_compression(cls.name, config.codec.compression)
         replicas = cls.topology_for(config).num_replicas
-        if config.checkpoint_dir is not None:
-            raise ConfigError(
-                "--strategy pipeline-ft writes no checkpoints yet (allreduce-ft does): drop --checkpoint-dir "
-                "(or use --strategy pipeline, which restarts the run from its checkpoints)"
-            )
         if config.ft.min_replicas > replicas:
             raise ConfigError(
                 f"--min-replicas {config.ft.min_replicas} is more than the run's {replicas} pipeline replicas "
@@ -175,6 +180,10 @@ class FaultTolerantPipelineStrategy(PipelineStrategy):
         if self._module is None:
             self._build(self.recipe.prepare_inputs(trainer.example_batch()[0]))
         self.session.begin(trainer, self._replica_group)
+
+    def state_writer(self, files: RunCheckpoints, loop: FitLoop) -> StateWriter:
+        """The stages of the step's first replica write the run's checkpoint (checkpoint.py)."""
+        return QuorumState(files, loop, self.session)
 
     def _tie(self, stage: SplitStage) -> TiedGradients:
         return TiedGradients(stage, 0, 1, self.num_stages)  # in the replica's own process group
@@ -282,3 +291,7 @@ class FaultTolerantPipelineStrategy(PipelineStrategy):
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), **self.session.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        super().load_state_dict(state)
+        self.session.load_state_dict(state)
