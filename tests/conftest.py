@@ -1,5 +1,6 @@
 import importlib
 import io
+import json
 import os
 import runpy
 import subprocess
@@ -181,3 +182,22 @@ def as_formed(spans: list[list[int]], replicas: int) -> list[list[int]]:
     if len(spans) > 1 and spans[0][0] == 1 and spans[0][1] <= 2 and spans[0][2] < replicas == spans[1][2]:
         return [[1, spans[1][1], replicas], *spans[2:]]
     return spans
+
+
+def single_run(folder: Path, run: list[str], global_batch: int) -> dict:
+    """The metrics of ``single`` over ``run`` (flags without a batch size) with the global batch."""
+    out = folder / "single.json"
+    result = run_cli("train", *run, "--batch-size", str(global_batch), "--metrics-out", str(out))
+    assert result.returncode == 0, result.stderr[-3000:]
+    return json.loads(out.read_text())
+
+
+def assert_same_run(metrics: dict, reference: dict, rel: float = 1e-4) -> None:
+    """A fault-tolerant run whose every committed step took the whole global batch, whoever
+    was alive, is the single-process run up to the order of float sums: ``rel`` on every
+    epoch's losses, the same steps, the accuracy within a point."""
+    assert metrics["global_steps"] == reference["global_steps"]
+    for epoch, (mine, theirs) in enumerate(zip(metrics["history"], reference["history"], strict=True)):
+        assert mine["train_loss"] == pytest.approx(theirs["train_loss"], rel=rel), epoch
+        assert mine["test_loss"] == pytest.approx(theirs["test_loss"], rel=rel), epoch
+    assert abs(metrics["test_accuracy"] - reference["test_accuracy"]) <= 0.01

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from paratrain.testing import run_processes
-from tests.conftest import as_formed
+from tests.conftest import as_formed, assert_same_run, single_run
 
 pytest.importorskip("torchft")
 
@@ -27,24 +27,14 @@ FT = ["--strategy", "pipeline-ft", "--stages", "2", "--workers", "4", "--batch-s
 
 
 def _same_run(metrics, reference):
-    """Every committed step took the whole global batch in whole micro-batches, whoever was
-    alive: the single-process run up to the order of float sums (each replica's micro-batch
-    means weighted, against one batch mean), a relative 1e-4 on every epoch's losses."""
-    assert metrics["global_steps"] == reference["global_steps"]
-    for epoch, (mine, theirs) in enumerate(zip(metrics["history"], reference["history"], strict=True)):
-        assert mine["train_loss"] == pytest.approx(theirs["train_loss"], rel=1e-4), epoch
-        assert mine["test_loss"] == pytest.approx(theirs["test_loss"], rel=1e-4), epoch
-    assert abs(metrics["test_accuracy"] - reference["test_accuracy"]) <= 0.01
+    """Every committed step took the whole global batch, whoever was alive: the single-process
+    run up to the order of float sums, a relative 1e-4 on every epoch's losses."""
+    assert_same_run(metrics, reference)
 
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    from tests.conftest import run_cli
-
-    out = tmp_path_factory.mktemp("single") / "single.json"
-    result = run_cli("train", *RUN, "--batch-size", "16", "--metrics-out", str(out))
-    assert result.returncode == 0, result.stderr[-3000:]
-    return json.loads(out.read_text())
+    return single_run(tmp_path_factory.mktemp("single"), RUN, 16)
 
 
 def test_without_a_fault_it_is_the_single_process_run(cli, tmp_path, reference):
@@ -113,7 +103,7 @@ def test_every_replica_lost_at_once_resumes_from_the_last_checkpoint(cli, tmp_pa
     happened."""
     folder = tmp_path / "ckpt"
     out = tmp_path / "m.json"
-    flags = ["--checkpoint-dir", str(folder), "--checkpoint-every", "20", "--max-restarts", "2", "--fail", "all@50"]
+    flags = ["--checkpoint-dir", str(folder), "--checkpoint-every", "20", "--max-restarts", "4", "--fail", "all@50"]
     result = cli("train", *FT, *RUN, *flags, "--metrics-out", str(out))
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = json.loads(out.read_text())

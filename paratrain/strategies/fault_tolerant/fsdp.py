@@ -56,7 +56,7 @@ from paratrain.strategies.fault_tolerant.replicas import (
     replica_slot,
     torchft_modules,
 )
-from paratrain.strategies.fault_tolerant.session import FaultTolerantSession, check_compression, session_options
+from paratrain.strategies.fault_tolerant.session import FaultTolerantSession, check_quorum_options, session_options
 from paratrain.strategies.fsdp.strategy import FSDPStrategy
 from paratrain.strategies.recipe import StepRecipe
 from paratrain.strategies.roles import FitLoop
@@ -145,14 +145,8 @@ class FaultTolerantFSDPStrategy(FSDPStrategy):
     @classmethod
     def check_config(cls, config: TrainConfig) -> None:
         super().check_config(config)
-        check_compression(cls.name, config.codec.compression)
-        replicas = cls.topology_for(config).num_replicas
-        if config.ft.min_replicas > replicas:
-            raise ConfigError(
-                f"--min-replicas {config.ft.min_replicas} is more than the run's {replicas} replicas "
-                f"(--workers {config.workers} / --shards-per-replica {config.fsdp.shards_per_replica}): "
-                "no step could commit"
-            )
+        counted = f"replicas (--workers {config.workers} / --shards-per-replica {config.fsdp.shards_per_replica})"
+        check_quorum_options(cls.name, config, cls.topology_for(config).num_replicas, counted)
 
     @classmethod
     def from_config(cls, config: TrainConfig) -> FaultTolerantFSDPStrategy:

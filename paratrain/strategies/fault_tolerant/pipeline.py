@@ -46,7 +46,11 @@ from paratrain.strategies.base import DEFAULT_TIMEOUT_S
 from paratrain.strategies.fault_tolerant.checkpoint import QuorumState
 from paratrain.strategies.fault_tolerant.membership import ReplicaGroup
 from paratrain.strategies.fault_tolerant.replicas import check_replica_job, replica_slot, torchft_modules
-from paratrain.strategies.fault_tolerant.session import FaultTolerantSession, check_compression, session_options
+from paratrain.strategies.fault_tolerant.session import (
+    FaultTolerantSession,
+    check_quorum_options,
+    session_options,
+)
 from paratrain.strategies.pipeline.gradients import TiedGradients
 from paratrain.strategies.pipeline.stages import MicrobatchTraffic, feed, scored, stage_loss
 from paratrain.strategies.pipeline.strategy import PipelineStrategy
@@ -110,13 +114,8 @@ class FaultTolerantPipelineStrategy(PipelineStrategy):
     @classmethod
     def check_config(cls, config: TrainConfig) -> None:
         super().check_config(config)
-        check_compression(cls.name, config.codec.compression)
-        replicas = cls.topology_for(config).num_replicas
-        if config.ft.min_replicas > replicas:
-            raise ConfigError(
-                f"--min-replicas {config.ft.min_replicas} is more than the run's {replicas} pipeline replicas "
-                f"(--workers {config.workers} / --stages {config.pipeline.stages}): no step could commit"
-            )
+        counted = f"pipeline replicas (--workers {config.workers} / --stages {config.pipeline.stages})"
+        check_quorum_options(cls.name, config, cls.topology_for(config).num_replicas, counted)
         if config.pipeline.balance == "time":
             raise ConfigError(
                 "--strategy pipeline-ft splits by --balance params or --split-points: a replacement takes its "

@@ -67,6 +67,17 @@ def check_compression(strategy: str, compression: str) -> None:
         )
 
 
+def check_quorum_options(strategy: str, config: Any, replicas: int, counted: str) -> None:
+    """``--compression`` and ``--min-replicas`` of a fault-tolerant run (``config``: a
+    TrainConfig) of ``replicas`` replicas of several processes (``counted``: the flags they
+    are counted from)."""
+    check_compression(strategy, config.codec.compression)
+    if config.ft.min_replicas > replicas:
+        raise ConfigError(
+            f"--min-replicas {config.ft.min_replicas} is more than the run's {replicas} {counted}: no step could commit"
+        )
+
+
 class Replica(Protocol):
     """What the session uses of the strategy it is composed into (one process of the replica)."""
 
