@@ -15,7 +15,7 @@ every stage of a pipeline replica) once. Every step's log line
 - `replacement in`: allreduce-ft only, seconds from the kill to the first step the
   replacement takes part in.
 
-Throughput kept: a run of 3x the epochs killed from outside every `--every` seconds (a
+Throughput kept: a run of `--longer` (3) times the epochs killed from outside every `--every` seconds (a
 random replica process, `--kills` times, wherever it is: in a step, in the all-reduce, in
 a checkpoint write, starting), against the same run undisturbed: undisturbed seconds
 divided by disturbed seconds, whole commands.
@@ -147,11 +147,13 @@ def recovery(model: str, strategy: str) -> dict:
     return result
 
 
-def throughput_kept(model: str, strategy: str, every: float, kills: int) -> dict:
+def throughput_kept(model: str, strategy: str, every: float, kills: int, longer: int = 3) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
-        calm = train(model, strategy, [], Path(tmp), longer=3)
+        calm = train(model, strategy, [], Path(tmp), longer=longer)
     with tempfile.TemporaryDirectory() as tmp:
-        hit = train(model, strategy, ["--max-restarts", str(kills)], Path(tmp), kill_every=every, kills=kills, longer=3)
+        hit = train(
+            model, strategy, ["--max-restarts", str(kills)], Path(tmp), kill_every=every, kills=kills, longer=longer
+        )
     return {
         "undisturbed_seconds": calm["seconds"],
         "disturbed_seconds": hit["seconds"],
@@ -171,7 +173,7 @@ def _spread(row: dict, key: str) -> str:
     return f"{row['median'][key]:.2f} ({min(values):.2f}-{max(values):.2f})"
 
 
-def tables(rows: list[dict], repeats: int, every: float, kills: int) -> list[str]:
+def tables(rows: list[dict], repeats: int, every: float, kills: int, longer: int = 3) -> list[str]:
     lines = ["# Recovery from a lost replica (2 replicas, SIGKILL of replica 1 at step K)", "",
              "| model | strategy | kill at step | runs | a step before (s) | first step after (s) "
              "| back past step K (s) | replacement in (s) |",
@@ -188,7 +190,8 @@ def tables(rows: list[dict], repeats: int, every: float, kills: int) -> list[str
               f"The restart's checkpoints: every {MODELS['mlp'][3]} steps (mlp), "
               f"{MODELS['cifar_cnn'][3]} (cifar_cnn). Pipelines: 2 replicas of 2 stages (4 processes); `--fail 1@K` "
               "kills both stages of replica 1.", "",
-              f"# Throughput kept: a random replica process killed every {every:g} s, {kills} times", "",
+              f"# Throughput kept: a random replica process killed every {every:g} s, {kills} times "
+              f"(runs of {longer}x the model's epochs)", "",
               "| model | strategy | undisturbed s | disturbed s | kept | losses | test accuracy (undisturbed) |",
               "| --- | --- | ---: | ---: | ---: | ---: | --- |"]  # fmt: skip
     for kept in (r for r in rows if r["kind"] == "throughput"):
@@ -206,6 +209,9 @@ def main() -> None:
     parser.add_argument("--every", type=float, default=6.0, help="seconds between kills (throughput kept)")
     parser.add_argument("--kills", type=int, default=4)
     parser.add_argument("--parts", default="recovery,throughput", help="which measurements to run")
+    parser.add_argument(
+        "--longer", type=int, default=3, help="throughput kept: the run's length in the model's epochs above"
+    )
     parser.add_argument("--out", default=str(RESULTS / "ft_recovery"))
     args = parser.parse_args()
     models, strategies = args.models.split(","), args.strategies.split(",")
@@ -218,22 +224,26 @@ def main() -> None:
             print(tables(rows[-1:], args.repeats, args.every, args.kills)[4], flush=True)
     for model in models if "throughput" in parts else []:
         for strategy in strategies:
-            kept = throughput_kept(model, strategy, args.every, args.kills)
+            kept = throughput_kept(model, strategy, args.every, args.kills, args.longer)
             rows.append({"kind": "throughput", "model": model, "strategy": strategy, **kept})
             print(tables(rows[-1:], args.repeats, args.every, args.kills)[-1], flush=True)
     out = Path(args.out)
     if out.with_suffix(".json").exists():
         # rows of other models and strategies recorded before, with the same settings, stay
         earlier = json.loads(out.with_suffix(".json").read_text())
-        if (earlier.get("every"), earlier.get("kills")) == (args.every, args.kills):
+        if (earlier.get("every"), earlier.get("kills"), earlier.get("longer", 3)) == (
+            args.every,
+            args.kills,
+            args.longer,
+        ):
             done = {(r["kind"], r["model"], r["strategy"]) for r in rows}
             rows = [r for r in earlier["rows"] if (r["kind"], r["model"], r["strategy"]) not in done] + rows
     order = {name: index for index, name in enumerate(STRATEGIES)}
     rows.sort(key=lambda r: (r["kind"] != "recovery", list(MODELS).index(r["model"]), order[r["strategy"]]))
     record(
         out,
-        {"rows": rows, "every": args.every, "kills": args.kills},
-        tables(rows, args.repeats, args.every, args.kills),
+        {"rows": rows, "every": args.every, "kills": args.kills, "longer": args.longer},
+        tables(rows, args.repeats, args.every, args.kills, args.longer),
     )
 
 
