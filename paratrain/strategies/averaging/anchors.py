@@ -72,18 +72,16 @@ class Anchors:
 
     @torch.no_grad()
     def restart_from_anchors(self) -> None:
-        """The parameters back to the anchors: a replica that took a peer's state and has
-        trained nothing of the round."""
+        """The parameters set to the anchors (a replica that took a peer's state starts its
+        round there; evaluation scores them)."""
         for anchor, p in zip(self.tensors, self.params):
             p.copy_(anchor)
 
     @contextlib.contextmanager
     def swapped_in(self) -> Iterator[None]:
         """The parameters hold the anchors for the block (evaluation scores the shared model)."""
-        with torch.no_grad():
-            own = [p.detach().clone() for p in self.params]
-            for p, anchor in zip(self.params, self.tensors):
-                p.copy_(anchor)
+        own = [p.detach().clone() for p in self.params]
+        self.restart_from_anchors()
         try:
             yield
         finally:

@@ -4,10 +4,10 @@ from the strategy so that the configuration never imports a strategy."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from paratrain.errors import ConfigError
-from paratrain.options import at_least, check_options, option
+from paratrain.options import at_least, check_options, option, option_fields, refuse_untaken, takers
 
 
 @dataclass
@@ -47,3 +47,23 @@ class AveragingConfig:
                 f"--fragments {self.fragments} must divide --sync-every {self.sync_every} "
                 "(one fragment is synchronized every H/F steps)"
             )
+
+
+def taken_options(config: Any, strategy: str) -> dict[str, Any]:
+    """The options of a run's averaging section (``config``: a TrainConfig) that ``strategy``
+    takes, as its keyword arguments."""
+    options = config.averaging
+    return {f.name: getattr(options, f.name) for f in option_fields(options) if strategy in takers(options, f.name)}
+
+
+def outer_options(
+    strategy: str, default: tuple[float, float], outer_lr: float | None, outer_momentum: float | None, **rounds: int
+) -> tuple[float, float]:
+    """The outer optimizer's (lr, momentum) of ``strategy``: its ``default`` where not given;
+    refused where the strategy takes none, checked with the rounds' options (``rounds``)."""
+    given = [name for name, value in (("outer_lr", outer_lr), ("outer_momentum", outer_momentum)) if value is not None]
+    refuse_untaken(strategy, AveragingConfig, given)
+    lr = default[0] if outer_lr is None else outer_lr
+    momentum = default[1] if outer_momentum is None else outer_momentum
+    AveragingConfig(outer_lr=lr, outer_momentum=momentum, **rounds)
+    return lr, momentum

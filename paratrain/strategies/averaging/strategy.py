@@ -46,10 +46,9 @@ from paratrain.comm.average import average
 from paratrain.comm.codec_config import as_codec, check_saved_codec
 from paratrain.comm.codecs import Codec
 from paratrain.comm.flat import mean_gradients
-from paratrain.options import refuse_untaken, takers
 from paratrain.strategies.accounting import staleness_summary
 from paratrain.strategies.averaging.anchors import Anchors, fragment_due
-from paratrain.strategies.averaging.config import AveragingConfig
+from paratrain.strategies.averaging.config import outer_options, taken_options
 from paratrain.strategies.base import DEFAULT_TIMEOUT_S
 from paratrain.strategies.recipe import StepRecipe
 from paratrain.strategies.replica import ReplicaStrategy
@@ -90,14 +89,11 @@ class PeriodicAveragingStrategy(ReplicaStrategy):
         workers: int | None = None,
     ):
         super().__init__(device=device, timeout=timeout, workers=workers)
-        refuse_untaken(self.name, AveragingConfig, [name for name, value in (("outer_lr", outer_lr),
-                       ("outer_momentum", outer_momentum)) if value is not None])  # fmt: skip
-        outer_lr = self.outer[0] if outer_lr is None else outer_lr
-        outer_momentum = self.outer[1] if outer_momentum is None else outer_momentum
-        AveragingConfig(sync_every=sync_every, local_after=local_after, fragments=fragments,
-                        outer_lr=outer_lr, outer_momentum=outer_momentum)  # fmt: skip
+        self.outer_lr, self.outer_momentum = outer_options(
+            self.name, self.outer, outer_lr, outer_momentum,
+            sync_every=sync_every, local_after=local_after, fragments=fragments,
+        )  # fmt: skip
         self.sync_every, self.local_after, self.fragments = sync_every, local_after, fragments
-        self.outer_lr, self.outer_momentum = outer_lr, outer_momentum
         self.codec = as_codec(compression)
         self.syncs = 0
         """Synchronizations done (of one fragment each, with ``fragments`` > 1)."""
@@ -112,11 +108,7 @@ class PeriodicAveragingStrategy(ReplicaStrategy):
 
     @classmethod
     def from_config(cls, config: TrainConfig) -> PeriodicAveragingStrategy:
-        options = config.averaging
-        kwargs = {name: getattr(options, name) for name in ("sync_every", "local_after", "fragments")}
-        if cls.name in takers(AveragingConfig, "outer_lr"):
-            kwargs.update(outer_lr=options.outer_lr, outer_momentum=options.outer_momentum)
-        return cls(**process_options(config), compression=config.codec.build(), **kwargs)
+        return cls(**process_options(config), compression=config.codec.build(), **taken_options(config, cls.name))
 
     # ----- model ---------------------------------------------------------------------------------
     def prepare(

@@ -48,9 +48,8 @@ from torch.optim import Optimizer
 
 from paratrain.data.batch import map_tensors, num_examples
 from paratrain.errors import WorkerLost
-from paratrain.options import refuse_untaken, takers
 from paratrain.strategies.averaging.anchors import Anchors, fragment_due
-from paratrain.strategies.averaging.config import AveragingConfig
+from paratrain.strategies.averaging.config import outer_options, taken_options
 from paratrain.strategies.base import DEFAULT_TIMEOUT_S
 from paratrain.strategies.fault_tolerant.reduce import sum_weighted
 from paratrain.strategies.fault_tolerant.session import session_options
@@ -90,12 +89,9 @@ class FaultTolerantAveragingStrategy(FaultTolerantAllReduceStrategy):
         """``session``: ``lighthouse``, ``min_replicas``, ``heartbeat_timeout`` and
         ``compression`` (fault_tolerant/session.py)."""
         super().__init__(device=device, timeout=timeout, workers=workers, **session)
-        refuse_untaken(self.name, AveragingConfig, [name for name, value in (("outer_lr", outer_lr),
-                       ("outer_momentum", outer_momentum)) if value is not None])  # fmt: skip
-        self.outer_lr = self.outer[0] if outer_lr is None else outer_lr
-        self.outer_momentum = self.outer[1] if outer_momentum is None else outer_momentum
-        AveragingConfig(sync_every=sync_every, fragments=fragments, outer_lr=self.outer_lr,
-                        outer_momentum=self.outer_momentum)  # fmt: skip
+        self.outer_lr, self.outer_momentum = outer_options(
+            self.name, self.outer, outer_lr, outer_momentum, sync_every=sync_every, fragments=fragments
+        )
         self.sync_every, self.fragments = sync_every, fragments
         self.session.schedule = self  # quorums at synchronizations (live_position and the rest below)
         self.anchors: Anchors | None = None
@@ -111,11 +107,7 @@ class FaultTolerantAveragingStrategy(FaultTolerantAllReduceStrategy):
 
     @classmethod
     def from_config(cls, config: TrainConfig) -> FaultTolerantAveragingStrategy:
-        options = config.averaging
-        kwargs = {"sync_every": options.sync_every, "fragments": options.fragments}
-        if cls.name in takers(AveragingConfig, "outer_lr"):
-            kwargs.update(outer_lr=options.outer_lr, outer_momentum=options.outer_momentum)
-        return cls(**session_options(config), **kwargs)
+        return cls(**session_options(config), **taken_options(config, cls.name))
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "fault_tolerance": "per-synchronization", "sync_every": self.sync_every}
@@ -126,15 +118,11 @@ class FaultTolerantAveragingStrategy(FaultTolerantAllReduceStrategy):
         model, optimizer = super().prepare(model, optimizer, recipe)
         named = [(name, p) for name, p in self.unwrap(model).named_parameters() if p.requires_grad]
         self.anchors = Anchors(named, self.fragments, self.outer_lr, self.outer_momentum, 0)
-        self.session.step_bytes = self._wire_bytes() // self.fragments
+        self.session.step_bytes = self.session.wire_bytes(self.anchors.params) // self.fragments
         if self._pending is not None:
             self.anchors.load_state_dict(self._pending)
             self._pending = None
         return model, optimizer
-
-    def _wire_bytes(self) -> int:
-        size = None if self.session.wire_dtype is None else torch.empty(0, dtype=self.session.wire_dtype).element_size()
-        return sum(p.numel() * (size or p.element_size()) for p in self.anchors.params)
 
     def begin_fit(self, trainer: FitLoop) -> None:
         """The first quorum (session.py); a replacement healed in it takes part in the
@@ -249,9 +237,7 @@ class FaultTolerantAveragingStrategy(FaultTolerantAllReduceStrategy):
     def take_live_state(self, state: dict[str, Any]) -> None:
         """A peer's anchor, outer optimizers and counts; this replica restarts its round from
         the anchor, having trained nothing of it."""
-        self._steps, self.syncs = int(state["steps"]), int(state["syncs"])
-        self.steps_taken = self._steps + self.skipped_updates
-        self.anchors.load_state_dict(state)
+        self.load_state_dict(state)  # the counts, the run's record, the anchor and outer optimizers
         self.anchors.restart_from_anchors()
         self.trained = [0.0] * self.fragments
         self._joined = tuple(state["sync"])

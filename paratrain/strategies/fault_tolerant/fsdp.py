@@ -53,7 +53,7 @@ from paratrain.strategies.fault_tolerant.replicas import (
     check_replica_job,
     one_process_group,
     part_of,
-    replica_slot,
+    place_of_process,
     torchft_modules,
 )
 from paratrain.strategies.fault_tolerant.session import FaultTolerantSession, check_quorum_options, session_options
@@ -174,14 +174,11 @@ class FaultTolerantFSDPStrategy(FSDPStrategy):
             self.session.incarnation = restart_count()
             self.device = resolve_device(self.device_preference, cluster.local_rank if cluster else 0)
             self._join_group(default_backend(self.device))
-            if dist.get_world_size() != self.shards:
-                raise ConfigError(
-                    f"a replica has {dist.get_world_size()} processes, not --shards-per-replica {self.shards}"
-                )
-            processes = self.workers if self.workers and self.workers > 1 else None
-            replicas = processes // self.shards if processes else int(os.environ.get("NUM_REPLICA_GROUPS", "1"))
+            world, rank = dist.get_world_size(), dist.get_rank()
+            replicas, self.process_rank = place_of_process(
+                self.workers, self.shards, world, rank, "--shards-per-replica"
+            )
             self.topology = ShardedReplicaGroups(num_replicas=replicas, shards=self.shards)
-            self.process_rank = replica_slot() * self.shards + dist.get_rank()
         Strategy.setup(self)  # the replica's group is joined above: ReplicaStrategy's own join is not this one
 
     def _replica_group(self, host: str) -> ReplicaGroup:
@@ -216,12 +213,8 @@ class FaultTolerantFSDPStrategy(FSDPStrategy):
         shard's own part (what a joiner's same shard takes from a peer)."""
         model, optimizer = super().prepare(model, optimizer, recipe)
         hold_local_parts(model, optimizer)
-        wire = self.session.wire_dtype
-        self.session.step_bytes = sum(
-            p.to_local().numel() * (torch.empty(0, dtype=wire).element_size() if wire else p.element_size())
-            for p in model.parameters()
-            if p.requires_grad
-        )  # this shard's part of the gradient, on the wire between replicas
+        # this shard's part of the gradient, on the wire between replicas
+        self.session.step_bytes = self.session.wire_bytes(p for p in model.parameters() if p.requires_grad)
         return model, optimizer
 
     @property
@@ -277,9 +270,7 @@ class FaultTolerantFSDPStrategy(FSDPStrategy):
 
     def stats(self) -> dict[str, Any]:
         """The session's view of the run, with every shard's gradient bytes between replicas."""
-        shards = torch.tensor([float(self.session.step_bytes)], dtype=torch.float64)
-        dist.all_reduce(shards)  # this replica's shards (the process group)
-        return {**self.session.stats(int(shards.item())), "shards_per_replica": self.shards}
+        return {**self.session.group_stats(), "shards_per_replica": self.shards}
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), **self.session.state_dict()}

@@ -45,7 +45,7 @@ from paratrain.session.incarnation import restart_count
 from paratrain.strategies.base import DEFAULT_TIMEOUT_S
 from paratrain.strategies.fault_tolerant.checkpoint import QuorumState
 from paratrain.strategies.fault_tolerant.membership import ReplicaGroup
-from paratrain.strategies.fault_tolerant.replicas import check_replica_job, replica_slot, torchft_modules
+from paratrain.strategies.fault_tolerant.replicas import check_replica_job, place_of_process, torchft_modules
 from paratrain.strategies.fault_tolerant.session import (
     FaultTolerantSession,
     check_quorum_options,
@@ -153,12 +153,10 @@ class FaultTolerantPipelineStrategy(PipelineStrategy):
     def _place(self, world: int) -> None:
         """The process group is this replica's stages; the run's replicas are the replica
         groups of torchft (the quorum's), so no group spans them."""
-        if world != self.num_stages:
-            raise ConfigError(f"a replica has {world} processes, not --stages {self.num_stages}")
-        processes = self.workers if self.workers and self.workers > 1 else None
-        replicas = processes // self.num_stages if processes else int(os.environ.get("NUM_REPLICA_GROUPS", "1"))
+        replicas, self.process_rank = place_of_process(
+            self.workers, self.num_stages, world, dist.get_rank(), "--stages"
+        )
         self.topology = PipelineReplicaGroups(num_replicas=replicas, num_stages=self.num_stages)
-        self.process_rank = replica_slot() * self.num_stages + dist.get_rank()
 
     def _replica_group(self, host: str) -> ReplicaGroup:
         """The replica's stages meet in their process group's store; this stage is its rank."""
@@ -284,9 +282,7 @@ class FaultTolerantPipelineStrategy(PipelineStrategy):
     def stats(self) -> dict[str, Any]:
         """The session's view of the run (participants, heals), with the gradient bytes of
         every stage of the replica: what went between replicas, summed over the quorums."""
-        stages = torch.tensor([float(self.session.step_bytes)], dtype=torch.float64)
-        dist.all_reduce(stages)  # this replica's stages (the process group)
-        return self.session.stats(int(stages.item()))
+        return self.session.group_stats()
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), **self.session.state_dict()}

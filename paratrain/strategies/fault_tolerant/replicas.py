@@ -97,6 +97,17 @@ def replica_slot() -> int:
     return int(text)
 
 
+def place_of_process(workers: int | None, per_replica: int, world: int, rank: int, flag: str) -> tuple[int, int]:
+    """A process of a replica of ``per_replica`` processes (their own process group: ``world``
+    processes, ``rank`` its rank there; ``flag`` sets their number): the run's replicas (from
+    ``workers`` processes; else, under torchrun, ``NUM_REPLICA_GROUPS``) and its rank in the run."""
+    if world != per_replica:
+        raise ConfigError(f"a replica has {world} processes, not {flag} {per_replica}")
+    processes = workers if workers and workers > 1 else None
+    replicas = processes // per_replica if processes else int(os.environ.get("NUM_REPLICA_GROUPS", "1"))
+    return replicas, replica_slot() * per_replica + rank
+
+
 def wait_for_all_first_replicas(incarnation: int, replicas: int, timeout: float) -> None:
     """A local launch's first replicas wait for each other's Managers before their first
     quorum, so that it holds them all (not whichever replica imported torch first, the

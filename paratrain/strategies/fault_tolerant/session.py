@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 import torch
+import torch.distributed as dist
 from torch import nn
 
+from paratrain.comm.flat import local_part
 from paratrain.errors import ConfigError, ReplicaLeft, WorkerLost
 from paratrain.session.leaving import LeaveOnSigterm
 from paratrain.session.watchdog import Watchdog
@@ -292,7 +294,7 @@ class FaultTolerantSession:
                 return self._taken_from_peer(step, done)
             optimizer.zero_grad(set_to_none=True)
             if not self.step_bytes:
-                self.step_bytes = self._wire_bytes(replica.unwrap(model))
+                self.step_bytes = self.wire_bytes(p for p in replica.unwrap(model).parameters() if p.requires_grad)
             loss, outputs = gradient(step)
             replica.steps_taken += 1
             if replica.recipe.clip_grad_norm:
@@ -354,9 +356,11 @@ class FaultTolerantSession:
             )
 
     # ----- accounting --------------------------------------------------------------------
-    def _wire_bytes(self, module: nn.Module) -> int:
+    def wire_bytes(self, tensors: Iterable[torch.Tensor]) -> int:
+        """Bytes of ``tensors`` on the quorum's wire: this process's part of each (a DTensor's
+        local shard) in the wire's type, or their own."""
         size = None if self.wire_dtype is None else torch.empty(0, dtype=self.wire_dtype).element_size()
-        return sum(p.numel() * (size or p.element_size()) for p in module.parameters() if p.requires_grad)
+        return sum(local_part(t).numel() * (size or t.element_size()) for t in tensors)
 
     def step_counters(self, updates: int, wait_seconds: float) -> dict[str, float]:
         return {"bytes_sent": self.step_bytes * updates, "wait_seconds": wait_seconds, "staleness": 0}
@@ -374,6 +378,14 @@ class FaultTolerantSession:
             "quorums": self.membership.quorums,
             "recoveries": list(self.record.recoveries),
         }
+
+    def group_stats(self) -> dict[str, Any]:
+        """``stats`` of a replica of several processes (pipeline-ft's stages, fsdp-ft's
+        shards), with what every process of it sends between replicas: summed over the
+        replica's process group (the default one)."""
+        sent = torch.tensor([float(self.step_bytes)], dtype=torch.float64)
+        dist.all_reduce(sent)
+        return self.stats(int(sent.item()))
 
     def state_dict(self) -> dict[str, Any]:
         """The run's record and the last committed loss, which a checkpoint keeps (checkpoint.py)."""
