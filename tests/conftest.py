@@ -201,3 +201,58 @@ def assert_same_run(metrics: dict, reference: dict, rel: float = 1e-4) -> None:
         assert mine["train_loss"] == pytest.approx(theirs["train_loss"], rel=rel), epoch
         assert mine["test_loss"] == pytest.approx(theirs["test_loss"], rel=rel), epoch
     assert abs(metrics["test_accuracy"] - reference["test_accuracy"]) <= 0.01
+
+
+def replaced_replica_run(flags: list[str], out: Path, process: int, lost: str) -> dict:
+    """A local fault-tolerant run of ``flags`` (2 replicas of 2 processes, one restart) whose
+    ``process``-th process (in start order: replica 0's, then replica 1's) is killed from
+    outside once the step log passes step 30. Its metrics, once checked: it exited 0, named
+    the lost process (``lost``, as the launcher names it), both processes of a whole new
+    replica took the live state, and no process restarted; the participants went 2 -> 1 -> 2,
+    or stayed 2 where the new replica was in the quorum before the survivor stepped alone."""
+    import re
+    import signal
+
+    from paratrain.testing import run_processes
+
+    command = [sys.executable, "-m", "paratrain", "train", *flags, "--progress", "--log-every", "10",
+               "--max-restarts", "1", "--metrics-out", str(out)]  # fmt: skip
+    run = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        for line in run.stdout:
+            if line.startswith("step ") and int(line.split()[1].rstrip(",")) >= 30:
+                break
+        processes = run_processes(run.pid)
+        assert len(processes) == 4, processes
+        os.kill(processes[process], signal.SIGKILL)
+        _, stderr = run.communicate(timeout=300)
+    finally:
+        run.kill()
+    assert run.returncode == 0, stderr[-3000:]
+    assert re.search(rf"paratrain: {lost} was lost \(killed by SIGKILL\) after step \d+; a replacement "
+                     r"joins the run \(restart 1 of 1\)", stderr), stderr[-3000:]  # fmt: skip
+    assert len(re.findall(r"paratrain: worker \d joined the run at step \d+ with a live peer's state", stderr)) == 2
+    metrics = json.loads(out.read_text())
+    counts = [span[2] for span in as_formed(metrics["participants"]["per_step"], 2)]
+    assert counts[0] == 2 and counts[-1] == 2 and set(counts) <= {1, 2}, metrics["participants"]
+    assert metrics["restarts"] == 0
+    return metrics
+
+
+def power_cut_run(flags: list[str], folder: Path, parts: list[str], steps: int) -> dict:
+    """A local fault-tolerant run of ``flags`` whose every process dies after step 50, with a
+    checkpoint every 20 steps into ``folder`` (4 restarts: a replacement that fails to start
+    under load gets another). Its metrics, once checked: it exited 0, resumed from step 40 or
+    later, committed every one of its ``steps`` once, and each checkpoint holds ``parts``."""
+    out = folder.parent / "m.json"
+    cut = ["--checkpoint-dir", str(folder), "--checkpoint-every", "20", "--max-restarts", "4", "--fail", "all@50"]
+    result = run_cli("train", *flags, *cut, "--metrics-out", str(out))
+    assert result.returncode == 0, result.stderr[-3000:]
+    metrics = json.loads(out.read_text())
+    assert metrics["restarts"] >= 1 and metrics["resumed_from_step"] >= 40, metrics["participants"]
+    segments = as_formed(metrics["participants"]["per_step"], 2)
+    assert segments[0][0] == 1 and segments[-1][1] == steps
+    assert all(a[1] + 1 == b[0] for a, b in zip(segments, segments[1:])), segments  # every step once
+    manifests = [json.loads((d / "manifest.json").read_text()) for d in sorted(folder.glob("ckpt-*"))]
+    assert manifests and all(sorted(m["parts"]) == parts for m in manifests)
+    return metrics
