@@ -69,6 +69,12 @@ class Host:
         return f"host{self.index}"
 
 
+def threads_per_process(host: Host, procs: int) -> str:
+    """Each process computes with its share of the host's CPU quota (the quota's cgroup
+    files are not visible inside the namespace, where /sys is mounted anew)."""
+    return str(max(1, math.ceil(host.spec.cpu / procs)))
+
+
 def check_support() -> None:
     """ConfigError (exit 2) naming what this machine lacks to emulate hosts."""
     if os.geteuid() != 0:
@@ -120,6 +126,11 @@ class EmulatedCluster:
             for i, spec in enumerate(specs)
         ]
 
+    @property
+    def head_address(self) -> str:
+        """The runner's address on the hosts' bridge: what it hosts for them listens there."""
+        return f"198.18.{self.id}.254"
+
     def __enter__(self) -> EmulatedCluster:
         check_support()
         try:
@@ -136,6 +147,8 @@ class EmulatedCluster:
     def _create(self) -> None:
         _run("ip", "link", "add", self.bridge, "type", "bridge")
         _run("ip", "link", "set", self.bridge, "up")
+        # The runner's own address on the hosts' network (a fault-tolerant run's head node).
+        _run("ip", "addr", "add", f"{self.head_address}/24", "dev", self.bridge)
         for host in self.hosts:
             _run("ip", "netns", "add", host.namespace)
             _run("ip", "link", "add", host.veth, "type", "veth", "peer", "name", "eth0", "netns", host.namespace)

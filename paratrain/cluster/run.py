@@ -22,33 +22,41 @@ it has published version 40). Each paratrain process records its step in a share
 the group formed and mid-training however long start-up takes on a loaded machine; a
 script that does not train with paratrain's Trainer records no step. Everything is torn
 down on exit, on error and on Ctrl-C.
+
+A fault-tolerant run (``allreduce-ft`` ... ``diloco-ft``, or ``--fault-tolerant``) runs
+instead as on a cluster with spare machines: one torchrun job per replica on a host of its
+own, the Lighthouse on the runner, and a lost replica started again on one of the last
+``--spares`` hosts (replicas.py).
 """
 
 from __future__ import annotations
 
 import argparse
-import math
 import os
-import re
 import signal
 import subprocess
 import sys
 import tempfile
 import threading
-import time
-from dataclasses import dataclass
 from pathlib import Path
 
-from paratrain.cluster.hosts import PIN_MODES, EmulatedCluster, Host, HostSpec, check_support, remove_leftovers
-from paratrain.cluster.usage import UsageRecorder
+from paratrain.cluster.hosts import (
+    PIN_MODES,
+    EmulatedCluster,
+    Host,
+    HostSpec,
+    check_support,
+    remove_leftovers,
+    threads_per_process,
+)
+from paratrain.cluster.replicas import is_fault_tolerant, replicas_command, run_replicas
+from paratrain.cluster.watch import Fault, Watch, faults
 from paratrain.errors import ConfigError
-from paratrain.train.faults import new_progress, read_progress
+from paratrain.train.faults import new_progress
 
 PORT = 29500
 SETTLE_SECONDS = 5.0
 FAILURE_GRACE_SECONDS = 10.0
-_FAULT = re.compile(r"host(\d+)@(?:(\d+(?:\.\d+)?)s|step(\d+))")
-FAULT_FORM = "hostI@Ts or hostI@stepN (e.g. host1@20s, host1@step40)"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -78,6 +86,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=[],
         metavar="hostI@Ts|hostI@stepN",
         help="cut host I's link at T seconds, or once the run has finished step N",
+    )
+    parser.add_argument(
+        "--spares",
+        type=int,
+        default=0,
+        help="a fault-tolerant run's last N hosts stand by: a lost replica starts again on one (default 0)",
     )
     parser.add_argument("--logs", default=None, metavar="DIR", help="folder for each host's output")
     parser.add_argument(
@@ -113,33 +127,6 @@ def host_specs(args: argparse.Namespace) -> list[HostSpec]:
     return specs
 
 
-@dataclass(frozen=True)
-class Fault:
-    """One fault: ``kind`` (fail, cut) strikes host ``host`` at ``seconds`` into the run,
-    or once the run has finished step ``step``."""
-
-    kind: str
-    host: int
-    seconds: float | None = None
-    step: int | None = None
-
-    def due(self, now: float, step: int) -> bool:
-        return now >= self.seconds if self.seconds is not None else step >= self.step  # type: ignore[operator]
-
-
-def faults(texts: list[str], kind: str, hosts: int) -> list[Fault]:
-    out = []
-    for text in texts:
-        match = _FAULT.fullmatch(text)
-        if match is None or int(match.group(1)) >= hosts:
-            raise ConfigError(f"--{kind} {text}: expected {FAULT_FORM} with I < --hosts {hosts}")
-        host, seconds, step = match.groups()
-        if step is not None and int(step) < 1:
-            raise ConfigError(f"--{kind} {text}: the step must be >= 1")
-        out.append(Fault(kind, int(host), float(seconds) if seconds else None, int(step) if step else None))
-    return out
-
-
 def user_command(argv: list[str]) -> list[str]:
     """What torchrun runs on each host: ``-m paratrain ARGS`` or ``SCRIPT ARGS``."""
     argv = argv[1:] if argv[:1] == ["--"] else argv
@@ -164,10 +151,11 @@ def torchrun(cluster: EmulatedCluster, host: Host, procs: int, command: list[str
     )  # fmt: skip
 
 
-def _relay(process: subprocess.Popen, host: Host, logs: Path) -> None:
-    """Each line of a host's output to its log and, prefixed with the host, to this terminal
-    (torchrun's own chatter about sockets stays in the log)."""
-    with open(logs / f"{host.name}.log", "w") as log:
+def _relay(process: subprocess.Popen, host: Host, logs: Path, name: str | None = None) -> None:
+    """Each line of a host's output to its log (``name``.log: the host's, or one job's of
+    it) and, prefixed with the host, to this terminal (torchrun's own chatter about sockets
+    stays in the log)."""
+    with open(logs / f"{name or host.name}.log", "w") as log:
         for line in process.stdout:  # type: ignore[union-attr]
             log.write(line)
             if "socket.cpp" not in line:
@@ -188,6 +176,14 @@ def cluster_command(args: argparse.Namespace) -> int:
     command = user_command(args.command)
     if args.procs_per_host < 1:
         raise ConfigError(f"--procs-per-host must be >= 1, got {args.procs_per_host}")
+    fault_tolerant = is_fault_tolerant(command)
+    if args.spares < 0 or (args.spares and not fault_tolerant):
+        raise ConfigError(
+            f"--spares {args.spares}: spare hosts stand by for a fault-tolerant run's lost replicas (paratrain train "
+            "--strategy allreduce-ft, pipeline-ft, fsdp-ft, local-sgd-ft, diloco-ft or --fault-tolerant); give 0 or more"
+        )
+    if fault_tolerant:
+        command, replicas = replicas_command(command, args.hosts, args.spares, args.procs_per_host)
     logs = Path(args.logs or tempfile.mkdtemp(prefix="paratrain-cluster-"))
     logs.mkdir(parents=True, exist_ok=True)
     stop = threading.Event()
@@ -202,9 +198,25 @@ def cluster_command(args: argparse.Namespace) -> int:
                 # Which namespaces, links and cgroups are this run's (`ip netns exec pt<c>h0 ...`).
                 print(f"paratrain cluster: cluster {cluster.id}: hosts {cluster.prefix}h0-{len(specs) - 1} on "
                       f"198.18.{cluster.id}.0/24", file=sys.stderr, flush=True)  # fmt: skip
+                if fault_tolerant:
+                    watch = Watch(cluster, events, progress, stop)
+                    env = _host_env(progress)
+                    return watch.report(run_replicas(cluster, args.procs_per_host, command, replicas, env, watch,
+                                                     _relay, logs), logs)  # fmt: skip
                 return _run(cluster, args.procs_per_host, command, events, logs, progress, stop)
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def _host_env(progress: Path) -> dict[str, str]:
+    """What every host's processes run with: the hosts' interface, one thread unless told,
+    the runner's progress beacon."""
+    return {
+        **os.environ,
+        "GLOO_SOCKET_IFNAME": "eth0",
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
+        "PARATRAIN_PROGRESS": str(progress),
+    }
 
 
 def _run(
@@ -217,22 +229,13 @@ def _run(
     stop: threading.Event,
 ) -> int:
     num_processes = len(cluster.hosts) * procs
-    env = {
-        **os.environ,
-        "GLOO_SOCKET_IFNAME": "eth0",
-        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
-        "PARATRAIN_PROGRESS": str(progress),
-    }
-    started = time.monotonic()
+    env = _host_env(progress)
     running: list[subprocess.Popen] = []
     readers = []
     for host in cluster.hosts:
-        # Each process computes with its share of the host's CPU quota (the quota's cgroup
-        # files are not visible inside the namespace, where /sys is mounted anew).
-        threads = max(1, math.ceil(host.spec.cpu / procs))
         process = subprocess.Popen(
             torchrun(cluster, host, procs, command),
-            env={**env, "PARATRAIN_THREADS_PER_WORKER": str(threads)},
+            env={**env, "PARATRAIN_THREADS_PER_WORKER": threads_per_process(host, procs)},
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -241,57 +244,48 @@ def _run(
         running.append(process)
         readers.append(threading.Thread(target=_relay, args=(process, host, logs), daemon=True))
         readers[-1].start()
-    killed: set[int] = set()
-    usage = UsageRecorder(cluster).start()
+    watch = Watch(cluster, events, progress, stop)
+    idle_since: float | None = None
+    failed_at: float | None = None
+    started_hosts: set[int] = set()
+
+    def over() -> bool:
+        """Whether the run is over: every host done, one failed and the others had time to
+        follow, or torchrun's agents left waiting for each other at exit."""
+        nonlocal idle_since, failed_at
+        now = watch.now()
+        if all(p.poll() is not None for p in running):
+            return True
+        failed_now = [i for i, p in enumerate(running) if i not in watch.killed and p.poll() not in (None, 0)]
+        if failed_now and failed_at is None:
+            failed_at = now
+        if failed_at is not None and now - failed_at > FAILURE_GRACE_SECONDS:
+            # A host failed: the others have had time to fail alike; one cut off from the
+            # rendezvous store may block in TCP for minutes.
+            return True
+        # torchrun's agents wait for each other at exit (300 s, not configurable), a dead
+        # host's agent forever: once every host has started its training processes and
+        # none has one left, give the live agents a moment to pass their barrier, then
+        # end them. An agent reaches that barrier only when its processes succeeded. A
+        # host on a small CPU share takes many seconds to start torch: until each has,
+        # no host is idle.
+        training = [
+            i for i, (h, p) in enumerate(zip(cluster.hosts, running))
+            if p.poll() is None and set(cluster.processes(h)) - {p.pid}
+        ]  # fmt: skip
+        started_hosts.update(training)
+        started_hosts.update(i for i, p in enumerate(running) if p.poll() is not None)
+        if training or len(started_hosts | watch.killed) < len(running):
+            idle_since = None
+        elif idle_since is None:
+            idle_since = now
+        elif now - idle_since > SETTLE_SECONDS:
+            return True
+        return False
+
     try:
-        idle_since = failed_at = None
-        started_hosts: set[int] = set()
-        while not stop.is_set():
-            now = time.monotonic() - started
-            step = max(read_progress(progress, num_processes)) if events else 0
-            for fault in [fault for fault in events if fault.due(now, step)]:
-                events.remove(fault)
-                host = cluster.hosts[fault.host]
-                when = f"step {step}, {now:.1f} s" if fault.step is not None else f"{now:.1f} s"
-                print(f"paratrain cluster: {fault.kind} {host.name} at {when}", file=sys.stderr, flush=True)
-                if fault.kind == "fail":
-                    killed.add(fault.host)
-                    cluster.kill(host)
-                else:
-                    cluster.cut(host)
-            if all(p.poll() is not None for p in running):
-                break
-            failed_now = [i for i, p in enumerate(running) if i not in killed and p.poll() not in (None, 0)]
-            if failed_now and failed_at is None:
-                failed_at = now
-            if failed_at is not None and now - failed_at > FAILURE_GRACE_SECONDS:
-                # A host failed: the others have had time to fail alike; one cut off from the
-                # rendezvous store may block in TCP for minutes.
-                break
-            # torchrun's agents wait for each other at exit (300 s, not configurable), a dead
-            # host's agent forever: once every host has started its training processes and
-            # none has one left, give the live agents a moment to pass their barrier, then
-            # end them. An agent reaches that barrier only when its processes succeeded. A
-            # host on a small CPU share takes many seconds to start torch: until each has,
-            # no host is idle.
-            training = [
-                i for i, (h, p) in enumerate(zip(cluster.hosts, running))
-                if p.poll() is None and set(cluster.processes(h)) - {p.pid}
-            ]  # fmt: skip
-            started_hosts.update(training)
-            started_hosts.update(i for i, p in enumerate(running) if p.poll() is not None)
-            if training or len(started_hosts | killed) < len(running):
-                idle_since = None
-            elif idle_since is None:
-                idle_since = now
-            elif now - idle_since > SETTLE_SECONDS:
-                break
-            time.sleep(0.05)
-    except KeyboardInterrupt:
-        print("paratrain cluster: interrupted; removing the hosts", file=sys.stderr)
-        return 130
+        stopped = watch(num_processes, lambda index: None, over)
     finally:
-        usage.stop()
         # host 0's agent holds the rendezvous store: the others go first, so none of them
         # reports the store's connection closing under it. A host's every process goes (a
         # training process cut off from the others may outlive its agent, and holds the
@@ -302,15 +296,15 @@ def _run(
             process.wait()
         for reader in readers:
             reader.join(timeout=5)
-    usage.write(logs / "usage.json")
-    for line in usage.summary():
-        print(f"paratrain cluster: {line}", file=sys.stderr)
-    if stop.is_set():
-        return 143
+    if stopped == 130:
+        return stopped
+    watch.report(0, logs)
+    if stopped is not None:
+        return stopped
     codes = {
         h.index: p.returncode
         for h, p in zip(cluster.hosts, running)
-        if h.index not in killed and p.returncode != -signal.SIGKILL
+        if h.index not in watch.killed and p.returncode != -signal.SIGKILL
     }
     failed = [i for i, code in codes.items() if code]
     for index in failed:

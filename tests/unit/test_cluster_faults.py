@@ -2,7 +2,7 @@
 
 import pytest
 
-from paratrain.cluster.run import Fault, faults
+from paratrain.cluster.watch import Fault, faults
 from paratrain.errors import ConfigError
 
 

@@ -1,0 +1,235 @@
+"""``paratrain cluster run`` of a fault-tolerant run, as on a cluster with spare machines.
+
+A run of ``allreduce-ft``, ``pipeline-ft``, ``fsdp-ft``, ``local-sgd-ft`` or ``diloco-ft``
+(or ``--strategy S --fault-tolerant``) runs one torchrun job per replica, each on a host of
+its own (``--procs-per-host``: a pipeline replica's stages, a sharded replica's shards),
+with ``REPLICA_GROUP_ID`` set: the multi-machine recipe of docs/reliability.md. The runner
+is the cluster's head node: the Lighthouse, the store where the first replicas wait for
+each other, and each one-process replica's group store listen on the hosts' bridge
+(``198.18.<c>.254``), out of every host's CPU share.
+
+The last ``--spares`` hosts stand by. When a replica's host dies (``--fail hostI``) or its
+job fails (a process of it killed), the replica starts again on the first idle spare, as a
+scheduler would place it, and takes the live state from a peer at its next quorum while the
+survivors go on: its start-up (torchrun, an import of torch) takes the spare's CPU, not
+theirs. A host whose job failed but which lives stands by again, behind the spares; a host
+that died does not come back. Once a replica has finished training, a lost one is not
+replaced (nobody would be left to take the state from). The run ends when every replica's
+job has; a job that exits 2 or 3 (bad input, a diverged model) ends it at once with its code.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from paratrain.cluster.hosts import EmulatedCluster, Host, threads_per_process
+from paratrain.errors import ConfigError
+from paratrain.session.incarnation import INCARNATION_ENV
+
+FAULT_TOLERANT = ("allreduce-ft", "pipeline-ft", "fsdp-ft", "local-sgd-ft", "diloco-ft")
+HEARTBEAT_TIMEOUT = 0.2  # the train command's own default (strategies/fault_tolerant/config.py)
+
+
+def flag_value(argv: list[str], flag: str) -> str | None:
+    """The value of ``flag`` in ``argv`` (``--flag V`` or ``--flag=V``), the last one given."""
+    found = None
+    for item, following in zip(argv, argv[1:] + [""]):
+        if item == flag:
+            found = following
+        elif item.startswith(flag + "="):
+            found = item.partition("=")[2]
+    return found
+
+
+def is_fault_tolerant(command: list[str]) -> bool:
+    """Whether ``command`` (what torchrun runs: ``-m paratrain train ...``) is a
+    fault-tolerant run, by the strategy its command line names."""
+    if command[:3] != ["-m", "paratrain", "train"]:
+        return False
+    return "--fault-tolerant" in command or flag_value(command, "--strategy") in FAULT_TOLERANT
+
+
+def replicas_command(command: list[str], hosts: int, spares: int, procs: int) -> tuple[list[str], int]:
+    """A fault-tolerant run's command with its processes counted (``--workers``, as each
+    replica's job needs it), and its replicas: ``hosts`` less ``spares``; a ConfigError where
+    its command says otherwise."""
+    replicas = hosts - spares
+    if replicas < 1:
+        raise ConfigError(f"--spares {spares} leaves no host for a replica: --hosts must be more than --spares")
+    workers = flag_value(command, "--workers")
+    if workers is not None and workers != str(replicas * procs):
+        raise ConfigError(
+            f"--workers {workers}: {hosts} hosts less {spares} spare run {replicas} replicas of --procs-per-host "
+            f"{procs} process(es), {replicas * procs} in all; give --workers {replicas * procs} or leave it out"
+        )
+    if flag_value(command, "--lighthouse") is not None:
+        raise ConfigError("--lighthouse: paratrain cluster run hosts the run's Lighthouse itself; leave it out")
+    return (command if workers else [*command, "--workers", str(replicas * procs)]), replicas
+
+
+class HeadNode:
+    """What the runner hosts for the replicas, on the bridge's address: the Lighthouse, the
+    store where the first replicas wait for each other, each one-process replica's group
+    store (it outlives the replica, as under the local launcher: launch/replacing.py)."""
+
+    def __init__(self, address: str, command: list[str], replicas: int, procs: int):
+        from paratrain.comm.transport import host_store
+        from paratrain.strategies.fault_tolerant.replicas import REPLICA_STORE_ENV, torchft_modules
+
+        torchft_modules()
+        from torchft.coordination import LighthouseServer
+
+        self.address = address
+        heartbeat = float(flag_value(command, "--replica-heartbeat-timeout") or HEARTBEAT_TIMEOUT)
+        timeout = float(flag_value(command, "--timeout") or 60.0)
+        self.lighthouse = LighthouseServer(
+            bind=f"{address}:0",
+            min_replicas=int(flag_value(command, "--min-replicas") or 1),
+            join_timeout_ms=1000,
+            quorum_tick_ms=20,
+            heartbeat_timeout_ms=int(heartbeat * 1000),
+        )
+        port = self.lighthouse.address().rpartition(":")[2]
+        self.first = host_store(timeout, address)
+        self.groups = [host_store(timeout, address) for _ in range(replicas)] if procs == 1 else []
+        self.env = {
+            "NUM_REPLICA_GROUPS": str(replicas),
+            "TORCHFT_LIGHTHOUSE": f"http://{address}:{port}",
+            "PARATRAIN_FT_STORE": f"{address}:{self.first.port}",
+        }
+        self.store_env = REPLICA_STORE_ENV
+
+    def replica_env(self, slot: int, host: Host, incarnation: int) -> dict[str, str]:
+        """Replica ``slot``'s variables on ``host``; a replacement (``incarnation`` > 0) takes
+        the live state from a peer, and with nobody left to take it from, fails."""
+        group = {self.store_env: f"{self.address}:{self.groups[slot].port}"} if self.groups else {}
+        return {
+            **self.env,
+            **group,
+            "REPLICA_GROUP_ID": str(slot),
+            "PARATRAIN_REPLICA_HOST": host.address,
+            INCARNATION_ENV: str(incarnation),
+        }
+
+    def close(self) -> None:
+        self.lighthouse.shutdown()
+
+
+def replica_job(cluster: EmulatedCluster, host: Host, procs: int, command: list[str]) -> list[str]:
+    """One replica's torchrun job on ``host``: its processes meet on the host itself, and a
+    lost one is the runner's to replace, on a spare (``--max-restarts 0``)."""
+    return cluster.command(
+        host,
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(procs),
+         "--max-restarts", "0", "--local-addr", host.address, *command],
+    )  # fmt: skip
+
+
+class Replicas:
+    """The replicas' jobs, each on its host, and the spares standing by."""
+
+    def __init__(self, cluster: EmulatedCluster, replicas: int, start: Any):
+        self.cluster, self.start = cluster, start
+        self.jobs: dict[int, tuple[Host, subprocess.Popen]] = {}  # slot -> its host and job
+        self.idle = list(cluster.hosts[replicas:])
+        self.dead: set[int] = set()  # hosts that died: never used again
+        self.finished: set[int] = set()
+        self.codes: list[int] = []  # the exit codes of jobs that ended
+        for slot in range(replicas):
+            self.jobs[slot] = (cluster.hosts[slot], start(slot, cluster.hosts[slot]))
+
+    def running(self) -> list[subprocess.Popen]:
+        return [job for _, job in self.jobs.values()]
+
+    def host_died(self, index: int) -> None:
+        self.dead.add(index)
+
+    def check(self, lost: list[str]) -> int | None:
+        """Reap the jobs that ended and start replacements; the run's exit code once it is
+        over (None while it runs). ``lost`` gets a line for each replica lost."""
+        for slot, (host, job) in list(self.jobs.items()):
+            code = job.poll()
+            if code is None:
+                continue
+            del self.jobs[slot]
+            self.codes.append(code)
+            if host.index not in self.dead:
+                self.idle.append(host)  # a live machine: it stands by again
+            if code == 0:
+                self.finished.add(slot)
+                continue
+            if code in (2, 3):
+                return code
+            spare = self.idle.pop(0) if self.idle and not self.finished else None
+            why = "killed" if code < 0 else f"exit {code}"
+            if spare is None:
+                lost.append(f"replica {slot} on {host.name} lost ({why}); no spare host takes it")
+                continue
+            lost.append(f"replica {slot} on {host.name} lost ({why}); its replacement starts on {spare.name}")
+            self.jobs[slot] = (spare, self.start(slot, spare))
+        if self.jobs:
+            return None
+        return 0 if self.finished else 1
+
+
+def run_replicas(
+    cluster: EmulatedCluster,
+    procs: int,
+    command: list[str],
+    replicas: int,
+    env: dict[str, str],
+    watch: Any,
+    relay: Any,
+    logs: Path,
+) -> int:
+    """The fault-tolerant run on ``cluster``; ``watch(processes, host_died, tick)`` is the
+    runner's loop (faults, CPU use, Ctrl-C: run.Watch), ``relay`` streams a job's output."""
+    head = HeadNode(cluster.head_address, command, replicas, procs)
+    readers: list[threading.Thread] = []
+    starts = [0] * replicas
+
+    def start(slot: int, host: Host) -> subprocess.Popen:
+        job = subprocess.Popen(
+            replica_job(cluster, host, procs, command),
+            env={
+                **env,
+                **head.replica_env(slot, host, starts[slot]),
+                "PARATRAIN_THREADS_PER_WORKER": threads_per_process(host, procs),
+            },
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            bufsize=1,
+        )
+        starts[slot] += 1
+        name = f"replica{slot}" + (f".{starts[slot] - 1}" if starts[slot] > 1 else "")
+        readers.append(threading.Thread(target=relay, args=(job, host, logs, f"{host.name}-{name}"), daemon=True))
+        readers[-1].start()
+        return job
+
+    replicas_ = Replicas(cluster, replicas, start)
+    outcome: list[int | None] = [None]
+
+    def tick() -> bool:
+        lost: list[str] = []
+        outcome[0] = replicas_.check(lost)
+        for line in lost:
+            print(f"paratrain cluster: {line}", file=sys.stderr, flush=True)
+        return outcome[0] is not None
+
+    try:
+        stopped = watch(replicas * procs, replicas_.host_died, tick)
+    finally:
+        for host, job in replicas_.jobs.values():
+            cluster.kill(host)
+            job.wait()
+        for reader in readers:
+            reader.join(timeout=5)
+        head.close()
+    if stopped is not None:
+        return stopped
+    return outcome[0] if outcome[0] is not None else 1
