@@ -61,14 +61,34 @@ STRATEGIES = {
     "fsdp-ft": ["--strategy", "fsdp-ft", "--workers", "4", "--shards-per-replica", "2", "--batch-size", "16"],
     "fsdp (restart)": ["--strategy", "fsdp", "--workers", "4", "--batch-size", "16"],
 }
-STEP = re.compile(r"^step (\d+),")
+STEP = re.compile(r"^(?:\[host\d+\] )?step (\d+),")
+# --cluster: each replica on an emulated host of its own, one spare host (paratrain cluster run)
+CLUSTER_CPU = 0.6
+CGROUPS = Path("/sys/fs/cgroup/cpu")
+
+
+def cluster_command(strategy: str, folder: Path, faults: list[str]) -> list[str]:
+    """``paratrain cluster run`` of ``strategy``'s replicas, one host each, and a spare host."""
+    flags = STRATEGIES[strategy]
+    per_replica = 2 if "--stages" in flags or "--shards-per-replica" in flags else 1
+    replicas = int(flags[flags.index("--workers") + 1]) // per_replica
+    return [sys.executable, "-m", "paratrain", "cluster", "run", "--hosts", str(replicas + 1), "--spares", "1",
+            "--procs-per-host", str(per_replica), "--cpu", str(CLUSTER_CPU), "--logs", str(folder / "logs"),
+            *faults, "--", "paratrain"]  # fmt: skip
 
 
 def train(
-    model: str, strategy: str, extra: list[str], folder: Path, kill_every: float = 0, kills: int = 0, longer: int = 1
+    model: str,
+    strategy: str,
+    extra: list[str],
+    folder: Path,
+    kill_every: float = 0,
+    kills: int = 0,
+    longer: int = 1,
+    cluster: list[str] | None = None,
 ) -> dict:
-    """One run (``longer`` times the model's epochs); its step lines and stderr lines with
-    their arrival times, its metrics."""
+    """One run (``longer`` times the model's epochs; with ``cluster``, its faults, on
+    emulated hosts); its step lines and stderr lines with their arrival times, its metrics."""
     flags, epochs, _, every = MODELS[model]
     epochs *= longer
     checkpoints = (
@@ -76,7 +96,10 @@ def train(
         if strategy.endswith("-ft")  # recovers from live peers
         else ["--checkpoint-dir", str(folder / "ckpt"), "--checkpoint-every", str(every)]
     )
-    command = [sys.executable, "-m", "paratrain", "train", *STRATEGIES[strategy], *flags, "--epochs", str(epochs),
+    launcher = (
+        cluster_command(strategy, folder, cluster) if cluster is not None else [sys.executable, "-m", "paratrain"]
+    )
+    command = [*launcher, "train", *STRATEGIES[strategy], *flags, "--epochs", str(epochs),
                "--log-every", "1", "--progress", "--metrics-out", str(folder / "m.json"), *checkpoints, *extra]  # fmt: skip
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "PARATRAIN_THREADS_PER_WORKER": "1"}
     began = time.monotonic()
@@ -92,7 +115,8 @@ def train(
     reader.start()
     killer = None
     if kills:
-        killer = threading.Thread(target=_kill_repeatedly, args=(process, kill_every, kills), daemon=True)
+        target, on = (_kill_hosts, errors) if cluster is not None else (_kill_repeatedly, process)
+        killer = threading.Thread(target=target, args=(on, kill_every, kills), daemon=True)
         killer.start()
     for line in process.stdout:
         match = STEP.match(line)
@@ -120,11 +144,35 @@ def _kill_repeatedly(process: subprocess.Popen, every: float, kills: int) -> Non
             pass
 
 
-def recovery(model: str, strategy: str) -> dict:
+def _kill_hosts(errors: list[tuple[float, str]], every: float, kills: int) -> None:
+    """Every ``every`` s, ``kills`` times, every process of a random emulated host that runs
+    any (a live replica, or one starting): its machine dies, comes back and stands by."""
+    rng = random.Random(0)
+    for _ in range(kills):
+        time.sleep(every)
+        made = [re.search(r"paratrain cluster: cluster (\d+): ", line) for _, line in list(errors)]
+        number = next((m.group(1) for m in made if m), None)
+        busy = [g for g in CGROUPS.glob(f"paratrain-{number}-h*") if (g / "cgroup.procs").read_text().split()]
+        if number is None or not busy:
+            return
+        for pid in (rng.choice(sorted(busy)) / "cgroup.procs").read_text().split():
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def recovery(model: str, strategy: str, cluster: bool = False) -> dict:
     _, _, kill_step, _ = MODELS[model]
     with tempfile.TemporaryDirectory() as tmp:
-        run = train(model, strategy, ["--fail", f"1@{kill_step}", "--max-restarts", "1"], Path(tmp))
-    killed = next(t for t, line in run["errors"] if "injected failure" in line)
+        if cluster:  # host 1 dies; its replica starts again on the spare host
+            # 4x the epochs: time for the replacement to start torch on its share of a core
+            run = train(model, strategy, [], Path(tmp), longer=4, cluster=["--fail", f"host1@step{kill_step}"])
+            line = next(line for _, line in run["errors"] if "paratrain cluster: fail host1 at" in line)
+            kill_step = int(re.search(r"at step (\d+)", line).group(1))
+        else:
+            run = train(model, strategy, ["--fail", f"1@{kill_step}", "--max-restarts", "1"], Path(tmp))
+    killed = next(t for t, line in run["errors"] if "injected failure" in line or "paratrain cluster: fail" in line)
     # Lines of the last steps before the kill may arrive just after its line (two pipes).
     after = [(t, s) for t, s in run["steps"] if t > killed and not kill_step - 2 <= s <= kill_step]
     before = [t for t, s in run["steps"] if t < killed]
@@ -147,18 +195,23 @@ def recovery(model: str, strategy: str) -> dict:
     return result
 
 
-def throughput_kept(model: str, strategy: str, every: float, kills: int, longer: int = 3) -> dict:
+def throughput_kept(
+    model: str, strategy: str, every: float, kills: int, longer: int = 3, cluster: bool = False
+) -> dict:
+    on = [] if cluster else None
     with tempfile.TemporaryDirectory() as tmp:
-        calm = train(model, strategy, [], Path(tmp), longer=longer)
+        calm = train(model, strategy, [], Path(tmp), longer=longer, cluster=on)
+    restarts = [] if cluster else ["--max-restarts", str(kills)]  # on hosts: the spare takes the lost replica
     with tempfile.TemporaryDirectory() as tmp:
-        hit = train(
-            model, strategy, ["--max-restarts", str(kills)], Path(tmp), kill_every=every, kills=kills, longer=longer
-        )
+        hit = train(model, strategy, restarts, Path(tmp), kill_every=every, kills=kills, longer=longer, cluster=on)
     return {
         "undisturbed_seconds": calm["seconds"],
         "disturbed_seconds": hit["seconds"],
         "kept": calm["seconds"] / hit["seconds"],
-        "losses_reported": sum("was lost" in line or "restarting the run" in line for _, line in hit["errors"]),
+        "losses_reported": sum(
+            "was lost" in line or "restarting the run" in line or "paratrain cluster: replica" in line
+            for _, line in hit["errors"]
+        ),
         "test_accuracy": hit["metrics"]["test_accuracy"],
         "undisturbed_test_accuracy": calm["metrics"]["test_accuracy"],
     }
@@ -173,8 +226,18 @@ def _spread(row: dict, key: str) -> str:
     return f"{row['median'][key]:.2f} ({min(values):.2f}-{max(values):.2f})"
 
 
-def tables(rows: list[dict], repeats: int, every: float, kills: int, longer: int = 3) -> list[str]:
-    lines = ["# Recovery from a lost replica (2 replicas, SIGKILL of replica 1 at step K)", "",
+def tables(
+    rows: list[dict], repeats: int, every: float, kills: int, longer: int = 3, cluster: bool = False
+) -> list[str]:
+    where = (
+        [f"On emulated hosts (`paratrain cluster run`): each replica on a host of its own at {CLUSTER_CPU} of a core "
+         "(a pipeline's or a sharded replica's 2 processes on one host), one spare host that the lost replica starts "
+         "again on; the kill takes a whole host (host 1, once the run has finished step K; in the second table a "
+         "random host that runs anything), which then stands by again. This machine has 2 cores.", ""]
+        if cluster
+        else []
+    )  # fmt: skip
+    lines = [*where, "# Recovery from a lost replica (2 replicas, SIGKILL of replica 1 at step K)", "",
              "| model | strategy | kill at step | runs | a step before (s) | first step after (s) "
              "| back past step K (s) | replacement in (s) |",
              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]  # fmt: skip
@@ -212,19 +275,26 @@ def main() -> None:
     parser.add_argument(
         "--longer", type=int, default=3, help="throughput kept: the run's length in the model's epochs above"
     )
-    parser.add_argument("--out", default=str(RESULTS / "ft_recovery"))
+    parser.add_argument(
+        "--cluster",
+        action="store_true",
+        help=f"each replica on an emulated host of {CLUSTER_CPU} of a core, a spare host for the replacement "
+        "(fault-tolerant strategies only; root); recorded in ft_cluster",
+    )
+    parser.add_argument("--out", default=None, help="results' path less its suffix (default: results/ft_recovery)")
     args = parser.parse_args()
+    args.out = args.out or str(RESULTS / ("ft_cluster" if args.cluster else "ft_recovery"))
     models, strategies = args.models.split(","), args.strategies.split(",")
     rows, parts = [], args.parts.split(",")
     for model in models if "recovery" in parts else []:
         for strategy in strategies:
-            runs = [recovery(model, strategy) for _ in range(args.repeats)]
+            runs = [recovery(model, strategy, args.cluster) for _ in range(args.repeats)]
             median = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
             rows.append({"kind": "recovery", "model": model, "strategy": strategy, "runs": runs, "median": median})
-            print(tables(rows[-1:], args.repeats, args.every, args.kills)[4], flush=True)
+            print(tables(rows[-1:], args.repeats, args.every, args.kills)[4], flush=True)  # its row
     for model in models if "throughput" in parts else []:
         for strategy in strategies:
-            kept = throughput_kept(model, strategy, args.every, args.kills, args.longer)
+            kept = throughput_kept(model, strategy, args.every, args.kills, args.longer, args.cluster)
             rows.append({"kind": "throughput", "model": model, "strategy": strategy, **kept})
             print(tables(rows[-1:], args.repeats, args.every, args.kills)[-1], flush=True)
     out = Path(args.out)
@@ -243,7 +313,7 @@ def main() -> None:
     record(
         out,
         {"rows": rows, "every": args.every, "kills": args.kills, "longer": args.longer},
-        tables(rows, args.repeats, args.every, args.kills, args.longer),
+        tables(rows, args.repeats, args.every, args.kills, args.longer, args.cluster),
     )
 
 
