@@ -8,11 +8,14 @@ is the cluster's head node: the Lighthouse, the store where the first replicas w
 each other, and each one-process replica's group store listen on the hosts' bridge
 (``198.18.<c>.254``), out of every host's CPU share.
 
-The last ``--spares`` hosts stand by. When a replica's host dies (``--fail hostI``) or its
-job fails (a process of it killed), the replica starts again on the first idle spare, as a
-scheduler would place it, and takes the live state from a peer at its next quorum while the
-survivors go on: its start-up (torchrun, an import of torch) takes the spare's CPU, not
-theirs. A host whose job failed but which lives stands by again, behind the spares; a host
+The last ``--spares`` hosts stand by, each running a standby job: the run's command, which
+imports and loads what the run needs and waits to be told which replica it replaces
+(session/standby.py; ``--cold-spares``: nothing runs there until a replica is lost). When a
+replica's host dies (``--fail hostI``) or its job fails (a process of it killed), the
+replica goes on on an idle spare, as a scheduler would place it (its standby takes the
+replica's place, or a new job starts there), and takes the live state from a peer at its
+next quorum while the survivors go on: its start-up (torchrun, an import of torch) takes
+the spare's CPU, not theirs. A host whose job failed but which lives stands by again, behind the spares; a host
 that died does not come back. Once a replica has finished training, a lost one is not
 replaced (nobody would be left to take the state from). The run ends when every replica's
 job has; a job that exits 2 or 3 (bad input, a diverged model) ends it at once with its code.
@@ -20,6 +23,7 @@ job has; a job that exits 2 or 3 (bad input, a diverged model) ends it at once w
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import threading
@@ -29,6 +33,7 @@ from typing import Any
 from paratrain.cluster.hosts import EmulatedCluster, Host, threads_per_process
 from paratrain.errors import ConfigError
 from paratrain.session.incarnation import INCARNATION_ENV
+from paratrain.session.standby import STANDBY_ENV
 
 FAULT_TOLERANT = ("allreduce-ft", "pipeline-ft", "fsdp-ft", "local-sgd-ft", "diloco-ft")
 HEARTBEAT_TIMEOUT = 0.2  # the train command's own default (strategies/fault_tolerant/config.py)
@@ -115,6 +120,18 @@ class HeadNode:
             INCARNATION_ENV: str(incarnation),
         }
 
+    def standby_env(self, host: Host, key: str) -> dict[str, str]:
+        """A standby's variables on ``host``: it waits for ``key`` in the head's store."""
+        return {
+            **self.env,
+            "PARATRAIN_REPLICA_HOST": host.address,
+            STANDBY_ENV: f"{self.address}:{self.first.port}/{key}",
+        }
+
+    def assign(self, key: str, variables: dict[str, str]) -> None:
+        """The standby waiting for ``key`` becomes the replica of ``variables``."""
+        self.first.set(key, json.dumps(variables))
+
     def close(self) -> None:
         self.lighthouse.shutdown()
 
@@ -130,47 +147,79 @@ def replica_job(cluster: EmulatedCluster, host: Host, procs: int, command: list[
 
 
 class Replicas:
-    """The replicas' jobs, each on its host, and the spares standing by."""
+    """The replicas' jobs, each on its host, and the idle spare hosts, each with a standby
+    job (a warm spare: session/standby.py) once a replica is lost and replaced."""
 
-    def __init__(self, cluster: EmulatedCluster, replicas: int, start: Any):
-        self.cluster, self.start = cluster, start
+    def __init__(self, cluster: EmulatedCluster, replicas: int, head: HeadNode, launch: Any, warm: bool = True):
+        self.cluster, self.head, self.launch, self.warm = cluster, head, launch, warm
         self.jobs: dict[int, tuple[Host, subprocess.Popen]] = {}  # slot -> its host and job
+        self.standbys: dict[int, tuple[str, subprocess.Popen]] = {}  # host -> its standby's key and job
         self.idle = list(cluster.hosts[replicas:])
         self.dead: set[int] = set()  # hosts that died: never used again
         self.finished: set[int] = set()
-        self.codes: list[int] = []  # the exit codes of jobs that ended
-        for slot in range(replicas):
-            self.jobs[slot] = (cluster.hosts[slot], start(slot, cluster.hosts[slot]))
-
-    def running(self) -> list[subprocess.Popen]:
-        return [job for _, job in self.jobs.values()]
+        self.incarnations = [1] * replicas  # each slot's next
+        self.standing = 0  # standby jobs started
+        for slot, host in enumerate(cluster.hosts[:replicas]):
+            self.jobs[slot] = (host, launch(host, head.replica_env(slot, host, 0), f"replica{slot}"))
+        self._stand_by()
 
     def host_died(self, index: int) -> None:
         self.dead.add(index)
 
+    def stop(self) -> None:
+        """Every job and standby ends (a host's every process: SIGKILL)."""
+        for host, job in [*self.jobs.values(), *((self.cluster.hosts[i], j) for i, (_, j) in self.standbys.items())]:
+            self.cluster.kill(host)
+            job.wait()
+
+    def _stand_by(self) -> None:
+        """A standby job on every idle live host without one (none once a replica has
+        finished: nobody would be left to take the state from; none with cold spares)."""
+        for host in self.idle if self.warm else []:
+            if self.finished or host.index in self.standbys or host.index in self.dead:
+                continue
+            key = f"standby-{self.standing}"
+            self.standing += 1
+            self.standbys[host.index] = (key, self.launch(host, self.head.standby_env(host, key), f"standby{key[8:]}"))
+
+    def _replace(self, slot: int, host: Host, why: str) -> str:
+        """Replica ``slot``, lost from ``host``, on an idle spare (one with a standby first);
+        the line that says where."""
+        live = [h for h in self.idle if h.index not in self.dead] if not self.finished else []
+        spare = next((h for h in live if h.index in self.standbys), live[0] if live else None)
+        if spare is None:
+            return f"replica {slot} on {host.name} lost ({why}); no spare host takes it"
+        self.idle.remove(spare)
+        incarnation, self.incarnations[slot] = self.incarnations[slot], self.incarnations[slot] + 1
+        variables = self.head.replica_env(slot, spare, incarnation)
+        if spare.index in self.standbys:
+            key, job = self.standbys.pop(spare.index)
+            self.head.assign(key, variables)
+            self.jobs[slot] = (spare, job)
+            return f"replica {slot} on {host.name} lost ({why}); the standby on {spare.name} takes its place"
+        self.jobs[slot] = (spare, self.launch(spare, variables, f"replica{slot}.{incarnation}"))
+        return f"replica {slot} on {host.name} lost ({why}); its replacement starts on {spare.name}"
+
     def check(self, lost: list[str]) -> int | None:
-        """Reap the jobs that ended and start replacements; the run's exit code once it is
+        """Reap the jobs that ended and replace lost replicas; the run's exit code once it is
         over (None while it runs). ``lost`` gets a line for each replica lost."""
+        for index, (_, job) in list(self.standbys.items()):
+            if job.poll() is not None:  # killed, or failed: its host, if it lives, gets another
+                del self.standbys[index]
         for slot, (host, job) in list(self.jobs.items()):
             code = job.poll()
             if code is None:
                 continue
             del self.jobs[slot]
-            self.codes.append(code)
             if host.index not in self.dead:
                 self.idle.append(host)  # a live machine: it stands by again
             if code == 0:
                 self.finished.add(slot)
-                continue
-            if code in (2, 3):
+            elif code in (2, 3):
                 return code
-            spare = self.idle.pop(0) if self.idle and not self.finished else None
-            why = "killed" if code < 0 else f"exit {code}"
-            if spare is None:
-                lost.append(f"replica {slot} on {host.name} lost ({why}); no spare host takes it")
-                continue
-            lost.append(f"replica {slot} on {host.name} lost ({why}); its replacement starts on {spare.name}")
-            self.jobs[slot] = (spare, self.start(slot, spare))
+            else:
+                lost.append(self._replace(slot, host, "killed" if code < 0 else f"exit {code}"))
+        self._stand_by()
         if self.jobs:
             return None
         return 0 if self.finished else 1
@@ -185,48 +234,43 @@ def run_replicas(
     watch: Any,
     relay: Any,
     logs: Path,
+    warm: bool = True,
 ) -> int:
     """The fault-tolerant run on ``cluster``; ``watch(processes, host_died, tick)`` is the
-    runner's loop (faults, CPU use, Ctrl-C: run.Watch), ``relay`` streams a job's output."""
+    runner's loop (faults, CPU use, Ctrl-C: run.Watch), ``relay`` streams a job's output;
+    ``warm``: a standby on each idle spare host."""
     head = HeadNode(cluster.head_address, command, replicas, procs)
     readers: list[threading.Thread] = []
-    starts = [0] * replicas
 
-    def start(slot: int, host: Host) -> subprocess.Popen:
+    def launch(host: Host, variables: dict[str, str], name: str) -> subprocess.Popen:
         job = subprocess.Popen(
             replica_job(cluster, host, procs, command),
-            env={
-                **env,
-                **head.replica_env(slot, host, starts[slot]),
-                "PARATRAIN_THREADS_PER_WORKER": threads_per_process(host, procs),
-            },
+            env={**env, **variables, "PARATRAIN_THREADS_PER_WORKER": threads_per_process(host, procs)},
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
             bufsize=1,
         )
-        starts[slot] += 1
-        name = f"replica{slot}" + (f".{starts[slot] - 1}" if starts[slot] > 1 else "")
         readers.append(threading.Thread(target=relay, args=(job, host, logs, f"{host.name}-{name}"), daemon=True))
         readers[-1].start()
         return job
 
-    replicas_ = Replicas(cluster, replicas, start)
     outcome: list[int | None] = [None]
+    jobs: Replicas | None = None
 
     def tick() -> bool:
         lost: list[str] = []
-        outcome[0] = replicas_.check(lost)
+        outcome[0] = jobs.check(lost)  # type: ignore[union-attr]
         for line in lost:
             print(f"paratrain cluster: {line}", file=sys.stderr, flush=True)
         return outcome[0] is not None
 
     try:
-        stopped = watch(replicas * procs, replicas_.host_died, tick)
+        jobs = Replicas(cluster, replicas, head, launch, warm)
+        stopped = watch(replicas * procs, jobs.host_died, tick)
     finally:
-        for host, job in replicas_.jobs.values():
-            cluster.kill(host)
-            job.wait()
+        if jobs is not None:
+            jobs.stop()
         for reader in readers:
             reader.join(timeout=5)
         head.close()

@@ -93,6 +93,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=0,
         help="a fault-tolerant run's last N hosts stand by: a lost replica starts again on one (default 0)",
     )
+    parser.add_argument(
+        "--cold-spares",
+        action="store_true",
+        help="spare hosts run nothing until a replica is lost (default: each runs a standby with torch loaded)",
+    )
     parser.add_argument("--logs", default=None, metavar="DIR", help="folder for each host's output")
     parser.add_argument(
         "--pin",
@@ -177,6 +182,8 @@ def cluster_command(args: argparse.Namespace) -> int:
     if args.procs_per_host < 1:
         raise ConfigError(f"--procs-per-host must be >= 1, got {args.procs_per_host}")
     fault_tolerant = is_fault_tolerant(command)
+    if args.cold_spares and not args.spares:
+        raise ConfigError("--cold-spares says how --spares hosts stand by; give --spares N too")
     if args.spares < 0 or (args.spares and not fault_tolerant):
         raise ConfigError(
             f"--spares {args.spares}: spare hosts stand by for a fault-tolerant run's lost replicas (paratrain train "
@@ -202,7 +209,7 @@ def cluster_command(args: argparse.Namespace) -> int:
                     watch = Watch(cluster, events, progress, stop)
                     env = _host_env(progress)
                     return watch.report(run_replicas(cluster, args.procs_per_host, command, replicas, env, watch,
-                                                     _relay, logs), logs)  # fmt: skip
+                                                     _relay, logs, not args.cold_spares), logs)  # fmt: skip
                 return _run(cluster, args.procs_per_host, command, events, logs, progress, stop)
     finally:
         signal.signal(signal.SIGTERM, previous)

@@ -22,6 +22,7 @@ from paratrain.data.sharding import as_source, is_map_style
 from paratrain.launch.threads import set_threads
 from paratrain.models import build_model
 from paratrain.registry import OPTIMIZERS, SCHEDULES, STRATEGIES, is_reference, load_reference
+from paratrain.session.standby import take_assignment
 from paratrain.train.callbacks import Callback, EarlyStopping, LearningRateScheduler, TokenLog, perplexity
 from paratrain.train.checkpoint import Checkpoint
 from paratrain.train.faults import fault_callbacks, restart_count
@@ -33,6 +34,9 @@ from paratrain.usercode import first_example
 
 
 def run(config: TrainConfig) -> dict[str, Any]:
+    # A warm spare (session/standby.py) loads what the run imports, then becomes a replica's
+    # replacement here.
+    take_assignment(lambda: _warm_up(config))
     started = time.perf_counter()
     strategy = STRATEGIES.get(config.strategy).from_config(config)
     strategy.on_nan = config.on_nan
@@ -58,6 +62,17 @@ def run(config: TrainConfig) -> dict[str, Any]:
         if merge_timeline:
             # After teardown: parameter-server shards finish (and write) once the chief lets them go.
             timeline.merge(config.timeline, num_processes, timeout=min(config.timeout, 60.0))
+
+
+def _warm_up(config: TrainConfig) -> None:
+    """What a run imports and reads before its first step, done once ahead of need: the
+    data (its libraries, files into the page cache), the model's modules, its optimizer's
+    (the first optimizer made imports torch._dynamo: ~1 s of CPU)."""
+    splits = load_dataset(config)
+    model = build_model(
+        config.model, splits.spec, first_example(splits.train), config.model_options, config.ps.holds_tables
+    )
+    OPTIMIZERS.get(config.optimizer)(model.parameters(), config)
 
 
 def _steps_per_epoch(train: Any, step_batch: int, replicas: int) -> int:
