@@ -145,29 +145,38 @@ def _kill_repeatedly(process: subprocess.Popen, every: float, kills: int) -> Non
 
 
 def _kill_hosts(errors: list[tuple[float, str]], every: float, kills: int) -> None:
-    """Every ``every`` s, ``kills`` times, every process of a random emulated host that runs
-    any (a live replica, or one starting): its machine dies, comes back and stands by."""
+    """Every ``every`` s, ``kills`` times, every process of the host of a random replica: its
+    machine dies, comes back and stands by."""
     rng = random.Random(0)
     for _ in range(kills):
         time.sleep(every)
-        made = [re.search(r"paratrain cluster: cluster (\d+): ", line) for _, line in list(errors)]
-        number = next((m.group(1) for m in made if m), None)
-        busy = [g for g in CGROUPS.glob(f"paratrain-{number}-h*") if (g / "cgroup.procs").read_text().split()]
-        if number is None or not busy:
+        lines = [line for _, line in list(errors)]
+        made = next(
+            (m.group(1) for m in map(re.compile(r"paratrain cluster: cluster (\d+): ").search, lines) if m), None
+        )
+        if made is None:
             return
-        for pid in (rng.choice(sorted(busy)) / "cgroup.procs").read_text().split():
+        hosts = sorted(CGROUPS.glob(f"paratrain-{made}-h*"), key=lambda g: int(g.name.rpartition("h")[2]))
+        where = {replica: replica for replica in range(len(hosts) - 1)}  # the last host: the spare
+        for moved in map(re.compile(r"replica (\d+) on host\d+ lost .* on host(\d+)").search, lines):
+            if moved:
+                where[int(moved.group(1))] = int(moved.group(2))
+        pids = (hosts[where[rng.choice(sorted(where))]] / "cgroup.procs").read_text().split()
+        for pid in pids:
             try:
                 os.kill(int(pid), signal.SIGKILL)
             except ProcessLookupError:
                 pass
 
 
-def recovery(model: str, strategy: str, cluster: bool = False) -> dict:
+def recovery(model: str, strategy: str, cluster: list[str] | None = None) -> dict:
     _, _, kill_step, _ = MODELS[model]
     with tempfile.TemporaryDirectory() as tmp:
-        if cluster:  # host 1 dies; its replica starts again on the spare host
-            # 4x the epochs: time for the replacement to start torch on its share of a core
-            run = train(model, strategy, [], Path(tmp), longer=4, cluster=["--fail", f"host1@step{kill_step}"])
+        if cluster is not None:  # host 1 dies; its replica goes on on the spare host
+            # a cold replacement: 4x the epochs, time to start torch on its share of a core
+            longer = 4 if "--cold-spares" in cluster else 1
+            faults = [*cluster, "--fail", f"host1@step{kill_step}"]
+            run = train(model, strategy, [], Path(tmp), longer=longer, cluster=faults)
             line = next(line for _, line in run["errors"] if "paratrain cluster: fail host1 at" in line)
             kill_step = int(re.search(r"at step (\d+)", line).group(1))
         else:
@@ -196,12 +205,14 @@ def recovery(model: str, strategy: str, cluster: bool = False) -> dict:
 
 
 def throughput_kept(
-    model: str, strategy: str, every: float, kills: int, longer: int = 3, cluster: bool = False
+    model: str, strategy: str, every: float, kills: int, longer: int = 3, cluster: list[str] | None = None
 ) -> dict:
-    on = [] if cluster else None
+    on = cluster
     with tempfile.TemporaryDirectory() as tmp:
         calm = train(model, strategy, [], Path(tmp), longer=longer, cluster=on)
-    restarts = [] if cluster else ["--max-restarts", str(kills)]  # on hosts: the spare takes the lost replica
+    restarts = (
+        [] if cluster is not None else ["--max-restarts", str(kills)]
+    )  # on hosts: the spare takes the lost replica
     with tempfile.TemporaryDirectory() as tmp:
         hit = train(model, strategy, restarts, Path(tmp), kill_every=every, kills=kills, longer=longer, cluster=on)
     return {
@@ -281,21 +292,26 @@ def main() -> None:
         help=f"each replica on an emulated host of {CLUSTER_CPU} of a core, a spare host for the replacement "
         "(fault-tolerant strategies only; root); recorded in ft_cluster",
     )
+    parser.add_argument("--cold-spares", action="store_true", help="--cluster: no standby on the spare host")
     parser.add_argument("--out", default=None, help="results' path less its suffix (default: results/ft_recovery)")
     args = parser.parse_args()
     args.out = args.out or str(RESULTS / ("ft_cluster" if args.cluster else "ft_recovery"))
+    on = (["--cold-spares"] if args.cold_spares else []) if args.cluster else None
+    label = " (cold spare)" if args.cold_spares else ""
     models, strategies = args.models.split(","), args.strategies.split(",")
     rows, parts = [], args.parts.split(",")
     for model in models if "recovery" in parts else []:
         for strategy in strategies:
-            runs = [recovery(model, strategy, args.cluster) for _ in range(args.repeats)]
+            runs = [recovery(model, strategy, on) for _ in range(args.repeats)]
             median = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
-            rows.append({"kind": "recovery", "model": model, "strategy": strategy, "runs": runs, "median": median})
+            rows.append(
+                {"kind": "recovery", "model": model, "strategy": strategy + label, "runs": runs, "median": median}
+            )
             print(tables(rows[-1:], args.repeats, args.every, args.kills)[4], flush=True)  # its row
     for model in models if "throughput" in parts else []:
         for strategy in strategies:
-            kept = throughput_kept(model, strategy, args.every, args.kills, args.longer, args.cluster)
-            rows.append({"kind": "throughput", "model": model, "strategy": strategy, **kept})
+            kept = throughput_kept(model, strategy, args.every, args.kills, args.longer, on)
+            rows.append({"kind": "throughput", "model": model, "strategy": strategy + label, **kept})
             print(tables(rows[-1:], args.repeats, args.every, args.kills)[-1], flush=True)
     out = Path(args.out)
     if out.with_suffix(".json").exists():
@@ -309,7 +325,14 @@ def main() -> None:
             done = {(r["kind"], r["model"], r["strategy"]) for r in rows}
             rows = [r for r in earlier["rows"] if (r["kind"], r["model"], r["strategy"]) not in done] + rows
     order = {name: index for index, name in enumerate(STRATEGIES)}
-    rows.sort(key=lambda r: (r["kind"] != "recovery", list(MODELS).index(r["model"]), order[r["strategy"]]))
+    rows.sort(
+        key=lambda r: (
+            r["kind"] != "recovery",
+            list(MODELS).index(r["model"]),
+            order[r["strategy"].removesuffix(" (cold spare)")],
+            r["strategy"],
+        )
+    )
     record(
         out,
         {"rows": rows, "every": args.every, "kills": args.kills, "longer": args.longer},
