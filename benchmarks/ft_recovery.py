@@ -161,7 +161,10 @@ def _kill_hosts(errors: list[tuple[float, str]], every: float, kills: int) -> No
         for moved in map(re.compile(r"replica (\d+) on host\d+ lost .* on host(\d+)").search, lines):
             if moved:
                 where[int(moved.group(1))] = int(moved.group(2))
-        pids = (hosts[where[rng.choice(sorted(where))]] / "cgroup.procs").read_text().split()
+        try:
+            pids = (hosts[where[rng.choice(sorted(where))]] / "cgroup.procs").read_text().split()
+        except (IndexError, OSError):  # the run is over: its hosts are gone
+            return
         for pid in pids:
             try:
                 os.kill(int(pid), signal.SIGKILL)
@@ -243,8 +246,11 @@ def tables(
     where = (
         [f"On emulated hosts (`paratrain cluster run`): each replica on a host of its own at {CLUSTER_CPU} of a core "
          "(a pipeline's or a sharded replica's 2 processes on one host), one spare host that the lost replica starts "
-         "again on; the kill takes a whole host (host 1, once the run has finished step K; in the second table a "
-         "random host that runs anything), which then stands by again. This machine has 2 cores.", ""]
+         "again on (its standby takes the lost replica's place; `(cold spare)`: a new job starts there). A kill "
+         "takes a whole host: host 1 once the run has finished step K (the step it lands at may be a few later), "
+         "and in the second table the host of a random replica, which then stands by again. Each recovery run is "
+         "the model's epochs (4x with cold spares); the restart rows are the local benchmark's (ft_recovery.md). "
+         "This machine has 2 cores.", ""]
         if cluster
         else []
     )  # fmt: skip
@@ -261,10 +267,11 @@ def tables(
                      f"{rejoin} |")  # fmt: skip
     lines += ["", "Medians of the runs (their lowest and highest in brackets). A step before: the median interval "
               "of the 20 logged steps before the kill (a step's own time, which the first step after includes). "
-              f"The restart's checkpoints: every {MODELS['mlp'][3]} steps (mlp), "
-              f"{MODELS['cifar_cnn'][3]} (cifar_cnn). Pipelines: 2 replicas of 2 stages (4 processes); `--fail 1@K` "
-              "kills both stages of replica 1.", "",
-              f"# Throughput kept: a random replica process killed every {every:g} s, {kills} times "
+              + ("" if cluster else f"The restart's checkpoints: every {MODELS['mlp'][3]} steps (mlp), "
+                 f"{MODELS['cifar_cnn'][3]} (cifar_cnn). ")
+              + "Pipelines: 2 replicas of 2 stages (4 processes); `--fail 1@K` kills both stages of replica 1.", "",
+              f"# Throughput kept: {'the host of a random replica' if cluster else 'a random replica process'} "
+              f"killed every {every:g} s, {kills} times "
               f"(runs of {longer}x the model's epochs)", "",
               "| model | strategy | undisturbed s | disturbed s | kept | losses | test accuracy (undisturbed) |",
               "| --- | --- | ---: | ---: | ---: | ---: | --- |"]  # fmt: skip

@@ -50,6 +50,21 @@ def flag_value(argv: list[str], flag: str) -> str | None:
     return found
 
 
+def flag_number(argv: list[str], flag: str, default: float) -> float:
+    """``flag``'s value in ``argv`` as a positive number (``default`` where it is absent); a
+    ConfigError naming it otherwise."""
+    text = flag_value(argv, flag)
+    if text is None:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise ConfigError(f"{flag} {text}: expected a number > 0")
+    return value
+
+
 def is_fault_tolerant(command: list[str]) -> bool:
     """Whether ``command`` (what torchrun runs: ``-m paratrain train ...``) is a
     fault-tolerant run, by the strategy its command line names."""
@@ -73,6 +88,8 @@ def replicas_command(command: list[str], hosts: int, spares: int, procs: int) ->
         )
     if flag_value(command, "--lighthouse") is not None:
         raise ConfigError("--lighthouse: paratrain cluster run hosts the run's Lighthouse itself; leave it out")
+    for flag in ("--replica-heartbeat-timeout", "--timeout", "--min-replicas"):  # what the head node takes
+        flag_number(command, flag, 1.0)
     return (command if workers else [*command, "--workers", str(replicas * procs)]), replicas
 
 
@@ -89,11 +106,11 @@ class HeadNode:
         from torchft.coordination import LighthouseServer
 
         self.address = address
-        heartbeat = float(flag_value(command, "--replica-heartbeat-timeout") or HEARTBEAT_TIMEOUT)
-        timeout = float(flag_value(command, "--timeout") or 60.0)
+        heartbeat = flag_number(command, "--replica-heartbeat-timeout", HEARTBEAT_TIMEOUT)
+        timeout = flag_number(command, "--timeout", 60.0)
         self.lighthouse = LighthouseServer(
             bind=f"{address}:0",
-            min_replicas=int(flag_value(command, "--min-replicas") or 1),
+            min_replicas=int(flag_number(command, "--min-replicas", 1)),
             join_timeout_ms=1000,
             quorum_tick_ms=20,
             heartbeat_timeout_ms=int(heartbeat * 1000),

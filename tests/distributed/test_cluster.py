@@ -243,6 +243,8 @@ def test_without_root_it_is_one_line_and_exit_2():
           "--workers", "3"], "--workers 3: 3 hosts less 1 spare run 2 replicas"),
         (["--hosts", "2", "--", "paratrain", "train", "--strategy", "local-sgd-ft", "--lighthouse", "http://x:1"],
          "hosts the run's Lighthouse itself"),
+        (["--hosts", "2", "--", "paratrain", "train", "--strategy", "allreduce-ft", "--replica-heartbeat-timeout",
+          "soon"], "--replica-heartbeat-timeout soon: expected a number > 0"),
         (["--hosts", "2", "--cold-spares", "--", "paratrain", "train", "--strategy", "allreduce-ft"],
          "--cold-spares says how --spares hosts stand by"),
     ],
