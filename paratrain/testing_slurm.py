@@ -118,9 +118,8 @@ class LocalSlurm:
         conf = folder / "slurm.conf"
         if self.hosts is None:
             controller, nodes = "127.0.0.1", [f"NodeName={self.host} NodeAddr=127.0.0.1 CPUs={CPUS} State=UNKNOWN"]
-        else:  # the controller on the hosts' bridge, a node on each host
-            controller = f"198.18.{self.hosts.id}.254"
-            subprocess.run(["ip", "addr", "add", f"{controller}/24", "dev", self.hosts.bridge], check=True)
+        else:  # the controller on the hosts' bridge (the cluster's head address), a node on each host
+            controller = self.hosts.head_address
             named = list(zip(self.nodes, self.hosts.hosts))
             nodes = [f"NodeName={name} NodeAddr={h.address} CPUs={CPUS} State=UNKNOWN" for name, h in named]
             with HOSTS_FILE.open("a") as names:
@@ -156,13 +155,22 @@ class LocalSlurm:
         job waits about two minutes before it may start again (SLURM's begin time): here it
         may start at once."""
         deadline = time.monotonic() + timeout
+        ended: tuple[str, float] | None = None  # a final state, and when it was first seen
         while time.monotonic() < deadline:
             fields = self.job(job)
             state = fields.get("JobState", "")
             if state == "PENDING" and fields.get("Reason") == "BeginTime":
                 self.run("scontrol", "update", f"JobId={job}", "StartTime=now")
-            elif state and state not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED"):
-                return state
+            if state and state not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED"):
+                # A final state is one that holds for 2 s: a job that requeues itself as its
+                # batch script ends passes through states read between its two runs (a
+                # requeue test read FAILED once, in a loaded suite, after its stop at step 257).
+                if ended is None or ended[0] != state:
+                    ended = (state, time.monotonic())
+                elif time.monotonic() - ended[1] >= 2.0:
+                    return state
+            else:
+                ended = None
             time.sleep(0.5)
         fields = self.job(job)
         raise TimeoutError(
