@@ -13,10 +13,11 @@ from paratrain.errors import ConfigError
 from paratrain.launch.flags import add_train_arguments, train_config
 from paratrain.launch.local import run_locally
 from paratrain.launch.per_node import per_node_command
-from paratrain.launch.process import start_server
+from paratrain.launch.process import exit_now, start_server
 from paratrain.models import build_model
 from paratrain.registry import STRATEGIES
 from paratrain.strategies.base import DEFAULT_TIMEOUT_S
+from paratrain.strategies.fault_tolerant.config import FTConfig
 from paratrain.strategies.ps.joining import read_run
 from paratrain.train import job
 from paratrain.train.preemption import EXIT_STOPPED
@@ -69,6 +70,13 @@ def train_command(args: argparse.Namespace) -> int:
                 f"{config.checkpoint_dir}: run the same command with --resume to go on"
             )
         return EXIT_STOPPED
+    if cluster is not None and config.strategy in FTConfig.strategies:
+        # A fault-tolerant replica under torchrun keeps the quorum groups of its run, some
+        # with a collective abandoned on a vanished peer whose Gloo thread never ends:
+        # dropping such a group joins that thread, keeping it to the interpreter's end
+        # aborts the process after the run succeeded (docs/reliability.md, A clean exit).
+        # Its output written, it ends here, as the local launcher's replicas do.
+        exit_now(0)
     return 0
 
 

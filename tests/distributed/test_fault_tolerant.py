@@ -287,8 +287,8 @@ def test_a_replica_added_to_a_running_torchrun_job_takes_the_live_state(tmp_path
         lighthouse.kill()
         for j in jobs:
             j.kill()
-    for j, (_, err) in zip(jobs, results, strict=True):
-        assert j.returncode == 0, err[-3000:]
+    for j, (out, err) in zip(jobs, results, strict=True):
+        assert j.returncode == 0, out[-1500:] + err[-3000:]
     assert re.search(r"paratrain: worker 2 joined the run at step \d+ with a live peer.s state", results[2][1]), (
         results[2]
     )
