@@ -15,7 +15,7 @@ import pytest
 
 from paratrain.cluster.hosts import check_support, leftovers, remove_leftovers
 from paratrain.errors import ConfigError
-from tests.conftest import as_formed, assert_same_run, single_run
+from tests.conftest import assert_same_run, single_run
 
 pytestmark = pytest.mark.distributed
 
@@ -206,13 +206,13 @@ def test_a_fault_tolerant_replica_whose_host_dies_goes_on_on_a_spare_host(tmp_pa
     assert re.search(
         r"\[host2\] paratrain: worker 1 joined the run at step \d+ with a live peer's state", result.stdout
     )
-    spans = as_formed(json.loads(out.read_text())["participants"]["per_step"], 2)
+    spans = json.loads(out.read_text())["participants"]["per_step"]
     kill = int(re.search(r"fail host1 at step (\d+), ", result.stderr).group(1))
-    assert spans[0][2] == 2 and spans[0][1] >= kill >= 10 and spans[-1] == [spans[-1][0], 176, 2]
-    if spares == "cold":  # host 0 stepped alone while the replacement started
-        assert len(spans) == 3 and spans[1][2] == 1
-    else:  # a standby may be in before host 0's next quorum: then host 0 never steps alone
-        assert len(spans) in (1, 3) and all(p == 2 for _, _, p in spans[::2])
+    # Under load a replica may miss a quorum and heal at the next (every step still takes the
+    # whole global batch); the run ends with both replicas.
+    assert kill >= 10 and spans[-1][1:] == [176, 2]
+    if spares == "cold":  # host 0 stepped alone after the kill while the replacement started
+        assert any(p == 1 and last > kill for _, last, p in spans), spans
     assert_same_run(json.loads(out.read_text()), single_run(tmp_path, run, 64))
 
 
