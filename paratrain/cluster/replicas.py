@@ -34,9 +34,7 @@ from paratrain.cluster.hosts import EmulatedCluster, Host, threads_per_process
 from paratrain.errors import ConfigError
 from paratrain.session.incarnation import INCARNATION_ENV
 from paratrain.session.standby import STANDBY_ENV
-
-FAULT_TOLERANT = ("allreduce-ft", "pipeline-ft", "fsdp-ft", "local-sgd-ft", "diloco-ft")
-HEARTBEAT_TIMEOUT = 0.2  # the train command's own default (strategies/fault_tolerant/config.py)
+from paratrain.strategies.fault_tolerant.config import FTConfig
 
 
 def flag_value(argv: list[str], flag: str) -> str | None:
@@ -70,7 +68,7 @@ def is_fault_tolerant(command: list[str]) -> bool:
     fault-tolerant run, by the strategy its command line names."""
     if command[:3] != ["-m", "paratrain", "train"]:
         return False
-    return "--fault-tolerant" in command or flag_value(command, "--strategy") in FAULT_TOLERANT
+    return "--fault-tolerant" in command or flag_value(command, "--strategy") in FTConfig.strategies
 
 
 def replicas_command(command: list[str], hosts: int, spares: int, procs: int) -> tuple[list[str], int]:
@@ -106,7 +104,7 @@ class HeadNode:
         from torchft.coordination import LighthouseServer
 
         self.address = address
-        heartbeat = flag_number(command, "--replica-heartbeat-timeout", HEARTBEAT_TIMEOUT)
+        heartbeat = flag_number(command, "--replica-heartbeat-timeout", FTConfig.replica_heartbeat_timeout)
         timeout = flag_number(command, "--timeout", 60.0)
         self.lighthouse = LighthouseServer(
             bind=f"{address}:0",
