@@ -4,12 +4,16 @@ throughput of the built-in gpt (tokens/s) and the CIFAR-10 CNN (examples/s) per 
     python benchmarks/gpu.py --parts overhead,throughput --out DIR [--quick]
 
 - ``overhead``: the same model, optimizer and batches from the same initial weights, one
-  side a hand-written loop (the data set on the GPU, a random permutation sliced into
+  side a hand-written loop (a random permutation of the data set on the GPU sliced into
   batches: forward, cross-entropy, backward, step), the other ``Trainer.fit`` under
-  ``single`` (which moves an in-memory data set to the GPU once per ``fit``). One untimed
-  round each, then ``--rounds`` rounds of three epochs alternating the sides (the order
-  flips every round), each timed between ``cuda.synchronize`` calls; the overhead is the
-  median over rounds of paratrain's time over the plain loop's. Target: <= 3%.
+  ``single``. One untimed round each, then ``--rounds`` rounds of three epochs alternating
+  the sides (the order flips every round). Steady state: each epoch timed between drained
+  GPUs (a loop reads its epoch's loss at the end); the overhead is the median over rounds
+  of paratrain's epochs over the plain loop's. Target: <= 3%. Per round: each side's
+  whole round, which for paratrain is a ``fit`` call (its set-up and the data set's move to
+  the GPU) and for the plain loop moves its data set to the GPU too. ``--profile`` adds
+  CUDA kernels and launches per step of each side (torch.profiler) and prints a host
+  profile of one paratrain round.
 - ``throughput``: whole ``paratrain train`` runs (``run_locally``, as the command starts
   them), each strategy at its settings below on the one GPU (processes beyond the first
   share it over Gloo); the metrics file's training throughput (evaluation and start-up
@@ -88,6 +92,37 @@ def _plain_epoch(model, optimizer, x, y, batch, device, generator) -> None:
         optimizer.step()
 
 
+class _EpochClock(paratrain.Callback):
+    """Each epoch's time in a ``fit``, the GPU drained at both ends (the loop reads the
+    epoch's losses at its end, which waits for the GPU anyway)."""
+
+    def __init__(self, device: torch.device):
+        self.device, self.seconds, self._start = device, [], 0.0
+
+    def on_epoch_begin(self, epoch: int, logs: dict[str, Any]) -> None:
+        synchronize(self.device)
+        self._start = time.perf_counter()
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any]) -> None:
+        synchronize(self.device)
+        self.seconds.append(time.perf_counter() - self._start)
+
+
+def _kernels_per_step(run: Any, steps: int) -> dict[str, float]:
+    """CUDA kernels launched and host operators called per step over one round of ``run``
+    (torch.profiler): the two sides should launch the same kernels."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as trace:
+        run()
+    events = trace.key_averages()
+    kernels = sum(e.count for e in events if e.device_type == torch.autograd.DeviceType.CUDA)
+    launches = sum(e.count for e in events if e.key in ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC"))
+    top = sorted(events, key=lambda e: -e.count)[:12]
+    print(f"{steps} steps: " + ", ".join(f"{e.key} {e.count}" for e in top), flush=True)
+    return {"kernels_per_step": kernels / steps, "launches_per_step": launches / steps}
+
+
 def overhead(
     name: str,
     settings: dict[str, Any],
@@ -98,7 +133,10 @@ def overhead(
     per_round: int = 3,
     profile: bool = False,
 ) -> dict[str, Any]:
-    """Median over rounds of paratrain single's epoch time over the plain loop's."""
+    """paratrain single's time per step over the plain loop's, in steady state (epochs
+    inside a round, each bracketed by a drained GPU) and per round (a ``fit`` call, its
+    fixed costs counted: the data set's move to the GPU, set-up, each epoch's loss
+    reduction; the plain loop moves its data set in its round too)."""
     config = TrainConfig(**settings, batch_size=batch)
     splits = load_dataset(config)
     x, y = splits.train[: min(examples, len(splits.train))]
@@ -113,6 +151,7 @@ def overhead(
     plain_model = fresh().to(device)
     plain_optimizer = torch.optim.AdamW(plain_model.parameters(), lr=1e-3)
     model = fresh()
+    clock = _EpochClock(device)
     trainer = paratrain.Trainer(
         model,
         "cross_entropy",
@@ -121,14 +160,17 @@ def overhead(
         strategy=paratrain.SingleDeviceStrategy(device=device.type),
     )
     generator = torch.Generator().manual_seed(0)
-    x_there, y_there = x.to(device), y.to(device)
+    plain_epochs: list[float] = []
 
     def plain() -> float:
         synchronize(device)
         start = time.perf_counter()
+        x_there, y_there = x.to(device), y.to(device)
         for _ in range(per_round):
+            began = time.perf_counter()
             _plain_epoch(plain_model, plain_optimizer, x_there, y_there, batch, device, generator)
-        synchronize(device)
+            synchronize(device)
+            plain_epochs.append(time.perf_counter() - began)
         return time.perf_counter() - start
 
     data, epochs = TensorDataset(x, y), [0]
@@ -137,35 +179,45 @@ def overhead(
         epochs[0] += per_round  # fit(epochs=N) trains on up to epoch N, as Keras's does
         synchronize(device)
         start = time.perf_counter()
-        trainer.fit(data, epochs=epochs[0], batch_size=batch, verbose=0, log_every=0)  # the data set moves once
+        trainer.fit(data, epochs=epochs[0], batch_size=batch, verbose=0, log_every=0, callbacks=[clock])
         synchronize(device)
         return time.perf_counter() - start
 
     plain(), ours()  # warm-up: kernels chosen, memory pools grown
-    ratios, times = [], {"plain": [], "paratrain": []}
+    del plain_epochs[:], clock.seconds[:]
+    ratios, steady, times = [], [], {"plain": [], "paratrain": []}
     for r in range(rounds):
         pair = (("plain", plain), ("paratrain", ours)) if r % 2 == 0 else (("paratrain", ours), ("plain", plain))
         result = {side: fn() for side, fn in pair}
         for side, seconds in result.items():
             times[side].append(seconds)
         ratios.append(result["paratrain"] / result["plain"])
-    if profile:  # where paratrain's round spends its host time (printed, not recorded)
-        import cProfile
-        import pstats
-
-        profiler = cProfile.Profile()
-        profiler.runcall(ours)
-        pstats.Stats(profiler).sort_stats("tottime").print_stats(20)
-    steps = len(x) // batch * per_round
-    return {
+        steady.append(sum(clock.seconds[-per_round:]) / sum(plain_epochs[-per_round:]))
+    steps_per_epoch = len(x) // batch
+    steps = steps_per_epoch * per_round
+    row = {
         "model": name,
         "batch": batch,
         "steps_per_round": steps,
-        "plain_step_ms": 1000 * statistics.median(times["plain"]) / steps,
-        "paratrain_step_ms": 1000 * statistics.median(times["paratrain"]) / steps,
-        "overhead": statistics.median(ratios) - 1.0,
+        "plain_step_ms": 1000 * statistics.median(plain_epochs) / steps_per_epoch,
+        "paratrain_step_ms": 1000 * statistics.median(clock.seconds) / steps_per_epoch,
+        "overhead": statistics.median(steady) - 1.0,
+        "steady_ratios": steady,
+        "plain_round_ms": 1000 * statistics.median(times["plain"]),
+        "paratrain_round_ms": 1000 * statistics.median(times["paratrain"]),
+        "round_overhead": statistics.median(ratios) - 1.0,
         "ratios": ratios,
     }
+    if profile:  # where each side spends its host time (kernels recorded; the host profile printed)
+        import cProfile
+        import pstats
+
+        row["plain_profile"] = _kernels_per_step(plain, steps)
+        row["paratrain_profile"] = _kernels_per_step(ours, steps)
+        profiler = cProfile.Profile()
+        profiler.runcall(ours)
+        pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
+    return row
 
 
 def throughput(
@@ -200,10 +252,11 @@ def _table(title: str, header: str, rows: list[str]) -> list[str]:
 
 def _overhead_row(r: dict[str, Any]) -> str:
     if "error" in r:
-        return f"| {r['model']} | | | | {r['error']} |"
+        return f"| {r['model']} | | | | {r['error']} | | | |"
     return (
         f"| {r['model']} | {r['batch']} | {r['plain_step_ms']:.2f} | {r['paratrain_step_ms']:.2f} | "
-        f"{100 * r['overhead']:+.1f}% |"
+        f"{100 * r['overhead']:+.1f}% | {r['plain_round_ms']:.0f} | {r['paratrain_round_ms']:.0f} | "
+        f"{100 * r['round_overhead']:+.1f}% |"
     )
 
 
@@ -217,7 +270,10 @@ def _throughput_row(r: dict[str, Any]) -> str:
 def markdown(document: dict[str, Any]) -> str:
     lines = [f"# paratrain on one GPU ({document['settings']['device_name']})", ""]
     if document.get("overhead"):
-        header = "| model | batch | plain ms/step | paratrain ms/step | overhead |"
+        header = (
+            "| model | batch | plain ms/step | paratrain ms/step | overhead (steady) "
+            "| plain ms/round | paratrain ms/round | overhead (round) |"
+        )
         lines += _table("single against a plain PyTorch loop", header, [_overhead_row(r) for r in document["overhead"]])
     if document.get("throughput"):
         header = "| model | strategy | global batch | examples/s | tokens/s |"

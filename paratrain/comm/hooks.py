@@ -41,6 +41,33 @@ from paratrain.comm.error_feedback import ErrorFeedback
 Future = torch.futures.Future[torch.Tensor]
 
 
+class _CudaOfTheBucket:
+    """``torch.cuda`` as PyTorch's ``powerSGD_hook`` sees it. The hook synchronises its
+    bucket's device whenever CUDA is available, also when the bucket is in host memory (a
+    model trained on the CPU of a machine with a GPU), where ``torch.cuda.synchronize``
+    raises "Expected a cuda device, but got: cpu". Here it synchronises CUDA devices only."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(torch.cuda, name)
+
+    @staticmethod
+    def synchronize(device: Any = None) -> None:
+        if device is None or torch.device(device).type == "cuda":
+            torch.cuda.synchronize(device)
+
+
+class _TorchOfTheHook:
+    """``torch`` for that module, its ``cuda`` replaced (everything else is torch's own)."""
+
+    cuda = _CudaOfTheBucket()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(torch, name)
+
+
+torch_powersgd.torch = _TorchOfTheHook()
+
+
 class CommHook:
     """A DDP communication hook with explicit state and an exact byte counter.
 
