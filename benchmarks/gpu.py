@@ -284,6 +284,7 @@ def markdown(document: dict[str, Any]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--parts", default="overhead,throughput")
+    parser.add_argument("--models", default="gpt,cifar_cnn", help="the overhead part's models")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--profile", action="store_true", help="print a cProfile of one paratrain round per model")
@@ -311,6 +312,8 @@ def main() -> None:
     if "overhead" in parts:
         document["overhead"] = []
         for name, settings, batch in (("gpt", gpt, 32), ("cifar_cnn", cnn, 128)):
+            if name not in args.models.split(","):
+                continue
             try:
                 document["overhead"].append(
                     overhead(

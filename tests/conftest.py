@@ -256,3 +256,17 @@ def power_cut_run(flags: list[str], folder: Path, parts: list[str], steps: int) 
     manifests = [json.loads((d / "manifest.json").read_text()) for d in sorted(folder.glob("ckpt-*"))]
     assert manifests and all(sorted(m["parts"]) == parts for m in manifests)
     return metrics
+
+
+def needs_torch(release: tuple[int, int], what: str):
+    """Skips a test on a PyTorch older than ``release`` (paratrain refuses ``what`` there:
+    paratrain/versions.py)."""
+    from paratrain.versions import torch_release
+
+    wanted = f"{release[0]}.{release[1]}"
+    return pytest.mark.skipif(torch_release() < release, reason=f"{what} needs PyTorch {wanted} or newer")
+
+
+PACKED_TP = needs_torch((2, 12), "tensor parallelism of packed projections")
+SEQUENCE_PACKED_TP = needs_torch((2, 13), "tensor parallelism of packed projections with --sequence-parallel")
+TRACED_PIPELINE = needs_torch((2, 13), "a pipeline of a traced model")

@@ -54,6 +54,7 @@ from paratrain.errors import ConfigError
 from paratrain.parallel.sequence import POSITIONS, split_positions
 from paratrain.parallel.sequence import on_positions as on_positions_of
 from paratrain.parallel.vocabulary import logits_out
+from paratrain.versions import require_torch
 
 STYLES = ("colwise", "colwise:K", "colwise_rep", "rowwise", "heads", "sequence", "split_sequence", "replicate")
 
@@ -191,6 +192,12 @@ def parallelize(model: nn.Module, mesh: DeviceMesh, plan: dict[str, str], sequen
     chosen = planned(model, plan, size)
     on_positions = {name: style for name, style in chosen.items() if style.kind in SEQUENCE_STYLES}
     chosen = split_only(chosen)
+    packed = [name for name, style in chosen.items() if style.packed > 1]
+    if packed:
+        with_sequence = " with --sequence-parallel" if sequence else ""
+        require_torch(
+            (2, 13) if sequence else (2, 12), f"tensor parallelism of packed projections ({packed[0]}){with_sequence}"
+        )
     if sequence and not any(style.kind == "split_sequence" for style in on_positions.values()):
         raise ConfigError(
             f"--sequence-parallel: the plan of {type(model).__name__} names no module whose output to split by "

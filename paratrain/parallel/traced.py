@@ -21,6 +21,7 @@ from torch import nn
 from paratrain.errors import ConfigError
 from paratrain.parallel.shared import SplitStage, split_stage
 from paratrain.parallel.split import balanced_bounds, parameter_costs
+from paratrain.versions import require_torch
 
 #: The user's model inside the traced wrapper: its names in the stages start with this.
 PREFIX = "model."
@@ -111,6 +112,7 @@ def trace(
     (``train``: dropout on; else as ``model.eval()``), whatever ``.train()`` says later."""
     from torch.distributed.pipelining import SplitPoint, pipeline
 
+    require_torch((2, 13), f"a pipeline of {type(model).__name__} (traced: not a sequence of layers)")
     split = {PREFIX + name: SplitPoint.BEGINNING for name in names}
     was = model.training
     # pipeline() wraps each split module's forward in place and leaves it so: put back as it

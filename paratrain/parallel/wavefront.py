@@ -96,6 +96,17 @@ class WavefrontStage:
     _leaf: torch.Tensor | None = None  # the same, detached: the chunks are its slices
 
     @property
+    def device(self) -> torch.device:
+        """Where the layer computes."""
+        return self.layer.weight_ih_l0.device
+
+    @property
+    def wire(self) -> torch.device:
+        """Where what crosses between stages is sent from and received into: the GPU under
+        NCCL; host memory under Gloo, whose send and receive take CPU tensors only."""
+        return self.device if dist.get_backend(self.group) == "nccl" else torch.device("cpu")
+
+    @property
     def num_stages(self) -> int:
         return len(self.ranks)
 
@@ -124,24 +135,24 @@ class WavefrontStage:
             self._made = inputs if inputs.requires_grad else None
             inputs = inputs.detach().requires_grad_(self._made is not None)
             self._leaf = inputs
-        hidden = self.layer.hidden_size
-        zeros = torch.zeros(1, batch, hidden)
+        hidden, device, wire = self.layer.hidden_size, self.device, self.wire
+        zeros = torch.zeros(1, batch, hidden, device=device)
         state = (zeros, zeros)
         outputs = []
         for start, stop in self.bounds(length):
             if self.is_first:
                 x = inputs[:, start:stop]
             else:
-                x = torch.empty(batch, stop - start, self.layer.input_size)
+                x = torch.empty(batch, stop - start, self.layer.input_size, device=wire)
                 dist.recv(x, src=self.ranks[self.stage - 1], group=self.group)
-                x.requires_grad_(True)
+                x = x.to(device).requires_grad_(True)
             h0, c0 = (s.detach().requires_grad_(True) for s in state)
             began = time.perf_counter()
             out, final = self.layer(x, (h0, c0))
             self.busy_seconds += time.perf_counter() - began
             self._saved.append(_Chunk(x, (h0, c0), out, final))
             if not self.is_last:
-                self._send(out.detach().contiguous(), self.ranks[self.stage + 1])
+                self._send(out.detach().to(wire).contiguous(), self.ranks[self.stage + 1])
             outputs.append(out)
             state = final
         return torch.cat(outputs, dim=1) if self.is_last else None
@@ -159,8 +170,9 @@ class WavefrontStage:
             if self.is_last:
                 grad = grad_outputs[:, offset : offset + chunk.outputs.shape[1]]
             else:
-                grad = torch.empty(chunk.outputs.shape)
+                grad = torch.empty(chunk.outputs.shape, device=self.wire)
                 dist.recv(grad, src=self.ranks[self.stage + 1], group=self.group)
+                grad = grad.to(chunk.outputs.device)
             tensors, grads = [chunk.outputs], [grad]
             if grad_state is not None:
                 tensors += list(chunk.final)
@@ -170,7 +182,7 @@ class WavefrontStage:
             self.busy_seconds += time.perf_counter() - began
             grad_state = (chunk.state[0].grad, chunk.state[1].grad)
             if not self.is_first:
-                self._send(chunk.inputs.grad.contiguous(), self.ranks[self.stage - 1])
+                self._send(chunk.inputs.grad.to(self.wire).contiguous(), self.ranks[self.stage - 1])
         self._saved = []
         if self.is_first and self._made is not None and self._leaf.grad is not None:
             torch.autograd.backward(self._made, self._leaf.grad)

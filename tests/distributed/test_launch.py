@@ -111,10 +111,13 @@ def test_one_srun_task_per_node_starts_the_node_s_processes(tmp_path):
 
 def test_a_pytorchjob_s_four_variables_form_one_run(tmp_path):
     """What a Kubeflow PyTorchJob sets in each pod: MASTER_ADDR, MASTER_PORT, RANK and
-    WORLD_SIZE, nothing else (no LOCAL_RANK, no torchrun agent): one run of 2 workers."""
+    WORLD_SIZE, nothing else (no LOCAL_RANK, no torchrun agent): one run of 2 workers. Each
+    pod is a machine of its own, with a GPU of its own where there are GPUs: the two pods
+    emulated on one machine train on its CPU (on one GPU, both would take it for NCCL)."""
     out = tmp_path / "m.json"
     base = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": "2"}
-    outputs = _tasks([*TRAIN, "--metrics-out", str(out)], [{**base, "RANK": str(rank)} for rank in range(2)])
+    command = [*TRAIN, "--device", "cpu", "--metrics-out", str(out)]
+    outputs = _tasks(command, [{**base, "RANK": str(rank)} for rank in range(2)])
     assert sum("done:" in stdout for stdout, _ in outputs) == 1
     assert json.loads(out.read_text())["workers"] == 2
 

@@ -12,6 +12,7 @@ import torch
 
 import paratrain
 from paratrain.testing import relative_difference, run_distributed
+from tests.conftest import PACKED_TP, TRACED_PIPELINE
 from tests.distributed.test_tensor_loss import STEPS, B, gpt, sequences
 
 pytestmark = pytest.mark.distributed
@@ -51,6 +52,7 @@ def _split(held):
     return {name for name, (here, whole) in held.items() if 2 * here == whole}
 
 
+@PACKED_TP
 def test_the_builtin_gpt_in_2_stages_of_2_shards_equals_one_process_step_by_step():
     """Stage 0 holds the embeddings and block 0, stage 1 block 1 and the head, whose output
     layer is the token embedding's weight: each step's loss (on the last stage), the test loss
@@ -78,6 +80,7 @@ def test_the_builtin_gpt_in_2_stages_of_2_shards_equals_one_process_step_by_step
     assert relative_difference(single["whole"]["0.token.weight"], gpt()[0].token.weight.detach()) > 1e-3
 
 
+@PACKED_TP
 def test_clipping_takes_the_norm_over_every_stage_and_split_and_accumulation_the_whole_batch():
     """A clip norm below the gradient's (0.5: the clipped run ends elsewhere than the unclipped)
     scales every step: the norm must be the whole model's, each split part counted once, a
@@ -94,6 +97,7 @@ def test_clipping_takes_the_norm_over_every_stage_and_split_and_accumulation_the
         assert run["test"] == pytest.approx(single["test"], rel=1e-5)
 
 
+@TRACED_PIPELINE
 def test_a_gpt2_traced_into_2_stages_of_2_shards_equals_one_process():
     """transformers' GPT-2 (fused query-key-value, head counts in attributes, its own loss on
     dict batches, lm_head tied to wte) traced into stages with its split shapes: each step's
@@ -136,6 +140,7 @@ def _cli_gpt(cli, tmp_path, name, *flags, exit_code=0):
     return (json.loads(out.read_text()), result.stdout) if exit_code == 0 else (None, result.stderr)
 
 
+@PACKED_TP
 @pytest.mark.parametrize(("workers", "batch"), [(4, 8), (8, 16)], ids=["2x2", "2x2x2"])
 def test_the_builtin_gpt_from_the_command_line_equals_single(cli, tmp_path, workers, batch):
     """``pipeline --stages 2 --tensor-parallel 2``: on 4 processes the training and test loss of
@@ -155,6 +160,7 @@ def test_the_builtin_gpt_from_the_command_line_equals_single(cli, tmp_path, work
     assert mesh["tensor_parallel"] == 2 and mesh["workers"] == workers
 
 
+@PACKED_TP
 def test_a_3d_run_resumes_from_its_checkpoint_as_if_never_stopped(cli, tmp_path):
     """2 stages x 2 shards with AdamW (its moments split as the parameters): one epoch with
     --checkpoint-dir, then --resume to the second, ends where two epochs straight end; each

@@ -12,6 +12,7 @@ import torch
 import paratrain
 from paratrain.strategies.base import current_strategy
 from paratrain.testing import relative_difference, run_distributed
+from tests.conftest import TRACED_PIPELINE
 from tests.distributed.test_transformers import PROJECT, SEQ, STEPS, B, gpt2, optimizer_for, tokens
 
 pytestmark = pytest.mark.distributed
@@ -38,6 +39,7 @@ def _pipelined(schedule, replicas, optimizer):
     return _train(strategy, replicas, optimizer)
 
 
+@TRACED_PIPELINE
 @pytest.mark.parametrize(("schedule", "replicas"), [("1f1b", 2), ("gpipe", 1)])
 def test_a_gpt2_pipelined_in_two_stages_equals_one_process(schedule, replicas):
     """Stage 0 holds the embeddings and block 0, stage 1 block 1, the last norm and the
@@ -58,6 +60,7 @@ def test_a_gpt2_pipelined_in_two_stages_equals_one_process(schedule, replicas):
     assert relative_difference(reference["transformer.wte.weight"], gpt2().transformer.wte.weight.detach()) > 1e-3
 
 
+@TRACED_PIPELINE
 def test_a_gpt2_pipelined_with_adamw_trains_as_one_process():
     """AdamW divides by the root of each gradient's square: where a gradient is rounding noise
     (a key's bias, which softmax ignores) the noise takes whole steps, so the parameters are
@@ -68,6 +71,7 @@ def test_a_gpt2_pipelined_with_adamw_trains_as_one_process():
         assert history["test_loss"][0] == pytest.approx(single["test_loss"][0], rel=1e-4)
 
 
+@TRACED_PIPELINE
 def test_a_gpt2_trains_pipelined_from_the_command_line(cli, tmp_path):
     """--split-points names the block where stage 1 starts; the model's own loss learns to
     count on (from ln 64 = 4.16), the test loss over both stages."""
@@ -109,6 +113,7 @@ def _in_scope(replicas, optimizer):
     return _train(current_strategy(), replicas, optimizer)
 
 
+@TRACED_PIPELINE
 def test_a_gpt2_under_pipeline_ft_equals_one_process():
     """Two fault-tolerant pipeline replicas of two stages (torchft's Manager, a Lighthouse),
     each tracing the GPT-2 at its first batch before the first quorum and running half of
@@ -125,6 +130,7 @@ def test_a_gpt2_under_pipeline_ft_equals_one_process():
         assert history["test_loss"][0] == pytest.approx(single["test_loss"][0], rel=1e-5)
 
 
+@TRACED_PIPELINE
 def test_a_gpt2_pipeline_replica_lost_mid_run_is_replaced_and_the_run_learns(cli, tmp_path):
     """Replica 1's stages are killed after step 4 of 96: the survivor goes on, a replacement
     pair of stages traces the model at its first batch, takes each stage's state from the
@@ -161,6 +167,7 @@ def test_a_batch_with_padding_or_another_loss_is_refused():
         stage_loss(gpt2(), torch.nn.functional.cross_entropy, batch)
 
 
+@TRACED_PIPELINE
 def test_tracing_twice_leaves_the_model_as_it_was():
     """The tracer wraps the split modules' forward in place: a second trace (the evaluation
     graph) works, and the model runs its own forward again after."""

@@ -16,6 +16,7 @@ from paratrain.models.gpt import GPT
 from paratrain.models.gpt_config import GPTConfig
 from paratrain.testing import flat_parameters, relative_difference, run_distributed
 from paratrain.train.scores import cross_entropy_loss
+from tests.conftest import PACKED_TP
 
 pytestmark = pytest.mark.distributed
 
@@ -75,6 +76,7 @@ def _tensor(loss_parallel, loss, build=gpt, head=HEAD, data=None, metrics=("accu
     return _train(strategy, build, loss, head, data, metrics)
 
 
+@PACKED_TP
 @pytest.mark.parametrize(
     ("loss_parallel", "loss", "split"),
     [(True, "cross_entropy", True), (True, unmarked_loss, False), (False, "cross_entropy", False)],
@@ -111,6 +113,7 @@ def _logits_bytes(split):
     return B * SEQ * 3 * 4 * (2 * 1 / 2) if split else B * SEQ * VOCAB * 4 * (1 / 2)
 
 
+@PACKED_TP
 def test_a_gpt2_scored_by_its_own_loss_on_split_logits_equals_one_process():
     """transformers' GPT-2 (tied embedding, dict batches, its own loss: ForCausalLMLoss, which
     pads the shifted labels with -100 and calls F.cross_entropy on logits.view(-1, V)) on the

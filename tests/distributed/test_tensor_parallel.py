@@ -10,6 +10,7 @@ import torch
 
 import paratrain
 from paratrain.testing import flat_parameters, relative_difference, run_distributed
+from tests.conftest import PACKED_TP, SEQUENCE_PACKED_TP
 from tests.distributed.test_transformers import PROJECT, SEQ, STEPS, B, gpt2, optimizer_for, tokens
 
 pytestmark = pytest.mark.distributed
@@ -60,6 +61,7 @@ def _tensor(replicas, tensor, optimizer, build, clip=None, accumulate=1, precisi
     return _train(strategy, B // accumulate, optimizer, build, clip, accumulate, precision)
 
 
+@PACKED_TP
 def test_replicas_sharded_by_fsdp_train_as_the_mesh_of_whole_replicas():
     """A 2 x 2 mesh whose replicas shard their parts by FSDP2 (2-D): every step's loss on each
     replica equals that of the mesh whose replicas all-reduce (itself one process's run, the
@@ -74,6 +76,7 @@ def test_replicas_sharded_by_fsdp_train_as_the_mesh_of_whole_replicas():
     assert held["transformer.h.0.ln_1.weight"] == (32 // 2, 32)
 
 
+@PACKED_TP
 def test_accumulated_micro_batches_make_the_step_of_the_whole_batch():
     """--accumulate 2 on half batches: the gradient of the whole batch, so one process's
     parameters with the whole batch (1e-5)."""
@@ -82,6 +85,7 @@ def test_accumulated_micro_batches_make_the_step_of_the_whole_batch():
         assert relative_difference(params, reference) < 1e-5
 
 
+@PACKED_TP
 def test_bf16_trains_as_one_process_in_bf16_does():
     """Under bf16 autocast the split matmuls round differently from the whole ones (bf16 keeps
     8 bits: 3.9e-3 relative per product, averaged over the sums of a loss); each step's loss
@@ -91,6 +95,7 @@ def test_bf16_trains_as_one_process_in_bf16_does():
         assert losses == pytest.approx(single_losses, rel=1e-3)
 
 
+@PACKED_TP
 def test_clipping_takes_the_norm_over_every_split_as_one_process_does():
     """A clip norm below the gradient's (0.5; GPT-2's first gradients are near 3) scales every
     step: the norm must be the whole gradient's, each split counted once and the tied
@@ -100,6 +105,7 @@ def test_clipping_takes_the_norm_over_every_split_as_one_process_does():
         assert relative_difference(params, reference) < 1e-5
 
 
+@PACKED_TP
 @pytest.mark.parametrize(("replicas", "tensor"), [(1, 2), (2, 2)], ids=["2-way", "2x2-mesh"])
 def test_a_gpt2_split_by_tensor_parallelism_equals_one_process(replicas, tensor):
     """The final parameters (and with one replica every step's loss) equal one process of the global batch
@@ -147,6 +153,7 @@ def test_an_untied_llama_s_embedding_split_by_vocabulary_gets_the_gradient_of_on
         assert held["lm_head.weight"] == (64 * 32 // 2, 64 * 32)
 
 
+@SEQUENCE_PACKED_TP
 def test_the_builtin_gpt_on_a_mesh_equals_allreduce_from_the_command_line(cli, tmp_path):
     """--workers 4 --tensor-parallel 2: two replicas of two processes, the global batch of
     allreduce --workers 2 (2 x 16): the same test loss to the rounding of the sums; with
@@ -211,6 +218,7 @@ def test_options_of_tensor_parallelism_are_refused_by_other_strategies(cli):
     assert result.returncode == 2 and "--tensor-parallel" in result.stderr and "tensor" in result.stderr
 
 
+@PACKED_TP
 @pytest.mark.parametrize(
     ("before", "after"),
     [

@@ -16,7 +16,7 @@ import paratrain
 from paratrain.comm.transport import free_port
 from paratrain.strategies.base import current_strategy
 from paratrain.testing import flat_parameters, relative_difference, run_distributed
-from tests.conftest import REPO
+from tests.conftest import PACKED_TP, REPO, TRACED_PIPELINE
 
 pytestmark = pytest.mark.distributed
 transformers = pytest.importorskip("transformers")
@@ -187,8 +187,9 @@ def test_a_gpt2_and_its_dataset_train_from_the_command_line(cli, tmp_path):
 
 @pytest.mark.parametrize(
     "flags, processes",
-    [(["--strategy", "fsdp"], 2), (["--strategy", "ps-sync"], 3), (["--strategy", "pipeline"], 2),
-     (["--strategy", "tensor"], 2)],
+    [(["--strategy", "fsdp"], 2), (["--strategy", "ps-sync"], 3),
+     pytest.param(["--strategy", "pipeline"], 2, marks=TRACED_PIPELINE),
+     pytest.param(["--strategy", "tensor"], 2, marks=PACKED_TP)],
 )  # fmt: skip
 def test_the_readme_gpt2_script_runs_under_torchrun(tmp_path, flags, processes):
     """The README's transformers script, verbatim: every process exits 0 and the workers
