@@ -19,7 +19,9 @@ def test_the_release_is_read_off_the_version(monkeypatch, version, release):
 def test_an_older_release_is_refused_with_what_needs_it(monkeypatch):
     monkeypatch.setattr(torch, "__version__", "2.11.0+cu130")
     versions.require_torch((2, 11), "anything")  # its own release is enough
-    with pytest.raises(ConfigError, match=r"^thing X needs PyTorch 2.12 or newer \(this is 2.11.0\+cu130; .*'torch>=2.12'$"):
+    with pytest.raises(
+        ConfigError, match=r"^thing X needs PyTorch 2.12 or newer \(this is 2.11.0\+cu130; .*'torch>=2.12'$"
+    ):
         versions.require_torch((2, 12), "thing X")
 
 
