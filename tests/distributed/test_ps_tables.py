@@ -218,7 +218,9 @@ def test_a_table_larger_than_a_worker_trains_without_any_worker_holding_it(cli, 
     builds the model with the table on the meta device, each shard makes its half of the
     rows, and the workers' peak resident memory is that of the same run on a table of a
     thousand rows (within 5% of the table): each worker holds only the rows of its batches.
-    On the CPU: a GPU's libraries alone put a worker past a third of the table."""
+    On the CPU (where a GPU is visible too: the workers' own memory is what is measured);
+    the base differs by build (a CUDA build of PyTorch maps 0.3 GB more libraries), so only
+    the difference is asserted."""
 
     def run(rows):
         out = tmp_path / f"{rows}.json"
@@ -236,7 +238,6 @@ def test_a_table_larger_than_a_worker_trains_without_any_worker_holding_it(cli, 
     assert sum(big["tables"]["bytes_per_shard"]) == table
     rss, base = big["max_rss_bytes"], small["max_rss_bytes"]
     assert max(rss["workers"]) - max(base["workers"]) < 0.05 * table, (rss, base)
-    assert max(rss["workers"]) < table / 3, rss
     assert min(rss["shards"]) - max(base["shards"]) > table / 2 * 0.9, (rss, base)  # each shard holds its half
 
 

@@ -30,7 +30,11 @@ def llama(tied=True):
 
 
 def untied_llama():
-    return llama(tied=False)
+    """Its embedding split by vocabulary rows: transformers 5.24's own plan says so
+    (``embedding_rowwise``), 5.17's leaves it whole, so it is named here too."""
+    model = llama(tied=False)
+    model._tp_plan = {**model._tp_plan, "model.embed_tokens": "embedding_rowwise"}
+    return model
 
 
 def _train(strategy, batch_size, optimizer="sgd", build=gpt2, clip=None, accumulate=1, precision="fp32"):

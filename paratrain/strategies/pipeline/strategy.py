@@ -205,6 +205,7 @@ class PipelineStrategy(Strategy):
         model = self.recipe.prepare_model(model)
         if self.schedule_name == "wavefront":
             self._wave = WavefrontSchedule.of(self, model)
+            self._wave.module.to(self.device)  # the stage's parameters, in place: the optimizer's own
             self._module, self._optimizer, self._whole = self._wave.module, self._wave.keep(optimizer), model
             return self._module, optimizer
         self._pending = (model, optimizer)
