@@ -139,11 +139,21 @@ class TrainConfig:
         "none; blocks (every transformer block, or every layer of an nn.Sequential, recomputes its activations "
         "in the backward pass instead of keeping them); every-K (every K-th block)",
     )
+    pool_before_relu: bool = option(
+        True,
+        "a ReLU followed by a max-pooling in an nn.Sequential pools first (the same values and gradients, a "
+        "quarter of the ReLU's work)",
+    )
     compile: bool = option(False, "torch.compile the model (a slower first step while it compiles)")
     keep_host_memory: bool = option(
         True,
         "keep memory freed by CPU tensors in the process for the next step's (glibc malloc's trim and mmap "
         "thresholds raised; faster CPU steps, resident memory stays at its peak)",
+    )
+    flush_denormal: bool = option(
+        True,
+        "CPU arithmetic flushes denormal numbers (below 1.2e-38) to zero, as TensorFlow's does (a gradient "
+        "fading through a long recurrence otherwise takes the processor's slow path)",
     )
     lr_schedule: str = option("constant", "learning-rate schedule", choices=SCHEDULES)
     lr_decay_rate: float = option(0.1, "exponential schedule: factor applied every --lr-decay-steps")

@@ -106,6 +106,12 @@ def run_entry(fn: Callable[..., Any], *args: Any) -> Any:
     blocked in a receive that would hold up a normal interpreter shutdown.
     """
     die_with_parent()
+    # Denormal numbers flushed to zero from the start, as TensorFlow's processes do: threads
+    # inherit the setting from the one that starts them, so the compute threads this process
+    # starts later have it too (the Trainer's flush_denormal sets it for its own thread).
+    import torch  # here: the launcher itself never needs it
+
+    torch.set_flush_denormal(True)
     try:
         result = fn(*args)
         leave_all()  # the runs fn joined and did not leave: os._exit runs no exit handler

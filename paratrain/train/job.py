@@ -34,6 +34,8 @@ from paratrain.usercode import first_example
 
 
 def run(config: TrainConfig) -> dict[str, Any]:
+    # Before any computation, so that the compute threads started later inherit it.
+    torch.set_flush_denormal(config.flush_denormal)
     # A warm spare (session/standby.py) loads what the run imports, then becomes a replica's
     # replacement here.
     take_assignment(lambda: _warm_up(config))
@@ -111,8 +113,10 @@ def _run(config: TrainConfig, strategy: Any, started: float) -> dict[str, Any]:
         clip_grad_norm=config.clip_grad_norm,
         channels_last=config.channels_last,  # None: the Trainer's rule (recipe.prefers_channels_last)
         activation_checkpointing=config.activation_checkpointing,
+        pool_before_relu=config.pool_before_relu,
         compile=config.compile,
         keep_host_memory=config.keep_host_memory,
+        flush_denormal=config.flush_denormal,
     )
     steps_per_epoch = _steps_per_epoch(splits.train, config.batch_size * config.accumulate, strategy.num_replicas)
     schedule = SCHEDULES.get(config.lr_schedule).from_config(config, steps_per_epoch)

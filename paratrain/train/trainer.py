@@ -71,19 +71,27 @@ class Trainer:
         clip_grad_norm: float | None = None,
         channels_last: bool | None = None,
         activation_checkpointing: str = "none",
+        pool_before_relu: bool = True,
         compile: bool = False,
         keep_host_memory: bool = True,
+        flush_denormal: bool = True,
     ):
         """``loss``: a name (``scores.LOSSES``), a callable ``(outputs, targets)``, or None:
         cross-entropy, or the model's own loss where a batch is a dict alone; ``metrics``:
         names (``accuracy``, ``top5_accuracy``, ``mae``, ``mse``), callables, or a dict of them.
         ``precision``, ``accumulate``, ``clip_grad_norm``, ``channels_last`` (None: on for a
         conv net on the CPU where the strategy takes it, ``recipe.prefers_channels_last``),
-        ``activation_checkpointing``: how each step computes (``strategies/recipe.py``); ``compile``: ``torch.compile`` the prepared model;
+        ``activation_checkpointing``, ``pool_before_relu`` (a ReLU then a max-pooling in an
+        ``nn.Sequential`` pools first: the same step, faster; ``strategies/pool_relu.py``): how
+        each step computes (``strategies/recipe.py``); ``compile``: ``torch.compile`` the prepared model;
         ``keep_host_memory``: this process's malloc keeps freed memory for the next step's
-        tensors (``launch/allocator.py``)."""
+        tensors (``launch/allocator.py``); ``flush_denormal``: this process's CPU arithmetic
+        flushes denormal numbers (below 1.2e-38 in float32) to zero, as TensorFlow's does
+        (``torch.set_flush_denormal``): a gradient that fades through a long recurrence
+        otherwise runs through the processor's slow path for them."""
         if keep_host_memory:
             keep_freed_memory()
+        torch.set_flush_denormal(flush_denormal)
         self.metric_fns = resolve_metrics(metrics)
         loss = resolve_loss(loss)
         if optimizer is None:
@@ -93,7 +101,9 @@ class Trainer:
         if channels_last is None:
             self.strategy.setup()  # its device decides
             channels_last = prefers_channels_last(model, self.strategy.device) and self.strategy.takes_channels_last
-        self.recipe = StepRecipe(precision, accumulate, clip_grad_norm, channels_last, activation_checkpointing)
+        self.recipe = StepRecipe(
+            precision, accumulate, clip_grad_norm, channels_last, activation_checkpointing, pool_before_relu
+        )
         self.loss_fn = loss
         self.metrics = tuple(self.metric_fns)
         try:  # DDP's first broadcast: a peer gone already is named like one lost mid-run

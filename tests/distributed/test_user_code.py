@@ -226,3 +226,30 @@ def test_a_group_destroyed_right_after_a_collective_does_not_hang():
         [sys.executable, "-c", DESTROY_RIGHT_AFTER_A_COLLECTIVE], capture_output=True, text=True, timeout=90
     )
     assert result.returncode == 0 and result.stdout.strip() == "done", result.stderr[-3000:]
+
+
+CONV_NET = """
+from torch import nn
+
+
+def model(spec=None):
+    return nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Flatten(),
+                         nn.Linear(16 * 4 * 4, 10))
+"""
+
+
+def test_a_user_conv_net_pools_before_its_relu_and_trains_exactly_as_written(cli, tmp_path):
+    """--pool-before-relu (the default) on a user's nn.Sequential under allreduce: every
+    epoch's losses equal those of --no-pool-before-relu exactly (the rewrite is exact)."""
+    (tmp_path / "convnet.py").write_text(CONV_NET)
+    runs = {}
+    for flag in ("--pool-before-relu", "--no-pool-before-relu"):
+        out = tmp_path / f"{flag}.json"
+        result = cli("train", "--model", "convnet:model", "--strategy", "allreduce", "--workers", "2",
+                     "--epochs", "2", "--no-progress", flag, "--metrics-out", str(out), cwd=tmp_path)  # fmt: skip
+        assert result.returncode == 0, result.stderr[-3000:]
+        runs[flag] = json.loads(out.read_text())
+    on, off = runs["--pool-before-relu"], runs["--no-pool-before-relu"]
+    assert on["config"]["pool_before_relu"] is True and off["config"]["pool_before_relu"] is False
+    assert [e["train_loss"] for e in on["history"]] == [e["train_loss"] for e in off["history"]]
+    assert on["test_loss"] == off["test_loss"] and on["test_accuracy"] > 0.8
