@@ -7,11 +7,11 @@ gradient is the same too: with the pooling first, the gradient goes to the windo
 largest input, through the ReLU's derivative there; with the ReLU first, to the window's
 largest ReLU output, which is that same input where it is positive, and zero (a ReLU
 derivative of zero) where the whole window is not. Ties resolve to the first position both
-ways. So a step is bit-for-bit the step of the model as written, only faster: the tutorial
-conv net's ReLUs and their gradients are a quarter of a CPU step (benchmarks/results/
-tensorflow_mirrored.md). The ReLU after the pooling runs in place (on the pooling's own
-output, which nothing else reads; a new module, so a ReLU the model uses elsewhere keeps
-its setting).
+ways. So a step is bit-for-bit the step of the model as written, only faster: a plain
+conv net's ReLUs and their gradients took a quarter of its CPU step (a profile on one
+core; benchmarks/tensorflow_mirrored.py's plain_cnn). The ReLU after the pooling runs in
+place (on the pooling's own output, which nothing else reads; a new module, so a ReLU the
+model uses elsewhere keeps its setting).
 
 Only ``nn.Sequential`` containers are rewritten (their order is their computation), and
 only pairs without hooks (a hook sees what its module computes, which would change).
