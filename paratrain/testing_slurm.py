@@ -162,12 +162,14 @@ class LocalSlurm:
             if state == "PENDING" and fields.get("Reason") == "BeginTime":
                 self.run("scontrol", "update", f"JobId={job}", "StartTime=now")
             if state and state not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED"):
-                # A final state is one that holds for 2 s: a job that requeues itself as its
-                # batch script ends passes through states read between its two runs (a
-                # requeue test read FAILED once, in a loaded suite, after its stop at step 257).
+                # A final state is one that holds: a job that requeues itself as its batch
+                # script ends passes through states read between its two runs (a requeue test
+                # read FAILED for more than 2 s in a loaded suite, after its stop at step 228).
+                # COMPLETED holds after 2 s, any other state after 10.
+                hold = 2.0 if state == "COMPLETED" else 10.0
                 if ended is None or ended[0] != state:
                     ended = (state, time.monotonic())
-                elif time.monotonic() - ended[1] >= 2.0:
+                elif time.monotonic() - ended[1] >= hold:
                     return state
             else:
                 ended = None
