@@ -229,6 +229,13 @@ def _url_host(host: str) -> str:
     return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
+def wire_device(device: torch.device | str, group: Any = None) -> torch.device:
+    """Where a tensor handed to ``group``'s collectives must be: ``device`` under NCCL;
+    host memory under Gloo (paratrain's own small messages, and what crosses pipeline
+    stages, whose sends and receives Gloo takes from the CPU only)."""
+    return torch.device(device) if dist.get_backend(group) == "nccl" else torch.device("cpu")
+
+
 def default_backend(device: torch.device, environ: dict[str, str] | None = None) -> str:
     """NCCL between GPUs where each process on this machine has a GPU of its own; Gloo on
     the CPU, and where processes share a GPU (NCCL refuses two ranks on one device; Gloo

@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from paratrain.comm.transport import wire_device
 from paratrain.errors import ConfigError
 
 
@@ -104,7 +105,7 @@ class WavefrontStage:
     def wire(self) -> torch.device:
         """Where what crosses between stages is sent from and received into: the GPU under
         NCCL; host memory under Gloo, whose send and receive take CPU tensors only."""
-        return self.device if dist.get_backend(self.group) == "nccl" else torch.device("cpu")
+        return wire_device(self.device, self.group)
 
     @property
     def num_stages(self) -> int:
@@ -163,6 +164,7 @@ class WavefrontStage:
         The layer's parameters (and, on the first stage, whatever made its inputs) gather
         their gradients."""
         self._wait_sends()
+        wire = self.wire
         grad_state: tuple[torch.Tensor, torch.Tensor] | None = None
         offset = sum(chunk.outputs.shape[1] for chunk in self._saved)
         for chunk in reversed(self._saved):
@@ -170,7 +172,7 @@ class WavefrontStage:
             if self.is_last:
                 grad = grad_outputs[:, offset : offset + chunk.outputs.shape[1]]
             else:
-                grad = torch.empty(chunk.outputs.shape, device=self.wire)
+                grad = torch.empty(chunk.outputs.shape, device=wire)
                 dist.recv(grad, src=self.ranks[self.stage + 1], group=self.group)
                 grad = grad.to(chunk.outputs.device)
             tensors, grads = [chunk.outputs], [grad]
@@ -182,7 +184,7 @@ class WavefrontStage:
             self.busy_seconds += time.perf_counter() - began
             grad_state = (chunk.state[0].grad, chunk.state[1].grad)
             if not self.is_first:
-                self._send(chunk.inputs.grad.to(self.wire).contiguous(), self.ranks[self.stage - 1])
+                self._send(chunk.inputs.grad.to(wire).contiguous(), self.ranks[self.stage - 1])
         self._saved = []
         if self.is_first and self._made is not None and self._leaf.grad is not None:
             torch.autograd.backward(self._made, self._leaf.grad)

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from paratrain.comm.transport import wire_device
 from paratrain.train.callbacks import Callback
 
 #: The signals that stop a run at an agreed step.
@@ -67,7 +68,7 @@ class StopOnSignal(Callback):
         # One sum: which signals came anywhere, and the first process's pace.
         shared = torch.tensor([float(self.sent == s) for s in SIGNALS] + [pace * (strategy.process_rank == 0)])
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            shared = shared.to(strategy.device if dist.get_backend() == "nccl" else "cpu")
+            shared = shared.to(wire_device(strategy.device))
             dist.all_reduce(shared)
         *sent, pace = shared.tolist()
         if step == PACE_STEP and pace > 0:

@@ -24,6 +24,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from paratrain.comm.transport import wire_device
 from paratrain.errors import ConfigError
 from paratrain.parallel.split import balanced_bounds, layer_costs
 
@@ -153,8 +154,7 @@ def agreed_bounds(
         costs = layer_costs([layer.to(device) for layer in layers], "time", micro)
         bounds = balanced_bounds(costs, num_stages)
         edges = torch.tensor([a for a, _ in bounds] + [bounds[-1][1]], dtype=torch.int64, device="cpu")
-    backend_device = device if dist.get_backend() == "nccl" else torch.device("cpu")
-    edges = edges.to(backend_device)
+    edges = edges.to(wire_device(device))
     dist.broadcast(edges, src=0)
     e = edges.cpu().tolist()
     return list(zip(e, e[1:]))

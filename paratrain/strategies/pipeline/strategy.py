@@ -28,7 +28,7 @@ from torch import nn
 from torch.optim import Optimizer
 
 from paratrain.comm.flat import mean_gradients
-from paratrain.comm.transport import cluster_from_env, default_backend
+from paratrain.comm.transport import cluster_from_env, default_backend, wire_device
 from paratrain.errors import ConfigError
 from paratrain.parallel.pipeline import forward_only, make_schedule, stage_module
 from paratrain.parallel.shared import SplitStage, split_stage
@@ -384,7 +384,7 @@ class PipelineStrategy(Strategy):
 
     def stats(self) -> dict[str, Any]:
         sent = torch.tensor([self._bytes_sent + (self._tensor.bytes if self._tensor else 0.0)], dtype=torch.float64)
-        sent = sent.to(self.device) if dist.get_backend() == "nccl" else sent
+        sent = sent.to(wire_device(self.device))
         dist.all_reduce(sent)
         staleness = staleness_summary({0: self._steps * self.num_replicas})
         return {"bytes_sent": int(sent.item()), "dropped_gradients": 0, "staleness": staleness}
