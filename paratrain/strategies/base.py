@@ -194,7 +194,7 @@ class Strategy:
         self.setup()
         token = _CURRENT.set(self)
         try:
-            with torch.device(self.device):
+            with _default_device(self.device):
                 yield self
         finally:
             _CURRENT.reset(token)
@@ -398,3 +398,12 @@ class Strategy:
 
 def _ignore(version: int) -> None:
     pass
+
+
+def _default_device(device: torch.device | str) -> contextlib.AbstractContextManager[Any]:
+    """``device`` as the default for tensors made without one; nothing where it already is.
+    A default device is a torch function mode: every torch call of the step would go through
+    Python to it (half of a small model's step on the CPU), for factory calls alone to read."""
+    if torch.device(device) == torch.get_default_device():
+        return contextlib.nullcontext()
+    return torch.device(device)

@@ -107,6 +107,20 @@ def test_scope_makes_the_trainer_use_the_strategy():
     assert paratrain.get_strategy() is not strategy
 
 
+def test_scope_sets_the_default_device_only_where_it_is_another():
+    """A default device is a torch function mode, which every torch call of a step goes
+    through in Python: the scope of a CPU strategy adds none where the CPU is the default,
+    and still makes the CPU the default where another device is."""
+    strategy = paratrain.SingleDeviceStrategy(device="cpu")
+    with strategy.scope():
+        assert torch._C._len_torch_function_stack() == 0
+        assert torch.zeros(1).device.type == "cpu"
+    with torch.device("meta"), strategy.scope():
+        assert torch.zeros(1).device.type == "cpu"
+    with torch.device("meta"):
+        assert torch.zeros(1).device.type == "meta"
+
+
 def test_trainer_rejects_unknown_names():
     model = torch.nn.Linear(4, 2)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
