@@ -8,6 +8,7 @@ and ``strategy.train_step`` are the same pieces this loop uses.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -30,6 +31,7 @@ from paratrain.train.faults import progress_beacon
 from paratrain.train.metrics import StepWindow
 from paratrain.train.rng import rng_state, set_rng_state
 from paratrain.train.scores import Score, resolve_loss, resolve_metrics
+from paratrain.train.step_device import StepDevice
 
 
 @dataclass
@@ -112,6 +114,9 @@ class Trainer:
             raise (self.strategy.diagnose(error, 0) or error) from None
         if compile:
             self.model = torch.compile(self.model)
+        # The default device over each step (step_device.py); a compiled step keeps it as it
+        # is (dropping it after the first step would compile the step again).
+        self._step_device = contextlib.nullcontext if compile else StepDevice(self._note)
         self.learning_rate = optimizer.param_groups[0]["lr"]
         self.global_step = 0
         self.epoch = 0
@@ -213,7 +218,8 @@ class Trainer:
                 self.batch = batch_index
                 hooks.on_batch_begin(self.global_step, {})
                 try:
-                    out = strategy.train_step(self.model, self.loss_fn, self.optimizer, inputs, targets)
+                    with self._step_device():
+                        out = strategy.train_step(self.model, self.loss_fn, self.optimizer, inputs, targets)
                 except RuntimeError as error:
                     raise (strategy.diagnose(error, self.global_step + 1) or error) from None
                 if out.position is not None:  # the run is further on (a fault-tolerant replica
@@ -261,6 +267,10 @@ class Trainer:
         strategy.finish(self.model)
         hooks.on_train_end({"history": self.history})
         return self.history
+
+    def _note(self, line: str) -> None:
+        if self.strategy.is_chief:
+            console.print(f"paratrain: {line}")
 
     def _report_skip(self, step: int, loss: torch.Tensor) -> None:
         if self.strategy.is_chief:
