@@ -15,7 +15,7 @@ that made one keeps the mode for every step, and the chief says once which call 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -41,12 +41,13 @@ class _Probe(TorchFunctionMode):
 
 
 class StepDevice:
-    """Wraps each training step of one fit (``with step_device():``)."""
+    """Wraps each training step of one fit (``with step_device():``); ``report`` takes the
+    line that says a step keeps the default device."""
 
-    def __init__(self, report: Any = None):
+    def __init__(self, report: Callable[[str], None]):
         self.needed: bool | None = None
         """Whether a step reads the default device; None until the first step under one."""
-        self.report = report or (lambda line: None)
+        self.report = report
 
     @contextlib.contextmanager
     def __call__(self) -> Iterator[None]:
