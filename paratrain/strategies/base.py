@@ -403,7 +403,8 @@ def _ignore(version: int) -> None:
 def _default_device(device: torch.device | str) -> contextlib.AbstractContextManager[Any]:
     """``device`` as the default for tensors made without one; nothing where it already is.
     A default device is a torch function mode: every torch call of the step would go through
-    Python to it (about a sixth of the mlp's step on the CPU), for factory calls alone to read."""
+    Python to it, for factory calls alone to read (the mlp's steps ran visibly faster
+    without it: benchmarks/tensorflow_mirrored.py)."""
     if torch.device(device) == torch.get_default_device():
         return contextlib.nullcontext()
     return torch.device(device)
