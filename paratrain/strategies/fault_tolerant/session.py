@@ -204,6 +204,7 @@ class FaultTolerantSession:
     def stop(self) -> None:
         self.watchdog.stop()
         self.membership.stop()
+        self._sigterm.uninstall()
 
     # ----- joining -----------------------------------------------------------------------
     def begin(self, trainer: FitLoop, group: Callable[[str], ReplicaGroup]) -> None:

@@ -396,4 +396,5 @@ class ParameterServerStrategy(Strategy):
             self._heartbeat = None
         if self.door is not None:
             self.door.close()  # the run is over: the file of its join token goes
+        self._sigterm.uninstall()
         super().teardown()
