@@ -47,7 +47,12 @@ class ReplicaState:
             parts = strategy.topology.checkpoint_parts() + (own_files or [])
             # The replicas beside the processes: where a replica is several processes
             # (tensor), a resume on another layout carries the data position by replicas.
-            meta = {**self.files.signature(), "replicas": strategy.num_replicas}
+            meta = {
+                **self.files.signature(),
+                "replicas": strategy.num_replicas,
+                "processes": strategy.topology.num_processes,
+                "batches_per_step": strategy.topology.batches_per_step,
+            }
             store.commit(step, parts, meta, self.files.timeout)
 
     def at_version(self, version: int) -> None:
@@ -67,8 +72,8 @@ class ReplicaState:
         reshards = strategy.reshards
         check_signature(folder, manifest, self.files.signature(), reshards)
         part, model_part = self.part, self.model_part
-        if reshards and part not in manifest["parts"]:  # a replica the saving run did not have
-            part = model_part = "rank-0"
+        if reshards and part not in manifest["parts"]:  # a process the saving run did not have
+            part = model_part = strategy.topology.checkpoint_part(0)
         device = strategy.device
         own = CheckpointStore.read_part(folder, part, manifest, map_location=device)
         saved_replicas, replicas = manifest.get("replicas", manifest.get("workers")), strategy.num_replicas
@@ -86,13 +91,17 @@ class ReplicaState:
             )
             self._load_model(folder, held, manifest)
         self.trainer.load_state_dict(own["trainer"])
-        if reshards and saved_replicas != replicas:
-            self.trainer.carry_position(int(saved_replicas), replicas)
-            if speaks:
-                console.print(
-                    f"paratrain: {folder} was written by {saved_replicas} replicas, this run has {replicas}: "
-                    f"the model is resharded and epoch {self.trainer.epoch + 1} goes on at batch {self.trainer.batch}"
-                )
+        saved_batches = int(manifest.get("batches_per_step", saved_replicas))
+        if reshards and saved_batches != strategy.topology.batches_per_step:
+            self.trainer.carry_position(saved_batches, strategy.topology.batches_per_step)
+        signature = self.files.signature()
+        if reshards and speaks and manifest.get("part_names", signature["part_names"]) != signature["part_names"]:
+            then = _layout(saved_replicas, manifest.get("processes", saved_replicas))
+            now = _now(replicas, strategy.topology.num_processes)
+            console.print(
+                f"paratrain: {folder} was written by {then}, this run has {now}: "
+                f"the model is resharded and epoch {self.trainer.epoch + 1} goes on at batch {self.trainer.batch}"
+            )
         self.files.restored(int(manifest["step"]), speaks)
         if speaks:
             console.print(f"paratrain: resumed from {folder} (step {self.files.restored_step})")
@@ -117,3 +126,14 @@ class ReplicaState:
             raise ConfigError(
                 f"checkpoint {folder} holds another model or optimizer ({str(error).splitlines()[0].strip()})"
             ) from None
+
+
+def _layout(replicas: Any, processes: Any) -> str:
+    """``2 replicas``, or ``1 replica of 4 processes`` where a replica is several."""
+    counted = f"{replicas} replica" + ("" if str(replicas) == "1" else "s")
+    return counted if str(processes) == str(replicas) else f"{counted} of {processes} processes"
+
+
+def _now(replicas: int, processes: int) -> str:
+    """``3``, or ``1 replica of 4 processes`` where a replica is several."""
+    return str(replicas) if processes == replicas else _layout(replicas, processes)

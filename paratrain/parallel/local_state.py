@@ -2,13 +2,16 @@
 process's own part: plain tensors in a process's checkpoint file (written and read with
 ``weights_only``), made DTensors again, placed as the live parameters are, when read back.
 
-This is the checkpoint of a layout that resumes on the same layout (a pipeline's stages
-split by tensor parallelism: each process writes its own stage's part); a layout that
-reshards on load goes through ``torch.distributed.checkpoint`` instead
-(strategies/sharded_files.py)."""
+This is what a process hands a peer of the same layout (a fault-tolerant replica's shard
+heals the same shard of a replacement) and the checkpoint of a layout that resumes on the
+same layout (a pipeline's stages split by tensor parallelism: each process writes its own
+stage's part); a layout that reshards on load goes through ``torch.distributed.checkpoint``
+instead (strategies/sharded_files.py), with the hooks set aside (``LocalParts.whole``)."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -16,18 +19,35 @@ from torch import nn
 from torch.distributed.tensor import DTensor
 
 
-def hold_local_parts(module: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+class LocalParts:
+    """The hooks of ``hold_local_parts``: on, except inside ``whole()``."""
+
+    def __init__(self) -> None:
+        self.on = True
+
+    @contextmanager
+    def whole(self) -> Iterator[None]:
+        """The state dicts as the module and optimizer give them (DTensors), for a while."""
+        self.on = False
+        try:
+            yield
+        finally:
+            self.on = True
+
+
+def hold_local_parts(module: nn.Module, optimizer: torch.optim.Optimizer) -> LocalParts:
     """Hooks on ``module`` and ``optimizer``: their state dicts give each DTensor's local
     part, and take a local part where the live state has a DTensor."""
     live = module.state_dict(keep_vars=True)
+    parts = LocalParts()
 
     def module_local(_module: nn.Module, state: dict[str, Any], prefix: str, _meta: Any) -> None:
-        if prefix == "":
+        if prefix == "" and parts.on:
             for key, value in state.items():
                 state[key] = _local(value)
 
     def module_placed(_module: nn.Module, state: dict[str, Any], prefix: str, *_: Any) -> None:
-        if prefix == "":
+        if prefix == "" and parts.on:
             for key, value in state.items():
                 if key in live:
                     state[key] = _placed(value, live[key])
@@ -35,11 +55,15 @@ def hold_local_parts(module: nn.Module, optimizer: torch.optim.Optimizer) -> Non
     module.register_state_dict_post_hook(module_local)
     module.register_load_state_dict_pre_hook(module_placed)
 
-    def optimizer_local(_optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> dict[str, Any]:
+    def optimizer_local(_optimizer: torch.optim.Optimizer, state: dict[str, Any]) -> dict[str, Any] | None:
+        if not parts.on:
+            return None
         held = {index: {k: _local(v) for k, v in values.items()} for index, values in state["state"].items()}
         return {**state, "state": held}
 
-    def optimizer_placed(opt: torch.optim.Optimizer, state: dict[str, Any]) -> dict[str, Any]:
+    def optimizer_placed(opt: torch.optim.Optimizer, state: dict[str, Any]) -> dict[str, Any] | None:
+        if not parts.on:
+            return None
         params = [p for group in opt.param_groups for p in group["params"]]
         indices = [i for group in state["param_groups"] for i in group["params"]]
         by_index = dict(zip(indices, params))
@@ -51,6 +75,7 @@ def hold_local_parts(module: nn.Module, optimizer: torch.optim.Optimizer) -> Non
 
     optimizer.register_state_dict_post_hook(optimizer_local)
     optimizer.register_load_state_dict_pre_hook(optimizer_placed)
+    return parts
 
 
 def _local(value: Any) -> Any:

@@ -54,6 +54,11 @@ class Topology:
         return self.num_replicas
 
     @property
+    def batches_per_step(self) -> int:
+        """How many ``--batch-size`` batches one global batch is: one per replica."""
+        return self.num_replicas
+
+    @property
     def chief_rank(self) -> int:
         return 0
 

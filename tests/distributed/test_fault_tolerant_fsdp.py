@@ -5,6 +5,7 @@ the same shard of the survivor, and the run is the single-process run of the sam
 batch all along."""
 
 import json
+import shutil
 
 import pytest
 import torch
@@ -60,10 +61,46 @@ def test_without_restarts_the_surviving_replica_finishes_alone(cli, tmp_path, re
 def test_every_replica_lost_at_once_resumes_from_the_last_checkpoint(tmp_path, reference):
     """A power cut: both replicas (all four processes) die after step 50. The shards of the
     first replica of each quorum wrote a checkpoint every 20 steps, each its own part of the
-    model and optimizer; the replacements resume from step 40, do 41-50 again and finish as
-    if nothing happened."""
-    metrics = power_cut_run([*FT, *RUN], tmp_path / "ckpt", ["shard-0", "shard-1"], reference["global_steps"])
+    model and optimizer (DCP's files) and its position; the replacements resume from step
+    40, do 41-50 again and finish as if nothing happened."""
+    parts = ["model/.metadata", "model/__0_0.distcp", "model/__1_0.distcp", "shard-0", "shard-1"]
+    metrics = power_cut_run([*FT, *RUN], tmp_path / "ckpt", parts, reference["global_steps"])
     assert_same_run(metrics, reference)
+
+
+def test_a_checkpoint_resumes_on_another_layout(cli, tmp_path, reference):
+    """2 replicas of 2 shards write a checkpoint at step 50 (the shards of one replica, through
+    DCP); it resumes mid-epoch on 1 replica of 4 shards (the same global batch: the run goes
+    on as the single-process run) and on 2 replicas of 1 (--workers 2: a global batch of 8,
+    so the epoch goes on at batch 100, after the 800 examples already read)."""
+    ckpt = tmp_path / "ckpt"
+    first = cli("train", *FT, "--epochs", "1", "--no-progress", "--log-every", "0", "--checkpoint-dir", str(ckpt),
+                "--checkpoint-every", "50")  # fmt: skip
+    assert first.returncode == 0, first.stderr[-3000:]
+    shutil.rmtree(ckpt / "ckpt-000000089")  # the end of the epoch: resume from step 50, mid-epoch
+    manifest = json.loads((ckpt / "ckpt-000000050" / "manifest.json").read_text())
+    assert {"shard-0", "shard-1", "model/.metadata"} <= set(manifest["parts"])
+    shutil.copytree(ckpt, tmp_path / "copy")
+
+    def resume(folder, layout, now, batch):
+        out = tmp_path / "m.json"
+        result = cli(
+            "train", *FT, *layout, *RUN, "--checkpoint-dir", str(folder), "--resume", "--metrics-out", str(out)
+        )
+        assert result.returncode == 0, result.stderr[-3000:]
+        said = (
+            f"was written by 2 replicas of 4 processes, this run has {now}: the model is resharded and epoch 1 goes on"
+        )
+        assert f"{said} at batch {batch}" in result.stdout
+        metrics = json.loads(out.read_text())
+        assert metrics["resumed_from_step"] == 50
+        return metrics
+
+    metrics = resume(ckpt, ["--shards-per-replica", "4"], "1 replica of 4 processes", 50)
+    assert metrics["global_steps"] == reference["global_steps"]
+    assert metrics["test_loss"] == pytest.approx(reference["test_loss"], rel=1e-4)
+    metrics = resume(tmp_path / "copy", ["--workers", "2", "--shards-per-replica", "1"], "2", 100)
+    assert metrics["test_accuracy"] > 0.9
 
 
 @pytest.mark.parametrize(

@@ -22,9 +22,12 @@ its share of the global batch before the sum over the quorum. Without a loss it 
 on ``workers`` processes (tested).
 
 With ``--checkpoint-dir``, the shards of the quorum's first replica write the run's
-checkpoint, each its own part of the model and optimizer (``shard-<k>``, plain tensors),
-while the other replicas go on; it resumes on the same layout (``fsdp`` itself reshards
-through DCP). A shard does not leave on SIGTERM (it cannot leave alone: the signal ends it,
+checkpoint while the other replicas go on: the model and optimizer as ``fsdp`` writes them
+(``model/``, through DCP, each shard its part; a collective of that replica's shards), and
+each shard its position and session (``shard-<k>``). It resumes on any layout: another
+number of shards per replica or of replicas (DCP reshards on load; where the global batch
+changed with ``--workers``, the epoch goes on after the examples already read). A shard
+does not leave on SIGTERM (it cannot leave alone: the signal ends it,
 and its replica is replaced or dropped).
 """
 
@@ -32,6 +35,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -43,7 +47,7 @@ from paratrain.checkpoints.files import RunCheckpoints, StateWriter
 from paratrain.comm.transport import cluster_from_env, default_backend
 from paratrain.data.batch import map_tensors, num_examples
 from paratrain.errors import ConfigError
-from paratrain.parallel.local_state import hold_local_parts
+from paratrain.parallel.local_state import LocalParts, hold_local_parts
 from paratrain.session.incarnation import restart_count
 from paratrain.strategies.base import DEFAULT_TIMEOUT_S, Strategy
 from paratrain.strategies.device import resolve_device
@@ -60,6 +64,7 @@ from paratrain.strategies.fault_tolerant.session import FaultTolerantSession, ch
 from paratrain.strategies.fsdp.strategy import FSDPStrategy
 from paratrain.strategies.recipe import StepRecipe
 from paratrain.strategies.roles import FitLoop
+from paratrain.strategies.sharded_files import ShardedModelFiles
 from paratrain.strategies.step import LossFn, StepOutput
 from paratrain.strategies.topology import Topology, replicas_of
 
@@ -81,6 +86,11 @@ class ShardedReplicaGroups(Topology):
     @property
     def num_processes(self) -> int:
         return self.num_replicas * self.shards
+
+    @property
+    def batches_per_step(self) -> int:
+        """``--workers`` counts processes: the global batch is one batch per shard."""
+        return self.num_processes
 
     def replica(self, rank: int) -> int:
         return rank // self.shards
@@ -105,13 +115,31 @@ class ShardedReplicaGroups(Topology):
         check_replica_job(cluster, strategy, self.shards, f"of --shards-per-replica {self.shards} processes")
 
 
+class ReplicaShardFiles:
+    """The model files of a replica whose state dicts hold each shard's local part (what a
+    peer heals a replacement's same shard with): fsdp's DCP files, read and written from the
+    DTensors themselves, so that another layout can read them."""
+
+    def __init__(self, parts: LocalParts):
+        self.parts = parts
+        self.files = ShardedModelFiles()
+
+    def save_model(self, module: nn.Module, optimizer: Optimizer, folder: Path) -> list[str]:
+        with self.parts.whole():
+            return self.files.save_model(module, optimizer, folder)
+
+    def load_model(self, module: nn.Module, optimizer: Optimizer, folder: Path) -> None:
+        with self.parts.whole():
+            self.files.load_model(module, optimizer, folder)
+
+
 class FaultTolerantFSDPStrategy(FSDPStrategy):
     """An ``fsdp`` replica of ``shards`` processes (its sharding, finiteness checks and
     accounting are fsdp's) composed with a fault-tolerant session per process."""
 
     name = "fsdp-ft"
     scales_loss = False  # replicas must agree on every commit
-    reshards = False
+    reshards = True
 
     def __init__(
         self,
@@ -132,6 +160,7 @@ class FaultTolerantFSDPStrategy(FSDPStrategy):
         # A shard cannot leave alone on SIGTERM: a replica is lost or kept whole.
         self.session = FaultTolerantSession(self, leaves_on_sigterm=False, **session)
         """The quorum, the heal, the record and the step loop of this shard's replica (session.py)."""
+        self._local_parts = LocalParts()  # prepare() hooks the model's and optimizer's state dicts
 
     # ----- configuration -------------------------------------------------------------------
     @classmethod
@@ -212,16 +241,15 @@ class FaultTolerantFSDPStrategy(FSDPStrategy):
         """fsdp's sharding over the replica; the model's and optimizer's state dicts hold each
         shard's own part (what a joiner's same shard takes from a peer)."""
         model, optimizer = super().prepare(model, optimizer, recipe)
-        hold_local_parts(model, optimizer)
+        self._local_parts = hold_local_parts(model, optimizer)
         # this shard's part of the gradient, on the wire between replicas
         self.session.step_bytes = self.session.wire_bytes(p for p in model.parameters() if p.requires_grad)
         return model, optimizer
 
     @property
-    def model_files(self) -> None:
-        """No files of DCP's: each shard writes its own part of the model and optimizer into
-        its checkpoint part, which resumes on the same layout."""
-        return None
+    def model_files(self) -> ReplicaShardFiles:
+        """fsdp's sharded files, written by the shards of one replica (checkpoint.py says which)."""
+        return ReplicaShardFiles(self._local_parts)
 
     def state_writer(self, files: RunCheckpoints, loop: FitLoop) -> StateWriter:
         """The shards of the step's first replica write the run's checkpoint (checkpoint.py)."""
