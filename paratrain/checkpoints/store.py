@@ -116,7 +116,15 @@ class CheckpointStore:
             raise ConfigError(f"checkpoint directory {folder}: {error.strerror}") from None
 
     def _write_atomic(self, path: Path, write: Callable[[Any], Any]) -> None:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        try:
+            # The folder again if it went meanwhile: a fault-tolerant replica that resumed
+            # late clears the unfinished saves after its checkpoint (clear_after) while a
+            # peer that resumed sooner may be writing one of them.
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        except OSError as error:
+            reason = error.strerror or str(error)
+            raise ConfigError(f"checkpoint {path}: cannot write ({reason}); the earlier checkpoints are kept") from None
         try:
             with os.fdopen(fd, "wb") as handle:
                 write(handle)
