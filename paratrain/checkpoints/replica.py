@@ -70,7 +70,8 @@ class ReplicaState:
             return
         manifest = CheckpointStore.read_manifest(folder)
         reshards = strategy.reshards
-        check_signature(folder, manifest, self.files.signature(), reshards)
+        signature = self.files.signature()
+        check_signature(folder, manifest, signature, reshards)
         part, model_part = self.part, self.model_part
         if reshards and part not in manifest["parts"]:  # a process the saving run did not have
             part = model_part = strategy.topology.checkpoint_part(0)
@@ -94,9 +95,8 @@ class ReplicaState:
         saved_batches = int(manifest.get("batches_per_step", saved_replicas))
         if reshards and saved_batches != strategy.topology.batches_per_step:
             self.trainer.carry_position(saved_batches, strategy.topology.batches_per_step)
-        signature = self.files.signature()
         if reshards and speaks and manifest.get("part_names", signature["part_names"]) != signature["part_names"]:
-            then = _layout(saved_replicas, manifest.get("processes", saved_replicas))
+            then = _layout(int(saved_replicas), int(manifest.get("processes", saved_replicas)))
             now = _now(replicas, strategy.topology.num_processes)
             console.print(
                 f"paratrain: {folder} was written by {then}, this run has {now}: "
@@ -128,10 +128,10 @@ class ReplicaState:
             ) from None
 
 
-def _layout(replicas: Any, processes: Any) -> str:
+def _layout(replicas: int, processes: int) -> str:
     """``2 replicas``, or ``1 replica of 4 processes`` where a replica is several."""
-    counted = f"{replicas} replica" + ("" if str(replicas) == "1" else "s")
-    return counted if str(processes) == str(replicas) else f"{counted} of {processes} processes"
+    counted = f"{replicas} replica" + ("" if replicas == 1 else "s")
+    return counted if processes == replicas else f"{counted} of {processes} processes"
 
 
 def _now(replicas: int, processes: int) -> str:

@@ -116,29 +116,26 @@ class CheckpointStore:
             raise ConfigError(f"checkpoint directory {folder}: {error.strerror}") from None
 
     def _write_atomic(self, path: Path, write: Callable[[Any], Any]) -> None:
+        tmp = None
         try:
             # The folder again if it went meanwhile: a fault-tolerant replica that resumed
             # late clears the unfinished saves after its checkpoint (clear_after) while a
             # peer that resumed sooner may be writing one of them.
             path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-        except OSError as error:
-            reason = error.strerror or str(error)
-            raise ConfigError(f"checkpoint {path}: cannot write ({reason}); the earlier checkpoints are kept") from None
-        try:
             with os.fdopen(fd, "wb") as handle:
                 write(handle)
                 handle.flush()
                 os.fsync(handle.fileno())
             os.replace(tmp, path)
             _fsync_folder(path.parent)
-        except OSError as error:
-            Path(tmp).unlink(missing_ok=True)
+        except BaseException as error:
+            if tmp is not None:
+                Path(tmp).unlink(missing_ok=True)
+            if not isinstance(error, OSError):
+                raise
             reason = error.strerror or str(error)
             raise ConfigError(f"checkpoint {path}: cannot write ({reason}); the earlier checkpoints are kept") from None
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
 
     # ----- reading ----------------------------------------------------------------------------
     def _folders(self) -> list[tuple[int, Path]]:
