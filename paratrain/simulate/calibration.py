@@ -33,31 +33,45 @@ OPTIONAL = {
 SAME = ("model", "dataset", "batch_size", "compression")
 
 
-def load(path: str) -> dict[str, Any]:
-    """The calibration in ``path``; ConfigError (one line) when it is none."""
+def load(path: str, named: str = "") -> dict[str, Any]:
+    """The calibration in ``path``; ConfigError (one line, the file ``named`` as the flag
+    that gave it) when it is none."""
+    named = named or f"--calibration {path}"
     try:
         calibration = json.loads(Path(path).read_text())
     except FileNotFoundError:
-        raise ConfigError(
-            f"--calibration {path}: no such file (paratrain simulate --calibrate {path} makes it)"
-        ) from None
+        raise ConfigError(f"{named}: no such file (paratrain simulate --calibrate {path} makes it)") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
-        raise ConfigError(f"--calibration {path}: not a calibration file ({error})") from None
+        raise ConfigError(f"{named}: not a calibration file ({error})") from None
     if not isinstance(calibration, dict) or calibration.get("format") != FORMAT:
-        raise ConfigError(f"--calibration {path}: not a paratrain calibration file")
+        raise ConfigError(f"{named}: not a paratrain calibration file")
     if calibration.get("version") != VERSION:
         raise ConfigError(
-            f"--calibration {path}: version {calibration.get('version')} of the calibration file; this paratrain "
+            f"{named}: version {calibration.get('version')} of the calibration file; this paratrain "
             f"reads version {VERSION}: measure again with --calibrate"
         )
     costs = calibration.get("costs")
     if not isinstance(costs, dict) or any(
         not isinstance(costs.get(name), (int, float)) or not costs[name] >= 0 for name in COSTS
     ):
-        raise ConfigError(f"--calibration {path}: its costs must be numbers >= 0 for {', '.join(COSTS)}")
+        raise ConfigError(f"{named}: its costs must be numbers >= 0 for {', '.join(COSTS)}")
     for name in OPTIONAL:
         if name in costs and (not isinstance(costs[name], (int, float)) or not costs[name] >= 0):
-            raise ConfigError(f"--calibration {path}: its {name} must be a number >= 0")
+            raise ConfigError(f"{named}: its {name} must be a number >= 0")
+    return calibration
+
+
+def load_for(path: str, args: argparse.Namespace, named: str = "") -> dict[str, Any]:
+    """The calibration in ``path``, refused in one line unless it measured this prediction's
+    model, data, batch and codec."""
+    calibration = load(path, named)
+    model = calibration["model"]
+    differ = [name for name in SAME if model.get(name) != getattr(args, name)]
+    if differ:
+        raise ConfigError(
+            f"{named or f'--calibration {path}'} measured {', '.join(f'{n}={model.get(n)}' for n in differ)}; "
+            f"this prediction has {', '.join(f'{n}={getattr(args, n)}' for n in differ)}: calibrate for it"
+        )
     return calibration
 
 
@@ -69,14 +83,8 @@ def apply(args: argparse.Namespace) -> list[str]:
             "paratrain: no calibration: a message's and a shard's CPU are taken as 0 and the codec's speed as "
             "assumed (paratrain simulate --calibrate FILE measures them here; then --calibration FILE)"
         ]
-    calibration = load(args.calibration)
+    calibration = load_for(args.calibration, args)
     model = calibration["model"]
-    differ = [name for name in SAME if model.get(name) != getattr(args, name)]
-    if differ:
-        raise ConfigError(
-            f"--calibration {args.calibration} measured {', '.join(f'{n}={model.get(n)}' for n in differ)}; "
-            f"this prediction has {', '.join(f'{n}={getattr(args, n)}' for n in differ)}: calibrate for it"
-        )
     if args.model_mb is not None:
         raise ConfigError(
             f"--model-mb and --calibration {args.calibration}: the calibration measured {model['model']}'s "

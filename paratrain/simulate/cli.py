@@ -75,7 +75,7 @@ def check_arguments(args: argparse.Namespace) -> tuple[list[str], list[int]]:
     if "ps-backup" in strategies and args.backup_workers < 1:
         raise ConfigError("--strategy ps-backup needs --backup-workers K >= 1 (K = 0 is ps-sync)")
     if args.period % args.fragments:
-        raise ConfigError(f"--fragments {args.fragments} must divide --period {args.period}")
+        raise ConfigError(f"--fragments {args.fragments} must divide --sync-every {args.period}")
     if "fsdp" in strategies and args.compression not in ("none", "fp16", "bf16"):
         raise ConfigError(f"--compression {args.compression}: fsdp reduce-scatters gradients in none, fp16 or bf16")
     targeted = has_target(args)

@@ -81,7 +81,14 @@ def add_flags(p: argparse.ArgumentParser) -> None:
         default=4,
         help="ps-async with --stale-policy drop: largest staleness applied (default 4)",
     )
-    a("--period", type=int, default=8, help="local-sgd, diloco: local steps H between synchronizations (default 8)")
+    a(
+        "--sync-every",
+        "--period",
+        dest="period",
+        type=int,
+        default=8,
+        help="local-sgd, diloco: local steps H between synchronizations, as paratrain train's --sync-every (default 8)",
+    )
     a("--fragments", type=int, default=1, help="local-sgd, diloco: fragments synchronized in turn (default 1)")
     a(
         "--reshard-after-forward",
@@ -247,8 +254,9 @@ def add_flags(p: argparse.ArgumentParser) -> None:
         "--host",
         action="append",
         default=[],
-        metavar="I:cpu=X",
-        help="--recommend: one host's own CPU share, e.g. 3:cpu=0.15 (a slow host)",
+        metavar="I:cpu=X[,calibration=FILE]",
+        help="--recommend: one host's own CPU share, e.g. 3:cpu=0.15 (a slow host), or its own calibration "
+        "measured on that machine, e.g. 3:calibration=old.json (its compute against --calibration's)",
     )
     a("--lr", type=float, default=0.05, help="--train: learning rate (default 0.05)")
     a("--momentum", type=float, default=0.9, help="--train: SGD momentum (default 0.9)")

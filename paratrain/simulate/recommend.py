@@ -28,6 +28,10 @@ from paratrain.simulate.flags import has_target
 CLUSTER_PERIOD_MS = 10.0
 #: Strategies whose updates are plain SGD's: their examples/s compare directly.
 SAME_UPDATES = ("allreduce", "fsdp", "ps-sync", "ps-backup", "ps-async")
+#: Train's flags for the prediction's options whose names differ.
+TRAIN_FLAGS = {"period": "--sync-every"}
+#: Two calibrations whose compute a step differs by no more than this are the same machine.
+SAME_SPEED = 0.10
 UNITS = {"bit": 1e-9, "kbit": 1e-6, "mbit": 1e-3, "gbit": 1.0}
 
 
@@ -40,9 +44,10 @@ class Candidate:
 
     @property
     def label(self) -> str:
+        """The strategy and its options as ``paratrain train`` takes them."""
         words = [self.strategy]
         for name, value in self.options.items():
-            words.append(f"--{name.replace('_', '-')} {value}")
+            words.append(f"{TRAIN_FLAGS.get(name, '--' + name.replace('_', '-'))} {value}")
         return " ".join(words)
 
 
@@ -57,18 +62,56 @@ def rate_gbps(text: str) -> float:
     raise ConfigError(f"--link must be a rate in tc's units (e.g. 1gbit, 100mbit), got {text!r}")
 
 
+def own_calibrations(args: argparse.Namespace) -> dict[int, tuple[str, float]]:
+    """The hosts measured on their own (``--host I:calibration=FILE``, each host's settings
+    left in ``args.host`` without it): host I's calibration file and its compute per step
+    over ``--calibration``'s, the other hosts'. A ratio within SAME_SPEED of 1 is the same
+    machine measured twice."""
+    from paratrain.simulate.calibration import load_for  # deferred: reads files only when asked
+
+    own, kept = {}, []
+    for text in args.host:
+        index, _, settings = text.partition(":")
+        rest = []
+        for setting in settings.split(","):
+            key, _, value = setting.partition("=")
+            if key != "calibration":
+                rest.append(setting)
+                continue
+            if args.calibration is None:
+                raise ConfigError(
+                    f"--host {text}: a host's own calibration is weighed against the other hosts': give theirs "
+                    "as --calibration FILE"
+                )
+            mine = load_for(value, args, f"--host {index}:calibration={value}")["costs"]["compute_ms"]
+            theirs = load_for(args.calibration, args)["costs"]["compute_ms"]
+            own[int(index) if index.isdigit() else -1] = (value, mine / theirs if theirs else 1.0)
+        if rest:
+            kept.append(f"{index}:{','.join(rest)}")
+    args.host = kept
+    return {i: (path, 1.0 if abs(ratio - 1) <= SAME_SPEED else ratio) for i, (path, ratio) in own.items()}
+
+
 def describe(args: argparse.Namespace) -> None:
     """Set the prediction's flags for the described hosts on ``args`` (before a calibration
     is applied: a message's CPU counts on hosts under a quota only), the hosts in words
-    (``hosts_words``) and the slow host (``slow_host``, ``slow_factor``)."""
+    (``hosts_words``) and the slow host (``slow_host``, ``slow_factor``: its CPU share's
+    ratio to the others' times its own calibration's compute over theirs)."""
     from paratrain.cluster.run import host_specs  # deferred: the emulated cluster's parser
 
+    own = own_calibrations(args)
     specs = host_specs(args)
     if len(specs) < 2:
         raise ConfigError("--recommend compares strategies on 2 or more --hosts")
-    slow = [i for i, spec in enumerate(specs) if spec.cpu < args.cpu]
-    if len(slow) > 1 or any(spec.cpu > args.cpu for spec in specs):
-        raise ConfigError("--recommend models one host slower than the others (--host I:cpu=X below --cpu), no more")
+    if -1 in own or max(own, default=0) >= len(specs):
+        raise ConfigError(f"--host I:calibration=FILE: expected I < --hosts {len(specs)}")
+    factors = [args.cpu / spec.cpu * own.get(i, ("", 1.0))[1] for i, spec in enumerate(specs)]
+    slow = [i for i, factor in enumerate(factors) if factor > 1]
+    if len(slow) > 1 or any(factor < 1 for factor in factors):
+        raise ConfigError(
+            "--recommend models one host slower than the others (--host I:cpu=X below --cpu, or "
+            "I:calibration=FILE slower than --calibration's), no more"
+        )
     if args.cpu_share is not None or args.straggler != "none":
         raise ConfigError(
             "--recommend takes the hosts' CPU and a slow host from --cpu and --host, not --cpu-share or --straggler"
@@ -79,9 +122,12 @@ def describe(args: argparse.Namespace) -> None:
     if args.link:
         args.bandwidth_gbps = rate_gbps(args.link)
         words += f", {args.link} links"
-    args.slow_host, args.slow_factor = (slow[0], args.cpu / specs[slow[0]].cpu) if slow else (None, 1.0)
-    if slow:
-        words += f", host {slow[0]} at {specs[slow[0]].cpu:g}"
+    args.slow_host, args.slow_factor = (slow[0], factors[slow[0]]) if slow else (None, 1.0)
+    for i in slow:
+        said = [f"at {specs[i].cpu:g}"] if specs[i].cpu < args.cpu else []
+        if own.get(i, ("", 1.0))[1] > 1:
+            said.append(f"{own[i][1]:.2g}x the compute a step ({own[i][0]})")
+        words += f", host {i} {' and '.join(said)}"
     args.hosts_words = words
 
 

@@ -29,9 +29,9 @@ def test_each_candidate_is_the_prediction_of_the_explicit_flags_for_those_hosts(
             "ps-async",
             "ps-async --staleness-bound 2",
             "ps-backup --backup-workers 1",
-            "local-sgd --period 4",
-            "local-sgd --period 8",
-            "local-sgd --period 16",
+            "local-sgd --sync-every 4",
+            "local-sgd --sync-every 8",
+            "local-sgd --sync-every 16",
         ]
     )  # fmt: skip  (no fsdp: the quota engine does not model it)
     hosts = ["--cpu-share", "0.3", "--cpu-period-ms", "10", "--bandwidth-gbps", "1", "--calibration", calibration]
@@ -58,6 +58,54 @@ def test_whole_cores_add_fsdp_and_a_target_ranks_by_time_to_it(tmp_path):
     reached = sorted((r for r in result["candidates"] if r["median_seconds"] is not None),
                      key=lambda r: r["median_seconds"])  # fmt: skip
     assert reached and f"to test accuracy 0.85 first: {reached[0]['candidate']} in " in result["recommendation"]
+
+
+def test_a_host_calibrated_on_its_own_is_the_slow_host_its_compute_says(tmp_path, capsys):
+    """A cluster of two kinds of machine: host 2's calibration measured 2.5 times the others'
+    compute a step, so it is the slow host at that factor, composed with a CPU share below
+    the others'. Calibrations within 10% of each other are one machine measured twice."""
+    base = _calibration(tmp_path / "cal.json", message_cpu_us=700.0, ps_push_us=1200.0)
+    slow = _calibration(tmp_path / "old.json", compute_ms=5.0)
+    again = _calibration(tmp_path / "same.json", compute_ms=2.1)
+    hosts = ["--hosts", "3", "--link", "1gbit", "--calibration", base]
+    result = _run(
+        tmp_path, "own", "--recommend", *hosts, "--host", f"2:calibration={slow}", "--host", f"1:calibration={again}"
+    )
+    assert f"3 hosts at 1 of a core, 1gbit links, host 2 2.5x the compute a step ({slow})" in result["recommendation"]
+    rows = {r["candidate"]: r for r in result["candidates"]}
+    explicit = ["--bandwidth-gbps", "1", "--calibration", base]
+    for candidate, flags in [
+        ("allreduce", ["--strategy", "allreduce", "--workers", "3", "--straggler", "fixed:2:2.5"]),
+        ("ps-sync", ["--strategy", "ps-sync", "--workers", "2", "--straggler", "fixed:1:2.5"]),
+    ]:  # fmt: skip
+        (alone,) = _run(tmp_path, candidate, *flags, *explicit)["results"]
+        assert rows[candidate]["examples_per_second"] == pytest.approx(alone["examples_per_second"], rel=1e-9)
+    shared = ["--recommend", "--hosts", "3", "--cpu", "0.4", "--link", "1gbit", "--calibration", base]
+    result = _run(tmp_path, "both", *shared, "--host", f"2:cpu=0.2,calibration={slow}")
+    assert "host 2 at 0.2 and 2.5x the compute a step" in result["recommendation"]
+    (alone,) = _run(tmp_path, "both-alone", "--strategy", "allreduce", "--workers", "3", "--straggler", "fixed:2:5",
+                    "--cpu-share", "0.4", "--cpu-period-ms", "10", *explicit)["results"]  # fmt: skip
+    rows = {r["candidate"]: r for r in result["candidates"]}
+    assert rows["allreduce"]["examples_per_second"] == pytest.approx(alone["examples_per_second"], rel=1e-9)
+
+
+def test_a_host_calibration_that_does_not_fit_is_one_line_and_exit_2(tmp_path, capsys):
+    base = _calibration(tmp_path / "cal.json")
+    fast = _calibration(tmp_path / "fast.json", compute_ms=1.0)
+    cases = [
+        (["--host", f"1:calibration={base}"], "give theirs as --calibration FILE"),
+        (["--calibration", base, "--host", f"1:calibration={fast}"], "slower than --calibration's"),
+        (["--calibration", base, "--host", f"7:calibration={base}"], "expected I < --hosts 3"),
+        (
+            ["--calibration", base, "--host", f"1:calibration={tmp_path / 'none.json'}"],
+            f"--host 1:calibration={tmp_path / 'none.json'}: no such file",
+        ),
+        (["--calibration", base, "--model", "cnn", "--host", f"1:calibration={base}"], "measured model=mlp"),
+    ]
+    for flags, words in cases:
+        assert main(["simulate", "--recommend", "--hosts", "3", *flags]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and words in err[0], (flags, err)
 
 
 @pytest.mark.parametrize(
