@@ -195,7 +195,7 @@ class Trainer:
         hooks = CallbackList(progress_beacon(strategy.process_rank) + list(callbacks) + defaults, self)
         strategy.on_version = hooks.on_version
         self.stop_training = False
-        start = time.perf_counter()
+        start, cpu_start = time.perf_counter(), time.process_time()
         # A callback may restore a checkpoint here: the loop goes on from the position it set.
         hooks.on_train_begin({"epochs": epochs, "steps_per_epoch": len(batches), "global_batch": global_batch})
         # A replica joining a running job (allreduce-ft) takes the live position here.
@@ -259,6 +259,7 @@ class Trainer:
             if validation_data is not None:
                 logs.update({f"test_{k}": v for k, v in self.evaluate(validation_data).items()})
             logs["wall_seconds"] = time.perf_counter() - start
+            logs["cpu_seconds"] = time.process_time() - cpu_start  # this process's, every thread
             history.epochs.append({k: v for k, v in logs.items() if k != "epochs"})
             hooks.on_epoch_end(epoch, logs)
             self.epoch = epoch + 1

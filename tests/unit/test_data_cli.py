@@ -18,6 +18,8 @@ def _train(cli, tmp_path, *args):
     metrics = json.loads(out.read_text())
     assert set(METRICS_KEYS) <= set(metrics)
     assert metrics["loader_wait_seconds"] >= 0
+    cpu = [e["cpu_seconds"] for e in metrics["history"]]  # the process's CPU since training began
+    assert 0 < cpu[0] and cpu == sorted(cpu), cpu
     return metrics
 
 
