@@ -8,7 +8,8 @@ model, and a micro-benchmark of the transport alone misses it (a one-value Gloo 
 0.06 ms; what a real 2-process all-reduce step adds to the mlp's: 1.5 ms). So the costs
 are taken from real ``paratrain train`` runs of ``--model`` on ``--dataset`` (``--batch-size``),
 one thread a process, each process on a core of its own, about 400 steps each (at least 2
-epochs), examples/s of training past the first epoch:
+epochs; SGD at the prediction's ``--lr`` and ``--momentum``, so a model that diverges at the
+defaults is measured at the rate it trains with), examples/s of training past the first epoch:
 
 - ``compute_ms``: a step of ``single`` (T1): the forward and backward pass, the optimizer,
   the batch and the step's bookkeeping, all a worker does besides communicating;
@@ -125,7 +126,8 @@ def _step_s(args: Any, splits: Any, flags: list[str], workers: int) -> float:
         out = Path(folder) / "metrics.json"
         command = [sys.executable, "-m", "paratrain", "train", *flags, "--model", args.model, "--dataset",
                    args.dataset, "--batch-size", str(args.batch_size), "--epochs", str(epochs), "--seed",
-                   str(args.seed), "--no-progress", "--log-every", "0", "--metrics-out", str(out)]  # fmt: skip
+                   str(args.seed), "--lr", str(args.lr), "--momentum", str(args.momentum), "--no-progress",
+                   "--log-every", "0", "--metrics-out", str(out)]  # fmt: skip
         env = {**os.environ, "PARATRAIN_THREADS_PER_WORKER": "1", "OMP_NUM_THREADS": "1"}
         run = subprocess.run(command, capture_output=True, text=True, env=env, timeout=3600)
         if run.returncode != 0 or not out.exists():

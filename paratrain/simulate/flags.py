@@ -258,8 +258,13 @@ def add_flags(p: argparse.ArgumentParser) -> None:
         help="--recommend: one host's own CPU share, e.g. 3:cpu=0.15 (a slow host), or its own calibration "
         "measured on that machine, e.g. 3:calibration=old.json (its compute against --calibration's)",
     )
-    a("--lr", type=float, default=0.05, help="--train: learning rate (default 0.05)")
-    a("--momentum", type=float, default=0.9, help="--train: SGD momentum (default 0.9)")
+    a("--lr", type=float, default=0.05, help="--train and --calibrate's measuring runs: learning rate (default 0.05)")
+    a(
+        "--momentum",
+        type=float,
+        default=0.9,
+        help="--train and --calibrate's measuring runs: SGD momentum (default 0.9)",
+    )
 
 
 def has_target(args: argparse.Namespace) -> bool:

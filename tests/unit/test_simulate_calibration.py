@@ -63,6 +63,17 @@ def test_calibrate_measures_every_cost_here_and_predicts_with_them(cli, tmp_path
     assert f"compute {costs['compute_ms']:.3g} ms a step" in result.stdout
 
 
+def test_the_measuring_runs_train_at_the_given_rate_and_a_failed_one_is_one_line(cli, tmp_path):
+    """--lr reaches the measuring runs: at a rate the mlp diverges at, the first run stops on
+    NaN, and --calibrate says so in one line, exit 2, no file written."""
+    path = tmp_path / "cal.json"
+    result = cli("simulate", "--calibrate", str(path), "--lr", "1e30", *PREDICT)
+    assert result.returncode == 2
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert "--calibrate: the measuring run paratrain train --strategy single failed: " in result.stderr
+    assert "diverged with loss = nan" in result.stderr and not path.exists()
+
+
 def _applied(path, *flags):
     import argparse
 
