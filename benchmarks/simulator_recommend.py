@@ -1,0 +1,300 @@
+"""The user's path through the simulator, checked on emulated clusters: calibrate on this
+machine, ask ``paratrain simulate --recommend`` about a cluster, then run every strategy it
+ranked on that cluster for real.
+
+For each model, once: ``paratrain simulate --calibrate FILE --model M`` on this machine's
+whole cores (no number given by hand). For each setting (hosts, CPU share, link, one slow
+host or none; the mlp on digits and cifar_cnn on benchmarks.digits32):
+
+1. ``paratrain simulate --recommend --hosts N --cpu X --link L [--host I:cpu=Y]
+   --calibration FILE --target-accuracy A --epochs E``: every candidate's predicted
+   examples/s and time to the target, as the user sees them;
+2. every candidate for real, ``--repeats`` passes (a pass runs each candidate once, so
+   drift of the shared machine hits them all): ``paratrain cluster run`` on the same hosts
+   (``--pin never``: the hosts share this machine's cores as the kernel places them), the
+   same flags, SGD with ``--lr``/``--momentum`` as the prediction's replay; pass k with
+   ``--seed k-1`` (the data order and the first parameters differ, as between the
+   prediction's seeds). Examples/s count
+   from the end of epoch 1 (every host has started; cluster_common.py); time to the target
+   is from the end of epoch 1 to the end of the first epoch at the target, plus one steady
+   epoch (the run's own first epoch, without the hosts' staggered start). The real number of
+   a candidate is the median over its passes.
+
+A setting's prediction is right when the candidate it ranks first is among the measured
+fastest, two candidates within 10% of each other counting as tied: by examples/s among the
+candidates that make plain SGD's updates, and by time to the target among all.
+
+    sudo .venv/bin/python benchmarks/simulator_recommend.py [--repeats 2] [--only 1,4]
+
+(``--only`` adds settings to the recorded file with the calibrations recorded in it;
+``--repredict RECORDED.json --out OTHER`` calibrates and predicts the recorded settings
+again, against their recorded real runs.)
+
+Writes benchmarks/results/simulator_recommend.json and .md after every setting (a run cut
+short keeps the settings it finished; ``--only`` runs some again into the same file).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from cluster_common import RESULTS, cluster_train, median_or_none, record, seconds_to
+
+MODELS = {
+    "mlp": {"dataset": "digits", "target": 0.95, "epochs": 10},
+    "cifar_cnn": {"dataset": "benchmarks.digits32:load", "target": 0.9, "epochs": 6},
+}
+#: model, hosts, CPU share a host, link, the last host's share relative to the others (1: none slow)
+SETTINGS = [
+    ("mlp", 3, 0.6, "1gbit", 1.0),
+    ("mlp", 3, 0.6, "1gbit", 0.5),
+    ("mlp", 4, 0.45, "1gbit", 1.0),
+    ("mlp", 4, 0.45, "20mbit", 0.5),
+    ("mlp", 5, 0.3, "1gbit", 1.0),
+    ("mlp", 5, 0.3, "20mbit", 0.5),
+    ("mlp", 3, 0.3, "20mbit", 1.0),
+    ("mlp", 4, 0.3, "1gbit", 0.5),
+    ("cifar_cnn", 4, 0.45, "1gbit", 1.0),
+    ("cifar_cnn", 3, 0.6, "20mbit", 0.5),
+]
+BATCH = 32
+TIED = 0.10
+
+
+def paratrain(*args: str) -> subprocess.CompletedProcess:
+    result = subprocess.run([sys.executable, "-m", "paratrain", *args], capture_output=True, text=True)
+    if result.returncode:
+        raise SystemExit(f"paratrain {' '.join(args)} failed ({result.returncode}):\n{result.stderr[-3000:]}")
+    return result
+
+
+def hosts_flags(hosts: int, cpu: float, link: str, slow: float) -> list[str]:
+    flags = ["--hosts", str(hosts), "--cpu", f"{cpu:g}", "--link", link]
+    return flags + (["--host", f"{hosts - 1}:cpu={cpu * slow:g}"] if slow < 1 else [])
+
+
+def model_flags(model: str) -> list[str]:
+    return ["--model", model, "--dataset", MODELS[model]["dataset"], "--batch-size", str(BATCH)]
+
+
+def train_flags(candidate: dict) -> list[str]:
+    """``paratrain train`` flags of a --recommend candidate (its label: the strategy and its options)."""
+    words = candidate["candidate"].split()
+    return ["--strategy", words[0], "--workers", str(candidate["workers"]), *words[1:]]
+
+
+def predict(setting: tuple, calibration: Path, args: argparse.Namespace, folder: Path) -> dict:
+    model, hosts, cpu, link, slow = setting
+    out = folder / "prediction.json"
+    started = time.perf_counter()
+    result = paratrain(
+        "simulate", "--recommend", *hosts_flags(hosts, cpu, link, slow), "--calibration", str(calibration),
+        *model_flags(model), "--target-accuracy", str(MODELS[model]["target"]), "--epochs", str(MODELS[model]["epochs"]),
+        "--lr", str(args.lr), "--momentum", str(args.momentum), "--json-out", str(out),
+    )  # fmt: skip
+    prediction = json.loads(out.read_text())
+    prediction["seconds_to_predict"] = time.perf_counter() - started
+    prediction["said"] = result.stdout.strip().splitlines()
+    return prediction
+
+
+def real_run(setting: tuple, candidate: dict, args: argparse.Namespace, folder: Path, seed: int) -> dict:
+    model, hosts, cpu, link, slow = setting
+    train = [*train_flags(candidate), *model_flags(model), "--epochs", str(MODELS[model]["epochs"]), "--seed", str(seed),
+             "--lr", str(args.lr), "--momentum", str(args.momentum), "--timeout", "600"]  # fmt: skip
+    metrics = cluster_train([*hosts_flags(hosts, cpu, link, slow), "--pin", "never"], train, folder / "m.json")
+    reached = seconds_to(metrics, MODELS[model]["target"])
+    start = metrics["history"][0]["wall_seconds"]
+    return {
+        "examples_per_second": metrics["steady_examples_per_second"],
+        "seconds_to_target": None if reached is None else reached + metrics["epoch_seconds"],
+        "test_accuracy": metrics["test_accuracy"],
+        # seconds from the end of epoch 1 and test accuracy at each epoch's end: another target's time
+        "epochs": [[h["wall_seconds"] - start, h["test_accuracy"]] for h in metrics["history"]],
+        "epoch_seconds": metrics["epoch_seconds"],
+    }
+
+
+def fastest(values: dict[str, float | None], larger: bool) -> list[str]:
+    """The candidates within TIED of the best value (None: never reached)."""
+    known = {k: v for k, v in values.items() if v is not None}
+    if not known:
+        return []
+    if larger:
+        best = max(known.values())
+        return [k for k, v in known.items() if v >= best * (1 - TIED)]
+    best = min(known.values())
+    return [k for k, v in known.items() if v <= best * (1 + TIED)]
+
+
+def judge(prediction: dict, runs: dict[str, list[dict]]) -> dict:
+    """One setting: the real medians beside the predictions, and whether the first-ranked
+    candidate is among the measured fastest."""
+    rows = []
+    for c in prediction["candidates"]:
+        passes = runs[c["candidate"]]
+        real = statistics.median(p["examples_per_second"] for p in passes)
+        rows.append({
+            "candidate": c["candidate"], "same_updates": c["same_updates"],
+            "examples_per_second": real, "predicted_examples_per_second": c["examples_per_second"],
+            "error": c["examples_per_second"] / real - 1,
+            "seconds_to_target": median_or_none([p["seconds_to_target"] for p in passes]),
+            "predicted_seconds_to_target": c["median_seconds"],
+            "test_accuracy": statistics.median(p["test_accuracy"] for p in passes),
+            "passes": passes,
+        })  # fmt: skip
+    same = [r for r in rows if r["same_updates"]]
+    by_rate = max(same, key=lambda r: r["predicted_examples_per_second"])["candidate"]
+    timed = [r for r in rows if r["predicted_seconds_to_target"] is not None]
+    by_time = min(timed, key=lambda r: r["predicted_seconds_to_target"])["candidate"] if timed else None
+    rate_tie = fastest({r["candidate"]: r["examples_per_second"] for r in same}, larger=True)
+    time_tie = fastest({r["candidate"]: r["seconds_to_target"] for r in rows}, larger=False)
+    return {
+        "rows": rows,
+        "by_rate": {"predicted": by_rate, "measured": rate_tie, "right": by_rate in rate_tie},
+        "by_time": {"predicted": by_time, "measured": time_tie, "right": by_time in time_tie or (by_time is None and not time_tie)},
+    }  # fmt: skip
+
+
+def setting_words(setting: list) -> str:
+    model, hosts, cpu, link, slow = setting
+    slowest = f", host {hosts - 1} at {cpu * slow:g}" if slow < 1 else ""
+    return f"{model}, {hosts} hosts at {cpu:g}, {link}{slowest}"
+
+
+def report(document: dict, out: Path) -> None:
+    lines = [
+        "# The user's path on emulated clusters: calibrate, --recommend, then every candidate for real",
+        "",
+        f"`sudo python benchmarks/simulator_recommend.py --repeats {document['setup']['repeats']}`"
+        + (
+            f" (the real runs; the predictions again with `--repredict {document['real_runs_from']}`)"
+            if "real_runs_from" in document
+            else ""
+        )
+        + ". Calibrated once per "
+        "model on this machine (`paratrain simulate --calibrate`, whole cores), then `paratrain simulate --recommend` "
+        "with the cluster's flags and `--calibration` (no number given by hand); every candidate it ranks then ran on "
+        "`paratrain cluster run` with those hosts, SGD lr "
+        f"{document['setup']['lr']:g} momentum {document['setup']['momentum']:g}, batch {BATCH} a worker; real = the "
+        "median of the passes. Rates count from the end of epoch 1; time to the target is to the end of the first "
+        "epoch that reaches it, from the end of epoch 1, plus a steady epoch. Within 10% counts as tied.",
+        "",
+    ]
+    errors, rate_right, time_right = [], 0, 0
+    for entry in document["settings"]:
+        verdict = entry["verdict"]
+        rate_right += verdict["by_rate"]["right"]
+        time_right += verdict["by_time"]["right"]
+        lines += [
+            f"## {setting_words(entry['setting'])} (target {MODELS[entry['setting'][0]]['target']:g} test accuracy; "
+            f"real runs' seeds: {', '.join(map(str, entry.get('seeds', [0] * document['setup']['repeats'])))})",
+            "",
+            f"{entry['prediction']['recommendation']}",
+            "",
+            "| candidate | real examples/s | predicted | error | real s to target | predicted | test accuracy |",
+            "| --- | ---: | ---: | ---: | ---: | ---: | ---: |",
+        ]
+        for r in verdict["rows"]:
+            errors.append(abs(r["error"]))
+            real_t, sim_t = r["seconds_to_target"], r["predicted_seconds_to_target"]
+            lines.append(
+                f"| {r['candidate']}{'' if r['same_updates'] else ' (other updates)'} | {r['examples_per_second']:,.0f} "
+                f"| {r['predicted_examples_per_second']:,.0f} | {r['error']:+.0%} "
+                f"| {'not reached' if real_t is None else f'{real_t:.2f}'} "
+                f"| {'not reached' if sim_t is None else f'{sim_t:.2f}'} | {r['test_accuracy']:.3f} |"
+            )
+        for name, words in (("by_rate", "by examples/s (plain SGD's updates)"), ("by_time", "by time to the target")):
+            v = verdict[name]
+            lines.append(f"- {words}: predicted `{v['predicted']}`; measured fastest: "
+                         f"{', '.join(f'`{c}`' for c in v['measured']) or 'none reached'}: "
+                         f"{'right' if v['right'] else 'wrong'}")  # fmt: skip
+        lines.append("")
+    count = len(document["settings"])
+    if count:
+        lines.append(
+            f"**Fastest named: {rate_right} of {count} settings by examples/s, {time_right} of {count} by time to the "
+            f"target; median absolute error of examples/s {statistics.median(errors):.0%} over {len(errors)} "
+            "candidates.**"
+        )
+    record(out, document, lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--only", help="comma-separated setting numbers (1-based) to run, into the same file")
+    parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument("--momentum", type=float, default=0.9)
+    parser.add_argument("--out", default=str(RESULTS / "simulator_recommend"))
+    parser.add_argument(
+        "--repredict",
+        metavar="RECORDED.json",
+        help="no real runs: calibrate and predict the recorded ones' settings again",
+    )
+    args = parser.parse_args()
+    out = Path(args.out)
+    chosen = [int(i) for i in args.only.split(",")] if args.only else range(1, len(SETTINGS) + 1)
+    document = {"setup": {"repeats": args.repeats, "lr": args.lr, "momentum": args.momentum}, "calibrations": {},
+                "settings": []}  # fmt: skip
+    if args.only and out.with_suffix(".json").exists():
+        document = json.loads(out.with_suffix(".json").read_text())
+    if args.repredict:
+        repredict(json.loads(Path(args.repredict).read_text()), args, out)
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        for number in chosen:
+            setting = SETTINGS[number - 1]
+            calibration = calibrated(setting[0], document, folder)
+            prediction = predict(setting, calibration, args, folder)
+            print(f"setting {number} ({setting_words(list(setting))}): {prediction['recommendation']}", flush=True)
+            runs: dict[str, list[dict]] = {c["candidate"]: [] for c in prediction["candidates"]}
+            for repeat in range(args.repeats):
+                for candidate in prediction["candidates"]:
+                    run = real_run(setting, candidate, args, folder, seed=repeat)
+                    runs[candidate["candidate"]].append(run)
+                    print(f"  pass {repeat + 1} {candidate['candidate']:32} {run['examples_per_second']:8,.0f} "
+                          f"examples/s, to target {run['seconds_to_target']}", flush=True)  # fmt: skip
+            entry = {"number": number, "setting": list(setting), "prediction": prediction,
+                     "verdict": judge(prediction, runs), "seeds": list(range(args.repeats))}  # fmt: skip
+            document["settings"] = [e for e in document["settings"] if e["number"] != number] + [entry]
+            document["settings"].sort(key=lambda e: e["number"])
+            report(document, out)
+
+
+def calibrated(model: str, document: dict, folder: Path) -> Path:
+    """The calibration file of ``model``: the one ``document`` recorded, else measured now."""
+    calibration = folder / f"calibration-{model}.json"
+    if model in document["calibrations"]:
+        calibration.write_text(json.dumps(document["calibrations"][model]))
+    elif not calibration.exists():
+        paratrain("simulate", "--calibrate", str(calibration), *model_flags(model))
+        document["calibrations"][model] = json.loads(calibration.read_text())
+    return calibration
+
+
+def repredict(recorded: dict, args: argparse.Namespace, out: Path) -> None:
+    """The recorded real runs against this code's predictions: calibrated afresh, each
+    setting predicted again (the real runs do not depend on the simulator)."""
+    document = {**recorded, "calibrations": {}, "real_runs_from": args.repredict}
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        for entry in document["settings"]:
+            setting = tuple(entry["setting"])
+            prediction = predict(setting, calibrated(setting[0], document, folder), args, folder)
+            runs = {row["candidate"]: row["passes"] for row in entry["verdict"]["rows"]}
+            entry.update(prediction=prediction, verdict=judge(prediction, runs))
+            print(f"setting {entry['number']}: {prediction['recommendation']}", flush=True)
+    report(document, out)
+
+
+if __name__ == "__main__":
+    main()
