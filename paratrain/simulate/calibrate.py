@@ -8,8 +8,10 @@ model, and a micro-benchmark of the transport alone misses it (a one-value Gloo 
 0.06 ms; what a real 2-process all-reduce step adds to the mlp's: 1.5 ms). So the costs
 are taken from real ``paratrain train`` runs of ``--model`` on ``--dataset`` (``--batch-size``),
 one thread a process, each process on a core of its own, about 400 steps each (at least 2
-epochs; SGD at the prediction's ``--lr`` and ``--momentum``, so a model that diverges at the
-defaults is measured at the rate it trains with), examples/s of training past the first epoch:
+epochs), SGD at the prediction's ``--lr`` and ``--momentum`` (a model that diverges at the
+defaults is measured at the rate it trains with); 3 rounds of the three runs back to back,
+each cost the median over the rounds (a shared machine's speed drifts between runs);
+examples/s of training past the first epoch:
 
 - ``compute_ms``: a step of ``single`` (T1): the forward and backward pass, the optimizer,
   the batch and the step's bookkeeping, all a worker does besides communicating;
@@ -66,9 +68,7 @@ def calibrate(args: Any, model: Any, splits: Any) -> dict[str, Any]:
     """Every cost of the module docstring for ``model`` (built for ``args.model`` on
     ``args.dataset``)."""
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters() if p.requires_grad]).float()
-    single = _step_s(args, splits, ["--strategy", "single"], 1)
-    ring = _added_s(args, splits, ["--strategy", "allreduce", "--workers", "2"], 2, single) / 2
-    push = _added_s(args, splits, ["--strategy", "ps-sync", "--workers", "1"], 1, single)
+    single, ring, push = _step_costs(args, splits)
     costs = {
         "compute_ms": single * 1e3,
         "ring_step_us": ring * 1e6,
@@ -106,16 +106,23 @@ def calibrate(args: Any, model: Any, splits: Any) -> dict[str, Any]:
 RUN_STEPS = 400
 
 
-def _added_s(args: Any, splits: Any, flags: list[str], workers: int, single: float, tries: int = 3) -> float:
-    """Seconds a step with ``flags`` adds to one process's (``single``). A small cost (a push
-    of a small model: a tenth of a millisecond) can drown in the machine's noise; while the
-    difference comes out negative, both are measured again, up to ``tries`` times."""
-    added = _step_s(args, splits, flags, workers) - single
-    for _ in range(tries - 1):
-        if added > 0:
-            break
-        added = _step_s(args, splits, flags, workers) - _step_s(args, splits, ["--strategy", "single"], 1)
-    return max(added, 0.0)
+#: Rounds of the three measuring runs (single, allreduce, ps-sync), back to back in each, so
+#: that the machine's drift hits all three alike; each cost is its median over the rounds.
+ROUNDS = 3
+
+
+def _step_costs(args: Any, splits: Any) -> tuple[float, float, float]:
+    """Seconds of a step of ``single`` (T1), of a ring step of ``allreduce`` with 2 workers
+    ((T2 - T1) / 2), and of what ``ps-sync`` with 1 worker adds (Tp - T1): medians over
+    ROUNDS. A small cost (a push of a small model: a tenth of a millisecond) can come out
+    below 0 in a round on a noisy machine: it counts as 0 there."""
+    singles, rings, pushes = [], [], []
+    for _ in range(ROUNDS):
+        single = _step_s(args, splits, ["--strategy", "single"], 1)
+        singles.append(single)
+        rings.append(max(_step_s(args, splits, ["--strategy", "allreduce", "--workers", "2"], 2) - single, 0.0) / 2)
+        pushes.append(max(_step_s(args, splits, ["--strategy", "ps-sync", "--workers", "1"], 1) - single, 0.0))
+    return statistics.median(singles), statistics.median(rings), statistics.median(pushes)
 
 
 def _step_s(args: Any, splits: Any, flags: list[str], workers: int) -> float:
