@@ -2,7 +2,7 @@
 ``paratrain cluster run`` describes one (``--hosts``, ``--cpu``, ``--link``, ``--host
 I:cpu=X``): which strategy, with which key options, is fastest there.
 
-Every candidate runs on the same hosts: ``allreduce`` and ``local-sgd`` (``--period`` 4, 8
+Every candidate runs on the same hosts: ``allreduce`` and ``local-sgd`` (``--sync-every`` 4, 8
 and 16) on every host; the parameter servers with their shard on a host of its own and the
 others as workers (``ps-sync``, ``ps-backup`` with one backup worker, ``ps-async`` without
 and with a staleness bound of 2); ``fsdp`` where the hosts have whole cores (the quota
