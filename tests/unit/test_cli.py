@@ -33,6 +33,7 @@ def test_default_run_reaches_95_percent_in_under_30_seconds(cli, tmp_path):
         "test_accuracy",
         "test_loss",
         "wall_seconds",
+        "cpu_seconds",
         "examples_seen",
     }
     assert metrics["staleness"] == {"mean": 0.0, "max": 0, "histogram": {"0": metrics["global_steps"]}}
