@@ -64,12 +64,13 @@ def load(path: str, named: str = "") -> dict[str, Any]:
 def load_for(path: str, args: argparse.Namespace, named: str = "") -> dict[str, Any]:
     """The calibration in ``path``, refused in one line unless it measured this prediction's
     model, data, batch and codec."""
+    named = named or f"--calibration {path}"
     calibration = load(path, named)
     model = calibration["model"]
     differ = [name for name in SAME if model.get(name) != getattr(args, name)]
     if differ:
         raise ConfigError(
-            f"{named or f'--calibration {path}'} measured {', '.join(f'{n}={model.get(n)}' for n in differ)}; "
+            f"{named} measured {', '.join(f'{n}={model.get(n)}' for n in differ)}; "
             f"this prediction has {', '.join(f'{n}={getattr(args, n)}' for n in differ)}: calibrate for it"
         )
     return calibration

@@ -69,7 +69,7 @@ def own_calibrations(args: argparse.Namespace) -> dict[int, tuple[str, float]]:
     machine measured twice."""
     from paratrain.simulate.calibration import load_for  # deferred: reads files only when asked
 
-    own, kept = {}, []
+    own, kept, theirs = {}, [], None
     for text in args.host:
         index, _, settings = text.partition(":")
         rest = []
@@ -83,13 +83,15 @@ def own_calibrations(args: argparse.Namespace) -> dict[int, tuple[str, float]]:
                     f"--host {text}: a host's own calibration is weighed against the other hosts': give theirs "
                     "as --calibration FILE"
                 )
+            if theirs is None:
+                theirs = load_for(args.calibration, args)["costs"]["compute_ms"]
             mine = load_for(value, args, f"--host {index}:calibration={value}")["costs"]["compute_ms"]
-            theirs = load_for(args.calibration, args)["costs"]["compute_ms"]
-            own[int(index) if index.isdigit() else -1] = (value, mine / theirs if theirs else 1.0)
+            ratio = mine / theirs if theirs else 1.0
+            own[int(index) if index.isdigit() else -1] = (value, 1.0 if abs(ratio - 1) <= SAME_SPEED else ratio)
         if rest:
             kept.append(f"{index}:{','.join(rest)}")
     args.host = kept
-    return {i: (path, 1.0 if abs(ratio - 1) <= SAME_SPEED else ratio) for i, (path, ratio) in own.items()}
+    return own
 
 
 def describe(args: argparse.Namespace) -> None:
@@ -105,7 +107,8 @@ def describe(args: argparse.Namespace) -> None:
         raise ConfigError("--recommend compares strategies on 2 or more --hosts")
     if -1 in own or max(own, default=0) >= len(specs):
         raise ConfigError(f"--host I:calibration=FILE: expected I < --hosts {len(specs)}")
-    factors = [args.cpu / spec.cpu * own.get(i, ("", 1.0))[1] for i, spec in enumerate(specs)]
+    ratios = {i: ratio for i, (_, ratio) in own.items()}
+    factors = [args.cpu / spec.cpu * ratios.get(i, 1.0) for i, spec in enumerate(specs)]
     slow = [i for i, factor in enumerate(factors) if factor > 1]
     if len(slow) > 1 or any(factor < 1 for factor in factors):
         raise ConfigError(
@@ -125,8 +128,8 @@ def describe(args: argparse.Namespace) -> None:
     args.slow_host, args.slow_factor = (slow[0], factors[slow[0]]) if slow else (None, 1.0)
     for i in slow:
         said = [f"at {specs[i].cpu:g}"] if specs[i].cpu < args.cpu else []
-        if own.get(i, ("", 1.0))[1] > 1:
-            said.append(f"{own[i][1]:.2g}x the compute a step ({own[i][0]})")
+        if ratios.get(i, 1.0) > 1:
+            said.append(f"{ratios[i]:.2g}x the compute a step ({own[i][0]})")
         words += f", host {i} {' and '.join(said)}"
     args.hosts_words = words
 
