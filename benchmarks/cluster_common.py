@@ -20,6 +20,20 @@ from typing import Any
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SEEDS = 5  # draws of the hosts' quota phases per simulated setting
+TIED = 0.10  # two results within this of each other count as tied
+
+
+def fastest(values: dict[str, float | None], larger: bool = True) -> list[str]:
+    """The names within TIED of the best value (larger or smaller is better; None: no value,
+    e.g. a target never reached), in ``values``' order."""
+    known = {k: v for k, v in values.items() if v is not None}
+    if not known:
+        return []
+    if larger:
+        best = max(known.values())
+        return [k for k, v in known.items() if v >= best * (1 - TIED)]
+    best = min(known.values())
+    return [k for k, v in known.items() if v <= best * (1 + TIED)]
 
 
 def cluster_train(cluster: list[str], train: list[str], out: Path, timeout: float = 1800) -> dict:

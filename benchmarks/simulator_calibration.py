@@ -32,13 +32,13 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.cluster_common import fastest  # noqa: E402
 from benchmarks.recorded_table import record  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 DOC = ROOT / "docs" / "simulator.md"
 SETTINGS = [("allreduce", 2), ("ps-sync", 2), ("ps-async", 2), ("allreduce", 3), ("ps-sync", 1), ("ps-async", 1)]
-TIED = 0.10
 ENV = {**os.environ, "PARATRAIN_THREADS_PER_WORKER": "1", "OMP_NUM_THREADS": "1"}
 
 
@@ -129,11 +129,6 @@ def host_lines(hosts: dict) -> list[str]:
         f"Median absolute error {hosts['median_abs_error']:.0%}; the fastest named (within 10%) in "
         f"{sum(p['right'] for p in picks)} of {len(picks)} groups ({named}).",
     ]
-
-
-def fastest(rates: dict[str, float]) -> set[str]:
-    top = max(rates.values())
-    return {name for name, rate in rates.items() if rate >= top * (1 - TIED)}
 
 
 def main() -> None:

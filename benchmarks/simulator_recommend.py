@@ -45,7 +45,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from cluster_common import RESULTS, cluster_train, median_or_none, record, seconds_to
+from cluster_common import RESULTS, cluster_train, fastest, median_or_none, record, seconds_to
 
 MODELS = {
     "mlp": {"dataset": "digits", "target": 0.95, "epochs": 10},
@@ -65,7 +65,6 @@ SETTINGS = [
     ("cifar_cnn", 3, 0.6, "20mbit", 0.5),
 ]
 BATCH = 32
-TIED = 0.10
 
 
 def paratrain(*args: str) -> subprocess.CompletedProcess:
@@ -120,18 +119,6 @@ def real_run(setting: tuple, candidate: dict, args: argparse.Namespace, folder: 
         "epochs": [[h["wall_seconds"] - start, h["test_accuracy"]] for h in metrics["history"]],
         "epoch_seconds": metrics["epoch_seconds"],
     }
-
-
-def fastest(values: dict[str, float | None], larger: bool) -> list[str]:
-    """The candidates within TIED of the best value (None: never reached)."""
-    known = {k: v for k, v in values.items() if v is not None}
-    if not known:
-        return []
-    if larger:
-        best = max(known.values())
-        return [k for k, v in known.items() if v >= best * (1 - TIED)]
-    best = min(known.values())
-    return [k for k, v in known.items() if v <= best * (1 + TIED)]
 
 
 def judge(prediction: dict, runs: dict[str, list[dict]]) -> dict:
