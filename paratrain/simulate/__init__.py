@@ -2,7 +2,7 @@
 
 cluster.py   nodes, links, stragglers, failures, codecs: the cost model
 simulator.py the discrete-event engine; one object per strategy (STRATEGIES)
-virtual.py   virtual-cluster training: real SGD on the simulated schedule
+virtual.py   virtual-cluster training: real training on the simulated schedule
 cli.py       flags, table, JSON; plots.py the figures
 
 Imports here are lazy so that ``paratrain --help`` stays fast.

@@ -8,8 +8,8 @@ model, and a micro-benchmark of the transport alone misses it (a one-value Gloo 
 0.06 ms; what a real 2-process all-reduce step adds to the mlp's: 1.5 ms). So the costs
 are taken from real ``paratrain train`` runs of ``--model`` on ``--dataset`` (``--batch-size``),
 one thread a process, each process on a core of its own, about 400 steps each (at least 2
-epochs), SGD at the prediction's ``--lr`` and ``--momentum`` (a model that diverges at the
-defaults is measured at the rate it trains with); 3 rounds of the three runs back to back,
+epochs), with the prediction's ``--optimizer``, ``--lr``, ``--momentum`` and ``--weight-decay``
+(a model that diverges at the defaults is measured at the rate it trains with); 3 rounds of the three runs back to back,
 each cost the median over the rounds (a shared machine's speed drifts between runs);
 examples/s of training past the first epoch:
 
@@ -20,8 +20,8 @@ examples/s of training past the first epoch:
   ``message_cpu_us``, what a message costs its receiver on a node under a CPU quota;
 - ``ps_push_us``: what a step of ``ps-sync`` with 1 worker (Tp) adds to T1: the push, the
   shard's work on it and its update, and the reply;
-- ``ps_update_us``: the shard's optimizer step (SGD with momentum 0.9) on the model's
-  parameters as one flat tensor, measured alone;
+- ``ps_update_us``: the shard's optimizer step (``--optimizer``'s: Adam's costs about three
+  times SGD's) on the model's parameters as one flat tensor, measured alone;
 - ``codec_gbps``: ``--compression``'s encode plus decode of the model's gradient, in
   gigabytes of dense gradient a second (0 for ``none``: nothing to code);
 - ``host_link_gbps`` and ``host_step_us``: the rate and the fixed cost (a ring step's) of a
@@ -60,6 +60,7 @@ from paratrain.config import TrainConfig
 from paratrain.data.datasets import load_dataset
 from paratrain.errors import ConfigError
 from paratrain.models import build_model
+from paratrain.registry import OPTIMIZERS
 from paratrain.simulate.calibration import FORMAT, VERSION
 from paratrain.simulate.link_probe import host_link
 
@@ -74,7 +75,7 @@ def calibrate(args: Any, model: Any, splits: Any) -> dict[str, Any]:
         "ring_step_us": ring * 1e6,
         "message_cpu_us": ring * 1e6,
         "ps_push_us": push * 1e6,
-        "ps_update_us": _update_s(flat) * 1e6,
+        "ps_update_us": _update_s(flat, args) * 1e6,
         "codec_gbps": _codec_gbps(args, model, flat),
     }
     costs["host_link_gbps"], costs["host_step_us"] = host_link()
@@ -90,12 +91,15 @@ def calibrate(args: Any, model: Any, splits: Any) -> dict[str, Any]:
             "torch": torch.__version__,
             "threads": 1,
             "cores": os.cpu_count(),
+            "runs": "paratrain train " + " ".join(training_flags(args)) + " with --strategy single; allreduce "
+            "--workers 2; ps-sync --workers 1",
         },
         "model": {
             "model": args.model,
             "dataset": args.dataset,
             "batch_size": args.batch_size,
             "compression": args.compression,
+            "optimizer": args.optimizer,
             "gradient_bytes": flat.numel() * 4,
         },
         "costs": costs,
@@ -131,10 +135,8 @@ def _step_s(args: Any, splits: Any, flags: list[str], workers: int) -> float:
     epochs = max(2, math.ceil(RUN_STEPS / per_epoch))
     with tempfile.TemporaryDirectory(prefix="paratrain-calibrate-") as folder:
         out = Path(folder) / "metrics.json"
-        command = [sys.executable, "-m", "paratrain", "train", *flags, "--model", args.model, "--dataset",
-                   args.dataset, "--batch-size", str(args.batch_size), "--epochs", str(epochs), "--seed",
-                   str(args.seed), "--lr", str(args.lr), "--momentum", str(args.momentum), "--no-progress",
-                   "--log-every", "0", "--metrics-out", str(out)]  # fmt: skip
+        command = [sys.executable, "-m", "paratrain", "train", *flags, *training_flags(args), "--epochs", str(epochs),
+                   "--no-progress", "--log-every", "0", "--metrics-out", str(out)]  # fmt: skip
         env = {**os.environ, "PARATRAIN_THREADS_PER_WORKER": "1", "OMP_NUM_THREADS": "1"}
         run = subprocess.run(command, capture_output=True, text=True, env=env, timeout=3600)
         if run.returncode != 0 or not out.exists():
@@ -145,6 +147,14 @@ def _step_s(args: Any, splits: Any, flags: list[str], workers: int) -> float:
     first, last = history[0], history[-1]
     rate = (last["examples_seen"] - first["examples_seen"]) / (last["wall_seconds"] - first["wall_seconds"])
     return args.batch_size * workers / rate
+
+
+def training_flags(args: Any) -> list[str]:
+    """The ``paratrain train`` flags every measuring run shares: the prediction's model, data,
+    batch, seed and optimizer (recorded in the calibration file, with the runs' own flags)."""
+    return ["--model", args.model, "--dataset", args.dataset, "--batch-size", str(args.batch_size), "--seed",
+            str(args.seed), "--optimizer", args.optimizer, "--lr", str(args.lr), "--momentum", str(args.momentum),
+            "--weight-decay", str(args.weight_decay)]  # fmt: skip
 
 
 def model_and_data(args: argparse.Namespace) -> tuple[Any, Any]:
@@ -206,11 +216,11 @@ def _median_s(work: Any, repeats: int = 20) -> float:
     return statistics.median(times)
 
 
-def _update_s(flat: torch.Tensor) -> float:
+def _update_s(flat: torch.Tensor, args: Any) -> float:
     params = flat.clone().requires_grad_(True)
     params.grad = torch.randn_like(params)
-    optimizer = torch.optim.SGD([params], lr=0.01, momentum=0.9)
-    return _median_s(optimizer.step)
+    config = TrainConfig(optimizer=args.optimizer, lr=args.lr, momentum=args.momentum, weight_decay=args.weight_decay)
+    return _median_s(OPTIMIZERS.get(config.optimizer)([params], config).step)
 
 
 def _codec_gbps(args: Any, model: Any, flat: torch.Tensor) -> float:

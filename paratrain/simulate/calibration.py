@@ -29,8 +29,10 @@ OPTIONAL = {
     "host_step_us": "{:.3g} us a ring step on it (tensor's replicas)",
     "tp_module_us": "{:.3g} us a split module adds (tensor)",
 }
-#: What a calibration must share with the prediction that takes it.
-SAME = ("model", "dataset", "batch_size", "compression")
+#: What a calibration must share with the prediction that takes it, and what an older file
+#: that does not say measured (version 1 files before the optimizer was recorded: SGD).
+SAME = ("model", "dataset", "batch_size", "compression", "optimizer")
+UNSAID = {"optimizer": "sgd"}
 
 
 def load(path: str, named: str = "") -> dict[str, Any]:
@@ -63,14 +65,15 @@ def load(path: str, named: str = "") -> dict[str, Any]:
 
 def load_for(path: str, args: argparse.Namespace, named: str = "") -> dict[str, Any]:
     """The calibration in ``path``, refused in one line unless it measured this prediction's
-    model, data, batch and codec."""
+    model, data, batch, codec and optimizer."""
     named = named or f"--calibration {path}"
     calibration = load(path, named)
     model = calibration["model"]
-    differ = [name for name in SAME if model.get(name) != getattr(args, name)]
+    measured = {name: model.get(name, UNSAID.get(name)) for name in SAME}
+    differ = [name for name in SAME if measured[name] != getattr(args, name)]
     if differ:
         raise ConfigError(
-            f"{named} measured {', '.join(f'{n}={model.get(n)}' for n in differ)}; "
+            f"{named} measured {', '.join(f'{n}={measured[n]}' for n in differ)}; "
             f"this prediction has {', '.join(f'{n}={getattr(args, n)}' for n in differ)}: calibrate for it"
         )
     return calibration

@@ -54,6 +54,7 @@ def check_arguments(args: argparse.Namespace) -> tuple[list[str], list[int]]:
         "failure_rate",
         "recovery_s",
         "momentum",
+        "weight_decay",
         "backup_workers",
         "max_staleness",
         "seed",
@@ -86,6 +87,13 @@ def check_arguments(args: argparse.Namespace) -> tuple[list[str], list[int]]:
     _positive("target-loss", args.target_loss)
     if args.seeds < 1:
         raise ConfigError(f"--seeds must be >= 1, got {args.seeds}")
+    if (args.optimizer != "sgd" or args.weight_decay) and not (
+        args.train or targeted or args.calibrate or args.calibration
+    ):
+        raise ConfigError(
+            "--optimizer and --weight-decay are for the training a prediction replays (--train, --target-*) and "
+            "the update a calibration measures (--calibrate, --calibration); this prediction has neither"
+        )
     if (args.train or targeted) and "diloco" in strategies:
         raise ConfigError("--train replays plain gradient steps; diloco's outer optimizer is not modelled there")
     cluster_flags = args.hosts is not None or args.link is not None or args.host or args.cpu != 1.0

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 
+from paratrain.registry import OPTIMIZERS
+
 DEFAULT_WORKERS = "1,2,4,8,16,32,64,128,256,512,1024"
 
 
@@ -229,7 +231,7 @@ def add_flags(p: argparse.ArgumentParser) -> None:
     a(
         "--train",
         action="store_true",
-        help="virtual-cluster training: real SGD in this process, in the order and with the staleness the simulation gives",
+        help="virtual-cluster training: real training in this process, in the order and with the staleness the simulation gives",
     )
     a("--epochs", type=int, default=5, help="--train, --target-*: passes over the training data (default 5)")
     a(
@@ -264,6 +266,18 @@ def add_flags(p: argparse.ArgumentParser) -> None:
         type=float,
         default=0.9,
         help="--train and --calibrate's measuring runs: SGD momentum (default 0.9)",
+    )
+    a(
+        "--optimizer",
+        default="sgd",
+        choices=OPTIMIZERS.names(with_aliases=False),
+        help="--train and --calibrate's measuring runs: the optimizer, as paratrain train's (default sgd)",
+    )
+    a(
+        "--weight-decay",
+        type=float,
+        default=0.0,
+        help="--train and --calibrate's measuring runs: weight decay, as paratrain train's (default 0)",
     )
 
 

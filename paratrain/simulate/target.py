@@ -56,7 +56,8 @@ def time_to_target(
             steps = max(args.epochs * (len(splits.train) // (args.batch_size * cluster.workers)), 1)
             outcome = simulate(strategy, cluster, steps, seed=seed, record=True, **options)
             result = replay(outcome, copy.deepcopy(model), splits.train, splits.test, batch=args.batch_size,
-                            lr=args.lr, momentum=args.momentum, seed=seed, evals=EVALS)  # fmt: skip
+                            lr=args.lr, momentum=args.momentum, optimizer=args.optimizer,
+                            weight_decay=args.weight_decay, seed=seed, evals=EVALS)  # fmt: skip
             seconds.append(next((p["sim_seconds"] for p in result["history"] if reaches(p, args)), None))
             finals.append(result["test_accuracy"])
         reached = [s for s in seconds if s is not None]

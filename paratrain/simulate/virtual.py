@@ -1,4 +1,4 @@
-"""Virtual-cluster training: real SGD in one process on the schedule a simulation gives.
+"""Virtual-cluster training: real training in one process on the schedule a simulation gives.
 
 The simulator's trace says, for every parameter update, whose gradients it applies,
 on which parameter version each was computed, and when (simulated time). Here the real
@@ -13,9 +13,12 @@ synchronous strategies drop the tail of an epoch that does not fill a whole roun
 the real ones do, so virtual ps-sync equals one process with the global batch.
 Gradients that the server drops are not computed (they take no batch here).
 
-The optimizer is SGD with momentum on flat parameter vectors, the same arithmetic as
-torch.optim.SGD (buf = m buf + g; p -= lr buf), applied where the real strategy applies
-it: on the server (ps-*), on every replica alike (allreduce), per replica (local-sgd).
+The optimizer is the run's (``paratrain train``'s ``--optimizer``: SGD with momentum, Adam,
+AdamW, Adagrad), the torch.optim class itself over the model's parameters as one flat vector
+(each of them works element by element, so a flat vector steps as the parameters do), applied
+where the real strategy applies it: on the server (ps-*, whose shards step the user's
+optimizer over flat pieces too), on every replica alike (allreduce), per replica, its state
+kept through the averaging (local-sgd).
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from paratrain.config import TrainConfig
+from paratrain.registry import OPTIMIZERS
 from paratrain.simulate.cluster import Cluster
 from paratrain.simulate.simulator import Outcome, simulate
 
@@ -52,18 +57,23 @@ class BatchStream:
         return next(self._iter)
 
 
-class FlatSGD:
-    """SGD with momentum on one flat parameter vector (torch.optim.SGD's arithmetic)."""
+class FlatOptimizer:
+    """The run's optimizer (made as ``paratrain train`` makes it from ``config``: its
+    ``optimizer``, ``lr``, ``momentum``, ``weight_decay``) over one flat parameter vector
+    ``params``, which each step updates in place."""
 
-    def __init__(self, params: torch.Tensor, lr: float, momentum: float):
-        self.params, self.lr, self.momentum = params, lr, momentum
-        self.buf: torch.Tensor | None = None
+    def __init__(self, params: torch.Tensor, config: TrainConfig):
+        self.params, self.lr = params, config.lr
+        self._param = nn.Parameter(params)  # shares params' storage: the steps update params
+        self._optimizer = OPTIMIZERS.get(config.optimizer)([self._param], config)
 
     def step(self, grad: torch.Tensor, lr_scale: float = 1.0) -> None:
-        if self.momentum:
-            self.buf = grad.clone() if self.buf is None else self.buf.mul_(self.momentum).add_(grad)
-            grad = self.buf
-        self.params.add_(grad, alpha=-self.lr * lr_scale)
+        """One update with ``grad``; ``lr_scale`` scales the rate of this one (a stale
+        gradient's, --stale-policy scale-lr)."""
+        for group in self._optimizer.param_groups:
+            group["lr"] = self.lr * lr_scale
+        self._param.grad = grad
+        self._optimizer.step()
 
 
 class Replayer:
@@ -105,11 +115,15 @@ def replay(
     batch: int,
     lr: float,
     momentum: float,
+    optimizer: str = "sgd",
+    weight_decay: float = 0.0,
     seed: int = 0,
     evals: int = 10,
 ) -> dict[str, Any]:
-    """Train ``model`` on the trace of ``outcome``; returns the final parameters, accuracy
-    against simulated time, and the run's statistics."""
+    """Train ``model`` on the trace of ``outcome`` with ``optimizer`` (a name of ``paratrain
+    train``'s --optimizer); returns the final parameters, accuracy against simulated time,
+    and the run's statistics."""
+    config = TrainConfig(optimizer=optimizer, lr=lr, momentum=momentum, weight_decay=weight_decay)
     trace = outcome.trace
     sync = outcome.strategy != "ps-async"
     rep = Replayer(model, train, test, batch, outcome.workers if sync else 1, seed)
@@ -117,18 +131,18 @@ def replay(
     every = max(len(trace) // evals, 1)
     history = []
     if outcome.strategy == "local-sgd":
-        replicas = [FlatSGD(current.clone(), lr, momentum) for _ in range(outcome.workers)]
+        replicas = [FlatOptimizer(current.clone(), config) for _ in range(outcome.workers)]
         for i, update in enumerate(trace):
             for _ in range(outcome.period):
                 for r in replicas:
                     r.step(rep.gradient(r.params))
             current = torch.stack([r.params for r in replicas]).mean(0)
-            for r in replicas:  # averaging (Lin et al. 2020): parameters, not momentum
+            for r in replicas:  # averaging (Lin et al. 2020): parameters, not the optimizers' state
                 r.params.copy_(current)
             if (i + 1) % every == 0 or i == len(trace) - 1:
                 history.append({"updates": i + 1, "sim_seconds": update.time, **rep.evaluate(current)})
     else:
-        opt = FlatSGD(current, lr, momentum)
+        opt = FlatOptimizer(current, config)
         # The ring of past versions: version v stays while a later update still needs it.
         needed_after = [0] * (len(trace) + 1)
         needed_after[-1] = len(trace)
@@ -181,6 +195,8 @@ def train_virtual(
         batch=args.batch_size,
         lr=args.lr,
         momentum=args.momentum,
+        optimizer=args.optimizer,
+        weight_decay=args.weight_decay,
         seed=args.seed,
     )
     result.pop("params")

@@ -47,10 +47,12 @@ def _rate(result):
 
 def test_calibrate_measures_every_cost_here_and_predicts_with_them(cli, tmp_path):
     path = tmp_path / "cal.json"
-    result = cli("simulate", "--calibrate", str(path), *PREDICT)
+    result = cli("simulate", "--calibrate", str(path), "--optimizer", "adamw", "--lr", "0.001", *PREDICT)
     assert result.returncode == 0, result.stderr[-2000:]
     calibration = json.loads(path.read_text())
     assert calibration["format"] == FORMAT and calibration["model"]["model"] == "mlp"
+    assert calibration["model"]["optimizer"] == "adamw"  # the runs' optimizer, which a prediction must share
+    assert "--optimizer adamw --lr 0.001 " in calibration["measured"]["runs"]
     costs = calibration["costs"]
     for name in ("compute_ms", "ring_step_us", "message_cpu_us", "ps_push_us", "ps_update_us"):
         assert 0 < costs[name] < 1e6, (name, costs)
@@ -144,6 +146,9 @@ def test_a_prediction_without_a_calibration_says_so(cli):
         ({"costs": {"host_link_gbps": "fast"}}, "its host_link_gbps must be a number >= 0"),
         ({"model": {"model": "cifar_cnn", "dataset": "digits", "batch_size": 32, "compression": "none"}},
          "measured model=cifar_cnn; this prediction has model=mlp: calibrate for it"),
+        ({"model": {"model": "mlp", "dataset": "digits", "batch_size": 32, "compression": "none",
+                    "optimizer": "adam"}},
+         "measured optimizer=adam; this prediction has optimizer=sgd: calibrate for it"),
     ],
 )  # fmt: skip
 def test_a_file_that_is_no_calibration_for_this_prediction_is_one_line(cli, tmp_path, write, words):
@@ -160,3 +165,21 @@ def test_a_file_that_is_no_calibration_for_this_prediction_is_one_line(cli, tmp_
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and words in lines[0], result.stderr
+
+
+def test_a_calibration_written_before_the_optimizer_was_recorded_measured_sgd(cli, tmp_path):
+    """A calibration file that does not name its optimizer was measured with SGD (the only one
+    measured then): refused for an Adam prediction."""
+    old = _calibration(tmp_path / "old.json")  # no optimizer recorded: measured with SGD
+    result = cli("simulate", "--calibration", old, "--optimizer", "adam", *PREDICT)
+    assert result.returncode == 2
+    assert "measured optimizer=sgd; this prediction has optimizer=adam" in result.stderr
+
+
+def test_an_optimizer_for_a_prediction_that_neither_trains_nor_calibrates_is_refused(cli):
+    result = cli("simulate", "--compute-ms", "2", "--optimizer", "adam", *PREDICT)
+    assert result.returncode == 2
+    assert result.stderr.strip() == (
+        "paratrain: error: --optimizer and --weight-decay are for the training a prediction replays (--train, "
+        "--target-*) and the update a calibration measures (--calibrate, --calibration); this prediction has neither"
+    )

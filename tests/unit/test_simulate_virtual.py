@@ -25,10 +25,11 @@ def fresh_model(digits, seed=0):
     return build_model("mlp", digits.spec)
 
 
-def synchronous_reference(model, train, workers, batch, lr, momentum, rounds, seed):
-    """One process, global batch workers x batch, torch.optim.SGD: what ps-sync must equal."""
+def synchronous_reference(model, train, workers, batch, lr, momentum, rounds, seed, optimizer=None):
+    """One process, global batch workers x batch, torch.optim.SGD (or ``optimizer(params)``):
+    what ps-sync must equal."""
     inputs, targets = train.tensors
-    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
+    opt = optimizer(model.parameters()) if optimizer else torch.optim.SGD(model.parameters(), lr=lr, momentum=momentum)
     global_batch = workers * batch
     per_epoch = len(targets) // global_batch
     done, epoch = 0, 0
@@ -54,6 +55,34 @@ def test_virtual_sync_equals_real_synchronous_training(digits, strategy):
     result = replay(outcome, model, digits.train, digits.test, batch=batch, lr=0.05, momentum=0.9, seed=0)
     torch.testing.assert_close(result["params"], reference, rtol=1e-5, atol=1e-6)
     assert result["updates"] == rounds
+
+
+@pytest.mark.parametrize(
+    ("name", "make"),
+    [
+        ("adam", lambda params: torch.optim.Adam(params, lr=0.003)),
+        ("adamw", lambda params: torch.optim.AdamW(params, lr=0.003, weight_decay=0.1)),
+    ],
+)
+def test_virtual_training_steps_the_run_s_optimizer(digits, name, make):
+    """ps-sync replayed with Adam (AdamW and its decay) equals one process stepping
+    torch.optim's on the global batch; local SGD on one worker equals it too, so each
+    replica's optimizer state lives on through the synchronizations (reset there, the
+    moments would start again every 4 steps)."""
+    workers, batch, rounds = 2, 16, 60  # past an epoch (44 rounds)
+    cluster = Cluster(workers=workers, compute_s=0.01, model_bytes=1e5, bandwidth=math.inf, latency=0.0)
+    model = fresh_model(digits)
+    reference = synchronous_reference(copy.deepcopy(model), digits.train, workers, batch, 0, 0, rounds, 0, make)
+    decay = 0.1 if name == "adamw" else 0.0
+    replayed = replay(simulate("ps-sync", cluster, rounds, record=True), model, digits.train, digits.test,
+                      batch=batch, lr=0.003, momentum=0.9, optimizer=name, weight_decay=decay, seed=0)  # fmt: skip
+    torch.testing.assert_close(replayed["params"], reference, rtol=1e-5, atol=1e-6)
+    one = simulate("local-sgd", Cluster(workers=1, compute_s=0.01, model_bytes=1e5), 24, record=True, period=4)
+    model = fresh_model(digits)
+    reference = synchronous_reference(copy.deepcopy(model), digits.train, 1, batch, 0, 0, 24, 0, make)
+    replayed = replay(one, model, digits.train, digits.test, batch=batch, lr=0.003, momentum=0.9, optimizer=name,
+                      weight_decay=decay, seed=0)  # fmt: skip
+    torch.testing.assert_close(replayed["params"], reference, rtol=1e-5, atol=1e-6)
 
 
 def test_virtual_async_uses_stale_versions_and_is_deterministic(digits):
