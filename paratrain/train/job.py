@@ -206,7 +206,15 @@ def _run(config: TrainConfig, strategy: Any, started: float) -> dict[str, Any]:
                 {
                     **{
                         k: entry.get(k)
-                        for k in ("epoch", "train_loss", "test_accuracy", "test_loss", "wall_seconds", "cpu_seconds")
+                        for k in (
+                            "epoch",
+                            "train_loss",
+                            "test_accuracy",
+                            "test_loss",
+                            "wall_seconds",
+                            "train_seconds",
+                            "cpu_seconds",
+                        )
                     },
                     **{k: v for k, v in entry.items() if k.startswith("test_") and k not in ("test_accuracy",)},
                     "examples_seen": applied if applied is not None else entry["examples_seen"],

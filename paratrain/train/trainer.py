@@ -252,6 +252,7 @@ class Trainer:
                 "epochs": epochs,
                 "train_loss": epoch_loss / max(epoch_examples, 1),
                 "examples_per_second": epoch_examples / seconds if seconds > 0 else 0.0,
+                "train_seconds": seconds,  # the epoch's steps; its evaluation and its start come after
                 "learning_rate": self.learning_rate,
                 "loader_wait_seconds": batches.wait_seconds - waited,
                 "examples_seen": self.examples_seen,

@@ -33,6 +33,7 @@ def test_default_run_reaches_95_percent_in_under_30_seconds(cli, tmp_path):
         "test_accuracy",
         "test_loss",
         "wall_seconds",
+        "train_seconds",
         "cpu_seconds",
         "examples_seen",
     }

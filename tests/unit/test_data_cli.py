@@ -20,6 +20,10 @@ def _train(cli, tmp_path, *args):
     assert metrics["loader_wait_seconds"] >= 0
     cpu = [e["cpu_seconds"] for e in metrics["history"]]  # the process's CPU since training began
     assert 0 < cpu[0] and cpu == sorted(cpu), cpu
+    # an epoch's steps take less than the wall clock between the epochs' ends (evaluation)
+    walls = [0.0] + [e["wall_seconds"] for e in metrics["history"]]
+    for entry, before, after in zip(metrics["history"], walls, walls[1:]):
+        assert 0 < entry["train_seconds"] < after - before, (entry, before, after)
     return metrics
 
 
