@@ -28,8 +28,8 @@ the target among all.
     sudo .venv/bin/python benchmarks/simulator_recommend.py [--repeats 2] [--only 1,4]
 
 (``--only`` adds settings to the recorded file with the calibrations recorded in it;
-``--repredict RECORDED.json --out OTHER`` calibrates and predicts the recorded settings
-again, against their recorded real runs.)
+``--repredict RECORDED.json --out OTHER [--only 1,4]`` calibrates and predicts the recorded
+settings, or those of ``--only``, again, against their recorded real runs.)
 
 Writes benchmarks/results/simulator_recommend.json and .md after every setting (a run cut
 short keeps the settings it finished; ``--only`` runs some again into the same file).
@@ -240,7 +240,7 @@ def main() -> None:
     if args.only and out.with_suffix(".json").exists():
         document = json.loads(out.with_suffix(".json").read_text())
     if args.repredict:
-        repredict(json.loads(Path(args.repredict).read_text()), args, out)
+        repredict(json.loads(Path(args.repredict).read_text()), args, out, set(chosen))
         return
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
@@ -275,10 +275,11 @@ def calibrated(model: str, document: dict, folder: Path) -> Path:
     return calibration
 
 
-def repredict(recorded: dict, args: argparse.Namespace, out: Path) -> None:
+def repredict(recorded: dict, args: argparse.Namespace, out: Path, chosen: set[int]) -> None:
     """The recorded real runs against this code's predictions: calibrated afresh, each
-    setting predicted again (the real runs do not depend on the simulator)."""
-    document = {**recorded, "calibrations": {}, "real_runs_from": args.repredict}
+    ``chosen`` setting predicted again (the real runs do not depend on the simulator)."""
+    settings = [entry for entry in recorded["settings"] if entry["number"] in chosen]
+    document = {**recorded, "settings": settings, "calibrations": {}, "real_runs_from": args.repredict}
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         for entry in document["settings"]:
