@@ -229,6 +229,8 @@ def stressed_run(strategy: str, calm: dict, kills: int, rng: random.Random, fork
     return {
         "strategy": strategy,
         "kills": done,
+        "moments": moments,  # (step, seconds) each kill was due at, as drawn
+        "last_step": _step(run),  # the last step the run logged
         "ended": ended,
         "exit": run.process.returncode,
         "seconds": run.now(),

@@ -25,5 +25,9 @@ def test_kills_of_the_first_replica_and_of_a_replacement_never_hang_and_cost_no_
     kinds = [(kill["kind"], kill.get("replica")) for kill in row["kills"]]
     assert row["ended"], f"hung after {kinds}\n{row['stderr_tail']}"
     assert row["exit"] == 0, f"{kinds}\n{row['stderr_tail']}"
-    assert kinds and kinds[0] == ("replica", 0), kinds  # the first replica goes first
+    # the first replica goes first (no kill at all: the run ended before the first was due)
+    assert kinds and kinds[0] == ("replica", 0), (
+        f"{kinds}: kills due at {row['moments']}, the run's last step logged {row['last_step']} "
+        f"(undisturbed: {calm['steps']})\n{row['stderr_tail']}"
+    )
     assert abs(row["test_accuracy"] - calm["test_accuracy"]) <= 0.01, (row["test_accuracy"], calm, kinds)
