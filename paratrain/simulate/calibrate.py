@@ -91,8 +91,8 @@ def calibrate(args: Any, model: Any, splits: Any) -> dict[str, Any]:
             "torch": torch.__version__,
             "threads": 1,
             "cores": os.cpu_count(),
-            "runs": "paratrain train " + " ".join(training_flags(args)) + " with --strategy single; allreduce "
-            "--workers 2; ps-sync --workers 1",
+            "runs": f"paratrain train {' '.join(training_flags(args))} with "
+            + "; ".join(" ".join(flags) for flags, _ in (SINGLE, RING, PUSH)),
         },
         "model": {
             "model": args.model,
@@ -110,6 +110,11 @@ def calibrate(args: Any, model: Any, splits: Any) -> dict[str, Any]:
 RUN_STEPS = 400
 
 
+#: The measuring runs' own flags, and the processes each trains with.
+SINGLE = (["--strategy", "single"], 1)
+RING = (["--strategy", "allreduce", "--workers", "2"], 2)
+PUSH = (["--strategy", "ps-sync", "--workers", "1"], 1)
+
 #: Rounds of the three measuring runs (single, allreduce, ps-sync), back to back in each, so
 #: that the machine's drift hits all three alike; each cost is its median over the rounds.
 ROUNDS = 3
@@ -122,10 +127,10 @@ def _step_costs(args: Any, splits: Any) -> tuple[float, float, float]:
     below 0 in a round on a noisy machine: it counts as 0 there."""
     singles, rings, pushes = [], [], []
     for _ in range(ROUNDS):
-        single = _step_s(args, splits, ["--strategy", "single"], 1)
+        single = _step_s(args, splits, *SINGLE)
         singles.append(single)
-        rings.append(max(_step_s(args, splits, ["--strategy", "allreduce", "--workers", "2"], 2) - single, 0.0) / 2)
-        pushes.append(max(_step_s(args, splits, ["--strategy", "ps-sync", "--workers", "1"], 1) - single, 0.0))
+        rings.append(max(_step_s(args, splits, *RING) - single, 0.0) / 2)
+        pushes.append(max(_step_s(args, splits, *PUSH) - single, 0.0))
     return statistics.median(singles), statistics.median(rings), statistics.median(pushes)
 
 
