@@ -16,16 +16,22 @@ examples/s of training past the first epoch:
 - ``compute_ms``: a step of ``single`` (T1): the forward and backward pass, the optimizer,
   the batch and the step's bookkeeping, all a worker does besides communicating;
 - ``ring_step_us``: what a step of ``allreduce`` with 2 workers (T2) adds to T1, per step of
-  the ring (a 2-process ring has 2): (T2 - T1) / 2. Over loopback that is CPU, so it is also
+  the ring (a 2-process ring has 2): (T2 - T1) / 2. Part of it is CPU, part waiting (Gloo's
+  threads handing the message over): the CPU a step of ``allreduce`` adds to one of
+  ``single`` (``cpu_seconds``, every thread of the process), per step of the ring, is
   ``message_cpu_us``, what a message costs its receiver on a node under a CPU quota;
 - ``ps_push_us``: what a step of ``ps-sync`` with 1 worker (Tp) adds to T1: the push, the
   shard's work on it and its update, and the reply;
+- ``epoch_end_ms``: what an epoch's end costs ``single``: the wall clock between two epochs'
+  ends less the second's steps (the test split's evaluation, the next epoch's start); the
+  steps' costs above count the epochs' steps alone (``train_seconds``);
 - ``ps_update_us``: the shard's optimizer step (``--optimizer``'s: Adam's costs about three
   times SGD's) on the model's parameters as one flat tensor, measured alone;
 - ``codec_gbps``: ``--compression``'s encode plus decode of the model's gradient, in
   gigabytes of dense gradient a second (0 for ``none``: nothing to code);
-- ``host_link_gbps`` and ``host_step_us``: the rate and the fixed cost (a ring step's) of a
-  Gloo all-reduce between two processes of this host (link_probe.py): the link of a
+- ``host_link_gbps``, ``host_step_us`` and ``host_step_cpu_us``: the rate, the fixed cost (a
+  ring step's) and its CPU of a Gloo all-reduce between two processes of this host
+  (link_probe.py): an epoch end's all-reduces of a few values, and the link of a
   tensor-parallel replica whose processes share a machine. A step of ``allreduce`` costs
   far more than that fixed cost (DDP's buckets and hooks: ``ring_step_us``); the activation
   collectives of tensor parallelism are bare all-reduces;
@@ -69,16 +75,17 @@ def calibrate(args: Any, model: Any, splits: Any) -> dict[str, Any]:
     """Every cost of the module docstring for ``model`` (built for ``args.model`` on
     ``args.dataset``)."""
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters() if p.requires_grad]).float()
-    single, ring, push = _step_costs(args, splits)
+    single, ring, ring_cpu, push, epoch_end = _step_costs(args, splits)
     costs = {
         "compute_ms": single * 1e3,
         "ring_step_us": ring * 1e6,
-        "message_cpu_us": ring * 1e6,
+        "message_cpu_us": ring_cpu * 1e6,
         "ps_push_us": push * 1e6,
         "ps_update_us": _update_s(flat, args) * 1e6,
         "codec_gbps": _codec_gbps(args, model, flat),
+        "epoch_end_ms": epoch_end * 1e3,
     }
-    costs["host_link_gbps"], costs["host_step_us"] = host_link()
+    costs["host_link_gbps"], costs["host_step_us"], costs["host_step_cpu_us"] = host_link()
     module = _tensor_module_s(args, model, splits, single, costs)
     if module is not None:
         costs["tp_module_us"] = module * 1e6
@@ -120,22 +127,27 @@ PUSH = (["--strategy", "ps-sync", "--workers", "1"], 1)
 ROUNDS = 3
 
 
-def _step_costs(args: Any, splits: Any) -> tuple[float, float, float]:
-    """Seconds of a step of ``single`` (T1), of a ring step of ``allreduce`` with 2 workers
-    ((T2 - T1) / 2), and of what ``ps-sync`` with 1 worker adds (Tp - T1): medians over
-    ROUNDS. A small cost (a push of a small model: a tenth of a millisecond) can come out
-    below 0 in a round on a noisy machine: it counts as 0 there."""
-    singles, rings, pushes = [], [], []
+def _step_costs(args: Any, splits: Any) -> tuple[float, ...]:
+    """Seconds of a step of ``single`` (T1); of a ring step of ``allreduce`` with 2 workers
+    ((T2 - T1) / 2) and its CPU-seconds on a process (the same difference of the runs' CPU
+    a step); of what ``ps-sync`` with 1 worker adds (Tp - T1); and of an epoch's end in
+    ``single``: medians over ROUNDS. A small cost (a push of a small model: a tenth of a
+    millisecond) can come out below 0 in a round on a noisy machine: it counts as 0 there."""
+    rounds = []
     for _ in range(ROUNDS):
-        single = _step_s(args, splits, *SINGLE)
-        singles.append(single)
-        rings.append(max(_step_s(args, splits, *RING) - single, 0.0) / 2)
-        pushes.append(max(_step_s(args, splits, *PUSH) - single, 0.0))
-    return statistics.median(singles), statistics.median(rings), statistics.median(pushes)
+        single, single_cpu, end = _step_s(args, splits, *SINGLE)
+        ring, ring_cpu, _ = _step_s(args, splits, *RING)
+        push = _step_s(args, splits, *PUSH)[0]
+        rounds.append((single, max(ring - single, 0.0) / 2, max(ring_cpu - single_cpu, 0.0) / 2,
+                       max(push - single, 0.0), end))  # fmt: skip
+    return tuple(statistics.median(values) for values in zip(*rounds))
 
 
-def _step_s(args: Any, splits: Any, flags: list[str], workers: int) -> float:
-    """Seconds a step of a real ``paratrain train`` with ``flags`` takes, one thread a process."""
+def _step_s(args: Any, splits: Any, flags: list[str], workers: int) -> tuple[float, float, float]:
+    """Seconds a step of a real ``paratrain train`` with ``flags`` takes, one thread a process;
+    CPU-seconds the first process spends a step (every thread of it: Gloo's too); and
+    seconds an epoch's end takes there (its evaluation and the next epoch's start: the wall
+    clock between two epochs' ends less the second's steps)."""
     per_epoch = max(len(splits.train) // (args.batch_size * workers), 1)
     epochs = max(2, math.ceil(RUN_STEPS / per_epoch))
     with tempfile.TemporaryDirectory(prefix="paratrain-calibrate-") as folder:
@@ -148,10 +160,12 @@ def _step_s(args: Any, splits: Any, flags: list[str], workers: int) -> float:
             last = (run.stderr.strip().splitlines() or ["no output"])[-1]
             raise ConfigError(f"--calibrate: the measuring run paratrain train {' '.join(flags)} failed: {last}")
         history = json.loads(out.read_text())["history"]
-    # Past the first epoch (its warm-up): examples over training seconds, both cumulative.
-    first, last = history[0], history[-1]
-    rate = (last["examples_seen"] - first["examples_seen"]) / (last["wall_seconds"] - first["wall_seconds"])
-    return args.batch_size * workers / rate
+    # Past the first epoch (its warm-up): examples over the epochs' steps' seconds.
+    first, last, steady = history[0], history[-1], history[1:]
+    training = sum(epoch["train_seconds"] for epoch in steady)
+    steps = (last["examples_seen"] - first["examples_seen"]) / (args.batch_size * workers)
+    end = (last["wall_seconds"] - first["wall_seconds"] - training) / len(steady)
+    return training / steps, (last["cpu_seconds"] - first["cpu_seconds"]) / steps, max(end, 0.0)
 
 
 def training_flags(args: Any) -> list[str]:

@@ -26,8 +26,10 @@ COSTS = {
 #: Costs a calibration may hold (older files lack them), and how a line names each.
 OPTIONAL = {
     "host_link_gbps": "a host's link {:.3g} Gb/s",
-    "host_step_us": "{:.3g} us a ring step on it (tensor's replicas)",
+    "host_step_us": "{:.3g} us a ring step on it (tensor's replicas, an epoch end's all-reduces)",
     "tp_module_us": "{:.3g} us a split module adds (tensor)",
+    "epoch_end_ms": "an epoch's end {:.3g} ms",
+    "host_step_cpu_us": "{:.3g} us of CPU a ring step on it",
 }
 #: What a calibration must share with the prediction that takes it, and what an older file
 #: that does not say measured (version 1 files before the optimizer was recorded: SGD).
@@ -79,6 +81,14 @@ def load_for(path: str, args: argparse.Namespace, named: str = "") -> dict[str, 
     return calibration
 
 
+def _collective_us(costs: dict[str, float], quota: bool) -> float:
+    """A step of an all-reduce of a few values: its CPU on nodes under a quota, its time on
+    whole cores; none from a file from before epochs' ends were measured."""
+    if "epoch_end_ms" not in costs:
+        return 0.0
+    return costs.get("host_step_cpu_us", 0.0) if quota else costs.get("host_step_us", 0.0)
+
+
 def apply(args: argparse.Namespace) -> list[str]:
     """Fill the costs that no flag gave from ``--calibration``; the lines that say where the
     numbers came from."""
@@ -105,6 +115,9 @@ def apply(args: argparse.Namespace) -> list[str]:
         "message_cpu_us": ("--message-cpu-us", costs["message_cpu_us"]),
         "ps_message_us": ("--ps-message-us", max(message, 0.0)),
         "ps_update_us": ("--ps-update-us", costs["ps_update_us"]),
+        # a file from before epochs' ends were measured: none (its steps' costs include them)
+        "epoch_end_ms": ("--epoch-end-ms", costs.get("epoch_end_ms", 0.0)),
+        "collective_us": ("--collective-us", _collective_us(costs, quota)),
     }
     given = []
     for name, (flag, value) in engine.items():

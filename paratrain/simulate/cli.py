@@ -61,6 +61,8 @@ def check_arguments(args: argparse.Namespace) -> tuple[list[str], list[int]]:
         "ps_message_us",
         "ps_update_us",
         "message_cpu_us",
+        "epoch_end_ms",
+        "collective_us",
     ):
         _positive(name.replace("_", "-"), getattr(args, name), allow_zero=True)
     if args.host_speedup is not None:
@@ -218,6 +220,9 @@ def build_cluster(args: argparse.Namespace, workers: int, model: Any | None, com
         cpu_share=args.cpu_share,
         cpu_period_s=args.cpu_period_ms * 1e-3,
         message_cpu_s=(args.message_cpu_us or 0.0) * 1e-6,
+        epoch_batches=getattr(args, "epoch_batches", 0),
+        eval_s=(args.epoch_end_ms or 0.0) * 1e-3,
+        collective_step_s=(args.collective_us or 0.0) * 1e-6,
     )
 
 
@@ -301,6 +306,8 @@ def simulate_command(args: argparse.Namespace) -> int:
     model = splits = None
     if need_data or args.model_mb is None:
         model, splits = model_and_data(args)
+    # epochs of the training split at the local batch: their ends (evaluation, collectives) cost too
+    args.epoch_batches = len(splits.train) // args.batch_size if splits is not None else 0
     compute_s = (
         args.compute_ms / 1e3
         if args.compute_ms and not args.profile

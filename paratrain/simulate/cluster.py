@@ -222,6 +222,17 @@ class Cluster:
     message_cpu_s: float = 0.0
     """With ``cpu_share``: CPU-seconds a node spends on each message it receives (the
     transport's and the framework's work, which waits for the node's quota like any other)."""
+    epoch_batches: int = 0
+    """Local batches in an epoch of the training split (0: the run has no epoch ends). At each
+    end, as ``Trainer.fit`` does, the replicas of a collective strategy all-reduce the epoch's
+    loss, evaluate the test split between them and all-reduce the sums; under a parameter
+    server each worker pulls the parameters for the next epoch and the chief evaluates."""
+    eval_s: float = 0.0
+    """Seconds an epoch's end costs one process at a full core: the test split's evaluation and
+    the next epoch's start (CPU-seconds under ``cpu_share``)."""
+    collective_step_s: float = 0.0
+    """Seconds a step of a collective of a few values costs beyond ``latency`` (Gloo's fixed
+    cost of a ring step; CPU-seconds under ``cpu_share``)."""
 
     def __post_init__(self) -> None:
         if self.ring_latency is not None and not self.ring_latency >= 0:
@@ -243,6 +254,11 @@ class Cluster:
                 raise ConfigError(f"--message-cpu-us must be >= 0, got {self.message_cpu_s * 1e6}")
             if not self.cpu_period_s > 0:
                 raise ConfigError(f"--cpu-period-ms must be > 0, got {self.cpu_period_s * 1e3}")
+        if self.epoch_batches < 0:
+            raise ConfigError(f"a cluster's epoch_batches must be >= 0, got {self.epoch_batches}")
+        for name in ("eval_s", "collective_step_s"):
+            if not getattr(self, name) >= 0:
+                raise ConfigError(f"a cluster's {name} must be >= 0, got {getattr(self, name)}")
         for name in ("ps_message_s", "ps_update_s"):
             if not getattr(self, name) >= 0:
                 raise ConfigError(f"--{name[:-2].replace('_', '-')}-us must be >= 0, got {getattr(self, name) * 1e6}")
@@ -286,6 +302,32 @@ class Cluster:
             p = 1 - np.exp(-self.failure_rate / 3600 * times)
             times = times + self.recovery_s * (rng.random((steps, workers)) < p)
         return times
+
+    # --- epochs ---
+    def epoch_steps(self, replicas: int) -> int:
+        """Steps each of ``replicas`` takes in an epoch (0: no epoch ends)."""
+        return self.epoch_batches // replicas if self.epoch_batches >= replicas else 0
+
+    def epoch_ends(self, steps: int, replicas: int) -> np.ndarray:
+        """Whether each of a worker's ``steps`` steps (from 0) ends an epoch that another
+        follows (the run's last step ends training, not an epoch between two)."""
+        every = self.epoch_steps(replicas)
+        ends = (np.arange(steps) + 1) % every == 0 if every else np.zeros(steps, dtype=bool)
+        ends[-1:] = False
+        return ends
+
+    def small_allreduce_s(self, n: int) -> float:
+        """A ring all-reduce of a few values across ``n`` nodes on whole cores: 2(n-1) steps."""
+        return 2 * (n - 1) * (self.latency + self.collective_step_s) if n > 1 else 0.0
+
+    def epoch_end_s(self, replicas: int) -> float:
+        """A collective strategy's epoch end on whole cores: the loss's all-reduce, each
+        replica's share of the evaluation, the sums' all-reduce."""
+        return self.eval_s / replicas + 2 * self.small_allreduce_s(replicas)
+
+    def epoch_pull_s(self) -> float:
+        """A parameter-server worker's pull at an epoch's start: its request and the reply."""
+        return 2 * self.latency + self.pull_times()[0]
 
     # --- communication ---
     def ring_allreduce_s(self, nbytes: float, n: int | None = None) -> float:

@@ -196,6 +196,21 @@ def add_flags(p: argparse.ArgumentParser) -> None:
         help="ps-*: microseconds a shard works on each update (default: the calibration's, else 0)",
     )
     a(
+        "--epoch-end-ms",
+        type=float,
+        default=None,
+        help="milliseconds an epoch's end costs one process at a full core: the test split's evaluation and the next "
+        "epoch's start; replicas share the evaluation, a parameter server's chief does it all (default: the "
+        "calibration's, else 0)",
+    )
+    a(
+        "--collective-us",
+        type=float,
+        default=None,
+        help="microseconds a step of an all-reduce of a few values costs beyond --latency-us, as an epoch's end "
+        "makes two (default: the calibration's, else 0)",
+    )
+    a(
         "--calibrate",
         metavar="FILE.json",
         default=None,

@@ -31,7 +31,7 @@ from paratrain.simulate.cluster import Cluster
 from paratrain.simulate.costs import Outcome, Update, allreduce_step_s, fsdp_step_s
 from paratrain.simulate.engine import HostRun
 from paratrain.simulate.host_ps import ParameterServerHost
-from paratrain.simulate.quota import ThrottledNodes
+from paratrain.simulate.quota import ThrottledNodes, ring_on_nodes
 
 
 class AllReduceHost(HostRun):
@@ -56,6 +56,8 @@ class AllReduceHost(HostRun):
         self.started = [0.0] * self.n
         self.trace: list[Any] = []
         self.wall = 0.0
+        self.epoch_steps = cluster.epoch_steps(self.n)
+        self.at_epoch_end: dict[int, float] = {}  # when each worker reached the epoch's end
 
     def begin(self, t: float, w: int) -> None:
         if (self.step_of[w] + 1) % self.period == 0:
@@ -64,7 +66,7 @@ class AllReduceHost(HostRun):
 
     def computed(self, t: float, w: int, started: float) -> None:
         if self.step_of[w] % self.period:  # a local step: no waiting, then sleep if injected
-            self.at(t + self.sleep[w] * (t - started), self.begin, w)
+            self.stepped(t + self.sleep[w] * (t - started), w)
             return
         self.arrived.append((t, started, w))
         if len(self.arrived) < self.n:
@@ -86,15 +88,17 @@ class AllReduceHost(HostRun):
         When each node has the result."""
         cluster, n = self.cluster, self.n
         wire = cluster.codec.wire_bytes(cluster.model_bytes)
-        transfer = wire / n / cluster.bandwidth + cluster.latency
         hop_s = cluster.message_cpu_s
+        # a step's time on whole cores less its CPU is waiting (Gloo's threads handing the slice
+        # over), which a quota does not stretch
+        waiting = max(cluster.latency, (cluster.ring_latency or 0.0) - hop_s)
+        transfer = wire / n / cluster.bandwidth + waiting
         codec_s = cluster.codec.cost_s(cluster.model_bytes)
         nodes = ThrottledNodes(self.nodes[:n])
         done = np.array([computed[w] for w in range(n)])
         if codec_s:
             done = nodes.run(done, codec_s)
-        for _ in range(2 * (n - 1)):
-            done = nodes.run(np.maximum(np.roll(done, 1) + transfer, done), hop_s)
+        done = ring_on_nodes(nodes, done, transfer, hop_s)
         nodes.close()
         return done.tolist()
 
@@ -107,7 +111,44 @@ class AllReduceHost(HostRun):
         if self.done_rounds < self.rounds:
             for w in range(self.n):
                 end = t if ends is None else ends[w]
-                self.at(end + self.sleep[w] * (end - self.started[w]), self.begin, w)
+                self.stepped(end + self.sleep[w] * (end - self.started[w]), w)
+
+    def stepped(self, t: float, w: int) -> None:
+        """Worker ``w`` is through a step at ``t``: the next, or first the epoch's end."""
+        if not self.epoch_steps or self.step_of[w] % self.epoch_steps:
+            self.at(t, self.begin, w)
+            return
+        self.at_epoch_end[w] = t
+        if len(self.at_epoch_end) == self.n:
+            self._epoch_end([self.at_epoch_end.pop(v) for v in range(self.n)])
+
+    def _epoch_end(self, arrived: list[float]) -> None:
+        """Every worker at an epoch's end (``arrived``): the loss's all-reduce, each worker's
+        share of the evaluation, the sums' all-reduce (Trainer.fit); then the next epoch.
+        Under CPU quotas each collective's steps wait for the nodes' quotas, as the ring's do;
+        on a shared host the evaluations are jobs on its cores."""
+        cluster, n = self.cluster, self.n
+        share = cluster.eval_s / n
+        if cluster.cpu_share is not None:
+            nodes = ThrottledNodes(self.nodes[:n])
+            done = ring_on_nodes(nodes, np.array(arrived), cluster.latency, cluster.collective_step_s)  # the loss
+            done = nodes.run(done, share)
+            done = ring_on_nodes(nodes, done, cluster.latency, cluster.collective_step_s)  # the evaluation's sums
+            nodes.close()
+            for w, end in enumerate(done.tolist()):
+                self.at(end, self.begin, w)
+            return
+        start = max(arrived) + cluster.small_allreduce_s(n)
+        left = [n]
+
+        def evaluated(end: float) -> None:
+            left[0] -= 1
+            if not left[0]:
+                for w in range(n):
+                    self.at(end + cluster.small_allreduce_s(n), self.begin, w)
+
+        for w in range(n):
+            self.nodes[w].start(start, share, evaluated)
 
 
 def _allreduce_step(cluster: Cluster, slowest: float) -> float:

@@ -62,11 +62,21 @@ class ParameterServerHost(HostRun):
         self.dropped = self.applied = 0
         self.trace: list[Any] = []
         self.wall = 0.0
+        # An epoch is shard 0's batches, whole rounds of every worker's (batches.py)
+        self.epoch_batches = cluster.epoch_batches // self.n * self.n
+        self.epoch = [0] * self.n  # the epoch each worker is in
 
     # ----- workers ---------------------------------------------------------------------------
     def begin(self, t: float, w: int) -> None:
+        extra = self.message_cpu if self.clock[w] else 0.0  # the reply to its last push, then the step
+        epoch = self.issued // self.epoch_batches if self.epoch_batches else 0
         self.issued += 1
-        self.compute(t, w, self.pushed, self.message_cpu if self.clock[w] else 0.0)  # the reply, then the step
+        if epoch > self.epoch[w]:  # shard 0 hands out the next epoch's batches: this worker's epoch ends
+            self.epoch[w] = epoch  # it pulls the parameters for the next, and the chief evaluates
+            extra += self.message_cpu + (self.cluster.eval_s if w == 0 else 0.0)
+            self.at(t + self.cluster.epoch_pull_s(), self.compute, w, self.pushed, extra)
+            return
+        self.compute(t, w, self.pushed, extra)
 
     def pushed(self, t: float, w: int, started: float) -> None:
         # The push is handed to the transport: the step (as --straggler times it) ends here.

@@ -131,3 +131,13 @@ class ThrottledNodes:
         """Give the states back to the cores."""
         for core, index, used in zip(self.cores, self.index.tolist(), self.used.tolist(), strict=True):
             core._index, core._used = (None if index == NO_PERIOD else index), used
+
+
+def ring_on_nodes(nodes: ThrottledNodes, done: np.ndarray, transfer: float, hop_s: float) -> np.ndarray:
+    """A ring all-reduce across ``nodes`` from ``done`` (when each has its input): 2(N-1) steps,
+    in each of which every node sends a slice to the next (``transfer`` s on the wire) and
+    works ``hop_s`` CPU-seconds on the slice it receives, when its quota lets it. When each
+    node has the result."""
+    for _ in range(2 * (len(done) - 1)):
+        done = nodes.run(np.maximum(np.roll(done, 1) + transfer, done), hop_s)
+    return done

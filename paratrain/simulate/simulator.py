@@ -57,7 +57,7 @@ class AllReduceModel:
         n = cluster.workers
         compute = cluster.compute_times(rng, steps)
         slowest = compute.max(axis=1)
-        step = allreduce_step_s(cluster, slowest)
+        step = allreduce_step_s(cluster, slowest) + cluster.epoch_ends(steps, n) * cluster.epoch_end_s(n)
         ends = np.cumsum(step)
         trace = [Update(float(t), list(range(n)), [r] * n) for r, t in enumerate(ends)] if record else []
         return Outcome(self.name, n, steps, float(ends[-1]), steps * n, float((step - slowest).sum()), trace=trace)
@@ -74,7 +74,7 @@ class SyncPSModel:
     ) -> Outcome:
         n = cluster.workers
         total = n + backup
-        compute = cluster.compute_times(rng, steps, total)
+        compute = with_epoch_ends(cluster, cluster.compute_times(rng, steps, total))
         codec_s = cluster.codec.cost_s(cluster.model_bytes)
         order = np.argsort(compute, axis=1, kind="stable")
         arrive = np.take_along_axis(compute, order, axis=1) + codec_s  # encode before the push
@@ -125,7 +125,7 @@ class AsyncPSModel:
         n = cluster.workers
         pushes = steps * n  # the same work as `steps` synchronous rounds
         rows = 2 * steps + 2
-        compute = cluster.compute_times(rng, rows, n)
+        compute = with_epoch_ends(cluster, cluster.compute_times(rng, rows, n))
         codec_s = cluster.codec.cost_s(cluster.model_bytes)
         own, shard = cluster.push_times()
         pull_own, pull_shard = cluster.pull_times()
@@ -261,6 +261,8 @@ class LocalSGDModel:
         periods = -(-steps // period)
         compute = cluster.compute_times(rng, periods * period).reshape(periods, period, n).sum(axis=1)
         slowest = compute.max(axis=1)
+        epoch_ends = cluster.epoch_ends(periods * period, n).reshape(periods, period).sum(axis=1)
+        slowest = slowest + epoch_ends * cluster.epoch_end_s(n)  # the epochs' ends in each period
         average = cluster.ring_allreduce_s(cluster.codec.wire_bytes(cluster.model_bytes * share))
         if n > 1:
             average += cluster.codec.cost_s(cluster.model_bytes * share)
@@ -298,10 +300,20 @@ class FSDPModel:
     ) -> Outcome:
         n = cluster.workers
         slowest = cluster.compute_times(rng, steps).max(axis=1)
-        step = fsdp_step_s(cluster, slowest, reshard, units)
+        step = fsdp_step_s(cluster, slowest, reshard, units) + cluster.epoch_ends(steps, n) * cluster.epoch_end_s(n)
         ends = np.cumsum(step)
         trace = [Update(float(t), list(range(n)), [r] * n) for r, t in enumerate(ends)] if record else []
         return Outcome(self.name, n, steps, float(ends[-1]), steps * n, float((step - slowest).sum()), trace=trace)
+
+
+def with_epoch_ends(cluster: Cluster, compute: np.ndarray) -> np.ndarray:
+    """A parameter server's (steps, workers) compute with its epochs' ends: after an epoch's
+    last step each worker pulls the parameters for the next, and the chief (worker 0)
+    evaluates first."""
+    ends = cluster.epoch_ends(compute.shape[0], compute.shape[1])
+    compute[ends] += cluster.epoch_pull_s()
+    compute[ends, 0] += cluster.eval_s
+    return compute
 
 
 STRATEGIES = {

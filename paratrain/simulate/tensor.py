@@ -168,6 +168,9 @@ class MeshModel:
         replicas = mesh.replicas(n)
         slowest = cluster.compute_times(rng, steps).max(axis=1) * mesh.scale(n)
         step = mesh.step_s(cluster, slowest)
+        # an epoch's end: each process its share of its replica's evaluation, and the collectives
+        epoch_end = cluster.eval_s / replicas * mesh.scale(n) + 2 * cluster.small_allreduce_s(n)
+        step = step + cluster.epoch_ends(steps, replicas) * epoch_end
         ends = np.cumsum(step)
         trace = [Update(float(t), list(range(replicas)), [r] * replicas) for r, t in enumerate(ends)] if record else []
         return Outcome(

@@ -210,6 +210,8 @@ def test_simulate_sweep_writes_json_and_plot(tmp_path, capsys):
         (["--message-cpu-us", "300"], ["--message-cpu-us", "need --cpu-share"]),
         (["--cpu-share", "0.5", "--cpu-period-ms", "0"], ["--cpu-period-ms must be > 0"]),
         (["--cpu-share", "0.5", "--strategy", "fsdp"], ["--cpu-share", "fsdp", "not modelled"]),
+        (["--epoch-end-ms", "-1"], ["--epoch-end-ms must be >= 0"]),
+        (["--collective-us", "-5"], ["--collective-us must be >= 0"]),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(args, words, capsys):
