@@ -138,8 +138,11 @@ class AllReduceHost(HostRun):
             for w, end in enumerate(done.tolist()):
                 self.at(end, self.begin, w)
             return
-        start = max(arrived) + cluster.small_allreduce_s(n)
         left = [n]
+
+        def evaluate(t: float) -> None:
+            for w in range(n):
+                self.nodes[w].start(t, share, evaluated)
 
         def evaluated(end: float) -> None:
             left[0] -= 1
@@ -147,8 +150,7 @@ class AllReduceHost(HostRun):
                 for w in range(n):
                     self.at(end + cluster.small_allreduce_s(n), self.begin, w)
 
-        for w in range(n):
-            self.nodes[w].start(start, share, evaluated)
+        self.at(max(arrived) + cluster.small_allreduce_s(n), evaluate)
 
 
 def _allreduce_step(cluster: Cluster, slowest: float) -> float:

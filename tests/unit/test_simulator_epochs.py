@@ -81,3 +81,11 @@ def test_a_parameter_server_s_chief_evaluates_on_its_node_and_the_others_go_on()
     assert added_s("ps-sync", cluster, 40) == pytest.approx(3 * chief, rel=1e-4)
     # ps-async: the others push on meanwhile; the same pushes take less than the chief's time
     assert 0 < added_s("ps-async", cluster, 40) < 3 * chief
+
+
+@pytest.mark.parametrize(("cores", "evaluation"), [(4, 6 * MS / 4), (1, 6 * MS)])
+def test_on_one_shared_host_the_replicas_evaluations_share_its_cores(cores, evaluation):
+    # 4 workers on a host of 4 cores evaluate their quarters at once; on 1 core, one after another
+    cluster = whole_cores(4, host_cores=cores, epoch_batches=40, eval_s=6 * MS, collective_step_s=150 * US)
+    small = 2 * 3 * (20 * US + 150 * US)
+    assert added_s("allreduce", cluster, 40) == pytest.approx(3 * (evaluation + 2 * small), rel=1e-9)
