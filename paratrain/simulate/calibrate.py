@@ -10,8 +10,8 @@ are taken from real ``paratrain train`` runs of ``--model`` on ``--dataset`` (``
 one thread a process, each process on a core of its own, about 400 steps each (at least 2
 epochs), with the prediction's ``--optimizer``, ``--lr``, ``--momentum`` and ``--weight-decay``
 (a model that diverges at the defaults is measured at the rate it trains with); 3 rounds of the three runs back to back,
-each cost the median over the rounds (a shared machine's speed drifts between runs);
-examples/s of training past the first epoch:
+each cost the median over the rounds (a shared machine's speed drifts between runs); the
+steps of the epochs past the first (their ``train_seconds``; an epoch's end apart):
 
 - ``compute_ms``: a step of ``single`` (T1): the forward and backward pass, the optimizer,
   the batch and the step's bookkeeping, all a worker does besides communicating;
