@@ -152,15 +152,23 @@ class LocalSlurm:
 
     def wait_for_job(self, job: str, timeout: float = 240) -> str:
         """Until job ``job`` has ended: its final state (COMPLETED, FAILED, ...). A requeued
-        job waits about two minutes before it may start again (SLURM's begin time): here it
-        may start at once."""
+        job waits about two minutes before it may start again (SLURM's begin time, the
+        lifetime of the credential its first run's nodes revoked): here it starts 2 s after
+        it is seen pending, when a new credential is newer than the revocation. (A node
+        refuses a credential made in the second it revoked the job's: started at once, the
+        job died "Job credential revoked" and ended FAILED.)"""
         deadline = time.monotonic() + timeout
         ended: tuple[str, float] | None = None  # a final state, and when it was first seen
+        pending: float | None = None  # when the requeued job was first seen waiting for its begin time
         while time.monotonic() < deadline:
             fields = self.job(job)
             state = fields.get("JobState", "")
             if state == "PENDING" and fields.get("Reason") == "BeginTime":
-                self.run("scontrol", "update", f"JobId={job}", "StartTime=now")
+                pending = pending or time.monotonic()
+                if time.monotonic() - pending >= 2.0:
+                    self.run("scontrol", "update", f"JobId={job}", "StartTime=now")
+            else:
+                pending = None
             if state and state not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING", "REQUEUED"):
                 # A final state is one that holds: a job that requeues itself as its batch
                 # script ends passes through states read between its two runs (a requeue test
