@@ -29,7 +29,10 @@ the target among all.
 
 (``--only`` adds settings to the recorded file with the calibrations recorded in it;
 ``--repredict RECORDED.json --out OTHER [--only 1,4]`` calibrates and predicts the recorded
-settings, or those of ``--only``, again, against their recorded real runs.)
+settings, or those of ``--only``, again, against their recorded real runs; with
+``--recorded-calibrations`` it predicts with the calibrations measured beside those runs, and
+with ``--target-accuracy A`` it asks and judges the time to another target: the real runs'
+times to it come from the test accuracy they recorded at every epoch's end.)
 
 Writes benchmarks/results/simulator_recommend.json and .md after every setting (a run cut
 short keeps the settings it finished; ``--only`` runs some again into the same file).
@@ -46,7 +49,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from cluster_common import RESULTS, cluster_train, fastest, median_or_none, record, seconds_to
+from cluster_common import RESULTS, cluster_train, fastest, median_or_none, record
 
 #: Each model's data, target and epochs, and the optimizer both the prediction's replay and the
 #: real runs train with (the CNN trains with Adam here: with SGD it needs far more epochs).
@@ -97,13 +100,17 @@ def train_flags(candidate: dict) -> list[str]:
     return ["--strategy", words[0], "--workers", str(candidate["workers"]), *words[1:]]
 
 
+def target_of(model: str, args: argparse.Namespace) -> float:
+    return args.target_accuracy if args.target_accuracy is not None else MODELS[model]["target"]
+
+
 def predict(setting: tuple, calibration: Path, args: argparse.Namespace, folder: Path) -> dict:
     model, hosts, cpu, link, slow = setting
     out = folder / "prediction.json"
     started = time.perf_counter()
     result = paratrain(
         "simulate", "--recommend", *hosts_flags(hosts, cpu, link, slow), "--calibration", str(calibration),
-        *model_flags(model), "--target-accuracy", str(MODELS[model]["target"]), "--epochs", str(MODELS[model]["epochs"]),
+        *model_flags(model), "--target-accuracy", str(target_of(model, args)), "--epochs", str(MODELS[model]["epochs"]),
         "--json-out", str(out),
     )  # fmt: skip
     prediction = json.loads(out.read_text())
@@ -117,16 +124,22 @@ def real_run(setting: tuple, candidate: dict, args: argparse.Namespace, folder: 
     train = [*train_flags(candidate), *model_flags(model), "--epochs", str(MODELS[model]["epochs"]), "--seed", str(seed),
              "--timeout", "600"]  # fmt: skip
     metrics = cluster_train([*hosts_flags(hosts, cpu, link, slow), "--pin", "never"], train, folder / "m.json")
-    reached = seconds_to(metrics, MODELS[model]["target"])
     start = metrics["history"][0]["wall_seconds"]
-    return {
+    run = {
         "examples_per_second": metrics["steady_examples_per_second"],
-        "seconds_to_target": None if reached is None else reached + metrics["epoch_seconds"],
         "test_accuracy": metrics["test_accuracy"],
         # seconds from the end of epoch 1 and test accuracy at each epoch's end: another target's time
         "epochs": [[h["wall_seconds"] - start, h["test_accuracy"]] for h in metrics["history"]],
         "epoch_seconds": metrics["epoch_seconds"],
     }
+    return {**run, "seconds_to_target": seconds_to_recorded(run, target_of(model, args))}
+
+
+def seconds_to_recorded(run: dict, target: float) -> float | None:
+    """A real run's time to ``target`` from the accuracies it recorded: from the end of epoch 1
+    to the end of the first epoch at the target, plus one steady epoch; None if none reached it."""
+    reached = [seconds for seconds, accuracy in run["epochs"] if (accuracy or 0) >= target]
+    return reached[0] + run["epoch_seconds"] if reached else None
 
 
 def judge(prediction: dict, runs: dict[str, list[dict]]) -> dict:
@@ -170,7 +183,7 @@ def report(document: dict, out: Path) -> None:
         "",
         f"`sudo python benchmarks/simulator_recommend.py --repeats {document['setup']['repeats']}`"
         + (
-            f" (the real runs; the predictions again with `--repredict {document['real_runs_from']}`)"
+            f" (the real runs; the predictions again with `{document['real_runs_from']}`)"
             if "real_runs_from" in document
             else ""
         )
@@ -189,7 +202,8 @@ def report(document: dict, out: Path) -> None:
         rate_right += verdict["by_rate"]["right"]
         time_right += verdict["by_time"]["right"]
         lines += [
-            f"## {setting_words(entry['setting'])} (target {MODELS[entry['setting'][0]]['target']:g} test accuracy; "
+            f"## {setting_words(entry['setting'])} (target {entry.get('target', MODELS[entry['setting'][0]]['target']):g} "
+            "test accuracy; "
             f"real runs' seeds: {', '.join(map(str, entry.get('seeds', [0] * document['setup']['repeats'])))}; "
             f"`{' '.join(entry.get('optimizer', MODELS['mlp']['optimizer']))}`)",
             "",
@@ -228,6 +242,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--only", help="comma-separated setting numbers (1-based) to run, into the same file")
     parser.add_argument("--out", default=str(RESULTS / "simulator_recommend"))
+    parser.add_argument("--target-accuracy", type=float, help="instead of each model's target (MODELS)")
+    parser.add_argument("--recorded-calibrations", action="store_true",
+                        help="with --repredict: the calibrations recorded beside the real runs, not measured again")  # fmt: skip
     parser.add_argument(
         "--repredict",
         metavar="RECORDED.json",
@@ -256,7 +273,7 @@ def main() -> None:
                     runs[candidate["candidate"]].append(run)
                     print(f"  pass {repeat + 1} {candidate['candidate']:32} {run['examples_per_second']:8,.0f} "
                           f"examples/s, to target {run['seconds_to_target']}", flush=True)  # fmt: skip
-            entry = {"number": number, "setting": list(setting), "prediction": prediction,
+            entry = {"number": number, "setting": list(setting), "prediction": prediction, "target": target_of(setting[0], args),
                      "verdict": judge(prediction, runs), "seeds": list(range(args.repeats)),
                      "optimizer": MODELS[setting[0]]["optimizer"]}  # fmt: skip
             document["settings"] = [e for e in document["settings"] if e["number"] != number] + [entry]
@@ -279,13 +296,18 @@ def repredict(recorded: dict, args: argparse.Namespace, out: Path, chosen: set[i
     """The recorded real runs against this code's predictions: calibrated afresh, each
     ``chosen`` setting predicted again (the real runs do not depend on the simulator)."""
     settings = [entry for entry in recorded["settings"] if entry["number"] in chosen]
-    document = {**recorded, "settings": settings, "calibrations": {}, "real_runs_from": args.repredict}
+    calibrations = recorded["calibrations"] if args.recorded_calibrations else {}
+    flags = ["--repredict", args.repredict, *(["--recorded-calibrations"] if args.recorded_calibrations else []),
+             *(["--target-accuracy", f"{args.target_accuracy:g}"] if args.target_accuracy is not None else [])]  # fmt: skip
+    document = {**recorded, "settings": settings, "calibrations": calibrations, "real_runs_from": " ".join(flags)}
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         for entry in document["settings"]:
             setting = tuple(entry["setting"])
             prediction = predict(setting, calibrated(setting[0], document, folder), args, folder)
-            runs = {row["candidate"]: row["passes"] for row in entry["verdict"]["rows"]}
+            entry["target"] = target_of(setting[0], args)
+            runs = {row["candidate"]: [{**run, "seconds_to_target": seconds_to_recorded(run, entry["target"])}
+                                       for run in row["passes"]] for row in entry["verdict"]["rows"]}  # fmt: skip
             entry.update(prediction=prediction, verdict=judge(prediction, runs))
             print(f"setting {entry['number']}: {prediction['recommendation']}", flush=True)
     report(document, out)
