@@ -32,7 +32,8 @@ the target among all.
 settings, or those of ``--only``, again, against their recorded real runs; with
 ``--recorded-calibrations`` it predicts with the calibrations measured beside those runs, and
 with ``--target-accuracy A`` it asks and judges the time to another target: the real runs'
-times to it come from the test accuracy they recorded at every epoch's end.)
+times to it come from the test accuracy they recorded at every epoch's end. ``--across-hosts``
+calibrates with ``--calibrate --across-hosts``: messages measured between two emulated hosts.)
 
 Writes benchmarks/results/simulator_recommend.json and .md after every setting (a run cut
 short keeps the settings it finished; ``--only`` runs some again into the same file).
@@ -243,6 +244,7 @@ def main() -> None:
     parser.add_argument("--only", help="comma-separated setting numbers (1-based) to run, into the same file")
     parser.add_argument("--out", default=str(RESULTS / "simulator_recommend"))
     parser.add_argument("--target-accuracy", type=float, help="instead of each model's target (MODELS)")
+    parser.add_argument("--across-hosts", action="store_true", help="calibrate with --across-hosts")
     parser.add_argument("--recorded-calibrations", action="store_true",
                         help="with --repredict: the calibrations recorded beside the real runs, not measured again")  # fmt: skip
     parser.add_argument(
@@ -263,7 +265,7 @@ def main() -> None:
         folder = Path(tmp)
         for number in chosen:
             setting = SETTINGS[number - 1]
-            calibration = calibrated(setting[0], document, folder)
+            calibration = calibrated(setting[0], document, folder, args.across_hosts)
             prediction = predict(setting, calibration, args, folder)
             print(f"setting {number} ({setting_words(list(setting))}): {prediction['recommendation']}", flush=True)
             runs: dict[str, list[dict]] = {c["candidate"]: [] for c in prediction["candidates"]}
@@ -281,13 +283,16 @@ def main() -> None:
             report(document, out)
 
 
-def calibrated(model: str, document: dict, folder: Path) -> Path:
-    """The calibration file of ``model``: the one ``document`` recorded, else measured now."""
+def calibrated(model: str, document: dict, folder: Path, across: bool = False) -> Path:
+    """The calibration file of ``model``: the one ``document`` recorded, else measured now
+    (``across``: its messages between two emulated hosts, --across-hosts)."""
     calibration = folder / f"calibration-{model}.json"
     if model in document["calibrations"]:
         calibration.write_text(json.dumps(document["calibrations"][model]))
     elif not calibration.exists():
-        paratrain("simulate", "--calibrate", str(calibration), *model_flags(model))
+        paratrain(
+            "simulate", "--calibrate", str(calibration), *model_flags(model), *(["--across-hosts"] if across else [])
+        )
         document["calibrations"][model] = json.loads(calibration.read_text())
     return calibration
 
@@ -298,13 +303,14 @@ def repredict(recorded: dict, args: argparse.Namespace, out: Path, chosen: set[i
     settings = [entry for entry in recorded["settings"] if entry["number"] in chosen]
     calibrations = recorded["calibrations"] if args.recorded_calibrations else {}
     flags = ["--repredict", args.repredict, *(["--recorded-calibrations"] if args.recorded_calibrations else []),
-             *(["--target-accuracy", f"{args.target_accuracy:g}"] if args.target_accuracy is not None else [])]  # fmt: skip
+             *(["--target-accuracy", f"{args.target_accuracy:g}"] if args.target_accuracy is not None else []),
+             *(["--across-hosts"] if args.across_hosts else [])]  # fmt: skip
     document = {**recorded, "settings": settings, "calibrations": calibrations, "real_runs_from": " ".join(flags)}
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         for entry in document["settings"]:
             setting = tuple(entry["setting"])
-            prediction = predict(setting, calibrated(setting[0], document, folder), args, folder)
+            prediction = predict(setting, calibrated(setting[0], document, folder, args.across_hosts), args, folder)
             entry["target"] = target_of(setting[0], args)
             runs = {row["candidate"]: [{**run, "seconds_to_target": seconds_to_recorded(run, entry["target"])}
                                        for run in row["passes"]] for row in entry["verdict"]["rows"]}  # fmt: skip

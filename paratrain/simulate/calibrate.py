@@ -29,6 +29,11 @@ steps of the epochs past the first (their ``train_seconds``; an epoch's end apar
   times SGD's) on the model's parameters as one flat tensor, measured alone;
 - ``codec_gbps``: ``--compression``'s encode plus decode of the model's gradient, in
   gigabytes of dense gradient a second (0 for ``none``: nothing to code);
+With ``--across-hosts`` the two runs that send messages (``allreduce`` and ``ps-sync``) run
+between two emulated hosts (``paratrain cluster run --hosts 2``: each process in a network
+namespace of its own on a bridge, a core each), so that a message crosses a network stack at
+both ends as between machines: on the mlp a ring step's CPU is about twice the loopback's.
+
 - ``host_link_gbps``, ``host_step_us`` and ``host_step_cpu_us``: the rate, the fixed cost (a
   ring step's) and its CPU of a Gloo all-reduce between two processes of this host
   (link_probe.py): an epoch end's all-reduces of a few values, and the link of a
@@ -75,7 +80,8 @@ def calibrate(args: Any, model: Any, splits: Any) -> dict[str, Any]:
     """Every cost of the module docstring for ``model`` (built for ``args.model`` on
     ``args.dataset``)."""
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters() if p.requires_grad]).float()
-    single, ring, ring_cpu, push, epoch_end = _step_costs(args, splits)
+    hosts: list[str] = []  # where the runs across hosts ran: paratrain cluster's line for each
+    single, ring, ring_cpu, push, epoch_end = _step_costs(args, splits, hosts)
     costs = {
         "compute_ms": single * 1e3,
         "ring_step_us": ring * 1e6,
@@ -99,7 +105,9 @@ def calibrate(args: Any, model: Any, splits: Any) -> dict[str, Any]:
             "threads": 1,
             "cores": os.cpu_count(),
             "runs": f"paratrain train {' '.join(training_flags(args))} with "
-            + "; ".join(" ".join(flags) for flags, _ in (SINGLE, RING, PUSH)),
+            + "; ".join(" ".join(flags) for flags, _ in (SINGLE, RING, PUSH))
+            + ("; allreduce and ps-sync between 2 emulated hosts" if args.across_hosts else ""),
+            "across_hosts": hosts[0] if hosts else None,
         },
         "model": {
             "model": args.model,
@@ -127,7 +135,7 @@ PUSH = (["--strategy", "ps-sync", "--workers", "1"], 1)
 ROUNDS = 3
 
 
-def _step_costs(args: Any, splits: Any) -> tuple[float, ...]:
+def _step_costs(args: Any, splits: Any, hosts: list[str]) -> tuple[float, ...]:
     """Seconds of a step of ``single`` (T1); of a ring step of ``allreduce`` with 2 workers
     ((T2 - T1) / 2) and its CPU-seconds on a process (the same difference of the runs' CPU
     a step); of what ``ps-sync`` with 1 worker adds (Tp - T1); and of an epoch's end in
@@ -136,15 +144,19 @@ def _step_costs(args: Any, splits: Any) -> tuple[float, ...]:
     rounds = []
     for _ in range(ROUNDS):
         single, single_cpu, end = _step_s(args, splits, *SINGLE)
-        ring, ring_cpu, _ = _step_s(args, splits, *RING)
-        push = _step_s(args, splits, *PUSH)[0]
+        across = hosts if args.across_hosts else None
+        ring, ring_cpu, _ = _step_s(args, splits, *RING, across)
+        push = _step_s(args, splits, *PUSH, across)[0]
         rounds.append((single, max(ring - single, 0.0) / 2, max(ring_cpu - single_cpu, 0.0) / 2,
                        max(push - single, 0.0), end))  # fmt: skip
     return tuple(statistics.median(values) for values in zip(*rounds))
 
 
-def _step_s(args: Any, splits: Any, flags: list[str], workers: int) -> tuple[float, float, float]:
-    """Seconds a step of a real ``paratrain train`` with ``flags`` takes, one thread a process;
+def _step_s(
+    args: Any, splits: Any, flags: list[str], workers: int, across: list[str] | None = None
+) -> tuple[float, float, float]:
+    """Seconds a step of a real ``paratrain train`` with ``flags`` takes, one thread a process
+    (given ``across``: its processes on two emulated hosts, whose names it appends there);
     CPU-seconds the first process spends a step (every thread of it: Gloo's too); and
     seconds an epoch's end takes there (its evaluation and the next epoch's start: the wall
     clock between two epochs' ends less the second's steps)."""
@@ -154,12 +166,17 @@ def _step_s(args: Any, splits: Any, flags: list[str], workers: int) -> tuple[flo
         out = Path(folder) / "metrics.json"
         command = [sys.executable, "-m", "paratrain", "train", *flags, *training_flags(args), "--epochs", str(epochs),
                    "--no-progress", "--log-every", "0", "--metrics-out", str(out)]  # fmt: skip
+        if across is not None:
+            command[3:3] = ["cluster", "run", "--hosts", "2", "--logs", folder, "--", "paratrain"]
         env = {**os.environ, "PARATRAIN_THREADS_PER_WORKER": "1", "OMP_NUM_THREADS": "1"}
         run = subprocess.run(command, capture_output=True, text=True, env=env, timeout=3600)
         if run.returncode != 0 or not out.exists():
             last = (run.stderr.strip().splitlines() or ["no output"])[-1]
             raise ConfigError(f"--calibrate: the measuring run paratrain train {' '.join(flags)} failed: {last}")
         history = json.loads(out.read_text())["history"]
+        if across is not None:
+            across += [line.removeprefix("paratrain cluster: ") for line in run.stderr.splitlines()
+                       if line.startswith("paratrain cluster: cluster ")][:1]  # fmt: skip
     # Past the first epoch (its warm-up): examples over the epochs' steps' seconds.
     first, last, steady = history[0], history[-1], history[1:]
     training = sum(epoch["train_seconds"] for epoch in steady)

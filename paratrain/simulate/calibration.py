@@ -143,7 +143,9 @@ def apply(args: argparse.Namespace) -> list[str]:
     measured = calibration["measured"]
     line = (
         f"paratrain: calibration {args.calibration} (measured on {measured['host']} at {measured['at']}, "
-        f"{model['model']} on {model['dataset']}, batch {model['batch_size']}): {', '.join(taken)}"
+        f"{model['model']} on {model['dataset']}, batch {model['batch_size']}"
+        + (f"; messages between 2 emulated hosts, {measured['across_hosts']}" if measured.get("across_hosts") else "")
+        + f"): {', '.join(taken)}"
     )
     if given:
         line += f"; from the flags: {', '.join(given)}"

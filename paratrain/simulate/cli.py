@@ -113,6 +113,12 @@ def check_arguments(args: argparse.Namespace) -> tuple[list[str], list[int]]:
     _check_meshes(args, strategies, targeted)
     if args.calibrate and args.calibration:
         raise ConfigError("--calibrate FILE measures and predicts with FILE; --calibration reads one: give one")
+    if args.across_hosts and not args.calibrate:
+        raise ConfigError("--across-hosts is how --calibrate FILE measures messages; give --calibrate FILE too")
+    if args.across_hosts:
+        from paratrain.cluster.hosts import check_support  # deferred: the emulated hosts' module
+
+        check_support()
     if args.calibrate and args.model_mb is not None:
         raise ConfigError("--calibrate measures --model's own gradient; --model-mb is for a prediction without one")
     for name in ("json_out", "plot", "calibrate"):

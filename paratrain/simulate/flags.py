@@ -218,6 +218,12 @@ def add_flags(p: argparse.ArgumentParser) -> None:
         "step, the codec), write it to FILE.json, and predict with it",
     )
     a(
+        "--across-hosts",
+        action="store_true",
+        help="with --calibrate: the runs that measure messages (allreduce, ps-sync) run between two emulated hosts "
+        "(paratrain cluster: network namespaces on a bridge, a core each; root) instead of over loopback",
+    )
+    a(
         "--calibration",
         metavar="FILE.json",
         default=None,

@@ -215,3 +215,20 @@ def test_an_optimizer_for_a_prediction_that_neither_trains_nor_calibrates_is_ref
         "paratrain: error: --optimizer and --weight-decay are for the training a prediction replays (--train, "
         "--target-*) and the update a calibration measures (--calibrate, --calibration); this prediction has neither"
     )
+
+
+def test_across_hosts_is_refused_without_calibrate(cli):
+    result = cli("simulate", "--across-hosts", *PREDICT)
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert "--across-hosts is how --calibrate FILE measures messages; give --calibrate FILE too" in result.stderr
+
+
+def test_a_calibration_across_hosts_says_so_in_the_prediction_s_line(cli, tmp_path):
+    path = tmp_path / "cal.json"
+    _calibration(path)
+    calibration = json.loads(path.read_text())
+    calibration["measured"]["across_hosts"] = "cluster 7: hosts pt7h0-1 on 198.18.7.0/24"
+    path.write_text(json.dumps(calibration))
+    result = cli("simulate", "--calibration", str(path), *PREDICT)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "; messages between 2 emulated hosts, cluster 7: hosts pt7h0-1 on 198.18.7.0/24): " in result.stdout
