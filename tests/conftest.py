@@ -13,6 +13,22 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 
+
+def hosts_missing() -> str | None:
+    """Why emulated hosts (paratrain cluster) cannot start here, in one line, or None."""
+    from paratrain.cluster.hosts import check_support
+    from paratrain.errors import ConfigError
+
+    try:
+        check_support()
+    except ConfigError as error:
+        return str(error)
+    return None
+
+
+#: A test that runs on emulated hosts: skipped, with the reason, where they cannot start.
+needs_hosts = pytest.mark.skipif(hosts_missing() is not None, reason=str(hosts_missing()))
+
 # Distributed tests run Gloo on loopback with one thread per process.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("PARATRAIN_THREADS_PER_WORKER", "1")  # tests run side by side (pytest -n)

@@ -6,21 +6,13 @@ import re
 
 import pytest
 
-from paratrain.cluster.hosts import check_support, leftovers
-from paratrain.errors import ConfigError
+from paratrain.cluster.hosts import leftovers
+from tests.conftest import needs_hosts
 
 pytestmark = pytest.mark.distributed
 
 
-def _unsupported():
-    try:
-        check_support()
-    except ConfigError as error:
-        return str(error)
-    return None
-
-
-@pytest.mark.skipif(_unsupported() is not None, reason=str(_unsupported()))
+@needs_hosts
 def test_a_calibration_across_two_emulated_hosts_measures_there_and_says_so(cli, tmp_path):
     path = tmp_path / "cal.json"
     result = cli("simulate", "--calibrate", str(path), "--across-hosts", "--strategy", "ps-sync", "--workers", "2",

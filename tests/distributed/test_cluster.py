@@ -13,22 +13,12 @@ import time
 
 import pytest
 
-from paratrain.cluster.hosts import check_support, leftovers, remove_leftovers
-from paratrain.errors import ConfigError
-from tests.conftest import assert_same_run, single_run
+from paratrain.cluster.hosts import leftovers, remove_leftovers
+from tests.conftest import assert_same_run, needs_hosts, single_run
 
 pytestmark = pytest.mark.distributed
 
 
-def _unsupported():
-    try:
-        check_support()
-    except ConfigError as error:
-        return str(error)
-    return None
-
-
-needs_hosts = pytest.mark.skipif(_unsupported() is not None, reason=str(_unsupported()))
 FAST = ["--epochs", "3", "--no-progress", "--log-every", "0"]
 
 

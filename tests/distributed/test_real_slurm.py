@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from paratrain.cluster.hosts import EmulatedCluster, HostSpec, check_support
-from paratrain.errors import ConfigError
+from paratrain.cluster.hosts import EmulatedCluster, HostSpec
 from paratrain.testing_slurm import LocalSlurm, missing
+from tests.conftest import hosts_missing
 
 pytestmark = [pytest.mark.distributed, pytest.mark.skipif(missing() is not None, reason=str(missing()))]
 
@@ -75,21 +75,13 @@ def test_a_job_warned_of_its_time_limit_stops_requeues_itself_and_ends_as_the_un
     assert resumed["test_loss"] == json.loads((tmp_path / "whole.json").read_text())["test_loss"]
 
 
-def _no_hosts() -> str | None:
-    try:
-        check_support()
-    except ConfigError as error:
-        return str(error)
-    return None
-
-
 @pytest.fixture(scope="module")
 def slurm_on_hosts():
     """A SLURM of three nodes, one slurmd on each of three emulated hosts (network
     namespaces on a bridge, 0.6 of a core each); the controller on the bridge. Afterwards
     nothing of it is left: no daemon, namespace, link or /etc/hosts entry."""
-    if _no_hosts():
-        pytest.skip(_no_hosts())
+    if hosts_missing():
+        pytest.skip(hosts_missing())
     with EmulatedCluster([HostSpec(cpu=0.6) for _ in range(3)]) as hosts:
         cluster = LocalSlurm(hosts=hosts)
         try:
@@ -145,8 +137,8 @@ def test_paratrain_slurms_script_runs_a_parameter_server_over_three_nodes_to_com
 def test_a_slurm_on_emulated_hosts_leaves_nothing_behind():
     """Its nodes' names resolve while it runs; after stop() and the hosts' close, no daemon,
     /etc/hosts entry, namespace, link or cgroup of theirs is left."""
-    if _no_hosts():
-        pytest.skip(_no_hosts())
+    if hosts_missing():
+        pytest.skip(hosts_missing())
     with EmulatedCluster([HostSpec(cpu=0.5), HostSpec(cpu=0.5)]) as hosts:
         slurm = LocalSlurm(hosts=hosts)
         try:
