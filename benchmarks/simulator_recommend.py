@@ -53,13 +53,17 @@ from pathlib import Path
 from cluster_common import RESULTS, cluster_train, fastest, median_or_none, record
 
 #: Each model's data, target and epochs, and the optimizer both the prediction's replay and the
-#: real runs train with (the CNN trains with Adam here: with SGD it needs far more epochs).
+#: real runs train with (the CNN trains with Adam here: with SGD it needs far more epochs). A
+#: target every candidate reaches in most seeds: the mlp levels off at 0.944-0.956 with 4 and 5
+#: workers in 10 epochs, so 0.95 was a coin flip of the seed (results/simulator_recommend_epochs.md).
 MODELS = {
-    "mlp": {"dataset": "digits", "target": 0.95, "epochs": 10,
+    "mlp": {"dataset": "digits", "target": 0.93, "epochs": 10,
             "optimizer": ["--optimizer", "sgd", "--lr", "0.05", "--momentum", "0.9"]},
     "cifar_cnn": {"dataset": "benchmarks.digits32:load", "target": 0.9, "epochs": 6,
                   "optimizer": ["--optimizer", "adam", "--lr", "0.001"]},
 }  # fmt: skip
+#: The targets of the settings recorded before each setting recorded its own.
+RECORDED_TARGETS = {"mlp": 0.95, "cifar_cnn": 0.9}
 #: model, hosts, CPU share a host, link, the last host's share relative to the others (1: none slow)
 SETTINGS = [
     ("mlp", 3, 0.6, "1gbit", 1.0),
@@ -203,7 +207,7 @@ def report(document: dict, out: Path) -> None:
         rate_right += verdict["by_rate"]["right"]
         time_right += verdict["by_time"]["right"]
         lines += [
-            f"## {setting_words(entry['setting'])} (target {entry.get('target', MODELS[entry['setting'][0]]['target']):g} "
+            f"## {setting_words(entry['setting'])} (target {entry.get('target', RECORDED_TARGETS[entry['setting'][0]]):g} "
             "test accuracy; "
             f"real runs' seeds: {', '.join(map(str, entry.get('seeds', [0] * document['setup']['repeats'])))}; "
             f"`{' '.join(entry.get('optimizer', MODELS['mlp']['optimizer']))}`)",
