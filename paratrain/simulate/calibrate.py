@@ -29,11 +29,6 @@ steps of the epochs past the first (their ``train_seconds``; an epoch's end apar
   times SGD's) on the model's parameters as one flat tensor, measured alone;
 - ``codec_gbps``: ``--compression``'s encode plus decode of the model's gradient, in
   gigabytes of dense gradient a second (0 for ``none``: nothing to code);
-With ``--across-hosts`` the two runs that send messages (``allreduce`` and ``ps-sync``) run
-between two emulated hosts (``paratrain cluster run --hosts 2``: each process in a network
-namespace of its own on a bridge, a core each), so that a message crosses a network stack at
-both ends as between machines: on the mlp a ring step's CPU is about twice the loopback's.
-
 - ``host_link_gbps``, ``host_step_us`` and ``host_step_cpu_us``: the rate, the fixed cost (a
   ring step's) and its CPU of a Gloo all-reduce between two processes of this host
   (link_probe.py): an epoch end's all-reduces of a few values, and the link of a
@@ -45,6 +40,11 @@ both ends as between machines: on the mlp a ring step's CPU is about twice the l
   beyond the model's share of the compute and its collectives at the host link's rate and
   fixed cost, per module: DTensor's dispatch of every op on a split tensor, and the
   collectives' work beyond their bytes.
+
+With ``--across-hosts`` the two runs that send messages (``allreduce`` and ``ps-sync``) run
+between two emulated hosts (``paratrain cluster run --hosts 2``: each process in a network
+namespace of its own on a bridge, a core each), so that a message crosses a network stack at
+both ends as between machines: on the mlp a ring step's CPU is about twice the loopback's.
 
 calibration.py turns them into the engine's parameters for the prediction at hand.
 """
@@ -142,9 +142,9 @@ def _step_costs(args: Any, splits: Any, hosts: list[str]) -> tuple[float, ...]:
     ``single``: medians over ROUNDS. A small cost (a push of a small model: a tenth of a
     millisecond) can come out below 0 in a round on a noisy machine: it counts as 0 there."""
     rounds = []
+    across = hosts if args.across_hosts else None
     for _ in range(ROUNDS):
         single, single_cpu, end = _step_s(args, splits, *SINGLE)
-        across = hosts if args.across_hosts else None
         ring, ring_cpu, _ = _step_s(args, splits, *RING, across)
         push = _step_s(args, splits, *PUSH, across)[0]
         rounds.append((single, max(ring - single, 0.0) / 2, max(ring_cpu - single_cpu, 0.0) / 2,
