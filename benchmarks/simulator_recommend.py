@@ -183,6 +183,9 @@ def setting_words(setting: list) -> str:
 
 
 def report(document: dict, out: Path) -> None:
+    across = [
+        c["measured"]["across_hosts"] for c in document["calibrations"].values() if c["measured"].get("across_hosts")
+    ]
     lines = [
         "# The user's path on emulated clusters: calibrate, --recommend, then every candidate for real",
         "",
@@ -193,7 +196,9 @@ def report(document: dict, out: Path) -> None:
             else ""
         )
         + ". Calibrated once per "
-        "model on this machine (`paratrain simulate --calibrate`, whole cores), then `paratrain simulate --recommend` "
+        "model on this machine (`paratrain simulate --calibrate`, whole cores"
+        + (f"; with `--across-hosts`, its messages between 2 emulated hosts: {', '.join(across)}" if across else "")
+        + "), then `paratrain simulate --recommend` "
         "with the cluster's flags and `--calibration` (no number given by hand); every candidate it ranks then ran on "
         f"`paratrain cluster run` with those hosts, batch {BATCH} a worker, the optimizer named under each setting "
         "(the prediction's replay trains with it too); real = the "
