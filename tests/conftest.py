@@ -1,3 +1,4 @@
+import functools
 import importlib
 import io
 import json
@@ -14,8 +15,10 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
+@functools.cache
 def hosts_missing() -> str | None:
-    """Why emulated hosts (paratrain cluster) cannot start here, in one line, or None."""
+    """Why emulated hosts (paratrain cluster) cannot start here, in one line, or None (asked
+    of the machine once a test process)."""
     from paratrain.cluster.hosts import check_support
     from paratrain.errors import ConfigError
 
