@@ -33,7 +33,9 @@ settings, or those of ``--only``, again, against their recorded real runs; with
 ``--recorded-calibrations`` it predicts with the calibrations measured beside those runs, and
 with ``--target-accuracy A`` it asks and judges the time to another target: the real runs'
 times to it come from the test accuracy they recorded at every epoch's end. ``--across-hosts``
-calibrates with ``--calibrate --across-hosts``: messages measured between two emulated hosts.)
+calibrates with ``--calibrate --across-hosts``: messages measured between two emulated hosts.
+``--combine A.json B.json --out C`` judges the settings of recorded files together, each
+setting with the calibration and the real runs of its own file: no setting in two files.)
 
 Writes benchmarks/results/simulator_recommend.json and .md after every setting (a run cut
 short keeps the settings it finished; ``--only`` runs some again into the same file).
@@ -195,6 +197,12 @@ def report(document: dict, out: Path) -> None:
             if "real_runs_from" in document
             else ""
         )
+        + (
+            f" (settings combined from {', '.join(f'`{name}`' for name in document['combined_from'])}: each with its "
+            "file's calibration and real runs, made in one session)"
+            if "combined_from" in document
+            else ""
+        )
         + ". Calibrated once per "
         "model on this machine (`paratrain simulate --calibrate`, whole cores"
         + (f"; with `--across-hosts`, its messages between 2 emulated hosts: {', '.join(across)}" if across else "")
@@ -215,7 +223,9 @@ def report(document: dict, out: Path) -> None:
             f"## {setting_words(entry['setting'])} (target {entry.get('target', RECORDED_TARGETS[entry['setting'][0]]):g} "
             "test accuracy; "
             f"real runs' seeds: {', '.join(map(str, entry.get('seeds', [0] * document['setup']['repeats'])))}; "
-            f"`{' '.join(entry.get('optimizer', MODELS['mlp']['optimizer']))}`)",
+            f"`{' '.join(entry.get('optimizer', MODELS['mlp']['optimizer']))}`"
+            + (f"; from `{entry['from']}`" if "from" in entry else "")
+            + ")",
             "",
             f"{entry['prediction']['recommendation']}",
             "",
@@ -247,6 +257,25 @@ def report(document: dict, out: Path) -> None:
     record(out, document, lines)
 
 
+def combine(paths: list[str], out: Path) -> None:
+    """The recorded settings of ``paths`` judged together (each file's own calibration and runs)."""
+    settings: dict[int, dict] = {}
+    calibrations: dict[str, dict] = {}
+    for path in map(Path, paths):
+        recorded = json.loads(path.read_text())
+        for entry in recorded["settings"]:
+            if entry["number"] in settings:
+                print(f"--combine: setting {entry['number']} is in {settings[entry['number']]['from']} and in "
+                      f"{path.name}; give each setting from one file", file=sys.stderr)  # fmt: skip
+                raise SystemExit(2)
+            settings[entry["number"]] = {**entry, "from": path.name}
+        calibrations.update({f"{model} ({path.name})": c for model, c in recorded["calibrations"].items()})
+        repeats = recorded["setup"]["repeats"]
+    document = {"setup": {"repeats": repeats}, "calibrations": calibrations,
+                "settings": [settings[n] for n in sorted(settings)], "combined_from": [Path(p).name for p in paths]}  # fmt: skip
+    report(document, out)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=2)
@@ -261,8 +290,12 @@ def main() -> None:
         metavar="RECORDED.json",
         help="no real runs: calibrate and predict the recorded ones' settings again",
     )
+    parser.add_argument("--combine", nargs="+", metavar="RECORDED.json", help="judge recorded files' settings together")
     args = parser.parse_args()
     out = Path(args.out)
+    if args.combine:
+        combine(args.combine, out)
+        return
     chosen = [int(i) for i in args.only.split(",")] if args.only else range(1, len(SETTINGS) + 1)
     document = {"setup": {"repeats": args.repeats}, "calibrations": {}, "settings": []}
     if args.only and out.with_suffix(".json").exists():
