@@ -214,7 +214,7 @@ def report(document: dict, out: Path) -> None:
         "epoch that reaches it, from the end of epoch 1, plus a steady epoch. Within 10% counts as tied.",
         "",
     ]
-    errors, rate_right, time_right = [], 0, 0
+    errors, same_errors, rate_right, time_right = [], [], 0, 0
     for entry in document["settings"]:
         verdict = entry["verdict"]
         rate_right += verdict["by_rate"]["right"]
@@ -234,6 +234,8 @@ def report(document: dict, out: Path) -> None:
         ]
         for r in verdict["rows"]:
             errors.append(abs(r["error"]))
+            if r["same_updates"]:
+                same_errors.append(abs(r["error"]))
             real_t, sim_t = r["seconds_to_target"], r["predicted_seconds_to_target"]
             lines.append(
                 f"| {r['candidate']}{'' if r['same_updates'] else ' (other updates)'} | {r['examples_per_second']:,.0f} "
@@ -252,7 +254,8 @@ def report(document: dict, out: Path) -> None:
         lines.append(
             f"**Fastest named: {rate_right} of {count} settings by examples/s, {time_right} of {count} by time to the "
             f"target; median absolute error of examples/s {statistics.median(errors):.0%} over {len(errors)} "
-            "candidates.**"
+            f"candidates ({statistics.median(same_errors):.0%} over the {len(same_errors)} with one process's "
+            "updates).**"
         )
     record(out, document, lines)
 
