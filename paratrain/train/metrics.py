@@ -6,6 +6,7 @@ import json
 import math
 import os
 import tempfile
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -70,7 +71,8 @@ class StepWindow:
         self.first_step = int(state["first_step"])
 
     def reduce(self, strategy: Any) -> dict[str, float]:
-        """Replica-averaged ``loss`` over the window's examples; resets the window.
+        """Replica-averaged ``loss`` over the window's examples, their count and each step's
+        loss x examples summed over replicas (``step_sums``); resets the window.
 
         Raises DivergedError naming the first step whose loss was NaN or infinite."""
         if not self._losses:
@@ -89,7 +91,34 @@ class StepWindow:
         self._losses.clear()
         self._examples.clear()
         examples = step_examples.sum().item()
-        return {"loss": step_sums.sum().item() / examples, "examples": examples}
+        return {"loss": step_sums.sum().item() / examples, "examples": examples, "step_sums": step_sums.tolist()}
+
+
+class EpochSums:
+    """The epoch's loss x examples, summed over its reduced windows exactly (as fractions:
+    the same to the bit however the windows were split, so an epoch resumed from a
+    checkpoint logs the loss of the epoch never stopped), and its examples."""
+
+    def __init__(self, total: Fraction = Fraction(0), examples: float = 0.0) -> None:
+        self.total, self.examples = total, examples
+
+    def add(self, reduced: dict[str, Any]) -> None:
+        self.total += sum(map(Fraction, reduced["step_sums"]), Fraction(0))
+        self.examples += reduced["examples"]
+
+    def mean(self) -> float:
+        return float(self.total / max(self.examples, 1))
+
+    def state_dict(self) -> dict[str, Any]:
+        """Plain values (a checkpoint loads with ``weights_only``): the float sums as before,
+        and the exact total as numerator and denominator."""
+        exact = [self.total.numerator, self.total.denominator]
+        return {"epoch_sums": [float(self.total), self.examples], "epoch_loss_exact": exact}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> EpochSums:
+        exact = state.get("epoch_loss_exact", (state["epoch_sums"][0],))  # older checkpoints: a float
+        return cls(Fraction(*exact), float(state["epoch_sums"][1]))
 
 
 def write_json_atomic(path: str | os.PathLike, document: dict[str, Any]) -> None:

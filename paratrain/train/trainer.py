@@ -28,7 +28,7 @@ from paratrain.strategies.single.strategy import get_strategy
 from paratrain.timeline import span
 from paratrain.train.callbacks import Callback, CallbackList, EpochLog, ProgressBar, StepLog
 from paratrain.train.faults import progress_beacon
-from paratrain.train.metrics import StepWindow
+from paratrain.train.metrics import EpochSums, StepWindow
 from paratrain.train.rng import rng_state, set_rng_state
 from paratrain.train.scores import Score, resolve_loss, resolve_metrics
 from paratrain.train.step_device import StepDevice
@@ -129,7 +129,7 @@ class Trainer:
         """Batches of the current epoch done (where a resumed run goes on)."""
         self.history = History()
         self._window = StepWindow()
-        self._epoch_sums = [0.0, 0.0]  # loss x examples, examples: of the epoch's reduced windows
+        self._epoch_sums = EpochSums()
         self._resumed = False
         self._epoch_start = 0.0
         self._epoch_elapsed = 0.0  # seconds of the current epoch before the checkpoint resumed from
@@ -201,7 +201,7 @@ class Trainer:
         # A replica joining a running job (allreduce-ft) takes the live position here.
         strategy.begin_fit(self)
         if not self._resumed:
-            self.history, self._window, self._epoch_sums, self.batch = History(keys=keys), StepWindow(), [0.0, 0.0], 0
+            self.history, self._window, self._epoch_sums, self.batch = History(keys=keys), StepWindow(), EpochSums(), 0
             self._window.first_step = self.global_step + 1
         self._resumed = False
         self.history.keys = keys
@@ -241,8 +241,8 @@ class Trainer:
                 continue
             if len(window):
                 self._reduce_window()
-            epoch_loss, epoch_examples = self._epoch_sums
-            self._epoch_sums, self.batch = [0.0, 0.0], 0
+            epoch_loss, epoch_examples = self._epoch_sums.mean(), self._epoch_sums.examples
+            self._epoch_sums, self.batch = EpochSums(), 0
             seconds = time.perf_counter() - epoch_start
             self.train_seconds += seconds
             self.examples_seen += int(epoch_examples)
@@ -250,7 +250,7 @@ class Trainer:
             logs = {
                 "epoch": epoch + 1,
                 "epochs": epochs,
-                "train_loss": epoch_loss / max(epoch_examples, 1),
+                "train_loss": epoch_loss,
                 "examples_per_second": epoch_examples / seconds if seconds > 0 else 0.0,
                 "train_seconds": seconds,  # the epoch's steps; its evaluation and its start come after
                 "learning_rate": self.learning_rate,
@@ -294,8 +294,7 @@ class Trainer:
             reduced = self._window.reduce(self.strategy)
         except RuntimeError as error:
             raise (self.strategy.diagnose(error, self.global_step) or error) from None
-        self._epoch_sums[0] += reduced["loss"] * reduced["examples"]
-        self._epoch_sums[1] += reduced["examples"]
+        self._epoch_sums.add(reduced)
         return reduced["loss"]
 
     # ----- state for checkpoints ------------------------------------------------------------
@@ -313,7 +312,7 @@ class Trainer:
             "loader_wait_seconds": self.loader_wait_seconds,
             "learning_rate": self.learning_rate,
             "history": [dict(entry) for entry in self.history.epochs],
-            "epoch_sums": list(self._epoch_sums),
+            **self._epoch_sums.state_dict(),
             "window": self._window.state_dict(),
             "rng": rng_state(),
         }
@@ -327,7 +326,7 @@ class Trainer:
         self.loader_wait_seconds = float(state["loader_wait_seconds"])
         self.set_learning_rate(float(state["learning_rate"]))
         self.history = History([dict(entry) for entry in state["history"]])
-        self._epoch_sums = [float(v) for v in state["epoch_sums"]]
+        self._epoch_sums = EpochSums.from_state(state)
         self._window = StepWindow()
         self._window.load_state_dict(state["window"], self.strategy.device)
         set_rng_state(state["rng"])

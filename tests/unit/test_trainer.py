@@ -8,6 +8,7 @@ from paratrain.data.datasets import load_digits
 from paratrain.errors import ConfigError, DivergedError
 from paratrain.models import build_model
 from paratrain.train.callbacks import Callback, EarlyStopping, LearningRateScheduler
+from paratrain.train.metrics import EpochSums, StepWindow
 
 
 def _trainer(lr=0.05, momentum=0.9, seed=0):
@@ -147,3 +148,24 @@ def test_a_collective_that_times_out_in_evaluation_is_diagnosed_as_in_a_step():
     data = (torch.randn(8, 4), torch.randint(0, 2, (8,)))
     with pytest.raises(RuntimeError, match="worker 1 did not answer at step 0: Timed out"):
         trainer.evaluate(data, batch_size=4)
+
+
+
+def test_an_epochs_loss_is_one_exact_sum_however_its_steps_were_reduced():
+    """Steps reduced in windows split anywhere (a checkpoint mid-epoch splits a resumed run's)
+    give the epoch's train loss of one window to the last bit: the sums are exact."""
+    strategy = paratrain.SingleDeviceStrategy(device="cpu")
+    generator = torch.Generator().manual_seed(5)
+    losses = torch.rand(200, dtype=torch.float64, generator=generator) * 3
+    sizes = torch.randint(1, 97, (200,), generator=generator).tolist()
+    means = set()
+    for cuts in ([], [1, 2, 3, 50, 51, 199], list(range(0, 200, 7)), list(range(200))):
+        sums, window = EpochSums(), StepWindow()
+        for step, (loss, size) in enumerate(zip(losses, sizes)):
+            window.add(loss, size)
+            if step in cuts:
+                sums.add(window.reduce(strategy))
+        if len(window):
+            sums.add(window.reduce(strategy))
+        means.add(EpochSums.from_state(sums.state_dict()).mean())
+    assert len(means) == 1
