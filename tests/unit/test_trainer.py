@@ -150,7 +150,6 @@ def test_a_collective_that_times_out_in_evaluation_is_diagnosed_as_in_a_step():
         trainer.evaluate(data, batch_size=4)
 
 
-
 def test_an_epochs_loss_is_one_exact_sum_however_its_steps_were_reduced():
     """Steps reduced in windows split anywhere (a checkpoint mid-epoch splits a resumed run's)
     give the epoch's train loss of one window to the last bit: the sums are exact."""
