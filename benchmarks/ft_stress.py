@@ -27,6 +27,8 @@ printed; `--seed S --strategies X` repeats. Writes benchmarks/results/ft_stress.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
 import json
 import os
 import random
@@ -75,10 +77,8 @@ class Run:
         )
         self.steps: list[tuple[float, int]] = []
         self.errors: list[tuple[float, str]] = []
-        self._readers = [
-            threading.Thread(target=self._read, args=(self.process.stdout, True), daemon=True),
-            threading.Thread(target=self._read, args=(self.process.stderr, False), daemon=True),
-        ]
+        streams = ((self.process.stdout, True), (self.process.stderr, False))
+        self._readers = [threading.Thread(target=self._read, args=args, daemon=True) for args in streams]
         for reader in self._readers:
             reader.start()
 
@@ -102,10 +102,8 @@ class Run:
         except subprocess.TimeoutExpired:
             ended = False
             for pid in [self.process.pid, *descendants(self.process.pid)]:
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
             self.process.wait()
         for reader in self._readers:
             reader.join(timeout=5)
@@ -130,9 +128,7 @@ class Replicas:
     def refresh(self) -> dict[int, list[int]]:
         """``{replica: its live processes}``."""
         current = run_processes(self.run.process.pid)
-        for pid in current:
-            if pid in self.slot_of:
-                continue
+        for pid in [p for p in current if p not in self.slot_of]:
             if len(self.slot_of) < self.first and not self.waiting:
                 self.slot_of[pid] = len(self.slot_of) // self.per_replica
             elif self.waiting:
@@ -199,7 +195,8 @@ class Replicas:
 def stressed_run(strategy: str, calm: dict, kills: int, rng: random.Random, fork_server: bool = False) -> dict:
     """One run with ``kills`` kills (or one of the fork server) at steps drawn from 0 to the
     undisturbed run's last (by the run's progress, which the machine's load does not move;
-    step 0: in the second before the first step, by the clock); what happened."""
+    step 0: in the second before the first step, by the clock, at the latest at the first
+    step); what happened."""
     _, num_replicas, per_replica = STRATEGIES[strategy]
     steps = sorted(rng.randint(0, calm["steps"]) for _ in range(kills))
     moments = [(step, rng.uniform(max(calm["first_step"] - 1.0, 0.0), calm["first_step"])) for step in steps]
@@ -255,7 +252,8 @@ def _victim(
     step, seconds = moment
 
     def due() -> bool:
-        return _step(run) >= step if step else run.now() >= seconds
+        # step 0: by the clock, or at the first step where this run starts faster than the undisturbed one
+        return _step(run) >= step if step else run.now() >= seconds or _step(run) > 0
 
     while run.process.poll() is None and run.now() < limit:
         members = replicas.refresh()
@@ -310,11 +308,10 @@ def undisturbed(strategy: str) -> dict:
 def verdict(row: dict, accuracy: float) -> bool:
     """A run is ok: it ended in time, exit 0, within a point of the undisturbed accuracy;
     a fork-server kill: it ended in time with a line naming a loss."""
-    if not row["ended"]:
-        return False
     if any(k["kind"] == "fork server" for k in row["kills"]):
-        return row["exit"] == 0 or "lost" in row["last_line"] or "failed" in row["last_line"]
-    return row["exit"] == 0 and row["test_accuracy"] is not None and abs(row["test_accuracy"] - accuracy) <= 0.01
+        return row["ended"] and (row["exit"] == 0 or "lost" in row["last_line"] or "failed" in row["last_line"])
+    tested = row["test_accuracy"] is not None and abs(row["test_accuracy"] - accuracy) <= 0.01
+    return row["ended"] and row["exit"] == 0 and tested
 
 
 def table(summary: dict) -> list[str]:
@@ -386,8 +383,9 @@ def main() -> None:
     parser.add_argument("--out", default=str(RESULTS / "ft_stress.json"))
     args = parser.parse_args()
     print(f"ft stress seed {args.seed}", flush=True)
+    log = functools.partial(print, flush=True)
     summary = {
-        name: stress(name, args.kills, args.kills_per_run, args.fork_server_kills, args.seed, log=_log)
+        name: stress(name, args.kills, args.kills_per_run, args.fork_server_kills, args.seed, log=log)
         for name in args.strategies.split(",")
     }
     for result in summary.values():  # the output of the runs that went wrong only
@@ -395,10 +393,6 @@ def main() -> None:
             if row["ok"]:
                 row.pop("stderr_tail")
     record(Path(args.out), summary, table(summary), DOC, "ft-stress", args.out == str(RESULTS / "ft_stress.json"))
-
-
-def _log(message: str) -> None:
-    print(message, flush=True)
 
 
 if __name__ == "__main__":
