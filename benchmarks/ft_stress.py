@@ -2,21 +2,22 @@
 to find the races between a loss, a replacement's join and the survivors' next step.
 
     python benchmarks/ft_stress.py [--kills 100] [--kills-per-run 4] [--seed S]
-        [--strategies allreduce-ft,pipeline-ft] [--fork-server-kills 3]
+        [--strategies allreduce-ft,pipeline-ft,fsdp-ft,local-sgd-ft,diloco-ft] [--fork-server-kills 3]
 
-Each run is a local `paratrain train` (3 replicas of the mlp on digits for `allreduce-ft`;
-2 replicas of 2 stages for `pipeline-ft`) with `--max-restarts` 2 x its kills + 2. Its
-kills (SIGKILL) come at steps drawn uniformly over the undisturbed run's steps (the
-second before the first step included), and go
-to each replica in turn (the first one included; a pipeline replica's stage at random);
-every third kill instead waits for the replacement that the previous kill brought and
-kills it 0-1.5 s after it started: while it starts, forms its first quorum or takes the
-live state. Uniform moments land in a quorum, inside the all-reduce, between steps and in
-the last epoch alike. A run is ok when it exits 0 within its limit (its undisturbed length
-x 3 + 60 s) with a test accuracy within 1 point of the undisturbed run; a run still alive
-at its limit is a hang (its processes are then killed). Besides, `--fork-server-kills`
-runs a strategy kill the launcher's fork server (every replica is its child): the run must
-end, finishing or failing with a line that names a loss, never hang.
+Each run is a local `paratrain train` of the mlp on digits (3 replicas for `allreduce-ft`,
+`local-sgd-ft` and `diloco-ft`; 2 replicas of 2 stages or shards for `pipeline-ft` and
+`fsdp-ft`) with `--max-restarts` 2 x its kills + 2. Its kills (SIGKILL) come at steps drawn
+uniformly over the undisturbed run's steps (the second before the first step included), and
+go to each replica in turn (the first one included; a replica's process at random); every
+third kill instead waits for the replacement that the previous kill brought and kills it
+0-1.5 s after it started: while it starts, forms its first quorum or takes the live state.
+Uniform moments land in a quorum, inside the all-reduce, between steps and in the last epoch
+alike. A run is ok when it exits 0 within its limit (its undisturbed length x 3 + 60 s) with
+a test accuracy within 1 point of the undisturbed run's (2 for local SGD and DiLoCo, whose
+outer steps a loss changes: undisturbed, seeds 0-5 span 1.1 and 1.4 points); a run still
+alive at its limit is a hang (its processes are then killed). `--fork-server-kills` runs a
+strategy kill the launcher's fork server (every replica is its child): the run must end,
+finishing or failing with a line that names a loss, never hang.
 
 Measured per run: the survivors' pause after each kill (from the kill to the next step the
 run logs, `--log-every 1`) and the recoveries (`joined the run` lines). The seed is
@@ -53,12 +54,15 @@ RESULTS = ROOT / "benchmarks" / "results"
 DOC = ROOT / "docs" / "reliability.md"
 RUN = ["--log-every", "1", "--progress", "--timeout", "20"]
 STRATEGIES = {
-    # flags, replicas, processes per replica
-    "allreduce-ft": (["--strategy", "allreduce-ft", "--workers", "3", "--epochs", "20"], 3, 1),
-    "pipeline-ft": (["--strategy", "pipeline-ft", "--stages", "2", "--workers", "4", "--epochs", "8"], 2, 2),
+    # paratrain train's flags, replicas, processes per replica, test accuracy within this of the undisturbed run's
+    "allreduce-ft": ("--workers 3 --epochs 20", 3, 1, 0.01),
+    "pipeline-ft": ("--stages 2 --workers 4 --epochs 8", 2, 2, 0.01),
+    "fsdp-ft": ("--workers 4 --shards-per-replica 2 --epochs 8", 2, 2, 0.01),
+    "local-sgd-ft": ("--workers 3 --sync-every 8 --epochs 20", 3, 1, 0.02),
+    "diloco-ft": ("--workers 3 --sync-every 8 --epochs 20", 3, 1, 0.02),
 }
 STEP = re.compile(r"^step (\d+),")
-LOST = re.compile(r"paratrain: (?:worker|stage \d+ of replica) (\d+) was lost .* after step (\d+); a replacement")
+LOST = re.compile(r"paratrain: (?:worker|\w+ \d+ of replica) (\d+) was lost .* after step (\d+); a replacement")
 LOGS = os.environ.get("FT_STRESS_LOGS")  # a folder: each run's lines go there
 
 
@@ -66,7 +70,7 @@ class Run:
     """One `paratrain train` and what it printed, each line with its arrival time."""
 
     def __init__(self, strategy: str, extra: list[str], folder: Path):
-        flags = STRATEGIES[strategy][0]
+        flags = ["--strategy", strategy, *STRATEGIES[strategy][0].split()]
         command = [sys.executable, "-m", "paratrain", "train", *flags, *RUN, "--metrics-out", str(folder / "m.json"),
                    *extra]  # fmt: skip
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "PARATRAIN_THREADS_PER_WORKER": "1"}
@@ -195,9 +199,8 @@ class Replicas:
 def stressed_run(strategy: str, calm: dict, kills: int, rng: random.Random, fork_server: bool = False) -> dict:
     """One run with ``kills`` kills (or one of the fork server) at steps drawn from 0 to the
     undisturbed run's last (by the run's progress, which the machine's load does not move;
-    step 0: in the second before the first step, by the clock, at the latest at the first
-    step); what happened."""
-    _, num_replicas, per_replica = STRATEGIES[strategy]
+    step 0: by the clock, in the second before the first step or at it); what happened."""
+    _, num_replicas, per_replica, _ = STRATEGIES[strategy]
     steps = sorted(rng.randint(0, calm["steps"]) for _ in range(kills))
     moments = [(step, rng.uniform(max(calm["first_step"] - 1.0, 0.0), calm["first_step"])) for step in steps]
     limit = 3 * calm["seconds"] + 60
@@ -213,16 +216,14 @@ def stressed_run(strategy: str, calm: dict, kills: int, rng: random.Random, fork
             if victim is None:
                 break
             done.append(victim)
-        ended = run.wait(limit)
-        metrics = run.metrics()
+        ended, metrics = run.wait(limit), run.metrics()
     if LOGS:  # every line of the run, with its time and the kills', for a run to look into
         lines = [(t, f"{t:8.2f} {line}") for t, line in run.errors] + [(t, f"{t:8.2f} step {n}") for t, n in run.steps]
         lines += [(k["at"], f"{k['at']:8.2f} ## SIGKILL {k}") for k in done]
         path = Path(LOGS) / f"{strategy}-{int(time.time() * 1000)}.log"
         path.write_text("\n".join(line for _, line in sorted(lines)) + "\n")
     for kill in done:  # the survivors' pause: to the next step logged after the kill
-        after = [t for t, _ in run.steps if t > kill["at"]]
-        kill["pause"] = after[0] - kill["at"] if after else None
+        kill["pause"] = next((t - kill["at"] for t, _ in run.steps if t > kill["at"]), None)
     return {
         "strategy": strategy,
         "kills": done,
@@ -306,11 +307,11 @@ def undisturbed(strategy: str) -> dict:
 
 
 def verdict(row: dict, accuracy: float) -> bool:
-    """A run is ok: it ended in time, exit 0, within a point of the undisturbed accuracy;
-    a fork-server kill: it ended in time with a line naming a loss."""
+    """A run is ok: it ended in time, exit 0, within its strategy's tolerance of the undisturbed
+    accuracy; a fork-server kill: it ended in time with a line naming a loss."""
     if any(k["kind"] == "fork server" for k in row["kills"]):
         return row["ended"] and (row["exit"] == 0 or "lost" in row["last_line"] or "failed" in row["last_line"])
-    tested = row["test_accuracy"] is not None and abs(row["test_accuracy"] - accuracy) <= 0.01
+    tested = row["test_accuracy"] is not None and abs(row["test_accuracy"] - accuracy) <= STRATEGIES[row["strategy"]][3]
     return row["ended"] and row["exit"] == 0 and tested
 
 
