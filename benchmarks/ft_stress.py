@@ -120,27 +120,29 @@ class Run:
 
 class Replicas:
     """Which process is which replica: the run's processes, oldest first, are the replicas'
-    in order; a process that appears later is the replacement of the replica lost last."""
+    in order; the processes that appear later are, in order, the replacements of the losses
+    the launcher reported (a replica's processes are replaced together)."""
 
     def __init__(self, run: Run, num_replicas: int, per_replica: int):
         self.run, self.per_replica, self.first = run, per_replica, num_replicas * per_replica
         self.slot_of: dict[int, int] = {}
         self.replacements: dict[int, float] = {}  # a replacement's process: when it appeared
-        self.waiting: list[int] = []  # replicas lost, in order, whose replacement has not appeared
+        self.losses = 0  # the launcher's loss lines read so far
+        self.coming: list[int] = []  # the replica of each replacement process not yet seen, in order
         self.abandoned: dict[float, set[int]] = {}  # losses whose replacement was killed before it joined
 
     def refresh(self) -> dict[int, list[int]]:
         """``{replica: its live processes}``."""
         current = run_processes(self.run.process.pid)
+        lost = [int(m.group(1)) for _, line in list(self.run.errors) if (m := LOST.search(line))]
+        self.coming += [slot for slot in lost[self.losses :] for _ in range(self.per_replica)]
+        self.losses = len(lost)
         for pid in [p for p in current if p not in self.slot_of]:
-            if len(self.slot_of) < self.first and not self.waiting:
+            if len(self.slot_of) < self.first and not lost:
                 self.slot_of[pid] = len(self.slot_of) // self.per_replica
-            elif self.waiting:
-                replaced = self.waiting[0]
-                self.slot_of[pid] = replaced
+            elif self.coming:  # else: a replacement whose loss line is not read yet
+                self.slot_of[pid] = self.coming.pop(0)
                 self.replacements[pid] = time.monotonic()
-                if sum(1 for p in current if self.slot_of.get(p) == replaced) >= self.per_replica:
-                    self.waiting.pop(0)
         members: dict[int, list[int]] = {}
         for pid in current:
             if pid in self.slot_of:
@@ -181,9 +183,6 @@ class Replicas:
     def kill(self, pid: int) -> None:
         """SIGKILL, then wait (up to 5 s) for the launcher to say the replica was lost, so that
         the next kill knows who is left."""
-        slot = self.slot_of[pid]
-        if slot not in self.waiting:
-            self.waiting.append(slot)
         said = sum(bool(LOST.search(line)) for _, line in self.run.errors)
         try:
             os.kill(pid, signal.SIGKILL)

