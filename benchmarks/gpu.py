@@ -12,8 +12,8 @@ throughput of the built-in gpt (tokens/s) and the CIFAR-10 CNN (examples/s) per 
   of paratrain's epochs over the plain loop's. Target: <= 3%. Per round: each side's
   whole round, which for paratrain is a ``fit`` call (its set-up and the data set's move to
   the GPU) and for the plain loop moves its data set to the GPU too. ``--profile`` adds
-  CUDA kernels and launches per step of each side (torch.profiler) and prints a host
-  profile of one paratrain round.
+  CUDA kernels, launches and the GPU's busy time per step of each side (torch.profiler)
+  and writes both sides' host profiles to DIR/profile-MODEL.txt.
 - ``throughput``: whole ``paratrain train`` runs (``run_locally``, as the command starts
   them), each strategy at its settings below on the one GPU (processes beyond the first
   share it over Gloo); the metrics file's training throughput (evaluation and start-up
@@ -108,19 +108,36 @@ class _EpochClock(paratrain.Callback):
         self.seconds.append(time.perf_counter() - self._start)
 
 
-def _kernels_per_step(run: Any, steps: int) -> dict[str, float]:
-    """CUDA kernels launched and host operators called per step over one round of ``run``
-    (torch.profiler): the two sides should launch the same kernels."""
+def _profile_side(run: Any, steps: int, report: list[str], side: str) -> dict[str, float]:
+    """CUDA kernels launched, the GPU's busy time and the host's per step over one round of
+    ``run`` (torch.profiler), and a host profile (cProfile) of another round; the tables go
+    to ``report``. The two sides should launch the same kernels; where the GPU is busy for
+    less than a step, the step waits on the host, and the host profiles say for what."""
+    import cProfile
+    import io
+    import pstats
+
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as trace:
+        began = time.perf_counter()
         run()
+        seconds = time.perf_counter() - began
     events = trace.key_averages()
-    kernels = sum(e.count for e in events if e.device_type == torch.autograd.DeviceType.CUDA)
+    cuda = torch.autograd.DeviceType.CUDA
+    kernels = sum(e.count for e in events if e.device_type == cuda)
+    busy_us = sum(e.self_device_time_total for e in events if e.device_type == cuda)
     launches = sum(e.count for e in events if e.key in ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC"))
-    top = sorted(events, key=lambda e: -e.count)[:12]
-    print(f"{steps} steps: " + ", ".join(f"{e.key} {e.count}" for e in top), flush=True)
-    return {"kernels_per_step": kernels / steps, "launches_per_step": launches / steps}
+    report += [f"## {side}: {steps} steps, {1000 * seconds / steps:.3f} ms/step profiled, GPU busy "
+               f"{busy_us / 1000 / steps:.3f} ms/step, {kernels / steps:.1f} kernels/step", ""]  # fmt: skip
+    report.append(events.table(sort_by="self_cpu_time_total", row_limit=30, max_name_column_width=60))
+    report.append(events.table(sort_by="self_device_time_total", row_limit=15, max_name_column_width=60))
+    profiler, text = cProfile.Profile(), io.StringIO()
+    profiler.runcall(run)
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(40)
+    report += [text.getvalue(), ""]
+    return {"kernels_per_step": kernels / steps, "launches_per_step": launches / steps,
+            "gpu_busy_ms_per_step": busy_us / 1000 / steps}  # fmt: skip
 
 
 def overhead(
@@ -208,15 +225,11 @@ def overhead(
         "round_overhead": statistics.median(ratios) - 1.0,
         "ratios": ratios,
     }
-    if profile:  # where each side spends its host time (kernels recorded; the host profile printed)
-        import cProfile
-        import pstats
-
-        row["plain_profile"] = _kernels_per_step(plain, steps)
-        row["paratrain_profile"] = _kernels_per_step(ours, steps)
-        profiler = cProfile.Profile()
-        profiler.runcall(ours)
-        pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
+    if profile:  # where each side spends its time: kernels, the GPU's busy time, host profiles
+        report: list[str] = [f"# {name}, batch {batch}", ""]
+        row["plain_profile"] = _profile_side(plain, steps, report, "plain")
+        row["paratrain_profile"] = _profile_side(ours, steps, report, "paratrain")
+        row["profile_report"] = "\n".join(report)
     return row
 
 
@@ -287,7 +300,9 @@ def main() -> None:
     parser.add_argument("--models", default="gpt,cifar_cnn", help="the overhead part's models")
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--epochs", type=int, default=1)
-    parser.add_argument("--profile", action="store_true", help="print a cProfile of one paratrain round per model")
+    parser.add_argument(
+        "--profile", action="store_true", help="profile both sides of each model (DIR/profile-MODEL.txt)"
+    )
     parser.add_argument("--quick", action="store_true", help="small models and data (a smoke run, on the CPU too)")
     parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
     parser.add_argument("--out", default="benchmarks/results")
@@ -308,6 +323,16 @@ def main() -> None:
             "gpt": gpt,
         }
     }
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    def save() -> None:  # after each model: a step's time limit loses only the part in flight
+        for row in document.get("overhead", []):  # --profile's tables, a file per model
+            if "profile_report" in row:
+                (out / f"profile-{row['model']}.txt").write_text(row.pop("profile_report"))
+        (out / "gpu.json").write_text(json.dumps(document, indent=1) + "\n")
+        (out / "gpu.md").write_text(markdown(document))
+
     parts = args.parts.split(",")
     if "overhead" in parts:
         document["overhead"] = []
@@ -315,23 +340,20 @@ def main() -> None:
             if name not in args.models.split(","):
                 continue
             try:
-                document["overhead"].append(
-                    overhead(
-                        name, settings, batch, args.rounds, examples, torch.device(args.device), profile=args.profile
-                    )
+                row = overhead(
+                    name, settings, batch, args.rounds, examples, torch.device(args.device), profile=args.profile
                 )
             except Exception as error:
                 traceback.print_exc()
-                document["overhead"].append({"model": name, "error": f"{type(error).__name__}: {str(error)[:300]}"})
-            log(json.dumps(document["overhead"][-1]))
+                row = {"model": name, "error": f"{type(error).__name__}: {str(error)[:300]}"}
+            document["overhead"].append(row)
+            save()
+            log(json.dumps(row))
     if "throughput" in parts:
-        document["throughput"] = throughput("gpt", gpt, 32, args.epochs, args.device, log) + throughput(
-            "cifar_cnn", cnn, 128, args.epochs, args.device, log
-        )
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "gpu.json").write_text(json.dumps(document, indent=1) + "\n")
-    (out / "gpu.md").write_text(markdown(document))
+        document["throughput"] = throughput("gpt", gpt, 32, args.epochs, args.device, log)
+        save()
+        document["throughput"] += throughput("cifar_cnn", cnn, 128, args.epochs, args.device, log)
+        save()
     print(markdown(document))
 
 

@@ -11,9 +11,14 @@
 #   parameter_server.json/.md, simulate.json
 #                    a straggler among 8 workers under ps-sync, ps-backup and ps-async on
 #                    the CPU cores, and the simulator's prediction of the same runs
+#   tests.log        the tests named in TESTS (step "tests")
+#   profile-*.txt    with BENCH_ARGS=--profile: each side's kernels, GPU time and host profile
 #   suite.log        the whole suite with CUDA visible
 # Python packages the machine lacks (torchft, datasets) are installed from wheels in .whl/
 # when that folder exists (pip download them beside the repository first).
+# Without datasets, tests/distributed/test_transformers.py is skipped, and with it every
+# module that takes its helpers (tensor parallelism and pipelines of a GPT-2): a node id of
+# one of those in TESTS then makes pytest collect nothing ("found no collectors").
 set -u
 OUT=${OUT:-/tmp/gpu-check}
 RESULTS=$(mktemp -d)
@@ -24,8 +29,9 @@ if compgen -G ".whl/*.whl" >/dev/null; then
     $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
         && export PYTHONPATH="$PYTHONPATH:/tmp/site" PATH="$PATH:/tmp/site/bin"
 fi
-ONLY=${ONLY:-gpu-tests gpu-bench straggler simulate}  # the steps to run (and: suite)
-# BENCH_ARGS: more options for benchmarks/gpu.py (--rounds 9, --parts overhead)
+ONLY=${ONLY:-gpu-tests gpu-bench straggler simulate}  # the steps to run (and: suite, tests)
+# TESTS: test paths for the step "tests", run on cores 6-15 beside the GPU benchmark
+# BENCH_ARGS: options for benchmarks/gpu.py (default --profile; e.g. "--rounds 9 --parts overhead")
 step() {  # step NAME SECONDS COMMAND...: run with a deadline, log its time and exit code
     local name=$1 seconds=$2 begin=$SECONDS
     shift 2
@@ -43,9 +49,11 @@ step gpu-tests "${GPU_TESTS_S:-130}" $PY -m pytest tests/gpu -n 8 -v --tb=short 
     >"$RESULTS/gpu_tests.log" 2>&1
 
 # The GPU benchmark on six cores, beside the CPU-only straggler runs on the other ten.
-step gpu-bench "${BENCH_S:-210}" taskset -c 0-5 $PY benchmarks/gpu.py --profile ${BENCH_ARGS:-} --out "$RESULTS" >"$RESULTS/gpu_bench.log" 2>&1 &
+step gpu-bench "${BENCH_S:-210}" taskset -c 0-5 $PY benchmarks/gpu.py ${BENCH_ARGS:---profile} --out "$RESULTS" >"$RESULTS/gpu_bench.log" 2>&1 &
 (
     export OMP_NUM_THREADS=1
+    step tests "${TESTS_S:-240}" taskset -c 6-15 $PY -m pytest ${TESTS:-tests/gpu} -n 8 -v --tb=short \
+        -p no:cacheprovider --timeout 150 >"$RESULTS/tests.log" 2>&1
     step straggler "${STRAGGLER_S:-180}" taskset -c 6-15 $PY benchmarks/parameter_server.py --models mlp \
         --workers 8 --straggler-workers 8 --factor 4 --epochs 20 --repeats 1 \
         --out "$RESULTS/parameter_server.json" >"$RESULTS/straggler.log" 2>&1
