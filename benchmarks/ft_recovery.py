@@ -1,6 +1,6 @@
-"""Recovery from a lost replica: allreduce-ft, pipeline-ft, local-sgd-ft and fsdp-ft (the
-survivors go on, a replacement takes the live state) against allreduce, pipeline, local-sgd
-and fsdp with a whole-run restart from the last checkpoint.
+"""Recovery from a lost replica: allreduce-ft, pipeline-ft, local-sgd-ft, diloco-ft and fsdp-ft
+(the survivors go on, a replacement takes the live state) against allreduce, pipeline,
+local-sgd, diloco and fsdp with a whole-run restart from the last checkpoint.
 
     python benchmarks/ft_recovery.py [--repeats 3] [--models mlp,cifar_cnn] [--strategies ...]
         [--parts recovery,throughput]   (rows of other models, strategies or parts recorded before stay)
@@ -18,7 +18,8 @@ every stage of a pipeline replica) once. Every step's log line
 Throughput kept: a run of `--longer` (3) times the epochs killed from outside every `--every` seconds (a
 random replica process, `--kills` times, wherever it is: in a step, in the all-reduce, in
 a checkpoint write, starting), against the same run undisturbed: undisturbed seconds
-divided by disturbed seconds, whole commands.
+divided by disturbed seconds, whole commands; `--throughput-repeats N` runs N such pairs
+for a row, which gives their medians and the range of what they kept.
 
 The mlp trains on digits, cifar_cnn on digits at 3x32x32 (`benchmarks/digits32.py`).
 Writes benchmarks/results/ft_recovery.json and .md.
@@ -58,6 +59,8 @@ STRATEGIES = {
     "pipeline (restart)": ["--strategy", "pipeline", "--stages", "2", "--workers", "4"],
     "local-sgd-ft": ["--strategy", "local-sgd-ft", "--workers", "2", "--sync-every", "8"],
     "local-sgd (restart)": ["--strategy", "local-sgd", "--workers", "2", "--sync-every", "8"],
+    "diloco-ft": ["--strategy", "diloco-ft", "--workers", "2", "--sync-every", "8"],
+    "diloco (restart)": ["--strategy", "diloco", "--workers", "2", "--sync-every", "8"],
     "fsdp-ft": ["--strategy", "fsdp-ft", "--workers", "4", "--shards-per-replica", "2", "--batch-size", "16"],
     "fsdp (restart)": ["--strategy", "fsdp", "--workers", "4", "--batch-size", "16"],
 }
@@ -273,11 +276,13 @@ def tables(
               f"# Throughput kept: {'the host of a random replica' if cluster else 'a random replica process'} "
               f"killed every {every:g} s, {kills} times "
               f"(runs of {longer}x the model's epochs)", "",
-              "| model | strategy | undisturbed s | disturbed s | kept | losses | test accuracy (undisturbed) |",
-              "| --- | --- | ---: | ---: | ---: | ---: | --- |"]  # fmt: skip
+              "| model | strategy | runs | undisturbed s | disturbed s | kept | losses | test accuracy (undisturbed) |",
+              "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- |"]  # fmt: skip
     for kept in (r for r in rows if r["kind"] == "throughput"):
-        lines.append(f"| {kept['model']} | {kept['strategy']} | {kept['undisturbed_seconds']:.1f} "
-                     f"| {kept['disturbed_seconds']:.1f} | {kept['kept']:.0%} | {kept['losses_reported']} "
+        runs = kept.get("runs", [kept])
+        spread = f" ({min(r['kept'] for r in runs):.0%}-{max(r['kept'] for r in runs):.0%})" if len(runs) > 1 else ""
+        lines.append(f"| {kept['model']} | {kept['strategy']} | {len(runs)} | {kept['undisturbed_seconds']:.1f} "
+                     f"| {kept['disturbed_seconds']:.1f} | {kept['kept']:.0%}{spread} | {kept['losses_reported']:g} "
                      f"| {kept['test_accuracy']:.3f} ({kept['undisturbed_test_accuracy']:.3f}) |")  # fmt: skip
     return lines
 
@@ -289,6 +294,9 @@ def main() -> None:
     parser.add_argument("--strategies", default=",".join(STRATEGIES))
     parser.add_argument("--every", type=float, default=6.0, help="seconds between kills (throughput kept)")
     parser.add_argument("--kills", type=int, default=4)
+    parser.add_argument(
+        "--throughput-repeats", type=int, default=1, help="throughput kept: pairs of runs per row (medians, spread)"
+    )
     parser.add_argument("--parts", default="recovery,throughput", help="which measurements to run")
     parser.add_argument(
         "--longer", type=int, default=3, help="throughput kept: the run's length in the model's epochs above"
@@ -317,8 +325,12 @@ def main() -> None:
             print(tables(rows[-1:], args.repeats, args.every, args.kills)[4], flush=True)  # its row
     for model in models if "throughput" in parts else []:
         for strategy in strategies:
-            kept = throughput_kept(model, strategy, args.every, args.kills, args.longer, on)
-            rows.append({"kind": "throughput", "model": model, "strategy": strategy + label, **kept})
+            runs = [
+                throughput_kept(model, strategy, args.every, args.kills, args.longer, on)
+                for _ in range(args.throughput_repeats)
+            ]
+            kept = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
+            rows.append({"kind": "throughput", "model": model, "strategy": strategy + label, **kept, "runs": runs})
             print(tables(rows[-1:], args.repeats, args.every, args.kills)[-1], flush=True)
     out = Path(args.out)
     if out.with_suffix(".json").exists():
