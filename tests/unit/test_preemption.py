@@ -1,7 +1,7 @@
 """A signal stops a run at a step, with a checkpoint of where the epoch stands (train/preemption.py)."""
 
-import os
 import signal
+import threading
 
 import torch
 
@@ -20,7 +20,11 @@ class _SignalAt(paratrain.Callback):
             # in place it would end the runner with the test unreported.
             handler = signal.getsignal(self.number)
             assert callable(handler) and getattr(handler, "__self__", None).__class__ is StopOnSignal, handler
-            os.kill(os.getpid(), self.number)
+            # To the main thread, where Python runs its handlers: a signal sent to the process
+            # goes to any of its threads, and this runner holds threads that earlier tests
+            # left (Gloo's, a store's), not this run's; one of them interrupted in a system
+            # call may abort the runner (seen three times as a crashed worker during this test).
+            signal.pthread_kill(threading.main_thread().ident, self.number)
 
 
 def _fit(tmp_path, callbacks, resume=False):
