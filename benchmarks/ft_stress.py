@@ -175,24 +175,28 @@ class Replicas:
                 self.abandoned.setdefault(t, set()).add(slot)
                 return
 
-    def fresh(self) -> list[int]:
-        """Replacements that appeared within the last second and a half and are alive."""
+    def fresh(self, slot: int) -> list[int]:
+        """Replica ``slot``'s live replacements that appeared within the last 1.5 s (not another's:
+        that one may hold the only state the previous kill's replacement can take)."""
         now = time.monotonic()
-        return [p for p, t in self.replacements.items() if now - t < 1.5 and Path(f"/proc/{p}").exists()]
+        return [p for p, t in self.replacements.items()
+                if self.slot_of[p] == slot and now - t < 1.5 and Path(f"/proc/{p}").exists()]  # fmt: skip
 
-    def kill(self, pid: int) -> None:
+    def kill(self, pid: int) -> int | None:
         """SIGKILL, then wait (up to 5 s) for the launcher to say the replica was lost, so that
-        the next kill knows who is left."""
-        said = sum(bool(LOST.search(line)) for _, line in self.run.errors)
+        the next kill knows who is left; the replica the launcher named (None: not said)."""
+        said = [m for _, line in self.run.errors if (m := LOST.search(line)) and "SIGKILL" in line]
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
-            return
+            return None
         deadline = time.monotonic() + 5.0
         while time.monotonic() < deadline and self.run.process.poll() is None:
-            if sum(bool(LOST.search(line)) for _, line in self.run.errors) > said:
-                return
+            lost = [m for _, line in list(self.run.errors) if (m := LOST.search(line)) and "SIGKILL" in line]
+            if len(lost) > len(said):
+                return int(lost[len(said)].group(1))
             time.sleep(0.01)
+        return None
 
 
 def stressed_run(strategy: str, calm: dict, kills: int, rng: random.Random, fork_server: bool = False) -> dict:
@@ -211,7 +215,8 @@ def stressed_run(strategy: str, calm: dict, kills: int, rng: random.Random, fork
         done: list[dict] = []
         for index, moment in enumerate(moments):
             kind = "fork server" if fork_server else ("replacement" if index % 3 == 2 and done else "replica")
-            victim = _victim(run, replicas, kind, moment, index, num_replicas, rng, limit)
+            previous = done[-1].get("replica") if done else None
+            victim = _victim(run, replicas, kind, moment, index, num_replicas, rng, limit, previous)
             if victim is None:
                 break
             done.append(victim)
@@ -238,17 +243,10 @@ def stressed_run(strategy: str, calm: dict, kills: int, rng: random.Random, fork
     }
 
 
-def _victim(
-    run: Run,
-    replicas: Replicas,
-    kind: str,
-    moment: tuple[int, float],
-    index: int,
-    num: int,
-    rng: random.Random,
-    limit: float,
-) -> dict | None:
-    """Wait for the kill's moment (a replacement: for one to start) and kill; None once the run ended."""
+def _victim(run: Run, replicas: Replicas, kind: str, moment: tuple[int, float], index: int, num: int,
+            rng: random.Random, limit: float, previous: int | None) -> dict | None:  # fmt: skip
+    """Wait for the kill's moment (a replacement: for the one of the ``previous`` kill's replica
+    to start) and kill; None once the run ended."""
     step, seconds = moment
 
     def due() -> bool:
@@ -266,23 +264,25 @@ def _victim(
                     os.kill(server, signal.SIGKILL)
                     return {"kind": kind, "at": run.now(), "step": _step(run)}
         elif kind == "replacement":
-            fresh = replicas.fresh()
+            fresh = replicas.fresh(previous)
             if fresh:
                 pid = fresh[-1]
                 time.sleep(rng.uniform(0.0, 1.5))
                 replicas.abandon(replicas.slot_of[pid])
                 at, logged = run.now(), _step(run)
-                replicas.kill(pid)
-                return {"kind": kind, "replica": replicas.slot_of[pid], "at": at, "step": logged}
+                named = replicas.kill(pid)
+                return {"kind": kind, "replica": replicas.slot_of[pid], "named": named, "at": at, "step": logged}
         elif due():
             # Only while every other replica holds the run's state: a replica killed while the
             # last replacement still takes the state from it leaves no one to take it from.
+            # And not before every replica's processes started (a run slower than the undisturbed
+            # one can be due at step 0 before that): a replacement is told apart by coming later.
             slot = index % num
-            if slot in members and replicas.all_joined():
+            if slot in members and len(replicas.slot_of) >= replicas.first and replicas.all_joined():
                 pid = rng.choice(members[slot])
                 at, logged = run.now(), _step(run)
-                replicas.kill(pid)
-                return {"kind": kind, "replica": slot, "at": at, "step": logged}
+                named = replicas.kill(pid)
+                return {"kind": kind, "replica": slot, "named": named, "at": at, "step": logged}
         time.sleep(0.02)
     return None
 

@@ -26,6 +26,8 @@ def test_kills_of_the_first_replica_and_of_a_replacement_never_hang_and_cost_no_
     row = ft_stress.stressed_run(strategy, calm, 3, rng)
     kinds = [(kill["kind"], kill.get("replica")) for kill in row["kills"]]
     assert row["ended"], f"hung after {kinds}\n{row['stderr_tail']}"
+    # the harness killed the replica it meant to (the launcher named it), else its kills are not the drill's
+    assert all(k.get("named") in (None, k.get("replica")) for k in row["kills"]), (row["kills"], row["stderr_tail"])
     assert row["exit"] == 0, f"{kinds}\n{row['stderr_tail']}"
     # the first replica goes first (no kill at all: the run ended before the first was due)
     assert kinds and kinds[0] == ("replica", 0), (
