@@ -187,8 +187,7 @@ class ShardedBatches:
         n, b, r = self.num_examples, self.batch_size, self.num_replicas
         if self.drop_last:
             return n // (b * r)
-        block = n // r + (self.rank < n % r)  # torch.tensor_split's block sizes
-        return -(-block // b)
+        return self._evaluation_batches() if n // r + (self.rank < n % r) else 0
 
     def stream_numbers(self) -> range:
         """The stream's batches this replica takes this epoch, by their place in the stream."""
@@ -204,9 +203,16 @@ class ShardedBatches:
             order = self._order()
             steps = n // (b * r)
             return [order[s * b * r + self.rank * b : s * b * r + (self.rank + 1) * b] for s in range(steps)]
-        # Evaluation: contiguous, nearly equal blocks per replica, every example once.
+        # Evaluation: contiguous, nearly equal blocks per replica, every example once, each
+        # block in as many batches as the largest needs (fsdp's shards all-gather in every
+        # forward: each must take as many as the others).
         block = torch.tensor_split(self._order(), r)[self.rank]
-        return list(torch.split(block, b)) if len(block) else []
+        return list(torch.tensor_split(block, self._evaluation_batches())) if len(block) else []
+
+    def _evaluation_batches(self) -> int:
+        """Batches of each replica's block in evaluation: the largest block's, in ``batch_size``."""
+        largest = -(-self.num_examples // self.num_replicas)
+        return -(-largest // self.batch_size)
 
     def numbered_batches(self) -> Iterator[tuple[int, torch.Tensor]]:
         """``(batch number, indices)`` of this epoch's batches from ``start`` on (for a

@@ -90,6 +90,25 @@ def test_fsdp_equals_single_with_the_global_batch(accumulate, optimizer, reshard
         assert groups == ([len(names)] if optimizer == "sgd" else [weights, len(names) - weights])
 
 
+def _evaluate_513(strategy):
+    torch.manual_seed(0)
+    splits = load_digits()
+    model = build_model("mlp", splits.spec)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    trainer = paratrain.Trainer(model, "cross_entropy", optimizer, strategy=strategy, metrics=["accuracy"])
+    x, y = splits.train.tensors
+    return trainer.evaluate((x[:513], y[:513]), batch_size=256)
+
+
+def test_evaluation_of_a_set_that_splits_unevenly_over_the_shards_equals_single():
+    # 257 and 256 examples: in batches of 256, one shard would take 2 forwards, the other 1
+    # (each forward all-gathers: it hung until the collective's timeout); both take 2 now
+    reference = _evaluate_513(paratrain.SingleDeviceStrategy(device="cpu"))
+    for scores in run_distributed(_evaluate_513, paratrain.FSDPStrategy(device="cpu"), world_size=2):
+        assert scores["loss"] == pytest.approx(reference["loss"], rel=1e-6)
+        assert scores["accuracy"] == pytest.approx(reference["accuracy"], abs=1e-9)
+
+
 class TiedLM(torch.nn.Module):
     """A language model whose output layer is its input embedding (as GPT-2's is)."""
 

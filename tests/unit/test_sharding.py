@@ -45,6 +45,18 @@ def test_evaluation_split_covers_every_example_once():
     assert sorted(seen) == list(range(103))
 
 
+@pytest.mark.parametrize(("n", "replicas", "batch"), [(513, 2, 256), (103, 3, 8), (1025, 4, 256), (10, 4, 3)])
+def test_evaluation_gives_every_replica_as_many_batches_of_at_most_the_batch_size(n, replicas, batch):
+    # fsdp's shards all-gather in every forward: a replica with one batch fewer would hang the others
+    shards = [ShardedBatches(_data(n), batch, num_replicas=replicas, rank=r, shuffle=False, drop_last=False)
+              for r in range(replicas)]  # fmt: skip
+    batches = [[y.tolist() for _, y in shard] for shard in shards]
+    assert len({len(b) for b in batches}) == 1, [len(b) for b in batches]
+    assert [len(b) for b in batches] == [len(shard) for shard in shards]
+    assert all(0 < len(y) <= batch for b in batches for y in b)
+    assert sorted(t for b in batches for y in b for t in y) == list(range(n))
+
+
 def test_global_batch_larger_than_data_is_bad_input():
     with pytest.raises(ConfigError, match="larger than the data set"):
         ShardedBatches(_data(10), 8, num_replicas=2)
