@@ -298,8 +298,9 @@ class Strategy:
         return self.topology.rank_name(global_rank)
 
     #: ``forward(model, inputs)``: evaluation's outputs, None where a process holds none;
-    #: ``score(model, inputs, targets, loss_fn, metrics)``: their loss and metrics (evaluation.py).
-    forward, score = evaluation.forward, evaluation.score
+    #: ``score(model, inputs, targets, loss_fn, metrics)``: their loss and metrics;
+    #: ``evaluation_sums(data, batch_size, sums_of)``: a data set's, over replicas (evaluation.py).
+    forward, score, evaluation_sums = evaluation.forward, evaluation.score, evaluation.evaluation_sums
 
     def step_counters(self) -> dict[str, float]:
         """This process's running totals, read after every step by the TensorBoard logger:

@@ -19,13 +19,14 @@ as ``cross_entropy`` is; any other loss, and every metric, gets them whole.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from paratrain.data.batch import num_examples
 from paratrain.errors import ConfigError
 
 Score = Callable[[Any, Any], torch.Tensor]
@@ -174,3 +175,19 @@ def resolve_metrics(metrics: Sequence[str | Score] | Mapping[str, Score]) -> dic
             raise ConfigError(f"metric {name!r} is given twice")
         out[name] = score
     return out
+
+
+def summed_scores(
+    strategy: Any, model: nn.Module, loss_fn: Score, metrics: Sequence[Score], batches: Iterable[Any]
+) -> torch.Tensor:
+    """``[examples, loss x n, metric_1 x n, ...]`` summed over ``batches`` (``n``: a batch's
+    examples), where ``strategy.score`` gives them (a pipeline stage before the last passes its
+    activations on instead): one all-reduce sums them over replicas."""
+    sums = torch.zeros(2 + len(metrics), dtype=torch.float64, device=strategy.device)
+    for inputs, targets in batches:
+        values = strategy.score(model, inputs, targets, loss_fn, metrics)
+        if values is not None:
+            n = num_examples(targets)
+            sums[0] += n
+            sums[1:] += torch.stack([v.detach().double().reshape(()) for v in values]) * n
+    return sums

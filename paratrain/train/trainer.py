@@ -9,6 +9,7 @@ and ``strategy.train_step`` are the same pieces this loop uses.
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -30,7 +31,7 @@ from paratrain.train.callbacks import Callback, CallbackList, EpochLog, Progress
 from paratrain.train.faults import progress_beacon
 from paratrain.train.metrics import EpochSums, StepWindow
 from paratrain.train.rng import rng_state, set_rng_state
-from paratrain.train.scores import Score, resolve_loss, resolve_metrics
+from paratrain.train.scores import Score, resolve_loss, resolve_metrics, summed_scores
 from paratrain.train.step_device import StepDevice
 
 
@@ -369,19 +370,10 @@ class Trainer:
         model = self.module
         was_training = model.training
         model.eval()
-        scores = list(self.metric_fns.values())
-        # [examples, loss x n, metric_1 x n, ...]: one all-reduce for all of them
-        sums = torch.zeros(2 + len(scores), dtype=torch.float64, device=self.strategy.device)
+        sums_of = functools.partial(summed_scores, self.strategy, model, self.loss_fn, list(self.metric_fns.values()))
         with self.strategy.evaluating(model):
-            for inputs, targets in self.strategy.distribute(data, batch_size, shuffle=False, drop_last=False):
-                values = self.strategy.score(model, inputs, targets, self.loss_fn, scores)
-                if values is None:  # a pipeline stage before the last: it passed its activations on
-                    continue
-                n = num_examples(targets)
-                sums[0] += n
-                sums[1:] += torch.stack([v.detach().double().reshape(()) for v in values]) * n
+            count, *totals = self.strategy.evaluation_sums(data, batch_size, sums_of).tolist()
         model.train(was_training)
-        count, *totals = self.strategy.all_reduce_sum(sums).tolist()
         return dict(zip(("loss", *self.metrics), (t / max(count, 1) for t in totals)))
 
     @torch.no_grad()

@@ -51,7 +51,9 @@ from paratrain.parallel.local_state import LocalParts, hold_local_parts
 from paratrain.session.incarnation import restart_count
 from paratrain.strategies.base import DEFAULT_TIMEOUT_S, Strategy
 from paratrain.strategies.device import resolve_device
+from paratrain.strategies.evaluation import SumsOf
 from paratrain.strategies.fault_tolerant.checkpoint import QuorumState
+from paratrain.strategies.fault_tolerant.evaluation import evaluation_sums
 from paratrain.strategies.fault_tolerant.membership import ReplicaGroup
 from paratrain.strategies.fault_tolerant.replicas import (
     check_replica_job,
@@ -259,6 +261,11 @@ class FaultTolerantFSDPStrategy(FSDPStrategy):
         """The whole global batch of ``batch_size`` per process (fault-tolerant replicas split it
         once the quorum is known)."""
         return super().distribute(dataset, batch_size * self.shards, **options)
+
+    def evaluation_sums(self, data: object, batch_size: int, sums_of: SumsOf) -> torch.Tensor:
+        """Each replica of the last step's quorum scores its part of ``data`` (evaluation.py), each shard
+        its part of that."""
+        return evaluation_sums(self.session, data, batch_size, sums_of, (self.shards, dist.get_rank()))
 
     # ----- the step ---------------------------------------------------------------------------
     def train_step(

@@ -43,7 +43,9 @@ from paratrain.parallel.shared import SplitStage
 from paratrain.parallel.split import parse_split_points
 from paratrain.session.incarnation import restart_count
 from paratrain.strategies.base import DEFAULT_TIMEOUT_S
+from paratrain.strategies.evaluation import SumsOf
 from paratrain.strategies.fault_tolerant.checkpoint import QuorumState
+from paratrain.strategies.fault_tolerant.evaluation import evaluation_sums
 from paratrain.strategies.fault_tolerant.membership import ReplicaGroup
 from paratrain.strategies.fault_tolerant.replicas import check_replica_job, place_of_process, torchft_modules
 from paratrain.strategies.fault_tolerant.session import (
@@ -262,6 +264,10 @@ class FaultTolerantPipelineStrategy(PipelineStrategy):
         """Evaluation's forward pass through this replica's stages (ranks 0..S-1 of its group)."""
         with self._pipeline_intact():
             return super().forward(model, inputs)
+
+    def evaluation_sums(self, data: object, batch_size: int, sums_of: SumsOf) -> torch.Tensor:
+        """Each replica of the last step's quorum scores its part of ``data`` through its stages (evaluation.py)."""
+        return evaluation_sums(self.session, data, batch_size, sums_of)
 
     @contextlib.contextmanager
     def _pipeline_intact(self) -> Iterator[None]:

@@ -167,7 +167,8 @@ class FaultTolerantSession:
         self.incarnation = 0
         self.trainer: FitLoop | None = None
         self._sigterm = LeaveOnSigterm()  # asked: leave after the step
-        self._quorum_ready = False  # begin formed the quorum of the first step already
+        self.quorum_ready = False
+        """A quorum formed for a step not taken yet (begin's, or a heal's: its peers' next step)."""
         self.joined_state: dict[str, Any] | None = None
         """The loop's position that a peer's live state brought (live.py), until the loop takes it."""
         self.last_loss = 0.0
@@ -235,7 +236,7 @@ class FaultTolerantSession:
             self.manager.load_state_dict({"step": committed, "batches_committed": 0})
         with self.watchdog.phase("first quorum", self.manager.current_step() + 1):
             self.membership.form_quorum()
-        self._quorum_ready = True
+        self.quorum_ready = True
         if self.joined_state is not None:
             state, self.joined_state = self.joined_state, None
             trainer.load_state_dict(state)
@@ -316,10 +317,10 @@ class FaultTolerantSession:
     def next_quorum(self, step: int) -> int:
         """The quorum of ``step`` (the first formed by ``begin`` already), and a heal where this
         replica is behind: the steps the run has committed, as far as the quorum knows."""
-        if not self._quorum_ready:
+        if not self.quorum_ready:
             with self.watchdog.phase("quorum", step):
                 self.membership.form_quorum()
-        self._quorum_ready = False
+        self.quorum_ready = False
         return self.manager.current_step()
 
     def commit(self, step: int) -> bool:
@@ -334,7 +335,7 @@ class FaultTolerantSession:
         would wait out the timeout for it)."""
         self.behind_heals += 1
         self.replica.count_update(done - step + 1)  # the peer's record, taken with its state, holds them
-        self._quorum_ready = True
+        self.quorum_ready = True
         position, self.joined_state = self.joined_state, None
         loss = torch.tensor(self.last_loss, device=self.replica.device)
         if done == step:  # one step behind: the loop's own next batch is the peers' next

@@ -34,6 +34,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
+import torch
 from torch import nn
 from torch.optim import Optimizer
 
@@ -43,7 +44,9 @@ from paratrain.errors import ConfigError
 from paratrain.session.incarnation import restart_count
 from paratrain.strategies.base import DEFAULT_TIMEOUT_S, Strategy
 from paratrain.strategies.device import resolve_device
+from paratrain.strategies.evaluation import SumsOf
 from paratrain.strategies.fault_tolerant.checkpoint import QuorumState
+from paratrain.strategies.fault_tolerant.evaluation import evaluation_sums
 from paratrain.strategies.fault_tolerant.membership import ReplicaGroup
 from paratrain.strategies.fault_tolerant.replicas import ReplicaGroups, one_process_group, replica_slot, torchft_modules
 from paratrain.strategies.fault_tolerant.session import FaultTolerantSession, check_compression, session_options
@@ -149,6 +152,10 @@ class FaultTolerantAllReduceStrategy(Strategy):
         params = [p for p in self.unwrap(model).parameters() if p.requires_grad]
         share = (piece.stop - piece.start) / total
         return self.session.sum_over_quorum(params, loss, share, step, targets), outputs
+
+    def evaluation_sums(self, data: object, batch_size: int, sums_of: SumsOf) -> torch.Tensor:
+        """Each replica of the last step's quorum scores its part of ``data`` (evaluation.py)."""
+        return evaluation_sums(self.session, data, batch_size, sums_of)
 
     # ----- accounting ----------------------------------------------------------------------
     def step_counters(self) -> dict[str, float]:

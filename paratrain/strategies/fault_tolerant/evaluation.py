@@ -1,0 +1,79 @@
+"""Evaluation of a fault-tolerant run, split over the quorum.
+
+The replicas that committed the last step (its quorum) are at the same place of the loop
+and hold the same model, so each evaluates its part of the data (the ``p``-th of ``P``
+near-equal blocks, ``P`` and ``p`` being that quorum) and the parts' sums are added over
+the quorum, as a step's gradient is: with 2 replicas, each scores half the examples.
+
+A member of that quorum can be gone by then (lost after the step, or, between local SGD's
+synchronizations, since the last one). The sum then fails (torchft's Manager records the
+error; the next step's quorum forgets it) or misses that member's examples, and every
+process of this replica agrees to score every example itself instead: the answer is the
+same, only later. A replica whose quorum is formed but not yet used (it healed from a peer
+whose next step it joins) never sums with that quorum: its peers are in that step's
+all-reduce, not in an evaluation. It scores every example itself too, as does a process
+outside training (no quorum yet, or the session stopped).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.distributed as dist
+
+from paratrain.data.sharding import ShardedBatches
+from paratrain.strategies.evaluation import SumsOf
+
+if TYPE_CHECKING:
+    from paratrain.strategies.fault_tolerant.session import FaultTolerantSession
+
+
+def evaluation_sums(
+    session: FaultTolerantSession, data: object, batch_size: int, sums_of: SumsOf, within: tuple[int, int] = (1, 0)
+) -> torch.Tensor:
+    """``sums_of`` this process's part of ``data``, summed over its replica (the strategy's
+    ``all_reduce_sum``) and over the last step's quorum; ``within``: the parts a replica's
+    processes take of its part, and this process's (fsdp-ft's shards each take one; a
+    pipeline's stages all take the whole)."""
+    replica, (parts, part) = session.replica, within
+    quorum = _settled_quorum(session)
+    probe = torch.zeros(1, dtype=torch.float64, device=replica.device)
+    if _all_agree(quorum is not None, probe):  # the processes of a replica take one path
+        size, rank = quorum  # type: ignore[misc]
+        batches = _batches(replica, data, batch_size, size * parts, rank * parts + part)
+        sums = replica.all_reduce_sum(sums_of(batches))
+        step = session.manager.current_step()
+        with session.watchdog.phase("evaluation", step):
+            session.membership.sum([sums], step)  # never raises: an error goes to the Manager
+        whole = batches.num_examples is None or float(sums[0]) == batches.num_examples
+        if _all_agree(session.manager.errored() is None and whole, sums):
+            return sums
+    return replica.all_reduce_sum(sums_of(_batches(replica, data, batch_size, parts, part)))
+
+
+def _settled_quorum(session: FaultTolerantSession) -> tuple[int, int] | None:
+    """``(participants, this replica's rank)`` of the quorum of the step this replica committed
+    last, or None where there is none to sum over."""
+    manager = session.manager
+    if manager is None or session.quorum_ready or manager.errored() is not None:
+        return None
+    rank = manager.participating_rank()
+    if rank is None or manager.num_participants() < 2:
+        return None
+    return manager.num_participants(), rank
+
+
+def _batches(replica: Any, data: object, batch_size: int, parts: int, part: int) -> ShardedBatches:
+    return ShardedBatches(
+        data, batch_size, num_replicas=parts, rank=part, shuffle=False, drop_last=False, device=replica.device
+    )
+
+
+def _all_agree(ok: bool, like: torch.Tensor) -> bool:
+    """Whether ``ok`` holds on every process of this replica (its default group)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return ok
+    failed = like.new_tensor([0.0 if ok else 1.0])
+    dist.all_reduce(failed)
+    return float(failed) == 0.0
