@@ -113,11 +113,13 @@ def test_the_chief_s_replacement_reports_the_whole_run(cli, tmp_path, reference)
     assert segments[0][0] == 1 and segments[-1][1:] == [reference["global_steps"], 2]
     assert all(a[1] + 1 == b[0] for a, b in zip(segments, segments[1:])), segments  # every step, once
     # 2 -> 1 -> 2, or 2 throughout when the replacement was in the quorum before the survivor
-    # committed a step alone
+    # committed a step alone (under load a replica late by over the Lighthouse's join timeout
+    # can also miss a quorum before the kill, and heal forward: another 2 -> 1 -> 2)
     if len(segments) == 1:
         assert int(joined.group(1)) == 40
     else:
-        assert segments[0] == [1, 40, 2] and segments[-1][0] == int(joined.group(1)) + 1
+        assert any(segment[1] == 40 for segment in segments), segments
+        assert segments[-1][0] == int(joined.group(1)) + 1, segments
     assert [heal["worker"] for heal in metrics["recoveries"]][-1:] == [0]
     _same_run(metrics, reference)
 
