@@ -58,12 +58,14 @@ class RunCheckpoints:
                 console.print(f"paratrain: no complete checkpoint in {self.store.root}; training from the start")
         return folder
 
-    def restored(self, step: int, speaks: bool) -> None:
+    def restored(self, step: int, speaks: bool, peers_write: bool = False) -> None:
         """The run goes on from the checkpoint of ``step``; the process that ``speaks``
-        moves corrupt checkpoints newer than it aside, before a save writes their steps again."""
+        moves corrupt checkpoints newer than it aside, before a save writes their steps
+        again, and removes unfinished saves unless live peers may be writing them
+        (``peers_write``: a replica of a fault-tolerant run)."""
         self.restored_step = self.last_saved = step
         if speaks:
-            for aside in self.store.clear_after(step):
+            for aside in self.store.clear_after(step, unfinished=not peers_write):
                 console.print(f"paratrain: moved the corrupt checkpoint aside to {aside}")
 
     def commit_in_background(self, step: int, signature: dict[str, Any]) -> None:

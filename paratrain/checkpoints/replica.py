@@ -61,8 +61,9 @@ class ReplicaState:
     def at_end(self, step: int) -> None:
         self.at_step(step)
 
-    def restore(self) -> None:
-        """Load the newest complete checkpoint into this process (nothing if there is none)."""
+    def restore(self, peers_write: bool = False) -> None:
+        """Load the newest complete checkpoint into this process (nothing if there is none);
+        ``peers_write``: live peers may be saving later steps meanwhile (files.restored)."""
         strategy = self.strategy
         speaks = strategy.is_chief
         folder = self.files.choose(speaks)
@@ -102,7 +103,7 @@ class ReplicaState:
                 f"paratrain: {folder} was written by {then}, this run has {now}: "
                 f"the model is resharded and epoch {self.trainer.epoch + 1} goes on at batch {self.trainer.batch}"
             )
-        self.files.restored(int(manifest["step"]), speaks)
+        self.files.restored(int(manifest["step"]), speaks, peers_write)
         if speaks:
             console.print(f"paratrain: resumed from {folder} (step {self.files.restored_step})")
 

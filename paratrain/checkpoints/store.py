@@ -90,16 +90,21 @@ class CheckpointStore:
             if step < newest and not (folder / MANIFEST).exists():
                 shutil.rmtree(folder, ignore_errors=True)
 
-    def clear_after(self, step: int) -> list[Path]:
+    def clear_after(self, step: int, unfinished: bool = True) -> list[Path]:
         """Before a resumed run writes the steps after ``step`` again: remove the unfinished
-        saves after it, and move corrupt checkpoints after it aside (``ckpt-N.corrupt``),
-        never deleting them. Returns where those went."""
+        saves after it (``unfinished``), and move corrupt checkpoints after it aside
+        (``ckpt-N.corrupt``), never deleting them. Returns where those went.
+
+        ``unfinished`` False where a live peer may be writing one of those saves now (a
+        fault-tolerant replica resuming beside a replica that resumed sooner): they are
+        left to it, and a save cut short is removed by ``prune`` once a later one completes."""
         moved = []
         for later, folder in self._folders():
             if later <= step or self.problem(folder) is None:
                 continue
             if not (folder / MANIFEST).exists():
-                shutil.rmtree(folder, ignore_errors=True)
+                if unfinished:
+                    shutil.rmtree(folder, ignore_errors=True)
                 continue
             aside = folder.with_name(f"{folder.name}.corrupt")
             n = 1
@@ -118,10 +123,6 @@ class CheckpointStore:
     def _write_atomic(self, path: Path, write: Callable[[Any], Any]) -> None:
         tmp = None
         try:
-            # The folder again if it went meanwhile: a fault-tolerant replica that resumed
-            # late clears the unfinished saves after its checkpoint (clear_after) while a
-            # peer that resumed sooner may be writing one of them.
-            path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
             with os.fdopen(fd, "wb") as handle:
                 write(handle)

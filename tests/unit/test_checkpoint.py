@@ -226,6 +226,24 @@ def test_a_crash_while_writing_leaves_the_previous_checkpoint_loadable(saved):
     assert not (saved / "ckpt-000000060").exists()
 
 
+def test_a_replica_resuming_beside_a_live_writer_leaves_its_unfinished_save(saved):
+    """A fault-tolerant replica that resumes late (from 44) while a peer that resumed
+    sooner is saving step 60: the save under way is the peer's, and completes; a corrupt
+    checkpoint after 44 is still moved aside. A run with no live peers removes it."""
+    store = CheckpointStore(saved)
+    (saved / "ckpt-000000050").mkdir()
+    (saved / "ckpt-000000050" / "manifest.json").write_text("{garbled")
+    (saved / "ckpt-000000060").mkdir()
+    (saved / "ckpt-000000060" / ".rank-0.pt.abc").write_bytes(b"half")  # the peer's write under way
+    assert [p.name for p in store.clear_after(44, unfinished=False)] == ["ckpt-000000050.corrupt"]
+    store.write_part(60, "rank-0", {"x": torch.zeros(3)})
+    store.commit(60, ["rank-0"], {}, timeout=1)
+    assert store.latest().name == "ckpt-000000060"
+    (saved / "ckpt-000000070").mkdir()
+    store.clear_after(60)
+    assert not (saved / "ckpt-000000070").exists()
+
+
 @pytest.mark.slow
 def test_a_full_disk_while_saving_is_one_line_exit_2_and_keeps_the_checkpoints(saved, tmp_path):
     import resource

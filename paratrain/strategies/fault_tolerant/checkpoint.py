@@ -29,7 +29,9 @@ class QuorumState:
         self.session = session
 
     def restore(self) -> None:
-        self.replica.restore()
+        # A replica that resumes late may find a peer, resumed sooner, saving a later step:
+        # that unfinished save is the peer's, not one a crash cut short.
+        self.replica.restore(peers_write=True)
 
     def at_step(self, step: int) -> None:
         if self.session.first_in_quorum(self.replica.strategy.process_rank == 0):
