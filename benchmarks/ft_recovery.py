@@ -19,7 +19,10 @@ Throughput kept: a run of `--longer` (3) times the epochs killed from outside ev
 random replica process, `--kills` times, wherever it is: in a step, in the all-reduce, in
 a checkpoint write, starting), against the same run undisturbed: undisturbed seconds
 divided by disturbed seconds, whole commands; `--throughput-repeats N` runs N such pairs
-for a row, which gives their medians and the range of what they kept.
+for a row, which gives their medians and the range of what they kept. `a loss costs`: from
+the disturbed run's own step log, the seconds each loss set it back against its pace of the
+5 s before (the median over its losses; over the pairs, the median and range of those), a
+measure that the drift between two whole runs on this machine does not blur.
 
 The mlp trains on digits, cifar_cnn on digits at 3x32x32 (`benchmarks/digits32.py`).
 Writes benchmarks/results/ft_recovery.json and .md.
@@ -28,7 +31,10 @@ Writes benchmarks/results/ft_recovery.json and .md.
 from __future__ import annotations
 
 import argparse
+import bisect
+import itertools
 import json
+import math
 import os
 import random
 import re
@@ -221,20 +227,48 @@ def throughput_kept(
     )  # on hosts: the spare takes the lost replica
     with tempfile.TemporaryDirectory() as tmp:
         hit = train(model, strategy, restarts, Path(tmp), kill_every=every, kills=kills, longer=longer, cluster=on)
+    losses = [t for t, line in hit["errors"] if LOSS.search(line)]
+    costs = loss_costs(hit["steps"], losses)
     return {
         "undisturbed_seconds": calm["seconds"],
         "disturbed_seconds": hit["seconds"],
         "kept": calm["seconds"] / hit["seconds"],
-        "losses_reported": sum(
-            "was lost" in line or "restarting the run" in line or "paratrain cluster: replica" in line
-            for _, line in hit["errors"]
-        ),
+        "losses_reported": len(losses),
+        "loss_cost": statistics.median(costs) if costs else float("nan"),
         "test_accuracy": hit["metrics"]["test_accuracy"],
         "undisturbed_test_accuracy": calm["metrics"]["test_accuracy"],
     }
 
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+LOSS = re.compile(r"was lost|restarting the run|paratrain cluster: replica")
+
+
+def loss_costs(steps: list[tuple[float, int]], losses: list[float], window: float = 10.0) -> list[float]:
+    """What each loss cost the run, in seconds, from its own step log (so not from two runs'
+    difference, which this machine's drift between runs blurs by several percent): the time
+    from the loss over the next ``window`` s (less where the next loss or the run's end comes
+    sooner), less the time the steps made meanwhile take at the run's pace of the 5 s before
+    the loss. A restart's redone steps count as lost: progress is the highest step reached."""
+    costs = []
+    times = [t for t, _ in steps]
+    reached = list(itertools.accumulate((s for _, s in steps), max))
+
+    def at(t: float) -> int:  # the highest step logged by time t
+        index = bisect.bisect_right(times, t)
+        return reached[index - 1] if index else 0
+
+    for k, lost in enumerate(losses):
+        end = min([lost + window, times[-1], *(t - 0.3 for t in losses[k + 1 :])])
+        start = max(lost - 5.0, times[0], *(t + window for t in losses[:k]))
+        if end - lost < 2.0 or lost - 0.3 - start < 2.0:  # too close to another loss or the run's ends
+            continue
+        pace = (at(lost - 0.3) - at(start)) / (lost - 0.3 - start)
+        if pace > 0:
+            costs.append((end - lost) - (at(end) - at(lost)) / pace)
+    return costs
 
 
 def _spread(row: dict, key: str) -> str:
@@ -276,15 +310,25 @@ def tables(
               f"# Throughput kept: {'the host of a random replica' if cluster else 'a random replica process'} "
               f"killed every {every:g} s, {kills} times "
               f"(runs of {longer}x the model's epochs)", "",
-              "| model | strategy | runs | undisturbed s | disturbed s | kept | losses | test accuracy (undisturbed) |",
-              "| --- | --- | ---: | ---: | ---: | ---: | ---: | --- |"]  # fmt: skip
+              "| model | strategy | runs | undisturbed s | disturbed s | kept | losses | a loss costs (s) "
+              "| test accuracy (undisturbed) |",
+              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]  # fmt: skip
     for kept in (r for r in rows if r["kind"] == "throughput"):
         runs = kept.get("runs", [kept])
         spread = f" ({min(r['kept'] for r in runs):.0%}-{max(r['kept'] for r in runs):.0%})" if len(runs) > 1 else ""
         lines.append(f"| {kept['model']} | {kept['strategy']} | {len(runs)} | {kept['undisturbed_seconds']:.1f} "
                      f"| {kept['disturbed_seconds']:.1f} | {kept['kept']:.0%}{spread} | {kept['losses_reported']:g} "
-                     f"| {kept['test_accuracy']:.3f} ({kept['undisturbed_test_accuracy']:.3f}) |")  # fmt: skip
+                     f"| {_cost(kept, runs)} | {kept['test_accuracy']:.3f} ({kept['undisturbed_test_accuracy']:.3f}) |")  # fmt: skip
     return lines
+
+
+def _cost(kept: dict, runs: list[dict]) -> str:
+    """A row's median cost of a loss, with its runs' range; ``-`` for rows recorded before it was measured."""
+    values = [r["loss_cost"] for r in runs if not math.isnan(r.get("loss_cost", math.nan))]
+    if not values:
+        return "-"
+    spread = f" ({min(values):.2f}-{max(values):.2f})" if len(values) > 1 else ""
+    return f"{statistics.median(values):.2f}{spread}"
 
 
 def main() -> None:
