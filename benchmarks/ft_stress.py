@@ -169,11 +169,9 @@ class Replicas:
 
     def abandon(self, slot: int) -> None:
         """The replacement of ``slot`` is killed: it will never say it joined (the next one will)."""
-        for t, line in reversed(self.run.errors):
-            m = LOST.search(line)
-            if m and int(m.group(1)) == slot:
-                self.abandoned.setdefault(t, set()).add(slot)
-                return
+        lost = [t for t, line in self.run.errors if (m := LOST.search(line)) and int(m.group(1)) == slot]
+        if lost:
+            self.abandoned.setdefault(lost[-1], set()).add(slot)
 
     def fresh(self, slot: int) -> list[int]:
         """Replica ``slot``'s live replacements that appeared within the last 1.5 s (not another's:
@@ -185,18 +183,21 @@ class Replicas:
     def kill(self, pid: int) -> int | None:
         """SIGKILL, then wait (up to 5 s) for the launcher to say the replica was lost, so that
         the next kill knows who is left; the replica the launcher named (None: not said)."""
-        said = [m for _, line in self.run.errors if (m := LOST.search(line)) and "SIGKILL" in line]
+        said = len(self._sigkill_losses())
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             return None
         deadline = time.monotonic() + 5.0
         while time.monotonic() < deadline and self.run.process.poll() is None:
-            lost = [m for _, line in list(self.run.errors) if (m := LOST.search(line)) and "SIGKILL" in line]
-            if len(lost) > len(said):
-                return int(lost[len(said)].group(1))
+            if len(lost := self._sigkill_losses()) > said:
+                return int(lost[said].group(1))
             time.sleep(0.01)
         return None
+
+    def _sigkill_losses(self) -> list[re.Match]:
+        """The launcher's lines so far that say a replica was lost to a SIGKILL."""
+        return [m for _, line in list(self.run.errors) if (m := LOST.search(line)) and "SIGKILL" in line]
 
 
 def stressed_run(strategy: str, calm: dict, kills: int, rng: random.Random, fork_server: bool = False) -> dict:

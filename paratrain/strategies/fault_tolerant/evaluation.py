@@ -58,10 +58,10 @@ def _settled_quorum(session: FaultTolerantSession) -> tuple[int, int] | None:
     manager = session.manager
     if manager is None or session.quorum_ready or manager.errored() is not None:
         return None
-    rank = manager.participating_rank()
-    if rank is None or manager.num_participants() < 2:
+    rank, size = manager.participating_rank(), manager.num_participants()
+    if rank is None or size < 2:
         return None
-    return manager.num_participants(), rank
+    return size, rank
 
 
 def _batches(replica: Any, data: object, batch_size: int, parts: int, part: int) -> ShardedBatches:
