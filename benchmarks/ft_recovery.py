@@ -251,7 +251,8 @@ def loss_costs(steps: list[tuple[float, int]], losses: list[float], window: floa
     difference, which this machine's drift between runs blurs by several percent): the time
     from the loss over the next ``window`` s (less where the next loss or the run's end comes
     sooner), less the time the steps made meanwhile take at the run's pace of the 5 s before
-    the loss. A restart's redone steps count as lost: progress is the highest step reached."""
+    the loss (after the previous loss's first ``window / 2`` s). A restart's redone steps count
+    as lost: progress is the highest step reached."""
     costs = []
     times = [t for t, _ in steps]
     reached = list(itertools.accumulate((s for _, s in steps), max))
@@ -262,7 +263,7 @@ def loss_costs(steps: list[tuple[float, int]], losses: list[float], window: floa
 
     for k, lost in enumerate(losses):
         end = min([lost + window, times[-1], *(t - 0.3 for t in losses[k + 1 :])])
-        start = max(lost - 5.0, times[0], *(t + window for t in losses[:k]))
+        start = max(lost - 5.0, times[0], *(t + window / 2 for t in losses[:k]))
         if end - lost < 2.0 or lost - 0.3 - start < 2.0:  # too close to another loss or the run's ends
             continue
         pace = (at(lost - 0.3) - at(start)) / (lost - 0.3 - start)
@@ -369,10 +370,13 @@ def main() -> None:
             print(tables(rows[-1:], args.repeats, args.every, args.kills)[4], flush=True)  # its row
     for model in models if "throughput" in parts else []:
         for strategy in strategies:
-            runs = [
-                throughput_kept(model, strategy, args.every, args.kills, args.longer, on)
-                for _ in range(args.throughput_repeats)
-            ]
+            runs = []
+            for _ in range(args.throughput_repeats):
+                runs.append(throughput_kept(model, strategy, args.every, args.kills, args.longer, on))
+                pair = runs[-1]
+                print(f"{model} {strategy}: pair {len(runs)}: {pair['undisturbed_seconds']:.1f} s, "
+                      f"{pair['disturbed_seconds']:.1f} s, kept {pair['kept']:.0%}, a loss {pair['loss_cost']:.2f} s",
+                      flush=True)  # fmt: skip
             kept = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
             rows.append({"kind": "throughput", "model": model, "strategy": strategy + label, **kept, "runs": runs})
             print(tables(rows[-1:], args.repeats, args.every, args.kills)[-1], flush=True)

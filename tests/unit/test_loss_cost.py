@@ -1,0 +1,45 @@
+"""benchmarks/ft_recovery.py's cost of a loss, read from a run's own step log."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from ft_recovery import loss_costs  # noqa: E402
+
+PACE = 100  # steps a second
+
+
+def _log(seconds, pauses=()):
+    """Step arrivals at PACE a second; ``pauses``: (time, seconds, steps) where the run stood
+    still that long, then went back that many steps (a restart doing the steps since its
+    checkpoint again)."""
+    steps, t, step = [], 0.0, 0
+    events = sorted(pauses)
+    while t < seconds:
+        if events and t >= events[0][0]:
+            _, length, back = events.pop(0)
+            t, step = t + length, step - back
+        step += 1
+        t += 1 / PACE
+        steps.append((t, step))
+    return steps
+
+
+def test_an_undisturbed_run_costs_nothing_and_a_pause_costs_its_length():
+    assert loss_costs(_log(60), [15.0, 45.0]) == pytest.approx([0.0, 0.0], abs=0.03)
+    assert loss_costs(_log(60, pauses=[(15.0, 0.7, 0), (45.0, 2.0, 0)]), [15.0, 45.0]) == pytest.approx(
+        [0.7, 2.0], abs=0.03
+    )
+
+
+def test_a_restart_s_redone_steps_count_as_lost():
+    # 0.5 s still, then 150 steps done again: 0.5 + 1.5 s at 100 steps a second
+    assert loss_costs(_log(60, pauses=[(15.0, 0.5, 150)]), [15.0]) == pytest.approx([2.0], abs=0.03)
+
+
+def test_losses_10_s_apart_each_get_a_cost_and_losses_too_close_get_none():
+    log = _log(60, pauses=[(10.0, 1.0, 0), (20.0, 1.0, 0), (21.0, 1.0, 0)])
+    assert loss_costs(log, [10.0, 20.0]) == pytest.approx([1.0, 2.0], abs=0.03)  # both pauses after 20 count
+    assert loss_costs(log, [10.0, 20.0, 21.0]) == pytest.approx([1.0], abs=0.03)  # 20 and 21: no clean window
