@@ -17,7 +17,8 @@ Data that cannot be indexed (an IterableDataset, a DataLoader over one, a list o
 re-iterable of ready ``(inputs, targets)`` batches) is read as a stream of batches in its
 own order: replica ``r`` of ``R`` takes batches ``r, r+R, r+2R, ...``; in training every
 replica takes ``len(stream) // R`` of them, so synchronous replicas stay in step (the
-stream needs ``len()`` for that when there is more than one replica).
+stream needs ``len()`` for that when there is more than one replica); in evaluation, the
+last short round of batches is split among the replicas (``data/streams.py``).
 
 A data set may store its examples compactly (uint8 pixels) and carry a per-batch
 ``batch_transform`` that turns a batch of stored inputs into model inputs: scaling,
@@ -42,6 +43,7 @@ import torch
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 
 from paratrain.data.batch import as_pair, to_device
+from paratrain.data.streams import batches_at, evaluation_batches, evaluation_count
 from paratrain.errors import ConfigError
 
 BatchTransform = Callable[[torch.Tensor, torch.Generator], torch.Tensor]
@@ -182,9 +184,9 @@ class ShardedBatches:
             return None
 
     def __len__(self) -> int:
-        if self.streaming:
-            return len(self.stream_numbers()) if self.num_examples is not None else 0
         n, b, r = self.num_examples, self.batch_size, self.num_replicas
+        if self.streaming:  # batches of the stream; 0 where it has no len()
+            return 0 if n is None else (n // r if self.drop_last else evaluation_count(n, r))
         if self.drop_last:
             return n // (b * r)
         return self._evaluation_batches() if n // r + (self.rank < n % r) else 0
@@ -311,15 +313,17 @@ class ShardedBatches:
                 inputs = self.transform(inputs, self.transform_generator(numbers.get()))
             yield to_device(inputs, self.device, True), to_device(targets, self.device, True)
 
+    def _split_stream(self) -> bool:
+        """Whether this stream's batches are for evaluation over replicas (data/streams.py)."""
+        return not self.drop_last and self.num_replicas > 1
+
     def _stream_batches(self, numbered: Iterator[tuple[int, None]]) -> Iterator[tuple[Any, Any]]:
-        wanted = next(numbered, None)
-        for place, item in enumerate(self.dataset):  # type: ignore[arg-type]
-            if wanted is None:
-                return
-            if place == wanted[0]:
-                inputs, targets = as_pair(item, f"{type(self.dataset).__name__} (a batch)")
-                yield to_device(inputs, self.device, True), to_device(targets, self.device, True)
-                wanted = next(numbered, None)
+        where = f"{type(self.dataset).__name__} (a batch)"
+        if self._split_stream():
+            pairs = evaluation_batches(self.dataset, self.rank, self.num_replicas, where)  # type: ignore[arg-type]
+        else:
+            pairs = batches_at(self.dataset, (place for place, _ in numbered), where)  # type: ignore[arg-type]
+        return ((to_device(x, self.device, True), to_device(y, self.device, True)) for x, y in pairs)
 
 
 class _LazySampler:

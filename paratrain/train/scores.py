@@ -186,8 +186,8 @@ def summed_scores(
     sums = torch.zeros(2 + len(metrics), dtype=torch.float64, device=strategy.device)
     for inputs, targets in batches:
         values = strategy.score(model, inputs, targets, loss_fn, metrics)
-        if values is not None:
-            n = num_examples(targets)
+        n = num_examples(targets)
+        if values is not None and n:  # an empty piece of a stream's last batch: no example
             sums[0] += n
             sums[1:] += torch.stack([v.detach().double().reshape(()) for v in values]) * n
     return sums

@@ -109,6 +109,35 @@ def test_evaluation_of_a_set_that_splits_unevenly_over_the_shards_equals_single(
         assert scores["accuracy"] == pytest.approx(reference["accuracy"], abs=1e-9)
 
 
+class Batches:
+    """Ready batches with no len(), as a streamed evaluation set gives them."""
+
+    def __init__(self, pairs):
+        self.pairs = pairs
+
+    def __iter__(self):
+        return iter(self.pairs)
+
+
+def _evaluate_stream(strategy):
+    torch.manual_seed(0)
+    splits = load_digits()
+    model = build_model("mlp", splits.spec)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    trainer = paratrain.Trainer(model, "cross_entropy", optimizer, strategy=strategy, metrics=["accuracy"])
+    x, y = splits.train.tensors
+    return trainer.evaluate(Batches(list(zip(x[:513].split(110), y[:513].split(110), strict=True))))
+
+
+def test_evaluation_of_a_stream_of_batches_that_splits_unevenly_over_the_shards_equals_single():
+    # 5 batches on 2 shards: taken in turns, one shard would take 3 forwards and the other 2
+    # (it hung); the last batch is split between them now, 3 each, every example once
+    reference = _evaluate_stream(paratrain.SingleDeviceStrategy(device="cpu"))
+    for scores in run_distributed(_evaluate_stream, paratrain.FSDPStrategy(device="cpu"), world_size=2):
+        assert scores["loss"] == pytest.approx(reference["loss"], rel=1e-6)
+        assert scores["accuracy"] == pytest.approx(reference["accuracy"], abs=1e-9)
+
+
 class TiedLM(torch.nn.Module):
     """A language model whose output layer is its input embedding (as GPT-2's is)."""
 

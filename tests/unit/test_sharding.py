@@ -57,6 +57,20 @@ def test_evaluation_gives_every_replica_as_many_batches_of_at_most_the_batch_siz
     assert sorted(t for b in batches for y in b for t in y) == list(range(n))
 
 
+@pytest.mark.parametrize("batches, size, replicas", [(5, 4, 2), (7, 3, 3), (2, 5, 4), (4, 2, 3), (3, 1, 2)])
+def test_a_stream_in_evaluation_gives_every_replica_as_many_batches_and_every_example_once(batches, size, replicas):
+    stream = [(torch.arange(b * size, (b + 1) * size).unsqueeze(1), torch.arange(b * size, (b + 1) * size))
+              for b in range(batches)]  # fmt: skip
+    dicts = [{"x": x, "labels": y} for x, y in stream]  # a datasets-style dict batch: both inputs and targets
+    for data, label in ((stream, lambda pair: pair[1]), (dicts, lambda pair: pair[1]["labels"])):
+        shards = [ShardedBatches(data, 99, num_replicas=replicas, rank=r, shuffle=False, drop_last=False)
+                  for r in range(replicas)]  # fmt: skip
+        taken = [list(shard) for shard in shards]
+        assert {len(t) for t in taken} == {len(shards[0])} == {batches // replicas + batches % replicas}
+        seen = torch.cat([label(pair) for t in taken for pair in t])
+        assert sorted(seen.tolist()) == list(range(batches * size))
+
+
 def test_global_batch_larger_than_data_is_bad_input():
     with pytest.raises(ConfigError, match="larger than the data set"):
         ShardedBatches(_data(10), 8, num_replicas=2)
