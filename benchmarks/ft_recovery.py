@@ -19,7 +19,9 @@ Throughput kept: a run of `--longer` (3) times the epochs killed from outside ev
 random replica process, `--kills` times, wherever it is: in a step, in the all-reduce, in
 a checkpoint write, starting), against the same run undisturbed: undisturbed seconds
 divided by disturbed seconds, whole commands; `--throughput-repeats N` runs N such pairs
-for a row, which gives their medians and the range of what they kept. `a loss costs`: from
+for a row, which gives their medians and the range of what they kept; every second pair
+runs its disturbed run first, so that a drift of the machine's speed within a pair does
+not always fall on the same side. `a loss costs`: from
 the disturbed run's own step log, the seconds each loss set it back against its pace of the
 5 s before (the median over its losses; over the pairs, the median and range of those), a
 measure that the drift between two whole runs on this machine does not blur.
@@ -217,16 +219,29 @@ def recovery(model: str, strategy: str, cluster: list[str] | None = None) -> dic
 
 
 def throughput_kept(
-    model: str, strategy: str, every: float, kills: int, longer: int = 3, cluster: list[str] | None = None
+    model: str,
+    strategy: str,
+    every: float,
+    kills: int,
+    longer: int = 3,
+    cluster: list[str] | None = None,
+    disturbed_first: bool = False,
 ) -> dict:
+    """One pair of runs, undisturbed and disturbed (``disturbed_first``: in that order, so
+    that pairs alternating it cancel this machine's drift over a pair)."""
     on = cluster
-    with tempfile.TemporaryDirectory() as tmp:
-        calm = train(model, strategy, [], Path(tmp), longer=longer, cluster=on)
     restarts = (
         [] if cluster is not None else ["--max-restarts", str(kills)]
     )  # on hosts: the spare takes the lost replica
-    with tempfile.TemporaryDirectory() as tmp:
-        hit = train(model, strategy, restarts, Path(tmp), kill_every=every, kills=kills, longer=longer, cluster=on)
+    runs = {}
+    for disturbed in (True, False) if disturbed_first else (False, True):
+        with tempfile.TemporaryDirectory() as tmp:
+            runs[disturbed] = (
+                train(model, strategy, restarts, Path(tmp), kill_every=every, kills=kills, longer=longer, cluster=on)
+                if disturbed
+                else train(model, strategy, [], Path(tmp), longer=longer, cluster=on)
+            )
+    calm, hit = runs[False], runs[True]
     losses = [t for t, line in hit["errors"] if LOSS.search(line)]
     costs = loss_costs(hit["steps"], losses)
     return {
@@ -372,7 +387,8 @@ def main() -> None:
         for strategy in strategies:
             runs = []
             for _ in range(args.throughput_repeats):
-                runs.append(throughput_kept(model, strategy, args.every, args.kills, args.longer, on))
+                second = len(runs) % 2 == 1  # pairs alternate which run comes first
+                runs.append(throughput_kept(model, strategy, args.every, args.kills, args.longer, on, second))
                 pair = runs[-1]
                 print(f"{model} {strategy}: pair {len(runs)}: {pair['undisturbed_seconds']:.1f} s, "
                       f"{pair['disturbed_seconds']:.1f} s, kept {pair['kept']:.0%}, a loss {pair['loss_cost']:.2f} s",
