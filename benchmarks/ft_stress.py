@@ -59,7 +59,7 @@ STRATEGIES = {
     "pipeline-ft": ("--stages 2 --workers 4 --epochs 8", 2, 2, 0.01),
     "fsdp-ft": ("--workers 4 --shards-per-replica 2 --epochs 8", 2, 2, 0.01),
     "local-sgd-ft": ("--workers 3 --sync-every 8 --epochs 20", 3, 1, 0.02),
-    "diloco-ft": ("--workers 3 --sync-every 8 --epochs 20", 3, 1, 0.02),
+    "diloco-ft": ("--workers 3 --sync-every 8 --epochs 20", 3, 1, 0.03),
 }
 STEP = re.compile(r"^step (\d+),")
 LOST = re.compile(r"paratrain: (?:worker|\w+ \d+ of replica) (\d+) was lost .* after step (\d+); a replacement")
