@@ -34,5 +34,6 @@ def test_kills_of_the_first_replica_and_of_a_replacement_never_hang_and_cost_no_
         f"{kinds}: kills due at {row['moments']}, the run's last step logged {row['last_step']} "
         f"(undisturbed: {calm['steps']})\n{row['stderr_tail']}"
     )
-    tolerance = ft_stress.STRATEGIES[strategy][3]  # 1 point; 3 for DiLoCo, whose outer steps a loss changes (docs/reliability.md)
+    # 1 point; 3 for DiLoCo, whose outer steps a loss changes (docs/reliability.md)
+    tolerance = ft_stress.STRATEGIES[strategy][3]
     assert abs(row["test_accuracy"] - calm["test_accuracy"]) <= tolerance, (row["test_accuracy"], calm, kinds)
