@@ -90,14 +90,20 @@ def test_fsdp_equals_single_with_the_global_batch(accumulate, optimizer, reshard
         assert groups == ([len(names)] if optimizer == "sgd" else [weights, len(names) - weights])
 
 
-def _evaluate_513(strategy):
+def _scorer(strategy):
+    """A trainer of the mlp under ``strategy``, and digits' first 513 training examples."""
     torch.manual_seed(0)
     splits = load_digits()
     model = build_model("mlp", splits.spec)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     trainer = paratrain.Trainer(model, "cross_entropy", optimizer, strategy=strategy, metrics=["accuracy"])
     x, y = splits.train.tensors
-    return trainer.evaluate((x[:513], y[:513]), batch_size=256)
+    return trainer, x[:513], y[:513]
+
+
+def _evaluate_513(strategy):
+    trainer, x, y = _scorer(strategy)
+    return trainer.evaluate((x, y), batch_size=256)
 
 
 def test_evaluation_of_a_set_that_splits_unevenly_over_the_shards_equals_single():
@@ -120,13 +126,8 @@ class Batches:
 
 
 def _evaluate_stream(strategy):
-    torch.manual_seed(0)
-    splits = load_digits()
-    model = build_model("mlp", splits.spec)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    trainer = paratrain.Trainer(model, "cross_entropy", optimizer, strategy=strategy, metrics=["accuracy"])
-    x, y = splits.train.tensors
-    return trainer.evaluate(Batches(list(zip(x[:513].split(110), y[:513].split(110), strict=True))))
+    trainer, x, y = _scorer(strategy)
+    return trainer.evaluate(Batches(list(zip(x.split(110), y.split(110), strict=True))))
 
 
 def test_evaluation_of_a_stream_of_batches_that_splits_unevenly_over_the_shards_equals_single():
