@@ -68,6 +68,13 @@ def num_examples(targets: Any) -> int:
     return len(targets)
 
 
+def part_of(total: int, part: int, parts: int) -> slice:
+    """Part ``part``'s examples of a batch of ``total`` among ``parts`` (a fault-tolerant
+    participant's of the global batch, a replica's of a stream's last batch): consecutive,
+    sizes within one of each other, every example in exactly one part."""
+    return slice(part * total // parts, (part + 1) * total // parts)
+
+
 def split_batch(inputs: Any, targets: Any, parts: int) -> list[tuple[Any, Any, int]]:
     """``(inputs, targets, examples)`` of ``parts`` consecutive micro-batches of one batch
     (gradient accumulation); the last ones are smaller when the batch does not divide."""

@@ -17,9 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Any
 
-import torch
-
-from paratrain.data.batch import as_pair, map_tensors, num_examples
+from paratrain.data.batch import as_pair, map_tensors, num_examples, part_of
 
 
 def batches_at(stream: Iterable[Any], places: Iterator[int], where: str) -> Iterator[tuple[Any, Any]]:
@@ -43,8 +41,7 @@ def evaluation_batches(stream: Iterable[Any], rank: int, replicas: int, where: s
             round_ = []
     for item in round_:
         inputs, targets = as_pair(item, where)
-        piece = torch.arange(num_examples(targets)).tensor_split(replicas)[rank]
-        rows = slice(int(piece[0]), int(piece[-1]) + 1) if len(piece) else slice(0, 0)
+        rows = part_of(num_examples(targets), rank, replicas)
         yield map_tensors(inputs, lambda t: t[rows]), map_tensors(targets, lambda t: t[rows])
 
 

@@ -9,8 +9,9 @@ import torch
 
 from paratrain.comm.transport import ClusterEnv
 from paratrain.config import TrainConfig
+from paratrain.data.batch import part_of
 from paratrain.errors import ConfigError
-from paratrain.strategies.fault_tolerant.replicas import ReplicaGroups, part_of
+from paratrain.strategies.fault_tolerant.replicas import ReplicaGroups
 
 
 @pytest.mark.parametrize(

@@ -45,7 +45,7 @@ from torch.optim import Optimizer
 
 from paratrain.checkpoints.files import RunCheckpoints, StateWriter
 from paratrain.comm.transport import cluster_from_env, default_backend
-from paratrain.data.batch import map_tensors, num_examples
+from paratrain.data.batch import map_tensors, num_examples, part_of
 from paratrain.errors import ConfigError
 from paratrain.parallel.local_state import LocalParts, hold_local_parts
 from paratrain.session.incarnation import restart_count
@@ -58,7 +58,6 @@ from paratrain.strategies.fault_tolerant.membership import ReplicaGroup
 from paratrain.strategies.fault_tolerant.replicas import (
     check_replica_job,
     one_process_group,
-    part_of,
     place_of_process,
     torchft_modules,
 )

@@ -128,12 +128,6 @@ def wait_for_all_first_replicas(incarnation: int, replicas: int, timeout: float)
         raise WorkerLost(f"the {replicas} replicas did not all start within --timeout {timeout:g} s") from None
 
 
-def part_of(total: int, part: int, parts: int) -> slice:
-    """Participant ``part``'s examples of a global batch of ``total`` among ``parts``:
-    consecutive, sizes within one of each other, every example in exactly one part."""
-    return slice(part * total // parts, (part + 1) * total // parts)
-
-
 def batch_mark(step: int, targets: Any) -> int:
     """A 16-bit fingerprint of ``step`` and its batch's targets: the participants of a step
     sum theirs, which must then be P times each one's."""

@@ -23,6 +23,7 @@ import torch.distributed as dist
 from torch import nn
 
 from paratrain.comm.flat import local_part
+from paratrain.data.batch import part_of
 from paratrain.errors import ConfigError, ReplicaLeft, WorkerLost
 from paratrain.session.leaving import LeaveOnSigterm
 from paratrain.session.watchdog import Watchdog
@@ -31,7 +32,7 @@ from paratrain.strategies.fault_tolerant.live import live_state, load_live_state
 from paratrain.strategies.fault_tolerant.membership import Membership, ReplicaGroup
 from paratrain.strategies.fault_tolerant.record import RunRecord
 from paratrain.strategies.fault_tolerant.reduce import sum_over_quorum
-from paratrain.strategies.fault_tolerant.replicas import part_of, wait_for_all_first_replicas
+from paratrain.strategies.fault_tolerant.replicas import wait_for_all_first_replicas
 from paratrain.strategies.recipe import StepRecipe
 from paratrain.strategies.roles import FitLoop
 from paratrain.strategies.step import StepOutput
