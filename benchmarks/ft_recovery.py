@@ -33,8 +33,6 @@ Writes benchmarks/results/ft_recovery.json and .md.
 from __future__ import annotations
 
 import argparse
-import bisect
-import itertools
 import json
 import math
 import os
@@ -51,6 +49,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cluster_common import RESULTS, record  # noqa: E402
+from loss_cost import LOSS, loss_costs  # noqa: E402
 
 from paratrain.testing import run_processes  # noqa: E402
 
@@ -236,11 +235,8 @@ def throughput_kept(
     runs = {}
     for disturbed in (True, False) if disturbed_first else (False, True):
         with tempfile.TemporaryDirectory() as tmp:
-            runs[disturbed] = (
-                train(model, strategy, restarts, Path(tmp), kill_every=every, kills=kills, longer=longer, cluster=on)
-                if disturbed
-                else train(model, strategy, [], Path(tmp), longer=longer, cluster=on)
-            )
+            runs[disturbed] = train(model, strategy, restarts if disturbed else [], Path(tmp), kill_every=every,
+                                    kills=kills if disturbed else 0, longer=longer, cluster=on)  # fmt: skip
     calm, hit = runs[False], runs[True]
     losses = [t for t, line in hit["errors"] if LOSS.search(line)]
     costs = loss_costs(hit["steps"], losses)
@@ -256,35 +252,6 @@ def throughput_kept(
 
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-LOSS = re.compile(r"was lost|restarting the run|paratrain cluster: replica")
-
-
-def loss_costs(steps: list[tuple[float, int]], losses: list[float], window: float = 10.0) -> list[float]:
-    """What each loss cost the run, in seconds, from its own step log (so not from two runs'
-    difference, which this machine's drift between runs blurs by several percent): the time
-    from the loss over the next ``window`` s (less where the next loss or the run's end comes
-    sooner), less the time the steps made meanwhile take at the run's pace of the 5 s before
-    the loss (after the previous loss's first ``window / 2`` s). A restart's redone steps count
-    as lost: progress is the highest step reached."""
-    costs = []
-    times = [t for t, _ in steps]
-    reached = list(itertools.accumulate((s for _, s in steps), max))
-
-    def at(t: float) -> int:  # the highest step logged by time t
-        index = bisect.bisect_right(times, t)
-        return reached[index - 1] if index else 0
-
-    for k, lost in enumerate(losses):
-        end = min([lost + window, times[-1], *(t - 0.3 for t in losses[k + 1 :])])
-        start = max(lost - 5.0, times[0], *(t + window / 2 for t in losses[:k]))
-        if end - lost < 2.0 or lost - 0.3 - start < 2.0:  # too close to another loss or the run's ends
-            continue
-        pace = (at(lost - 0.3) - at(start)) / (lost - 0.3 - start)
-        if pace > 0:
-            costs.append((end - lost) - (at(end) - at(lost)) / pace)
-    return costs
 
 
 def _spread(row: dict, key: str) -> str:
@@ -334,11 +301,11 @@ def tables(
         spread = f" ({min(r['kept'] for r in runs):.0%}-{max(r['kept'] for r in runs):.0%})" if len(runs) > 1 else ""
         lines.append(f"| {kept['model']} | {kept['strategy']} | {len(runs)} | {kept['undisturbed_seconds']:.1f} "
                      f"| {kept['disturbed_seconds']:.1f} | {kept['kept']:.0%}{spread} | {kept['losses_reported']:g} "
-                     f"| {_cost(kept, runs)} | {kept['test_accuracy']:.3f} ({kept['undisturbed_test_accuracy']:.3f}) |")  # fmt: skip
+                     f"| {_cost(runs)} | {kept['test_accuracy']:.3f} ({kept['undisturbed_test_accuracy']:.3f}) |")  # fmt: skip
     return lines
 
 
-def _cost(kept: dict, runs: list[dict]) -> str:
+def _cost(runs: list[dict]) -> str:
     """A row's median cost of a loss, with its runs' range; ``-`` for rows recorded before it was measured."""
     values = [r["loss_cost"] for r in runs if not math.isnan(r.get("loss_cost", math.nan))]
     if not values:

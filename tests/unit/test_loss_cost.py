@@ -1,4 +1,4 @@
-"""benchmarks/ft_recovery.py's cost of a loss, read from a run's own step log."""
+"""benchmarks/loss_cost.py: the cost of a loss, read from a run's own step log."""
 
 import sys
 from pathlib import Path
@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from ft_recovery import loss_costs  # noqa: E402
+from loss_cost import loss_costs  # noqa: E402
 
 PACE = 100  # steps a second
 

@@ -1,0 +1,37 @@
+"""What each loss of a replica cost a run, read from the run's own step log
+(benchmarks/ft_recovery.py's "a loss costs" column)."""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import re
+
+#: A launcher's line that says a replica (or, restarting, the run) was lost.
+LOSS = re.compile(r"was lost|restarting the run|paratrain cluster: replica")
+
+
+def loss_costs(steps: list[tuple[float, int]], losses: list[float], window: float = 10.0) -> list[float]:
+    """What each loss cost the run, in seconds, from its own step log (so not from two runs'
+    difference, which this machine's drift between runs blurs by several percent): the time
+    from the loss over the next ``window`` s (less where the next loss or the run's end comes
+    sooner), less the time the steps made meanwhile take at the run's pace of the 5 s before
+    the loss (after the previous loss's first ``window / 2`` s). A restart's redone steps count
+    as lost: progress is the highest step reached."""
+    costs = []
+    times = [t for t, _ in steps]
+    reached = list(itertools.accumulate((s for _, s in steps), max))
+
+    def at(t: float) -> int:  # the highest step logged by time t
+        index = bisect.bisect_right(times, t)
+        return reached[index - 1] if index else 0
+
+    for k, lost in enumerate(losses):
+        end = min([lost + window, times[-1], *(t - 0.3 for t in losses[k + 1 :])])
+        start = max(lost - 5.0, times[0], *(t + window / 2 for t in losses[:k]))
+        if end - lost < 2.0 or lost - 0.3 - start < 2.0:  # too close to another loss or the run's ends
+            continue
+        pace = (at(lost - 0.3) - at(start)) / (lost - 0.3 - start)
+        if pace > 0:
+            costs.append((end - lost) - (at(end) - at(lost)) / pace)
+    return costs
