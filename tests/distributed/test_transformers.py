@@ -153,6 +153,28 @@ def test_a_gpt2_under_an_asynchronous_parameter_server_learns(name, world):
         assert tied and loss < math.log(64) / 2
 
 
+def _evaluate_streamed(strategy):
+    """The GPT-2's own loss over a ``datasets`` stream: an IterableDataset of 43 dict
+    examples through a DataLoader of 8 (5 full batches and one of 3), with no ``len()``."""
+    model = gpt2()
+    trainer = paratrain.Trainer(model, optimizer=optimizer_for(model, "sgd"), strategy=strategy, metrics=())
+    stream = tokens(43).to_iterable_dataset().with_format("torch")
+    scores = trainer.evaluate(torch.utils.data.DataLoader(stream, batch_size=8))
+    strategy.teardown()
+    return scores
+
+
+def test_a_gpt2_evaluated_on_a_datasets_stream_under_fsdp_equals_one_process():
+    """6 batches on 2 shards: 3 each, the last round's batches split between them (pieces
+    of 2 and 1 examples of a dict batch). The model's loss is a mean over the same number of
+    tokens in every example, so the example-weighted mean of the pieces' losses is one
+    process's, up to float sums."""
+    reference = _evaluate_streamed(paratrain.SingleDeviceStrategy(device="cpu"))
+    assert math.log(64) - 1 < reference["loss"] < math.log(64) + 1  # untrained: near ln 64
+    for scores in run_distributed(_evaluate_streamed, paratrain.FSDPStrategy(device="cpu"), world_size=2):
+        assert scores["loss"] == pytest.approx(reference["loss"], rel=1e-6)
+
+
 PROJECT = """
 from datasets import Dataset
 from transformers import GPT2Config, GPT2LMHeadModel
