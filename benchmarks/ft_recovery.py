@@ -49,7 +49,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cluster_common import RESULTS, record  # noqa: E402
-from loss_cost import LOSS, loss_costs  # noqa: E402
+from loss_cost import LOSS, longest_pause, loss_costs  # noqa: E402
 
 from paratrain.testing import run_processes  # noqa: E402
 
@@ -206,14 +206,17 @@ def recovery(model: str, strategy: str, cluster: list[str] | None = None) -> dic
     }
     spans = run["metrics"].get("participants", {}).get("per_step", [])
     flags = STRATEGIES[strategy]
-    # local-sgd-ft's record counts synchronizations: one every H steps
+    # local-sgd-ft's and diloco-ft's records count synchronizations: one every H steps
     per_record = int(flags[flags.index("--sync-every") + 1]) if "--sync-every" in flags else 1
     if len(spans) >= 3:  # 2 -> 1 -> 2: the replacement's first step
         rejoined = (spans[2][0] - 1) * per_record + 1
         result["replacement_in"] = next(t for t, s in after if s >= rejoined) - killed
     elif len(spans) == 1 and spans[0][2] == 2 and strategy.endswith("-ft"):
-        # 2 throughout: the replacement was in the quorum before the survivor stepped alone
-        result["replacement_in"] = result["first_step_after"]
+        # 2 throughout: the replacement was in the first synchronization after the kill
+        # (a step's under per-step quorums), logged with that step
+        synchronized = (kill_step // per_record + 1) * per_record
+        result["replacement_in"] = next(t for t, s in after if s >= synchronized) - killed
+    result["longest_pause"] = longest_pause(after, killed, result.get("replacement_in", result["back_past_kill"]))
     return result
 
 
@@ -276,17 +279,20 @@ def tables(
     )  # fmt: skip
     lines = [*where, "# Recovery from a lost replica (2 replicas, SIGKILL of replica 1 at step K)", "",
              "| model | strategy | kill at step | runs | a step before (s) | first step after (s) "
-             "| back past step K (s) | replacement in (s) |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |"]  # fmt: skip
+             "| longest pause (s) | back past step K (s) | replacement in (s) |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]  # fmt: skip
     for row in (r for r in rows if r["kind"] == "recovery"):
         median = row["median"]
         rejoin = _spread(row, "replacement_in") if "replacement_in" in median else "-"
         before = _spread(row, "step_before") if "step_before" in median else "-"
+        longest = _spread(row, "longest_pause") if "longest_pause" in median else "-"
         lines.append(f"| {row['model']} | {row['strategy']} | {MODELS[row['model']][2]} | {len(row['runs'])} | "
-                     f"{before} | {_spread(row, 'first_step_after')} | {_spread(row, 'back_past_kill')} | "
-                     f"{rejoin} |")  # fmt: skip
+                     f"{before} | {_spread(row, 'first_step_after')} | {longest} | {_spread(row, 'back_past_kill')} "
+                     f"| {rejoin} |")  # fmt: skip
     lines += ["", "Medians of the runs (their lowest and highest in brackets). A step before: the median interval "
               "of the 20 logged steps before the kill (a step's own time, which the first step after includes). "
+              "Longest pause: the longest time without a logged step from the kill to the replacement's first "
+              "step (a restart: to its first step past the kill). "
               + ("" if cluster else f"The restart's checkpoints: every {MODELS['mlp'][3]} steps (mlp), "
                  f"{MODELS['cifar_cnn'][3]} (cifar_cnn). ")
               + "Pipelines: 2 replicas of 2 stages (4 processes); `--fail 1@K` kills both stages of replica 1.", "",

@@ -1,5 +1,5 @@
-"""What each loss of a replica cost a run, read from the run's own step log
-(benchmarks/ft_recovery.py's "a loss costs" column)."""
+"""What each loss of a replica cost a run, and how long its survivors stood still, read from
+the run's own step log (benchmarks/ft_recovery.py's "a loss costs" and "longest pause" columns)."""
 
 from __future__ import annotations
 
@@ -35,3 +35,13 @@ def loss_costs(steps: list[tuple[float, int]], losses: list[float], window: floa
         if pace > 0:
             costs.append((end - lost) - (at(end) - at(lost)) / pace)
     return costs
+
+
+def longest_pause(after: list[tuple[float, int]], killed: float, until: float) -> float:
+    """The longest time the run logged no step from the kill on, up to its first step
+    ``until`` seconds after the kill (the replacement's first, or the restart's past the
+    kill): a survivor of a periodic strategy steps on alone at once and waits at the next
+    synchronization, and one under per-step quorums may wait again as the replacement
+    takes the live state, which the first step after the kill does not show."""
+    times = [killed, *(t for t, _ in after if t - killed <= until + 1e-9)]
+    return max(b - a for a, b in zip(times, times[1:]))

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from loss_cost import loss_costs  # noqa: E402
+from loss_cost import longest_pause, loss_costs  # noqa: E402
 
 PACE = 100  # steps a second
 
@@ -43,3 +43,14 @@ def test_losses_10_s_apart_each_get_a_cost_and_losses_too_close_get_none():
     log = _log(60, pauses=[(10.0, 1.0, 0), (20.0, 1.0, 0), (21.0, 1.0, 0)])
     assert loss_costs(log, [10.0, 20.0]) == pytest.approx([1.0, 2.0], abs=0.03)  # both pauses after 20 count
     assert loss_costs(log, [10.0, 20.0, 21.0]) == pytest.approx([1.0], abs=0.03)  # 20 and 21: no clean window
+
+
+def test_the_longest_pause_is_found_after_the_first_step_and_not_past_the_replacement():
+    """A survivor that steps on alone at once and waits 0.2 s at its next synchronization
+    paused 0.2 s, though its first step came 10 ms after the kill; a pause after the
+    replacement's first step (an epoch's end, say) is not the loss's."""
+    steps = _log(3.0, pauses=[(1.05, 0.2, 0), (2.5, 0.4, 0)])
+    killed = 1.0
+    after = [(t, s) for t, s in steps if t > killed]
+    assert longest_pause(after, killed, until=1.3) == pytest.approx(0.2 + 1 / PACE, abs=1e-6)
+    assert longest_pause(after, killed, until=after[0][0] - killed) == pytest.approx(after[0][0] - killed)
