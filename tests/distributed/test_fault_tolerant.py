@@ -177,6 +177,19 @@ def test_every_replica_lost_at_once_resumes_from_the_last_checkpoint(cli, tmp_pa
     _same_run(metrics, reference)
 
 
+def test_every_replica_lost_at_once_without_checkpoints_fails_with_one_line(cli, tmp_path):
+    """Three replicas die at step 30 with no checkpoint to resume from: their replacements
+    meet each other at step 0, none holding the run's state. Training again from the
+    start, as if nothing had happened, would hide the loss of 30 steps (of 30 hours, on a
+    real run): the launcher's store says the run had stepped, so they fail with one line."""
+    out = tmp_path / "lost.json"
+    result = cli("train", *RUN, "--strategy", "allreduce-ft", "--workers", "3", "--fail", "all@30",
+                 "--max-restarts", "3", "--metrics-out", str(out))  # fmt: skip
+    assert result.returncode == 1, result.stderr[-3000:]
+    assert "replacement found no live replica to take the state from" in result.stderr, result.stderr[-3000:]
+    assert not out.exists()  # no run reported as done
+
+
 def test_a_chief_lost_after_the_last_step_leaves_the_survivor_to_report_the_run(cli, tmp_path, reference):
     """Replica 0 is the chief; lost once the last step is committed, before it wrote the run's
     results (its replacement finds the run over), the survivor's view of the run is reported."""

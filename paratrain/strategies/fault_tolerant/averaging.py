@@ -51,8 +51,8 @@ from paratrain.errors import WorkerLost
 from paratrain.strategies.averaging.anchors import Anchors, fragment_due
 from paratrain.strategies.averaging.config import outer_options, taken_options
 from paratrain.strategies.base import DEFAULT_TIMEOUT_S
+from paratrain.strategies.fault_tolerant.options import session_options
 from paratrain.strategies.fault_tolerant.reduce import sum_weighted
-from paratrain.strategies.fault_tolerant.session import session_options
 from paratrain.strategies.fault_tolerant.strategy import FaultTolerantAllReduceStrategy
 from paratrain.strategies.local_step import local_step
 from paratrain.strategies.recipe import StepRecipe
@@ -185,7 +185,7 @@ class FaultTolerantAveragingStrategy(FaultTolerantAllReduceStrategy):
             self.anchors.step(fragment, means, outer, at)
         self.trained[fragment] = 0.0
         self.syncs += 1
-        session.record.count_step(step, participants)
+        session.count_step(step, participants)
         session.leave_if_asked(at)
         return position
 

@@ -55,13 +55,14 @@ from paratrain.strategies.evaluation import SumsOf
 from paratrain.strategies.fault_tolerant.checkpoint import QuorumState
 from paratrain.strategies.fault_tolerant.evaluation import evaluation_sums
 from paratrain.strategies.fault_tolerant.membership import ReplicaGroup
+from paratrain.strategies.fault_tolerant.options import check_quorum_options, session_options
 from paratrain.strategies.fault_tolerant.replicas import (
     check_replica_job,
     one_process_group,
     place_of_process,
     torchft_modules,
 )
-from paratrain.strategies.fault_tolerant.session import FaultTolerantSession, check_quorum_options, session_options
+from paratrain.strategies.fault_tolerant.session import FaultTolerantSession
 from paratrain.strategies.fsdp.strategy import FSDPStrategy
 from paratrain.strategies.recipe import StepRecipe
 from paratrain.strategies.roles import FitLoop

@@ -47,12 +47,9 @@ from paratrain.strategies.evaluation import SumsOf
 from paratrain.strategies.fault_tolerant.checkpoint import QuorumState
 from paratrain.strategies.fault_tolerant.evaluation import evaluation_sums
 from paratrain.strategies.fault_tolerant.membership import ReplicaGroup
+from paratrain.strategies.fault_tolerant.options import check_quorum_options, session_options
 from paratrain.strategies.fault_tolerant.replicas import check_replica_job, place_of_process, torchft_modules
-from paratrain.strategies.fault_tolerant.session import (
-    FaultTolerantSession,
-    check_quorum_options,
-    session_options,
-)
+from paratrain.strategies.fault_tolerant.session import FaultTolerantSession
 from paratrain.strategies.pipeline.gradients import TiedGradients
 from paratrain.strategies.pipeline.stages import MicrobatchTraffic, feed, scored, stage_loss
 from paratrain.strategies.pipeline.strategy import PipelineStrategy

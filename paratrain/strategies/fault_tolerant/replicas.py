@@ -108,24 +108,51 @@ def place_of_process(workers: int | None, per_replica: int, world: int, rank: in
     return replicas, replica_slot() * per_replica + rank
 
 
-def wait_for_all_first_replicas(incarnation: int, replicas: int, timeout: float) -> None:
+def first_store(timeout: float) -> TCPStore | None:
+    """The store a launcher hosts for the whole run (``PARATRAIN_FT_STORE``: it outlives
+    every replica), None without one (replicas started by hand under torchrun)."""
+    address = os.environ.get("PARATRAIN_FT_STORE")
+    if not address:
+        return None
+    host, _, port = address.rpartition(":")
+    return TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=timeout))
+
+
+def wait_for_all_first_replicas(store: TCPStore | None, incarnation: int, replicas: int) -> None:
     """A local launch's first replicas wait for each other's Managers before their first
     quorum, so that it holds them all (not whichever replica imported torch first, the
     others then taking its state); a replacement joins whatever quorum there is."""
-    address = os.environ.get("PARATRAIN_FT_STORE")
-    if not address:
+    if store is None:
         return
-    host, _, port = address.rpartition(":")
-    store = TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=timeout))
     # A replacement counts for the replica it replaces, lost before it got here.
     if store.add("ready", 1) >= replicas:
         store.set("all-ready", "1")
     if incarnation > 0:
         return
     try:
-        store.wait(["all-ready"], timedelta(seconds=timeout))
+        store.wait(["all-ready"])
     except RuntimeError:  # the store's timeout (DistStoreError)
+        timeout = store.timeout.total_seconds()
         raise WorkerLost(f"the {replicas} replicas did not all start within --timeout {timeout:g} s") from None
+
+
+#: Set in the first store when a replica first commits a step: from then on the run's state
+#: lives in its replicas (and checkpoints) alone, and replacements that meet at step 0 with
+#: no replica that has it would train the run again from its start.
+STEPPED = "stepped"
+
+
+def mark_stepped(store: TCPStore | None) -> bool:
+    """Say in ``store`` that the run has committed a step; whether there was a store to say it in."""
+    if store is None:
+        return False
+    store.set(STEPPED, "1")
+    return True
+
+
+def has_stepped(store: TCPStore | None) -> bool:
+    """Whether a replica of the run has committed a step (False without a store)."""
+    return store is not None and store.check([STEPPED])
 
 
 def batch_mark(step: int, targets: Any) -> int:

@@ -24,15 +24,21 @@ from torch import nn
 
 from paratrain.comm.flat import local_part
 from paratrain.data.batch import part_of
-from paratrain.errors import ConfigError, ReplicaLeft, WorkerLost
+from paratrain.errors import ReplicaLeft, WorkerLost
 from paratrain.session.leaving import LeaveOnSigterm
 from paratrain.session.watchdog import Watchdog
 from paratrain.strategies.accounting import staleness_summary
 from paratrain.strategies.fault_tolerant.live import live_state, load_live_state, position_before_step
 from paratrain.strategies.fault_tolerant.membership import Membership, ReplicaGroup
+from paratrain.strategies.fault_tolerant.options import WIRE_DTYPES, check_compression
 from paratrain.strategies.fault_tolerant.record import RunRecord
 from paratrain.strategies.fault_tolerant.reduce import sum_over_quorum
-from paratrain.strategies.fault_tolerant.replicas import wait_for_all_first_replicas
+from paratrain.strategies.fault_tolerant.replicas import (
+    first_store,
+    has_stepped,
+    mark_stepped,
+    wait_for_all_first_replicas,
+)
 from paratrain.strategies.recipe import StepRecipe
 from paratrain.strategies.roles import FitLoop
 from paratrain.strategies.step import StepOutput
@@ -42,43 +48,6 @@ from paratrain.timeline import span
 #: What the watchdog allows a wait beyond its own deadline (``--timeout``) and the time the
 #: Lighthouse takes to drop a silent replica (``--replica-heartbeat-timeout``).
 WATCHDOG_SLACK_S = 5.0
-
-#: Codecs whose payloads add up: the Manager's one all-reduce sums them (in 16 bits).
-WIRE_DTYPES: dict[str, torch.dtype | None] = {"none": None, "fp16": torch.float16, "bf16": torch.bfloat16}
-
-
-def session_options(config: Any) -> dict[str, Any]:
-    """A run's options of the replica and its session (``config``: a TrainConfig), as the
-    keyword arguments of a fault-tolerant strategy."""
-    ft = config.ft
-    return {
-        "device": config.device,
-        "timeout": config.timeout,
-        "workers": config.workers,
-        "lighthouse": ft.lighthouse,
-        "min_replicas": ft.min_replicas,
-        "heartbeat_timeout": ft.replica_heartbeat_timeout,
-        "compression": config.codec.compression,
-    }
-
-
-def check_compression(strategy: str, compression: str) -> None:
-    if compression not in WIRE_DTYPES:
-        raise ConfigError(
-            f"--strategy {strategy} sums each step's gradient in one all-reduce: --compression must be "
-            f"one of {', '.join(WIRE_DTYPES)} (payloads that add up), got {compression!r}"
-        )
-
-
-def check_quorum_options(strategy: str, config: Any, replicas: int, counted: str) -> None:
-    """``--compression`` and ``--min-replicas`` of a fault-tolerant run (``config``: a
-    TrainConfig) of ``replicas`` replicas of several processes (``counted``: the flags they
-    are counted from)."""
-    check_compression(strategy, config.codec.compression)
-    if config.ft.min_replicas > replicas:
-        raise ConfigError(
-            f"--min-replicas {config.ft.min_replicas} is more than the run's {replicas} {counted}: no step could commit"
-        )
 
 
 class Replica(Protocol):
@@ -166,6 +135,9 @@ class FaultTolerantSession:
         )
         """Ends the replica with a line when a quorum, an all-reduce or a commit outlives its deadline."""
         self.incarnation = 0
+        self.first_store: Any = None
+        """The store its launcher hosts for the run (replicas.first_store), if any."""
+        self._stepped = False  # a committed step marked in the first store
         self.trainer: FitLoop | None = None
         self._sigterm = LeaveOnSigterm()  # asked: leave after the step
         self.quorum_ready = False
@@ -231,7 +203,8 @@ class FaultTolerantSession:
                 state_dict=lambda: live_state(self),
                 load_state_dict=lambda state: load_live_state(self, state),
             )
-            wait_for_all_first_replicas(self.incarnation, replica.topology.num_processes, replica.timeout)
+            self.first_store = first_store(replica.timeout)
+            wait_for_all_first_replicas(self.first_store, self.incarnation, replica.topology.num_processes)
         committed = self.schedule.committed_quorums(trainer)
         if committed:  # resumed from a checkpoint (checkpoint.py): the run's step is its
             self.manager.load_state_dict({"step": committed, "batches_committed": 0})
@@ -255,12 +228,13 @@ class FaultTolerantSession:
             )
         elif (
             self.incarnation > 0
-            and self.manager.num_participants() < 2
             and replica.num_replicas > 1
             and not trainer.global_step
+            and (self.manager.num_participants() < 2 or has_stepped(self.first_store))
         ):
-            # Alone at step 0, a replacement would train the run again from the start (one
-            # resumed from a checkpoint goes on from it: every replica was lost).
+            # At step 0, alone or among replacements only (the run had stepped: every
+            # replica holding its state was lost), a replacement would train the run again
+            # from the start (one resumed from a checkpoint goes on from it).
             raise WorkerLost(
                 f"worker {replica.process_rank}'s replacement found no live replica to take the state from "
                 "(the others are gone or done)"
@@ -309,11 +283,17 @@ class FaultTolerantSession:
                         optimizer.step()
                 self.last_loss = float(loss)
                 replica.count_update()
-                self.record.count_step(step, self.manager.num_participants())
+                self.count_step(step, self.manager.num_participants())
                 if self._sigterm.asked:
                     self._leave(step)
                 return StepOutput(loss, outputs, skipped=skip)
             self.uncommitted_steps += 1
+
+    def count_step(self, step: int, participants: int) -> None:
+        """A step committed: in the record, and (the first time) in the run's first store."""
+        self.record.count_step(step, participants)
+        if not self._stepped:
+            self._stepped = mark_stepped(self.first_store)
 
     def next_quorum(self, step: int) -> int:
         """The quorum of ``step`` (the first formed by ``begin`` already), and a heal where this

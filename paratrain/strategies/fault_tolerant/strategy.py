@@ -48,8 +48,9 @@ from paratrain.strategies.evaluation import SumsOf
 from paratrain.strategies.fault_tolerant.checkpoint import QuorumState
 from paratrain.strategies.fault_tolerant.evaluation import evaluation_sums
 from paratrain.strategies.fault_tolerant.membership import ReplicaGroup
+from paratrain.strategies.fault_tolerant.options import check_compression, session_options
 from paratrain.strategies.fault_tolerant.replicas import ReplicaGroups, one_process_group, replica_slot, torchft_modules
-from paratrain.strategies.fault_tolerant.session import FaultTolerantSession, check_compression, session_options
+from paratrain.strategies.fault_tolerant.session import FaultTolerantSession
 from paratrain.strategies.roles import FitLoop
 from paratrain.strategies.step import LossFn, StepOutput
 from paratrain.strategies.topology import Topology
