@@ -17,6 +17,7 @@ class ParatrainError(Exception):
     """Base class of the errors that end a run with a one-line message."""
 
     exit_code = 1
+    ends_run = False  # True: the launcher replaces no process of the run after this error
 
 
 class ConfigError(ParatrainError, ValueError):
@@ -38,6 +39,14 @@ class DivergedError(ParatrainError, ArithmeticError):
 
 class WorkerLost(ParatrainError):
     """A worker that the run cannot do without stopped answering."""
+
+
+class StateLost(WorkerLost):
+    """A replacement found no live replica holding the run's state (every replica that held
+    it was lost, and no checkpoint had it): no replacement can go on with the run, which
+    ends at once with this line (the launcher starts no other)."""
+
+    ends_run = True
 
 
 class ReplicaLeft(ParatrainError):

@@ -117,7 +117,7 @@ def run_entry(fn: Callable[..., Any], *args: Any) -> Any:
         leave_all()  # the runs fn joined and did not leave: os._exit runs no exit handler
         return result
     except ParatrainError as error:
-        record_error(str(error), "", error.exit_code)
+        record_error(str(error), "", error.exit_code, error.ends_run)
         exit_now(error.exit_code)
     except Exception as error:
         record_error(f"{type(error).__name__}: {error}", traceback.format_exc(), 1)
@@ -172,8 +172,9 @@ def exit_now(code: int) -> None:
     os._exit(code)
 
 
-def record_error(message: str, callstack: str, exit_code: int) -> None:
-    """Write the agent's error file (``TORCHELASTIC_ERROR_FILE``), read back by the parent."""
+def record_error(message: str, callstack: str, exit_code: int, ends_run: bool = False) -> None:
+    """Write the agent's error file (``TORCHELASTIC_ERROR_FILE``), read back by the parent;
+    ``ends_run``: no replacement can go on with the run (``StateLost``)."""
     path = os.environ.get("TORCHELASTIC_ERROR_FILE")
     if not path:
         return
@@ -181,6 +182,8 @@ def record_error(message: str, callstack: str, exit_code: int) -> None:
     # The agent reads whole seconds; paratrain_time orders failures within one second
     # (a crash, then its peers' broken connections a millisecond later).
     extra = {"py_callstack": callstack, "timestamp": str(int(now)), "paratrain_time": repr(now), "exit_code": exit_code}
+    if ends_run:
+        extra["paratrain_ends_run"] = True
     document = {"message": {"message": message, "extraInfo": extra}}
     with open(path, "w") as handle:
         json.dump(document, handle)

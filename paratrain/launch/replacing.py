@@ -37,6 +37,7 @@ from paratrain.comm.transport import host_rendezvous, host_store
 from paratrain.errors import WorkerLost, signal_name
 from paratrain.launch.process import launcher_env, process_context
 from paratrain.launch.supervisor import (
+    ends_run,
     failed_at,
     failure_message,
     first_failure,
@@ -206,6 +207,8 @@ def supervise_replacing(
                     lost.add(slot)
                     print(f"{what}, after training had ended; the others report the run", file=sys.stderr, flush=True)
                     continue
+                if ends_run(folder, tag):  # the run's state is gone: no replacement can go on
+                    raise first_failure(failure, names)
                 if restarts < max_restarts:
                     restarts += 1
                     incarnation[slot] += 1

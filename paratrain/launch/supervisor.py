@@ -242,6 +242,13 @@ def failed_at(folder: Path, rank: int | str, code: int) -> float:
     return 0.0 if code == -signal.SIGKILL else time.time()
 
 
+def ends_run(folder: Path, rank: int | str) -> bool:
+    """Whether a process's error says that no replacement can go on with the run
+    (``StateLost``: the run's state is gone)."""
+    path = folder / f"error-{rank}.json"
+    return path.exists() and bool(json.loads(path.read_text())["message"]["extraInfo"].get("paratrain_ends_run"))
+
+
 def failure_message(folder: Path, rank: int | str, code: int) -> str:
     path = folder / f"error-{rank}.json"
     if path.exists():

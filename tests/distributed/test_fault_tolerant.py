@@ -181,12 +181,16 @@ def test_every_replica_lost_at_once_without_checkpoints_fails_with_one_line(cli,
     """Three replicas die at step 30 with no checkpoint to resume from: their replacements
     meet each other at step 0, none holding the run's state. Training again from the
     start, as if nothing had happened, would hide the loss of 30 steps (of 30 hours, on a
-    real run): the launcher's store says the run had stepped, so they fail with one line."""
+    real run): the launcher's store says the run had stepped, so they fail with one line,
+    and the first such failure ends the run: restarts left start no more replacements, and
+    no line says that the run goes on."""
     out = tmp_path / "lost.json"
     result = cli("train", *RUN, "--strategy", "allreduce-ft", "--workers", "3", "--fail", "all@30",
-                 "--max-restarts", "3", "--metrics-out", str(out))  # fmt: skip
+                 "--max-restarts", "9", "--metrics-out", str(out))  # fmt: skip
     assert result.returncode == 1, result.stderr[-3000:]
     assert "replacement found no live replica to take the state from" in result.stderr, result.stderr[-3000:]
+    assert result.stderr.count("a replacement joins the run") == 3, result.stderr[-3000:]
+    assert "the run goes on with" not in result.stderr, result.stderr[-3000:]
     assert not out.exists()  # no run reported as done
 
 

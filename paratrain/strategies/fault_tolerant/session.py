@@ -24,7 +24,7 @@ from torch import nn
 
 from paratrain.comm.flat import local_part
 from paratrain.data.batch import part_of
-from paratrain.errors import ReplicaLeft, WorkerLost
+from paratrain.errors import ReplicaLeft, StateLost, WorkerLost
 from paratrain.session.leaving import LeaveOnSigterm
 from paratrain.session.watchdog import Watchdog
 from paratrain.strategies.accounting import staleness_summary
@@ -235,7 +235,7 @@ class FaultTolerantSession:
             # At step 0, alone or among replacements only (the run had stepped: every
             # replica holding its state was lost), a replacement would train the run again
             # from the start (one resumed from a checkpoint goes on from it).
-            raise WorkerLost(
+            raise StateLost(
                 f"worker {replica.process_rank}'s replacement found no live replica to take the state from "
                 "(the others are gone or done)"
             )
