@@ -37,7 +37,8 @@ def test_without_a_fault_it_is_fsdp_and_the_single_process_run(cli, tmp_path, re
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = json.loads(out.read_text())
     assert metrics["strategy"] == "fsdp-ft" and metrics["fault_tolerance"] == "per-step"
-    assert metrics["shards_per_replica"] == 2
+    # --workers counts processes, as the "done:" line says: 2 replicas of 2 shards are 4
+    assert (metrics["workers"], metrics["replicas"], metrics["shards_per_replica"]) == (4, 2, 2)
     assert as_formed(metrics["participants"]["per_step"], 2) == [[1, reference["global_steps"], 2]]
     assert_same_run(metrics, reference)
 
