@@ -49,7 +49,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cluster_common import RESULTS, record  # noqa: E402
-from loss_cost import LOSS, longest_pause, loss_costs  # noqa: E402
+from loss_cost import LOSS, longest_pause, loss_costs, pace  # noqa: E402
 
 from paratrain.testing import run_processes  # noqa: E402
 
@@ -251,6 +251,8 @@ def throughput_kept(
         "loss_cost": statistics.median(costs) if costs else float("nan"),
         "test_accuracy": hit["metrics"]["test_accuracy"],
         "undisturbed_test_accuracy": calm["metrics"]["test_accuracy"],
+        # steps/s in each 10 s of each run, and the losses' moments: where the time went
+        "pace": {"undisturbed": pace(calm["steps"]), "disturbed": pace(hit["steps"]), "losses_at": losses},
     }
 
 
@@ -366,7 +368,7 @@ def main() -> None:
                 print(f"{model} {strategy}: pair {len(runs)}: {pair['undisturbed_seconds']:.1f} s, "
                       f"{pair['disturbed_seconds']:.1f} s, kept {pair['kept']:.0%}, a loss {pair['loss_cost']:.2f} s",
                       flush=True)  # fmt: skip
-            kept = {key: statistics.median(r[key] for r in runs) for key in runs[0]}
+            kept = {key: statistics.median(r[key] for r in runs) for key in runs[0] if key != "pace"}
             rows.append({"kind": "throughput", "model": model, "strategy": strategy + label, **kept, "runs": runs})
             print(tables(rows[-1:], args.repeats, args.every, args.kills)[-1], flush=True)
     out = Path(args.out)

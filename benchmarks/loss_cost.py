@@ -45,3 +45,17 @@ def longest_pause(after: list[tuple[float, int]], killed: float, until: float) -
     takes the live state, which the first step after the kill does not show."""
     times = [killed, *(t for t, _ in after if t - killed <= until + 1e-9)]
     return max(b - a for a, b in zip(times, times[1:]))
+
+
+def pace(steps: list[tuple[float, int]], width: float = 10.0) -> list[float]:
+    """The run's steps per second in each ``width`` s from its start (progress: the highest
+    step reached), to see where in a run its time went: around each loss, or spread over it."""
+    times = [t for t, _ in steps]
+    reached = list(itertools.accumulate((s for _, s in steps), max))
+
+    def at(t: float) -> int:
+        index = bisect.bisect_right(times, t)
+        return reached[index - 1] if index else 0
+
+    return [(at(start + width) - at(start)) / width for start in itertools.takewhile(
+        lambda s: s < times[-1], itertools.count(0.0, width))] if steps else []  # fmt: skip

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from loss_cost import longest_pause, loss_costs  # noqa: E402
+from loss_cost import longest_pause, loss_costs, pace  # noqa: E402
 
 PACE = 100  # steps a second
 
@@ -54,3 +54,11 @@ def test_the_longest_pause_is_found_after_the_first_step_and_not_past_the_replac
     after = [(t, s) for t, s in steps if t > killed]
     assert longest_pause(after, killed, until=1.3) == pytest.approx(0.2 + 1 / PACE, abs=1e-6)
     assert longest_pause(after, killed, until=after[0][0] - killed) == pytest.approx(after[0][0] - killed)
+
+
+def test_pace_counts_the_progress_made_in_each_window():
+    steps = [(0.5 + 0.01 * k, k) for k in range(1, 1001)]  # 100 steps/s from 0.5 s to 10.5 s
+    assert pace(steps, width=5.0) == pytest.approx([90.0, 100.0, 10.0], abs=0.21)
+    restart = [(1.0, 10), (2.0, 20), (3.0, 5), (4.0, 30)]  # a restart redoes steps: highest reached
+    assert pace(restart, width=2.0) == pytest.approx([10.0, 5.0])  # not back to 20 until 4 s
+    assert pace([]) == []
