@@ -152,7 +152,7 @@ def merge(path: str | os.PathLike, num_ranks: int, timeout: float = 60.0) -> dic
         "otherData": {"origin_unix_us": origin, "ranks": num_ranks, "missing_ranks": missing},
     }
     target = Path(path).expanduser()
-    tmp = target.parent / f".{target.name}.tmp"
+    tmp = target.parent / f".{target.name}.{os.getpid()}.tmp"  # one writer's own
     tmp.write_text(json.dumps(trace))
     os.replace(tmp, target)
     for part in wanted:

@@ -13,7 +13,6 @@ import time
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from paratrain import timeline
 from paratrain.config import TrainConfig
@@ -43,10 +42,11 @@ def run(config: TrainConfig) -> dict[str, Any]:
     strategy = STRATEGIES.get(config.strategy).from_config(config)
     strategy.on_nan = config.on_nan
     strategy.setup()
-    # Global rank and process count, for the timeline's tracks (before the model is
-    # wrapped: DDP's comm hook for the timeline is registered in prepare).
-    global_rank = dist.get_rank() if dist.is_initialized() else 0
-    num_processes = dist.get_world_size() if dist.is_initialized() else 1
+    # The process's place in the whole run, for the timeline's tracks (before the model is
+    # wrapped: DDP's comm hook for the timeline is registered in prepare). Not the process
+    # group's rank: a fault-tolerant replica's group is its own (or none), so every replica
+    # would write the same track.
+    global_rank, num_processes = strategy.process_rank, strategy.topology.num_processes
     if config.timeline:
         if strategy.is_chief:  # stale parts of an earlier run
             shutil.rmtree(timeline.parts_dir(config.timeline), ignore_errors=True)

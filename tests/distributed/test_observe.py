@@ -86,6 +86,34 @@ def test_allreduce_run_writes_tensorboard_scalars_and_a_merged_timeline(cli, tmp
     assert named == {0: "rank 0 (worker 0)", 1: "rank 1 (worker 1)"}
 
 
+@pytest.mark.parametrize(
+    "flags",
+    [["--strategy", "allreduce-ft", "--workers", "2", "--fail", "1@30", "--max-restarts", "1"],
+     ["--strategy", "fsdp-ft", "--workers", "4", "--shards-per-replica", "2", "--batch-size", "8"]],
+    ids=["allreduce-ft-through-a-loss", "fsdp-ft"],
+)  # fmt: skip
+def test_a_fault_tolerant_run_s_timeline_has_a_track_per_process(cli, tmp_path, flags):
+    """Each replica of a fault-tolerant run is a process group of its own (or none): the
+    tracks are the processes' places in the whole run, not their ranks in their group (every
+    replica wrote rank 0's track over the others', and the merge read a part two wrote at
+    once). Through a loss, the replacement's steps fill the lost replica's track."""
+    trace = tmp_path / "trace.json"
+    done = cli("train", *flags, "--epochs", "2", "--log-every", "0", "--no-progress", "--timeline", str(trace),
+               "--metrics-out", str(tmp_path / "m.json"))  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    steps = json.loads((tmp_path / "m.json").read_text())["global_steps"]
+    document = json.loads(trace.read_text())
+    processes = int(flags[flags.index("--workers") + 1])
+    assert document["otherData"]["ranks"] == processes and document["otherData"]["missing_ranks"] == []
+    forwards = [e for e in document["traceEvents"] if e["ph"] == "X" and e["name"] == "forward"]
+    for rank in range(processes):
+        mine = sorted(e["ts"] for e in forwards if e["pid"] == rank)
+        # the replacement of replica 1 steps from the kill (step 30) on
+        assert len(mine) == (steps - 30 if "--fail" in flags and rank == 1 else steps), rank
+    named = {e["pid"]: e["args"]["name"] for e in document["traceEvents"] if e["name"] == "process_name"}
+    assert sorted(named) == list(range(processes))
+
+
 @pytest.fixture(scope="module")
 def three_runs(tmp_path_factory):
     """allreduce, ps-sync and ps-async on digits from the recipes, one epoch each."""
