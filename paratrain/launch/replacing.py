@@ -93,6 +93,9 @@ def supervise_replacing(
     }
     context = process_context()
     incarnation = [0] * num_replicas
+    # Each replica's progress when its latest process started: one whose step moved since
+    # (or an original, never replaced) holds the run's state.
+    started_at = [0] * num_replicas
     stores: dict[int, Any] = {}  # each replica's rendezvous, while its processes run
     # A one-process replica's group store (where its Manager meets, and where the gradient
     # group of a quorum it leads rendezvouses), here so that it outlives the replica: the
@@ -207,11 +210,21 @@ def supervise_replacing(
                     lost.add(slot)
                     print(f"{what}, after training had ended; the others report the run", file=sys.stderr, flush=True)
                     continue
-                if ends_run(folder, tag):  # the run's state is gone: no replacement can go on
+                progress = read_progress(folder / "progress", num_processes)[::per_replica]
+                holders = [
+                    s
+                    for s, ps in enumerate(replicas)
+                    if s != slot and s not in lost and any(p.exitcode is None for p in ps)
+                    and (incarnation[s] == 0 or progress[s] != started_at[s])
+                ]  # fmt: skip
+                # The run's state is gone (no other live replica holds it, so none was late
+                # to the replacement's quorum): no replacement can go on.
+                if ends_run(folder, tag) and not holders:
                     raise first_failure(failure, names)
                 if restarts < max_restarts:
                     restarts += 1
                     incarnation[slot] += 1
+                    started_at[slot] = progress[slot]
                     print(
                         f"{what}; a replacement joins the run (restart {restarts} of {max_restarts})",
                         file=sys.stderr,
