@@ -1,6 +1,7 @@
 """--logdir, --timeline, recipes, --config-from and paratrain report on real runs (Gloo, CPU)."""
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -105,11 +106,16 @@ def test_a_fault_tolerant_run_s_timeline_has_a_track_per_process(cli, tmp_path, 
     document = json.loads(trace.read_text())
     processes = int(flags[flags.index("--workers") + 1])
     assert document["otherData"]["ranks"] == processes and document["otherData"]["missing_ranks"] == []
-    forwards = [e for e in document["traceEvents"] if e["ph"] == "X" and e["name"] == "forward"]
-    for rank in range(processes):
-        mine = sorted(e["ts"] for e in forwards if e["pid"] == rank)
-        # the replacement of replica 1 steps from the kill (step 30) on
-        assert len(mine) == (steps - 30 if "--fail" in flags and rank == 1 else steps), rank
+    forwards = Counter(e["pid"] for e in document["traceEvents"] if e["ph"] == "X" and e["name"] == "forward")
+    if "--fail" in flags:
+        # The replacement of replica 1 takes part in the steps after the kill (step 30) from
+        # when it joins (under load, possibly none: the survivor steps on alone meanwhile),
+        # and may compute the step it takes the live state in without taking part in it.
+        spans = json.loads((tmp_path / "m.json").read_text())["participants"]["per_step"]
+        joined = sum(max(0, last - max(first, 31) + 1) for first, last, count in spans if count == 2)
+        assert forwards[0] == steps and forwards[1] - joined in (0, 1), (forwards, spans)
+    else:
+        assert all(forwards[rank] == steps for rank in range(processes)), forwards
     named = {e["pid"]: e["args"]["name"] for e in document["traceEvents"] if e["name"] == "process_name"}
     assert sorted(named) == list(range(processes))
 
