@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import math
 import re
+from collections.abc import Callable
 
 #: A launcher's line that says a replica (or, restarting, the run) was lost.
 LOSS = re.compile(r"was lost|restarting the run|paratrain cluster: replica")
@@ -19,16 +21,10 @@ def loss_costs(steps: list[tuple[float, int]], losses: list[float], window: floa
     the loss (after the previous loss's first ``window / 2`` s). A restart's redone steps count
     as lost: progress is the highest step reached."""
     costs = []
-    times = [t for t, _ in steps]
-    reached = list(itertools.accumulate((s for _, s in steps), max))
-
-    def at(t: float) -> int:  # the highest step logged by time t
-        index = bisect.bisect_right(times, t)
-        return reached[index - 1] if index else 0
-
+    at = _progress(steps)
     for k, lost in enumerate(losses):
-        end = min([lost + window, times[-1], *(t - 0.3 for t in losses[k + 1 :])])
-        start = max(lost - 5.0, times[0], *(t + window / 2 for t in losses[:k]))
+        end = min([lost + window, steps[-1][0], *(t - 0.3 for t in losses[k + 1 :])])
+        start = max(lost - 5.0, steps[0][0], *(t + window / 2 for t in losses[:k]))
         if end - lost < 2.0 or lost - 0.3 - start < 2.0:  # too close to another loss or the run's ends
             continue
         pace = (at(lost - 0.3) - at(start)) / (lost - 0.3 - start)
@@ -50,6 +46,15 @@ def longest_pause(after: list[tuple[float, int]], killed: float, until: float) -
 def pace(steps: list[tuple[float, int]], width: float = 10.0) -> list[float]:
     """The run's steps per second in each ``width`` s from its start (progress: the highest
     step reached), to see where in a run its time went: around each loss, or spread over it."""
+    if not steps:
+        return []
+    at = _progress(steps)
+    return [(at((k + 1) * width) - at(k * width)) / width for k in range(math.ceil(steps[-1][0] / width))]
+
+
+def _progress(steps: list[tuple[float, int]]) -> Callable[[float], int]:
+    """The highest step a run's log (``(seconds, step)`` lines) had reached by a time: a
+    restart's redone steps are not progress."""
     times = [t for t, _ in steps]
     reached = list(itertools.accumulate((s for _, s in steps), max))
 
@@ -57,5 +62,4 @@ def pace(steps: list[tuple[float, int]], width: float = 10.0) -> list[float]:
         index = bisect.bisect_right(times, t)
         return reached[index - 1] if index else 0
 
-    return [(at(start + width) - at(start)) / width for start in itertools.takewhile(
-        lambda s: s < times[-1], itertools.count(0.0, width))] if steps else []  # fmt: skip
+    return at

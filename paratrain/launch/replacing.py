@@ -197,7 +197,8 @@ def supervise_replacing(
                 failure = {index: (code, failed_at(folder, tag, code), failure_message(folder, tag, code))}
                 if code in (2, 3):
                     raise first_failure(failure, names)
-                step = read_progress(folder / "progress", num_processes)[index]
+                progress = read_progress(folder / "progress", num_processes)
+                step = progress[index]
                 how = f"exit code {code}" if code > 0 else f"killed by {signal_name(-code)}"
                 what = f"paratrain: {names[index]} was lost ({how}) after step {step}"
                 # Training is over once another replica finished or is finishing (a process of
@@ -210,21 +211,20 @@ def supervise_replacing(
                     lost.add(slot)
                     print(f"{what}, after training had ended; the others report the run", file=sys.stderr, flush=True)
                     continue
-                progress = read_progress(folder / "progress", num_processes)[::per_replica]
-                holders = [
+                firsts = progress[::per_replica]  # each replica's first process's step
+                others = [
                     s
                     for s, ps in enumerate(replicas)
                     if s != slot and s not in lost and any(p.exitcode is None for p in ps)
-                    and (incarnation[s] == 0 or progress[s] != started_at[s])
-                ]  # fmt: skip
+                ]
                 # The run's state is gone (no other live replica holds it, so none was late
                 # to the replacement's quorum): no replacement can go on.
-                if ends_run(folder, tag) and not holders:
+                if ends_run(folder, tag) and not any(incarnation[s] == 0 or firsts[s] != started_at[s] for s in others):
                     raise first_failure(failure, names)
                 if restarts < max_restarts:
                     restarts += 1
                     incarnation[slot] += 1
-                    started_at[slot] = progress[slot]
+                    started_at[slot] = firsts[slot]
                     print(
                         f"{what}; a replacement joins the run (restart {restarts} of {max_restarts})",
                         file=sys.stderr,
@@ -232,11 +232,7 @@ def supervise_replacing(
                     )
                     replicas[slot] = start(slot)
                     continue
-                alive = sum(
-                    1
-                    for s, ps in enumerate(replicas)
-                    if s not in lost and s != slot and any(p.exitcode is None for p in ps)
-                )
+                alive = len(others)
                 if alive < min_replicas:
                     raise first_failure(failure, names)
                 lost.add(slot)
