@@ -26,8 +26,8 @@ the disturbed run's own step log, the seconds each loss set it back against its 
 5 s before (the median over its losses; over the pairs, the median and range of those), a
 measure that the drift between two whole runs on this machine does not blur.
 
-The mlp trains on digits, cifar_cnn on digits at 3x32x32 (`benchmarks/digits32.py`).
-Writes benchmarks/results/ft_recovery.json and .md.
+The mlp trains on digits, cifar_cnn on digits at 3x32x32 (`benchmarks/digits32.py`); writes
+benchmarks/results/ft_recovery.json and .md (and each pair's pace in 10 s windows there).
 """
 
 from __future__ import annotations
@@ -231,15 +231,12 @@ def throughput_kept(
 ) -> dict:
     """One pair of runs, undisturbed and disturbed (``disturbed_first``: in that order, so
     that pairs alternating it cancel this machine's drift over a pair)."""
-    on = cluster
-    restarts = (
-        [] if cluster is not None else ["--max-restarts", str(kills)]
-    )  # on hosts: the spare takes the lost replica
+    restarts = [] if cluster is not None else ["--max-restarts", str(kills)]  # on hosts: the spare takes it
     runs = {}
     for disturbed in (True, False) if disturbed_first else (False, True):
         with tempfile.TemporaryDirectory() as tmp:
             runs[disturbed] = train(model, strategy, restarts if disturbed else [], Path(tmp), kill_every=every,
-                                    kills=kills if disturbed else 0, longer=longer, cluster=on)  # fmt: skip
+                                    kills=kills if disturbed else 0, longer=longer, cluster=cluster)  # fmt: skip
     calm, hit = runs[False], runs[True]
     losses = [t for t, line in hit["errors"] if LOSS.search(line)]
     costs = loss_costs(hit["steps"], losses)
