@@ -126,13 +126,18 @@ def parts_dir(path: str | os.PathLike) -> Path:
     return target.parent / f"{target.name}.parts"
 
 
-def merge(path: str | os.PathLike, num_ranks: int, timeout: float = 60.0) -> dict[str, Any]:
-    """On the chief: wait (up to ``timeout`` s) for every rank's part, merge them into
-    ``path`` as one trace with time starting at 0, remove the parts; the trace."""
+def merge(
+    path: str | os.PathLike, num_ranks: int, timeout: float = 60.0, expected: int | None = None
+) -> dict[str, Any]:
+    """On the chief: wait (up to ``timeout`` s) for every rank's part, or for ``expected``
+    parts where fewer processes are there at the end (a lost replica that was not replaced
+    writes none), merge them into ``path`` as one trace with time starting at 0, remove the
+    parts; the trace."""
     folder = parts_dir(path)
     wanted = [folder / f"rank-{rank}.json" for rank in range(num_ranks)]
+    enough = num_ranks if expected is None else min(expected, num_ranks)
     deadline = time.monotonic() + timeout
-    while not all(p.exists() for p in wanted) and time.monotonic() < deadline:
+    while sum(p.exists() for p in wanted) < enough and time.monotonic() < deadline:
         time.sleep(0.05)
     events: list[dict[str, Any]] = []
     missing = []

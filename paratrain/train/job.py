@@ -63,7 +63,7 @@ def run(config: TrainConfig) -> dict[str, Any]:
         strategy.teardown()
         if merge_timeline:
             # After teardown: parameter-server shards finish (and write) once the chief lets them go.
-            timeline.merge(config.timeline, num_processes, timeout=min(config.timeout, 60.0))
+            timeline.merge(config.timeline, num_processes, min(config.timeout, 60.0), strategy.processes_at_end())
 
 
 def _warm_up(config: TrainConfig) -> None:

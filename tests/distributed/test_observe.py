@@ -1,6 +1,7 @@
 """--logdir, --timeline, recipes, --config-from and paratrain report on real runs (Gloo, CPU)."""
 
 import json
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -118,6 +119,28 @@ def test_a_fault_tolerant_run_s_timeline_has_a_track_per_process(cli, tmp_path, 
         assert all(forwards[rank] == steps for rank in range(processes)), forwards
     named = {e["pid"]: e["args"]["name"] for e in document["traceEvents"] if e["name"] == "process_name"}
     assert sorted(named) == list(range(processes))
+
+
+@pytest.mark.parametrize(
+    "flags, lost",
+    [(["--strategy", "allreduce-ft", "--workers", "2"], ["rank-1"]),
+     (["--strategy", "fsdp-ft", "--workers", "4", "--shards-per-replica", "2", "--batch-size", "8"],
+      ["rank-2", "rank-3"]),
+     (["--strategy", "pipeline-ft", "--stages", "2", "--workers", "4"], ["rank-2", "rank-3"])],
+    ids=["allreduce-ft", "fsdp-ft", "pipeline-ft"],
+)  # fmt: skip
+def test_a_timeline_does_not_wait_for_a_replica_lost_unreplaced(cli, tmp_path, flags, lost):
+    """A replica killed with no restart left writes no part: the chief merges the parts of
+    the replicas of the last step and ends, where it waited 60 s for the lost one's."""
+    trace = tmp_path / "trace.json"
+    began = time.monotonic()
+    done = cli("train", *flags, "--fail", "1@20", "--epochs", "1", "--log-every", "0", "--no-progress",
+               "--timeline", str(trace))  # fmt: skip
+    seconds = time.monotonic() - began
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "the run goes on with 1 replica" in done.stderr
+    assert json.loads(trace.read_text())["otherData"]["missing_ranks"] == lost
+    assert seconds < 45, f"{seconds:.1f} s: the chief waited for the lost replica's part"
 
 
 @pytest.fixture(scope="module")
