@@ -28,6 +28,7 @@ from paratrain.session.exits import leave_at_exit
 from paratrain.session.teardown import GroupLease
 from paratrain.strategies import evaluation
 from paratrain.strategies.accounting import staleness_summary
+from paratrain.strategies.device import default_device
 from paratrain.strategies.local_step import local_step
 from paratrain.strategies.numerics import finite_gradients, finite_parameters
 from paratrain.strategies.recipe import StepRecipe, check_step_options, clip_norm
@@ -194,7 +195,7 @@ class Strategy:
         self.setup()
         token = _CURRENT.set(self)
         try:
-            with _default_device(self.device):
+            with default_device(self.device):
                 yield self
         finally:
             _CURRENT.reset(token)
@@ -404,13 +405,3 @@ class Strategy:
 
 def _ignore(version: int) -> None:
     pass
-
-
-def _default_device(device: torch.device | str) -> contextlib.AbstractContextManager[Any]:
-    """``device`` as the default for tensors made without one; nothing where it already is.
-    A default device is a torch function mode: every torch call of the step would go through
-    Python to it, for factory calls alone to read (the mlp's steps ran visibly faster
-    without it: benchmarks/tensorflow_mirrored.py)."""
-    if torch.device(device) == torch.get_default_device():
-        return contextlib.nullcontext()
-    return torch.device(device)
