@@ -24,7 +24,7 @@ import json
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -127,17 +127,19 @@ def parts_dir(path: str | os.PathLike) -> Path:
 
 
 def merge(
-    path: str | os.PathLike, num_ranks: int, timeout: float = 60.0, expected: int | None = None
+    path: str | os.PathLike, num_ranks: int, timeout: float = 60.0, lost: Callable[[], Collection[int]] = set
 ) -> dict[str, Any]:
-    """On the chief: wait (up to ``timeout`` s) for every rank's part, or for ``expected``
-    parts where fewer processes are there at the end (a lost replica that was not replaced
-    writes none), merge them into ``path`` as one trace with time starting at 0, remove the
-    parts; the trace."""
+    """On the chief: wait (up to ``timeout`` s) for every rank's part but those of ranks its
+    launcher has given up for good (``lost()``: a replica lost with no replacement writes
+    none), merge them into ``path`` as one trace with time starting at 0, remove the parts;
+    the trace."""
     folder = parts_dir(path)
     wanted = [folder / f"rank-{rank}.json" for rank in range(num_ranks)]
-    enough = num_ranks if expected is None else min(expected, num_ranks)
     deadline = time.monotonic() + timeout
-    while sum(p.exists() for p in wanted) < enough and time.monotonic() < deadline:
+    while time.monotonic() < deadline:
+        gone = lost()
+        if all(part.exists() or rank in gone for rank, part in enumerate(wanted)):
+            break
         time.sleep(0.05)
     events: list[dict[str, Any]] = []
     missing = []

@@ -45,7 +45,7 @@ from paratrain.launch.supervisor import (
     read_result,
     run_process,
 )
-from paratrain.train.faults import new_progress, read_progress
+from paratrain.train.faults import mark_lost, new_progress, read_progress
 
 
 def supervise_replacing(
@@ -103,6 +103,12 @@ def supervise_replacing(
     # of in connection retries to a closed port (strategies/fault_tolerant/quorum_group.py).
     group_stores = [host_store(timeout) for _ in range(num_replicas)] if per_replica == 1 else []
 
+    def give_up(slot: int) -> None:
+        """Replica ``slot`` is lost for good: none of its processes runs again (its chief's
+        timeline waits for no part of it, train/faults.py's LOST)."""
+        lost.add(slot)
+        mark_lost(folder / "progress", range(slot * per_replica, (slot + 1) * per_replica))
+
     def start(slot: int) -> list[Any]:
         """Replica ``slot``'s processes; several form a process group of their own."""
         group: dict[str, str] = {}
@@ -151,12 +157,12 @@ def supervise_replacing(
                 for slot in unheard:
                     why = f"was not heard for over {heartbeat_timeout:g} s when another replica finished the run"
                     _stop_late(names[slot * per_replica], f"{why} (stopped, or its host is gone)", replicas[slot])
-                    lost.add(slot)
+                    give_up(slot)
             if finished_at is not None and time.monotonic() - finished_at > timeout:
                 for slot in set(range(num_replicas)) - finished - lost:
                     why = f"did not finish within --timeout {timeout:g} s of a replica that finished the run"
                     _stop_late(names[slot * per_replica], why, replicas[slot])
-                    lost.add(slot)
+                    give_up(slot)
                 break
             top = max(read_progress(folder / "progress", num_processes))
             if top != last_top:
@@ -208,7 +214,7 @@ def supervise_replacing(
                     _finishing(members) for s, members in enumerate(replicas) if s != slot and s not in lost
                 )
                 if over:
-                    lost.add(slot)
+                    give_up(slot)
                     print(f"{what}, after training had ended; the others report the run", file=sys.stderr, flush=True)
                     continue
                 firsts = progress[::per_replica]  # each replica's first process's step
@@ -235,7 +241,7 @@ def supervise_replacing(
                 alive = len(others)
                 if alive < min_replicas:
                     raise first_failure(failure, names)
-                lost.add(slot)
+                give_up(slot)
                 print(f"{what}; the run goes on with {alive} replica{'s' * (alive != 1)}", file=sys.stderr, flush=True)
         if not finished:
             raise first_failure({s * per_replica: (replicas[s][0].exitcode, 0.0, "lost") for s in lost}, names)

@@ -295,11 +295,6 @@ class Strategy:
         ones are named). None to let ``error`` stand."""
         return timeout_culprits(error, step, self.timeout, self.describe_rank)
 
-    def processes_at_end(self) -> int:
-        """How many of the run's processes are there at its end (the timeline parts the chief
-        waits for): all, but where a lost replica goes unreplaced (fault-tolerant strategies)."""
-        return self.topology.num_processes
-
     def describe_rank(self, global_rank: int) -> str:
         return self.topology.rank_name(global_rank)
 

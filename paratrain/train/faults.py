@@ -16,6 +16,7 @@ import signal
 import struct
 import sys
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from paratrain.session.incarnation import restart_count
@@ -170,6 +171,26 @@ def progress_beacon(rank: int) -> list[Callback]:
     sets ``PARATRAIN_PROGRESS``), else none."""
     path = os.environ.get("PARATRAIN_PROGRESS")
     return [StepBeacon(path, rank)] if path else []
+
+
+LOST = -1
+"""A progress slot's value once its launcher has given its process up for good (lost with
+no replacement to take its place): nothing of it (a timeline part) is waited for."""
+
+
+def mark_lost(path: str | os.PathLike, ranks: Iterable[int]) -> None:
+    """Set the slots of ``ranks`` to LOST (the launcher, once no process of theirs will run again)."""
+    with open(path, "r+b") as file:
+        for rank in ranks:
+            file.seek(8 * rank)
+            file.write(struct.pack("q", LOST))
+
+
+def lost_ranks(num_processes: int) -> set[int]:
+    """The global ranks this process's launcher has given up for good (``PARATRAIN_PROGRESS``);
+    none without such a launcher."""
+    path = os.environ.get("PARATRAIN_PROGRESS")
+    return {r for r, step in enumerate(read_progress(path, num_processes)) if step == LOST} if path else set()
 
 
 def new_progress(path: str | os.PathLike, num_processes: int) -> None:

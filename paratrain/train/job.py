@@ -24,7 +24,7 @@ from paratrain.registry import OPTIMIZERS, SCHEDULES, STRATEGIES, is_reference, 
 from paratrain.session.standby import take_assignment
 from paratrain.train.callbacks import Callback, EarlyStopping, LearningRateScheduler, TokenLog, perplexity
 from paratrain.train.checkpoint import Checkpoint
-from paratrain.train.faults import fault_callbacks, restart_count
+from paratrain.train.faults import fault_callbacks, lost_ranks, restart_count
 from paratrain.train.metrics import metrics_document, write_json_atomic
 from paratrain.train.observe import ExamplesApplied, TensorBoardLogger, TimelineSpans
 from paratrain.train.preemption import StopOnSignal, stops_on_signal
@@ -63,7 +63,7 @@ def run(config: TrainConfig) -> dict[str, Any]:
         strategy.teardown()
         if merge_timeline:
             # After teardown: parameter-server shards finish (and write) once the chief lets them go.
-            timeline.merge(config.timeline, num_processes, min(config.timeout, 60.0), strategy.processes_at_end())
+            timeline.merge(config.timeline, num_processes, min(config.timeout, 60.0), lambda: lost_ranks(num_processes))
 
 
 def _warm_up(config: TrainConfig) -> None:

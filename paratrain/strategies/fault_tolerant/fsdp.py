@@ -234,9 +234,6 @@ class FaultTolerantFSDPStrategy(FSDPStrategy):
     def begin_fit(self, trainer: FitLoop) -> None:
         self.session.begin(trainer, self._replica_group)
 
-    def processes_at_end(self) -> int:
-        return self.session.processes_at_end(self.topology)
-
     def teardown(self) -> None:
         self.session.stop()
         super().teardown()

@@ -190,9 +190,6 @@ class FaultTolerantPipelineStrategy(PipelineStrategy):
 
     first_rank = 0  # the replica's process group is its stages
 
-    def processes_at_end(self) -> int:
-        return self.session.processes_at_end(self.topology)
-
     def teardown(self) -> None:
         self._schedules = {}
         self.session.stop()

@@ -172,12 +172,6 @@ class FaultTolerantSession:
         """This participant's near-equal run of ``total`` pieces of the global batch."""
         return part_of(total, self.manager.participating_rank(), self.manager.num_participants())
 
-    def processes_at_end(self, topology: Any) -> int:
-        """The processes of the replicas in the last committed step: the run's at its end (a
-        lost replica that was not replaced is not among them)."""
-        per_replica = topology.num_processes // topology.num_replicas
-        return self.record.spans[-1][2] * per_replica if self.record.spans else topology.num_processes
-
     def describe(self) -> dict[str, Any]:
         return {"compression": self.compression, "fault_tolerance": "per-step", "min_replicas": self.min_replicas}
 

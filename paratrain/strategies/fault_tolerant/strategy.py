@@ -118,9 +118,6 @@ class FaultTolerantAllReduceStrategy(Strategy):
     def stands_in_for_chief(self) -> bool:
         return True  # every replica trained the same committed steps
 
-    def processes_at_end(self) -> int:
-        return self.session.processes_at_end(self.topology)
-
     def teardown(self) -> None:
         self.session.stop()
         super().teardown()
