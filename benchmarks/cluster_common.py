@@ -53,10 +53,24 @@ def cluster_train(cluster: list[str], train: list[str], out: Path, timeout: floa
     metrics["usage"] = json.loads((logs / "usage.json").read_text())
     out.unlink()
     first, last = metrics["history"][0], metrics["history"][-1]
-    seconds = last["wall_seconds"] - first["wall_seconds"]
-    metrics["steady_examples_per_second"] = (last["examples_seen"] - first["examples_seen"]) / seconds
-    metrics["epoch_seconds"] = seconds / (len(metrics["history"]) - 1)
+    metrics["steady_examples_per_second"] = steady_rate(metrics)
+    metrics["epoch_seconds"] = (last["wall_seconds"] - first["wall_seconds"]) / (len(metrics["history"]) - 1)
     return metrics
+
+
+def steady_rate(metrics: dict) -> float:
+    """A run's examples/s from the end of its first epoch to the end of its last (its
+    metrics file's history)."""
+    first, last = metrics["history"][0], metrics["history"][-1]
+    return (last["examples_seen"] - first["examples_seen"]) / (last["wall_seconds"] - first["wall_seconds"])
+
+
+def paratrain(*args: str) -> subprocess.CompletedProcess:
+    """``paratrain ARGS`` to its end; its output, or SystemExit with its error's tail."""
+    result = subprocess.run([sys.executable, "-m", "paratrain", *args], capture_output=True, text=True)
+    if result.returncode:
+        raise SystemExit(f"paratrain {' '.join(args)} failed ({result.returncode}):\n{result.stderr[-3000:]}")
+    return result
 
 
 def recorded(out: str, args: object, names: tuple[str, ...]) -> dict:

@@ -26,30 +26,18 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cluster_common import RESULTS, cluster_train, record  # noqa: E402
+from cluster_common import RESULTS, cluster_train, paratrain, record, steady_rate  # noqa: E402
 
 #: hosts, CPU share of each
 GRID = [(2, 0.6), (3, 0.3), (3, 0.45), (3, 0.6), (4, 0.3), (4, 0.45), (5, 0.3)]
 MODEL = ["--model", "mlp", "--dataset", "digits", "--batch-size", "32", "--optimizer", "sgd", "--lr", "0.05",
          "--momentum", "0.9"]  # fmt: skip
 RUN = ["--strategy", "local-sgd", "--sync-every", "10000", "--epochs", "10"]
-
-
-def paratrain(*args: str) -> None:
-    result = subprocess.run([sys.executable, "-m", "paratrain", *args], capture_output=True, text=True)
-    if result.returncode:
-        raise SystemExit(f"paratrain {' '.join(args)} failed:\n{result.stderr[-3000:]}")
-
-
-def steady_rate(metrics: dict) -> float:
-    first, last = metrics["history"][0], metrics["history"][-1]
-    return (last["examples_seen"] - first["examples_seen"]) / (last["wall_seconds"] - first["wall_seconds"])
 
 
 def unquoted(hosts: int, seed: int, folder: Path) -> float:

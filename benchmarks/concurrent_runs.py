@@ -22,7 +22,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cluster_common import RESULTS, record  # noqa: E402
+from cluster_common import RESULTS, record, steady_rate  # noqa: E402
 
 MODELS = {
     "mlp": ["--model", "mlp", "--dataset", "digits", "--epochs", "6"],
@@ -62,12 +62,7 @@ def side_by_side(runs: int, model: str, threads: list[str], folder: Path) -> lis
         _, err = process.communicate()
         if process.returncode:
             raise SystemExit(f"a run failed:\n{err[-2000:]}")
-    rates = []
-    for out in outs:
-        history = json.loads(out.read_text())["history"]
-        first, last = history[0], history[-1]
-        rates.append((last["examples_seen"] - first["examples_seen"]) / (last["wall_seconds"] - first["wall_seconds"]))
-    return rates
+    return [steady_rate(json.loads(out.read_text())) for out in outs]
 
 
 def main() -> None:

@@ -46,13 +46,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from cluster_common import RESULTS, cluster_train, fastest, median_or_none, record
+from cluster_common import RESULTS, cluster_train, fastest, median_or_none, paratrain, record
 
 #: Each model's data, target and epochs, and the optimizer both the prediction's replay and the
 #: real runs train with (the CNN trains with Adam here: with SGD it needs far more epochs). A
@@ -80,13 +79,6 @@ SETTINGS = [
     ("cifar_cnn", 3, 0.6, "1gbit", 0.5),  # 20mbit: a 4.3 MB gradient a second and more a step
 ]
 BATCH = 32
-
-
-def paratrain(*args: str) -> subprocess.CompletedProcess:
-    result = subprocess.run([sys.executable, "-m", "paratrain", *args], capture_output=True, text=True)
-    if result.returncode:
-        raise SystemExit(f"paratrain {' '.join(args)} failed ({result.returncode}):\n{result.stderr[-3000:]}")
-    return result
 
 
 def hosts_flags(hosts: int, cpu: float, link: str, slow: float) -> list[str]:

@@ -130,8 +130,8 @@ def test_a_fault_tolerant_run_s_timeline_has_a_track_per_process(cli, tmp_path, 
     ids=["allreduce-ft", "fsdp-ft", "pipeline-ft"],
 )  # fmt: skip
 def test_a_timeline_does_not_wait_for_a_replica_lost_unreplaced(cli, tmp_path, flags, lost):
-    """A replica killed with no restart left writes no part: the chief merges the parts of
-    the replicas of the last step and ends, where it waited 60 s for the lost one's."""
+    """A replica killed with no restart left writes no part: its launcher marks it lost for
+    good, and the chief merges the others' parts and ends, where it waited 60 s for it."""
     trace = tmp_path / "trace.json"
     began = time.monotonic()
     done = cli("train", *flags, "--fail", "1@20", "--epochs", "1", "--log-every", "0", "--no-progress",
