@@ -1,6 +1,8 @@
 """--logdir, --timeline, recipes, --config-from and paratrain report on real runs (Gloo, CPU)."""
 
 import json
+import os
+import random
 import time
 from collections import Counter
 from pathlib import Path
@@ -132,9 +134,12 @@ def test_a_fault_tolerant_run_s_timeline_has_a_track_per_process(cli, tmp_path, 
 def test_a_timeline_does_not_wait_for_a_replica_lost_unreplaced(cli, tmp_path, flags, lost):
     """A replica killed with no restart left writes no part: its launcher marks it lost for
     good, and the chief merges the others' parts and ends, where it waited 60 s for it."""
+    seed = int(os.environ.get("PARATRAIN_KILL_SEED", random.SystemRandom().randrange(10**6)))
+    step = random.Random(seed).randint(3, 18)  # an epoch is 22 steps (pipeline-ft) to 44
+    print(f"kill seed {seed} (PARATRAIN_KILL_SEED={seed} repeats it): replica 1 lost at step {step}")
     trace = tmp_path / "trace.json"
     began = time.monotonic()
-    done = cli("train", *flags, "--fail", "1@20", "--epochs", "1", "--log-every", "0", "--no-progress",
+    done = cli("train", *flags, "--fail", f"1@{step}", "--epochs", "1", "--log-every", "0", "--no-progress",
                "--timeline", str(trace))  # fmt: skip
     seconds = time.monotonic() - began
     assert done.returncode == 0, done.stderr[-3000:]
