@@ -1,11 +1,10 @@
 """Several runs at once on one machine: what each run's default compute threads cost.
 
-A run takes, by default, the cores it may use divided by its own processes
-(launch/threads.py): it does not see the other runs on the machine. Started side by side,
-N runs of `paratrain train --strategy single` then keep N times the cores' worth of
-OpenMP threads, which spin between parallel regions. This starts the runs at once, with
-the default threads and with `--threads-per-worker 1`, and reports each run's examples/s
-(from the end of epoch 1) against one run alone.
+A process on the default threads takes its share of the machine's cores with every other
+paratrain process listed on it, whichever run it belongs to (launch/host_share.py), and
+follows it as runs start and end. This starts N runs of `paratrain train --strategy single`
+at once, with the default threads and with `--threads-per-worker 1`, and reports each run's
+examples/s (from the end of epoch 1) against one run alone.
 
     python benchmarks/concurrent_runs.py [--runs 3] [--model mlp] [--out benchmarks/results/concurrent_runs]
 """

@@ -132,7 +132,9 @@ class TrainConfig:
         "(default: on for a model with 2-d convolutions on the CPU, where it is faster)",
     )
     threads_per_worker: int | None = option(
-        None, "CPU threads each process computes with (default: its usable cores / the processes on this machine)"
+        None,
+        "CPU threads each process computes with (default: its usable cores / the paratrain processes on this "
+        "machine, every run's, followed as runs start and end)",
     )
     activation_checkpointing: str = option(
         "none",

@@ -1,9 +1,11 @@
+import atexit
 import functools
 import importlib
 import io
 import json
 import os
 import runpy
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -36,6 +38,12 @@ needs_hosts = pytest.mark.skipif(hosts_missing() is not None, reason=str(hosts_m
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("PARATRAIN_THREADS_PER_WORKER", "1")  # tests run side by side (pytest -n)
 os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+# The processes of each pytest worker list themselves among the machine's paratrain processes
+# (launch/host_share.py) in a folder of the worker's own: a test of the default threads sees
+# its own run's processes, not those of the tests beside it.
+if "PARATRAIN_HOST_REGISTRY" not in os.environ:
+    os.environ["PARATRAIN_HOST_REGISTRY"] = tempfile.mkdtemp(prefix="paratrain-registry-")
+    atexit.register(shutil.rmtree, os.environ["PARATRAIN_HOST_REGISTRY"], True)
 # Tests run in several pytest-xdist workers (at most 6): each takes its rendezvous ports
 # from a range of its own, below the kernel's ephemeral ports (32768 and up), so that
 # neither another test's run nor any process's outgoing connection takes a port between its

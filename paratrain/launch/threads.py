@@ -8,7 +8,9 @@ which torchrun and ``paratrain train --workers N`` set; a TF_CONFIG's tasks on t
 srun step's tasks on this node), at least one. Two workers on a
 16-core host compute with 8 threads each instead of one. ``--threads-per-worker`` or
 ``$PARATRAIN_THREADS_PER_WORKER`` choose otherwise (``OMP_NUM_THREADS``, which torchrun sets
-to 1 for every multi-process run, is not read).
+to 1 for every multi-process run, is not read). A run also shares the cores with the other
+runs on the machine: ``share_cores`` lists the process where every paratrain process looks
+(host_share.py), and a process on the default follows its share as runs start and end.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from pathlib import Path
 import torch
 
 from paratrain.comm.transport import cluster_from_env
+from paratrain.launch.host_share import HostShare
 
 
 def usable_cores() -> int:
@@ -52,20 +55,40 @@ def _cgroup_quota() -> float | None:
     return None
 
 
-def default_threads(environ: dict[str, str] | None = None) -> int:
-    """The usable cores divided by the processes of the run on this machine, at least one
-    (as the cluster says: torchrun's ``LOCAL_WORLD_SIZE``, a TF_CONFIG's tasks on this
-    host, an srun step's tasks on this node)."""
+def local_processes(environ: dict[str, str] | None = None) -> int:
+    """The processes of this run on this machine, as the cluster says: torchrun's
+    ``LOCAL_WORLD_SIZE``, a TF_CONFIG's tasks on this host, an srun step's tasks on this node."""
     environ = os.environ if environ is None else environ
     cluster = cluster_from_env(environ)
     local = cluster.local_world_size if cluster is not None else int(environ.get("LOCAL_WORLD_SIZE", "1"))
-    return max(1, usable_cores() // max(1, local))
+    return max(1, local)
+
+
+def default_threads(environ: dict[str, str] | None = None) -> int:
+    """The usable cores divided by the processes of the run on this machine, at least one."""
+    return max(1, usable_cores() // local_processes(environ))
+
+
+def chosen_threads(requested: int | None) -> int | None:
+    """``requested``, else ``$PARATRAIN_THREADS_PER_WORKER`` (the emulated cluster sets it from
+    each host's CPU share); None: the default."""
+    from_env = os.environ.get("PARATRAIN_THREADS_PER_WORKER", "")
+    return requested or (int(from_env) if from_env.isdigit() and int(from_env) > 0 else None)
 
 
 def set_threads(requested: int | None) -> int:
-    """Set this process's compute threads: ``requested``, else ``$PARATRAIN_THREADS_PER_WORKER``
-    (the emulated cluster sets it from each host's CPU share), else the default; returns them."""
-    from_env = os.environ.get("PARATRAIN_THREADS_PER_WORKER", "")
-    threads = requested or (int(from_env) if from_env.isdigit() and int(from_env) > 0 else default_threads())
+    """Set this process's compute threads: ``requested``, else ``$PARATRAIN_THREADS_PER_WORKER``,
+    else the default; returns them."""
+    threads = chosen_threads(requested) or default_threads()
     torch.set_num_threads(threads)
     return threads
+
+
+def share_cores(requested: int | None) -> HostShare:
+    """Set this process's compute threads as ``set_threads`` does, list it among the
+    machine's paratrain processes, and (on the default) take its share of the cores with
+    the other runs' processes: the share to follow between steps (``HostShare.apply``) and
+    to leave at the end (``HostShare.leave``)."""
+    threads = set_threads(requested)
+    fixed = chosen_threads(requested) is not None
+    return HostShare(threads, fixed, usable_cores(), local_processes()).join()

@@ -1,0 +1,189 @@
+"""The machine's cores shared among every paratrain process on it, whichever run it belongs to.
+
+A run's default compute threads (threads.py) divide the cores among its own processes. Runs
+started side by side on one machine (a sweep, a queue of small jobs) would each take every
+core, and OpenMP's threads spin between parallel regions: three `single` runs of the mlp on
+2 cores each ran at 0.08 of one run alone (benchmarks/concurrent_runs.py). So each process
+that computes writes a line about itself to a folder every paratrain process on the machine
+reads (``$PARATRAIN_HOST_REGISTRY``, default ``/dev/shm/paratrain-processes``): its pid and
+start time, its cores (affinity), its compute threads, and whether they were chosen for it
+(``--threads-per-worker``: fixed) or are the default (a share).
+
+A process on the default takes ``(cores - fixed threads of the others on its cores) //
+(processes on the default on its cores, itself included)``, at least one; never fewer
+processes than its own run has on the machine (``LOCAL_WORLD_SIZE``: its peers may not be
+listed yet). It reads the folder again every ``CHECK_SECONDS`` on a thread of its own, and
+takes the new count between two steps (``apply``, on the compute thread: OpenMP's thread
+count is the calling thread's), so that a run started later, or one that ended, moves every
+other process's share. A process that died without removing its line (SIGKILL) is found by
+its pid and start time and its line removed. Where the folder cannot be written the process
+keeps the count it started with.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from paratrain.periodic import Periodic
+
+REGISTRY_ENV = "PARATRAIN_HOST_REGISTRY"
+#: Seconds between two readings of the folder.
+CHECK_SECONDS = 1.0
+
+
+def registry() -> Path:
+    """The folder every paratrain process on this machine lists itself in."""
+    given = os.environ.get(REGISTRY_ENV)
+    if given:
+        return Path(given)
+    shm = Path("/dev/shm")
+    return (shm if shm.is_dir() else Path(tempfile.gettempdir())) / "paratrain-processes"
+
+
+def _started(pid: int) -> str | None:
+    """A process's start time (clock ticks since boot, /proc/PID/stat's 22nd field): with
+    its pid, who it is (a pid is reused); None when it is gone or cannot be read."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return text.rpartition(")")[2].split()[19]
+
+
+def _cores() -> list[int]:
+    return sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+
+
+def share(entries: list[dict[str, Any]], cores: list[int], usable: int, local: int) -> int:
+    """Threads for a process on the default: ``usable`` cores, the fixed threads of the
+    listed others on any of its ``cores`` set aside, divided among the processes on the
+    default there (itself among them, and never fewer than ``local``); at least one."""
+    mine = set(cores)
+    fixed, shares = 0, 1
+    for entry in entries:
+        if not mine & set(entry["cores"]):
+            continue
+        if entry["fixed"]:
+            fixed += entry["threads"]
+        else:
+            shares += 1
+    return max(1, (usable - fixed) // max(shares, local))
+
+
+class HostShare:
+    """This process's line in the registry and its share of the cores (``fixed``: threads
+    chosen for it, which it keeps; the others still count them)."""
+
+    def __init__(self, threads: int, fixed: bool, usable: int, local: int, folder: Path | None = None):
+        self.threads, self.fixed, self.usable, self.local = threads, fixed, usable, local
+        self.folder = folder or registry()
+        self.pid, self.cores = os.getpid(), _cores()
+        self.wanted = threads
+        self.sharing = 1  # processes on this process's cores at the last reading, itself included
+        self.changes: list[tuple[int, int]] = []  # (threads before, after), for the run's log
+        self._path: Path | None = None
+        self._poller: Periodic | None = None
+        self._lock = threading.Lock()
+
+    # ----- the registry ------------------------------------------------------------------------
+    def join(self) -> HostShare:
+        """List this process; a process on the default takes its share now and reads the
+        folder again every CHECK_SECONDS."""
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            if self.folder.stat().st_uid == os.getuid():
+                os.chmod(self.folder, 0o1777)  # every user's processes share the cores: sticky, like /tmp
+            self._path = self.folder / f"{self.pid}.json"
+            self._write()
+        except OSError:
+            self._path = None
+            return self
+        if not self.fixed:
+            self.wanted = self._share()
+            self.apply()
+            self._poller = Periodic(self._check, CHECK_SECONDS, "paratrain-host-share").start()
+        return self
+
+    def leave(self) -> None:
+        if self._poller is not None:
+            self._poller.stop()
+            self._poller = None
+        if self._path is not None:
+            self._path.unlink(missing_ok=True)
+            self._path = None
+
+    def others(self) -> list[dict[str, Any]]:
+        """The live processes listed, this one aside; the lines of the dead are removed."""
+        found = []
+        try:
+            names = os.listdir(self.folder)
+        except OSError:
+            return found
+        for name in names:
+            if not name.endswith(".json") or name == f"{self.pid}.json":
+                continue
+            path = self.folder / name
+            try:
+                entry = json.loads(path.read_text())
+                alive = _started(int(entry["pid"])) == entry["started"]
+                entry["cores"], entry["threads"], entry["fixed"] = (
+                    list(entry["cores"]),
+                    int(entry["threads"]),
+                    bool(entry["fixed"]),
+                )
+            except (OSError, ValueError, KeyError, TypeError):
+                continue  # being written, or not one of ours
+            if alive:
+                found.append(entry)
+            else:
+                try:
+                    path.unlink(missing_ok=True)
+                except OSError:  # another user's line in the sticky folder
+                    pass
+        return found
+
+    def _write(self) -> None:
+        assert self._path is not None
+        line = {"pid": self.pid, "started": _started(self.pid), "cores": self.cores, "threads": self.threads,
+                "fixed": self.fixed}  # fmt: skip
+        staging = self._path.with_suffix(".tmp")
+        staging.write_text(json.dumps(line))
+        os.chmod(staging, stat.S_IRUSR | stat.S_IWUSR | stat.S_IRGRP | stat.S_IROTH)
+        os.replace(staging, self._path)
+
+    def _share(self) -> int:
+        others = [entry for entry in self.others() if set(self.cores) & set(entry["cores"])]
+        self.sharing = 1 + len(others)
+        return share(others, self.cores, self.usable, self.local)
+
+    def _check(self) -> bool | None:
+        try:
+            self.wanted = self._share()
+        except Exception:  # noqa: BLE001 - a reading that fails keeps the last share
+            return None
+        return None
+
+    # ----- the compute thread ------------------------------------------------------------------
+    def apply(self) -> bool:
+        """On the compute thread, between steps: take the share last read; True if it changed."""
+        wanted = self.wanted
+        if wanted == self.threads:
+            return False
+        with self._lock:
+            self.changes.append((self.threads, wanted))
+            self.threads = wanted
+            torch.set_num_threads(wanted)
+            if self._path is not None:
+                try:
+                    self._write()
+                except OSError:
+                    pass
+        return True
