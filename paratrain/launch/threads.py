@@ -15,6 +15,7 @@ runs on the machine: ``share_cores`` lists the process where every paratrain pro
 
 from __future__ import annotations
 
+import atexit
 import math
 import os
 from pathlib import Path
@@ -85,10 +86,29 @@ def set_threads(requested: int | None) -> int:
 
 
 def share_cores(requested: int | None) -> HostShare:
-    """Set this process's compute threads as ``set_threads`` does, list it among the
-    machine's paratrain processes, and (on the default) take its share of the cores with
-    the other runs' processes: the share to follow between steps (``HostShare.apply``) and
-    to leave at the end (``HostShare.leave``)."""
+    """Set this process's compute threads as ``set_threads`` does and list it among the
+    machine's paratrain processes; on the default it takes its share of the cores with the
+    other runs' processes. The process's one share (a Trainer made again asks again: the
+    same request keeps it, another replaces it), to follow between steps
+    (``HostShare.apply``); ``leave_cores`` takes the process off the list (at exit too)."""
+    global _share
+    fixed = chosen_threads(requested)
+    if _share is not None and _share.pid == os.getpid():  # a forked child starts a list of its own
+        if fixed == (_share.threads if _share.fixed else None):
+            return _share
+        _share.leave()
     threads = set_threads(requested)
-    fixed = chosen_threads(requested) is not None
-    return HostShare(threads, fixed, usable_cores(), local_processes()).join()
+    _share = HostShare(threads, fixed is not None, usable_cores(), local_processes()).join()
+    return _share
+
+
+def leave_cores() -> None:
+    """This process off the machine's list of paratrain processes (launch/host_share.py)."""
+    global _share
+    if _share is not None and _share.pid == os.getpid():
+        _share.leave()
+    _share = None
+
+
+_share: HostShare | None = None
+atexit.register(leave_cores)

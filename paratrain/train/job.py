@@ -18,13 +18,12 @@ from paratrain import timeline
 from paratrain.config import TrainConfig
 from paratrain.data.datasets import load_dataset
 from paratrain.data.sharding import as_source, is_map_style
-from paratrain.launch.threads import share_cores
+from paratrain.launch.threads import leave_cores
 from paratrain.models import build_model
 from paratrain.registry import OPTIMIZERS, SCHEDULES, STRATEGIES, is_reference, load_reference
 from paratrain.session.standby import take_assignment
 from paratrain.train.callbacks import Callback, EarlyStopping, LearningRateScheduler, TokenLog, perplexity
 from paratrain.train.checkpoint import Checkpoint
-from paratrain.train.core_share import FollowCoreShare
 from paratrain.train.faults import fault_callbacks, lost_ranks, restart_count
 from paratrain.train.metrics import metrics_document, write_json_atomic
 from paratrain.train.observe import ExamplesApplied, TensorBoardLogger, TimelineSpans
@@ -96,15 +95,13 @@ def user_score(name: str, what: str) -> Any:
 
 
 def _run(config: TrainConfig, strategy: Any, started: float) -> dict[str, Any]:
-    cores = share_cores(config.threads_per_worker)
     try:
-        return _train(config, strategy, started, cores)
+        return _train(config, strategy, started)
     finally:
-        cores.leave()
+        leave_cores()  # a run in a process that goes on (a test's): its cores are free again
 
 
-def _train(config: TrainConfig, strategy: Any, started: float, cores: Any) -> dict[str, Any]:
-    threads = cores.threads
+def _train(config: TrainConfig, strategy: Any, started: float) -> dict[str, Any]:
     torch.manual_seed(config.seed)
     splits = load_dataset(config)
     model = build_model(
@@ -126,10 +123,12 @@ def _train(config: TrainConfig, strategy: Any, started: float, cores: Any) -> di
         compile=config.compile,
         keep_host_memory=config.keep_host_memory,
         flush_denormal=config.flush_denormal,
+        threads=config.threads_per_worker,
     )
+    threads = trainer.cores.threads  # at the start; a share of the machine's cores may move
     steps_per_epoch = _steps_per_epoch(splits.train, config.batch_size * config.accumulate, strategy.num_replicas)
     schedule = SCHEDULES.get(config.lr_schedule).from_config(config, steps_per_epoch)
-    callbacks: list[Callback] = [LearningRateScheduler(schedule), FollowCoreShare(cores)]
+    callbacks: list[Callback] = [LearningRateScheduler(schedule)]
     if config.early_stopping:
         callbacks.append(EarlyStopping("test_loss", patience=config.early_stopping))
     checkpoint = None

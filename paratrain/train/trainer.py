@@ -23,11 +23,13 @@ from paratrain.data.batch import num_examples
 from paratrain.data.sharding import ShardedBatches
 from paratrain.errors import ConfigError
 from paratrain.launch.allocator import keep_freed_memory
+from paratrain.launch.threads import share_cores
 from paratrain.strategies.base import Strategy
 from paratrain.strategies.recipe import StepRecipe, prefers_channels_last
 from paratrain.strategies.single.strategy import get_strategy
 from paratrain.timeline import span
 from paratrain.train.callbacks import Callback, CallbackList, EpochLog, ProgressBar, StepLog
+from paratrain.train.core_share import FollowCoreShare
 from paratrain.train.faults import progress_beacon
 from paratrain.train.metrics import EpochSums, StepWindow
 from paratrain.train.rng import rng_state, set_rng_state
@@ -78,6 +80,7 @@ class Trainer:
         compile: bool = False,
         keep_host_memory: bool = True,
         flush_denormal: bool = True,
+        threads: int | None = None,
     ):
         """``loss``: a name (``scores.LOSSES``), a callable ``(outputs, targets)``, or None:
         cross-entropy, or the model's own loss where a batch is a dict alone; ``metrics``:
@@ -91,7 +94,11 @@ class Trainer:
         tensors (``launch/allocator.py``); ``flush_denormal``: this process's CPU arithmetic
         flushes denormal numbers (below 1.2e-38 in float32) to zero, as TensorFlow's does
         (``torch.set_flush_denormal``): a gradient that fades through a long recurrence
-        otherwise runs through the processor's slow path for them."""
+        otherwise runs through the processor's slow path for them. ``threads``: this process's
+        compute threads; None: its share of the machine's cores with every paratrain process
+        on it (``$PARATRAIN_THREADS_PER_WORKER`` if set), followed between steps as runs start
+        and end (``launch/host_share.py``)."""
+        self.cores = share_cores(threads)
         if keep_host_memory:
             keep_freed_memory()
         torch.set_flush_denormal(flush_denormal)
@@ -193,7 +200,8 @@ class Trainer:
             defaults.append(StepLog())
         # The launcher's record of this process's steps comes first: a callback that kills the
         # process at a step (a fault drill) finds it recorded.
-        hooks = CallbackList(progress_beacon(strategy.process_rank) + list(callbacks) + defaults, self)
+        beacon = progress_beacon(strategy.process_rank)
+        hooks = CallbackList(beacon + [FollowCoreShare(self.cores)] + list(callbacks) + defaults, self)
         strategy.on_version = hooks.on_version
         self.stop_training = False
         start, cpu_start = time.perf_counter(), time.process_time()

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from paratrain.launch.host_share import CHECK_SECONDS, HostShare, share
-from paratrain.launch.threads import usable_cores
+from paratrain.launch.threads import leave_cores, usable_cores
+from paratrain.train.trainer import Trainer
 
 
 def _entry(pid=1, cores=(0, 1), threads=1, fixed=False):
@@ -107,3 +108,25 @@ def test_a_run_on_the_default_takes_its_share_beside_another_run(cli, tmp_path, 
     assert result.returncode == 0, result.stderr
     assert json.loads(out.read_text())["threads_per_worker"] == 1
     assert [p.name for p in registry.iterdir()] == [f"{sleeper.pid}.json"]  # the run's line left with it
+
+
+@pytest.mark.skipif(usable_cores() < 2, reason="a share of one core is one thread: nothing to see")
+def test_the_python_api_takes_the_same_share(tmp_path, sleeper, monkeypatch):
+    """A Trainer of the user's script shares the cores as paratrain train does; threads=N
+    keeps N, listed for the others to count."""
+    monkeypatch.delenv("PARATRAIN_THREADS_PER_WORKER", raising=False)
+    monkeypatch.setenv("PARATRAIN_HOST_REGISTRY", str(tmp_path))
+    _list(tmp_path, sleeper, usable_cores(), fixed=True)
+    before = torch.get_num_threads()
+    model = torch.nn.Linear(4, 2)
+    try:
+        trainer = Trainer(model, "cross_entropy", torch.optim.SGD(model.parameters(), lr=0.1))
+        assert trainer.cores.threads == 1 and torch.get_num_threads() == 1
+        trainer = Trainer(model, "cross_entropy", torch.optim.SGD(model.parameters(), lr=0.1), threads=2)
+        assert torch.get_num_threads() == 2
+        line = json.loads((tmp_path / f"{os.getpid()}.json").read_text())
+        assert line["fixed"] and line["threads"] == 2
+    finally:
+        leave_cores()
+        torch.set_num_threads(before)
+    assert not (tmp_path / f"{os.getpid()}.json").exists()

@@ -56,7 +56,8 @@ def test_channels_last_by_default_for_conv_nets_on_the_cpu():
 def test_the_run_says_what_it_used(cli, tmp_path, flags, threads, channels_last):
     out = tmp_path / "m.json"
     result = cli("train", "--model", "cifar_cnn", "--epochs", "1", "--log-every", "0", "--metrics-out", str(out),
-                 "--device", "cpu", *flags, env={"PARATRAIN_THREADS_PER_WORKER": ""})  # fmt: skip
+                 "--device", "cpu", *flags,
+                 env={"PARATRAIN_THREADS_PER_WORKER": "", "PARATRAIN_HOST_REGISTRY": str(tmp_path / "alone")})  # fmt: skip
     assert result.returncode == 0, result.stderr
     metrics = json.loads(out.read_text())
     assert metrics["threads_per_worker"] == (threads or usable_cores())
