@@ -21,7 +21,13 @@ steps of the epochs past the first (their ``train_seconds``; an epoch's end apar
   ``single`` (``cpu_seconds``, every thread of the process), per step of the ring, is
   ``message_cpu_us``, what a message costs its receiver on a node under a CPU quota;
 - ``ps_push_us``: what a step of ``ps-sync`` with 1 worker (Tp) adds to T1: the push, the
-  shard's work on it and its update, and the reply;
+  shard's work on it and its update, and the reply; and the CPU of each end apart, from the
+  same run: ``shard_push_cpu_us``, the shard's CPU-seconds while it served (every thread: the
+  links' readers, the reply) per push, less its update (``ps_update_us``); and
+  ``ps_worker_cpu_us``, what the worker's CPU a step adds to ``single``'s (its push and the
+  reply). Under a CPU quota they are what a push costs each end (on the mlp across two
+  emulated hosts, benchmarks/results/simulator_recommend_ps_cpu.json: 1.45 ms at the shard
+  and 1.04 ms at the worker, where a ring step's CPU, ``message_cpu_us``, is 1.06 ms);
 - ``epoch_end_ms``: what an epoch's end costs ``single``: the wall clock between two epochs'
   ends less the second's steps (the test split's evaluation, the next epoch's start); the
   steps' costs above count the epochs' steps alone (``train_seconds``);
@@ -81,13 +87,16 @@ def calibrate(args: Any, model: Any, splits: Any) -> dict[str, Any]:
     ``args.dataset``)."""
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters() if p.requires_grad]).float()
     hosts: list[str] = []  # where the runs across hosts ran: paratrain cluster's line for each
-    single, ring, ring_cpu, push, epoch_end = _step_costs(args, splits, hosts)
+    single, ring, ring_cpu, push, epoch_end, shard_cpu, worker_cpu = _step_costs(args, splits, hosts)
+    update = _update_s(flat, args)
     costs = {
         "compute_ms": single * 1e3,
         "ring_step_us": ring * 1e6,
         "message_cpu_us": ring_cpu * 1e6,
         "ps_push_us": push * 1e6,
-        "ps_update_us": _update_s(flat, args) * 1e6,
+        "ps_update_us": update * 1e6,
+        "shard_push_cpu_us": max(shard_cpu - update, 0.0) * 1e6,
+        "ps_worker_cpu_us": worker_cpu * 1e6,
         "codec_gbps": _codec_gbps(args, model, flat),
         "epoch_end_ms": epoch_end * 1e3,
     }
@@ -138,28 +147,31 @@ ROUNDS = 3
 def _step_costs(args: Any, splits: Any, hosts: list[str]) -> tuple[float, ...]:
     """Seconds of a step of ``single`` (T1); of a ring step of ``allreduce`` with 2 workers
     ((T2 - T1) / 2) and its CPU-seconds on a process (the same difference of the runs' CPU
-    a step); of what ``ps-sync`` with 1 worker adds (Tp - T1); and of an epoch's end in
-    ``single``: medians over ROUNDS. A small cost (a push of a small model: a tenth of a
-    millisecond) can come out below 0 in a round on a noisy machine: it counts as 0 there."""
+    a step); of what ``ps-sync`` with 1 worker adds (Tp - T1); of an epoch's end in
+    ``single``; the shard's CPU-seconds a push (its update included) and what the worker's
+    CPU a step adds to T1's: medians over ROUNDS. A small cost (a push of a small model: a
+    tenth of a millisecond) can come out below 0 in a round on a noisy machine: it counts
+    as 0 there."""
     rounds = []
     across = hosts if args.across_hosts else None
     for _ in range(ROUNDS):
-        single, single_cpu, end = _step_s(args, splits, *SINGLE)
-        ring, ring_cpu, _ = _step_s(args, splits, *RING, across)
-        push = _step_s(args, splits, *PUSH, across)[0]
+        single, single_cpu, end, _ = _step_s(args, splits, *SINGLE)
+        ring, ring_cpu, _, _ = _step_s(args, splits, *RING, across)
+        push, push_cpu, _, shard_cpu = _step_s(args, splits, *PUSH, across)
         rounds.append((single, max(ring - single, 0.0) / 2, max(ring_cpu - single_cpu, 0.0) / 2,
-                       max(push - single, 0.0), end))  # fmt: skip
+                       max(push - single, 0.0), end, shard_cpu, max(push_cpu - single_cpu, 0.0)))  # fmt: skip
     return tuple(statistics.median(values) for values in zip(*rounds))
 
 
 def _step_s(
     args: Any, splits: Any, flags: list[str], workers: int, across: list[str] | None = None
-) -> tuple[float, float, float]:
+) -> tuple[float, float, float, float]:
     """Seconds a step of a real ``paratrain train`` with ``flags`` takes, one thread a process
     (given ``across``: its processes on two emulated hosts, whose names it appends there);
     CPU-seconds the first process spends a step (every thread of it: Gloo's too); and
     seconds an epoch's end takes there (its evaluation and the next epoch's start: the wall
-    clock between two epochs' ends less the second's steps)."""
+    clock between two epochs' ends less the second's steps); and under a parameter server,
+    its shard's CPU-seconds while it served per push (0 for the others)."""
     per_epoch = max(len(splits.train) // (args.batch_size * workers), 1)
     epochs = max(2, math.ceil(RUN_STEPS / per_epoch))
     with tempfile.TemporaryDirectory(prefix="paratrain-calibrate-") as folder:
@@ -173,7 +185,8 @@ def _step_s(
         if run.returncode != 0 or not out.exists():
             last = (run.stderr.strip().splitlines() or ["no output"])[-1]
             raise ConfigError(f"--calibrate: the measuring run paratrain train {' '.join(flags)} failed: {last}")
-        history = json.loads(out.read_text())["history"]
+        metrics = json.loads(out.read_text())
+        history = metrics["history"]
         if across is not None:
             across += [line.removeprefix("paratrain cluster: ") for line in run.stderr.splitlines()
                        if line.startswith("paratrain cluster: cluster ")][:1]  # fmt: skip
@@ -182,7 +195,9 @@ def _step_s(
     training = sum(epoch["train_seconds"] for epoch in steady)
     steps = (last["examples_seen"] - first["examples_seen"]) / (args.batch_size * workers)
     end = (last["wall_seconds"] - first["wall_seconds"] - training) / len(steady)
-    return training / steps, (last["cpu_seconds"] - first["cpu_seconds"]) / steps, max(end, 0.0)
+    served = (metrics.get("shard_cpu_seconds") or [None])[0]  # a push a step with one worker
+    shard = served / metrics["global_steps"] if served is not None and metrics.get("global_steps") else 0.0
+    return training / steps, (last["cpu_seconds"] - first["cpu_seconds"]) / steps, max(end, 0.0), shard
 
 
 def training_flags(args: Any) -> list[str]:

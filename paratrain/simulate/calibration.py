@@ -30,6 +30,8 @@ OPTIONAL = {
     "tp_module_us": "{:.3g} us a split module adds (tensor)",
     "epoch_end_ms": "an epoch's end {:.3g} ms",
     "host_step_cpu_us": "{:.3g} us of CPU a ring step on it",
+    "shard_push_cpu_us": "{:.3g} us of a shard's CPU a push",
+    "ps_worker_cpu_us": "{:.3g} us of a worker's CPU a push and its reply",
 }
 #: What a calibration must share with the prediction that takes it, and what an older file
 #: that does not say measured (version 1 files before the optimizer was recorded: SGD).
@@ -106,9 +108,13 @@ def apply(args: argparse.Namespace) -> list[str]:
         )
     costs = calibration["costs"]
     # The engine's parameters: a push at a shard costs its message's CPU and the reply's at
-    # the worker on quota nodes (--cpu-share) on top of --ps-message-us, not elsewhere.
+    # the worker on quota nodes (--cpu-share) on top of --ps-message-us, not elsewhere. Where
+    # the file has each end's own CPU a push (measured in the parameter server's run), those:
+    # the shard's beyond a message's, and the worker's.
     quota = args.cpu_share is not None
     message = costs["ps_push_us"] - costs["ps_update_us"] - (2 * costs["message_cpu_us"] if quota else 0.0)
+    if quota and "shard_push_cpu_us" in costs:
+        message = costs["shard_push_cpu_us"] - costs["message_cpu_us"]
     engine = {
         "compute_ms": ("--compute-ms", costs["compute_ms"]),
         "ring_latency_us": ("--ring-latency-us", costs["ring_step_us"]),
@@ -119,6 +125,8 @@ def apply(args: argparse.Namespace) -> list[str]:
         "epoch_end_ms": ("--epoch-end-ms", costs.get("epoch_end_ms", 0.0)),
         "collective_us": ("--collective-us", _collective_us(costs, quota)),
     }
+    if quota and "ps_worker_cpu_us" in costs:
+        engine["ps_worker_cpu_us"] = ("--ps-worker-cpu-us", costs["ps_worker_cpu_us"])
     given = []
     for name, (flag, value) in engine.items():
         if name == "compute_ms" and args.profile:

@@ -61,6 +61,7 @@ def check_arguments(args: argparse.Namespace) -> tuple[list[str], list[int]]:
         "ps_message_us",
         "ps_update_us",
         "message_cpu_us",
+        "ps_worker_cpu_us",
         "epoch_end_ms",
         "collective_us",
     ):
@@ -69,8 +70,12 @@ def check_arguments(args: argparse.Namespace) -> tuple[list[str], list[int]]:
         if args.host_cores is None:
             raise ConfigError("--host-speedup needs --host-cores (processes on one host)")
         _speedup(args.host_speedup)
-    if args.cpu_share is None and (args.message_cpu_us or args.cpu_period_ms != 100.0):
-        raise ConfigError("--message-cpu-us and --cpu-period-ms need --cpu-share (nodes under a CPU quota)")
+    if args.cpu_share is None and (
+        args.message_cpu_us or args.ps_worker_cpu_us is not None or args.cpu_period_ms != 100.0
+    ):
+        raise ConfigError(
+            "--message-cpu-us, --ps-worker-cpu-us and --cpu-period-ms need --cpu-share (nodes under a CPU quota)"
+        )
     if args.ring_latency_us is not None:
         _positive("ring-latency-us", args.ring_latency_us, allow_zero=True)
     if args.staleness_bound is not None:
@@ -226,6 +231,7 @@ def build_cluster(args: argparse.Namespace, workers: int, model: Any | None, com
         cpu_share=args.cpu_share,
         cpu_period_s=args.cpu_period_ms * 1e-3,
         message_cpu_s=(args.message_cpu_us or 0.0) * 1e-6,
+        ps_worker_cpu_s=None if args.ps_worker_cpu_us is None else args.ps_worker_cpu_us * 1e-6,
         epoch_batches=getattr(args, "epoch_batches", 0),
         eval_s=(args.epoch_end_ms or 0.0) * 1e-3,
         collective_step_s=(args.collective_us or 0.0) * 1e-6,

@@ -222,6 +222,10 @@ class Cluster:
     message_cpu_s: float = 0.0
     """With ``cpu_share``: CPU-seconds a node spends on each message it receives (the
     transport's and the framework's work, which waits for the node's quota like any other)."""
+    ps_worker_cpu_s: float | None = None
+    """With ``cpu_share``, under a parameter server: CPU-seconds a worker spends on a push and
+    its reply (None: ``message_cpu_s``); the shard's on a push are ``ps_message_s`` plus
+    ``message_cpu_s``."""
     epoch_batches: int = 0
     """Local batches in an epoch of the training split (0: the run has no epoch ends). At each
     end, as ``Trainer.fit`` does, the replicas of a collective strategy all-reduce the epoch's
@@ -252,6 +256,8 @@ class Cluster:
                 )
             if not self.message_cpu_s >= 0:
                 raise ConfigError(f"--message-cpu-us must be >= 0, got {self.message_cpu_s * 1e6}")
+            if self.ps_worker_cpu_s is not None and not self.ps_worker_cpu_s >= 0:
+                raise ConfigError(f"--ps-worker-cpu-us must be >= 0, got {self.ps_worker_cpu_s * 1e6}")
             if not self.cpu_period_s > 0:
                 raise ConfigError(f"--cpu-period-ms must be > 0, got {self.cpu_period_s * 1e3}")
         if self.epoch_batches < 0:

@@ -184,6 +184,13 @@ def add_flags(p: argparse.ArgumentParser) -> None:
         "calibration's, else 0)",
     )
     a(
+        "--ps-worker-cpu-us",
+        type=float,
+        default=None,
+        help="with --cpu-share, ps-*: CPU microseconds a worker spends on a push and its reply (default: the "
+        "calibration's, else --message-cpu-us)",
+    )
+    a(
         "--ps-message-us",
         type=float,
         default=None,

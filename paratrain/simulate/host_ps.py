@@ -41,7 +41,10 @@ class ParameterServerHost(HostRun):
         self.target = steps * cluster.workers if mode == "async" else steps  # pushes, or versions
         self.policy, self.bound = StalePolicy(stale_policy, max_staleness), staleness_bound
         self.codec_s = cluster.codec.cost_s(cluster.model_bytes)
-        self.message_cpu = cluster.message_cpu_s if cluster.cpu_share is not None else 0.0
+        quota = cluster.cpu_share is not None
+        self.message_cpu = cluster.message_cpu_s if quota else 0.0  # the shard's, a push
+        worker = cluster.message_cpu_s if cluster.ps_worker_cpu_s is None else cluster.ps_worker_cpu_s
+        self.worker_cpu = worker if quota else 0.0  # a worker's, a push and its reply
         self.push_own, self.push_shard = cluster.push_times()
         self.pull_own, self.pull_shard = cluster.pull_times()
         self.version = 0
@@ -68,12 +71,12 @@ class ParameterServerHost(HostRun):
 
     # ----- workers ---------------------------------------------------------------------------
     def begin(self, t: float, w: int) -> None:
-        extra = self.message_cpu if self.clock[w] else 0.0  # the reply to its last push, then the step
+        extra = self.worker_cpu if self.clock[w] else 0.0  # its last push and the reply, then the step
         epoch = self.issued // self.epoch_batches if self.epoch_batches else 0
         self.issued += 1
         if epoch > self.epoch[w]:  # shard 0 hands out the next epoch's batches: this worker's epoch ends
             self.epoch[w] = epoch  # it pulls the parameters for the next, and the chief evaluates
-            extra += self.message_cpu + (self.cluster.eval_s if w == 0 else 0.0)
+            extra += self.worker_cpu + (self.cluster.eval_s if w == 0 else 0.0)
             self.at(t + self.cluster.epoch_pull_s(), self.compute, w, self.pushed, extra)
             return
         self.compute(t, w, self.pushed, extra)

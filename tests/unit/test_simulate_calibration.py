@@ -54,8 +54,10 @@ def test_calibrate_measures_every_cost_here_and_predicts_with_them(cli, tmp_path
     assert calibration["model"]["optimizer"] == "adamw"  # the runs' optimizer, which a prediction must share
     assert "--optimizer adamw --lr 0.001 " in calibration["measured"]["runs"]
     costs = calibration["costs"]
-    for name in ("compute_ms", "ring_step_us", "message_cpu_us", "ps_push_us", "ps_update_us", "epoch_end_ms"):
+    for name in ("compute_ms", "ring_step_us", "message_cpu_us", "ps_push_us", "ps_update_us", "epoch_end_ms",
+                 "shard_push_cpu_us"):  # fmt: skip
         assert 0 < costs[name] < 1e6, (name, costs)
+    assert 0 <= costs["ps_worker_cpu_us"] < 1e6  # below 0 in a noisy round counts as 0
     # a real 2-process step costs more than a real 1-process one; of what a ring step adds, a
     # part is CPU (the same runs' CPU a step), the rest waiting
     assert costs["message_cpu_us"] < costs["ring_step_us"]
@@ -102,6 +104,23 @@ def test_the_engine_s_parameters_are_derived_for_the_prediction_at_hand(tmp_path
     args, lines = _applied(path, "--ps-update-us", "7", "--profile")
     assert args.ps_update_us == 7.0 and args.compute_ms is None  # --profile measures it now
     assert lines[0].endswith("; from the flags: --ps-update-us; compute measured now (--profile)")
+
+
+def test_each_end_s_cpu_a_push_is_taken_under_a_quota(tmp_path):
+    """Measured in the parameter server's own run: under a quota the shard's CPU a push is
+    its message's plus --ps-message-us, the worker's its own flag; on whole cores the push's
+    wall-clock cost as before, and a file without them (measured before) as before."""
+    costs = dict(ps_push_us=1000.0, ps_update_us=100.0, message_cpu_us=200.0)
+    path = _calibration(tmp_path / "p.json", shard_push_cpu_us=1500.0, ps_worker_cpu_us=700.0, **costs)
+    args, lines = _applied(path, "--cpu-share", "0.5")
+    assert (args.ps_message_us, args.message_cpu_us, args.ps_worker_cpu_us) == (1500.0 - 200.0, 200.0, 700.0)
+    assert "1.5e+03 us of a shard's CPU a push, 700 us of a worker's CPU a push and its reply" in lines[0]
+    args, _ = _applied(path)  # whole cores: what the push adds to a step, its CPU not counted apart
+    assert (args.ps_message_us, args.ps_worker_cpu_us) == (900.0, None)
+    args, _ = _applied(_calibration(tmp_path / "old.json", **costs), "--cpu-share", "0.5")
+    assert (args.ps_message_us, args.ps_worker_cpu_us) == (1000.0 - 100.0 - 2 * 200.0, None)
+    args, lines = _applied(path, "--cpu-share", "0.5", "--ps-worker-cpu-us", "5")
+    assert args.ps_worker_cpu_us == 5.0 and lines[0].endswith("; from the flags: --ps-worker-cpu-us")
 
 
 def test_an_epoch_end_s_costs_come_from_the_file_and_a_file_without_them_adds_none(tmp_path):

@@ -96,6 +96,17 @@ def test_an_async_shard_under_a_quota_bounds_the_pushes_per_second():
     assert summary["examples_per_second"] == pytest.approx(400 * 32, rel=0.03)
 
 
+@pytest.mark.parametrize("strategy", ["ps-sync", "ps-async"])
+def test_a_worker_s_own_cpu_a_push_is_its_quota_s_to_pay(strategy):
+    """A worker under a quarter of a core pays its push and reply at its share: 2 ms of CPU a
+    push (ps_worker_cpu_s) instead of the 0.5 ms a message costs the shard makes every step
+    but the first (no reply to pay yet) 6 ms longer, within the quota's periods."""
+    kw = dict(compute_s=10 * MS, cpu_period_s=10 * MS, message_cpu_s=0.5 * MS, bandwidth=1e15, latency=0.0)
+    own = simulate(strategy, quota_cluster(1, 0.25, ps_worker_cpu_s=2 * MS, **kw), 50, seed=3).wall_s
+    message = simulate(strategy, quota_cluster(1, 0.25, **kw), 50, seed=3).wall_s
+    assert own - message == pytest.approx(49 * 1.5 * MS / 0.25, abs=3 * 10 * MS)
+
+
 def test_many_nodes_at_once_are_each_node_alone():
     # ThrottledNodes (a ring hop on every node) against ThrottledCore.run node by node, on
     # nodes with their own shares, phases and quota already partly used, over several hops

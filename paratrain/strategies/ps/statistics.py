@@ -31,6 +31,7 @@ def run_statistics(
         "workers_lost": first["workers_lost"],
         "workers_joined": first["workers_joined"],
         "bytes_per_shard": [s["bytes"] for s in shards],
+        "shard_cpu_seconds": [s.get("cpu_seconds") for s in shards],
         "max_clock_gap": max(s["max_clock_gap"] for s in shards),
         # messages the shards refused, by reason (protocol/screen.py)
         "rejected_messages": dict(sum((Counter(s.get("rejected_messages", {})) for s in shards), Counter())),

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -107,6 +108,7 @@ class ShardServer:
         self.optimizer = self._shard_optimizer(optimizer)
         self.base_lrs = [group["lr"] for group in self.optimizer.param_groups]
         self.version = 0
+        self._cpu_start = time.process_time()  # serve() starts it again
         self._held: list[Gradient] = []
         self._waiting: list[tuple[int, int, tuple[int, int] | None]] = []  # (worker, wanted, (epoch, batches))
         self.dealer = Dealer(deals=shard == 0)  # shard 0 hands out each epoch's batches in turn
@@ -164,6 +166,7 @@ class ShardServer:
     # ----- serving ------------------------------------------------------------------------
     def serve(self) -> dict[str, Any]:
         """Serve until every worker is done or lost; returns this shard's statistics."""
+        self._cpu_start = time.process_time()
         for worker in range(self.num_workers):
             self.watch.heard(worker)
         self._announce()
@@ -378,5 +381,7 @@ class ShardServer:
             "workers_lost": sorted(self.lost),
             "workers_joined": list(self.joined),
             "max_rss": max_rss_bytes(),
+            # CPU-seconds of this process (every thread) while it served: what a push costs a shard
+            "cpu_seconds": time.process_time() - self._cpu_start,
             **(self.tables.statistics() if self.tables is not None else {}),
         }
