@@ -212,3 +212,7 @@ def test_parameter_server_timeline_has_pull_and_push_on_every_worker(three_runs)
         names = {e["name"] for e in spans if e["pid"] == rank}
         assert {"forward", "backward", "pull", "push"} <= names
         assert {e["tid"] for e in spans if e["pid"] == rank and e["name"] in ("pull", "push")} == {1}
+        # A worker waits for the reply to its push as it takes its next batch (the batch's
+        # number comes with it): that wait is a pull too, not the data's, besides the step's own.
+        steps = sum(e["name"] == "forward" for e in spans if e["pid"] == rank)
+        assert sum(e["name"] == "pull" for e in spans if e["pid"] == rank) >= 2 * steps

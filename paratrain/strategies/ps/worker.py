@@ -25,6 +25,7 @@ from paratrain.strategies.ps.modes import ModeFacts
 from paratrain.strategies.ps.protocol.client import ShardClient
 from paratrain.strategies.ps.protocol.wire import DONE, PULL, PUSH, SHUTDOWN, Header
 from paratrain.strategies.ps.statistics import max_rss_bytes, run_statistics
+from paratrain.timeline import COMM, span
 
 
 class PSWorker:
@@ -175,10 +176,14 @@ class PSWorker:
         each comes with the parameters of the reply to the previous push."""
         self._epoch_asking = (epoch, num_batches)
         try:
-            self.pull(wanted=self.client.versions[0])  # the epoch's first batch
+            with span("pull", COMM):  # the epoch's first batch
+                self.pull(wanted=self.client.versions[0])
             while self.client.assigned >= 0:
                 yield self.client.assigned
-                self.await_reply()  # the reply to this step's push: parameters and next batch
+                # The reply to this step's push: parameters and the next batch. The loop waits
+                # for it here, in its batch, on the comm track as the train step's own pull.
+                with span("pull", COMM):
+                    self.await_reply()
         finally:
             self._epoch_asking = None
 
