@@ -33,8 +33,7 @@ settings, or those of ``--only``, again, against their recorded real runs; with
 ``--recorded-calibrations`` it predicts with the calibrations measured beside those runs, and
 with ``--target-accuracy A`` it asks and judges the time to another target: the real runs'
 times to it come from the test accuracy they recorded at every epoch's end. ``--across-hosts``
-calibrates with ``--calibrate --across-hosts``: messages measured between two emulated hosts;
-``--quota-cpu`` with ``--quota-shares`` at every share of the chosen settings' hosts.
+calibrates with ``--calibrate --across-hosts``: messages measured between two emulated hosts.
 ``--combine A.json B.json --out C`` judges the settings of recorded files together, each
 setting with the calibration and the real runs of its own file: no setting in two files.)
 
@@ -181,8 +180,6 @@ def report(document: dict, out: Path) -> None:
     across = [
         c["measured"]["across_hosts"] for c in document["calibrations"].values() if c["measured"].get("across_hosts")
     ]
-    quota = ", ".join(f"{model} {share} {factor:.2f}x" for model, c in document["calibrations"].items()
-                      for share, factor in c.get("quota_cpu", {}).items())  # fmt: skip
     lines = [
         "# The user's path on emulated clusters: calibrate, --recommend, then every candidate for real",
         "",
@@ -201,7 +198,6 @@ def report(document: dict, out: Path) -> None:
         + ". Calibrated once per "
         "model on this machine (`paratrain simulate --calibrate`, whole cores"
         + (f"; with `--across-hosts`, its messages between 2 emulated hosts: {', '.join(across)}" if across else "")
-        + (f"; with `--quota-shares`, a step's CPU under a quota over whole cores': {quota}" if quota else "")
         + "), then `paratrain simulate --recommend` "
         "with the cluster's flags and `--calibration` (no number given by hand); every candidate it ranks then ran on "
         f"`paratrain cluster run` with those hosts, batch {BATCH} a worker, the optimizer named under each setting "
@@ -282,8 +278,6 @@ def main() -> None:
     parser.add_argument("--out", default=str(RESULTS / "simulator_recommend"))
     parser.add_argument("--target-accuracy", type=float, help="instead of each model's target (MODELS)")
     parser.add_argument("--across-hosts", action="store_true", help="calibrate with --across-hosts")
-    parser.add_argument("--quota-cpu", action="store_true",
-                        help="calibrate with --quota-shares: the CPU a step costs at the chosen settings' shares")  # fmt: skip
     parser.add_argument("--recorded-calibrations", action="store_true",
                         help="with --repredict: the calibrations recorded beside the real runs, not measured again")  # fmt: skip
     parser.add_argument(
@@ -308,8 +302,7 @@ def main() -> None:
         folder = Path(tmp)
         for number in chosen:
             setting = SETTINGS[number - 1]
-            shares = quota_shares(setting[0], chosen) if args.quota_cpu else []
-            calibration = calibrated(setting[0], document, folder, args.across_hosts, shares)
+            calibration = calibrated(setting[0], document, folder, args.across_hosts)
             prediction = predict(setting, calibration, args, folder)
             print(f"setting {number} ({setting_words(list(setting))}): {prediction['recommendation']}", flush=True)
             runs: dict[str, list[dict]] = {c["candidate"]: [] for c in prediction["candidates"]}
@@ -327,31 +320,15 @@ def main() -> None:
             report(document, out)
 
 
-def quota_shares(model: str, chosen: list[int] | range) -> list[float]:
-    """Every host's share of a core in the ``chosen`` settings of ``model``."""
-    shares = set()
-    for number in chosen:
-        name, _, cpu, _, slow = SETTINGS[number - 1]
-        if name == model:
-            shares |= {round(cpu, 4), round(cpu * slow, 4)}
-    return sorted(shares)
-
-
-def calibrated(model: str, document: dict, folder: Path, across: bool = False, shares: list[float] = ()) -> Path:
+def calibrated(model: str, document: dict, folder: Path, across: bool = False) -> Path:
     """The calibration file of ``model``: the one ``document`` recorded, else measured now
-    (``across``: its messages between two emulated hosts, --across-hosts; ``shares``: the CPU
-    a step costs under those quotas too, --quota-shares)."""
+    (``across``: its messages between two emulated hosts, --across-hosts)."""
     calibration = folder / f"calibration-{model}.json"
     if model in document["calibrations"]:
         calibration.write_text(json.dumps(document["calibrations"][model]))
     elif not calibration.exists():
         paratrain(
-            "simulate",
-            "--calibrate",
-            str(calibration),
-            *model_flags(model),
-            *(["--across-hosts"] if across else []),
-            *(["--quota-shares", ",".join(f"{share:g}" for share in shares)] if shares else []),
+            "simulate", "--calibrate", str(calibration), *model_flags(model), *(["--across-hosts"] if across else [])
         )
         document["calibrations"][model] = json.loads(calibration.read_text())
     return calibration
@@ -364,16 +341,13 @@ def repredict(recorded: dict, args: argparse.Namespace, out: Path, chosen: set[i
     calibrations = recorded["calibrations"] if args.recorded_calibrations else {}
     flags = ["--repredict", args.repredict, *(["--recorded-calibrations"] if args.recorded_calibrations else []),
              *(["--target-accuracy", f"{args.target_accuracy:g}"] if args.target_accuracy is not None else []),
-             *(["--across-hosts"] if args.across_hosts else []), *(["--quota-cpu"] if args.quota_cpu else [])]  # fmt: skip
+             *(["--across-hosts"] if args.across_hosts else [])]  # fmt: skip
     document = {**recorded, "settings": settings, "calibrations": calibrations, "real_runs_from": " ".join(flags)}
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         for entry in document["settings"]:
             setting = tuple(entry["setting"])
-            shares = quota_shares(setting[0], sorted(chosen)) if args.quota_cpu else []
-            prediction = predict(
-                setting, calibrated(setting[0], document, folder, args.across_hosts, shares), args, folder
-            )
+            prediction = predict(setting, calibrated(setting[0], document, folder, args.across_hosts), args, folder)
             entry["target"] = target_of(setting[0], args)
             runs = {row["candidate"]: [{**run, "seconds_to_target": seconds_to_recorded(run, entry["target"])}
                                        for run in row["passes"]] for row in entry["verdict"]["rows"]}  # fmt: skip

@@ -47,12 +47,6 @@ steps of the epochs past the first (their ``train_seconds``; an epoch's end apar
   fixed cost, per module: DTensor's dispatch of every op on a split tensor, and the
   collectives' work beyond their bytes.
 
-With ``--quota-shares S,...`` a run of ``single`` also runs alone on one emulated host at each
-share S of a core (``paratrain cluster run --hosts 1 --cpu S``: a cgroup quota of S x 10 ms in
-every 10 ms period): its CPU a step over the whole cores' is ``quota_cpu[S]``, what the CPU of
-the same work costs under that quota (benchmarks/results/quota_cpu.md: 1.6 to 2.8 times as
-much on this project's machine at 0.6 to 0.15 of a core).
-
 With ``--across-hosts`` the two runs that send messages (``allreduce`` and ``ps-sync``) run
 between two emulated hosts (``paratrain cluster run --hosts 2``: each process in a network
 namespace of its own on a bridge, a core each), so that a message crosses a network stack at
@@ -93,10 +87,8 @@ def calibrate(args: Any, model: Any, splits: Any) -> dict[str, Any]:
     ``args.dataset``)."""
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters() if p.requires_grad]).float()
     hosts: list[str] = []  # where the runs across hosts ran: paratrain cluster's line for each
-    single, ring, ring_cpu, push, epoch_end, shard_cpu, worker_cpu, single_cpu = _step_costs(args, splits, hosts)
+    single, ring, ring_cpu, push, epoch_end, shard_cpu, worker_cpu = _step_costs(args, splits, hosts)
     update = _update_s(flat, args)
-    quota = {f"{share:g}": _step_s(args, splits, *SINGLE, quota=share)[1] / single_cpu
-             for share in (args.quota_shares or [])}  # fmt: skip
     costs = {
         "compute_ms": single * 1e3,
         "ring_step_us": ring * 1e6,
@@ -126,8 +118,6 @@ def calibrate(args: Any, model: Any, splits: Any) -> dict[str, Any]:
             + ("; allreduce and ps-sync between 2 emulated hosts" if args.across_hosts else ""),
             "across_hosts": hosts[0] if hosts else None,
         },
-        # the CPU a step of single costs alone on an emulated host at each share, over whole cores'
-        **({"quota_cpu": quota} if quota else {}),
         "model": {
             "model": args.model,
             "dataset": args.dataset,
@@ -158,8 +148,8 @@ def _step_costs(args: Any, splits: Any, hosts: list[str]) -> tuple[float, ...]:
     """Seconds of a step of ``single`` (T1); of a ring step of ``allreduce`` with 2 workers
     ((T2 - T1) / 2) and its CPU-seconds on a process (the same difference of the runs' CPU
     a step); of what ``ps-sync`` with 1 worker adds (Tp - T1); of an epoch's end in
-    ``single``; the shard's CPU-seconds a push (its update included), what the worker's
-    CPU a step adds to T1's, and T1's CPU-seconds: medians over ROUNDS. A small cost (a push of a small model: a
+    ``single``; the shard's CPU-seconds a push (its update included) and what the worker's
+    CPU a step adds to T1's: medians over ROUNDS. A small cost (a push of a small model: a
     tenth of a millisecond) can come out below 0 in a round on a noisy machine: it counts
     as 0 there."""
     rounds = []
@@ -169,21 +159,15 @@ def _step_costs(args: Any, splits: Any, hosts: list[str]) -> tuple[float, ...]:
         ring, ring_cpu, _, _ = _step_s(args, splits, *RING, across)
         push, push_cpu, _, shard_cpu = _step_s(args, splits, *PUSH, across)
         rounds.append((single, max(ring - single, 0.0) / 2, max(ring_cpu - single_cpu, 0.0) / 2,
-                       max(push - single, 0.0), end, shard_cpu, max(push_cpu - single_cpu, 0.0), single_cpu))  # fmt: skip
+                       max(push - single, 0.0), end, shard_cpu, max(push_cpu - single_cpu, 0.0)))  # fmt: skip
     return tuple(statistics.median(values) for values in zip(*rounds))
 
 
 def _step_s(
-    args: Any,
-    splits: Any,
-    flags: list[str],
-    workers: int,
-    across: list[str] | None = None,
-    quota: float | None = None,
+    args: Any, splits: Any, flags: list[str], workers: int, across: list[str] | None = None
 ) -> tuple[float, float, float, float]:
     """Seconds a step of a real ``paratrain train`` with ``flags`` takes, one thread a process
-    (given ``across``: its processes on two emulated hosts, whose names it appends there;
-    given ``quota``: on one emulated host at that share of a core);
+    (given ``across``: its processes on two emulated hosts, whose names it appends there);
     CPU-seconds the first process spends a step (every thread of it: Gloo's too); and
     seconds an epoch's end takes there (its evaluation and the next epoch's start: the wall
     clock between two epochs' ends less the second's steps); and under a parameter server,
@@ -196,9 +180,6 @@ def _step_s(
                    "--no-progress", "--log-every", "0", "--metrics-out", str(out)]  # fmt: skip
         if across is not None:
             command[3:3] = ["cluster", "run", "--hosts", "2", "--logs", folder, "--", "paratrain"]
-        elif quota is not None:
-            command[3:3] = ["cluster", "run", "--hosts", "1", "--cpu", f"{quota:g}", "--pin", "never", "--logs", folder,
-                            "--", "paratrain"]  # fmt: skip
         env = {**os.environ, "PARATRAIN_THREADS_PER_WORKER": "1", "OMP_NUM_THREADS": "1"}
         run = subprocess.run(command, capture_output=True, text=True, env=env, timeout=3600)
         if run.returncode != 0 or not out.exists():

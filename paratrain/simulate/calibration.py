@@ -64,32 +64,7 @@ def load(path: str, named: str = "") -> dict[str, Any]:
     for name in OPTIONAL:
         if name in costs and (not isinstance(costs[name], (int, float)) or not costs[name] >= 0):
             raise ConfigError(f"{named}: its {name} must be a number >= 0")
-    quota = calibration.get("quota_cpu", {})
-    try:
-        valid = isinstance(quota, dict) and all(0 < float(k) <= 1 and float(v) > 0 for k, v in quota.items())
-    except (TypeError, ValueError):
-        valid = False
-    if not valid:
-        raise ConfigError(f"{named}: its quota_cpu must map shares of a core in (0, 1] to factors > 0")
     return calibration
-
-
-#: The engine's parameters that are CPU under a quota: what a quota's factor scales.
-QUOTA_CPU = ("compute_ms", "message_cpu_us", "ps_message_us", "ps_update_us", "epoch_end_ms", "collective_us",
-             "ps_worker_cpu_us")  # fmt: skip
-
-
-def quota_factor(measured: dict[str, float], share: float) -> tuple[float, str]:
-    """What a step's CPU costs under a quota of ``share`` over whole cores, from the shares
-    measured (``quota_cpu``): the one measured there, else linear between the two around it,
-    else the nearest; and where it came from, in words."""
-    points = sorted((float(k), float(v)) for k, v in measured.items())
-    for (low, a), (high, b) in zip(points, points[1:]):
-        if low < share < high:
-            factor = a + (b - a) * (share - low) / (high - low)
-            return factor, f"between {low:g} and {high:g}"
-    nearest, factor = min(points, key=lambda point: abs(point[0] - share))
-    return factor, f"at {nearest:g}"
 
 
 def load_for(path: str, args: argparse.Namespace, named: str = "") -> dict[str, Any]:
@@ -152,13 +127,6 @@ def apply(args: argparse.Namespace) -> list[str]:
     }
     if quota and "ps_worker_cpu_us" in costs:
         engine["ps_worker_cpu_us"] = ("--ps-worker-cpu-us", costs["ps_worker_cpu_us"])
-    measured_quota = calibration.get("quota_cpu") if quota else None
-    factor = 1.0
-    if measured_quota:
-        factor, where = quota_factor(measured_quota, args.cpu_share)
-        engine = {n: (f, v * factor if n in QUOTA_CPU else v) for n, (f, v) in engine.items()}
-        if getattr(args, "slow_host", None) is not None:  # a slower share pays more for its CPU still
-            args.slow_factor *= quota_factor(measured_quota, args.slow_share)[0] / factor
     given = []
     for name, (flag, value) in engine.items():
         if name == "compute_ms" and args.profile:
@@ -187,12 +155,6 @@ def apply(args: argparse.Namespace) -> list[str]:
         + (f"; messages between 2 emulated hosts, {measured['across_hosts']}" if measured.get("across_hosts") else "")
         + f"): {', '.join(taken)}"
     )
-    if measured_quota:
-        line += f"; under a quota of {args.cpu_share:g} a core, CPU costs {factor:.3g}x (measured {where})"
-    elif quota:
-        line += (
-            "; CPU under a quota taken to cost what it costs on whole cores (--calibrate --quota-shares measures it)"
-        )
     if given:
         line += f"; from the flags: {', '.join(given)}"
     if args.profile:

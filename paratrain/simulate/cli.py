@@ -120,13 +120,7 @@ def check_arguments(args: argparse.Namespace) -> tuple[list[str], list[int]]:
         raise ConfigError("--calibrate FILE measures and predicts with FILE; --calibration reads one: give one")
     if args.across_hosts and not args.calibrate:
         raise ConfigError("--across-hosts is how --calibrate FILE measures messages; give --calibrate FILE too")
-    if args.quota_shares is not None:
-        if not args.calibrate:
-            raise ConfigError(
-                "--quota-shares is what --calibrate FILE measures under a quota; give --calibrate FILE too"
-            )
-        args.quota_shares = _shares(args.quota_shares)
-    if args.across_hosts or args.quota_shares:
+    if args.across_hosts:
         from paratrain.cluster.hosts import check_support  # deferred: the emulated hosts' module
 
         check_support()
@@ -194,18 +188,6 @@ def _check_meshes(args: argparse.Namespace, strategies: list[str], targeted: boo
             f"--strategy {meshed[0]} makes allreduce's updates with one replica per mesh; --train, --target-* and "
             "--recommend replay the other strategies: ask them of allreduce at that many workers"
         )
-
-
-def _shares(text: str) -> list[float]:
-    try:
-        shares = [float(x) for x in text.split(",")]
-    except ValueError:
-        shares = []
-    if not shares or not all(0 < share <= 1 for share in shares):
-        raise ConfigError(
-            f"--quota-shares must be shares of a core in (0, 1], comma-separated, e.g. 0.6,0.3; got {text!r}"
-        )
-    return sorted(set(shares))
 
 
 def _speedup(text: str | None) -> tuple[float, ...] | None:

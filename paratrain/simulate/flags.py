@@ -231,14 +231,6 @@ def add_flags(p: argparse.ArgumentParser) -> None:
         "(paratrain cluster: network namespaces on a bridge, a core each; root) instead of over loopback",
     )
     a(
-        "--quota-shares",
-        default=None,
-        metavar="S,S,...",
-        help="with --calibrate: also measure what the CPU of a step costs under a CPU quota of each of these shares "
-        "of a core, on one emulated host (paratrain cluster, 10 ms periods; root), against whole cores; a "
-        "prediction under a quota scales every CPU cost by it",
-    )
-    a(
         "--calibration",
         metavar="FILE.json",
         default=None,

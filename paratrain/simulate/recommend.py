@@ -126,7 +126,6 @@ def describe(args: argparse.Namespace) -> None:
         args.bandwidth_gbps = rate_gbps(args.link)
         words += f", {args.link} links"
     args.slow_host, args.slow_factor = (slow[0], factors[slow[0]]) if slow else (None, 1.0)
-    args.slow_share = specs[slow[0]].cpu if slow else args.cpu
     for i in slow:
         said = [f"at {specs[i].cpu:g}"] if specs[i].cpu < args.cpu else []
         if ratios.get(i, 1.0) > 1:

@@ -11,9 +11,8 @@ from paratrain.simulate.calibration import FORMAT, VERSION
 PREDICT = ["--strategy", "allreduce", "--workers", "4", "--steps", "40", "--cpu-share", "0.5"]
 
 
-def _calibration(path, quota_cpu=None, **costs):
-    """A calibration file as --calibrate writes one, with ``costs`` over plain ones (and
-    ``quota_cpu``, as --quota-shares measures it)."""
+def _calibration(path, **costs):
+    """A calibration file as --calibrate writes one, with ``costs`` over plain ones."""
     document = {
         "format": FORMAT,
         "version": VERSION,
@@ -35,8 +34,6 @@ def _calibration(path, quota_cpu=None, **costs):
             **costs,
         },  # fmt: skip
     }
-    if quota_cpu is not None:
-        document["quota_cpu"] = quota_cpu
     path.write_text(json.dumps(document))
     return str(path)
 
@@ -124,65 +121,6 @@ def test_each_end_s_cpu_a_push_is_taken_under_a_quota(tmp_path):
     assert (args.ps_message_us, args.ps_worker_cpu_us) == (1000.0 - 100.0 - 2 * 200.0, None)
     args, lines = _applied(path, "--cpu-share", "0.5", "--ps-worker-cpu-us", "5")
     assert args.ps_worker_cpu_us == 5.0 and lines[0].endswith("; from the flags: --ps-worker-cpu-us")
-
-
-def test_the_cpu_a_quota_costs_scales_every_cpu_cost_of_a_prediction_under_one(tmp_path):
-    """--quota-shares measured a step's CPU at 2x whole cores' under 0.3 of a core and 3x
-    under 0.15: every CPU cost of a prediction at 0.3 doubles (the ring's waiting does not),
-    at 0.2 it is 3 + (2 - 3) x 0.05 / 0.15; on whole cores nothing changes."""
-    path = _calibration(tmp_path / "q.json", quota_cpu={"0.3": 2.0, "0.15": 3.0}, message_cpu_us=200.0,
-                        epoch_end_ms=1.0, host_step_cpu_us=50.0, shard_push_cpu_us=500.0, ps_worker_cpu_us=100.0)  # fmt: skip
-    args, lines = _applied(path, "--cpu-share", "0.3")
-    assert (args.compute_ms, args.message_cpu_us, args.ps_update_us, args.ps_message_us) == (4.0, 400.0, 60.0, 600.0)
-    assert (args.epoch_end_ms, args.collective_us, args.ps_worker_cpu_us, args.ring_latency_us) == (
-        2.0, 100.0, 200.0, 40.0)  # fmt: skip
-    assert "; under a quota of 0.3 a core, CPU costs 2x (measured at 0.3)" in lines[0]
-    args, lines = _applied(path, "--cpu-share", "0.2")
-    assert args.compute_ms == pytest.approx(2.0 * (3 - 1 / 3))
-    assert "CPU costs 2.67x (measured between 0.15 and 0.3)" in lines[0]
-    args, _ = _applied(path, "--cpu-share", "0.5")  # beyond the shares measured: the nearest
-    assert args.compute_ms == 4.0
-    args, lines = _applied(path)
-    assert args.compute_ms == 2.0 and "under a quota" not in lines[0]
-    args, lines = _applied(_calibration(tmp_path / "none.json"), "--cpu-share", "0.3")
-    assert args.compute_ms == 2.0 and "; CPU under a quota taken to cost what it costs on whole cores" in lines[0]
-
-
-def test_a_slow_host_pays_its_own_share_s_cpu_cost(tmp_path):
-    """Host 3 at 0.15 beside hosts at 0.3: half the share, and 3x against 2x the CPU a step:
-    a straggler of 2 x 3 / 2."""
-    from paratrain.simulate.recommend import describe
-
-    path = _calibration(tmp_path / "s.json", quota_cpu={"0.3": 2.0, "0.15": 3.0})
-    import argparse
-
-    from paratrain.simulate.calibration import apply
-    from paratrain.simulate.cli import add_arguments
-
-    parser = argparse.ArgumentParser()
-    add_arguments(parser)
-    args = parser.parse_args(["--recommend", "--hosts", "4", "--cpu", "0.3", "--host", "3:cpu=0.15",
-                              "--calibration", path])  # fmt: skip
-    describe(args)
-    assert args.slow_factor == 2.0
-    apply(args)
-    assert args.slow_factor == pytest.approx(3.0)
-
-
-@pytest.mark.parametrize("text", ["0", "1.5", "half", ""])
-def test_quota_shares_are_shares_of_a_core(cli, tmp_path, text):
-    result = cli("simulate", "--calibrate", str(tmp_path / "c.json"), "--quota-shares", text, *PREDICT)
-    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
-    assert "--quota-shares must be shares of a core in (0, 1]" in result.stderr
-    assert not (tmp_path / "c.json").exists()
-
-
-def test_a_calibration_s_quota_cpu_must_be_shares_and_factors(cli, tmp_path):
-    path = _calibration(tmp_path / "bad.json", quota_cpu={"2": 1.5})
-    result = cli("simulate", "--calibration", path, *PREDICT)
-    assert (
-        result.returncode == 2 and "its quota_cpu must map shares of a core in (0, 1] to factors > 0" in result.stderr
-    )
 
 
 def test_an_epoch_end_s_costs_come_from_the_file_and_a_file_without_them_adds_none(tmp_path):
