@@ -26,7 +26,6 @@ import json
 import os
 import stat
 import tempfile
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -91,7 +90,6 @@ class HostShare:
         self.changes: list[tuple[int, int]] = []  # (threads before, after), for the run's log
         self._path: Path | None = None
         self._poller: Periodic | None = None
-        self._lock = threading.Lock()
 
     # ----- the registry ------------------------------------------------------------------------
     def join(self) -> HostShare:
@@ -164,12 +162,11 @@ class HostShare:
         self.sharing = 1 + len(others)
         return share(others, self.cores, self.usable, self.local)
 
-    def _check(self) -> bool | None:
+    def _check(self) -> None:
         try:
             self.wanted = self._share()
         except Exception:  # noqa: BLE001 - a reading that fails keeps the last share
-            return None
-        return None
+            pass
 
     # ----- the compute thread ------------------------------------------------------------------
     def apply(self) -> bool:
@@ -177,13 +174,12 @@ class HostShare:
         wanted = self.wanted
         if wanted == self.threads:
             return False
-        with self._lock:
-            self.changes.append((self.threads, wanted))
-            self.threads = wanted
-            torch.set_num_threads(wanted)
-            if self._path is not None:
-                try:
-                    self._write()
-                except OSError:
-                    pass
+        self.changes.append((self.threads, wanted))
+        self.threads = wanted
+        torch.set_num_threads(wanted)
+        if self._path is not None:
+            try:
+                self._write()
+            except OSError:
+                pass
         return True
