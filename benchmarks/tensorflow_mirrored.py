@@ -43,7 +43,10 @@ each side in float32 and the best of all.
 
 Rounds alternate the two sides (the order flips every round), so drift of a shared
 machine hits both; the median over ``--rounds`` is reported, with paratrain's best over
-TensorFlow's best (target: >= 1.1).
+TensorFlow's best (target: >= 1.1). Each run also counts the minor page faults a step of
+its measuring process (TensorFlow's one process, paratrain's chief) in the same epochs: an
+allocator that gives freed memory back pays for it again, page by page, on the next step,
+at a price that differs between machines and between days of one virtual machine.
 
 Writes benchmarks/results/tensorflow_mirrored.json and .md.
 """
@@ -59,6 +62,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = {
@@ -176,14 +180,35 @@ def tf_run(name: str, data: str, strategy_name: str, epochs: int) -> dict:
 
     class Timer(tf.keras.callbacks.Callback):
         def on_epoch_begin(self, epoch, logs=None):
-            self.start = time.perf_counter()
+            self.start, self.faults = time.perf_counter(), minor_faults()
 
         def on_epoch_end(self, epoch, logs=None):
             rates.append(steps * global_batch / (time.perf_counter() - self.start))
+            faults.append((minor_faults() - self.faults) / steps)
 
     rates: list[float] = []
+    faults: list[float] = []
     model.fit(dataset, epochs=epochs, steps_per_epoch=steps, verbose=0, callbacks=[Timer()])
-    return {"examples_per_second": statistics.median(rates[1:]), "epochs": rates}
+    return steady(rates, faults)
+
+
+def minor_faults() -> int:
+    """This process's minor page faults so far: each is a page the kernel maps and zero-fills
+    on first touch, what an allocator that returns freed memory to the system pays again
+    every step."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
+def steady(rates: list[float], faults: list[float]) -> dict:
+    """A run's result: the median of its epochs after the first, examples/s and minor page
+    faults a step (the measuring process's: TensorFlow's only one, paratrain's chief)."""
+    return {
+        "examples_per_second": statistics.median(rates[1:]),
+        "epochs": rates,
+        "faults_per_step": statistics.median(faults[1:]),
+    }
 
 
 # ----- paratrain's side ---------------------------------------------------------------------------
@@ -213,8 +238,29 @@ def _fit(name: str, data: str, epochs: int, precision: str) -> list[float] | Non
     optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
     trainer = paratrain.Trainer(model, "cross_entropy", optimizer, precision=precision)  # its own layout rule
     batch = spec["batch"] * REPLICAS // strategy.num_replicas
-    history = trainer.fit((x, y), epochs=epochs, batch_size=batch, verbose=0, log_every=0)
-    return [e["examples_per_second"] for e in history.epochs] if strategy.is_chief else None
+    faults = page_faults(paratrain.Callback)
+    history = trainer.fit((x, y), epochs=epochs, batch_size=batch, verbose=0, log_every=0, callbacks=[faults])
+    return ([e["examples_per_second"] for e in history.epochs], faults.per_step) if strategy.is_chief else None
+
+
+def page_faults(base: type) -> Any:
+    """A paratrain callback (``base``: paratrain.Callback, imported where paratrain runs) that
+    counts this process's minor page faults a step of each epoch."""
+
+    class PageFaults(base):
+        def __init__(self) -> None:
+            self.per_step: list[float] = []
+
+        def on_epoch_begin(self, epoch: int, logs: dict) -> None:
+            self.faults, self.steps = minor_faults(), 0
+
+        def on_batch_end(self, step: int, logs: dict) -> None:
+            self.steps += 1
+
+        def on_epoch_end(self, epoch: int, logs: dict) -> None:
+            self.per_step.append((minor_faults() - self.faults) / max(1, self.steps))
+
+    return PageFaults()
 
 
 def plain_cnn():
@@ -235,8 +281,7 @@ def paratrain_run(name: str, data: str, strategy_name: str, epochs: int) -> dict
     workers = REPLICAS if strategy_name == "allreduce" else 1
     strategy = paratrain.make_strategy(strategy_name, device="cpu", workers=workers)
     run = paratrain.launch(_fit, name, data, epochs, precision or "fp32", strategy=strategy)
-    rates = next(r for r in run if r is not None)
-    return {"examples_per_second": statistics.median(rates[1:]), "epochs": rates}
+    return steady(*next(r for r in run if r is not None))
 
 
 # ----- the comparison -----------------------------------------------------------------------------
@@ -284,6 +329,18 @@ def markdown(document: dict) -> str:
             f"| {name} | {MODELS[name]['batch']} | {cells} | {row['ratio_defaults']:.2f}x | {row['ratio']:.2f}x |"
             + (f" {row['ratio_all']:.2f}x |" if bf16 else "")
         )
+    faulted = [(name, row["faults_per_step"]) for name, row in document["models"].items() if "faults_per_step" in row]
+    if faulted:
+        lines += [
+            "",
+            "Minor page faults a step in the steady epochs (median; the measuring process: TensorFlow's one, "
+            "paratrain's chief): a page the kernel maps and zero-fills on first touch, each time an allocator "
+            "has given freed memory back; what one costs differs from machine to machine and day to day.",
+            "",
+            "| model | " + " | ".join(runs) + " |",
+            "| --- | " + " | ".join("---:" for _ in runs) + " |",
+            *(f"| {name} | " + " | ".join(f"{f[run]:,.0f}" for run in runs) + " |" for name, f in faulted),
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -324,6 +381,7 @@ def main(argv: list[str] | None = None) -> int:
             data = str(Path(folder) / f"{name}.npz")
             write_data(Path(data), name, args.steps)
             samples: dict[str, list[float]] = {}
+            faults: dict[str, list[float]] = {}
             for index in range(args.rounds):
                 order = list(SIDES) if index % 2 == 0 else list(reversed(SIDES))
                 for side in order:
@@ -333,6 +391,7 @@ def main(argv: list[str] | None = None) -> int:
                         else:
                             result = paratrain_run(name, data, strategy, args.epochs)
                         samples.setdefault(f"{side}/{strategy}", []).append(result["examples_per_second"])
+                        faults.setdefault(f"{side}/{strategy}", []).append(result["faults_per_step"])
                         print(json.dumps({"model": name, "round": index, "run": f"{side}/{strategy}", **result}))
             median = {key: statistics.median(values) for key, values in samples.items()}
             best = {side: max(median[f"{side}/{s}"] for s in SIDES[side]) for side in SIDES}
@@ -340,6 +399,7 @@ def main(argv: list[str] | None = None) -> int:
             document["models"][name] = {
                 "samples": samples,
                 "median": median,
+                "faults_per_step": {key: statistics.median(values) for key, values in faults.items()},
                 "best": best,
                 "ratio": best["paratrain"] / best["tensorflow"],
                 # each side as a user of its distribution API runs it: 2 replicas, no flags
