@@ -47,7 +47,8 @@ import tempfile
 from pathlib import Path
 
 from cluster_common import RESULTS, SEEDS, calibrate, cluster_train, record, recorded, simulated_on_quota_hosts
-from simulator_validation import STRATEGIES, profile_strategy, setting, steady_window
+from machine_profile import profile_strategy
+from simulator_validation import STRATEGIES, setting, steady_window
 
 from paratrain.cluster.hosts import PERIOD_US
 from paratrain.cluster.usage import window

@@ -1,7 +1,7 @@
 """paratrain against TensorFlow's MirroredStrategy on the seeds' three models, same batches.
 
-TensorFlow is never a dependency of paratrain: this benchmark runs it from a virtual
-environment of its own, made once:
+TensorFlow is never a dependency of paratrain: this benchmark runs TensorFlow's half
+(tensorflow_side.py) in a virtual environment of its own, made once:
 
     python3 -m venv /tmp/tf-venv && /tmp/tf-venv/bin/pip install tensorflow-cpu==2.21.0
     .venv/bin/python benchmarks/tensorflow_mirrored.py --tf-python /tmp/tf-venv/bin/python [--rounds 3]
@@ -64,14 +64,10 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from tensorflow_side import LR, MODELS, MOMENTUM, REPLICAS, minor_faults, steady
+
 ROOT = Path(__file__).resolve().parents[1]
-MODELS = {
-    "mlp": {"shape": (28, 28), "classes": 10, "batch": 128, "kind": "image"},
-    "cifar_cnn": {"shape": (24, 24, 3), "classes": 10, "batch": 128, "kind": "image"},
-    "lstm": {"shape": (200,), "classes": 2, "batch": 64, "kind": "tokens", "vocab": 20000},
-    "plain_cnn": {"shape": (24, 24, 3), "classes": 10, "batch": 128, "kind": "image"},
-}
-REPLICAS, LR, MOMENTUM = 2, 0.01, 0.9
+SIDE = Path(__file__).with_name("tensorflow_side.py")
 
 
 def write_data(path: Path, name: str, steps: int) -> None:
@@ -88,127 +84,6 @@ def write_data(path: Path, name: str, steps: int) -> None:
         x = rng.standard_normal((n, *spec["shape"]), dtype=np.float32)
     y = rng.integers(0, spec["classes"], size=n, dtype=np.int64)
     np.savez(path, x=x, y=y)
-
-
-# ----- TensorFlow's side: runs in the TensorFlow environment ------------------------------------
-def tf_run(name: str, data: str, strategy_name: str, epochs: int) -> dict:
-    import time
-
-    import numpy as np
-    import tensorflow as tf
-
-    strategy_name, _, precision = strategy_name.partition("+")
-    if precision == "bf16":
-        tf.keras.mixed_precision.set_global_policy("mixed_bfloat16")
-
-    cpus = tf.config.list_physical_devices("CPU")
-    tf.config.set_logical_device_configuration(cpus[0], [tf.config.LogicalDeviceConfiguration()] * REPLICAS)
-    if strategy_name == "mirrored":
-        strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(REPLICAS)])
-    else:
-        strategy = tf.distribute.get_strategy()
-    spec = MODELS[name]
-    arrays = np.load(data)
-    x, y = arrays["x"], arrays["y"]
-    global_batch = spec["batch"] * REPLICAS
-    steps = len(x) // global_batch
-    layers = tf.keras.layers
-    with strategy.scope():
-        if name == "mlp":
-            model = tf.keras.Sequential(
-                [
-                    layers.Input(spec["shape"]),
-                    layers.Flatten(),
-                    layers.Dense(256, activation="relu"),
-                    layers.Dense(10, dtype="float32"),
-                ]
-            )
-        elif name == "plain_cnn":
-            model = tf.keras.Sequential(
-                [
-                    layers.Input(spec["shape"]),
-                    layers.Conv2D(64, 5, padding="same", activation="relu"),
-                    layers.MaxPooling2D(3, 2, padding="same"),
-                    layers.Conv2D(64, 5, padding="same", activation="relu"),
-                    layers.MaxPooling2D(3, 2, padding="same"),
-                    layers.Flatten(),
-                    layers.Dense(384, activation="relu"),
-                    layers.Dense(192, activation="relu"),
-                    layers.Dense(10, dtype="float32"),
-                ]
-            )
-        elif name == "cifar_cnn":
-
-            def lrn(t):
-                # TensorFlow's CPU LRN kernel takes float32 (and half) only: under mixed_bfloat16
-                # the normalization runs in float32, as a user of that policy would write it
-                out = tf.nn.local_response_normalization(
-                    tf.cast(t, tf.float32), depth_radius=4, bias=1.0, alpha=0.001 / 9.0, beta=0.75
-                )
-                return tf.cast(out, t.dtype)
-
-            model = tf.keras.Sequential(
-                [
-                    layers.Input(spec["shape"]),
-                    layers.Conv2D(64, 5, padding="same", activation="relu"),
-                    layers.MaxPooling2D(3, 2, padding="same"),
-                    layers.Lambda(lrn),
-                    layers.Conv2D(64, 5, padding="same", activation="relu"),
-                    layers.Lambda(lrn),
-                    layers.MaxPooling2D(3, 2, padding="same"),
-                    layers.Flatten(),
-                    layers.Dense(384, activation="relu"),
-                    layers.Dense(192, activation="relu"),
-                    layers.Dense(10, dtype="float32"),
-                ]
-            )
-        else:
-            model = tf.keras.Sequential(
-                [
-                    layers.Input(spec["shape"], dtype="int64"),
-                    layers.Embedding(spec["vocab"], 64),
-                    layers.LSTM(128),
-                    layers.Dense(spec["classes"], dtype="float32"),
-                ]
-            )
-        model.compile(
-            optimizer=tf.keras.optimizers.SGD(LR, momentum=MOMENTUM),
-            loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True),
-        )
-    dataset = tf.data.Dataset.from_tensor_slices((x, y)).batch(global_batch, drop_remainder=True).cache().repeat()
-    dataset = dataset.prefetch(tf.data.AUTOTUNE)
-
-    class Timer(tf.keras.callbacks.Callback):
-        def on_epoch_begin(self, epoch, logs=None):
-            self.start, self.faults = time.perf_counter(), minor_faults()
-
-        def on_epoch_end(self, epoch, logs=None):
-            rates.append(steps * global_batch / (time.perf_counter() - self.start))
-            faults.append((minor_faults() - self.faults) / steps)
-
-    rates: list[float] = []
-    faults: list[float] = []
-    model.fit(dataset, epochs=epochs, steps_per_epoch=steps, verbose=0, callbacks=[Timer()])
-    return steady(rates, faults)
-
-
-def minor_faults() -> int:
-    """This process's minor page faults so far: each is a page the kernel maps and zero-fills
-    on first touch, what an allocator that returns freed memory to the system pays again
-    every step."""
-    import resource
-
-    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-
-
-def steady(rates: list[float], faults: list[float]) -> dict:
-    """A run's result: the median of its epochs after the first, examples/s and minor page
-    faults a step (the measuring process's: TensorFlow's only one, paratrain's chief)."""
-    return {
-        "examples_per_second": statistics.median(rates[1:]),
-        "epochs": rates,
-        "faults_per_step": statistics.median(faults[1:]),
-    }
 
 
 # ----- paratrain's side ---------------------------------------------------------------------------
@@ -292,7 +167,7 @@ SIDES = {
 
 
 def run_tf(python: str, name: str, data: str, strategy: str, epochs: int) -> dict:
-    command = [python, __file__, "--tf-side", name, data, strategy, str(epochs)]
+    command = [python, str(SIDE), name, data, strategy, str(epochs)]
     env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"} | {"TF_CPP_MIN_LOG_LEVEL": "2"}
     result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=1800)
     if result.returncode:
@@ -346,10 +221,6 @@ def markdown(document: dict) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    if argv and argv[0] == "--tf-side":  # the TensorFlow half, in its own environment
-        name, data, strategy, epochs = argv[1:5]
-        print(json.dumps(tf_run(name, data, strategy, int(epochs))))
-        return 0
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tf-python", required=True, help="the python of an environment with tensorflow-cpu")
     parser.add_argument("--models", default=",".join(MODELS))
