@@ -122,7 +122,8 @@ def real_run(setting: tuple, candidate: dict, args: argparse.Namespace, folder: 
     model, hosts, cpu, link, slow = setting
     train = [*train_flags(candidate), *model_flags(model), "--epochs", str(MODELS[model]["epochs"]), "--seed", str(seed),
              "--timeout", "600"]  # fmt: skip
-    metrics = cluster_train([*hosts_flags(hosts, cpu, link, slow), "--pin", "never"], train, folder / "m.json")
+    cluster = [*hosts_flags(hosts, cpu, link, slow), "--pin", "never", "--throttle-from", args.throttle_from]
+    metrics = cluster_train(cluster, train, folder / "m.json")
     start = metrics["history"][0]["wall_seconds"]
     run = {
         "examples_per_second": metrics["steady_examples_per_second"],
@@ -274,6 +275,11 @@ def combine(paths: list[str], out: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument(
+        "--throttle-from", default="start", choices=("start", "training"),
+        help="when the real runs' hosts begin at their CPU shares (paratrain cluster run --throttle-from; training: "
+        "start-up at the machine's speed, benchmarks/throttle_from.py compares the two)",
+    )  # fmt: skip
     parser.add_argument("--only", help="comma-separated setting numbers (1-based) to run, into the same file")
     parser.add_argument("--out", default=str(RESULTS / "simulator_recommend"))
     parser.add_argument("--target-accuracy", type=float, help="instead of each model's target (MODELS)")
@@ -292,7 +298,11 @@ def main() -> None:
         combine(args.combine, out)
         return
     chosen = [int(i) for i in args.only.split(",")] if args.only else range(1, len(SETTINGS) + 1)
-    document = {"setup": {"repeats": args.repeats}, "calibrations": {}, "settings": []}
+    document = {
+        "setup": {"repeats": args.repeats, "throttle_from": args.throttle_from},
+        "calibrations": {},
+        "settings": [],
+    }
     if args.only and out.with_suffix(".json").exists():
         document = json.loads(out.with_suffix(".json").read_text())
     if args.repredict:

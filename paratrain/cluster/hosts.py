@@ -98,7 +98,7 @@ class EmulatedCluster:
     """``with EmulatedCluster([HostSpec(...), ...]) as cluster:`` hosts that exist inside
     the block and are gone after it, whatever happened in it."""
 
-    def __init__(self, specs: list[HostSpec], cluster_id: int | None = None, pin: str = "auto"):
+    def __init__(self, specs: list[HostSpec], cluster_id: int | None = None, pin: str = "auto", throttled: bool = True):
         if not 1 <= len(specs) <= 250:
             raise ConfigError(f"--hosts must be 1..250, got {len(specs)}")
         if pin not in PIN_MODES:
@@ -110,6 +110,8 @@ class EmulatedCluster:
         if cluster_id is None:
             check_support()  # finding a free id asks ip: a machine without it hears what it lacks
         self.id = cluster_id if cluster_id is not None else free_cluster_id()
+        self.throttled = throttled
+        """Whether the hosts run at their CPU shares (False: at the machine's speed until ``throttle()``)."""
         self.prefix = f"pt{self.id}"
         self.bridge = f"{self.prefix}br"
         self.hosts = [
@@ -165,9 +167,15 @@ class EmulatedCluster:
                          "burst", "64kb", "latency", "100ms")  # fmt: skip
             host.cgroup.mkdir(exist_ok=True)
             (host.cgroup / "cpu.cfs_period_us").write_text(str(PERIOD_US))
-            (host.cgroup / "cpu.cfs_quota_us").write_text(str(max(1000, int(host.spec.cpu * PERIOD_US))))
+            (host.cgroup / "cpu.cfs_quota_us").write_text(str(_quota_us(host.spec) if self.throttled else -1))
             if host.accounting is not None:
                 host.accounting.mkdir(exist_ok=True)
+
+    def throttle(self) -> None:
+        """Every host at its CPU share from now on."""
+        for host in self.hosts:
+            (host.cgroup / "cpu.cfs_quota_us").write_text(str(_quota_us(host.spec)))
+        self.throttled = True
 
     def command(self, host: Host, argv: list[str], hostname: str | None = None) -> list[str]:
         """``argv`` run on ``host``: in its namespace and its CPU cgroup. With a ``hostname``
@@ -293,6 +301,11 @@ def host_cores(specs: list[HostSpec], available: list[int]) -> list[list[int]]:
         out.append([available[(start + j) % len(available)] for j in range(count)])
         start += count
     return out
+
+
+def _quota_us(spec: HostSpec) -> int:
+    """A host's CPU time in each CFS period: its share of one core's (1 ms at least)."""
+    return max(1000, int(spec.cpu * PERIOD_US))
 
 
 def _cores_wanted(spec: HostSpec) -> int:

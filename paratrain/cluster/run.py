@@ -23,6 +23,10 @@ the group formed and mid-training however long start-up takes on a loaded machin
 script that does not train with paratrain's Trainer records no step. Everything is torn
 down on exit, on error and on Ctrl-C.
 
+Each host runs at its CPU share from the start; with ``--throttle-from training``, at the
+machine's speed until every process has finished a step (the progress file again), so that
+a short run on slow hosts does not spend most of itself importing torch at their share.
+
 A fault-tolerant run (``allreduce-ft`` ... ``diloco-ft``, or ``--fault-tolerant``) runs
 instead as on a cluster with spare machines: one torchrun job per replica on a host of its
 own, the Lighthouse on the runner, and a lost replica started again on one of the last
@@ -52,9 +56,11 @@ from paratrain.cluster.hosts import (
 from paratrain.cluster.replicas import is_fault_tolerant, replicas_command, run_replicas
 from paratrain.cluster.watch import Fault, Watch, faults
 from paratrain.errors import ConfigError
-from paratrain.train.faults import new_progress
+from paratrain.train.faults import new_progress, read_progress
 
 PORT = 29500
+#: When a run's hosts begin to run at their CPU shares (``--throttle-from``).
+THROTTLE_FROM = ("start", "training")
 SETTLE_SECONDS = 5.0
 FAILURE_GRACE_SECONDS = 10.0
 
@@ -97,6 +103,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--cold-spares",
         action="store_true",
         help="spare hosts run nothing until a replica is lost (default: each runs a standby with torch loaded)",
+    )
+    parser.add_argument(
+        "--throttle-from",
+        default="start",
+        choices=THROTTLE_FROM,
+        help="when the hosts' CPU shares begin: start (default: start-up runs at each host's share too) or "
+        "training (once every process has finished a step: start-up at the machine's speed, then the shares)",
     )
     parser.add_argument("--logs", default=None, metavar="DIR", help="folder for each host's output")
     parser.add_argument(
@@ -189,6 +202,11 @@ def cluster_command(args: argparse.Namespace) -> int:
             f"--spares {args.spares}: spare hosts stand by for a fault-tolerant run's lost replicas (paratrain train "
             "--strategy allreduce-ft, pipeline-ft, fsdp-ft, local-sgd-ft, diloco-ft or --fault-tolerant); give 0 or more"
         )
+    if fault_tolerant and args.throttle_from != "start":
+        raise ConfigError(
+            f"--throttle-from {args.throttle_from}: a fault-tolerant run's replicas start and start again apart, each "
+            "at its host's share; give --throttle-from start"
+        )
     if fault_tolerant:
         command, replicas = replicas_command(command, args.hosts, args.spares, args.procs_per_host)
     logs = Path(args.logs or tempfile.mkdtemp(prefix="paratrain-cluster-"))
@@ -201,7 +219,7 @@ def cluster_command(args: argparse.Namespace) -> int:
         with tempfile.TemporaryDirectory(prefix="paratrain-progress-") as scratch:
             progress = Path(scratch) / "progress"
             new_progress(progress, args.hosts * args.procs_per_host)
-            with EmulatedCluster(specs, pin=args.pin) as cluster:
+            with EmulatedCluster(specs, pin=args.pin, throttled=args.throttle_from == "start") as cluster:
                 # Which namespaces, links and cgroups are this run's (`ip netns exec pt<c>h0 ...`).
                 print(f"paratrain cluster: cluster {cluster.id}: hosts {cluster.prefix}h0-{len(specs) - 1} on "
                       f"198.18.{cluster.id}.0/24", file=sys.stderr, flush=True)  # fmt: skip
@@ -290,8 +308,15 @@ def _run(
             return True
         return False
 
+    def tick() -> bool:
+        if not cluster.throttled and min(read_progress(progress, num_processes)) >= 1:
+            watch.usage.throttle()
+            print(f"paratrain cluster: every process has finished a step at {watch.now():.1f} s: the hosts run at "
+                  "their CPU shares from now", file=sys.stderr, flush=True)  # fmt: skip
+        return over()
+
     try:
-        stopped = watch(num_processes, lambda index: None, over)
+        stopped = watch(num_processes, lambda index: None, tick)
     finally:
         # host 0's agent holds the rendezvous store: the others go first, so none of them
         # reports the store's connection closing under it. A host's every process goes (a

@@ -63,6 +63,9 @@ class UsageRecorder:
     def __init__(self, cluster, interval: float = INTERVAL):
         self.cluster, self.interval = cluster, interval
         self.samples: list[list[list[float]]] = [[] for _ in cluster.hosts]
+        self.throttled_at: float | None = 0.0 if cluster.throttled else None
+        """When the hosts began to run at their shares (wall clock; 0.0: from the start);
+        None: not yet (``paratrain cluster run --throttle-from training``)."""
         self._sampler = Periodic(self._sample, interval, "cluster-usage", first=True, last=True)
 
     def start(self) -> UsageRecorder:
@@ -86,6 +89,7 @@ class UsageRecorder:
         return {
             "interval_s": self.interval,
             "period_s": PERIOD_US / 1e6,
+            "throttled_at": self.throttled_at,
             "hosts": [
                 {"host": host.name, "cpu": host.spec.cpu, "samples": samples}
                 for host, samples in zip(self.cluster.hosts, self.samples)
@@ -95,10 +99,20 @@ class UsageRecorder:
     def write(self, path: Path) -> None:
         path.write_text(json.dumps(self.document()) + "\n")
 
+    def throttle(self) -> None:
+        """The cluster's hosts run at their shares from now (EmulatedCluster.throttle)."""
+        self.cluster.throttle()
+        self.throttled_at = time.time()
+        self._sample()  # the counters as the shares begin: the summary counts from here
+
     def summary(self) -> list[str]:
-        """One line per host: its CPU over the run against its share, and its throttling."""
+        """One line per host: its CPU over the run (since the shares began) against its
+        share, and its throttling."""
+        if self.throttled_at is None:
+            return ["the hosts ran at the machine's speed throughout: no share began"]
         lines = []
-        for host, samples in zip(self.cluster.hosts, self.samples):
+        for host, every in zip(self.cluster.hosts, self.samples):
+            samples = sorted(sample for sample in every if sample[0] >= self.throttled_at)
             if len(samples) < 2:
                 continue
             (t0, cpu0, periods0, throttled0, _), (t1, cpu1, periods1, throttled1, _) = samples[0], samples[-1]

@@ -122,6 +122,30 @@ def test_each_host_runs_on_cores_of_its_own_and_its_cpu_is_counted(tmp_path):
 
 
 @needs_hosts
+def test_hosts_throttled_from_training_start_at_the_machines_speed_then_keep_their_share(tmp_path):
+    """``--throttle-from training``: until every process has finished a step the hosts run
+    unthrottled (start-up, torch's import, took more CPU a second than the share), from
+    then on at their shares (the quota holds); the run is the same run."""
+    out = tmp_path / "m.json"
+    result = cluster("--hosts", "2", "--cpu", "0.25", "--throttle-from", "training", "--logs", str(tmp_path / "logs"),
+                     "--", "paratrain", "train", "--strategy", "allreduce", *FAST, "--metrics-out", str(out))  # fmt: skip
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert re.search(
+        r"every process has finished a step at [0-9.]+ s: the hosts run at their CPU shares", result.stderr
+    )
+    usage = json.loads((tmp_path / "logs" / "usage.json").read_text())
+    began = usage["throttled_at"]
+    for host in usage["hosts"]:
+        before = [s for s in host["samples"] if s[0] < began]
+        after = [s for s in host["samples"] if s[0] >= began]
+        (t0, cpu0, *_), (t1, cpu1, *_) = before[0], before[-1]
+        assert (cpu1 - cpu0) / (t1 - t0) > 0.25 * 1.5  # start-up took more than the share
+        (t0, cpu0, *_), (t1, cpu1, *_) = after[0], after[-1]
+        assert (cpu1 - cpu0) / (t1 - t0) < 0.25 * 1.1  # the quota holds from then on
+    assert json.loads(out.read_text())["global_steps"] > 0
+
+
+@needs_hosts
 def test_a_killed_host_under_ps_async_is_survived(tmp_path):
     out = tmp_path / "m.json"
     # at version 100: mid-training however long start-up takes (6 epochs of 3 workers'
@@ -240,6 +264,10 @@ def test_without_root_it_is_one_line_and_exit_2():
           "soon"], "--replica-heartbeat-timeout soon: expected a number > 0"),
         (["--hosts", "2", "--cold-spares", "--", "paratrain", "train", "--strategy", "allreduce-ft"],
          "--cold-spares says how --spares hosts stand by"),
+        (["--hosts", "2", "--throttle-from", "training", "--", "paratrain", "train", "--strategy", "allreduce-ft"],
+         "--throttle-from training: a fault-tolerant run's replicas start and start again apart"),
+        (["--hosts", "2", "--throttle-from", "later", "--", "paratrain", "train"],
+         "--throttle-from: invalid choice: 'later'"),
     ],
 )  # fmt: skip
 def test_bad_cluster_flags_are_one_line_and_exit_2(args, words):

@@ -55,6 +55,19 @@ def test_the_summary_gives_each_hosts_cpu_against_its_share():
     assert recorder.document()["hosts"][1]["cpu"] == 0.15
 
 
+def test_the_summary_counts_from_when_the_shares_began():
+    """A cluster made unthrottled (``--throttle-from training``) has no share to compare with
+    until ``throttle``; from then on its summary counts only the samples since."""
+    cluster = EmulatedCluster([HostSpec(cpu=0.3)], cluster_id=7, pin="never", throttled=False)
+    recorder = UsageRecorder(cluster)
+    assert recorder.summary() == ["the hosts ran at the machine's speed throughout: no share began"]
+    assert recorder.document()["throttled_at"] is None
+    recorder.throttled_at = 10.0  # what throttle() records, with the cgroup write left out
+    recorder.samples = [[[0.0, 0.0, 0, 0, 0.0], [10.0, 9.0, 1000, 0, 0.0], [20.0, 12.0, 2000, 800, 5.0]]]
+    (line,) = recorder.summary()
+    assert line.startswith("host0: 3.0 CPU-s in 10.0 s (0.30 of a core; share 0.3)") and "80% of" in line
+
+
 def test_hosts_take_cores_in_turn():
     small = [HostSpec(cpu=0.3)] * 5
     assert host_cores(small, [0, 1]) == [[0], [1], [0], [1], [0]]
