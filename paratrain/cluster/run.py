@@ -25,7 +25,8 @@ down on exit, on error and on Ctrl-C.
 
 Each host runs at its CPU share from the start; with ``--throttle-from training``, at the
 machine's speed until every process has finished a step (the progress file again), so that
-a short run on slow hosts does not spend most of itself importing torch at their share.
+a short run on slow hosts does not take 1.4-1.7x as long importing torch at their share
+(benchmarks/results/throttle_from.md).
 
 A fault-tolerant run (``allreduce-ft`` ... ``diloco-ft``, or ``--fault-tolerant``) runs
 instead as on a cluster with spare machines: one torchrun job per replica on a host of its
