@@ -311,7 +311,8 @@ def _run(
 
     def tick() -> bool:
         if not cluster.throttled and min(read_progress(progress, num_processes)) >= 1:
-            watch.usage.throttle()
+            cluster.throttle()
+            watch.usage.shares_began()
             print(f"paratrain cluster: every process has finished a step at {watch.now():.1f} s: the hosts run at "
                   "their CPU shares from now", file=sys.stderr, flush=True)  # fmt: skip
         return over()

@@ -99,9 +99,8 @@ class UsageRecorder:
     def write(self, path: Path) -> None:
         path.write_text(json.dumps(self.document()) + "\n")
 
-    def throttle(self) -> None:
-        """The cluster's hosts run at their shares from now (EmulatedCluster.throttle)."""
-        self.cluster.throttle()
+    def shares_began(self) -> None:
+        """The cluster's hosts run at their shares from now on (EmulatedCluster.throttle was called)."""
         self.throttled_at = time.time()
         self._sample()  # the counters as the shares begin: the summary counts from here
 

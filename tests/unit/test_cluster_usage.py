@@ -62,7 +62,7 @@ def test_the_summary_counts_from_when_the_shares_began():
     recorder = UsageRecorder(cluster)
     assert recorder.summary() == ["the hosts ran at the machine's speed throughout: no share began"]
     assert recorder.document()["throttled_at"] is None
-    recorder.throttled_at = 10.0  # what throttle() records, with the cgroup write left out
+    recorder.throttled_at = 10.0  # what shares_began() records at that moment
     recorder.samples = [[[0.0, 0.0, 0, 0, 0.0], [10.0, 9.0, 1000, 0, 0.0], [20.0, 12.0, 2000, 800, 5.0]]]
     (line,) = recorder.summary()
     assert line.startswith("host0: 3.0 CPU-s in 10.0 s (0.30 of a core; share 0.3)") and "80% of" in line
