@@ -47,7 +47,8 @@ if "PARATRAIN_HOST_REGISTRY" not in os.environ:
 # Tests run in several pytest-xdist workers (at most 6): each takes its rendezvous ports
 # from a range of its own, below the kernel's ephemeral ports (32768 and up), so that
 # neither another test's run nor any process's outgoing connection takes a port between its
-# pick and its bind.
+# pick and its bind. The jobs of a test's local SLURM inherit it and derive their port in it:
+# two workers' SLURMs both number their jobs from 1.
 _WORKER = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
 _INDEX = int(_WORKER[2:]) if _WORKER[2:].isdigit() else 0
 os.environ.setdefault("PARATRAIN_PORT_RANGE", f"{20000 + 2000 * _INDEX}-{21999 + 2000 * _INDEX}")

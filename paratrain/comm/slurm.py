@@ -6,7 +6,8 @@ node from ``SLURM_LOCALID`` and the number of tasks there from ``SLURM_STEP_TASK
 (``2(x2)``) and ``SLURM_NODEID``. The rendezvous is on the first host of the step's node list
 (``SLURM_STEP_NODELIST``, a hostlist expression such as ``node[01-04,07],gpu-a[1-2]``,
 expanded as ``scontrol show hostnames`` does), on a port derived from the job and step ids
-(``MASTER_ADDR`` and ``MASTER_PORT``, where set, win). The batch script itself, not started
+(within ``PARATRAIN_PORT_RANGE`` where it is set; ``MASTER_ADDR`` and ``MASTER_PORT``, where
+set, win). The batch script itself, not started
 by ``srun``, has no step id, and a step of one task (``srun --pty bash``) is one shell: a
 ``paratrain train`` there runs as it would outside SLURM, starting its own processes.
 """
@@ -16,10 +17,12 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
+from paratrain.comm.ports import port_range
 from paratrain.errors import ConfigError
 
 #: Rendezvous ports derived from the job id: PORT_BASE + (job + step) mod PORT_SPAN, clear of
-#: the ephemeral range (32768 up, Linux's default) that connections take their ports from.
+#: the ephemeral range (32768 up, Linux's default) that connections take their ports from;
+#: within ``PARATRAIN_PORT_RANGE`` where it is set (comm/ports.py).
 PORT_BASE, PORT_SPAN = 20000, 10000
 
 _BRACKETS = re.compile(r"\[([^\[\]]*)\]")
@@ -103,6 +106,14 @@ def under_srun(env: Mapping[str, str]) -> bool:
     return tasks.isdigit() and int(tasks) > 1
 
 
+def job_port(number: int, span: tuple[int, int] | None) -> int:
+    """The rendezvous port of a job and step (``number``: their ids' sum): in ``span`` (low,
+    high) where given, else from PORT_BASE. Two runs started at once on one machine, each
+    with a range of its own, never meet on one port, whatever their jobs' ids."""
+    low, size = (span[0], span[1] - span[0] + 1) if span else (PORT_BASE, PORT_SPAN)
+    return low + number % size
+
+
 def slurm_place(env: Mapping[str, str]) -> dict[str, object]:
     """This task's place (``ClusterEnv``'s fields) from ``srun``'s variables."""
     try:
@@ -112,7 +123,7 @@ def slurm_place(env: Mapping[str, str]) -> dict[str, object]:
         local = int(env.get("SLURM_LOCALID", "0"))
         per_node = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE")
         node = int(env.get("SLURM_NODEID", "0"))
-        port = int(env.get("MASTER_PORT") or PORT_BASE + (job + step) % PORT_SPAN)
+        port = int(env.get("MASTER_PORT") or job_port(job + step, port_range(env)))
     except ValueError as error:
         raise ConfigError(f"bad SLURM environment variable: {error}") from None
     return {

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from paratrain.comm.ports import PORT_RANGE_ENV, port_range
 from paratrain.comm.slurm import slurm_place, under_srun
 from paratrain.errors import ConfigError, WorkerLost
 
@@ -105,12 +106,6 @@ def _split_address(address: str) -> tuple[str, int]:
     return host, int(port)
 
 
-#: Where a run's own rendezvous ports come from: ``PARATRAIN_PORT_RANGE=LOW-HIGH`` (say,
-#: the ports a firewall opens, or a range of its own for each of several runs started at once
-#: on one machine); unset, the kernel's ephemeral ports.
-PORT_RANGE_ENV = "PARATRAIN_PORT_RANGE"
-
-
 _REMEMBERED = 64
 _picked: list[int] = []  # the ports this process handed out last, never handed out twice in a row
 
@@ -119,16 +114,12 @@ def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port that was free on ``host`` a moment ago: from ``PARATRAIN_PORT_RANGE`` if
     set, else one the kernel picks. A range below the kernel's ephemeral ports is never
     taken meanwhile by the outgoing connections of another run on the machine."""
-    span = os.environ.get(PORT_RANGE_ENV)
-    if not span:
+    span = port_range(os.environ)
+    if span is None:
         with socket.socket() as sock:
             sock.bind((host, 0))
             return sock.getsockname()[1]
-    try:
-        low, high = (int(part) for part in span.split("-"))
-        assert 0 < low <= high < 65536
-    except (ValueError, AssertionError):
-        raise ConfigError(f"{PORT_RANGE_ENV} must be LOW-HIGH, two ports (say 20000-24999), got {span!r}") from None
+    low, high = span
     rng = random.Random()
     for _ in range(4 * (high - low + 1)):
         port = rng.randint(low, high)
@@ -144,7 +135,7 @@ def free_port(host: str = "127.0.0.1") -> int:
         _picked.append(port)
         del _picked[:-_REMEMBERED]
         return port
-    raise ConfigError(f"no free port on {host} in {PORT_RANGE_ENV}={span}")
+    raise ConfigError(f"no free port on {host} in {PORT_RANGE_ENV}={low}-{high}")
 
 
 def host_store(timeout: float = 60.0, host: str = "127.0.0.1") -> dist.TCPStore:

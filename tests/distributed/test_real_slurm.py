@@ -65,8 +65,12 @@ def test_a_job_warned_of_its_time_limit_stops_requeues_itself_and_ends_as_the_un
     deadline = time.monotonic() + 120
     while not (folder / "ckpt-000000050").exists() and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert slurm.run("scancel", "--signal=USR1", job).returncode == 0
-    assert slurm.wait_for_job(job) == "COMPLETED", (tmp_path / f"paratrain-{job}.out").read_text()[-3000:]
+    log = tmp_path / f"paratrain-{job}.out"
+    state = slurm.job(job).get("JobState")
+    assert (folder / "ckpt-000000050").exists(), f"{state}: {log.read_text()[-3000:] if log.exists() else 'no log'}"
+    warned = slurm.run("scancel", "--signal=USR1", job)
+    assert warned.returncode == 0, f"{warned.stderr} {state}: {log.read_text()[-3000:]}"
+    assert slurm.wait_for_job(job) == "COMPLETED", log.read_text()[-3000:]
     assert slurm.job(job)["Restarts"] == "1"
     resumed = json.loads(out.read_text())
     assert resumed["resumed_from_step"] >= 50 and resumed["global_steps"] == 40 * (1433 // 64)

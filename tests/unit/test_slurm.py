@@ -63,6 +63,16 @@ def test_outside_an_srun_step_of_several_tasks_a_process_runs_alone(changes):
     assert cluster_from_env({k: v for k, v in env.items() if v is not None}) is None
 
 
+def test_a_port_range_holds_the_port_derived_from_the_job():
+    """Two SLURMs on one machine number their jobs from 1 alike: each run takes its port from
+    its own PARATRAIN_PORT_RANGE (a test's job once met another test's run on 20003)."""
+    env = {**SRUN, "SLURM_PROCID": "0", "SLURM_STEP_ID": "1"}
+    assert cluster_from_env({**env, "PARATRAIN_PORT_RANGE": "22000-23999"}).master_port == 22000 + 4243 % 2000
+    assert cluster_from_env({**env, "PARATRAIN_PORT_RANGE": "24000-24000"}).master_port == 24000
+    with pytest.raises(ConfigError, match="PARATRAIN_PORT_RANGE must be LOW-HIGH"):
+        cluster_from_env({**env, "PARATRAIN_PORT_RANGE": "22000"})
+
+
 def test_torchrun_started_by_srun_wins():
     env = {**SRUN, "SLURM_PROCID": "1", "RANK": "5", "WORLD_SIZE": "8", "MASTER_ADDR": "h", "MASTER_PORT": "1"}
     assert cluster_from_env(env).source == "torchrun"
