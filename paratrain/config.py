@@ -149,8 +149,8 @@ class TrainConfig:
     compile: bool = option(False, "torch.compile the model (a slower first step while it compiles)")
     keep_host_memory: bool = option(
         True,
-        "keep memory freed by CPU tensors in the process for the next step's (glibc malloc's trim and mmap "
-        "thresholds raised; faster CPU steps, resident memory stays at its peak)",
+        "keep memory freed by CPU tensors in the process for the next step's (glibc malloc gives nothing back and "
+        "maps no block apart; faster CPU steps, resident memory stays at its peak)",
     )
     flush_denormal: bool = option(
         True,
