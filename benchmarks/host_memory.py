@@ -14,7 +14,7 @@ process's cores:
 - ``kept``: ``--keep-host-memory`` as it is now (no block mapped apart).
 
 The models: the tutorials' LSTM text classifier (200 token ids of 20,000, embedding 64,
-LSTM 128; batch 64: oneDNN's workspace for the sequence is one 95 MB block), the plain
+LSTM 128; batch 64: its step allocates one 95 MB block), the plain
 conv net of tensorflow_mirrored.py at batch 256 (two replicas' batch in one process: a
 38 MB activation) and the tutorial CNN at batch 128 (every block below 32 MiB). Each
 process trains ``--warmup`` steps, then ``--steps`` timed ones on one fixed random batch;

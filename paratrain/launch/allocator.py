@@ -8,7 +8,7 @@ kernel maps them, zero-fills them page by page on first touch, and unmaps them a
 step. ``keep_freed_memory`` keeps them instead (``mallopt``), the way PyTorch's caching
 allocator keeps GPU memory: the heap's top is never given back, and no block is mapped
 apart (``M_MMAP_MAX`` 0), not even one above the 32 MiB that the mmap threshold cannot be
-raised past: an LSTM's workspace over 200 time steps (95 MB at batch 64) or a conv net's
+raised past: an LSTM's one 95 MB block a step over 200 time steps at batch 64, or a conv net's
 activations at batch 256 (38 MB) would be mapped and faulted in again every step. The
 tutorial CNN's channels-last CPU step takes 0.84x the time on this machine, 77 ms against
 91 (benchmarks/results/step_options.md); the LSTM's and the large batches' figures are in
