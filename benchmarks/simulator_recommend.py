@@ -103,13 +103,17 @@ def target_of(model: str, args: argparse.Namespace) -> float:
     return args.target_accuracy if args.target_accuracy is not None else MODELS[model]["target"]
 
 
+def epochs_of(model: str, args: argparse.Namespace) -> int:
+    return args.epochs if args.epochs is not None else MODELS[model]["epochs"]
+
+
 def predict(setting: tuple, calibration: Path, args: argparse.Namespace, folder: Path) -> dict:
     model, hosts, cpu, link, slow = setting
     out = folder / "prediction.json"
     started = time.perf_counter()
     result = paratrain(
         "simulate", "--recommend", *hosts_flags(hosts, cpu, link, slow), "--calibration", str(calibration),
-        *model_flags(model), "--target-accuracy", str(target_of(model, args)), "--epochs", str(MODELS[model]["epochs"]),
+        *model_flags(model), "--target-accuracy", str(target_of(model, args)), "--epochs", str(epochs_of(model, args)),
         "--json-out", str(out),
     )  # fmt: skip
     prediction = json.loads(out.read_text())
@@ -120,7 +124,7 @@ def predict(setting: tuple, calibration: Path, args: argparse.Namespace, folder:
 
 def real_run(setting: tuple, candidate: dict, args: argparse.Namespace, folder: Path, seed: int) -> dict:
     model, hosts, cpu, link, slow = setting
-    train = [*train_flags(candidate), *model_flags(model), "--epochs", str(MODELS[model]["epochs"]), "--seed", str(seed),
+    train = [*train_flags(candidate), *model_flags(model), "--epochs", str(epochs_of(model, args)), "--seed", str(seed),
              "--timeout", "600"]  # fmt: skip
     cluster = [*hosts_flags(hosts, cpu, link, slow), "--pin", "never", "--throttle-from", args.throttle_from]
     metrics = cluster_train(cluster, train, folder / "m.json")
@@ -184,7 +188,13 @@ def report(document: dict, out: Path) -> None:
     lines = [
         "# The user's path on emulated clusters: calibrate, --recommend, then every candidate for real",
         "",
-        f"`sudo python benchmarks/simulator_recommend.py --repeats {document['setup']['repeats']}`"
+        f"`sudo python benchmarks/simulator_recommend.py --repeats {document['setup']['repeats']}"
+        + "".join(
+            f" --{name.replace('_', '-')} {document['setup'][name]}"
+            for name in ("epochs", "throttle_from")
+            if document["setup"].get(name) not in (None, "start")
+        )
+        + "`"
         + (
             f" (the real runs; the predictions again with `{document['real_runs_from']}`)"
             if "real_runs_from" in document
@@ -283,6 +293,7 @@ def main() -> None:
     parser.add_argument("--only", help="comma-separated setting numbers (1-based) to run, into the same file")
     parser.add_argument("--out", default=str(RESULTS / "simulator_recommend"))
     parser.add_argument("--target-accuracy", type=float, help="instead of each model's target (MODELS)")
+    parser.add_argument("--epochs", type=int, help="instead of each model's epochs (MODELS): longer real runs")
     parser.add_argument("--across-hosts", action="store_true", help="calibrate with --across-hosts")
     parser.add_argument("--recorded-calibrations", action="store_true",
                         help="with --repredict: the calibrations recorded beside the real runs, not measured again")  # fmt: skip
@@ -299,7 +310,7 @@ def main() -> None:
         return
     chosen = [int(i) for i in args.only.split(",")] if args.only else range(1, len(SETTINGS) + 1)
     document = {
-        "setup": {"repeats": args.repeats, "throttle_from": args.throttle_from},
+        "setup": {"repeats": args.repeats, "throttle_from": args.throttle_from, "epochs": args.epochs},
         "calibrations": {},
         "settings": [],
     }
