@@ -104,7 +104,19 @@ def target_of(model: str, args: argparse.Namespace) -> float:
 
 
 def epochs_of(model: str, args: argparse.Namespace) -> int:
-    return args.epochs if args.epochs is not None else MODELS[model]["epochs"]
+    return (args.epochs or {}).get(model, MODELS[model]["epochs"])
+
+
+def model_epochs(text: str) -> dict[str, int]:
+    """``--epochs mlp=30,cifar_cnn=6``: epochs by model."""
+    try:
+        epochs = {name: int(count) for name, _, count in (part.partition("=") for part in text.split(","))}
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected MODEL=N[,MODEL=N], got {text!r}") from None
+    unknown = set(epochs) - set(MODELS)
+    if unknown or min(epochs.values()) < 2:
+        raise argparse.ArgumentTypeError(f"models are {', '.join(MODELS)}, epochs at least 2: got {text!r}")
+    return epochs
 
 
 def predict(setting: tuple, calibration: Path, args: argparse.Namespace, folder: Path) -> dict:
@@ -190,9 +202,12 @@ def report(document: dict, out: Path) -> None:
         "",
         f"`sudo python benchmarks/simulator_recommend.py --repeats {document['setup']['repeats']}"
         + "".join(
-            f" --{name.replace('_', '-')} {document['setup'][name]}"
-            for name in ("epochs", "throttle_from")
-            if document["setup"].get(name) not in (None, "start")
+            f" --{name.replace('_', '-')} {value}"
+            for name, value in (
+                ("epochs", ",".join(f"{k}={v}" for k, v in (document["setup"].get("epochs") or {}).items())),
+                ("throttle_from", document["setup"].get("throttle_from", "start")),
+            )
+            if value not in ("", "start")
         )
         + "`"
         + (
@@ -293,7 +308,8 @@ def main() -> None:
     parser.add_argument("--only", help="comma-separated setting numbers (1-based) to run, into the same file")
     parser.add_argument("--out", default=str(RESULTS / "simulator_recommend"))
     parser.add_argument("--target-accuracy", type=float, help="instead of each model's target (MODELS)")
-    parser.add_argument("--epochs", type=int, help="instead of each model's epochs (MODELS): longer real runs")
+    parser.add_argument("--epochs", type=model_epochs, metavar="MODEL=N[,MODEL=N]",
+                        help="instead of these models' epochs (MODELS): longer real runs")  # fmt: skip
     parser.add_argument("--across-hosts", action="store_true", help="calibrate with --across-hosts")
     parser.add_argument("--recorded-calibrations", action="store_true",
                         help="with --repredict: the calibrations recorded beside the real runs, not measured again")  # fmt: skip
