@@ -29,8 +29,6 @@ Writes benchmarks/results/host_memory.json and .md.
 from __future__ import annotations
 
 import argparse
-import ctypes
-import ctypes.util
 import json
 import platform
 import resource
@@ -80,10 +78,7 @@ def thresholds_only() -> None:
     """The mmap threshold at glibc's 32 MiB maximum and no trimming; blocks above it mapped."""
     from paratrain.launch import allocator
 
-    mallopt = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").mallopt
-    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
-    assert mallopt(allocator.M_MMAP_THRESHOLD, allocator.MMAP_THRESHOLD) == 1
-    assert mallopt(allocator.M_TRIM_THRESHOLD, allocator.TRIM_THRESHOLD) == 1
+    assert allocator.set_malloc(allocator.KEPT[:2])
 
 
 def measure(name: str, mode: str, args: argparse.Namespace) -> dict:
