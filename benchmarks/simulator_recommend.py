@@ -35,7 +35,11 @@ with ``--target-accuracy A`` it asks and judges the time to another target: the 
 times to it come from the test accuracy they recorded at every epoch's end. ``--across-hosts``
 calibrates with ``--calibrate --across-hosts``: messages measured between two emulated hosts.
 ``--combine A.json B.json --out C`` judges the settings of recorded files together, each
-setting with the calibration and the real runs of its own file: no setting in two files.)
+setting with the calibration and the real runs of its own file: no setting in two files.
+``--calibrate-each`` calibrates again before every setting and predicts it with that
+calibration, recorded with the setting: what a user does before asking about a cluster, and
+what keeps a setting's prediction and its real runs on the same machine when its speed
+drifts within a session (a whole record takes more than one; --combine then joins them).)
 
 Writes benchmarks/results/simulator_recommend.json and .md after every setting (a run cut
 short keeps the settings it finished; ``--only`` runs some again into the same file).
@@ -194,9 +198,11 @@ def setting_words(setting: list) -> str:
 
 
 def report(document: dict, out: Path) -> None:
-    across = [
-        c["measured"]["across_hosts"] for c in document["calibrations"].values() if c["measured"].get("across_hosts")
-    ]
+    own = [entry["calibration"] for entry in document["settings"] if "calibration" in entry]
+    across = sorted({
+        c["measured"]["across_hosts"] for c in [*document["calibrations"].values(), *own] if c["measured"].get("across_hosts")
+    })  # fmt: skip
+    each = bool(own) and len(own) == len(document["settings"])
     lines = [
         "# The user's path on emulated clusters: calibrate, --recommend, then every candidate for real",
         "",
@@ -221,8 +227,15 @@ def report(document: dict, out: Path) -> None:
             if "combined_from" in document
             else ""
         )
-        + ". Calibrated once per "
-        "model on this machine (`paratrain simulate --calibrate`, whole cores"
+        + (
+            ". Calibrated on this machine before every setting, for its prediction alone"
+            if each
+            else ". Calibrated once per model on this machine, and again just before each setting that says when, "
+            "for its prediction alone"
+            if own
+            else ". Calibrated once per model on this machine"
+        )
+        + " (`paratrain simulate --calibrate`, whole cores"
         + (f"; with `--across-hosts`, its messages between 2 emulated hosts: {', '.join(across)}" if across else "")
         + "), then `paratrain simulate --recommend` "
         "with the cluster's flags and `--calibration` (no number given by hand); every candidate it ranks then ran on "
@@ -243,6 +256,7 @@ def report(document: dict, out: Path) -> None:
             f"real runs' seeds: {', '.join(map(str, entry.get('seeds', [0] * document['setup']['repeats'])))}; "
             f"`{' '.join(entry.get('optimizer', MODELS['mlp']['optimizer']))}`"
             + (f"; from `{entry['from']}`" if "from" in entry else "")
+            + (calibration_words(entry["calibration"]) if "calibration" in entry else "")
             + ")",
             "",
             f"{entry['prediction']['recommendation']}",
@@ -278,6 +292,12 @@ def report(document: dict, out: Path) -> None:
     record(out, document, lines)
 
 
+def calibration_words(calibration: dict) -> str:
+    """When a setting's own calibration was measured, and its compute a step (what drifts)."""
+    costs, at = calibration["costs"], calibration["measured"]["at"]
+    return f"; calibrated at {at[11:16]} UTC, compute {costs['compute_ms']:.3f} ms a step"
+
+
 def combine(paths: list[str], out: Path) -> None:
     """The recorded settings of ``paths`` judged together (each file's own calibration and runs)."""
     settings: dict[int, dict] = {}
@@ -311,6 +331,8 @@ def main() -> None:
     parser.add_argument("--epochs", type=model_epochs, metavar="MODEL=N[,MODEL=N]",
                         help="instead of these models' epochs (MODELS): longer real runs")  # fmt: skip
     parser.add_argument("--across-hosts", action="store_true", help="calibrate with --across-hosts")
+    parser.add_argument("--calibrate-each", action="store_true",
+                        help="calibrate again before every setting, for its prediction (recorded with the setting)")  # fmt: skip
     parser.add_argument("--recorded-calibrations", action="store_true",
                         help="with --repredict: the calibrations recorded beside the real runs, not measured again")  # fmt: skip
     parser.add_argument(
@@ -326,7 +348,12 @@ def main() -> None:
         return
     chosen = [int(i) for i in args.only.split(",")] if args.only else range(1, len(SETTINGS) + 1)
     document = {
-        "setup": {"repeats": args.repeats, "throttle_from": args.throttle_from, "epochs": args.epochs},
+        "setup": {
+            "repeats": args.repeats,
+            "throttle_from": args.throttle_from,
+            "epochs": args.epochs,
+            "calibrate_each": args.calibrate_each,
+        },
         "calibrations": {},
         "settings": [],
     }
@@ -339,7 +366,10 @@ def main() -> None:
         folder = Path(tmp)
         for number in chosen:
             setting = SETTINGS[number - 1]
-            calibration = calibrated(setting[0], document, folder, args.across_hosts)
+            if args.calibrate_each:  # this machine now, just before the runs it predicts
+                calibration = calibrate(setting[0], folder / f"calibration-{number}.json", args.across_hosts)
+            else:
+                calibration = calibrated(setting[0], document, folder, args.across_hosts)
             prediction = predict(setting, calibration, args, folder)
             print(f"setting {number} ({setting_words(list(setting))}): {prediction['recommendation']}", flush=True)
             runs: dict[str, list[dict]] = {c["candidate"]: [] for c in prediction["candidates"]}
@@ -352,6 +382,8 @@ def main() -> None:
             entry = {"number": number, "setting": list(setting), "prediction": prediction, "target": target_of(setting[0], args),
                      "verdict": judge(prediction, runs), "seeds": list(range(args.repeats)),
                      "optimizer": MODELS[setting[0]]["optimizer"]}  # fmt: skip
+            if args.calibrate_each:
+                entry["calibration"] = json.loads(calibration.read_text())
             document["settings"] = [e for e in document["settings"] if e["number"] != number] + [entry]
             document["settings"].sort(key=lambda e: e["number"])
             report(document, out)
@@ -364,10 +396,23 @@ def calibrated(model: str, document: dict, folder: Path, across: bool = False) -
     if model in document["calibrations"]:
         calibration.write_text(json.dumps(document["calibrations"][model]))
     elif not calibration.exists():
-        paratrain(
-            "simulate", "--calibrate", str(calibration), *model_flags(model), *(["--across-hosts"] if across else [])
-        )
-        document["calibrations"][model] = json.loads(calibration.read_text())
+        document["calibrations"][model] = json.loads(calibrate(model, calibration, across).read_text())
+    return calibration
+
+
+def calibrate(model: str, calibration: Path, across: bool = False) -> Path:
+    """``paratrain simulate --calibrate`` of ``model`` into ``calibration``, measured now."""
+    paratrain("simulate", "--calibrate", str(calibration), *model_flags(model), *(["--across-hosts"] if across else []))
+    return calibration
+
+
+def setting_calibration(entry: dict, folder: Path) -> Path | None:
+    """The calibration a setting recorded as its own (``--calibrate-each``), as a file; None
+    for a setting that used its model's."""
+    if "calibration" not in entry:
+        return None
+    calibration = folder / f"calibration-{entry['number']}.json"
+    calibration.write_text(json.dumps(entry["calibration"]))
     return calibration
 
 
@@ -384,7 +429,11 @@ def repredict(recorded: dict, args: argparse.Namespace, out: Path, chosen: set[i
         folder = Path(tmp)
         for entry in document["settings"]:
             setting = tuple(entry["setting"])
-            prediction = predict(setting, calibrated(setting[0], document, folder, args.across_hosts), args, folder)
+            own = setting_calibration(entry, folder) if args.recorded_calibrations else None
+            if own is None:  # predicted with the calibration measured now
+                entry.pop("calibration", None)
+            calibration = own or calibrated(setting[0], document, folder, args.across_hosts)
+            prediction = predict(setting, calibration, args, folder)
             entry["target"] = target_of(setting[0], args)
             runs = {row["candidate"]: [{**run, "seconds_to_target": seconds_to_recorded(run, entry["target"])}
                                        for run in row["passes"]] for row in entry["verdict"]["rows"]}  # fmt: skip
