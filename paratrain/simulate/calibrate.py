@@ -11,7 +11,10 @@ one thread a process, each process on a core of its own, about 400 steps each (a
 epochs), with the prediction's ``--optimizer``, ``--lr``, ``--momentum`` and ``--weight-decay``
 (a model that diverges at the defaults is measured at the rate it trains with); 3 rounds of the three runs back to back,
 each cost the median over the rounds (a shared machine's speed drifts between runs); the
-steps of the epochs past the first (their ``train_seconds``; an epoch's end apart):
+steps of the epochs past the first (their ``train_seconds``; an epoch's end apart). The file
+keeps each round's own costs too (``rounds``: a prediction's range, calibration.py) and the
+share of the machine's CPU time a hypervisor gave to other machines while the rounds ran
+(``measured.steal``, from /proc/stat; a cloud VM's neighbours, which move its speed):
 
 - ``compute_ms``: a step of ``single`` (T1): the forward and backward pass, the optimizer,
   the batch and the step's bookkeeping, all a worker does besides communicating;
@@ -78,7 +81,7 @@ from paratrain.data.datasets import load_dataset
 from paratrain.errors import ConfigError
 from paratrain.models import build_model
 from paratrain.registry import OPTIMIZERS
-from paratrain.simulate.calibration import FORMAT, VERSION
+from paratrain.simulate.calibration import FORMAT, ROUND_COSTS, VERSION
 from paratrain.simulate.link_probe import host_link
 
 
@@ -87,21 +90,15 @@ def calibrate(args: Any, model: Any, splits: Any) -> dict[str, Any]:
     ``args.dataset``)."""
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters() if p.requires_grad]).float()
     hosts: list[str] = []  # where the runs across hosts ran: paratrain cluster's line for each
-    single, ring, ring_cpu, push, epoch_end, shard_cpu, worker_cpu = _step_costs(args, splits, hosts)
+    before = cpu_times()
+    rounds = _step_costs(args, splits, hosts)
+    steal = stolen_share(before, cpu_times())
     update = _update_s(flat, args)
-    costs = {
-        "compute_ms": single * 1e3,
-        "ring_step_us": ring * 1e6,
-        "message_cpu_us": ring_cpu * 1e6,
-        "ps_push_us": push * 1e6,
-        "ps_update_us": update * 1e6,
-        "shard_push_cpu_us": max(shard_cpu - update, 0.0) * 1e6,
-        "ps_worker_cpu_us": worker_cpu * 1e6,
-        "codec_gbps": _codec_gbps(args, model, flat),
-        "epoch_end_ms": epoch_end * 1e3,
-    }
+    each = [_round_costs(measured, update) for measured in rounds]
+    costs = {name: statistics.median(r[name] for r in each) for name in ROUND_COSTS}
+    costs |= {"ps_update_us": update * 1e6, "codec_gbps": _codec_gbps(args, model, flat)}
     costs["host_link_gbps"], costs["host_step_us"], costs["host_step_cpu_us"] = host_link()
-    module = _tensor_module_s(args, model, splits, single, costs)
+    module = _tensor_module_s(args, model, splits, costs["compute_ms"] / 1e3, costs)
     if module is not None:
         costs["tp_module_us"] = module * 1e6
     return {
@@ -117,6 +114,7 @@ def calibrate(args: Any, model: Any, splits: Any) -> dict[str, Any]:
             + "; ".join(" ".join(flags) for flags, _ in (SINGLE, RING, PUSH))
             + ("; allreduce and ps-sync between 2 emulated hosts" if args.across_hosts else ""),
             "across_hosts": hosts[0] if hosts else None,
+            "steal": steal,
         },
         "model": {
             "model": args.model,
@@ -127,7 +125,42 @@ def calibrate(args: Any, model: Any, splits: Any) -> dict[str, Any]:
             "gradient_bytes": flat.numel() * 4,
         },
         "costs": costs,
+        "rounds": each,
     }
+
+
+def _round_costs(measured: tuple[float, ...], update: float) -> dict[str, float]:
+    """One round's costs in the file's units, from ``_step_costs``'s seconds (the shard's CPU
+    a push less its update, measured apart)."""
+    single, ring, ring_cpu, push, epoch_end, shard_cpu, worker_cpu = measured
+    return {
+        "compute_ms": single * 1e3,
+        "ring_step_us": ring * 1e6,
+        "message_cpu_us": ring_cpu * 1e6,
+        "ps_push_us": push * 1e6,
+        "shard_push_cpu_us": max(shard_cpu - update, 0.0) * 1e6,
+        "ps_worker_cpu_us": worker_cpu * 1e6,
+        "epoch_end_ms": epoch_end * 1e3,
+    }
+
+
+def cpu_times() -> list[int] | None:
+    """This machine's CPU time so far in clock ticks, by kind (/proc/stat's first line: user,
+    nice, system, idle, iowait, irq, softirq, steal); None where there is no /proc/stat."""
+    try:
+        with open("/proc/stat") as handle:
+            return [int(value) for value in handle.readline().split()[1:9]]
+    except (OSError, ValueError):
+        return None
+
+
+def stolen_share(before: list[int] | None, after: list[int] | None) -> float | None:
+    """Of the CPU time between two ``cpu_times``, the share a hypervisor gave to other
+    machines (steal: this virtual machine's CPUs were ready to run and were not run)."""
+    if before is None or after is None or len(before) < 8 or len(after) < 8:
+        return None
+    spent = [b - a for a, b in zip(before, after)]
+    return spent[7] / sum(spent) if sum(spent) > 0 else None
 
 
 #: Steps each measuring run takes, about (whole epochs).
@@ -144,12 +177,12 @@ PUSH = (["--strategy", "ps-sync", "--workers", "1"], 1)
 ROUNDS = 3
 
 
-def _step_costs(args: Any, splits: Any, hosts: list[str]) -> tuple[float, ...]:
-    """Seconds of a step of ``single`` (T1); of a ring step of ``allreduce`` with 2 workers
-    ((T2 - T1) / 2) and its CPU-seconds on a process (the same difference of the runs' CPU
-    a step); of what ``ps-sync`` with 1 worker adds (Tp - T1); of an epoch's end in
-    ``single``; the shard's CPU-seconds a push (its update included) and what the worker's
-    CPU a step adds to T1's: medians over ROUNDS. A small cost (a push of a small model: a
+def _step_costs(args: Any, splits: Any, hosts: list[str]) -> list[tuple[float, ...]]:
+    """For each of ROUNDS rounds: seconds of a step of ``single`` (T1); of a ring step of
+    ``allreduce`` with 2 workers ((T2 - T1) / 2) and its CPU-seconds on a process (the same
+    difference of the runs' CPU a step); of what ``ps-sync`` with 1 worker adds (Tp - T1); of
+    an epoch's end in ``single``; the shard's CPU-seconds a push (its update included) and
+    what the worker's CPU a step adds to T1's. A small cost (a push of a small model: a
     tenth of a millisecond) can come out below 0 in a round on a noisy machine: it counts
     as 0 there."""
     rounds = []
@@ -160,7 +193,7 @@ def _step_costs(args: Any, splits: Any, hosts: list[str]) -> tuple[float, ...]:
         push, push_cpu, _, shard_cpu = _step_s(args, splits, *PUSH, across)
         rounds.append((single, max(ring - single, 0.0) / 2, max(ring_cpu - single_cpu, 0.0) / 2,
                        max(push - single, 0.0), end, shard_cpu, max(push_cpu - single_cpu, 0.0)))  # fmt: skip
-    return tuple(statistics.median(values) for values in zip(*rounds))
+    return rounds
 
 
 def _step_s(

@@ -33,6 +33,12 @@ OPTIONAL = {
     "shard_push_cpu_us": "{:.3g} us of a shard's CPU a push",
     "ps_worker_cpu_us": "{:.3g} us of a worker's CPU a push and its reply",
 }
+#: The costs each round of a calibration's measuring runs gives (its ``rounds``: the spread of
+#: the machine's speed while it measured; ``costs`` holds their medians). Older files have none.
+ROUND_COSTS = ("compute_ms", "ring_step_us", "message_cpu_us", "ps_push_us", "shard_push_cpu_us",
+               "ps_worker_cpu_us", "epoch_end_ms")  # fmt: skip
+#: A hypervisor's share of the CPU while a calibration measured that its line names.
+STEAL_SAID = 0.01
 #: What a calibration must share with the prediction that takes it, and what an older file
 #: that does not say measured (version 1 files before the optimizer was recorded: SGD).
 SAME = ("model", "dataset", "batch_size", "compression", "optimizer")
@@ -64,6 +70,12 @@ def load(path: str, named: str = "") -> dict[str, Any]:
     for name in OPTIONAL:
         if name in costs and (not isinstance(costs[name], (int, float)) or not costs[name] >= 0):
             raise ConfigError(f"{named}: its {name} must be a number >= 0")
+    rounds = calibration.get("rounds", [])
+    if not isinstance(rounds, list) or any(
+        not isinstance(r, dict) or any(not isinstance(r.get(n), (int, float)) or not r[n] >= 0 for n in ROUND_COSTS)
+        for r in rounds
+    ):
+        raise ConfigError(f"{named}: its rounds must each hold numbers >= 0 for {', '.join(ROUND_COSTS)}")
     return calibration
 
 
@@ -91,6 +103,42 @@ def _collective_us(costs: dict[str, float], quota: bool) -> float:
     return costs.get("host_step_cpu_us", 0.0) if quota else costs.get("host_step_us", 0.0)
 
 
+def _engine(costs: dict[str, float], quota: bool) -> dict[str, tuple[str, float]]:
+    """The engine's parameters from a calibration's costs, with the flag that gives each: a
+    push at a shard costs its message's CPU and the reply's at the worker on quota nodes
+    (--cpu-share) on top of --ps-message-us, not elsewhere. Where the file has each end's own
+    CPU a push (measured in the parameter server's run), those: the shard's beyond a
+    message's, and the worker's."""
+    message = costs["ps_push_us"] - costs["ps_update_us"] - (2 * costs["message_cpu_us"] if quota else 0.0)
+    if quota and "shard_push_cpu_us" in costs:
+        message = costs["shard_push_cpu_us"] - costs["message_cpu_us"]
+    engine = {
+        "compute_ms": ("--compute-ms", costs["compute_ms"]),
+        "ring_latency_us": ("--ring-latency-us", costs["ring_step_us"]),
+        "message_cpu_us": ("--message-cpu-us", costs["message_cpu_us"]),
+        "ps_message_us": ("--ps-message-us", max(message, 0.0)),
+        "ps_update_us": ("--ps-update-us", costs["ps_update_us"]),
+        # a file from before epochs' ends were measured: none (its steps' costs include them)
+        "epoch_end_ms": ("--epoch-end-ms", costs.get("epoch_end_ms", 0.0)),
+        "collective_us": ("--collective-us", _collective_us(costs, quota)),
+    }
+    if quota and "ps_worker_cpu_us" in costs:
+        engine["ps_worker_cpu_us"] = ("--ps-worker-cpu-us", costs["ps_worker_cpu_us"])
+    return engine
+
+
+def rounds_of(args: argparse.Namespace) -> list[argparse.Namespace]:
+    """The prediction's flags once for each round of its calibration's measuring runs, each
+    with that round's costs where the calibration gave them (``apply`` first): the same
+    prediction on the machine as each round found it. None (an empty list) for a prediction
+    without a calibration, or with one from before the rounds were kept."""
+    rounds = []
+    for costs in getattr(args, "calibration_rounds", []):
+        engine = _engine(costs, args.cpu_share is not None)
+        rounds.append(argparse.Namespace(**{**vars(args), **{n: engine[n][1] for n in args.calibrated}}))
+    return rounds
+
+
 def apply(args: argparse.Namespace) -> list[str]:
     """Fill the costs that no flag gave from ``--calibration``; the lines that say where the
     numbers came from."""
@@ -107,34 +155,18 @@ def apply(args: argparse.Namespace) -> list[str]:
             f"gradient ({model['gradient_bytes'] / 1e6:.3g} MB); give one or the other"
         )
     costs = calibration["costs"]
-    # The engine's parameters: a push at a shard costs its message's CPU and the reply's at
-    # the worker on quota nodes (--cpu-share) on top of --ps-message-us, not elsewhere. Where
-    # the file has each end's own CPU a push (measured in the parameter server's run), those:
-    # the shard's beyond a message's, and the worker's.
     quota = args.cpu_share is not None
-    message = costs["ps_push_us"] - costs["ps_update_us"] - (2 * costs["message_cpu_us"] if quota else 0.0)
-    if quota and "shard_push_cpu_us" in costs:
-        message = costs["shard_push_cpu_us"] - costs["message_cpu_us"]
-    engine = {
-        "compute_ms": ("--compute-ms", costs["compute_ms"]),
-        "ring_latency_us": ("--ring-latency-us", costs["ring_step_us"]),
-        "message_cpu_us": ("--message-cpu-us", costs["message_cpu_us"]),
-        "ps_message_us": ("--ps-message-us", max(message, 0.0)),
-        "ps_update_us": ("--ps-update-us", costs["ps_update_us"]),
-        # a file from before epochs' ends were measured: none (its steps' costs include them)
-        "epoch_end_ms": ("--epoch-end-ms", costs.get("epoch_end_ms", 0.0)),
-        "collective_us": ("--collective-us", _collective_us(costs, quota)),
-    }
-    if quota and "ps_worker_cpu_us" in costs:
-        engine["ps_worker_cpu_us"] = ("--ps-worker-cpu-us", costs["ps_worker_cpu_us"])
-    given = []
-    for name, (flag, value) in engine.items():
+    given, args.calibrated = [], []
+    for name, (flag, value) in _engine(costs, quota).items():
         if name == "compute_ms" and args.profile:
             continue
         if getattr(args, name) is not None:
             given.append(flag)
         elif name != "message_cpu_us" or quota:
             setattr(args, name, value)
+            args.calibrated.append(name)
+    # each round's costs, for the prediction's range (rounds_of)
+    args.calibration_rounds = [{**costs, **r} for r in calibration.get("rounds", [])]
     args.codec_gbps = costs["codec_gbps"]
     for name, flag, attribute in (
         ("host_link_gbps", "--tp-bandwidth-gbps", "tp_bandwidth_gbps"),
@@ -155,6 +187,12 @@ def apply(args: argparse.Namespace) -> list[str]:
         + (f"; messages between 2 emulated hosts, {measured['across_hosts']}" if measured.get("across_hosts") else "")
         + f"): {', '.join(taken)}"
     )
+    rounds = calibration.get("rounds", [])
+    if rounds:
+        compute = [r["compute_ms"] for r in rounds]
+        line += f"; {len(rounds)} rounds, compute {min(compute):.3g}-{max(compute):.3g} ms a step"
+    if (measured.get("steal") or 0.0) >= STEAL_SAID:
+        line += f"; a hypervisor took {measured['steal']:.0%} of this machine's CPU while it measured"
     if given:
         line += f"; from the flags: {', '.join(given)}"
     if args.profile:

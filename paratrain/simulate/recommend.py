@@ -163,31 +163,68 @@ def recommend(
     """Every candidate on the hosts ``describe`` set on ``args`` (``build_cluster(flags,
     workers, model, compute_s)`` and ``options(flags)`` as cli.py makes them), ranked; and
     the line."""
-    from paratrain.simulate.simulator import simulate
+    from paratrain.simulate.calibration import rounds_of
     from paratrain.simulate.target import target_words, time_to_target
 
     targeted = has_target(args)
+    rounds = rounds_of(args)
     rows = []
     for candidate in candidates(args.hosts, args.cpu_share is not None):
         flags = flags_of(args, candidate)
         cluster = build_cluster(flags, candidate.workers, model, compute_s)
-        outcome = simulate(candidate.strategy, cluster, args.steps, seed=args.seed, **options(flags))
+        rate = _rate(flags, candidate, cluster, options)
         row = {"candidate": candidate.label, "strategy": candidate.strategy, "workers": candidate.workers,
-               "examples_per_second": outcome.summary(args.batch_size)["examples_per_second"],
-               "same_updates": candidate.strategy in SAME_UPDATES}  # fmt: skip
+               "examples_per_second": rate, "same_updates": candidate.strategy in SAME_UPDATES}  # fmt: skip
         if targeted:
             (reached,) = time_to_target(flags, [candidate.strategy], cluster, model, splits, options(flags))
             row.update(seconds=reached["seconds"], median_seconds=reached["median_seconds"])
+        if rounds:
+            rates = [rate]
+            for measured in rounds:
+                own = flags_of(measured, candidate)
+                step_s = measured.compute_ms / 1e3 if "compute_ms" in measured.calibrated else compute_s
+                rates.append(_rate(own, candidate, build_cluster(own, candidate.workers, model, step_s), options))
+            row["examples_per_second_range"] = [min(rates), max(rates)]
+            if targeted and row["median_seconds"] is not None:  # the same steps, at each round's pace
+                row["seconds_range"] = [row["median_seconds"] * rate / r for r in (max(rates), min(rates))]
         rows.append(row)
     same = sorted((r for r in rows if r["same_updates"]), key=lambda r: -r["examples_per_second"])
-    line = f"on this cluster ({args.hosts_words}): by examples/s, " + ", ".join(
-        f"{r['candidate']} {r['examples_per_second']:,.0f}" for r in same[:3]
+    line = f"on this cluster ({args.hosts_words}): by examples/s, " + _ranked(
+        same, "examples_per_second", lambda v: f"{v:,.0f}", lambda first, r: r[1] >= first[0]
     )
     if targeted:
         ranked = sorted(rows, key=lambda r: (r["median_seconds"] is None, r["median_seconds"] or 0.0))
-        first = [r for r in ranked if r["median_seconds"] is not None][:3]
+        first = [r for r in ranked if r["median_seconds"] is not None]
         line += f"; to {target_words(args)} first: " + (
-            ", ".join(f"{r['candidate']} in {r['median_seconds']:.3g} s" for r in first)
+            _ranked(
+                first, "seconds", lambda v: f"{v:.3g} s", lambda first, r: r[0] <= first[1], "median_seconds", " in "
+            )
             or f"none within {args.epochs} epochs"
         )
     return {"hosts": args.hosts_words, "candidates": rows, "recommendation": line}
+
+
+def _rate(flags: argparse.Namespace, candidate: Candidate, cluster: Any, options: Any) -> float:
+    from paratrain.simulate.simulator import simulate  # deferred: the engine
+
+    outcome = simulate(candidate.strategy, cluster, flags.steps, seed=flags.seed, **options(flags))
+    return outcome.summary(flags.batch_size)["examples_per_second"]
+
+
+def _ranked(rows: list[dict], key: str, words: Any, overlaps: Any, value: str = "", between: str = " ") -> str:
+    """The first 3 of ``rows`` (ranked best first) with their ``value`` (default ``key``) and,
+    given a calibration's rounds, their range over the rounds (``{key}_range``); and which
+    are tied with the first: those whose range ``overlaps(first's, theirs)``, where the
+    machine's spread while it was calibrated cannot tell them apart."""
+    value = value or key
+    parts = []
+    for row in rows[:3]:
+        spread = row.get(f"{key}_range")
+        around = f" ({words(spread[0]).removesuffix(' s')}-{words(spread[1])})" if spread else ""
+        parts.append(f"{row['candidate']}{between}{words(row[value])}{around}")
+    text = ", ".join(parts)
+    if rows and rows[0].get(f"{key}_range"):
+        tied = [r["candidate"] for r in rows[1:] if overlaps(rows[0][f"{key}_range"], r[f"{key}_range"])]
+        if tied:
+            text += f" ({rows[0]['candidate']} tied with {', '.join(tied)} within the calibration's rounds)"
+    return text

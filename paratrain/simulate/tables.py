@@ -64,7 +64,8 @@ def print_targets(rows: list[dict[str, Any]], args: Any, workers: int) -> None:
 
 
 def print_candidates(rows: list[dict[str, Any]]) -> None:
-    """``--recommend``: every candidate's examples/s (and time to the target), fastest first."""
+    """``--recommend``: every candidate's examples/s (and time to the target), fastest first;
+    with a calibration's rounds, each one's range over them in brackets."""
     table = Table(title="candidates on the described hosts")
     targeted = any("median_seconds" in r for r in rows)
     names = ["candidate", "workers", "examples/s", "same updates as SGD", *(["to target, median s"] * targeted)]
@@ -74,10 +75,16 @@ def print_candidates(rows: list[dict[str, Any]]) -> None:
         cells = [
             r["candidate"],
             str(r["workers"]),
-            f"{r['examples_per_second']:,.0f}",
+            f"{r['examples_per_second']:,.0f}" + _over_rounds(r.get("examples_per_second_range"), "{:,.0f}"),
             "yes" if r["same_updates"] else "no",
         ]
         if targeted:
-            cells.append("-" if r["median_seconds"] is None else f"{r['median_seconds']:.3g}")
+            seconds = r["median_seconds"]
+            cells.append("-" if seconds is None else f"{seconds:.3g}" + _over_rounds(r.get("seconds_range"), "{:.3g}"))
         table.add_row(*cells)
     Console(highlight=False, width=max(shutil.get_terminal_size().columns, 110)).print(table)
+
+
+def _over_rounds(spread: list[float] | None, words: str) -> str:
+    """`` (low-high)`` of a value's range over a calibration's rounds; nothing without one."""
+    return f" ({words.format(spread[0])}-{words.format(spread[1])})" if spread else ""

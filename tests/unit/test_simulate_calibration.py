@@ -3,10 +3,11 @@
 that is none or was measured for another model in one line."""
 
 import json
+import statistics
 
 import pytest
 
-from paratrain.simulate.calibration import FORMAT, VERSION
+from paratrain.simulate.calibration import FORMAT, ROUND_COSTS, VERSION
 
 PREDICT = ["--strategy", "allreduce", "--workers", "4", "--steps", "40", "--cpu-share", "0.5"]
 
@@ -69,6 +70,15 @@ def test_calibrate_measures_every_cost_here_and_predicts_with_them(cli, tmp_path
     assert costs["epoch_end_ms"] < 44 * costs["compute_ms"]
     assert f"paratrain: calibration {path} (measured on " in result.stdout
     assert f"compute {costs['compute_ms']:.3g} ms a step" in result.stdout
+    # each round's own costs are kept, the file's costs their medians; and what a hypervisor took
+    rounds = calibration["rounds"]
+    assert len(rounds) == 3 and all(set(r) == set(ROUND_COSTS) for r in rounds)
+    for name in ROUND_COSTS:
+        assert costs[name] == pytest.approx(statistics.median(r[name] for r in rounds)), name
+    compute = [r["compute_ms"] for r in rounds]
+    assert f"3 rounds, compute {min(compute):.3g}-{max(compute):.3g} ms a step" in result.stdout
+    steal = calibration["measured"]["steal"]
+    assert steal is None or 0 <= steal < 1
 
 
 def test_the_measuring_runs_train_at_the_given_rate_and_a_failed_one_is_one_line(cli, tmp_path):
@@ -195,6 +205,8 @@ def test_a_prediction_without_a_calibration_says_so(cli):
         ({"version": 99}, "version 99 of the calibration file; this paratrain reads version 1"),
         ({"costs": {"compute_ms": -1}}, "its costs must be numbers >= 0"),
         ({"costs": {"host_link_gbps": "fast"}}, "its host_link_gbps must be a number >= 0"),
+        ({"rounds": [{"compute_ms": 1.0}]}, "its rounds must each hold numbers >= 0 for compute_ms, ring_step_us"),
+        ({"rounds": {"compute_ms": 1.0}}, "its rounds must each hold numbers >= 0"),
         ({"model": {"model": "cifar_cnn", "dataset": "digits", "batch_size": 32, "compression": "none"}},
          "measured model=cifar_cnn; this prediction has model=mlp: calibrate for it"),
         ({"model": {"model": "mlp", "dataset": "digits", "batch_size": 32, "compression": "none",

@@ -3,6 +3,7 @@ described as ``paratrain cluster run`` takes them, each prediction the one the e
 flags for those hosts give."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -124,3 +125,57 @@ def test_a_cluster_that_cannot_be_described_is_one_line_and_exit_2(capsys, flags
     assert main(["simulate", "--compute-ms", "1", *flags]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and words in err[0], err
+
+
+def _with_rounds(path, rounds, **costs):
+    """A calibration file whose measuring rounds gave ``rounds`` (each: costs over its medians)."""
+    from paratrain.simulate.calibration import ROUND_COSTS
+
+    document = json.loads(Path(_calibration(path, **costs)).read_text())
+    base = {name: document["costs"].get(name, 0.0) for name in ROUND_COSTS}
+    document["rounds"] = [{**base, **r} for r in rounds]
+    path.write_text(json.dumps(document))
+    return str(path)
+
+
+def test_a_calibration_s_rounds_give_each_candidate_the_range_of_their_predictions(tmp_path):
+    """Each candidate's range is the lowest and highest of the predictions made with each round's
+    costs: here the slowest round's is the prediction of a file whose costs are that round's."""
+    costs = {"message_cpu_us": 700.0, "ps_push_us": 1200.0, "shard_push_cpu_us": 900.0, "epoch_end_ms": 3.0}
+    slow = {"compute_ms": 3.0, "shard_push_cpu_us": 1500.0}
+    spread = _with_rounds(tmp_path / "rounds.json", [{}, {}, slow], **costs)
+    slowest = _calibration(tmp_path / "slow.json", **{**costs, **slow})
+    target = ["--target-accuracy", "0.85", "--epochs", "2", "--seeds", "1"]
+    result = _run(tmp_path, "spread", "--recommend", *HOSTS, "--calibration", spread, *target)
+    low = {
+        r["candidate"]: r for r in _run(tmp_path, "slow", "--recommend", *HOSTS, "--calibration", slowest)["candidates"]
+    }
+    for row in result["candidates"]:
+        lowest, highest = row["examples_per_second_range"]
+        assert highest == pytest.approx(row["examples_per_second"], rel=1e-9)  # two rounds are the medians
+        assert lowest == pytest.approx(low[row["candidate"]]["examples_per_second"], rel=1e-9)
+        assert lowest < highest  # a slower step slows every candidate
+        if row["median_seconds"] is not None:  # the same steps at each round's pace
+            assert row["seconds_range"] == pytest.approx(
+                [row["median_seconds"], row["median_seconds"] * highest / lowest], rel=1e-9
+            )
+    first = max((r for r in result["candidates"] if r["same_updates"]), key=lambda r: r["examples_per_second"])
+    lowest, highest = first["examples_per_second_range"]
+    assert (
+        f"by examples/s, {first['candidate']} {highest:,.0f} ({lowest:,.0f}-{highest:,.0f})" in result["recommendation"]
+    )
+
+
+def test_the_line_names_the_candidates_tied_with_the_first_within_the_rounds():
+    from paratrain.simulate.recommend import _ranked
+
+    rows = [
+        {"candidate": "a", "examples_per_second": 100.0, "examples_per_second_range": [90.0, 110.0]},
+        {"candidate": "b", "examples_per_second": 95.0, "examples_per_second_range": [91.0, 96.0]},
+        {"candidate": "c", "examples_per_second": 80.0, "examples_per_second_range": [70.0, 89.0]},
+        {"candidate": "d", "examples_per_second": 79.0, "examples_per_second_range": [60.0, 90.0]},
+    ]
+    words = _ranked(rows, "examples_per_second", lambda v: f"{v:,.0f}", lambda first, r: r[1] >= first[0])
+    assert words == "a 100 (90-110), b 95 (91-96), c 80 (70-89) (a tied with b, d within the calibration's rounds)"
+    alone = [{**r, "examples_per_second_range": None} for r in rows]
+    assert "tied" not in _ranked(alone, "examples_per_second", str, lambda first, r: True)
