@@ -175,6 +175,9 @@ def judge(prediction: dict, runs: dict[str, list[dict]]) -> dict:
             "error": c["examples_per_second"] / real - 1,
             "seconds_to_target": median_or_none([p["seconds_to_target"] for p in passes]),
             "predicted_seconds_to_target": c["median_seconds"],
+            # the prediction's range over its calibration's rounds (none from a calibration without them)
+            "predicted_range": c.get("examples_per_second_range"),
+            "predicted_seconds_range": c.get("seconds_range"),
             "test_accuracy": statistics.median(p["test_accuracy"] for p in passes),
             "passes": passes,
         })  # fmt: skip
@@ -184,11 +187,25 @@ def judge(prediction: dict, runs: dict[str, list[dict]]) -> dict:
     by_time = min(timed, key=lambda r: r["predicted_seconds_to_target"])["candidate"] if timed else None
     rate_tie = fastest({r["candidate"]: r["examples_per_second"] for r in same}, larger=True)
     time_tie = fastest({r["candidate"]: r["seconds_to_target"] for r in rows}, larger=False)
-    return {
+    verdict = {
         "rows": rows,
         "by_rate": {"predicted": by_rate, "measured": rate_tie, "right": by_rate in rate_tie},
         "by_time": {"predicted": by_time, "measured": time_tie, "right": by_time in time_tie or (by_time is None and not time_tie)},
     }  # fmt: skip
+    if all(r["predicted_range"] for r in rows):  # the candidates the prediction could not tell from its first
+        first = next(r for r in same if r["candidate"] == by_rate)["predicted_range"]
+        tied = [r["candidate"] for r in same if r["predicted_range"][1] >= first[0]]
+        verdict["by_rate"] |= {"predicted_tied": tied, "tied_right": bool(set(tied) & set(rate_tie))}
+        if by_time is not None:
+            first = next(r for r in timed if r["candidate"] == by_time)["predicted_seconds_range"]
+            tied = [r["candidate"] for r in timed if r["predicted_seconds_range"][0] <= first[1]]
+            verdict["by_time"] |= {"predicted_tied": tied, "tied_right": bool(set(tied) & set(time_tie))}
+    return verdict
+
+
+def inside(value: float | None, spread: list[float] | None) -> bool | None:
+    """Whether a real value lies in a predicted range (None: no range, or nothing to place)."""
+    return None if value is None or not spread else spread[0] <= value <= spread[1]
 
 
 def setting_words(setting: list) -> str:
@@ -246,6 +263,8 @@ def report(document: dict, out: Path) -> None:
         "",
     ]
     errors, same_errors, rate_right, time_right = [], [], 0, 0
+    placed: list[bool] = []  # each real rate and time against its predicted range, where there is one
+    tied_right: dict[str, int] = {}  # settings whose predicted ties hold a measured fastest
     for entry in document["settings"]:
         verdict = entry["verdict"]
         rate_right += verdict["by_rate"]["right"]
@@ -269,17 +288,26 @@ def report(document: dict, out: Path) -> None:
             if r["same_updates"]:
                 same_errors.append(abs(r["error"]))
             real_t, sim_t = r["seconds_to_target"], r["predicted_seconds_to_target"]
+            spread, seconds = r.get("predicted_range"), r.get("predicted_seconds_range")
+            placed += [x for x in (inside(r["examples_per_second"], spread), inside(real_t, seconds)) if x is not None]
             lines.append(
                 f"| {r['candidate']}{'' if r['same_updates'] else ' (other updates)'} | {r['examples_per_second']:,.0f} "
-                f"| {r['predicted_examples_per_second']:,.0f} | {r['error']:+.0%} "
-                f"| {'not reached' if real_t is None else f'{real_t:.2f}'} "
-                f"| {'not reached' if sim_t is None else f'{sim_t:.2f}'} | {r['test_accuracy']:.3f} |"
+                f"| {r['predicted_examples_per_second']:,.0f}{f' ({spread[0]:,.0f}-{spread[1]:,.0f})' if spread else ''} "
+                f"| {r['error']:+.0%} | {'not reached' if real_t is None else f'{real_t:.2f}'} "
+                f"| {'not reached' if sim_t is None else f'{sim_t:.2f}'}"
+                f"{f' ({seconds[0]:.2f}-{seconds[1]:.2f})' if seconds else ''} | {r['test_accuracy']:.3f} |"
             )
         for name, words in (("by_rate", "by examples/s (one process's updates)"), ("by_time", "by time to the target")):
             v = verdict[name]
+            tied = v.get("predicted_tied")
+            if tied is not None:
+                tied_right[name] = tied_right.get(name, 0) + v["tied_right"]
             lines.append(f"- {words}: predicted `{v['predicted']}`; measured fastest: "
                          f"{', '.join(f'`{c}`' for c in v['measured']) or 'none reached'}: "
-                         f"{'right' if v['right'] else 'wrong'}")  # fmt: skip
+                         f"{'right' if v['right'] else 'wrong'}"
+                         + (f"; tied within the calibration's rounds: {', '.join(f'`{c}`' for c in tied)} "
+                            f"({'one of them' if v['tied_right'] else 'none of them'} among the measured fastest)"
+                            if tied and len(tied) > 1 else ""))  # fmt: skip
         lines.append("")
     count = len(document["settings"])
     if count:
@@ -289,6 +317,15 @@ def report(document: dict, out: Path) -> None:
             f"candidates ({statistics.median(same_errors):.0%} over the {len(same_errors)} with one process's "
             "updates).**"
         )
+    if placed:
+        ranged = sum("predicted_tied" in e["verdict"]["by_rate"] for e in document["settings"])
+        lines += [
+            "",
+            f"Predicted ranges (each candidate's predictions over its calibration's rounds, in brackets): "
+            f"{sum(placed)} of {len(placed)} real rates and times inside them; a measured fastest among the "
+            f"candidates tied with the first within them in {tied_right.get('by_rate', 0)} of {ranged} settings by "
+            f"examples/s, {tied_right.get('by_time', 0)} of {ranged} by time to the target.",
+        ]
     record(out, document, lines)
 
 
@@ -342,6 +379,10 @@ def main() -> None:
     )
     parser.add_argument("--combine", nargs="+", metavar="RECORDED.json", help="judge recorded files' settings together")
     args = parser.parse_args()
+    if args.calibrate_each and (args.repredict or args.combine):
+        parser.error("--calibrate-each calibrates before each setting's real runs; --repredict and --combine run none")
+    if args.recorded_calibrations and not args.repredict:
+        parser.error("--recorded-calibrations is for --repredict")
     out = Path(args.out)
     if args.combine:
         combine(args.combine, out)
