@@ -57,6 +57,8 @@ from pathlib import Path
 
 from cluster_common import RESULTS, cluster_train, fastest, median_or_none, paratrain, record
 
+from paratrain.simulate.calibrate import cpu_times, stolen_share
+
 #: Each model's data, target and epochs, and the optimizer both the prediction's replay and the
 #: real runs train with (the CNN trains with Adam here: with SGD it needs far more epochs). A
 #: target every candidate reaches in most seeds: the mlp levels off at 0.944-0.956 with 4 and 5
@@ -143,7 +145,9 @@ def real_run(setting: tuple, candidate: dict, args: argparse.Namespace, folder: 
     train = [*train_flags(candidate), *model_flags(model), "--epochs", str(epochs_of(model, args)), "--seed", str(seed),
              "--timeout", "600"]  # fmt: skip
     cluster = [*hosts_flags(hosts, cpu, link, slow), "--pin", "never", "--throttle-from", args.throttle_from]
+    before = cpu_times()
     metrics = cluster_train(cluster, train, folder / "m.json")
+    steal = stolen_share(before, cpu_times())
     start = metrics["history"][0]["wall_seconds"]
     run = {
         "examples_per_second": metrics["steady_examples_per_second"],
@@ -151,6 +155,7 @@ def real_run(setting: tuple, candidate: dict, args: argparse.Namespace, folder: 
         # seconds from the end of epoch 1 and test accuracy at each epoch's end: another target's time
         "epochs": [[h["wall_seconds"] - start, h["test_accuracy"]] for h in metrics["history"]],
         "epoch_seconds": metrics["epoch_seconds"],
+        "steal": steal,  # the share of the machine's CPU time a hypervisor gave to other machines
     }
     return {**run, "seconds_to_target": seconds_to_recorded(run, target_of(model, args))}
 
@@ -276,6 +281,7 @@ def report(document: dict, out: Path) -> None:
             f"`{' '.join(entry.get('optimizer', MODELS['mlp']['optimizer']))}`"
             + (f"; from `{entry['from']}`" if "from" in entry else "")
             + (calibration_words(entry["calibration"]) if "calibration" in entry else "")
+            + steal_words(verdict)
             + ")",
             "",
             f"{entry['prediction']['recommendation']}",
@@ -330,9 +336,27 @@ def report(document: dict, out: Path) -> None:
 
 
 def calibration_words(calibration: dict) -> str:
-    """When a setting's own calibration was measured, and its compute a step (what drifts)."""
-    costs, at = calibration["costs"], calibration["measured"]["at"]
-    return f"; calibrated at {at[11:16]} UTC, compute {costs['compute_ms']:.3f} ms a step"
+    """When a setting's own calibration was measured, its compute a step (what drifts), its
+    rounds' range of it and what a hypervisor took while it measured, where recorded."""
+    costs, measured = calibration["costs"], calibration["measured"]
+    words = f"; calibrated at {measured['at'][11:16]} UTC, compute {costs['compute_ms']:.3f} ms a step"
+    if calibration.get("rounds"):
+        compute = [r["compute_ms"] for r in calibration["rounds"]]
+        words += f" ({min(compute):.3f}-{max(compute):.3f} over its rounds)"
+    if measured.get("steal") is not None:
+        words += f", a hypervisor took {measured['steal']:.0%} of the CPU while it measured"
+    return words
+
+
+def steal_words(verdict: dict) -> str:
+    """What a hypervisor took of the machine's CPU during a setting's real runs (their median
+    and highest), where recorded."""
+    steals = [p["steal"] for r in verdict["rows"] for p in r["passes"] if p.get("steal") is not None]
+    if not steals:
+        return ""
+    return (
+        f"; a hypervisor took {statistics.median(steals):.0%} of the CPU in its real runs (at most {max(steals):.0%})"
+    )
 
 
 def combine(paths: list[str], out: Path) -> None:

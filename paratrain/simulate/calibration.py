@@ -139,6 +139,12 @@ def rounds_of(args: argparse.Namespace) -> list[argparse.Namespace]:
     return rounds
 
 
+def round_compute_s(measured: argparse.Namespace, compute_s: float) -> float:
+    """A step's compute in seconds under one of ``rounds_of``'s flags: the round's where the
+    calibration gave it, else the prediction's (``compute_s``: a flag, or --profile's)."""
+    return measured.compute_ms / 1e3 if "compute_ms" in measured.calibrated else compute_s
+
+
 def apply(args: argparse.Namespace) -> list[str]:
     """Fill the costs that no flag gave from ``--calibration``; the lines that say where the
     numbers came from."""

@@ -259,9 +259,11 @@ def sweep(
     compute_s: float,
     splits: Any = None,
 ) -> list[dict[str, Any]]:
-    """Every strategy at every worker count, with scaling efficiency against one worker."""
+    """Every strategy at every worker count, with scaling efficiency against one worker; with a
+    calibration's rounds, the range of its examples/s over them (calibration.rounds_of)."""
     from paratrain.simulate.simulator import simulate  # deferred: kept off the parser build
 
+    rounds = calibration.rounds_of(args)
     rows = []
     for strategy, extra in _variants(args, strategies, model, splits):
         baseline = None
@@ -275,6 +277,13 @@ def sweep(
             summary["scaling_efficiency"] = summary["examples_per_second"] / (n * baseline)
             if "mesh" in extra:
                 summary["parameter_bytes_per_process"] = extra["mesh"].held_bytes(n)
+            if rounds and n in counts:
+                rates = [summary["examples_per_second"]]
+                for measured in rounds:
+                    own = build_cluster(measured, n, model, calibration.round_compute_s(measured, compute_s))
+                    outcome = simulate(strategy, own, args.steps, seed=args.seed, **options(measured), **extra)
+                    rates.append(outcome.summary(args.batch_size)["examples_per_second"])
+                summary["examples_per_second_range"] = [min(rates), max(rates)]
             if n in counts:
                 rows.append(summary)
     if not rows:

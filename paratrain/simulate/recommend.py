@@ -163,7 +163,7 @@ def recommend(
     """Every candidate on the hosts ``describe`` set on ``args`` (``build_cluster(flags,
     workers, model, compute_s)`` and ``options(flags)`` as cli.py makes them), ranked; and
     the line."""
-    from paratrain.simulate.calibration import rounds_of
+    from paratrain.simulate.calibration import round_compute_s, rounds_of
     from paratrain.simulate.target import target_words, time_to_target
 
     targeted = has_target(args)
@@ -182,8 +182,8 @@ def recommend(
             rates = [rate]
             for measured in rounds:
                 own = flags_of(measured, candidate)
-                step_s = measured.compute_ms / 1e3 if "compute_ms" in measured.calibrated else compute_s
-                rates.append(_rate(own, candidate, build_cluster(own, candidate.workers, model, step_s), options))
+                cluster = build_cluster(own, candidate.workers, model, round_compute_s(measured, compute_s))
+                rates.append(_rate(own, candidate, cluster, options))
             row["examples_per_second_range"] = [min(rates), max(rates)]
             if targeted and row["median_seconds"] is not None:  # the same steps, at each round's pace
                 row["seconds_range"] = [row["median_seconds"] * rate / r for r in (max(rates), min(rates))]

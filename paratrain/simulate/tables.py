@@ -24,7 +24,7 @@ def print_table(rows: list[dict[str, Any]], compute_s: float) -> None:
             r["strategy"],
             str(r["workers"]),
             f"{r['step_seconds'] * 1e3:.3f}",
-            f"{r['examples_per_second']:.0f}",
+            f"{r['examples_per_second']:.0f}" + _over_rounds(r.get("examples_per_second_range"), "{:.0f}"),
             f"{r['scaling_efficiency']:.3f}",
             f"{r['comm_share']:.3f}",
             f"{r['staleness']['mean']:.2f}/{r['staleness']['max']}",

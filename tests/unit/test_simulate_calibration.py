@@ -4,6 +4,7 @@ that is none or was measured for another model in one line."""
 
 import json
 import statistics
+from pathlib import Path
 
 import pytest
 
@@ -35,6 +36,15 @@ def _calibration(path, **costs):
             **costs,
         },  # fmt: skip
     }
+    path.write_text(json.dumps(document))
+    return str(path)
+
+
+def _with_rounds(path, rounds, **costs):
+    """A calibration file whose measuring rounds gave ``rounds`` (each: costs over its medians)."""
+    document = json.loads(Path(_calibration(path, **costs)).read_text())
+    base = {name: document["costs"].get(name, 0.0) for name in ROUND_COSTS}
+    document["rounds"] = [{**base, **r} for r in rounds]
     path.write_text(json.dumps(document))
     return str(path)
 
@@ -263,3 +273,25 @@ def test_a_calibration_across_hosts_says_so_in_the_prediction_s_line(cli, tmp_pa
     result = cli("simulate", "--calibration", str(path), *PREDICT)
     assert result.returncode == 0, result.stderr[-2000:]
     assert "; messages between 2 emulated hosts, cluster 7: hosts pt7h0-1 on 198.18.7.0/24): " in result.stdout
+
+
+def test_a_calibration_s_rounds_give_each_predicted_rate_its_range(tmp_path):
+    """A prediction's examples/s over each round's costs: the lowest is the prediction of a file
+    whose costs are the slowest round's, the highest the medians' (two rounds are the medians)."""
+    from paratrain.launch.cli import main
+
+    slow = {"compute_ms": 3.0, "ring_step_us": 90.0}
+    files = {
+        "spread": _with_rounds(tmp_path / "rounds.json", [{}, {}, slow]),
+        "slow": _calibration(tmp_path / "slow.json", **slow),
+    }
+    rows = {}
+    for name, path in files.items():
+        out = tmp_path / f"{name}.json"
+        assert main(["simulate", "--calibration", path, *PREDICT, "--json-out", str(out)]) == 0
+        rows[name] = json.loads(out.read_text())["results"]
+    for row, slowest in zip(rows["spread"], rows["slow"]):
+        assert row["examples_per_second_range"] == pytest.approx(
+            [slowest["examples_per_second"], row["examples_per_second"]], rel=1e-9
+        )
+        assert "examples_per_second_range" not in slowest  # a file without rounds: no range

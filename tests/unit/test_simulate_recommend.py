@@ -3,12 +3,11 @@ described as ``paratrain cluster run`` takes them, each prediction the one the e
 flags for those hosts give."""
 
 import json
-from pathlib import Path
 
 import pytest
 
 from paratrain.launch.cli import main
-from tests.unit.test_simulate_calibration import _calibration
+from tests.unit.test_simulate_calibration import _calibration, _with_rounds
 
 HOSTS = ["--hosts", "4", "--cpu", "0.3", "--link", "1gbit", "--host", "3:cpu=0.15"]
 
@@ -125,17 +124,6 @@ def test_a_cluster_that_cannot_be_described_is_one_line_and_exit_2(capsys, flags
     assert main(["simulate", "--compute-ms", "1", *flags]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and words in err[0], err
-
-
-def _with_rounds(path, rounds, **costs):
-    """A calibration file whose measuring rounds gave ``rounds`` (each: costs over its medians)."""
-    from paratrain.simulate.calibration import ROUND_COSTS
-
-    document = json.loads(Path(_calibration(path, **costs)).read_text())
-    base = {name: document["costs"].get(name, 0.0) for name in ROUND_COSTS}
-    document["rounds"] = [{**base, **r} for r in rounds]
-    path.write_text(json.dumps(document))
-    return str(path)
 
 
 def test_a_calibration_s_rounds_give_each_candidate_the_range_of_their_predictions(tmp_path):
