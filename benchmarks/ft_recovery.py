@@ -51,6 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cluster_common import RESULTS, record  # noqa: E402
 from loss_cost import LOSS, longest_pause, loss_costs, pace  # noqa: E402
 
+from paratrain.cpu_steal import cpu_times, stolen_share  # noqa: E402
 from paratrain.testing import run_processes  # noqa: E402
 
 MODELS = {
@@ -112,7 +113,7 @@ def train(
     command = [*launcher, "train", *STRATEGIES[strategy], *flags, "--epochs", str(epochs),
                "--log-every", "1", "--progress", "--metrics-out", str(folder / "m.json"), *checkpoints, *extra]  # fmt: skip
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "PARATRAIN_THREADS_PER_WORKER": "1"}
-    began = time.monotonic()
+    began, cpu_before = time.monotonic(), cpu_times()
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
     steps: list[tuple[float, int]] = []
     errors: list[tuple[float, str]] = []
@@ -138,7 +139,8 @@ def train(
     if process.returncode:
         raise SystemExit(f"{' '.join(command)} failed:\n" + "\n".join(line for _, line in errors[-30:]))
     metrics = json.loads((folder / "m.json").read_text())
-    return {"steps": steps, "errors": errors, "metrics": metrics, "seconds": seconds}
+    steal = stolen_share(cpu_before, cpu_times())
+    return {"steps": steps, "errors": errors, "metrics": metrics, "seconds": seconds, "steal": steal}
 
 
 def _kill_repeatedly(process: subprocess.Popen, every: float, kills: int) -> None:
@@ -248,6 +250,8 @@ def throughput_kept(
         "loss_cost": statistics.median(costs) if costs else float("nan"),
         "test_accuracy": hit["metrics"]["test_accuracy"],
         "undisturbed_test_accuracy": calm["metrics"]["test_accuracy"],
+        # the share of the machine's CPU time a hypervisor gave to other machines in each run
+        "steal": {"undisturbed": calm["steal"], "disturbed": hit["steal"]},
         # steps/s in each 10 s of each run, and the losses' moments: where the time went
         "pace": {"undisturbed": pace(calm["steps"]), "disturbed": pace(hit["steps"]), "losses_at": losses},
     }
@@ -299,15 +303,30 @@ def tables(
               f"killed every {every:g} s, {kills} times "
               f"(runs of {longer}x the model's epochs)", "",
               "| model | strategy | runs | undisturbed s | disturbed s | kept | losses | a loss costs (s) "
-              "| test accuracy (undisturbed) |",
-              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |"]  # fmt: skip
+              "| test accuracy (undisturbed) | stolen (undisturbed / disturbed) |",
+              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |"]  # fmt: skip
     for kept in (r for r in rows if r["kind"] == "throughput"):
         runs = kept.get("runs", [kept])
         spread = f" ({min(r['kept'] for r in runs):.0%}-{max(r['kept'] for r in runs):.0%})" if len(runs) > 1 else ""
         lines.append(f"| {kept['model']} | {kept['strategy']} | {len(runs)} | {kept['undisturbed_seconds']:.1f} "
                      f"| {kept['disturbed_seconds']:.1f} | {kept['kept']:.0%}{spread} | {kept['losses_reported']:g} "
-                     f"| {_cost(runs)} | {kept['test_accuracy']:.3f} ({kept['undisturbed_test_accuracy']:.3f}) |")  # fmt: skip
+                     f"| {_cost(runs)} | {kept['test_accuracy']:.3f} ({kept['undisturbed_test_accuracy']:.3f}) "
+                     f"| {_stolen(runs)} |")  # fmt: skip
+    lines += ["", "Stolen: the share of the machine's CPU time a hypervisor gave to other machines during the "
+              "undisturbed and the disturbed runs (/proc/stat's steal; the median over the pairs): a pair whose two "
+              "runs lost different shares compares two machines."]  # fmt: skip
     return lines
+
+
+def _stolen(runs: list[dict]) -> str:
+    """A row's median share stolen by a hypervisor in its undisturbed and disturbed runs; ``-``
+    for rows recorded before it was measured (or without /proc/stat)."""
+    shares = [
+        [r["steal"][k] for r in runs if r.get("steal", {}).get(k) is not None] for k in ("undisturbed", "disturbed")
+    ]
+    if not all(shares):
+        return "-"
+    return " / ".join(f"{statistics.median(values):.1%}" for values in shares)
 
 
 def _cost(runs: list[dict]) -> str:

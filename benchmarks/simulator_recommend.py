@@ -57,7 +57,7 @@ from pathlib import Path
 
 from cluster_common import RESULTS, cluster_train, fastest, median_or_none, paratrain, record
 
-from paratrain.simulate.calibrate import cpu_times, stolen_share
+from paratrain.cpu_steal import cpu_times, stolen_share
 
 #: Each model's data, target and epochs, and the optimizer both the prediction's replay and the
 #: real runs train with (the CNN trains with Adam here: with SGD it needs far more epochs). A

@@ -77,6 +77,7 @@ from typing import Any
 import torch
 
 from paratrain.config import TrainConfig
+from paratrain.cpu_steal import cpu_times, stolen_share
 from paratrain.data.datasets import load_dataset
 from paratrain.errors import ConfigError
 from paratrain.models import build_model
@@ -142,25 +143,6 @@ def _round_costs(measured: tuple[float, ...], update: float) -> dict[str, float]
         "ps_worker_cpu_us": worker_cpu * 1e6,
         "epoch_end_ms": epoch_end * 1e3,
     }
-
-
-def cpu_times() -> list[int] | None:
-    """This machine's CPU time so far in clock ticks, by kind (/proc/stat's first line: user,
-    nice, system, idle, iowait, irq, softirq, steal); None where there is no /proc/stat."""
-    try:
-        with open("/proc/stat") as handle:
-            return [int(value) for value in handle.readline().split()[1:9]]
-    except (OSError, ValueError):
-        return None
-
-
-def stolen_share(before: list[int] | None, after: list[int] | None) -> float | None:
-    """Of the CPU time between two ``cpu_times``, the share a hypervisor gave to other
-    machines (steal: this virtual machine's CPUs were ready to run and were not run)."""
-    if before is None or after is None or len(before) < 8 or len(after) < 8:
-        return None
-    spent = [b - a for a, b in zip(before, after)]
-    return spent[7] / sum(spent) if sum(spent) > 0 else None
 
 
 #: Steps each measuring run takes, about (whole epochs).
