@@ -133,11 +133,17 @@ class ThrottledNodes:
             core._index, core._used = (None if index == NO_PERIOD else index), used
 
 
-def ring_on_nodes(nodes: ThrottledNodes, done: np.ndarray, transfer: float, hop_s: float) -> np.ndarray:
+def ring_on_nodes(
+    nodes: ThrottledNodes, done: np.ndarray, transfer: float, hop_s: float, wire: float = 0.0
+) -> np.ndarray:
     """A ring all-reduce across ``nodes`` from ``done`` (when each has its input): 2(N-1) steps,
-    in each of which every node sends a slice to the next (``transfer`` s on the wire) and
-    works ``hop_s`` CPU-seconds on the slice it receives, when its quota lets it. When each
-    node has the result."""
+    in each of which every node sends a slice to the next (``transfer`` s before its bytes
+    start to arrive, then ``wire`` s while they do) and works ``hop_s`` CPU-seconds on the
+    slice it receives, when its quota lets it. The receiver's work starts as the bytes start
+    to arrive and overlaps their wire time (the transport reads a slice as it comes), so a
+    step ends when both its work and its last byte are done: on a slow link the wire, on a
+    fast one the CPU, bounds it. When each node has the result."""
     for _ in range(2 * (len(done) - 1)):
-        done = nodes.run(np.maximum(np.roll(done, 1) + transfer, done), hop_s)
+        sent = np.roll(done, 1) + transfer
+        done = np.maximum(nodes.run(np.maximum(sent, done), hop_s), sent + wire)
     return done
