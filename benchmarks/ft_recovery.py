@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import random
 import re
@@ -49,6 +48,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cluster_common import RESULTS, record  # noqa: E402
+from ft_rows import cost_words, spread_words, stolen_words  # noqa: E402
 from loss_cost import LOSS, longest_pause, loss_costs, pace  # noqa: E402
 
 from paratrain.cpu_steal import cpu_times, stolen_share  # noqa: E402
@@ -260,12 +260,6 @@ def throughput_kept(
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _spread(row: dict, key: str) -> str:
-    """A recovery row's median of ``key`` and its range over the runs that measured it."""
-    values = [run[key] for run in row["runs"] if key in run]
-    return f"{row['median'][key]:.2f} ({min(values):.2f}-{max(values):.2f})"
-
-
 def tables(
     rows: list[dict], repeats: int, every: float, kills: int, longer: int = 3, cluster: bool = False
 ) -> list[str]:
@@ -286,11 +280,11 @@ def tables(
              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]  # fmt: skip
     for row in (r for r in rows if r["kind"] == "recovery"):
         median = row["median"]
-        rejoin = _spread(row, "replacement_in") if "replacement_in" in median else "-"
-        before = _spread(row, "step_before") if "step_before" in median else "-"
-        longest = _spread(row, "longest_pause") if "longest_pause" in median else "-"
+        rejoin = spread_words(row, "replacement_in") if "replacement_in" in median else "-"
+        before = spread_words(row, "step_before") if "step_before" in median else "-"
+        longest = spread_words(row, "longest_pause") if "longest_pause" in median else "-"
         lines.append(f"| {row['model']} | {row['strategy']} | {MODELS[row['model']][2]} | {len(row['runs'])} | "
-                     f"{before} | {_spread(row, 'first_step_after')} | {longest} | {_spread(row, 'back_past_kill')} "
+                     f"{before} | {spread_words(row, 'first_step_after')} | {longest} | {spread_words(row, 'back_past_kill')} "
                      f"| {rejoin} |")  # fmt: skip
     lines += ["", "Medians of the runs (their lowest and highest in brackets). A step before: the median interval "
               "of the 20 logged steps before the kill (a step's own time, which the first step after includes). "
@@ -310,32 +304,12 @@ def tables(
         spread = f" ({min(r['kept'] for r in runs):.0%}-{max(r['kept'] for r in runs):.0%})" if len(runs) > 1 else ""
         lines.append(f"| {kept['model']} | {kept['strategy']} | {len(runs)} | {kept['undisturbed_seconds']:.1f} "
                      f"| {kept['disturbed_seconds']:.1f} | {kept['kept']:.0%}{spread} | {kept['losses_reported']:g} "
-                     f"| {_cost(runs)} | {kept['test_accuracy']:.3f} ({kept['undisturbed_test_accuracy']:.3f}) "
-                     f"| {_stolen(runs)} |")  # fmt: skip
+                     f"| {cost_words(runs)} | {kept['test_accuracy']:.3f} ({kept['undisturbed_test_accuracy']:.3f}) "
+                     f"| {stolen_words(runs)} |")  # fmt: skip
     lines += ["", "Stolen: the share of the machine's CPU time a hypervisor gave to other machines during the "
               "undisturbed and the disturbed runs (/proc/stat's steal; the median over the pairs): a pair whose two "
               "runs lost different shares compares two machines."]  # fmt: skip
     return lines
-
-
-def _stolen(runs: list[dict]) -> str:
-    """A row's median share stolen by a hypervisor in its undisturbed and disturbed runs; ``-``
-    for rows recorded before it was measured (or without /proc/stat)."""
-    shares = [
-        [r["steal"][k] for r in runs if r.get("steal", {}).get(k) is not None] for k in ("undisturbed", "disturbed")
-    ]
-    if not all(shares):
-        return "-"
-    return " / ".join(f"{statistics.median(values):.1%}" for values in shares)
-
-
-def _cost(runs: list[dict]) -> str:
-    """A row's median cost of a loss, with its runs' range; ``-`` for rows recorded before it was measured."""
-    values = [r["loss_cost"] for r in runs if not math.isnan(r.get("loss_cost", math.nan))]
-    if not values:
-        return "-"
-    spread = f" ({min(values):.2f}-{max(values):.2f})" if len(values) > 1 else ""
-    return f"{statistics.median(values):.2f}{spread}"
 
 
 def main() -> None:
