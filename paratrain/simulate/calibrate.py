@@ -55,6 +55,10 @@ between two emulated hosts (``paratrain cluster run --hosts 2``: each process in
 namespace of its own on a bridge, a core each), so that a message crosses a network stack at
 both ends as between machines: on the mlp a ring step's CPU is about twice the loopback's.
 
+With ``--across-hosts`` and ``--recommend``'s cluster (``--hosts``, ``--cpu``, ``--host``), the
+file also keeps what a step takes on each of its hosts, emulated here, all computing at
+once (``busy_hosts``, busy_hosts.py): a step's work under a quota and beside the other hosts.
+
 calibration.py turns them into the engine's parameters for the prediction at hand.
 """
 
@@ -82,6 +86,7 @@ from paratrain.data.datasets import load_dataset
 from paratrain.errors import ConfigError
 from paratrain.models import build_model
 from paratrain.registry import OPTIMIZERS
+from paratrain.simulate.busy_hosts import measure, step_seconds
 from paratrain.simulate.calibration import FORMAT, ROUND_COSTS, VERSION
 from paratrain.simulate.link_probe import host_link
 
@@ -102,7 +107,8 @@ def calibrate(args: Any, model: Any, splits: Any) -> dict[str, Any]:
     module = _tensor_module_s(args, model, splits, costs["compute_ms"] / 1e3, costs)
     if module is not None:
         costs["tp_module_us"] = module * 1e6
-    return {
+    found = {"busy_hosts": measure(args, splits, training_flags(args))} if args.across_hosts and args.recommend else {}
+    return found | {
         "format": FORMAT,
         "version": VERSION,
         "measured": {
@@ -206,13 +212,13 @@ def _step_s(
             across += [line.removeprefix("paratrain cluster: ") for line in run.stderr.splitlines()
                        if line.startswith("paratrain cluster: cluster ")][:1]  # fmt: skip
     # Past the first epoch (its warm-up): examples over the epochs' steps' seconds.
+    step, cpu = step_seconds(metrics, args.batch_size, workers)
     first, last, steady = history[0], history[-1], history[1:]
     training = sum(epoch["train_seconds"] for epoch in steady)
-    steps = (last["examples_seen"] - first["examples_seen"]) / (args.batch_size * workers)
     end = (last["wall_seconds"] - first["wall_seconds"] - training) / len(steady)
     served = (metrics.get("shard_cpu_seconds") or [None])[0]  # a push a step with one worker
     shard = served / metrics["global_steps"] if served is not None and metrics.get("global_steps") else 0.0
-    return training / steps, (last["cpu_seconds"] - first["cpu_seconds"]) / steps, max(end, 0.0), shard
+    return step, cpu, max(end, 0.0), shard
 
 
 def training_flags(args: Any) -> list[str]:

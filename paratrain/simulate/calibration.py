@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from paratrain.errors import ConfigError
+from paratrain.simulate import busy_hosts
 
 FORMAT = "paratrain-calibration"
 VERSION = 1
@@ -43,6 +44,12 @@ STEAL_SAID = 0.01
 #: that does not say measured (version 1 files before the optimizer was recorded: SGD).
 SAME = ("model", "dataset", "batch_size", "compression", "optimizer")
 UNSAID = {"optimizer": "sgd"}
+#: The engine's costs that are a node's own work, which its hosts' factor measured busy
+#: (busy_hosts.py) scales: under a quota every CPU cost; on whole cores the computations alone
+#: (there a ring step and a push are times that include waiting).
+QUOTA_WORK = ("compute_ms", "message_cpu_us", "ps_message_us", "ps_update_us", "epoch_end_ms", "collective_us",
+              "ps_worker_cpu_us")  # fmt: skip
+CORE_WORK = ("compute_ms", "ps_update_us", "epoch_end_ms")
 
 
 def load(path: str, named: str = "") -> dict[str, Any]:
@@ -76,6 +83,8 @@ def load(path: str, named: str = "") -> dict[str, Any]:
         for r in rounds
     ):
         raise ConfigError(f"{named}: its rounds must each hold numbers >= 0 for {', '.join(ROUND_COSTS)}")
+    if "busy_hosts" in calibration:
+        busy_hosts.check(calibration["busy_hosts"], named)
     return calibration
 
 
@@ -135,8 +144,41 @@ def rounds_of(args: argparse.Namespace) -> list[argparse.Namespace]:
     rounds = []
     for costs in getattr(args, "calibration_rounds", []):
         engine = _engine(costs, args.cpu_share is not None)
-        rounds.append(argparse.Namespace(**{**vars(args), **{n: engine[n][1] for n in args.calibrated}}))
+        values = {n: engine[n][1] * _work_factor(args, n) for n in args.calibrated}
+        rounds.append(argparse.Namespace(**{**vars(args), **values}))
     return rounds
+
+
+def _work_factor(args: argparse.Namespace, name: str) -> float:
+    """What the hosts measured busy scale the engine's cost ``name`` by (1: not a node's work,
+    or no hosts measured for this prediction)."""
+    work = QUOTA_WORK if args.cpu_share is not None else CORE_WORK
+    return getattr(args, "busy_factor", 1.0) if name in work else 1.0
+
+
+def _busy(calibration: dict[str, Any], args: argparse.Namespace) -> str:
+    """Where the calibration measured this prediction's hosts computing at once: each host's
+    factor on its work (busy_hosts.py), the others' mean on every node's costs
+    (``args.busy_factor``) and the slow host's over theirs on its slowness
+    (``args.slow_factor``); the words for the line. Hosts measured for another cluster are
+    not used, and the line says so."""
+    busy = calibration.get("busy_hosts")
+    if busy is None or not hasattr(args, "hosts_words"):
+        return ""
+    hosts = busy["hosts"]
+    shares = ", ".join(f"{host['cpu']:g}" for host in hosts)
+    measured = f"{len(hosts)} hosts at {shares} of a core"
+    if not busy_hosts.matches(busy, args):
+        return f"; its hosts computing at once were {measured}, not this cluster's: not used"
+    each = busy_hosts.factors(busy, calibration["costs"]["compute_ms"])
+    slow = getattr(args, "slow_host", None)
+    others = [f for i, f in enumerate(each) if i != slow]
+    args.busy_factor = sum(others) / len(others)
+    words = f"; its {len(hosts)} hosts computing at once ({busy['cluster']}): a step's work x{args.busy_factor:.2f}"
+    if slow is not None:
+        args.slow_factor *= each[slow] / args.busy_factor
+        words += f" (host {slow}: x{each[slow]:.2f})"
+    return words
 
 
 def round_compute_s(measured: argparse.Namespace, compute_s: float) -> float:
@@ -171,6 +213,9 @@ def apply(args: argparse.Namespace) -> list[str]:
         elif name != "message_cpu_us" or quota:
             setattr(args, name, value)
             args.calibrated.append(name)
+    busy = _busy(calibration, args)
+    for name in args.calibrated:
+        setattr(args, name, getattr(args, name) * _work_factor(args, name))
     # each round's costs, for the prediction's range (rounds_of)
     args.calibration_rounds = [{**costs, **r} for r in calibration.get("rounds", [])]
     args.codec_gbps = costs["codec_gbps"]
@@ -197,6 +242,7 @@ def apply(args: argparse.Namespace) -> list[str]:
     if rounds:
         compute = [r["compute_ms"] for r in rounds]
         line += f"; {len(rounds)} rounds, compute {min(compute):.3g}-{max(compute):.3g} ms a step"
+    line += busy
     if (measured.get("steal") or 0.0) >= STEAL_SAID:
         line += f"; a hypervisor took {measured['steal']:.0%} of this machine's CPU while it measured"
     if given:
