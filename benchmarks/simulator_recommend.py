@@ -408,8 +408,10 @@ def main() -> None:
     )
     parser.add_argument("--combine", nargs="+", metavar="RECORDED.json", help="judge recorded files' settings together")
     args = parser.parse_args()
-    if args.calibrate_each and (args.repredict or args.combine):
-        parser.error("--calibrate-each calibrates before each setting's real runs; --repredict and --combine run none")
+    if args.calibrate_each and (args.recorded_calibrations or args.combine):
+        parser.error(
+            "--calibrate-each calibrates before each setting; --recorded-calibrations and --combine measure none"
+        )
     if args.recorded_calibrations and not args.repredict:
         parser.error("--recorded-calibrations is for --repredict")
     out = Path(args.out)
@@ -497,14 +499,18 @@ def repredict(recorded: dict, args: argparse.Namespace, out: Path, chosen: set[i
     calibrations = recorded["calibrations"] if args.recorded_calibrations else {}
     flags = ["--repredict", args.repredict, *(["--recorded-calibrations"] if args.recorded_calibrations else []),
              *(["--target-accuracy", f"{args.target_accuracy:g}"] if args.target_accuracy is not None else []),
-             *(["--across-hosts"] if args.across_hosts else [])]  # fmt: skip
+             *(["--across-hosts"] if args.across_hosts else []),
+             *(["--calibrate-each"] if args.calibrate_each else [])]  # fmt: skip
     document = {**recorded, "settings": settings, "calibrations": calibrations, "real_runs_from": " ".join(flags)}
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
         for entry in document["settings"]:
             setting = tuple(entry["setting"])
             own = setting_calibration(entry, folder) if args.recorded_calibrations else None
-            if own is None:  # predicted with the calibration measured now
+            if args.calibrate_each:  # measured now for this setting (its hosts too, across hosts)
+                own = calibrate(setting[0], folder / f"calibration-{entry['number']}.json", args.across_hosts, setting)
+                entry["calibration"] = json.loads(own.read_text())
+            elif own is None:  # predicted with the calibration measured now
                 entry.pop("calibration", None)
             calibration = own or calibrated(setting[0], document, folder, args.across_hosts)
             prediction = predict(setting, calibration, args, folder)

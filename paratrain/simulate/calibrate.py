@@ -20,9 +20,11 @@ share of the machine's CPU time a hypervisor gave to other machines while the ro
   the batch and the step's bookkeeping, all a worker does besides communicating;
 - ``ring_step_us``: what a step of ``allreduce`` with 2 workers (T2) adds to T1, per step of
   the ring (a 2-process ring has 2): (T2 - T1) / 2. Part of it is CPU, part waiting (Gloo's
-  threads handing the message over): the CPU a step of ``allreduce`` adds to one of
-  ``single`` (``cpu_seconds``, every thread of the process), per step of the ring, is
-  ``message_cpu_us``, what a message costs its receiver on a node under a CPU quota;
+  threads handing the message over). The CPU a step of ``allreduce`` adds to one of
+  ``single`` (``cpu_seconds``, every thread of the process) is a fixed part, DDP's launch and
+  finish of the collective (``ring_fixed_cpu_us``), and a part per hop, what a message costs
+  its receiver on a node under a CPU quota (``message_cpu_us``): apart from a second ring of
+  3 workers (4 hops against 2: the difference is 2 hops' CPU);
 - ``ps_push_us``: what a step of ``ps-sync`` with 1 worker (Tp) adds to T1: the push, the
   shard's work on it and its update, and the reply; and the CPU of each end apart, from the
   same run: ``shard_push_cpu_us``, the shard's CPU-seconds while it served (every thread: the
@@ -87,7 +89,7 @@ from paratrain.errors import ConfigError
 from paratrain.models import build_model
 from paratrain.registry import OPTIMIZERS
 from paratrain.simulate.busy_hosts import measure, step_seconds
-from paratrain.simulate.calibration import FORMAT, ROUND_COSTS, VERSION
+from paratrain.simulate.calibration import FORMAT, VERSION
 from paratrain.simulate.link_probe import host_link
 
 
@@ -101,7 +103,7 @@ def calibrate(args: Any, model: Any, splits: Any) -> dict[str, Any]:
     steal = stolen_share(before, cpu_times())
     update = _update_s(flat, args)
     each = [_round_costs(measured, update) for measured in rounds]
-    costs = {name: statistics.median(r[name] for r in each) for name in ROUND_COSTS}
+    costs = {name: statistics.median(r[name] for r in each) for name in each[0]}
     costs |= {"ps_update_us": update * 1e6, "codec_gbps": _codec_gbps(args, model, flat)}
     costs["host_link_gbps"], costs["host_step_us"], costs["host_step_cpu_us"] = host_link()
     module = _tensor_module_s(args, model, splits, costs["compute_ms"] / 1e3, costs)
@@ -118,8 +120,12 @@ def calibrate(args: Any, model: Any, splits: Any) -> dict[str, Any]:
             "threads": 1,
             "cores": os.cpu_count(),
             "runs": f"paratrain train {' '.join(training_flags(args))} with "
-            + "; ".join(" ".join(flags) for flags, _ in (SINGLE, RING, PUSH))
-            + ("; allreduce and ps-sync between 2 emulated hosts" if args.across_hosts else ""),
+            + "; ".join(" ".join(flags) for flags, _ in (SINGLE, RING, RING3, PUSH))
+            + (
+                "; allreduce and ps-sync between 2 emulated hosts (allreduce with 3 workers between 3)"
+                if args.across_hosts
+                else ""
+            ),
             "across_hosts": hosts[0] if hosts else None,
             "steal": steal,
         },
@@ -138,12 +144,16 @@ def calibrate(args: Any, model: Any, splits: Any) -> dict[str, Any]:
 
 def _round_costs(measured: tuple[float, ...], update: float) -> dict[str, float]:
     """One round's costs in the file's units, from ``_step_costs``'s seconds (the shard's CPU
-    a push less its update, measured apart)."""
-    single, ring, ring_cpu, push, epoch_end, shard_cpu, worker_cpu = measured
+    a push less its update, measured apart). A ring's CPU is a fixed part and one per hop:
+    the CPU a step of ``allreduce`` adds is F + 2H with 2 processes (2 hops) and F + 4H with 3,
+    so H is half the difference and F the rest (each at least 0)."""
+    single, ring, ring_cpu, ring3_cpu, push, epoch_end, shard_cpu, worker_cpu = measured
+    fixed = max(2 * ring_cpu - ring3_cpu, 0.0)
     return {
         "compute_ms": single * 1e3,
         "ring_step_us": ring * 1e6,
-        "message_cpu_us": ring_cpu * 1e6,
+        "message_cpu_us": (ring_cpu - fixed) / 2 * 1e6,
+        "ring_fixed_cpu_us": fixed * 1e6,
         "ps_push_us": push * 1e6,
         "shard_push_cpu_us": max(shard_cpu - update, 0.0) * 1e6,
         "ps_worker_cpu_us": worker_cpu * 1e6,
@@ -158,6 +168,7 @@ RUN_STEPS = 400
 #: The measuring runs' own flags, and the processes each trains with.
 SINGLE = (["--strategy", "single"], 1)
 RING = (["--strategy", "allreduce", "--workers", "2"], 2)
+RING3 = (["--strategy", "allreduce", "--workers", "3"], 3)
 PUSH = (["--strategy", "ps-sync", "--workers", "1"], 1)
 
 #: Rounds of the three measuring runs (single, allreduce, ps-sync), back to back in each, so
@@ -167,8 +178,8 @@ ROUNDS = 3
 
 def _step_costs(args: Any, splits: Any, hosts: list[str]) -> list[tuple[float, ...]]:
     """For each of ROUNDS rounds: seconds of a step of ``single`` (T1); of a ring step of
-    ``allreduce`` with 2 workers ((T2 - T1) / 2) and its CPU-seconds on a process (the same
-    difference of the runs' CPU a step); of what ``ps-sync`` with 1 worker adds (Tp - T1); of
+    ``allreduce`` with 2 workers ((T2 - T1) / 2); the CPU-seconds a step of ``allreduce`` adds
+    to T1's on a process, with 2 workers and with 3; of what ``ps-sync`` with 1 worker adds (Tp - T1); of
     an epoch's end in ``single``; the shard's CPU-seconds a push (its update included) and
     what the worker's CPU a step adds to T1's. A small cost (a push of a small model: a
     tenth of a millisecond) can come out below 0 in a round on a noisy machine: it counts
@@ -178,9 +189,11 @@ def _step_costs(args: Any, splits: Any, hosts: list[str]) -> list[tuple[float, .
     for _ in range(ROUNDS):
         single, single_cpu, end, _ = _step_s(args, splits, *SINGLE)
         ring, ring_cpu, _, _ = _step_s(args, splits, *RING, across)
+        _, ring3_cpu, _, _ = _step_s(args, splits, *RING3, [] if across is not None else None)
         push, push_cpu, _, shard_cpu = _step_s(args, splits, *PUSH, across)
-        rounds.append((single, max(ring - single, 0.0) / 2, max(ring_cpu - single_cpu, 0.0) / 2,
-                       max(push - single, 0.0), end, shard_cpu, max(push_cpu - single_cpu, 0.0)))  # fmt: skip
+        rounds.append((single, max(ring - single, 0.0) / 2, max(ring_cpu - single_cpu, 0.0),
+                       max(ring3_cpu - single_cpu, 0.0), max(push - single, 0.0), end, shard_cpu,
+                       max(push_cpu - single_cpu, 0.0)))  # fmt: skip
     return rounds
 
 
@@ -200,7 +213,7 @@ def _step_s(
         command = [sys.executable, "-m", "paratrain", "train", *flags, *training_flags(args), "--epochs", str(epochs),
                    "--no-progress", "--log-every", "0", "--metrics-out", str(out)]  # fmt: skip
         if across is not None:
-            command[3:3] = ["cluster", "run", "--hosts", "2", "--logs", folder, "--", "paratrain"]
+            command[3:3] = ["cluster", "run", "--hosts", str(workers), "--logs", folder, "--", "paratrain"]
         env = {**os.environ, "PARATRAIN_THREADS_PER_WORKER": "1", "OMP_NUM_THREADS": "1"}
         run = subprocess.run(command, capture_output=True, text=True, env=env, timeout=3600)
         if run.returncode != 0 or not out.exists():

@@ -33,6 +33,7 @@ OPTIONAL = {
     "host_step_cpu_us": "{:.3g} us of CPU a ring step on it",
     "shard_push_cpu_us": "{:.3g} us of a shard's CPU a push",
     "ps_worker_cpu_us": "{:.3g} us of a worker's CPU a push and its reply",
+    "ring_fixed_cpu_us": "{:.3g} us of CPU a ring all-reduce's launch and finish",
 }
 #: The costs each round of a calibration's measuring runs gives (its ``rounds``: the spread of
 #: the machine's speed while it measured; ``costs`` holds their medians). Older files have none.
@@ -48,7 +49,9 @@ UNSAID = {"optimizer": "sgd"}
 #: (busy_hosts.py) scales: under a quota every CPU cost; on whole cores the computations alone
 #: (there a ring step and a push are times that include waiting).
 QUOTA_WORK = ("compute_ms", "message_cpu_us", "ps_message_us", "ps_update_us", "epoch_end_ms", "collective_us",
-              "ps_worker_cpu_us")  # fmt: skip
+              "ps_worker_cpu_us", "ring_fixed_cpu_us")  # fmt: skip
+#: The engine's costs that are CPU under a quota and have no meaning on whole cores.
+QUOTA_ONLY = ("message_cpu_us", "ring_fixed_cpu_us")
 CORE_WORK = ("compute_ms", "ps_update_us", "epoch_end_ms")
 
 
@@ -125,6 +128,8 @@ def _engine(costs: dict[str, float], quota: bool) -> dict[str, tuple[str, float]
         "compute_ms": ("--compute-ms", costs["compute_ms"]),
         "ring_latency_us": ("--ring-latency-us", costs["ring_step_us"]),
         "message_cpu_us": ("--message-cpu-us", costs["message_cpu_us"]),
+        # a file from before a ring's fixed CPU was measured apart: none (its messages' CPU has it)
+        "ring_fixed_cpu_us": ("--ring-fixed-cpu-us", costs.get("ring_fixed_cpu_us", 0.0)),
         "ps_message_us": ("--ps-message-us", max(message, 0.0)),
         "ps_update_us": ("--ps-update-us", costs["ps_update_us"]),
         # a file from before epochs' ends were measured: none (its steps' costs include them)
@@ -176,7 +181,7 @@ def _busy(calibration: dict[str, Any], args: argparse.Namespace) -> str:
     args.busy_factor = sum(others) / len(others)
     words = f"; its {len(hosts)} hosts computing at once ({busy['cluster']}): a step's work x{args.busy_factor:.2f}"
     if slow is not None:
-        args.slow_factor *= each[slow] / args.busy_factor
+        args.slow_factor = max(args.slow_factor * each[slow] / args.busy_factor, 1.0)  # slower, or as slow
         words += f" (host {slow}: x{each[slow]:.2f})"
     return words
 
@@ -210,7 +215,7 @@ def apply(args: argparse.Namespace) -> list[str]:
             continue
         if getattr(args, name) is not None:
             given.append(flag)
-        elif name != "message_cpu_us" or quota:
+        elif name not in QUOTA_ONLY or quota:
             setattr(args, name, value)
             args.calibrated.append(name)
     busy = _busy(calibration, args)

@@ -61,6 +61,7 @@ def check_arguments(args: argparse.Namespace) -> tuple[list[str], list[int]]:
         "ps_message_us",
         "ps_update_us",
         "message_cpu_us",
+        "ring_fixed_cpu_us",
         "ps_worker_cpu_us",
         "epoch_end_ms",
         "collective_us",
@@ -71,10 +72,14 @@ def check_arguments(args: argparse.Namespace) -> tuple[list[str], list[int]]:
             raise ConfigError("--host-speedup needs --host-cores (processes on one host)")
         _speedup(args.host_speedup)
     if args.cpu_share is None and (
-        args.message_cpu_us or args.ps_worker_cpu_us is not None or args.cpu_period_ms != 100.0
+        args.message_cpu_us
+        or args.ring_fixed_cpu_us
+        or args.ps_worker_cpu_us is not None
+        or args.cpu_period_ms != 100.0
     ):
         raise ConfigError(
-            "--message-cpu-us, --ps-worker-cpu-us and --cpu-period-ms need --cpu-share (nodes under a CPU quota)"
+            "--message-cpu-us, --ring-fixed-cpu-us, --ps-worker-cpu-us and --cpu-period-ms need --cpu-share (nodes "
+            "under a CPU quota)"
         )
     if args.ring_latency_us is not None:
         _positive("ring-latency-us", args.ring_latency_us, allow_zero=True)
@@ -231,6 +236,7 @@ def build_cluster(args: argparse.Namespace, workers: int, model: Any | None, com
         cpu_share=args.cpu_share,
         cpu_period_s=args.cpu_period_ms * 1e-3,
         message_cpu_s=(args.message_cpu_us or 0.0) * 1e-6,
+        ring_fixed_cpu_s=(args.ring_fixed_cpu_us or 0.0) * 1e-6,
         ps_worker_cpu_s=None if args.ps_worker_cpu_us is None else args.ps_worker_cpu_us * 1e-6,
         epoch_batches=getattr(args, "epoch_batches", 0),
         eval_s=(args.epoch_end_ms or 0.0) * 1e-3,

@@ -222,6 +222,9 @@ class Cluster:
     message_cpu_s: float = 0.0
     """With ``cpu_share``: CPU-seconds a node spends on each message it receives (the
     transport's and the framework's work, which waits for the node's quota like any other)."""
+    ring_fixed_cpu_s: float = 0.0
+    """With ``cpu_share``: CPU-seconds each node spends once per ring all-reduce beyond its
+    hops' (the framework's launch and finish: DDP's buckets and hooks), before the first hop."""
     ps_worker_cpu_s: float | None = None
     """With ``cpu_share``, under a parameter server: CPU-seconds a worker spends on a push and
     its reply (None: ``message_cpu_s``); the shard's on a push are ``ps_message_s`` plus
@@ -256,6 +259,8 @@ class Cluster:
                 )
             if not self.message_cpu_s >= 0:
                 raise ConfigError(f"--message-cpu-us must be >= 0, got {self.message_cpu_s * 1e6}")
+            if not self.ring_fixed_cpu_s >= 0:
+                raise ConfigError(f"--ring-fixed-cpu-us must be >= 0, got {self.ring_fixed_cpu_s * 1e6}")
             if self.ps_worker_cpu_s is not None and not self.ps_worker_cpu_s >= 0:
                 raise ConfigError(f"--ps-worker-cpu-us must be >= 0, got {self.ps_worker_cpu_s * 1e6}")
             if not self.cpu_period_s > 0:

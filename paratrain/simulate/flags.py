@@ -184,6 +184,13 @@ def add_flags(p: argparse.ArgumentParser) -> None:
         "calibration's, else 0)",
     )
     a(
+        "--ring-fixed-cpu-us",
+        type=float,
+        default=None,
+        help="with --cpu-share: CPU microseconds a node spends once per ring all-reduce beyond its hops' (the "
+        "framework's launch and finish) (default: the calibration's, else 0)",
+    )
+    a(
         "--ps-worker-cpu-us",
         type=float,
         default=None,

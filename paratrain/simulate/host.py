@@ -83,21 +83,22 @@ class AllReduceHost(HostRun):
 
     def _ring_on_nodes(self, computed: dict[int, float]) -> list[float]:
         """A ring all-reduce of the gradients (after the backward pass) across nodes under CPU
-        quotas, hop by hop: 2(N-1) steps, in each of which every node sends a 1/N slice to the
-        next and works ``message_cpu_s`` on the slice it receives, when its quota lets it,
-        while the slice's bytes arrive (quota.ring_on_nodes).
+        quotas: each node's fixed CPU of the collective (``ring_fixed_cpu_s``: its launch and
+        finish), then hop by hop: 2(N-1) steps, in each of which every node sends a 1/N slice
+        to the next and works ``message_cpu_s`` on the slice it receives, when its quota lets
+        it, while the slice's bytes arrive (quota.ring_on_nodes).
         When each node has the result."""
         cluster, n = self.cluster, self.n
         wire = cluster.codec.wire_bytes(cluster.model_bytes)
-        hop_s = cluster.message_cpu_s
-        # a step's time on whole cores less its CPU is waiting (Gloo's threads handing the slice
-        # over), which a quota does not stretch
-        waiting = max(cluster.latency, (cluster.ring_latency or 0.0) - hop_s)
-        codec_s = cluster.codec.cost_s(cluster.model_bytes)
+        hop_s, fixed_s = cluster.message_cpu_s, cluster.ring_fixed_cpu_s
+        # a step's time on whole cores less its CPU (a 2-process ring's: the fixed CPU over its 2
+        # steps) is waiting (Gloo's threads handing the slice over), which a quota does not stretch
+        waiting = max(cluster.latency, (cluster.ring_latency or 0.0) - hop_s - fixed_s / 2)
+        before_s = cluster.codec.cost_s(cluster.model_bytes) + fixed_s  # the codec, the fixed CPU
         nodes = ThrottledNodes(self.nodes[:n])
         done = np.array([computed[w] for w in range(n)])
-        if codec_s:
-            done = nodes.run(done, codec_s)
+        if before_s:
+            done = nodes.run(done, before_s)
         done = ring_on_nodes(nodes, done, waiting, hop_s, wire / n / cluster.bandwidth)
         nodes.close()
         return done.tolist()

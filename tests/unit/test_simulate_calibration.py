@@ -82,8 +82,10 @@ def test_calibrate_measures_every_cost_here_and_predicts_with_them(cli, tmp_path
     assert f"compute {costs['compute_ms']:.3g} ms a step" in result.stdout
     # each round's own costs are kept, the file's costs their medians; and what a hypervisor took
     rounds = calibration["rounds"]
-    assert len(rounds) == 3 and all(set(r) == set(ROUND_COSTS) for r in rounds)
-    for name in ROUND_COSTS:
+    measured = {*ROUND_COSTS, "ring_fixed_cpu_us"}  # a ring's fixed CPU: files before it lack it
+    assert len(rounds) == 3 and all(set(r) == measured for r in rounds)
+    assert costs["ring_fixed_cpu_us"] >= 0
+    for name in measured:
         assert costs[name] == pytest.approx(statistics.median(r[name] for r in rounds)), name
     compute = [r["compute_ms"] for r in rounds]
     assert f"3 rounds, compute {min(compute):.3g}-{max(compute):.3g} ms a step" in result.stdout
@@ -141,6 +143,17 @@ def test_each_end_s_cpu_a_push_is_taken_under_a_quota(tmp_path):
     assert (args.ps_message_us, args.ps_worker_cpu_us) == (1000.0 - 100.0 - 2 * 200.0, None)
     args, lines = _applied(path, "--cpu-share", "0.5", "--ps-worker-cpu-us", "5")
     assert args.ps_worker_cpu_us == 5.0 and lines[0].endswith("; from the flags: --ps-worker-cpu-us")
+
+
+def test_a_ring_s_fixed_cpu_is_taken_under_a_quota_and_a_file_without_it_adds_none(tmp_path):
+    path = _calibration(tmp_path / "f.json", message_cpu_us=200.0, ring_fixed_cpu_us=450.0)
+    args, lines = _applied(path, "--cpu-share", "0.5")
+    assert (args.message_cpu_us, args.ring_fixed_cpu_us) == (200.0, 450.0)
+    assert "450 us of CPU a ring all-reduce's launch and finish" in lines[0]
+    args, _ = _applied(path)  # whole cores: a ring step's time holds it
+    assert args.ring_fixed_cpu_us is None
+    args, _ = _applied(_calibration(tmp_path / "old.json", message_cpu_us=200.0), "--cpu-share", "0.5")
+    assert args.ring_fixed_cpu_us == 0.0
 
 
 def test_an_epoch_end_s_costs_come_from_the_file_and_a_file_without_them_adds_none(tmp_path):

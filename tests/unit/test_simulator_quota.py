@@ -59,14 +59,16 @@ def test_a_busy_node_runs_at_exactly_its_share(strategy):
 
 @pytest.mark.parametrize("workers", [2, 3, 4])
 @pytest.mark.parametrize("bandwidth", [125e6, 12.5e9])  # the wire bounds a hop; the receiver's CPU does
-def test_an_unthrottled_ring_is_compute_then_2_n_minus_1_hops(workers, bandwidth):
-    """Each hop: the latency, then the slice's bytes on the wire while the receiver works on
-    them (its CPU overlaps their arrival): the longer of the two."""
-    latency, hop_cpu = 50e-6, 200e-6
-    cluster = quota_cluster(
-        workers, 1.0, bandwidth=bandwidth, latency=latency, message_cpu_s=hop_cpu, model_bytes=0.3 * MB
-    )
-    step = 10 * MS + 2 * (workers - 1) * (latency + max(0.3 * MB / workers / bandwidth, hop_cpu))
+@pytest.mark.parametrize("fixed_cpu", [0.0, 300e-6])
+def test_an_unthrottled_ring_is_compute_then_2_n_minus_1_hops(workers, bandwidth, fixed_cpu):
+    """The collective's fixed CPU once, then each hop: the wait (a ring step's time less its
+    CPU, a 2-process ring's fixed CPU over its 2 steps among it), then the slice's bytes on
+    the wire while the receiver works on them (its CPU overlaps their arrival): the longer."""
+    latency, hop_cpu, ring_step = 50e-6, 200e-6, 600e-6
+    cluster = quota_cluster(workers, 1.0, bandwidth=bandwidth, latency=latency, message_cpu_s=hop_cpu,
+                            model_bytes=0.3 * MB, ring_latency=ring_step, ring_fixed_cpu_s=fixed_cpu)  # fmt: skip
+    wait = ring_step - hop_cpu - fixed_cpu / 2
+    step = 10 * MS + fixed_cpu + 2 * (workers - 1) * (wait + max(0.3 * MB / workers / bandwidth, hop_cpu))
     summary = simulate("allreduce", cluster, 40, seed=1).summary(32)
     assert summary["examples_per_second"] == pytest.approx(workers * 32 / step, rel=1e-6)
 
