@@ -165,7 +165,7 @@ def _round_costs(measured: tuple[float, ...], update: float) -> dict[str, float]
 RUN_STEPS = 400
 
 
-#: The measuring runs' own flags, and the processes each trains with.
+#: The measuring runs' own flags, and the workers each trains with (ps-sync's shard besides).
 SINGLE = (["--strategy", "single"], 1)
 RING = (["--strategy", "allreduce", "--workers", "2"], 2)
 RING3 = (["--strategy", "allreduce", "--workers", "3"], 3)
@@ -201,7 +201,7 @@ def _step_s(
     args: Any, splits: Any, flags: list[str], workers: int, across: list[str] | None = None
 ) -> tuple[float, float, float, float]:
     """Seconds a step of a real ``paratrain train`` with ``flags`` takes, one thread a process
-    (given ``across``: its processes on two emulated hosts, whose names it appends there);
+    (given ``across``: its processes on emulated hosts, a host each, whose names it appends there);
     CPU-seconds the first process spends a step (every thread of it: Gloo's too); and
     seconds an epoch's end takes there (its evaluation and the next epoch's start: the wall
     clock between two epochs' ends less the second's steps); and under a parameter server,
@@ -213,7 +213,8 @@ def _step_s(
         command = [sys.executable, "-m", "paratrain", "train", *flags, *training_flags(args), "--epochs", str(epochs),
                    "--no-progress", "--log-every", "0", "--metrics-out", str(out)]  # fmt: skip
         if across is not None:
-            command[3:3] = ["cluster", "run", "--hosts", str(workers), "--logs", folder, "--", "paratrain"]
+            hosts = workers + flags[1].startswith("ps-")  # a process a host; a parameter server's shard too
+            command[3:3] = ["cluster", "run", "--hosts", str(hosts), "--logs", folder, "--", "paratrain"]
         env = {**os.environ, "PARATRAIN_THREADS_PER_WORKER": "1", "OMP_NUM_THREADS": "1"}
         run = subprocess.run(command, capture_output=True, text=True, env=env, timeout=3600)
         if run.returncode != 0 or not out.exists():
