@@ -19,6 +19,7 @@ import argparse
 import json
 import math
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -75,6 +76,18 @@ def measure(args: Any, splits: Any, training_flags: list[str]) -> dict[str, Any]
     return {"hosts": hosts, "cluster": where}
 
 
+def combined(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """``measure``'s findings of a calibration's rounds as one: each host's median wall clock
+    and CPU a step, and each round's wall clocks (``rounds``: a prediction's range)."""
+    hosts = [
+        {"cpu": host["cpu"], "wall_ms": statistics.median(r["hosts"][i]["wall_ms"] for r in rounds),
+         "cpu_ms": statistics.median(r["hosts"][i]["cpu_ms"] for r in rounds)}
+        for i, host in enumerate(rounds[0]["hosts"])
+    ]  # fmt: skip
+    walls = [[host["wall_ms"] for host in r["hosts"]] for r in rounds]
+    return {"hosts": hosts, "cluster": rounds[0]["cluster"], "rounds": walls}
+
+
 def step_seconds(metrics: dict[str, Any], batch_size: int, workers: int = 1) -> tuple[float, float]:
     """Seconds a step of a run took, and CPU-seconds its first process spent a step (every
     thread), over its epochs past the first (their steps alone: ``train_seconds``)."""
@@ -85,11 +98,12 @@ def step_seconds(metrics: dict[str, Any], batch_size: int, workers: int = 1) -> 
     return training / steps, (last["cpu_seconds"] - first["cpu_seconds"]) / steps
 
 
-def factors(busy: dict[str, Any], compute_ms: float) -> list[float]:
+def factors(busy: dict[str, Any], compute_ms: float, walls: list[float] | None = None) -> list[float]:
     """Each host's factor on the work it does: the quota-seconds a step took it (its wall
-    clock times its share, one core's at most: a measuring run computes with one thread a
-    core) over a step's CPU on a whole core."""
-    return [h["wall_ms"] * min(h["cpu"], 1.0) / compute_ms for h in busy["hosts"]]
+    clock, the median's or one round's ``walls``, times its share, one core's at most: a
+    measuring run computes with one thread a core) over a step's CPU on a whole core."""
+    walls = walls or [h["wall_ms"] for h in busy["hosts"]]
+    return [wall * min(h["cpu"], 1.0) / compute_ms for wall, h in zip(walls, busy["hosts"])]
 
 
 def matches(busy: dict[str, Any], args: argparse.Namespace) -> bool:
@@ -105,6 +119,12 @@ def check(busy: Any, named: str) -> None:
     hosts = busy.get("hosts") if isinstance(busy, dict) else None
     if not isinstance(hosts, list) or not hosts or not all(_measured(host) for host in hosts):
         raise ConfigError(f"{named}: its busy_hosts must list hosts, each with numbers > 0 for cpu, wall_ms, cpu_ms")
+    rounds = busy.get("rounds", [])
+    if not isinstance(rounds, list) or not all(
+        isinstance(r, list) and len(r) == len(hosts) and all(isinstance(w, (int, float)) and w > 0 for w in r)
+        for r in rounds
+    ):
+        raise ConfigError(f"{named}: its busy_hosts' rounds must each list a wall clock > 0 a host")
 
 
 def _measured(host: Any) -> bool:

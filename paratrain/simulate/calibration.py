@@ -147,10 +147,14 @@ def rounds_of(args: argparse.Namespace) -> list[argparse.Namespace]:
     prediction on the machine as each round found it. None (an empty list) for a prediction
     without a calibration, or with one from before the rounds were kept."""
     rounds = []
-    for costs in getattr(args, "calibration_rounds", []):
+    busy = getattr(args, "busy_rounds", [])
+    for i, costs in enumerate(getattr(args, "calibration_rounds", [])):
         engine = _engine(costs, args.cpu_share is not None)
-        values = {n: engine[n][1] * _work_factor(args, n) for n in args.calibrated}
-        rounds.append(argparse.Namespace(**{**vars(args), **values}))
+        # the round's own hosts' factors where each round measured them, else the medians'
+        own = dict(zip(("busy_factor", "slow_factor"), busy[i])) if len(busy) > i else {}
+        measured = argparse.Namespace(**{**vars(args), **own})
+        values = {n: engine[n][1] * _work_factor(measured, n) for n in args.calibrated}
+        rounds.append(argparse.Namespace(**{**vars(measured), **values}))
     return rounds
 
 
@@ -159,6 +163,14 @@ def _work_factor(args: argparse.Namespace, name: str) -> float:
     or no hosts measured for this prediction)."""
     work = QUOTA_WORK if args.cpu_share is not None else CORE_WORK
     return getattr(args, "busy_factor", 1.0) if name in work else 1.0
+
+
+def _host_factors(each: list[float], slow: int | None, slow_factor: float) -> tuple[float, float]:
+    """From each host's factor on its work: the others' mean, on every node's costs; and the
+    slow host's slowness (``slow_factor``) times its factor over theirs (at least 1)."""
+    others = [f for i, f in enumerate(each) if i != slow]
+    factor = sum(others) / len(others)
+    return factor, slow_factor if slow is None else max(slow_factor * each[slow] / factor, 1.0)
 
 
 def _busy(calibration: dict[str, Any], args: argparse.Namespace) -> str:
@@ -177,11 +189,14 @@ def _busy(calibration: dict[str, Any], args: argparse.Namespace) -> str:
         return f"; its hosts computing at once were {measured}, not this cluster's: not used"
     each = busy_hosts.factors(busy, calibration["costs"]["compute_ms"])
     slow = getattr(args, "slow_host", None)
-    others = [f for i, f in enumerate(each) if i != slow]
-    args.busy_factor = sum(others) / len(others)
+    if len(busy.get("rounds", [])) == len(calibration.get("rounds", [])):  # each round's, for its prediction
+        args.busy_rounds = [
+            _host_factors(busy_hosts.factors(busy, r["compute_ms"], walls), slow, args.slow_factor)
+            for r, walls in zip(calibration.get("rounds", []), busy.get("rounds", []))
+        ]
+    args.busy_factor, args.slow_factor = _host_factors(each, slow, args.slow_factor)
     words = f"; its {len(hosts)} hosts computing at once ({busy['cluster']}): a step's work x{args.busy_factor:.2f}"
     if slow is not None:
-        args.slow_factor = max(args.slow_factor * each[slow] / args.busy_factor, 1.0)  # slower, or as slow
         words += f" (host {slow}: x{each[slow]:.2f})"
     return words
 

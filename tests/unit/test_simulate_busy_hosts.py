@@ -9,15 +9,16 @@ from pathlib import Path
 import pytest
 
 from paratrain.launch.cli import main
-from tests.unit.test_simulate_calibration import _calibration
+from tests.unit.test_simulate_calibration import _calibration, _with_rounds
 from tests.unit.test_simulate_recommend import HOSTS, _run
 
 COSTS = {"message_cpu_us": 700.0, "ps_push_us": 2000.0}
 
 
-def _busy(path, walls, shares=(0.3, 0.3, 0.3, 0.15)):
-    """The calibration of COSTS with ``busy_hosts`` whose steps took ``walls`` milliseconds."""
-    document = json.loads(Path(_calibration(path, **COSTS)).read_text())
+def _busy(path, walls, shares=(0.3, 0.3, 0.3, 0.15), **costs):
+    """The calibration of COSTS (and ``costs``) with ``busy_hosts`` whose steps took ``walls``
+    milliseconds."""
+    document = json.loads(Path(_calibration(path, **COSTS, **costs)).read_text())
     hosts = [{"cpu": share, "wall_ms": wall, "cpu_ms": 2.0} for share, wall in zip(shares, walls)]
     document["busy_hosts"] = {"hosts": hosts, "cluster": "cluster 9: hosts pt9h0-3 on 198.18.9.0/24"}
     path.write_text(json.dumps(document))
@@ -88,3 +89,28 @@ def test_a_file_whose_busy_hosts_are_malformed_is_one_line_and_exit_2(tmp_path, 
     assert main(["simulate", "--recommend", *HOSTS, "--calibration", str(tmp_path / "cal.json")]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "its busy_hosts must list hosts, each with numbers > 0 for cpu, wall_ms, cpu_ms" in err[0]
+
+
+def test_each_round_s_hosts_give_that_round_s_prediction(tmp_path):
+    """Measured in every round of the calibration, the hosts' wall clocks of each round scale
+    that round's prediction: a round whose hosts took twice as long gives each candidate's
+    low end, the prediction of a file whose hosts took that long."""
+    walls, more = [10.0, 10.0, 10.0, 40.0], {"shard_push_cpu_us": 900.0, "ps_worker_cpu_us": 500.0, "epoch_end_ms": 1.0}
+    spread = json.loads(Path(_with_rounds(tmp_path / "r.json", [{}, {}, {}], **COSTS, **more)).read_text())
+    spread["busy_hosts"] = json.loads(Path(_busy(tmp_path / "b.json", walls)).read_text())["busy_hosts"]
+    spread["busy_hosts"]["rounds"] = [walls, walls, [2 * w for w in walls]]
+    (tmp_path / "r.json").write_text(json.dumps(spread))
+    result = _run(tmp_path, "spread", "--recommend", *HOSTS, "--calibration", str(tmp_path / "r.json"))
+    slow = _run(
+        tmp_path,
+        "slow",
+        "--recommend",
+        *HOSTS,
+        "--calibration",
+        _busy(tmp_path / "s.json", [2 * w for w in walls], **more),
+    )
+    low = {r["candidate"]: r["examples_per_second"] for r in slow["candidates"]}
+    for row in result["candidates"]:
+        lowest, highest = row["examples_per_second_range"]
+        assert lowest == pytest.approx(low[row["candidate"]], rel=1e-9)
+        assert highest == pytest.approx(row["examples_per_second"], rel=1e-9) and lowest < highest
