@@ -6,9 +6,7 @@ node under a quota of S cores to do that work at full speed while its quota last
 whether the CPU a step costs stays C under a quota: `paratrain train --strategy single` of
 the mlp (one thread) on this machine, then alone on one emulated host (`paratrain cluster
 run --hosts 1 --cpu S`, a 10 ms period) at each share, then on N hosts at once at that
-share (`local-sgd --sync-every 100000`: no synchronization but each epoch's), and on N hosts
-at once each running its own `single` (what `paratrain simulate --calibrate --across-hosts
---recommend` measures: simulate/busy_hosts.py; host 0's row). For each: the
+share (`local-sgd --sync-every 100000`: no synchronization but each epoch's). For each: the
 process's CPU-seconds a step (its metrics' `cpu_seconds`, every thread) and its wall clock a
 step, over the epochs past the first (the chief's, host 0's), and the CPU a step over the
 whole-core run's.
@@ -50,19 +48,6 @@ def per_step(cluster: list[str], strategy: list[str], folder: Path) -> dict:
     }
 
 
-def each_alone(hosts: int, share: float) -> list[dict]:
-    """Wall-clock and CPU milliseconds a step of ``single`` on each of ``hosts`` emulated hosts
-    at ``share``, all computing at once (busy_hosts.measure, as a calibration runs it)."""
-    from paratrain.simulate.busy_hosts import measure
-    from paratrain.simulate.calibrate import model_and_data
-
-    flags = argparse.Namespace(model="mlp", dataset="digits", batch_size=32, seed=0, hosts=hosts, cpu=share,
-                               link=None, host=[])  # fmt: skip
-    _, splits = model_and_data(flags)
-    training = [*TRAIN[:6], "--seed", "0"]  # the model, its data and the batch
-    return [{"wall_ms": h["wall_ms"], "cpu_ms": h["cpu_ms"]} for h in measure(flags, splits, training)["hosts"]]
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shares", default="1,0.6,0.3,0.15")
@@ -85,9 +70,6 @@ def main() -> None:
             rows.append(
                 {"where": f"{args.hosts} emulated hosts at once", "share": share, "hosts": args.hosts, **together}
             )
-            (own, *_) = each_alone(args.hosts, share)
-            rows.append({"where": f"{args.hosts} emulated hosts at once, each its own single", "share": share,
-                         "hosts": args.hosts, **own})  # fmt: skip
         again = per_step([], ["--strategy", "single"], Path(tmp))
         rows.append({"where": "this machine, no quota, again", "share": None, "hosts": 0, **again})
     base = (bare["cpu_ms"] + again["cpu_ms"]) / 2

@@ -36,8 +36,8 @@ times to it come from the test accuracy they recorded at every epoch's end. ``--
 calibrates with ``--calibrate --across-hosts``: messages measured between two emulated hosts.
 ``--combine A.json B.json --out C`` judges the settings of recorded files together, each
 setting with the calibration and the real runs of its own file: no setting in two files.
-``--calibrate-each`` calibrates again before every setting (with ``--across-hosts``, the
-setting's hosts too, each computing at once: ``busy_hosts``) and predicts it with that
+``--calibrate-each`` calibrates again before every setting (with ``--repredict``: for each
+setting predicted again) and predicts it with that
 calibration, recorded with the setting: what a user does before asking about a cluster, and
 what keeps a setting's prediction and its real runs on the same machine when its speed
 drifts within a session (a whole record takes more than one; --combine then joins them).)
@@ -59,7 +59,6 @@ from pathlib import Path
 from cluster_common import RESULTS, cluster_train, fastest, median_or_none, paratrain, record
 
 from paratrain.cpu_steal import cpu_times, stolen_share
-from paratrain.simulate.busy_hosts import factors
 
 #: Each model's data, target and epochs, and the optimizer both the prediction's replay and the
 #: real runs train with (the CNN trains with Adam here: with SGD it needs far more epochs). A
@@ -347,9 +346,6 @@ def calibration_words(calibration: dict) -> str:
         words += f" ({min(compute):.3f}-{max(compute):.3f} over its rounds)"
     if measured.get("steal") is not None:
         words += f", a hypervisor took {measured['steal']:.0%} of the CPU while it measured"
-    if calibration.get("busy_hosts"):
-        each = factors(calibration["busy_hosts"], costs["compute_ms"])
-        words += f"; its hosts computing at once: a step's work x{', x'.join(f'{f:.2f}' for f in each)} (host by host)"
     return words
 
 
@@ -439,7 +435,7 @@ def main() -> None:
         for number in chosen:
             setting = SETTINGS[number - 1]
             if args.calibrate_each:  # this machine now, just before the runs it predicts
-                calibration = calibrate(setting[0], folder / f"calibration-{number}.json", args.across_hosts, setting)
+                calibration = calibrate(setting[0], folder / f"calibration-{number}.json", args.across_hosts)
             else:
                 calibration = calibrated(setting[0], document, folder, args.across_hosts)
             prediction = predict(setting, calibration, args, folder)
@@ -472,13 +468,9 @@ def calibrated(model: str, document: dict, folder: Path, across: bool = False) -
     return calibration
 
 
-def calibrate(model: str, calibration: Path, across: bool = False, setting: tuple | None = None) -> Path:
-    """``paratrain simulate --calibrate`` of ``model`` into ``calibration``, measured now (given
-    the ``setting`` it is for, across hosts: its hosts too, computing at once)."""
-    where = ["--across-hosts"] if across else []
-    if across and setting is not None:
-        where += ["--recommend", *hosts_flags(*setting[1:])]
-    paratrain("simulate", "--calibrate", str(calibration), *model_flags(model), *where)
+def calibrate(model: str, calibration: Path, across: bool = False) -> Path:
+    """``paratrain simulate --calibrate`` of ``model`` into ``calibration``, measured now."""
+    paratrain("simulate", "--calibrate", str(calibration), *model_flags(model), *(["--across-hosts"] if across else []))
     return calibration
 
 
@@ -508,7 +500,7 @@ def repredict(recorded: dict, args: argparse.Namespace, out: Path, chosen: set[i
             setting = tuple(entry["setting"])
             own = setting_calibration(entry, folder) if args.recorded_calibrations else None
             if args.calibrate_each:  # measured now for this setting (its hosts too, across hosts)
-                own = calibrate(setting[0], folder / f"calibration-{entry['number']}.json", args.across_hosts, setting)
+                own = calibrate(setting[0], folder / f"calibration-{entry['number']}.json", args.across_hosts)
                 entry["calibration"] = json.loads(own.read_text())
             elif own is None:  # predicted with the calibration measured now
                 entry.pop("calibration", None)

@@ -129,6 +129,11 @@ class EmulatedCluster:
         ]
 
     @property
+    def words(self) -> str:
+        """Which namespaces, links and cgroups are this cluster's, in words."""
+        return f"cluster {self.id}: hosts {self.prefix}h0-{len(self.hosts) - 1} on 198.18.{self.id}.0/24"
+
+    @property
     def head_address(self) -> str:
         """The runner's address on the hosts' bridge: what it hosts for them listens there."""
         return f"198.18.{self.id}.254"

@@ -222,8 +222,7 @@ def cluster_command(args: argparse.Namespace) -> int:
             new_progress(progress, args.hosts * args.procs_per_host)
             with EmulatedCluster(specs, pin=args.pin, throttled=args.throttle_from == "start") as cluster:
                 # Which namespaces, links and cgroups are this run's (`ip netns exec pt<c>h0 ...`).
-                print(f"paratrain cluster: cluster {cluster.id}: hosts {cluster.prefix}h0-{len(specs) - 1} on "
-                      f"198.18.{cluster.id}.0/24", file=sys.stderr, flush=True)  # fmt: skip
+                print(f"paratrain cluster: {cluster.words}", file=sys.stderr, flush=True)
                 if fault_tolerant:
                     watch = Watch(cluster, events, progress, stop)
                     env = _host_env(progress)

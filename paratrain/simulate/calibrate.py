@@ -57,10 +57,6 @@ between two emulated hosts (``paratrain cluster run --hosts 2``: each process in
 namespace of its own on a bridge, a core each), so that a message crosses a network stack at
 both ends as between machines: on the mlp a ring step's CPU is about twice the loopback's.
 
-With ``--across-hosts`` and ``--recommend``'s cluster (``--hosts``, ``--cpu``, ``--host``), the
-file also keeps what a step takes on each of its hosts, emulated here, all computing at
-once (``busy_hosts``, busy_hosts.py): a step's work under a quota and beside the other hosts.
-
 calibration.py turns them into the engine's parameters for the prediction at hand.
 """
 
@@ -88,7 +84,6 @@ from paratrain.data.datasets import load_dataset
 from paratrain.errors import ConfigError
 from paratrain.models import build_model
 from paratrain.registry import OPTIMIZERS
-from paratrain.simulate.busy_hosts import combined, measure, step_seconds
 from paratrain.simulate.calibration import FORMAT, VERSION
 from paratrain.simulate.link_probe import host_link
 
@@ -98,9 +93,8 @@ def calibrate(args: Any, model: Any, splits: Any) -> dict[str, Any]:
     ``args.dataset``)."""
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters() if p.requires_grad]).float()
     hosts: list[str] = []  # where the runs across hosts ran: paratrain cluster's line for each
-    busy: list[dict[str, Any]] | None = [] if args.across_hosts and args.recommend else None
     before = cpu_times()
-    rounds = _step_costs(args, splits, hosts, busy)
+    rounds = _step_costs(args, splits, hosts)
     steal = stolen_share(before, cpu_times())
     update = _update_s(flat, args)
     each = [_round_costs(measured, update) for measured in rounds]
@@ -110,8 +104,7 @@ def calibrate(args: Any, model: Any, splits: Any) -> dict[str, Any]:
     module = _tensor_module_s(args, model, splits, costs["compute_ms"] / 1e3, costs)
     if module is not None:
         costs["tp_module_us"] = module * 1e6
-    found = {"busy_hosts": combined(busy)} if busy else {}
-    return found | {
+    return {
         "format": FORMAT,
         "version": VERSION,
         "measured": {
@@ -177,15 +170,14 @@ PUSH = (["--strategy", "ps-sync", "--workers", "1"], 1)
 ROUNDS = 3
 
 
-def _step_costs(args: Any, splits: Any, hosts: list[str], busy: list | None = None) -> list[tuple[float, ...]]:
+def _step_costs(args: Any, splits: Any, hosts: list[str]) -> list[tuple[float, ...]]:
     """For each of ROUNDS rounds: seconds of a step of ``single`` (T1); of a ring step of
     ``allreduce`` with 2 workers ((T2 - T1) / 2); the CPU-seconds a step of ``allreduce`` adds
     to T1's on a process, with 2 workers and with 3; of what ``ps-sync`` with 1 worker adds (Tp - T1); of
     an epoch's end in ``single``; the shard's CPU-seconds a push (its update included) and
     what the worker's CPU a step adds to T1's. A small cost (a push of a small model: a
     tenth of a millisecond) can come out below 0 in a round on a noisy machine: it counts
-    as 0 there. Given ``busy``, each round also measures the described hosts computing at
-    once (busy_hosts.py) and appends what it found there."""
+    as 0 there."""
     rounds = []
     across = hosts if args.across_hosts else None
     for _ in range(ROUNDS):
@@ -193,8 +185,6 @@ def _step_costs(args: Any, splits: Any, hosts: list[str], busy: list | None = No
         ring, ring_cpu, _, _ = _step_s(args, splits, *RING, across)
         _, ring3_cpu, _, _ = _step_s(args, splits, *RING3, [] if across is not None else None)
         push, push_cpu, _, shard_cpu = _step_s(args, splits, *PUSH, across)
-        if busy is not None:
-            busy.append(measure(args, splits, training_flags(args)))
         rounds.append((single, max(ring - single, 0.0) / 2, max(ring_cpu - single_cpu, 0.0),
                        max(ring3_cpu - single_cpu, 0.0), max(push - single, 0.0), end, shard_cpu,
                        max(push_cpu - single_cpu, 0.0)))  # fmt: skip
@@ -230,13 +220,13 @@ def _step_s(
             across += [line.removeprefix("paratrain cluster: ") for line in run.stderr.splitlines()
                        if line.startswith("paratrain cluster: cluster ")][:1]  # fmt: skip
     # Past the first epoch (its warm-up): examples over the epochs' steps' seconds.
-    step, cpu = step_seconds(metrics, args.batch_size, workers)
     first, last, steady = history[0], history[-1], history[1:]
     training = sum(epoch["train_seconds"] for epoch in steady)
+    steps = (last["examples_seen"] - first["examples_seen"]) / (args.batch_size * workers)
     end = (last["wall_seconds"] - first["wall_seconds"] - training) / len(steady)
     served = (metrics.get("shard_cpu_seconds") or [None])[0]  # a push a step with one worker
     shard = served / metrics["global_steps"] if served is not None and metrics.get("global_steps") else 0.0
-    return step, cpu, max(end, 0.0), shard
+    return training / steps, (last["cpu_seconds"] - first["cpu_seconds"]) / steps, max(end, 0.0), shard
 
 
 def training_flags(args: Any) -> list[str]:

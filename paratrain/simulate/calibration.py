@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import Any
 
 from paratrain.errors import ConfigError
-from paratrain.simulate import busy_hosts
 
 FORMAT = "paratrain-calibration"
 VERSION = 1
@@ -45,14 +44,8 @@ STEAL_SAID = 0.01
 #: that does not say measured (version 1 files before the optimizer was recorded: SGD).
 SAME = ("model", "dataset", "batch_size", "compression", "optimizer")
 UNSAID = {"optimizer": "sgd"}
-#: The engine's costs that are a node's own work, which its hosts' factor measured busy
-#: (busy_hosts.py) scales: under a quota every CPU cost; on whole cores the computations alone
-#: (there a ring step and a push are times that include waiting).
-QUOTA_WORK = ("compute_ms", "message_cpu_us", "ps_message_us", "ps_update_us", "epoch_end_ms", "collective_us",
-              "ps_worker_cpu_us", "ring_fixed_cpu_us")  # fmt: skip
 #: The engine's costs that are CPU under a quota and have no meaning on whole cores.
 QUOTA_ONLY = ("message_cpu_us", "ring_fixed_cpu_us")
-CORE_WORK = ("compute_ms", "ps_update_us", "epoch_end_ms")
 
 
 def load(path: str, named: str = "") -> dict[str, Any]:
@@ -86,8 +79,6 @@ def load(path: str, named: str = "") -> dict[str, Any]:
         for r in rounds
     ):
         raise ConfigError(f"{named}: its rounds must each hold numbers >= 0 for {', '.join(ROUND_COSTS)}")
-    if "busy_hosts" in calibration:
-        busy_hosts.check(calibration["busy_hosts"], named)
     return calibration
 
 
@@ -147,58 +138,10 @@ def rounds_of(args: argparse.Namespace) -> list[argparse.Namespace]:
     prediction on the machine as each round found it. None (an empty list) for a prediction
     without a calibration, or with one from before the rounds were kept."""
     rounds = []
-    busy = getattr(args, "busy_rounds", [])
-    for i, costs in enumerate(getattr(args, "calibration_rounds", [])):
+    for costs in getattr(args, "calibration_rounds", []):
         engine = _engine(costs, args.cpu_share is not None)
-        # the round's own hosts' factors where each round measured them, else the medians'
-        own = dict(zip(("busy_factor", "slow_factor"), busy[i])) if len(busy) > i else {}
-        measured = argparse.Namespace(**{**vars(args), **own})
-        values = {n: engine[n][1] * _work_factor(measured, n) for n in args.calibrated}
-        rounds.append(argparse.Namespace(**{**vars(measured), **values}))
+        rounds.append(argparse.Namespace(**{**vars(args), **{n: engine[n][1] for n in args.calibrated}}))
     return rounds
-
-
-def _work_factor(args: argparse.Namespace, name: str) -> float:
-    """What the hosts measured busy scale the engine's cost ``name`` by (1: not a node's work,
-    or no hosts measured for this prediction)."""
-    work = QUOTA_WORK if args.cpu_share is not None else CORE_WORK
-    return getattr(args, "busy_factor", 1.0) if name in work else 1.0
-
-
-def _host_factors(each: list[float], slow: int | None, slow_factor: float) -> tuple[float, float]:
-    """From each host's factor on its work: the others' mean, on every node's costs; and the
-    slow host's slowness (``slow_factor``) times its factor over theirs (at least 1)."""
-    others = [f for i, f in enumerate(each) if i != slow]
-    factor = sum(others) / len(others)
-    return factor, slow_factor if slow is None else max(slow_factor * each[slow] / factor, 1.0)
-
-
-def _busy(calibration: dict[str, Any], args: argparse.Namespace) -> str:
-    """Where the calibration measured this prediction's hosts computing at once: each host's
-    factor on its work (busy_hosts.py), the others' mean on every node's costs
-    (``args.busy_factor``) and the slow host's over theirs on its slowness
-    (``args.slow_factor``); the words for the line. Hosts measured for another cluster are
-    not used, and the line says so."""
-    busy = calibration.get("busy_hosts")
-    if busy is None or not hasattr(args, "hosts_words"):
-        return ""
-    hosts = busy["hosts"]
-    shares = ", ".join(f"{host['cpu']:g}" for host in hosts)
-    measured = f"{len(hosts)} hosts at {shares} of a core"
-    if not busy_hosts.matches(busy, args):
-        return f"; its hosts computing at once were {measured}, not this cluster's: not used"
-    each = busy_hosts.factors(busy, calibration["costs"]["compute_ms"])
-    slow = getattr(args, "slow_host", None)
-    if len(busy.get("rounds", [])) == len(calibration.get("rounds", [])):  # each round's, for its prediction
-        args.busy_rounds = [
-            _host_factors(busy_hosts.factors(busy, r["compute_ms"], walls), slow, args.slow_factor)
-            for r, walls in zip(calibration.get("rounds", []), busy.get("rounds", []))
-        ]
-    args.busy_factor, args.slow_factor = _host_factors(each, slow, args.slow_factor)
-    words = f"; its {len(hosts)} hosts computing at once ({busy['cluster']}): a step's work x{args.busy_factor:.2f}"
-    if slow is not None:
-        words += f" (host {slow}: x{each[slow]:.2f})"
-    return words
 
 
 def round_compute_s(measured: argparse.Namespace, compute_s: float) -> float:
@@ -233,9 +176,6 @@ def apply(args: argparse.Namespace) -> list[str]:
         elif name not in QUOTA_ONLY or quota:
             setattr(args, name, value)
             args.calibrated.append(name)
-    busy = _busy(calibration, args)
-    for name in args.calibrated:
-        setattr(args, name, getattr(args, name) * _work_factor(args, name))
     # each round's costs, for the prediction's range (rounds_of)
     args.calibration_rounds = [{**costs, **r} for r in calibration.get("rounds", [])]
     args.codec_gbps = costs["codec_gbps"]
@@ -262,7 +202,6 @@ def apply(args: argparse.Namespace) -> list[str]:
     if rounds:
         compute = [r["compute_ms"] for r in rounds]
         line += f"; {len(rounds)} rounds, compute {min(compute):.3g}-{max(compute):.3g} ms a step"
-    line += busy
     if (measured.get("steal") or 0.0) >= STEAL_SAID:
         line += f"; a hypervisor took {measured['steal']:.0%} of this machine's CPU while it measured"
     if given:
