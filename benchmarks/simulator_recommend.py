@@ -499,7 +499,7 @@ def repredict(recorded: dict, args: argparse.Namespace, out: Path, chosen: set[i
         for entry in document["settings"]:
             setting = tuple(entry["setting"])
             own = setting_calibration(entry, folder) if args.recorded_calibrations else None
-            if args.calibrate_each:  # measured now for this setting (its hosts too, across hosts)
+            if args.calibrate_each:  # measured now, for this setting alone
                 own = calibrate(setting[0], folder / f"calibration-{entry['number']}.json", args.across_hosts)
                 entry["calibration"] = json.loads(own.read_text())
             elif own is None:  # predicted with the calibration measured now

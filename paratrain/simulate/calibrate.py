@@ -52,9 +52,9 @@ share of the machine's CPU time a hypervisor gave to other machines while the ro
   fixed cost, per module: DTensor's dispatch of every op on a split tensor, and the
   collectives' work beyond their bytes.
 
-With ``--across-hosts`` the two runs that send messages (``allreduce`` and ``ps-sync``) run
+With ``--across-hosts`` the runs that send messages (``allreduce`` and ``ps-sync``) run
 between two emulated hosts (``paratrain cluster run --hosts 2``: each process in a network
-namespace of its own on a bridge, a core each), so that a message crosses a network stack at
+namespace of its own on a bridge, a core each; the ring of 3 workers between three), so that a message crosses a network stack at
 both ends as between machines: on the mlp a ring step's CPU is about twice the loopback's.
 
 calibration.py turns them into the engine's parameters for the prediction at hand.
