@@ -54,8 +54,9 @@ share of the machine's CPU time a hypervisor gave to other machines while the ro
 
 With ``--across-hosts`` the runs that send messages (``allreduce`` and ``ps-sync``) run
 between two emulated hosts (``paratrain cluster run --hosts 2``: each process in a network
-namespace of its own on a bridge, a core each; the ring of 3 workers between three), so that a message crosses a network stack at
-both ends as between machines: on the mlp a ring step's CPU is about twice the loopback's.
+namespace of its own on a bridge, a core each; the ring of 3 workers between three), so that
+a message crosses a network stack at both ends as between machines: on the mlp a ring step's
+CPU is about twice the loopback's.
 
 calibration.py turns them into the engine's parameters for the prediction at hand.
 """
@@ -165,19 +166,20 @@ RING = (["--strategy", "allreduce", "--workers", "2"], 2)
 RING3 = (["--strategy", "allreduce", "--workers", "3"], 3)
 PUSH = (["--strategy", "ps-sync", "--workers", "1"], 1)
 
-#: Rounds of the three measuring runs (single, allreduce, ps-sync), back to back in each, so
-#: that the machine's drift hits all three alike; each cost is its median over the rounds.
+#: Rounds of the four measuring runs (single, allreduce with 2 and 3 workers, ps-sync), back to
+#: back in each, so that the machine's drift hits all four alike; each cost is its median over
+#: the rounds.
 ROUNDS = 3
 
 
 def _step_costs(args: Any, splits: Any, hosts: list[str]) -> list[tuple[float, ...]]:
     """For each of ROUNDS rounds: seconds of a step of ``single`` (T1); of a ring step of
     ``allreduce`` with 2 workers ((T2 - T1) / 2); the CPU-seconds a step of ``allreduce`` adds
-    to T1's on a process, with 2 workers and with 3; of what ``ps-sync`` with 1 worker adds (Tp - T1); of
-    an epoch's end in ``single``; the shard's CPU-seconds a push (its update included) and
-    what the worker's CPU a step adds to T1's. A small cost (a push of a small model: a
-    tenth of a millisecond) can come out below 0 in a round on a noisy machine: it counts
-    as 0 there."""
+    to T1's on a process, with 2 workers and with 3; of what ``ps-sync`` with 1 worker adds
+    (Tp - T1); of an epoch's end in ``single``; the shard's CPU-seconds a push (its update
+    included) and what the worker's CPU a step adds to T1's. A small cost (a push of a small
+    model: a tenth of a millisecond) can come out below 0 in a round on a noisy machine: it
+    counts as 0 there."""
     rounds = []
     across = hosts if args.across_hosts else None
     for _ in range(ROUNDS):
