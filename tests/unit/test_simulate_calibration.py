@@ -145,6 +145,17 @@ def test_each_end_s_cpu_a_push_is_taken_under_a_quota(tmp_path):
     assert args.ps_worker_cpu_us == 5.0 and lines[0].endswith("; from the flags: --ps-worker-cpu-us")
 
 
+@pytest.mark.parametrize(("ring_cpu", "ring3_cpu", "fixed", "hop"), [(1.4e-3, 2.4e-3, 0.4e-3, 0.5e-3),
+                                                                     (1.4e-3, 1.2e-3, 1.4e-3, 0.0),  # noisy
+                                                                     (1.0e-3, 3.0e-3, 0.0, 0.5e-3)])  # fmt: skip
+def test_a_round_splits_a_ring_s_cpu_into_a_fixed_part_and_one_per_hop_each_at_least_0(ring_cpu, ring3_cpu, fixed, hop):
+    from paratrain.simulate.calibrate import _round_costs
+
+    costs = _round_costs((1e-3, 1e-3, ring_cpu, ring3_cpu, 1e-3, 1e-3, 1e-3, 1e-4), 0.0)
+    assert costs["ring_fixed_cpu_us"] == pytest.approx(fixed * 1e6)
+    assert costs["message_cpu_us"] == pytest.approx(hop * 1e6)
+
+
 def test_a_ring_s_fixed_cpu_is_taken_under_a_quota_and_a_file_without_it_adds_none(tmp_path):
     path = _calibration(tmp_path / "f.json", message_cpu_us=200.0, ring_fixed_cpu_us=450.0)
     args, lines = _applied(path, "--cpu-share", "0.5")
