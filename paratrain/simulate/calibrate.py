@@ -101,7 +101,6 @@ def calibrate(args: Any, model: Any, splits: Any) -> dict[str, Any]:
     each = [_round_costs(measured, update) for measured in rounds]
     costs = {name: statistics.median(r[name] for r in each) for name in each[0]}
     costs |= {"ps_update_us": update * 1e6, "codec_gbps": _codec_gbps(args, model, flat)}
-    costs["host_link_gbps"], costs["host_step_us"], costs["host_step_cpu_us"] = host_link()
     module = _tensor_module_s(args, model, splits, costs["compute_ms"] / 1e3, costs)
     if module is not None:
         costs["tp_module_us"] = module * 1e6
@@ -142,7 +141,7 @@ def _round_costs(measured: tuple[float, ...], update: float) -> dict[str, float]
     a push less its update, measured apart). A ring's CPU is a fixed part and one per hop:
     the CPU a step of ``allreduce`` adds is F + 2H with 2 processes (2 hops) and F + 4H with 3,
     so H is half the difference and F the rest (each at least 0)."""
-    single, ring, ring_cpu, ring3_cpu, push, epoch_end, shard_cpu, worker_cpu = measured
+    single, ring, ring_cpu, ring3_cpu, push, epoch_end, shard_cpu, worker_cpu, link = measured
     fixed = min(max(2 * ring_cpu - ring3_cpu, 0.0), ring_cpu)  # a noisy round: 3 workers' CPU below 2's
     return {
         "compute_ms": single * 1e3,
@@ -153,6 +152,9 @@ def _round_costs(measured: tuple[float, ...], update: float) -> dict[str, float]
         "shard_push_cpu_us": max(shard_cpu - update, 0.0) * 1e6,
         "ps_worker_cpu_us": worker_cpu * 1e6,
         "epoch_end_ms": epoch_end * 1e3,
+        "host_link_gbps": link[0],
+        "host_step_us": link[1],
+        "host_step_cpu_us": link[2],
     }
 
 
@@ -166,9 +168,11 @@ RING = (["--strategy", "allreduce", "--workers", "2"], 2)
 RING3 = (["--strategy", "allreduce", "--workers", "3"], 3)
 PUSH = (["--strategy", "ps-sync", "--workers", "1"], 1)
 
-#: Rounds of the four measuring runs (single, allreduce with 2 and 3 workers, ps-sync), back to
-#: back in each, so that the machine's drift hits all four alike; each cost is its median over
-#: the rounds.
+#: Rounds of the four measuring runs (single, allreduce with 2 and 3 workers, ps-sync) and the
+#: host's link probe, back to back in each, so that the machine's drift hits all of them alike;
+#: each cost is its median over the rounds. (One probe is not enough: on a 2-core virtual
+#: machine, seven calibrations of the mlp probed once each found a bare all-reduce's CPU at
+#: 301-806 us, and six probes in a row found its time anywhere in 0.2-1.8 ms.)
 ROUNDS = 3
 
 
@@ -177,9 +181,10 @@ def _step_costs(args: Any, splits: Any, hosts: list[str]) -> list[tuple[float, .
     ``allreduce`` with 2 workers ((T2 - T1) / 2); the CPU-seconds a step of ``allreduce`` adds
     to T1's on a process, with 2 workers and with 3; of what ``ps-sync`` with 1 worker adds
     (Tp - T1); of an epoch's end in ``single``; the shard's CPU-seconds a push (its update
-    included) and what the worker's CPU a step adds to T1's. A small cost (a push of a small
-    model: a tenth of a millisecond) can come out below 0 in a round on a noisy machine: it
-    counts as 0 there."""
+    included) and what the worker's CPU a step adds to T1's; and the host's link
+    (link_probe.host_link: its rate, a bare ring step's time and CPU). A small cost (a push
+    of a small model: a tenth of a millisecond) can come out below 0 in a round on a noisy
+    machine: it counts as 0 there."""
     rounds = []
     across = hosts if args.across_hosts else None
     for _ in range(ROUNDS):
@@ -189,7 +194,7 @@ def _step_costs(args: Any, splits: Any, hosts: list[str]) -> list[tuple[float, .
         push, push_cpu, _, shard_cpu = _step_s(args, splits, *PUSH, across)
         rounds.append((single, max(ring - single, 0.0) / 2, max(ring_cpu - single_cpu, 0.0),
                        max(ring3_cpu - single_cpu, 0.0), max(push - single, 0.0), end, shard_cpu,
-                       max(push_cpu - single_cpu, 0.0)))  # fmt: skip
+                       max(push_cpu - single_cpu, 0.0), host_link()))  # fmt: skip
     return rounds
 
 

@@ -35,7 +35,9 @@ OPTIONAL = {
     "ring_fixed_cpu_us": "{:.3g} us of CPU a ring all-reduce's launch and finish",
 }
 #: The costs each round of a calibration's measuring runs gives (its ``rounds``: the spread of
-#: the machine's speed while it measured; ``costs`` holds their medians). Older files have none.
+#: the machine's speed while it measured; ``costs`` holds their medians). Older files have none;
+#: newer rounds hold OPTIONAL costs too (a ring's fixed CPU, the host's link): where a round
+#: lacks one, the file's value stands for it.
 ROUND_COSTS = ("compute_ms", "ring_step_us", "message_cpu_us", "ps_push_us", "shard_push_cpu_us",
                "ps_worker_cpu_us", "epoch_end_ms")  # fmt: skip
 #: A hypervisor's share of the CPU while a calibration measured that its line names.
@@ -79,6 +81,9 @@ def load(path: str, named: str = "") -> dict[str, Any]:
         for r in rounds
     ):
         raise ConfigError(f"{named}: its rounds must each hold numbers >= 0 for {', '.join(ROUND_COSTS)}")
+    for name in OPTIONAL:
+        if any(name in r and (not isinstance(r[name], (int, float)) or not r[name] >= 0) for r in rounds):
+            raise ConfigError(f"{named}: its rounds' {name} must be numbers >= 0")
     return calibration
 
 

@@ -82,7 +82,8 @@ def test_calibrate_measures_every_cost_here_and_predicts_with_them(cli, tmp_path
     assert f"compute {costs['compute_ms']:.3g} ms a step" in result.stdout
     # each round's own costs are kept, the file's costs their medians; and what a hypervisor took
     rounds = calibration["rounds"]
-    measured = {*ROUND_COSTS, "ring_fixed_cpu_us"}  # a ring's fixed CPU: files before it lack it
+    # a ring's fixed CPU and the host's link, probed in every round: files before them lack them
+    measured = {*ROUND_COSTS, "ring_fixed_cpu_us", "host_link_gbps", "host_step_us", "host_step_cpu_us"}
     assert len(rounds) == 3 and all(set(r) == measured for r in rounds)
     assert costs["ring_fixed_cpu_us"] >= 0
     for name in measured:
@@ -151,9 +152,11 @@ def test_each_end_s_cpu_a_push_is_taken_under_a_quota(tmp_path):
 def test_a_round_splits_a_ring_s_cpu_into_a_fixed_part_and_one_per_hop_each_at_least_0(ring_cpu, ring3_cpu, fixed, hop):
     from paratrain.simulate.calibrate import _round_costs
 
-    costs = _round_costs((1e-3, 1e-3, ring_cpu, ring3_cpu, 1e-3, 1e-3, 1e-3, 1e-4), 0.0)
+    costs = _round_costs((1e-3, 1e-3, ring_cpu, ring3_cpu, 1e-3, 1e-3, 1e-3, 1e-4, (10.0, 300.0, 600.0)), 0.0)
     assert costs["ring_fixed_cpu_us"] == pytest.approx(fixed * 1e6)
     assert costs["message_cpu_us"] == pytest.approx(hop * 1e6)
+    # the round's own probe of the host's link, as the probe gives it (Gb/s, us, us)
+    assert (costs["host_link_gbps"], costs["host_step_us"], costs["host_step_cpu_us"]) == (10.0, 300.0, 600.0)
 
 
 def test_a_ring_s_fixed_cpu_is_taken_under_a_quota_and_a_file_without_it_adds_none(tmp_path):
@@ -241,6 +244,8 @@ def test_a_prediction_without_a_calibration_says_so(cli):
         ({"costs": {"host_link_gbps": "fast"}}, "its host_link_gbps must be a number >= 0"),
         ({"rounds": [{"compute_ms": 1.0}]}, "its rounds must each hold numbers >= 0 for compute_ms, ring_step_us"),
         ({"rounds": {"compute_ms": 1.0}}, "its rounds must each hold numbers >= 0"),
+        ({"rounds": [{**dict.fromkeys(ROUND_COSTS, 1.0), "host_step_cpu_us": -5.0}]},
+         "its rounds' host_step_cpu_us must be numbers >= 0"),
         ({"model": {"model": "cifar_cnn", "dataset": "digits", "batch_size": 32, "compression": "none"}},
          "measured model=cifar_cnn; this prediction has model=mlp: calibrate for it"),
         ({"model": {"model": "mlp", "dataset": "digits", "batch_size": 32, "compression": "none",
