@@ -190,15 +190,13 @@ def recommend(
         rows.append(row)
     same = sorted((r for r in rows if r["same_updates"]), key=lambda r: -r["examples_per_second"])
     line = f"on this cluster ({args.hosts_words}): by examples/s, " + _ranked(
-        same, "examples_per_second", lambda v: f"{v:,.0f}", lambda first, r: r[1] >= first[0]
+        same, "examples_per_second", lambda v: f"{v:,.0f}", larger=True
     )
     if targeted:
         ranked = sorted(rows, key=lambda r: (r["median_seconds"] is None, r["median_seconds"] or 0.0))
         first = [r for r in ranked if r["median_seconds"] is not None]
         line += f"; to {target_words(args)} first: " + (
-            _ranked(
-                first, "seconds", lambda v: f"{v:.3g} s", lambda first, r: r[0] <= first[1], "median_seconds", " in "
-            )
+            _ranked(first, "seconds", lambda v: f"{v:.3g} s", larger=False, value="median_seconds", between=" in ")
             or f"none within {args.epochs} epochs"
         )
     return {"hosts": args.hosts_words, "candidates": rows, "recommendation": line}
@@ -211,11 +209,18 @@ def _rate(flags: argparse.Namespace, candidate: Candidate, cluster: Any, options
     return outcome.summary(flags.batch_size)["examples_per_second"]
 
 
-def _ranked(rows: list[dict], key: str, words: Any, overlaps: Any, value: str = "", between: str = " ") -> str:
+def tied_with_first(first: list[float], theirs: list[float], larger: bool) -> bool:
+    """Whether a candidate's range over a calibration's rounds reaches the first-ranked one's,
+    so that the machine's spread while it was calibrated cannot tell them apart: for a rate
+    (``larger`` is better) its highest at or above the first's lowest, for a time its lowest
+    at or below the first's highest."""
+    return theirs[1] >= first[0] if larger else theirs[0] <= first[1]
+
+
+def _ranked(rows: list[dict], key: str, words: Any, larger: bool, value: str = "", between: str = " ") -> str:
     """The first 3 of ``rows`` (ranked best first) with their ``value`` (default ``key``) and,
     given a calibration's rounds, their range over the rounds (``{key}_range``); and which
-    are tied with the first: those whose range ``overlaps(first's, theirs)``, where the
-    machine's spread while it was calibrated cannot tell them apart."""
+    are tied with the first (``tied_with_first``)."""
     value = value or key
     parts = []
     for row in rows[:3]:
@@ -224,7 +229,7 @@ def _ranked(rows: list[dict], key: str, words: Any, overlaps: Any, value: str = 
         parts.append(f"{row['candidate']}{between}{words(row[value])}{around}")
     text = ", ".join(parts)
     if rows and rows[0].get(f"{key}_range"):
-        tied = [r["candidate"] for r in rows[1:] if overlaps(rows[0][f"{key}_range"], r[f"{key}_range"])]
+        tied = [r["candidate"] for r in rows[1:] if tied_with_first(rows[0][f"{key}_range"], r[f"{key}_range"], larger)]
         if tied:
             text += f" ({rows[0]['candidate']} tied with {', '.join(tied)} within the calibration's rounds)"
     return text

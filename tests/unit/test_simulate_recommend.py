@@ -163,7 +163,19 @@ def test_the_line_names_the_candidates_tied_with_the_first_within_the_rounds():
         {"candidate": "c", "examples_per_second": 80.0, "examples_per_second_range": [70.0, 89.0]},
         {"candidate": "d", "examples_per_second": 79.0, "examples_per_second_range": [60.0, 90.0]},
     ]
-    words = _ranked(rows, "examples_per_second", lambda v: f"{v:,.0f}", lambda first, r: r[1] >= first[0])
+    words = _ranked(rows, "examples_per_second", lambda v: f"{v:,.0f}", larger=True)
     assert words == "a 100 (90-110), b 95 (91-96), c 80 (70-89) (a tied with b, d within the calibration's rounds)"
     alone = [{**r, "examples_per_second_range": None} for r in rows]
-    assert "tied" not in _ranked(alone, "examples_per_second", str, lambda first, r: True)
+    assert "tied" not in _ranked(alone, "examples_per_second", str, larger=True)
+
+
+@pytest.mark.parametrize(
+    ("theirs", "larger", "tied"),
+    [([85.0, 90.0], True, True), ([80.0, 89.9], True, False),  # a rate: their highest against the first's lowest
+     ([1.1, 1.3], False, True), ([1.21, 1.5], False, False)],  # a time: their lowest against the first's highest
+)  # fmt: skip
+def test_a_candidate_is_tied_with_the_first_where_its_range_reaches_the_first_s(theirs, larger, tied):
+    from paratrain.simulate.recommend import tied_with_first
+
+    first = [90.0, 110.0] if larger else [1.0, 1.2]
+    assert tied_with_first(first, theirs, larger) is tied
