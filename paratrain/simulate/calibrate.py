@@ -114,7 +114,7 @@ def calibrate(args: Any, model: Any, splits: Any) -> dict[str, Any]:
             "threads": 1,
             "cores": os.cpu_count(),
             "runs": f"paratrain train {' '.join(training_flags(args))} with "
-            + "; ".join(" ".join(flags) for flags, _ in (SINGLE, RING, RING3, PUSH))
+            + "; ".join(" ".join(flags) for flags, _, _ in (SINGLE, RING, RING3, PUSH))
             + (
                 "; allreduce and ps-sync between 2 emulated hosts (allreduce with 3 workers between 3)"
                 if args.across_hosts
@@ -162,11 +162,12 @@ def _round_costs(measured: tuple[float, ...], update: float) -> dict[str, float]
 RUN_STEPS = 400
 
 
-#: The measuring runs' own flags, and the workers each trains with (ps-sync's shard besides).
-SINGLE = (["--strategy", "single"], 1)
-RING = (["--strategy", "allreduce", "--workers", "2"], 2)
-RING3 = (["--strategy", "allreduce", "--workers", "3"], 3)
-PUSH = (["--strategy", "ps-sync", "--workers", "1"], 1)
+#: The measuring runs' own flags, the workers each trains with, and its processes (ps-sync's
+#: shard is one besides its worker): across hosts, a process a host.
+SINGLE = (["--strategy", "single"], 1, 1)
+RING = (["--strategy", "allreduce", "--workers", "2"], 2, 2)
+RING3 = (["--strategy", "allreduce", "--workers", "3"], 3, 3)
+PUSH = (["--strategy", "ps-sync", "--workers", "1"], 1, 2)
 
 #: Rounds of the four measuring runs (single, allreduce with 2 and 3 workers, ps-sync) and the
 #: host's link probe, back to back in each, so that the machine's drift hits all of them alike;
@@ -199,10 +200,10 @@ def _step_costs(args: Any, splits: Any, hosts: list[str]) -> list[tuple[float, .
 
 
 def _step_s(
-    args: Any, splits: Any, flags: list[str], workers: int, across: list[str] | None = None
+    args: Any, splits: Any, flags: list[str], workers: int, processes: int, across: list[str] | None = None
 ) -> tuple[float, float, float, float]:
     """Seconds a step of a real ``paratrain train`` with ``flags`` takes, one thread a process
-    (given ``across``: its processes on emulated hosts, a host each, whose names it appends there);
+    (given ``across``: its ``processes`` on emulated hosts, a host each, whose names it appends there);
     CPU-seconds the first process spends a step (every thread of it: Gloo's too); and
     seconds an epoch's end takes there (its evaluation and the next epoch's start: the wall
     clock between two epochs' ends less the second's steps); and under a parameter server,
@@ -214,8 +215,7 @@ def _step_s(
         command = [sys.executable, "-m", "paratrain", "train", *flags, *training_flags(args), "--epochs", str(epochs),
                    "--no-progress", "--log-every", "0", "--metrics-out", str(out)]  # fmt: skip
         if across is not None:
-            hosts = workers + flags[1].startswith("ps-")  # a process a host; a parameter server's shard too
-            command[3:3] = ["cluster", "run", "--hosts", str(hosts), "--logs", folder, "--", "paratrain"]
+            command[3:3] = ["cluster", "run", "--hosts", str(processes), "--logs", folder, "--", "paratrain"]
         env = {**os.environ, "PARATRAIN_THREADS_PER_WORKER": "1", "OMP_NUM_THREADS": "1"}
         run = subprocess.run(command, capture_output=True, text=True, env=env, timeout=3600)
         if run.returncode != 0 or not out.exists():
@@ -287,7 +287,7 @@ def _tensor_module_s(args: Any, model: Any, splits: Any, single: float, costs: d
         shape = measure(model, first_inputs(splits, args.batch_size), None, 2)
     except ConfigError:  # no plan, or one that does not split 2 ways
         return None
-    tensor = _step_s(args, splits, ["--strategy", "tensor", "--workers", "2", "--tensor-parallel", "2"], 1)
+    tensor = _step_s(args, splits, ["--strategy", "tensor", "--workers", "2", "--tensor-parallel", "2"], 1, 2)
     link = costs["host_link_gbps"] * 1e9 / 8
     modelled = single * compute_scale(shape, 2) + activation_s(shape, 2, link, costs["host_step_us"] * 1e-6)
     return max(tensor - modelled, 0.0) / max(shape.modules, 1)
