@@ -68,23 +68,25 @@ def load(path: str, named: str = "") -> dict[str, Any]:
             f"reads version {VERSION}: measure again with --calibrate"
         )
     costs = calibration.get("costs")
-    if not isinstance(costs, dict) or any(
-        not isinstance(costs.get(name), (int, float)) or not costs[name] >= 0 for name in COSTS
-    ):
+    if not isinstance(costs, dict) or not all(_is_cost(costs.get(name)) for name in COSTS):
         raise ConfigError(f"{named}: its costs must be numbers >= 0 for {', '.join(COSTS)}")
     for name in OPTIONAL:
-        if name in costs and (not isinstance(costs[name], (int, float)) or not costs[name] >= 0):
+        if name in costs and not _is_cost(costs[name]):
             raise ConfigError(f"{named}: its {name} must be a number >= 0")
     rounds = calibration.get("rounds", [])
-    if not isinstance(rounds, list) or any(
-        not isinstance(r, dict) or any(not isinstance(r.get(n), (int, float)) or not r[n] >= 0 for n in ROUND_COSTS)
-        for r in rounds
+    if not isinstance(rounds, list) or not all(
+        isinstance(r, dict) and all(_is_cost(r.get(n)) for n in ROUND_COSTS) for r in rounds
     ):
         raise ConfigError(f"{named}: its rounds must each hold numbers >= 0 for {', '.join(ROUND_COSTS)}")
     for name in OPTIONAL:
-        if any(name in r and (not isinstance(r[name], (int, float)) or not r[name] >= 0) for r in rounds):
+        if any(name in r and not _is_cost(r[name]) for r in rounds):
             raise ConfigError(f"{named}: its rounds' {name} must be numbers >= 0")
     return calibration
+
+
+def _is_cost(value: Any) -> bool:
+    """Whether a calibration file's value is a cost: a number >= 0 (NaN is not)."""
+    return isinstance(value, (int, float)) and value >= 0
 
 
 def load_for(path: str, args: argparse.Namespace, named: str = "") -> dict[str, Any]:
