@@ -5,7 +5,9 @@ Examples a second is not what a user chooses on: local SGD, DiLoCo and asynchron
 make different progress per example. So each strategy trains the real model in this
 process on its simulated schedule (virtual.py's replay: the order, the staleness and the
 local steps the schedule produces), and its time to the target is the simulated time of the
-first evaluation that reaches it, over ``--seeds`` seeds (the cluster's draws and the data
+first epoch's end whose evaluation reaches it (a run evaluates at its epochs' ends, so that
+is when it reports the target: two strategies that reach it within one epoch report it at
+that epoch's end, and the faster one first), over ``--seeds`` seeds (the cluster's draws and the data
 order; the model's first parameters are the same). Strategies are ranked by the median, a
 seed that does not reach the target within ``--epochs`` counting as later than any that
 does: a strategy that reaches it in most seeds has a median time (2 of 3 seeds: the later
@@ -22,9 +24,6 @@ from typing import Any
 
 from paratrain.simulate.simulator import simulate
 from paratrain.simulate.virtual import replay
-
-#: Evaluations a training run makes: the time to a target is known to 1/EVALS of the run.
-EVALS = 50
 
 
 def reaches(point: dict[str, float], args: argparse.Namespace) -> bool:
@@ -57,7 +56,7 @@ def time_to_target(
             outcome = simulate(strategy, cluster, steps, seed=seed, record=True, **options)
             result = replay(outcome, copy.deepcopy(model), splits.train, splits.test, batch=args.batch_size,
                             lr=args.lr, momentum=args.momentum, optimizer=args.optimizer,
-                            weight_decay=args.weight_decay, seed=seed, evals=EVALS)  # fmt: skip
+                            weight_decay=args.weight_decay, seed=seed, evals=None)  # fmt: skip
             seconds.append(next((p["sim_seconds"] for p in result["history"] if reaches(p, args)), None))
             finals.append(result["test_accuracy"])
         reached = [s for s in seconds if s is not None]

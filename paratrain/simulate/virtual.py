@@ -43,6 +43,8 @@ class BatchStream:
     def __init__(self, num_examples: int, batch: int, group: int, seed: int):
         self.n, self.batch, self.group, self.seed = num_examples, batch, group, seed
         self.per_epoch = num_examples // (batch * group) * group
+        self.taken = 0
+        """Batches handed out so far."""
         self._iter = self._batches()
 
     def _batches(self) -> Iterator[torch.Tensor]:
@@ -54,7 +56,12 @@ class BatchStream:
             epoch += 1
 
     def next(self) -> torch.Tensor:
+        self.taken += 1
         return next(self._iter)
+
+    def epochs_done(self) -> int:
+        """Whole epochs handed out so far."""
+        return self.taken // self.per_epoch if self.per_epoch else 0
 
 
 class FlatOptimizer:
@@ -118,17 +125,28 @@ def replay(
     optimizer: str = "sgd",
     weight_decay: float = 0.0,
     seed: int = 0,
-    evals: int = 10,
+    evals: int | None = 10,
 ) -> dict[str, Any]:
     """Train ``model`` on the trace of ``outcome`` with ``optimizer`` (a name of ``paratrain
     train``'s --optimizer); returns the final parameters, accuracy against simulated time,
-    and the run's statistics."""
+    and the run's statistics. The history evaluates ``evals`` times, evenly over the trace,
+    or (``evals=None``) after the update that ends each epoch of the data, where a real run
+    evaluates: the time to a target a run reports is such an epoch's end."""
     config = TrainConfig(optimizer=optimizer, lr=lr, momentum=momentum, weight_decay=weight_decay)
     trace = outcome.trace
     sync = outcome.strategy != "ps-async"
     rep = Replayer(model, train, test, batch, outcome.workers if sync else 1, seed)
     current = rep.flat()
-    every = max(len(trace) // evals, 1)
+    every = max(len(trace) // evals, 1) if evals else 0
+    evaluated = 0  # with evals=None: the epochs ended at the last evaluation
+
+    def due(i: int) -> bool:
+        nonlocal evaluated
+        if every:
+            return (i + 1) % every == 0 or i == len(trace) - 1
+        ended, evaluated = evaluated, rep.stream.epochs_done()
+        return evaluated > ended
+
     history = []
     if outcome.strategy == "local-sgd":
         replicas = [FlatOptimizer(current.clone(), config) for _ in range(outcome.workers)]
@@ -139,7 +157,7 @@ def replay(
             current = torch.stack([r.params for r in replicas]).mean(0)
             for r in replicas:  # averaging (Lin et al. 2020): parameters, not the optimizers' state
                 r.params.copy_(current)
-            if (i + 1) % every == 0 or i == len(trace) - 1:
+            if due(i):
                 history.append({"updates": i + 1, "sim_seconds": update.time, **rep.evaluate(current)})
     else:
         opt = FlatOptimizer(current, config)
@@ -156,7 +174,7 @@ def replay(
             versions[i + 1] = current.clone()
             for v in [v for v in versions if v < needed_after[i + 1]]:
                 del versions[v]
-            if (i + 1) % every == 0 or i == len(trace) - 1:
+            if due(i):
                 history.append({"updates": i + 1, "sim_seconds": update.time, **rep.evaluate(current)})
     final = history[-1] if history else {"sim_seconds": 0.0, **rep.evaluate(current)}
     torch.nn.utils.vector_to_parameters(current, rep.params)

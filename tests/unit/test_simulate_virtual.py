@@ -115,6 +115,27 @@ def test_virtual_local_sgd_on_one_worker_is_plain_sgd_and_averages_replicas(digi
     assert result["updates"] == 5 and result["test_accuracy"] > 0.7
 
 
+@pytest.mark.parametrize(
+    ("strategy", "options", "batches_an_update"),
+    [("allreduce", {}, 4), ("ps-async", {}, 1), ("local-sgd", {"period": 8}, 32)],
+)
+def test_a_replay_evaluates_at_each_epoch_s_end_as_a_run_does(digits, strategy, options, batches_an_update):
+    """evals=None: one evaluation after the update that ends each epoch of the data (a local
+    SGD period that ends one mid-way: after the period), at that update's simulated time."""
+    workers, batch = 4, 16
+    group = 1 if strategy == "ps-async" else workers  # a synchronous epoch is whole rounds
+    per_epoch = len(digits.train.tensors[1]) // (batch * group) * group  # batches
+    outcome = simulate(strategy, Cluster(workers=workers, compute_s=0.01, model_bytes=1e5), 3 * per_epoch // workers,
+                       record=True, **options)  # fmt: skip
+    result = replay(outcome, fresh_model(digits), digits.train, digits.test, batch=batch, lr=0.05, momentum=0.9,
+                    seed=0, evals=None)  # fmt: skip
+    ends = [i for i in range(1, len(outcome.trace) + 1)
+            if i * batches_an_update // per_epoch > (i - 1) * batches_an_update // per_epoch]  # fmt: skip
+    assert len(ends) >= 2
+    assert [h["updates"] for h in result["history"]] == ends
+    assert [h["sim_seconds"] for h in result["history"]] == [outcome.trace[i - 1].time for i in ends]
+
+
 def test_profile_measures_the_compute_time(capsys):
     assert main(["simulate", "--profile", "--workers", "1,2", "--steps", "10"]) == 0
     out = capsys.readouterr().out
