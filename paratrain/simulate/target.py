@@ -7,8 +7,8 @@ process on its simulated schedule (virtual.py's replay: the order, the staleness
 local steps the schedule produces), and its time to the target is the simulated time of the
 first epoch's end whose evaluation reaches it (a run evaluates at its epochs' ends, so that
 is when it reports the target: two strategies that reach it within one epoch report it at
-that epoch's end, and the faster one first), over ``--seeds`` seeds (the cluster's draws and the data
-order; the model's first parameters are the same). Strategies are ranked by the median, a
+that epoch's end, and the faster one first), over ``--seeds`` seeds (the cluster's draws
+and the data order; the model's first parameters are the same). Strategies are ranked by the median, a
 seed that does not reach the target within ``--epochs`` counting as later than any that
 does: a strategy that reaches it in most seeds has a median time (2 of 3 seeds: the later
 of the two), one that misses it in half of them or more ranks after every one that does not.
