@@ -18,7 +18,8 @@ every stage of a pipeline replica) once. Every step's log line
 Throughput kept: a run of `--longer` (3) times the epochs killed from outside every `--every` seconds (a
 random replica process, `--kills` times, wherever it is: in a step, in the all-reduce, in
 a checkpoint write, starting), against the same run undisturbed: undisturbed seconds
-divided by disturbed seconds, whole commands; `--throughput-repeats N` runs N such pairs
+divided by disturbed seconds, whole commands, the two the same command (the same
+`--max-restarts`: only the kills differ); `--throughput-repeats N` runs N such pairs
 for a row, which gives their medians and the range of what they kept; every second pair
 runs its disturbed run first, so that a drift of the machine's speed within a pair does
 not always fall on the same side. `a loss costs`: from
@@ -237,7 +238,8 @@ def throughput_kept(
     runs = {}
     for disturbed in (True, False) if disturbed_first else (False, True):
         with tempfile.TemporaryDirectory() as tmp:
-            runs[disturbed] = train(model, strategy, restarts if disturbed else [], Path(tmp), kill_every=every,
+            # both runs the same command (the same --max-restarts): only the kills differ
+            runs[disturbed] = train(model, strategy, restarts, Path(tmp), kill_every=every,
                                     kills=kills if disturbed else 0, longer=longer, cluster=cluster)  # fmt: skip
     calm, hit = runs[False], runs[True]
     losses = [t for t, line in hit["errors"] if LOSS.search(line)]
@@ -358,7 +360,8 @@ def main() -> None:
                 print(f"{model} {strategy}: pair {len(runs)}: {pair['undisturbed_seconds']:.1f} s, "
                       f"{pair['disturbed_seconds']:.1f} s, kept {pair['kept']:.0%}, a loss {pair['loss_cost']:.2f} s",
                       flush=True)  # fmt: skip
-            kept = {key: statistics.median(r[key] for r in runs) for key in runs[0] if key != "pace"}
+            # the pairs' medians of their numbers (each pair's pace and steal stay in "runs")
+            kept = {key: statistics.median(r[key] for r in runs) for key in runs[0] if key not in ("pace", "steal")}
             rows.append({"kind": "throughput", "model": model, "strategy": strategy + label, **kept, "runs": runs})
             print(tables(rows[-1:], args.repeats, args.every, args.kills)[-1], flush=True)
     out = Path(args.out)
