@@ -361,7 +361,8 @@ def main() -> None:
                       f"{pair['disturbed_seconds']:.1f} s, kept {pair['kept']:.0%}, a loss {pair['loss_cost']:.2f} s",
                       flush=True)  # fmt: skip
             # the pairs' medians of their numbers (each pair's pace and steal stay in "runs")
-            kept = {key: statistics.median(r[key] for r in runs) for key in runs[0] if key not in ("pace", "steal")}
+            numbers = [key for key, value in runs[0].items() if isinstance(value, (int, float))]
+            kept = {key: statistics.median(r[key] for r in runs) for key in numbers}
             rows.append({"kind": "throughput", "model": model, "strategy": strategy + label, **kept, "runs": runs})
             print(tables(rows[-1:], args.repeats, args.every, args.kills)[-1], flush=True)
     out = Path(args.out)
