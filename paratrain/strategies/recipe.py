@@ -153,6 +153,24 @@ def clip_norm(parameters: Iterator[torch.Tensor] | list[torch.Tensor], max_norm:
     return torch.nn.utils.clip_grad_norm_(list(parameters), max_norm)
 
 
+def slow_precision(precision: str, device: torch.device) -> str | None:
+    """Why ``precision`` is slower than float32 on this CPU, or None: where the processor has
+    no bfloat16 (float16) instructions oneDNN takes (AVX-512, AMX), PyTorch computes such
+    convolutions and matrix products on its reference path (the plain conv net's step 16x
+    float32's on an AVX2 processor: benchmarks/results/step_options_plain_cnn.md)."""
+    if device.type != "cpu" or precision == "fp32":
+        return None
+    name = "_is_mkldnn_bf16_supported" if precision == "bf16" else "_is_mkldnn_fp16_supported"
+    native = getattr(torch.ops.mkldnn, name, None)  # PyTorch's own check (its tests use it)
+    if native is None or native():
+        return None
+    capability = torch.backends.cpu.get_cpu_capability()
+    return (
+        f"--precision {precision} on this CPU ({capability}, no {precision} instructions): PyTorch computes its "
+        "convolutions and matrix products on a slow reference path here, several times slower than fp32"
+    )
+
+
 def prefers_channels_last(model: nn.Module, device: torch.device) -> bool:
     """Whether channels-last is on by default (``--channels-last``, ``Trainer(channels_last=
     None)``): for a model with 2-d convolutions on the CPU, where oneDNN's convolutions are

@@ -25,7 +25,7 @@ from paratrain.errors import ConfigError
 from paratrain.launch.allocator import keep_freed_memory
 from paratrain.launch.threads import share_cores
 from paratrain.strategies.base import Strategy
-from paratrain.strategies.recipe import StepRecipe, prefers_channels_last
+from paratrain.strategies.recipe import StepRecipe, prefers_channels_last, slow_precision
 from paratrain.strategies.single.strategy import get_strategy
 from paratrain.timeline import span
 from paratrain.train.callbacks import Callback, CallbackList, EpochLog, ProgressBar, StepLog
@@ -108,12 +108,15 @@ class Trainer:
             raise ConfigError("Trainer needs an optimizer, e.g. torch.optim.SGD(model.parameters(), lr=0.05)")
         self.strategy = strategy or get_strategy()
         self.strategy.check_step(self.strategy.name, precision, compile)
+        if channels_last is None or precision != "fp32":
+            self.strategy.setup()  # its device decides what follows
         if channels_last is None:
-            self.strategy.setup()  # its device decides
             channels_last = prefers_channels_last(model, self.strategy.device) and self.strategy.takes_channels_last
         self.recipe = StepRecipe(
             precision, accumulate, clip_grad_norm, channels_last, activation_checkpointing, pool_before_relu
         )
+        if slow := slow_precision(precision, self.strategy.device):
+            self._note(slow)
         self.loss_fn = loss
         self.metrics = tuple(self.metric_fns)
         try:  # DDP's first broadcast: a peer gone already is named like one lost mid-run

@@ -288,3 +288,24 @@ def test_compile_gives_the_eager_result_and_plain_state_dict_keys():
     assert list(compiled.module.state_dict()) == list(eager.module.state_dict())  # no _orig_mod. prefix
     difference = relative_difference(flat_parameters(compiled.module), flat_parameters(eager.module))
     assert difference < 1e-5
+
+
+@pytest.mark.parametrize("native", [True, False])
+def test_a_precision_the_cpu_has_no_instructions_for_is_named_at_the_start(monkeypatch, capsys, native):
+    """bf16 where the processor has no bfloat16 instructions runs PyTorch's reference
+    convolutions and matrix products (many times float32's step): one line says so; where
+    it has them, or in float32, nothing is said."""
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: native)
+
+    def said(precision):
+        model = build_model("mlp", load_digits().spec)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        paratrain.Trainer(model, "cross_entropy", optimizer, strategy=_single(), precision=precision)
+        return capsys.readouterr().out
+
+    line = said("bf16")
+    if native:
+        assert line == ""
+    else:
+        assert line.count("\n") == 1 and "--precision bf16 on this CPU" in line and "slow reference path" in line
+    assert said("fp32") == ""
