@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import statistics
 import subprocess
 import sys
@@ -29,6 +28,7 @@ import time
 from pathlib import Path
 
 import torch
+from processor import cpu_name
 
 import paratrain
 from paratrain.data.datasets import DataSpec
@@ -79,20 +79,6 @@ def step_times(options: dict, args: argparse.Namespace) -> list[float]:
         steps(args.steps)
         times.append((time.perf_counter() - start) / args.steps)
     return times
-
-
-def cpu_name() -> str:
-    """The processor's model and the instructions PyTorch's CPU kernels use (AVX2, AVX512):
-    bfloat16's speed depends on them."""
-    model = next((line.partition(":")[2].strip() for line in _cpuinfo() if line.startswith("model name")), None)
-    return f"{model or platform.processor() or 'cpu'} ({torch.backends.cpu.get_cpu_capability()})"
-
-
-def _cpuinfo() -> list[str]:
-    try:
-        return Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return []
 
 
 def main() -> None:

@@ -64,6 +64,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from processor import cpu_name
 from tensorflow_side import LR, MODELS, MOMENTUM, REPLICAS, minor_faults, steady
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -184,7 +185,9 @@ def markdown(document: dict) -> str:
     bf16 = document.get("bf16", False)
     runs = [f"{side}/{c}" for side in SIDES for c in configurations(side, bf16)]
     lines = [
-        f"paratrain against TensorFlow {document['tensorflow']} on this machine ({document['cpus']} CPU cores): "
+        f"paratrain against TensorFlow {document['tensorflow']} on this machine ({document['cpus']} CPU cores"
+        + (f", {document['processor']}" if "processor" in document else "")
+        + "): "
         f"{REPLICAS} replicas, the same synthetic batches, SGD momentum 0.9, {document['steps']} steps per epoch, "
         f"{document['epochs']} epochs (the first excluded); median examples/s of {document['rounds']} alternating "
         "rounds. Defaults: paratrain's `allreduce` over TensorFlow's `MirroredStrategy`, no flags on either "
@@ -241,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
         "torch": torch.__version__,
         "python": platform.python_version(),
         "cpus": os.cpu_count(),
+        "processor": cpu_name(),
         "rounds": args.rounds,
         "steps": args.steps,
         "epochs": args.epochs,
