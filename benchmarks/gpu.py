@@ -41,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from processor import cpu_name  # noqa: E402
 from torch.utils.data import TensorDataset  # noqa: E402
 
 import paratrain  # noqa: E402
@@ -316,7 +317,7 @@ def main() -> None:
     document: dict[str, Any] = {
         "settings": {
             **vars(args),
-            "device_name": torch.cuda.get_device_name() if args.device == "cuda" else platform.processor() or "cpu",
+            "device_name": torch.cuda.get_device_name() if args.device == "cuda" else cpu_name(),
             "torch": torch.__version__,
             "cores": os.cpu_count(),
             "python": platform.python_version(),

@@ -108,21 +108,20 @@ class Trainer:
             raise ConfigError("Trainer needs an optimizer, e.g. torch.optim.SGD(model.parameters(), lr=0.05)")
         self.strategy = strategy or get_strategy()
         self.strategy.check_step(self.strategy.name, precision, compile)
-        if channels_last is None or precision != "fp32":
-            self.strategy.setup()  # its device decides what follows
         if channels_last is None:
+            self.strategy.setup()  # its device decides
             channels_last = prefers_channels_last(model, self.strategy.device) and self.strategy.takes_channels_last
         self.recipe = StepRecipe(
             precision, accumulate, clip_grad_norm, channels_last, activation_checkpointing, pool_before_relu
         )
-        if slow := slow_precision(precision, self.strategy.device):
-            self._note(slow)
         self.loss_fn = loss
         self.metrics = tuple(self.metric_fns)
         try:  # DDP's first broadcast: a peer gone already is named like one lost mid-run
             self.model, self.optimizer = self.strategy.prepare(model, optimizer, self.recipe)
         except RuntimeError as error:
             raise (self.strategy.diagnose(error, 0) or error) from None
+        if slow := slow_precision(precision, self.strategy.device):  # prepared: on its device
+            self._note(slow)
         if compile:
             self.model = torch.compile(self.model)
         # The default device over each step (step_device.py); a compiled step keeps it as it
