@@ -68,16 +68,23 @@ def run_processes(root: int) -> list[int]:
     """The processes of the run under launcher ``root``, oldest first: its descendants less
     multiprocessing's helpers (its resource tracker and fork server, the launcher's own
     children; the run's processes are forked from the latter and share its command line)."""
-    return [pid for pid in descendants(root) if not _is_helper(pid, root)]
+    try:
+        launcher = Path(f"/proc/{root}/cmdline").read_bytes()
+    except OSError:
+        return []
+    return [pid for pid in descendants(root) if not _is_helper(pid, root, launcher)]
 
 
-def _is_helper(pid: int, root: int) -> bool:
+def _is_helper(pid: int, root: int, launcher: bytes) -> bool:
     try:
         command = Path(f"/proc/{pid}/cmdline").read_bytes()
         parent = int(_stat(pid)[1])
     except OSError:
         return True
-    return parent == root and (b"resource_tracker" in command or b"forkserver" in command)
+    # A child still showing the launcher's own command line is a helper between its fork
+    # and its exec (the fork server starting): it is no process of the run, and a moment
+    # later it no longer looks like one.
+    return parent == root and (b"resource_tracker" in command or b"forkserver" in command or command == launcher)
 
 
 def alive(pid: int) -> bool:
