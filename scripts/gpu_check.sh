@@ -64,6 +64,6 @@ step gpu-bench "${BENCH_S:-210}" taskset -c 0-5 $PY benchmarks/gpu.py ${BENCH_AR
 wait
 
 step suite "${SUITE_S:-480}" $PY -m pytest -n 14 -v --tb=short -p no:cacheprovider --timeout 100 \
-    tests/distributed tests/examples tests/unit >"$RESULTS/suite.log" 2>&1
+    tests/gpu tests/distributed tests/examples tests/unit >"$RESULTS/suite.log" 2>&1
 cat "$RESULTS/steps.txt"
 tar -czf "$OUT/gpu-check.tar.gz" -C "$RESULTS" . && rm -rf "$RESULTS"

@@ -72,15 +72,17 @@ def test_a_worker_joins_a_running_run(cli, tmp_path, mode, joiner):
 def test_a_joiner_killed_mid_run_is_a_lost_worker_and_the_run_goes_on(tmp_path):
     out = tmp_path / "run.json"
     run = subprocess.Popen(
+        # On the CPU: on a GPU the run ended before a joiner that starts CUDA came in
         [sys.executable, "-m", "paratrain", "train", "--strategy", "ps-async", "--workers", "2", "--epochs", "60",
-         "--heartbeat-timeout", "2", "--metrics-out", str(out), *QUIET],
+         "--heartbeat-timeout", "2", "--device", "cpu", "--metrics-out", str(out), *QUIET],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
     )  # fmt: skip
     joiner = None
     try:
         address, token_file = _door(run.stdout)
         joiner = subprocess.Popen(
-            [sys.executable, "-m", "paratrain", "train", "--join", address, "--join-token-file", token_file, *QUIET],
+            [sys.executable, "-m", "paratrain", "train", "--join", address, "--join-token-file", token_file,
+             "--device", "cpu", *QUIET],
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
         )  # fmt: skip
         assert any("joined the run" in line for line in joiner.stderr), "the joiner never joined"

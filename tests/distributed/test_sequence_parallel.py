@@ -11,9 +11,11 @@ import torch
 import paratrain
 from paratrain.errors import ConfigError
 from paratrain.testing import relative_difference, run_distributed
+from tests.conftest import SEQUENCE_PACKED_TP
 from tests.distributed.test_tensor_loss import SEQ, B, _train, _width, gpt
 
-pytestmark = pytest.mark.distributed
+# The built-in gpt's attention is one packed projection (qkv): its split by position needs 2.13
+pytestmark = [pytest.mark.distributed, SEQUENCE_PACKED_TP]
 
 
 def _sequence(workers=2, loss_parallel=True):

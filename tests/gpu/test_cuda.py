@@ -71,6 +71,15 @@ def test_fsdp_on_the_gpu_equals_one_cpu_process(tmp_path, reference, workers):
     assert_equal_loss(metrics, reference)
 
 
+def test_fault_tolerant_fsdp_of_one_process_a_replica_on_the_gpu_equals_one_cpu_process(tmp_path, reference):
+    """Each replica's group is one process on the GPU, so NCCL: what the replicas count and
+    sum at the end (bytes sent) goes through it too, from GPU memory."""
+    pytest.importorskip("torchft")
+    metrics = train(tmp_path, "--strategy", "fsdp", "--fault-tolerant", "--workers", "2", "--shards-per-replica", "1",
+                    "--batch-size", "16")  # fmt: skip
+    assert_equal_loss(metrics, reference)
+
+
 def test_a_pipeline_of_two_stages_on_one_gpu_equals_one_cpu_process(tmp_path, reference):
     metrics = train(tmp_path, "--strategy", "pipeline", "--stages", "2", "--microbatches", "4", "--batch-size", "32")
     assert_equal_loss(metrics, reference)

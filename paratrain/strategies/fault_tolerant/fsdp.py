@@ -307,7 +307,7 @@ class FaultTolerantFSDPStrategy(FSDPStrategy):
 
     def stats(self) -> dict[str, Any]:
         """The session's view of the run, with every shard's gradient bytes between replicas."""
-        return {**self.session.group_stats(), "shards_per_replica": self.shards}
+        return {**self.session.group_stats(self.device), "shards_per_replica": self.shards}
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), **self.session.state_dict()}

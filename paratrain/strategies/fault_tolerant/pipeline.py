@@ -285,7 +285,7 @@ class FaultTolerantPipelineStrategy(PipelineStrategy):
     def stats(self) -> dict[str, Any]:
         """The session's view of the run (participants, heals), with the gradient bytes of
         every stage of the replica: what went between replicas, summed over the quorums."""
-        return self.session.group_stats()
+        return self.session.group_stats(self.device)
 
     def state_dict(self) -> dict[str, Any]:
         return {**super().state_dict(), **self.session.state_dict()}

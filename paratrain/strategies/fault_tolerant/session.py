@@ -23,6 +23,7 @@ import torch.distributed as dist
 from torch import nn
 
 from paratrain.comm.flat import local_part
+from paratrain.comm.transport import wire_device
 from paratrain.data.batch import part_of
 from paratrain.errors import ReplicaLeft, StateLost, WorkerLost
 from paratrain.session.leaving import LeaveOnSigterm
@@ -362,11 +363,11 @@ class FaultTolerantSession:
             "recoveries": list(self.record.recoveries),
         }
 
-    def group_stats(self) -> dict[str, Any]:
+    def group_stats(self, device: torch.device) -> dict[str, Any]:
         """``stats`` of a replica of several processes (pipeline-ft's stages, fsdp-ft's
         shards), with what every process of it sends between replicas: summed over the
-        replica's process group (the default one)."""
-        sent = torch.tensor([float(self.step_bytes)], dtype=torch.float64)
+        replica's process group (the default one; NCCL takes ``device``'s tensors only)."""
+        sent = torch.tensor([float(self.step_bytes)], dtype=torch.float64, device=wire_device(device))
         dist.all_reduce(sent)
         return self.stats(int(sent.item()))
 
