@@ -72,7 +72,7 @@ def _counting_allreduce(state, bucket):  # noqa: ANN001 - DDP checks the real an
 
 
 def _allreduce(batch_size, steps, accumulate=1, clip_grad_norm=None):
-    strategy = paratrain.AllReduceStrategy(device="cpu")
+    strategy = paratrain.AllReduceStrategy(device="cpu", shared_memory=False)  # DDP takes one hook: the counter
     counter = _CountAllReduces()
     recipe = {"accumulate": accumulate, "clip_grad_norm": clip_grad_norm}
     params = _train_steps(strategy, batch_size, steps, on_trainer=counter.install, **recipe)

@@ -20,6 +20,12 @@ class AllReduceConfig:
         25.0, "allreduce: MB of gradients per all-reduce bucket (DDP's; smaller overlaps more, larger sends fewer)"
     )
 
+    shared_memory: bool = option(
+        True,
+        "allreduce on the CPU: processes of one machine sum their gradients through shared memory (/dev/shm) "
+        "instead of Gloo over loopback",
+    )
+
     def __post_init__(self) -> None:
         check_options(self)
         if not self.bucket_cap_mb > 0:

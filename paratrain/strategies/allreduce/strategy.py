@@ -15,6 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
@@ -22,6 +23,7 @@ from paratrain import timeline
 from paratrain.comm.codec_config import as_codec, check_saved_codec
 from paratrain.comm.codecs import Codec
 from paratrain.comm.hooks import CommHook, make_hook
+from paratrain.comm.shared_memory import SharedMemoryAllReduce, shared_memory_hook
 from paratrain.console import console
 from paratrain.strategies.accounting import staleness_summary
 from paratrain.strategies.base import DEFAULT_TIMEOUT_S
@@ -46,18 +48,26 @@ class AllReduceStrategy(ReplicaStrategy):
         bucket_cap_mb: float = 25.0,
         compression: str | Codec = "none",
         workers: int | None = None,
+        shared_memory: bool = True,
     ):
         super().__init__(device=device, timeout=timeout, workers=workers)
         self.bucket_cap_mb = bucket_cap_mb
+        self.shared_memory = shared_memory
+        """On the CPU, with every process on this machine: sum through /dev/shm (comm/shared_memory.py)."""
         self.codec = as_codec(compression)
         self.hook: CommHook | None = None
         self._hook_state: dict[str, Any] | None = None  # loaded before prepare() made the hook
         self._grad_bytes = 0
+        self.via: str | None = None
+        """What sums the gradients: "shared memory", or the process group's backend (prepare)."""
 
     @classmethod
     def from_config(cls, config: TrainConfig) -> AllReduceStrategy:
         return cls(
-            **process_options(config), bucket_cap_mb=config.allreduce.bucket_cap_mb, compression=config.codec.build()
+            **process_options(config),
+            bucket_cap_mb=config.allreduce.bucket_cap_mb,
+            compression=config.codec.build(),
+            shared_memory=config.allreduce.shared_memory,
         )
 
     def prepare(
@@ -75,7 +85,14 @@ class AllReduceStrategy(ReplicaStrategy):
             )
         )
         self.hook = make_hook(self.codec)
-        if self.hook is None and timeline.recorder() is not None:
+        shared = None
+        if self.hook is None and self.shared_memory and self.device.type == "cpu":
+            shared = SharedMemoryAllReduce.create(timeout=self.timeout)
+        self.via = "shared memory" if shared is not None else dist.get_backend()
+        if shared is not None:
+            # Every process on this machine: the sums go through shared memory, not loopback TCP.
+            ddp.register_comm_hook(shared, shared_memory_hook)
+        elif self.hook is None and timeline.recorder() is not None:
             # Only with --timeline: DDP's own all-reduce, timed per bucket on the comm track.
             ddp.register_comm_hook(None, _timed_allreduce_hook)
         if self.hook is not None:
@@ -110,6 +127,7 @@ class AllReduceStrategy(ReplicaStrategy):
             "bytes_sent": bytes_sent,
             "dropped_gradients": 0,
             "staleness": staleness_summary({0: total_steps}),
+            "allreduce_via": self.via,
         }
 
     def reshard_state(self, state: dict[str, Any], saved_replicas: int) -> dict[str, Any]:
