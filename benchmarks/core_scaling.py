@@ -34,23 +34,28 @@ from processor import cpu_name  # noqa: E402
 SHAPES = {"plain_cnn": (3, 24, 24), "cifar_cnn": (3, 24, 24), "mlp": (1, 28, 28)}
 
 
+def _model(name: str) -> tuple[object, tuple[int, ...]]:
+    """``name``'s model (the plain conv net, or a built-in one for 10 classes) and its input shape."""
+    shape = SHAPES.get(name, (3, 24, 24))
+    if name == "plain_cnn":
+        from tensorflow_mirrored import plain_cnn
+
+        return plain_cnn(), shape
+    from paratrain.data.datasets import DataSpec
+    from paratrain.models import build_model
+
+    return build_model(name, DataSpec(shape, 10)), shape
+
+
 def train_rate(model_name: str, batch: int, steps: int) -> float:
     """In a process of one thread: the median examples/s of paratrain single's epochs 2-4."""
     import torch
 
     import paratrain
-    from paratrain.data.datasets import DataSpec
-    from paratrain.models import build_model
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    shape = SHAPES.get(model_name, (3, 24, 24))
-    if model_name == "plain_cnn":
-        from tensorflow_mirrored import plain_cnn
-
-        model = plain_cnn()
-    else:
-        model = build_model(model_name, DataSpec(shape, 10))
+    model, shape = _model(model_name)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     trainer = paratrain.Trainer(model, "cross_entropy", optimizer, strategy=paratrain.SingleDeviceStrategy("cpu"))
     x, y = torch.randn(batch * steps, *shape), torch.randint(0, 10, (batch * steps,))
@@ -82,16 +87,7 @@ def step_flops(model_name: str, batch: int = 128) -> float:
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    from paratrain.data.datasets import DataSpec
-    from paratrain.models import build_model
-
-    shape = SHAPES.get(model_name, (3, 24, 24))
-    if model_name == "plain_cnn":
-        from tensorflow_mirrored import plain_cnn
-
-        model = plain_cnn()
-    else:
-        model = build_model(model_name, DataSpec(shape, 10))
+    model, shape = _model(model_name)
     with FlopCounterMode(display=False) as counter:
         torch.nn.functional.cross_entropy(model(torch.randn(batch, *shape)), torch.randint(0, 10, (batch,))).backward()
     return counter.get_total_flops() / batch
@@ -105,27 +101,13 @@ def at_once(kind: str, model: str, seconds: float, cores: list[int]) -> list[flo
     """One process a core, started together: each one's rate."""
     # One compute thread: the Trainer takes $PARATRAIN_THREADS_PER_WORKER, not its share of the cores
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PARATRAIN_THREADS_PER_WORKER": "1", "PYTHONPATH": str(ROOT)}
+
+    def command(core: int) -> list[str]:
+        child = [sys.executable, __file__, "--child", kind, "--model", model, "--seconds", str(seconds)]
+        return ["taskset", "-c", str(core), *child]
+
     processes = [
-        subprocess.Popen(
-            [
-                "taskset",
-                "-c",
-                str(core),
-                sys.executable,
-                __file__,
-                "--child",
-                kind,
-                "--model",
-                model,
-                "--seconds",
-                str(seconds),
-            ],
-            stdout=subprocess.PIPE,
-            text=True,
-            env=env,
-            cwd=ROOT,
-        )  # fmt: skip
-        for core in cores
+        subprocess.Popen(command(core), stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT) for core in cores
     ]
     return [float(p.communicate()[0].split()[-1]) for p in processes]
 

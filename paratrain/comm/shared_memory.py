@@ -34,6 +34,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from paratrain import timeline
+
 FOLDER = Path("/dev/shm")
 CHUNK_BYTES = 4 << 20
 """Bytes of one process's slot: a larger bucket goes through in pieces of this size."""
@@ -179,8 +181,6 @@ def _map(path: Path, nbytes: int, create: bool) -> torch.Tensor | None:
 def shared_memory_hook(state, bucket):  # noqa: ANN001, ANN201 - DDP checks the real annotations, not strings
     """A DDP communication hook: the bucket averaged over the processes through ``state``
     (divided first, then summed, as DDP's own all-reduce hook does)."""
-    from paratrain import timeline
-
     recorder = timeline.recorder()
     start = recorder.now_us() if recorder is not None else 0
     buffer = bucket.buffer()
