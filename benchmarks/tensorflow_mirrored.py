@@ -88,7 +88,7 @@ def write_data(path: Path, name: str, steps: int) -> None:
 
 
 # ----- paratrain's side ---------------------------------------------------------------------------
-def _fit(name: str, data: str, epochs: int, precision: str) -> list[float] | None:
+def _fit(name: str, data: str, epochs: int, precision: str, onednn_layers: bool | None) -> list[float] | None:
     """In each process of a paratrain run: the model trained on the shared draw; the chief's
     examples/s per epoch."""
     import numpy as np
@@ -112,7 +112,9 @@ def _fit(name: str, data: str, epochs: int, precision: str) -> list[float] | Non
     torch.manual_seed(0)
     model = plain_cnn() if name == "plain_cnn" else build_model(name, data_spec)
     optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
-    trainer = paratrain.Trainer(model, "cross_entropy", optimizer, precision=precision)  # its own layout rule
+    trainer = paratrain.Trainer(  # its own layout rule
+        model, "cross_entropy", optimizer, precision=precision, onednn_layers=onednn_layers
+    )
     batch = spec["batch"] * REPLICAS // strategy.num_replicas
     faults = page_faults(paratrain.Callback)
     history = trainer.fit((x, y), epochs=epochs, batch_size=batch, verbose=0, log_every=0, callbacks=[faults])
@@ -150,13 +152,13 @@ def plain_cnn():
     )  # fmt: skip
 
 
-def paratrain_run(name: str, data: str, strategy_name: str, epochs: int) -> dict:
+def paratrain_run(name: str, data: str, strategy_name: str, epochs: int, onednn_layers: bool | None = None) -> dict:
     import paratrain
 
     strategy_name, _, precision = strategy_name.partition("+")
     workers = REPLICAS if strategy_name == "allreduce" else 1
     strategy = paratrain.make_strategy(strategy_name, device="cpu", workers=workers)
-    run = paratrain.launch(_fit, name, data, epochs, precision or "fp32", strategy=strategy)
+    run = paratrain.launch(_fit, name, data, epochs, precision or "fp32", onednn_layers, strategy=strategy)
     return steady(*next(r for r in run if r is not None))
 
 
@@ -192,7 +194,12 @@ def markdown(document: dict) -> str:
         f"{document['epochs']} epochs (the first excluded); median examples/s of {document['rounds']} alternating "
         "rounds. Defaults: paratrain's `allreduce` over TensorFlow's `MirroredStrategy`, no flags on either "
         "side; best: the faster configuration of each side"
-        + (" in float32, and of all (+bf16: mixed precision, bfloat16 compute)." if bf16 else "."),
+        + (" in float32, and of all (+bf16: mixed precision, bfloat16 compute)." if bf16 else ".")
+        + (
+            " paratrain with `--no-onednn-layers` (PyTorch's own CPU kernels), not its default."
+            if document.get("onednn_layers") is False
+            else ""
+        ),
         "",
         "| model | batch per replica | "
         + " | ".join(runs)
@@ -231,6 +238,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=30, help="global steps per epoch")
     parser.add_argument("--epochs", type=int, default=4)
     parser.add_argument("--bf16", action="store_true", help="also run each configuration in mixed bfloat16")
+    parser.add_argument(
+        "--no-onednn-layers",
+        dest="onednn_layers",
+        action="store_const",
+        const=False,
+        default=None,
+        help="paratrain's side with PyTorch's own CPU kernels (Trainer(onednn_layers=False)), not its default",
+    )
     parser.add_argument("--out", default=str(ROOT / "benchmarks/results/tensorflow_mirrored.json"))
     args = parser.parse_args(argv)
     version = subprocess.run(
@@ -249,6 +264,7 @@ def main(argv: list[str] | None = None) -> int:
         "steps": args.steps,
         "epochs": args.epochs,
         "bf16": args.bf16,
+        "onednn_layers": args.onednn_layers,
         "models": {},
     }
     with tempfile.TemporaryDirectory() as folder:
@@ -264,7 +280,7 @@ def main(argv: list[str] | None = None) -> int:
                         if side == "tensorflow":
                             result = run_tf(args.tf_python, name, data, strategy, args.epochs)
                         else:
-                            result = paratrain_run(name, data, strategy, args.epochs)
+                            result = paratrain_run(name, data, strategy, args.epochs, args.onednn_layers)
                         samples.setdefault(f"{side}/{strategy}", []).append(result["examples_per_second"])
                         faults.setdefault(f"{side}/{strategy}", []).append(result["faults_per_step"])
                         print(json.dumps({"model": name, "round": index, "run": f"{side}/{strategy}", **result}))

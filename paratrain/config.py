@@ -146,6 +146,12 @@ class TrainConfig:
         "a ReLU followed by a max-pooling in an nn.Sequential pools first (the same values and gradients, a "
         "quarter of the ReLU's work)",
     )
+    onednn_layers: bool | None = option(
+        None,
+        "on the CPU: linear layers multiply through oneDNN (default: where a probe at the start finds it faster "
+        "than MKL, as on AMD processors) and 2-d convolutions sum their bias gradient apart from oneDNN's weight "
+        "gradient (faster; --no-onednn-layers keeps PyTorch's kernels as they are)",
+    )
     compile: bool = option(False, "torch.compile the model (a slower first step while it compiles)")
     keep_host_memory: bool = option(
         True,

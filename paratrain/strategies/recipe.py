@@ -19,6 +19,9 @@ arguments); each strategy's ``train_step`` runs its forward and backward passes 
   their activations in the backward pass instead of keeping them (``activation.py``).
 - ``pool_before_relu``: a ReLU followed by a max-pooling in an ``nn.Sequential`` pools first
   (the same values and gradients, a quarter of the ReLU's work: ``pool_relu.py``).
+- ``onednn_layers``: on the CPU, linear layers multiply through oneDNN where it is faster
+  than MKL, and 2-d convolutions sum their bias gradient apart (``cpu_layers.py``); None:
+  linear layers as a probe decides, False: PyTorch's kernels as they are.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from torch import nn
 from paratrain.data.batch import call_model, map_tensors, split_batch
 from paratrain.errors import ConfigError
 from paratrain.strategies.activation import checkpoint_activations, checkpoint_every
+from paratrain.strategies.cpu_layers import use_onednn_layers
 from paratrain.strategies.pool_relu import pool_before_relu
 from paratrain.timeline import span
 
@@ -67,6 +71,7 @@ class StepRecipe:
     channels_last: bool = False
     activation_checkpointing: str = "none"
     pool_before_relu: bool = True
+    onednn_layers: bool | None = False
 
     def __post_init__(self) -> None:
         checkpoint_every(self.activation_checkpointing)
@@ -91,6 +96,8 @@ class StepRecipe:
     def prepare_model(self, model: nn.Module) -> nn.Module:
         if self.pool_before_relu:
             pool_before_relu(model)
+        if self.onednn_layers is not False:
+            use_onednn_layers(model, self.onednn_layers)
         every = checkpoint_every(self.activation_checkpointing)
         if every:
             checkpoint_activations(model, every)

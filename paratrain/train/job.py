@@ -120,6 +120,7 @@ def _train(config: TrainConfig, strategy: Any, started: float) -> dict[str, Any]
         channels_last=config.channels_last,  # None: the Trainer's rule (recipe.prefers_channels_last)
         activation_checkpointing=config.activation_checkpointing,
         pool_before_relu=config.pool_before_relu,
+        onednn_layers=config.onednn_layers,
         compile=config.compile,
         keep_host_memory=config.keep_host_memory,
         flush_denormal=config.flush_denormal,

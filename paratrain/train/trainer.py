@@ -25,6 +25,7 @@ from paratrain.errors import ConfigError
 from paratrain.launch.allocator import keep_freed_memory
 from paratrain.launch.threads import share_cores
 from paratrain.strategies.base import Strategy
+from paratrain.strategies.cpu_layers import describe as describe_onednn_layers
 from paratrain.strategies.recipe import StepRecipe, prefers_channels_last, slow_precision
 from paratrain.strategies.single.strategy import get_strategy
 from paratrain.timeline import span
@@ -77,6 +78,7 @@ class Trainer:
         channels_last: bool | None = None,
         activation_checkpointing: str = "none",
         pool_before_relu: bool = True,
+        onednn_layers: bool | None = None,
         compile: bool = False,
         keep_host_memory: bool = True,
         flush_denormal: bool = True,
@@ -88,7 +90,10 @@ class Trainer:
         ``precision``, ``accumulate``, ``clip_grad_norm``, ``channels_last`` (None: on for a
         conv net on the CPU where the strategy takes it, ``recipe.prefers_channels_last``),
         ``activation_checkpointing``, ``pool_before_relu`` (a ReLU then a max-pooling in an
-        ``nn.Sequential`` pools first: the same step, faster; ``strategies/pool_relu.py``): how
+        ``nn.Sequential`` pools first: the same step, faster; ``strategies/pool_relu.py``),
+        ``onednn_layers`` (on the CPU, linear layers through oneDNN where a probe finds it
+        faster than MKL, convolutions' bias gradients apart; None: so on the CPU, True: linear
+        layers through oneDNN without the probe; ``strategies/cpu_layers.py``): how
         each step computes (``strategies/recipe.py``); ``compile``: ``torch.compile`` the prepared model;
         ``keep_host_memory``: this process's malloc keeps freed memory for the next step's
         tensors (``launch/allocator.py``); ``flush_denormal``: this process's CPU arithmetic
@@ -111,8 +116,9 @@ class Trainer:
         if channels_last is None:
             self.strategy.setup()  # its device decides
             channels_last = prefers_channels_last(model, self.strategy.device) and self.strategy.takes_channels_last
+        onednn = self._onednn_layers(onednn_layers, precision)
         self.recipe = StepRecipe(
-            precision, accumulate, clip_grad_norm, channels_last, activation_checkpointing, pool_before_relu
+            precision, accumulate, clip_grad_norm, channels_last, activation_checkpointing, pool_before_relu, onednn
         )
         self.loss_fn = loss
         self.metrics = tuple(self.metric_fns)
@@ -120,6 +126,8 @@ class Trainer:
             self.model, self.optimizer = self.strategy.prepare(model, optimizer, self.recipe)
         except RuntimeError as error:
             raise (self.strategy.diagnose(error, 0) or error) from None
+        if onednn is not False and (line := describe_onednn_layers(self.model, onednn)):
+            self._note(line)
         if slow := slow_precision(precision, self.strategy.device):  # prepared: on its device
             self._note(slow)
         if compile:
@@ -280,6 +288,20 @@ class Trainer:
         strategy.finish(self.model)
         hooks.on_train_end({"history": self.history})
         return self.history
+
+    def _onednn_layers(self, asked: bool | None, precision: str) -> bool | None:
+        """The recipe's ``onednn_layers``: False off the CPU and under autocast, where the
+        layers compute as PyTorch's own (``cpu_layers.py``); asked for there, refused."""
+        if asked is False:
+            return False
+        self.strategy.setup()  # its device decides
+        device = self.strategy.device.type
+        if device == "cpu" and precision == "fp32":
+            return asked
+        if asked:
+            where = f"this run's device is {device}" if device != "cpu" else f"this run's precision is {precision}"
+            raise ConfigError(f"--onednn-layers: oneDNN's kernels serve float32 CPU runs; {where}")
+        return False
 
     def _note(self, line: str) -> None:
         if self.strategy.is_chief:
