@@ -6,7 +6,7 @@ fastest kernels where PyTorch's defaults take a slower one.
   paths for Intel's processors. oneDNN (PyTorch's own ``mkldnn::_linear_pointwise``, which
   inductor calls for linear layers) takes the processor's AVX-512 or AVX2 units on any x86
   processor: on an AMD EPYC with AVX-512, one core multiplied [128, 2304] by [2304, 384] at
-  102 GFLOP/s through MKL and 229 through oneDNN (``benchmarks/cpu_layers.py``). So on an
+  101 GFLOP/s through MKL and 222 through oneDNN (``benchmarks/cpu_layers.py``). So on an
   x86-64 processor not made by Intel (``mkl_slow_here``), the forward pass and both
   products of the backward pass go through oneDNN; on Intel's, MKL keeps them. A rule, not
   a timing: every process of a run, and a run resumed, computes with the same kernels.
@@ -14,7 +14,8 @@ fastest kernels where PyTorch's defaults take a slower one.
   the same pass, and that pass is slower than the weight gradient alone followed by a sum
   of the output gradient over its batch and positions: the plain conv net's first
   convolution (3 input channels, batch 128, 24x24, channels-last) took 10.9 ms with its
-  bias and 6.3 + 0.5 ms apart, on one core. The forward pass and the input gradient are
+  bias and 8.1 ms apart, the sum included, on one core (``benchmarks/cpu_layers.py``; the
+  second, of 64 input channels, the same either way). The forward pass and the input gradient are
   the ones PyTorch computes; the weight gradient is oneDNN's, bit for bit; only the bias
   gradient's sum runs in another order.
 
