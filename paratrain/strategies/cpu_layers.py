@@ -78,9 +78,15 @@ def mkl_slow_here() -> bool:
 
 
 def _plain(*tensors: torch.Tensor | None) -> bool:
-    """Float32 CPU tensors of no subclass (a DTensor or a wrapper subclass computes its own way)."""
+    """Dense float32 CPU tensors of no subclass (a DTensor or a wrapper subclass computes its own way)."""
     return all(
-        t is None or (type(t) in (torch.Tensor, nn.Parameter) and t.dtype == torch.float32 and t.device.type == "cpu")
+        t is None
+        or (
+            type(t) in (torch.Tensor, nn.Parameter)
+            and t.dtype == torch.float32
+            and t.device.type == "cpu"
+            and t.layout == torch.strided
+        )
         for t in tensors
     )
 
@@ -175,6 +181,7 @@ def bias_apart_conv_forward(module: nn.Conv2d, input: torch.Tensor) -> torch.Ten
     padding = _symmetric_padding(module)
     if (
         padding is None
+        or input.dim() != 4  # an unbatched image: PyTorch's own conv2d adds the batch
         or module.bias is None
         or not torch.is_grad_enabled()
         or not module.bias.requires_grad

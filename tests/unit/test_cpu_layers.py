@@ -123,6 +123,12 @@ def test_what_the_fast_path_does_not_serve_computes_as_the_class_it_replaces():
     assert torch.equal(linear.double()(x), stock[0].double()(x))  # float64: PyTorch's own product
     image = torch.randn(2, 2, 6, 6)
     assert torch.equal(conv(image), stock[1](image)) and torch.equal(reflect(image), stock[2](image))
+    plain = nn.Conv2d(2, 4, 3)
+    plain_stock = copy.deepcopy(plain)
+    use_onednn_layers(plain, linear=True)
+    assert torch.equal(plain(image[0]), plain_stock(image[0]))  # one image, no batch dimension
+    sparse = torch.eye(8).to_sparse()
+    assert torch.equal(linear.float()(sparse), stock[0].float()(sparse))  # a sparse input: PyTorch's own product
     linear.float()
     with torch.autocast("cpu", dtype=torch.bfloat16):  # autocast casts inside PyTorch's own linear
         assert linear(x.float()).dtype == torch.bfloat16
