@@ -34,7 +34,7 @@ from processor import cpu_name  # noqa: E402
 SHAPES = {"plain_cnn": (3, 24, 24), "cifar_cnn": (3, 24, 24), "mlp": (1, 28, 28)}
 
 
-def _model(name: str) -> tuple[object, tuple[int, ...]]:
+def benchmark_model(name: str) -> tuple[object, tuple[int, ...]]:
     """``name``'s model (the plain conv net, or a built-in one for 10 classes) and its input shape."""
     shape = SHAPES.get(name, (3, 24, 24))
     if name == "plain_cnn":
@@ -55,7 +55,7 @@ def train_rate(model_name: str, batch: int, steps: int) -> float:
 
     torch.set_num_threads(1)
     torch.manual_seed(0)
-    model, shape = _model(model_name)
+    model, shape = benchmark_model(model_name)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     trainer = paratrain.Trainer(model, "cross_entropy", optimizer, strategy=paratrain.SingleDeviceStrategy("cpu"))
     x, y = torch.randn(batch * steps, *shape), torch.randint(0, 10, (batch * steps,))
@@ -87,7 +87,7 @@ def step_flops(model_name: str, batch: int = 128) -> float:
     import torch
     from torch.utils.flop_counter import FlopCounterMode
 
-    model, shape = _model(model_name)
+    model, shape = benchmark_model(model_name)
     with FlopCounterMode(display=False) as counter:
         torch.nn.functional.cross_entropy(model(torch.randn(batch, *shape)), torch.randint(0, 10, (batch,))).backward()
     return counter.get_total_flops() / batch

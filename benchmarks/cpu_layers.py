@@ -32,6 +32,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
+from core_scaling import benchmark_model  # noqa: E402
 from processor import cpu_name  # noqa: E402
 from torch.nn import functional  # noqa: E402
 
@@ -41,7 +42,7 @@ LINEARS = {  # name: (rows, in, out)
     "gpt2 c_attn 768->2304": (1024, 768, 2304),
 }
 CONVS = {"plain_cnn conv1 3->64 24x24": (3, 24), "plain_cnn conv2 64->64 12x12": (64, 12)}
-SHAPES = {"plain_cnn": (3, 24, 24), "cifar_cnn": (3, 24, 24), "mlp": (1, 28, 28)}
+MODELS = ("plain_cnn", "cifar_cnn", "mlp")
 
 
 def median_seconds(call, repeats: int) -> float:
@@ -99,29 +100,22 @@ def conv_times() -> list[dict]:
 
 def train_rate(model_name: str, onednn_layers: bool | None) -> float:
     import paratrain
-    from paratrain.data.datasets import DataSpec
-    from paratrain.models import build_model
 
     torch.manual_seed(0)
-    if model_name == "plain_cnn":
-        from tensorflow_mirrored import plain_cnn
-
-        model = plain_cnn()
-    else:
-        model = build_model(model_name, DataSpec(SHAPES[model_name], 10))
+    model, shape = benchmark_model(model_name)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     strategy = paratrain.SingleDeviceStrategy("cpu")
     trainer = paratrain.Trainer(
         model, "cross_entropy", optimizer, strategy=strategy, onednn_layers=onednn_layers, threads=1
     )
-    x, y = torch.randn(128 * 25, *SHAPES[model_name]), torch.randint(0, 10, (128 * 25,))
+    x, y = torch.randn(128 * 25, *shape), torch.randint(0, 10, (128 * 25,))
     history = trainer.fit((x, y), epochs=4, batch_size=128, verbose=0, log_every=0)
     return statistics.median(e["examples_per_second"] for e in history.epochs[1:])
 
 
 def train_rates(rounds: int) -> list[dict]:
     rows = []
-    for model_name in SHAPES:
+    for model_name in MODELS:
         samples: dict[str, list[float]] = {"off": [], "on": []}
         for index in range(rounds):
             order = ("off", "on") if index % 2 == 0 else ("on", "off")

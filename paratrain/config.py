@@ -148,8 +148,8 @@ class TrainConfig:
     )
     onednn_layers: bool | None = option(
         None,
-        "on the CPU: linear layers multiply through oneDNN (default: where a probe at the start finds it faster "
-        "than MKL, as on AMD processors) and 2-d convolutions sum their bias gradient apart from oneDNN's weight "
+        "on the CPU: linear layers multiply through oneDNN (default: on x86 processors not made by Intel, where "
+        "MKL runs a slower path; --onednn-layers: on any) and 2-d convolutions sum their bias gradient apart from oneDNN's weight "
         "gradient (faster; --no-onednn-layers keeps PyTorch's kernels as they are)",
     )
     compile: bool = option(False, "torch.compile the model (a slower first step while it compiles)")

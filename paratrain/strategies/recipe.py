@@ -19,9 +19,9 @@ arguments); each strategy's ``train_step`` runs its forward and backward passes 
   their activations in the backward pass instead of keeping them (``activation.py``).
 - ``pool_before_relu``: a ReLU followed by a max-pooling in an ``nn.Sequential`` pools first
   (the same values and gradients, a quarter of the ReLU's work: ``pool_relu.py``).
-- ``onednn_layers``: on the CPU, linear layers multiply through oneDNN where it is faster
-  than MKL, and 2-d convolutions sum their bias gradient apart (``cpu_layers.py``); None:
-  linear layers as a probe decides, False: PyTorch's kernels as they are.
+- ``onednn_layers``: on the CPU, linear layers multiply through oneDNN where MKL runs a
+  slower path, and 2-d convolutions sum their bias gradient apart (``cpu_layers.py``); None:
+  linear layers so on x86 processors not Intel's, True: on any, False: PyTorch's kernels.
 """
 
 from __future__ import annotations

@@ -91,9 +91,9 @@ class Trainer:
         conv net on the CPU where the strategy takes it, ``recipe.prefers_channels_last``),
         ``activation_checkpointing``, ``pool_before_relu`` (a ReLU then a max-pooling in an
         ``nn.Sequential`` pools first: the same step, faster; ``strategies/pool_relu.py``),
-        ``onednn_layers`` (on the CPU, linear layers through oneDNN where a probe finds it
-        faster than MKL, convolutions' bias gradients apart; None: so on the CPU, True: linear
-        layers through oneDNN without the probe; ``strategies/cpu_layers.py``): how
+        ``onednn_layers`` (on the CPU, linear layers through oneDNN on x86 processors not
+        Intel's, where MKL runs a slower path, and convolutions' bias gradients apart; None: so
+        on the CPU, True: linear layers through oneDNN on any processor; ``strategies/cpu_layers.py``): how
         each step computes (``strategies/recipe.py``); ``compile``: ``torch.compile`` the prepared model;
         ``keep_host_memory``: this process's malloc keeps freed memory for the next step's
         tensors (``launch/allocator.py``); ``flush_denormal``: this process's CPU arithmetic
