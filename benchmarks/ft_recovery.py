@@ -22,7 +22,9 @@ divided by disturbed seconds, whole commands, the two the same command (the same
 `--max-restarts`: only the kills differ); `--throughput-repeats N` runs N such pairs
 for a row, which gives their medians and the range of what they kept; every second pair
 runs its disturbed run first, so that a drift of the machine's speed within a pair does
-not always fall on the same side. `a loss costs`: from
+not always fall on the same side. Several intervals (`--every 30,10 --kills 9,27`) make a
+row each from sets of runs: one undisturbed run shared by one disturbed run per interval
+(every second set in the reverse order), a third less time than a pair per row. `a loss costs`: from
 the disturbed run's own step log, the seconds each loss set it back against its pace of the
 5 s before (the median over its losses; over the pairs, the median and range of those), a
 measure that the drift between two whole runs on this machine does not blur.
@@ -226,22 +228,27 @@ def recovery(model: str, strategy: str, cluster: list[str] | None = None) -> dic
 def throughput_kept(
     model: str,
     strategy: str,
-    every: float,
-    kills: int,
+    intervals: list[tuple[float, int]],
     longer: int = 3,
     cluster: list[str] | None = None,
     disturbed_first: bool = False,
-) -> dict:
-    """One pair of runs, undisturbed and disturbed (``disturbed_first``: in that order, so
-    that pairs alternating it cancel this machine's drift over a pair)."""
-    restarts = [] if cluster is not None else ["--max-restarts", str(kills)]  # on hosts: the spare takes it
+) -> list[dict]:
+    """One undisturbed run and one disturbed run per ``(every, kills)`` of ``intervals``: a
+    pair per interval, all sharing the undisturbed run (``disturbed_first``: the disturbed
+    runs first, so that sets alternating it cancel this machine's drift over a set)."""
+    restarts = [] if cluster is not None else ["--max-restarts", str(max(k for _, k in intervals))]
+    order: list[tuple[float, int]] = [(0, 0), *intervals]  # (0, 0): undisturbed
     runs = {}
-    for disturbed in (True, False) if disturbed_first else (False, True):
+    for every, kills in order[::-1] if disturbed_first else order:
         with tempfile.TemporaryDirectory() as tmp:
-            # both runs the same command (the same --max-restarts): only the kills differ
-            runs[disturbed] = train(model, strategy, restarts, Path(tmp), kill_every=every,
-                                    kills=kills if disturbed else 0, longer=longer, cluster=cluster)  # fmt: skip
-    calm, hit = runs[False], runs[True]
+            # every run the same command (the same --max-restarts): only the kills differ
+            runs[every, kills] = train(model, strategy, restarts, Path(tmp), kill_every=every, kills=kills,
+                                       longer=longer, cluster=cluster)  # fmt: skip
+    return [pair(runs[0, 0], runs[interval]) | {"every": interval[0], "kills": interval[1]} for interval in intervals]
+
+
+def pair(calm: dict, hit: dict) -> dict:
+    """What a disturbed run kept of the undisturbed one's speed, and what its losses cost."""
     losses = [t for t, line in hit["errors"] if LOSS.search(line)]
     costs = loss_costs(hit["steps"], losses)
     return {
@@ -265,6 +272,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def tables(
     rows: list[dict], repeats: int, every: float, kills: int, longer: int = 3, cluster: bool = False
 ) -> list[str]:
+    """The recovery table and one throughput table per interval between kills (a row recorded
+    before rows carried their interval has the file's ``every`` and ``kills``)."""
     where = (
         [f"On emulated hosts (`paratrain cluster run`): each replica on a host of its own at {CLUSTER_CPU} of a core "
          "(a pipeline's or a sharded replica's 2 processes on one host), one spare host that the lost replica starts "
@@ -294,24 +303,33 @@ def tables(
               "step (a restart: to its first step past the kill). "
               + ("" if cluster else f"The restart's checkpoints: every {MODELS['mlp'][3]} steps (mlp), "
                  f"{MODELS['cifar_cnn'][3]} (cifar_cnn). ")
-              + "Pipelines: 2 replicas of 2 stages (4 processes); `--fail 1@K` kills both stages of replica 1.", "",
-              f"# Throughput kept: {'the host of a random replica' if cluster else 'a random replica process'} "
-              f"killed every {every:g} s, {kills} times "
-              f"(runs of {longer}x the model's epochs)", "",
-              "| model | strategy | runs | undisturbed s | disturbed s | kept | losses | a loss costs (s) "
-              "| test accuracy (undisturbed) | stolen (undisturbed / disturbed) |",
-              "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |"]  # fmt: skip
-    for kept in (r for r in rows if r["kind"] == "throughput"):
-        runs = kept.get("runs", [kept])
-        spread = f" ({min(r['kept'] for r in runs):.0%}-{max(r['kept'] for r in runs):.0%})" if len(runs) > 1 else ""
-        lines.append(f"| {kept['model']} | {kept['strategy']} | {len(runs)} | {kept['undisturbed_seconds']:.1f} "
-                     f"| {kept['disturbed_seconds']:.1f} | {kept['kept']:.0%}{spread} | {kept['losses_reported']:g} "
-                     f"| {cost_words(runs)} | {kept['test_accuracy']:.3f} ({kept['undisturbed_test_accuracy']:.3f}) "
-                     f"| {stolen_words(runs)} |")  # fmt: skip
+              + "Pipelines: 2 replicas of 2 stages (4 processes); `--fail 1@K` kills both stages of replica 1."]  # fmt: skip
+    kept_rows = [r for r in rows if r["kind"] == "throughput"]
+    intervals = sorted({(r.get("every", every), r.get("kills", kills)) for r in kept_rows} or {(every, kills)})
+    for interval in intervals[::-1]:  # the longest interval first
+        lines += ["", f"# Throughput kept: {'the host of a random replica' if cluster else 'a random replica process'} "
+                  f"killed every {interval[0]:g} s, {interval[1]} times (runs of {longer}x the model's epochs)", "",
+                  "| model | strategy | runs | undisturbed s | disturbed s | kept | losses | a loss costs (s) "
+                  "| test accuracy (undisturbed) | stolen (undisturbed / disturbed) |",
+                  "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |"]  # fmt: skip
+        lines += [throughput_line(r) for r in kept_rows if (r.get("every", every), r.get("kills", kills)) == interval]
     lines += ["", "Stolen: the share of the machine's CPU time a hypervisor gave to other machines during the "
               "undisturbed and the disturbed runs (/proc/stat's steal; the median over the pairs): a pair whose two "
               "runs lost different shares compares two machines."]  # fmt: skip
+    if len(intervals) > 1:
+        lines += ["", "The rows of one model and strategy share their undisturbed runs: each set of runs is one "
+                  "undisturbed run and one disturbed run per interval, every second set in the reverse order."]  # fmt: skip
     return lines
+
+
+def throughput_line(kept: dict) -> str:
+    """A throughput row: the medians of its pairs, what they kept and its range."""
+    runs = kept.get("runs", [kept])
+    spread = f" ({min(r['kept'] for r in runs):.0%}-{max(r['kept'] for r in runs):.0%})" if len(runs) > 1 else ""
+    return (f"| {kept['model']} | {kept['strategy']} | {len(runs)} | {kept['undisturbed_seconds']:.1f} "
+            f"| {kept['disturbed_seconds']:.1f} | {kept['kept']:.0%}{spread} | {kept['losses_reported']:g} "
+            f"| {cost_words(runs)} | {kept['test_accuracy']:.3f} ({kept['undisturbed_test_accuracy']:.3f}) "
+            f"| {stolen_words(runs)} |")  # fmt: skip
 
 
 def main() -> None:
@@ -319,8 +337,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--models", default=",".join(MODELS))
     parser.add_argument("--strategies", default=",".join(STRATEGIES))
-    parser.add_argument("--every", type=float, default=6.0, help="seconds between kills (throughput kept)")
-    parser.add_argument("--kills", type=int, default=4)
+    parser.add_argument(
+        "--every",
+        default="6",
+        help="throughput kept: seconds between kills; several, comma-separated (30,10), share the undisturbed runs",
+    )
+    parser.add_argument("--kills", default="4", help="kills per disturbed run, one per --every")
     parser.add_argument(
         "--throughput-repeats", type=int, default=1, help="throughput kept: pairs of runs per row (medians, spread)"
     )
@@ -337,6 +359,10 @@ def main() -> None:
     parser.add_argument("--cold-spares", action="store_true", help="--cluster: no standby on the spare host")
     parser.add_argument("--out", default=None, help="results' path less its suffix (default: results/ft_recovery)")
     args = parser.parse_args()
+    if len(args.every.split(",")) != len(args.kills.split(",")):
+        parser.error(f"--every {args.every} and --kills {args.kills}: give one kill count per interval")
+    intervals = list(zip(map(float, args.every.split(",")), map(int, args.kills.split(",")), strict=True))
+    every, kills = intervals[0] if len(intervals) == 1 else ([i[0] for i in intervals], [i[1] for i in intervals])
     args.out = args.out or str(RESULTS / ("ft_cluster" if args.cluster else "ft_recovery"))
     on = (["--cold-spares"] if args.cold_spares else []) if args.cluster else None
     label = " (cold spare)" if args.cold_spares else ""
@@ -349,33 +375,33 @@ def main() -> None:
             rows.append(
                 {"kind": "recovery", "model": model, "strategy": strategy + label, "runs": runs, "median": median}
             )
-            print(tables(rows[-1:], args.repeats, args.every, args.kills)[4], flush=True)  # its row
+            print(tables(rows[-1:], args.repeats, *intervals[0])[4], flush=True)  # its row
     for model in models if "throughput" in parts else []:
         for strategy in strategies:
-            runs = []
+            sets: list[list[dict]] = []
             for _ in range(args.throughput_repeats):
-                second = len(runs) % 2 == 1  # pairs alternate which run comes first
-                runs.append(throughput_kept(model, strategy, args.every, args.kills, args.longer, on, second))
-                pair = runs[-1]
-                print(f"{model} {strategy}: pair {len(runs)}: {pair['undisturbed_seconds']:.1f} s, "
-                      f"{pair['disturbed_seconds']:.1f} s, kept {pair['kept']:.0%}, a loss {pair['loss_cost']:.2f} s",
-                      flush=True)  # fmt: skip
-            # the pairs' medians of their numbers (each pair's pace and steal stay in "runs")
-            numbers = [key for key, value in runs[0].items() if isinstance(value, (int, float))]
-            kept = {key: statistics.median(r[key] for r in runs) for key in numbers}
-            rows.append({"kind": "throughput", "model": model, "strategy": strategy + label, **kept, "runs": runs})
-            print(tables(rows[-1:], args.repeats, args.every, args.kills)[-1], flush=True)
+                backwards = len(sets) % 2 == 1  # sets alternate which runs come first
+                sets.append(throughput_kept(model, strategy, intervals, args.longer, on, backwards))
+                for got in sets[-1]:
+                    print(f"{model} {strategy}: every {got['every']:g} s, set {len(sets)}: "
+                          f"{got['undisturbed_seconds']:.1f} s, {got['disturbed_seconds']:.1f} s, "
+                          f"kept {got['kept']:.0%}, a loss {got['loss_cost']:.2f} s", flush=True)  # fmt: skip
+            for index, (interval_every, interval_kills) in enumerate(intervals):
+                runs = [pairs[index] for pairs in sets]
+                # the pairs' medians of their numbers (each pair's pace and steal stay in "runs")
+                numbers = [key for key, value in runs[0].items() if isinstance(value, (int, float))]
+                kept = {key: statistics.median(r[key] for r in runs) for key in numbers}
+                rows.append({"kind": "throughput", "model": model, "strategy": strategy + label, **kept,
+                             "every": interval_every, "kills": interval_kills, "runs": runs})  # fmt: skip
+                print(throughput_line(rows[-1]), flush=True)
     out = Path(args.out)
     if out.with_suffix(".json").exists():
         # rows of other models and strategies recorded before, with the same settings, stay
         earlier = json.loads(out.with_suffix(".json").read_text())
-        if (earlier.get("every"), earlier.get("kills"), earlier.get("longer", 3)) == (
-            args.every,
-            args.kills,
-            args.longer,
-        ):
-            done = {(r["kind"], r["model"], r["strategy"]) for r in rows}
-            rows = [r for r in earlier["rows"] if (r["kind"], r["model"], r["strategy"]) not in done] + rows
+        if (earlier.get("every"), earlier.get("kills"), earlier.get("longer", 3)) == (every, kills, args.longer):
+            done = {(r["kind"], r["model"], r["strategy"], r.get("every", every)) for r in rows}
+            rows = [r for r in earlier["rows"]
+                    if (r["kind"], r["model"], r["strategy"], r.get("every", every)) not in done] + rows  # fmt: skip
     order = {name: index for index, name in enumerate(STRATEGIES)}
     rows.sort(
         key=lambda r: (
@@ -387,8 +413,8 @@ def main() -> None:
     )
     record(
         out,
-        {"rows": rows, "every": args.every, "kills": args.kills, "longer": args.longer},
-        tables(rows, args.repeats, args.every, args.kills, args.longer, args.cluster),
+        {"rows": rows, "every": every, "kills": kills, "longer": args.longer},
+        tables(rows, args.repeats, *intervals[0], args.longer, args.cluster),
     )
 
 
