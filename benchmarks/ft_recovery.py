@@ -147,11 +147,14 @@ def train(
 
 
 def _kill_repeatedly(process: subprocess.Popen, every: float, kills: int) -> None:
+    """Every ``every`` s, ``kills`` times, a random process of the run (a kill due before the
+    launcher has started any waits for the first)."""
     rng = random.Random(0)
     for _ in range(kills):
         time.sleep(every)
-        replicas = run_processes(process.pid)
-        if process.poll() is not None or not replicas:
+        while not (replicas := run_processes(process.pid)) and process.poll() is None:
+            time.sleep(0.05)
+        if process.poll() is not None:
             return
         try:
             os.kill(rng.choice(replicas), signal.SIGKILL)
