@@ -362,9 +362,10 @@ def main() -> None:
     parser.add_argument("--cold-spares", action="store_true", help="--cluster: no standby on the spare host")
     parser.add_argument("--out", default=None, help="results' path less its suffix (default: results/ft_recovery)")
     args = parser.parse_args()
-    if len(args.every.split(",")) != len(args.kills.split(",")):
+    seconds, counts = args.every.split(","), args.kills.split(",")
+    if len(seconds) != len(counts):
         parser.error(f"--every {args.every} and --kills {args.kills}: give one kill count per interval")
-    intervals = list(zip(map(float, args.every.split(",")), map(int, args.kills.split(",")), strict=True))
+    intervals = list(zip(map(float, seconds), map(int, counts), strict=True))
     every, kills = intervals[0] if len(intervals) == 1 else ([i[0] for i in intervals], [i[1] for i in intervals])
     args.out = args.out or str(RESULTS / ("ft_cluster" if args.cluster else "ft_recovery"))
     on = (["--cold-spares"] if args.cold_spares else []) if args.cluster else None
