@@ -51,8 +51,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cluster_common import RESULTS, record  # noqa: E402
-from ft_rows import cost_words, spread_words, stolen_words  # noqa: E402
-from loss_cost import LOSS, longest_pause, loss_costs, pace  # noqa: E402
+from ft_rows import pair, spread_words, throughput_line  # noqa: E402
+from loss_cost import longest_pause  # noqa: E402
 
 from paratrain.cpu_steal import cpu_times, stolen_share  # noqa: E402
 from paratrain.testing import run_processes  # noqa: E402
@@ -250,25 +250,6 @@ def throughput_kept(
     return [pair(runs[0, 0], runs[interval]) | {"every": interval[0], "kills": interval[1]} for interval in intervals]
 
 
-def pair(calm: dict, hit: dict) -> dict:
-    """What a disturbed run kept of the undisturbed one's speed, and what its losses cost."""
-    losses = [t for t, line in hit["errors"] if LOSS.search(line)]
-    costs = loss_costs(hit["steps"], losses)
-    return {
-        "undisturbed_seconds": calm["seconds"],
-        "disturbed_seconds": hit["seconds"],
-        "kept": calm["seconds"] / hit["seconds"],
-        "losses_reported": len(losses),
-        "loss_cost": statistics.median(costs) if costs else float("nan"),
-        "test_accuracy": hit["metrics"]["test_accuracy"],
-        "undisturbed_test_accuracy": calm["metrics"]["test_accuracy"],
-        # the share of the machine's CPU time a hypervisor gave to other machines in each run
-        "steal": {"undisturbed": calm["steal"], "disturbed": hit["steal"]},
-        # steps/s in each 10 s of each run, and the losses' moments: where the time went
-        "pace": {"undisturbed": pace(calm["steps"]), "disturbed": pace(hit["steps"]), "losses_at": losses},
-    }
-
-
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -323,16 +304,6 @@ def tables(
         lines += ["", "The rows of one model and strategy share their undisturbed runs: each set of runs is one "
                   "undisturbed run and one disturbed run per interval, every second set in the reverse order."]  # fmt: skip
     return lines
-
-
-def throughput_line(kept: dict) -> str:
-    """A throughput row: the medians of its pairs, what they kept and its range."""
-    runs = kept.get("runs", [kept])
-    spread = f" ({min(r['kept'] for r in runs):.0%}-{max(r['kept'] for r in runs):.0%})" if len(runs) > 1 else ""
-    return (f"| {kept['model']} | {kept['strategy']} | {len(runs)} | {kept['undisturbed_seconds']:.1f} "
-            f"| {kept['disturbed_seconds']:.1f} | {kept['kept']:.0%}{spread} | {kept['losses_reported']:g} "
-            f"| {cost_words(runs)} | {kept['test_accuracy']:.3f} ({kept['undisturbed_test_accuracy']:.3f}) "
-            f"| {stolen_words(runs)} |")  # fmt: skip
 
 
 def main() -> None:

@@ -1,10 +1,12 @@
-"""A row of ft_recovery.py's tables, summarized over its runs: a recovery measure's median and
+"""A row of ft_recovery.py's tables: a pair of runs' numbers, a row's line, a recovery measure's median and
 range, a throughput row's cost of a loss and the CPU share a hypervisor took from its runs."""
 
 from __future__ import annotations
 
 import math
 import statistics
+
+from loss_cost import LOSS, loss_costs, pace
 
 
 def spread_words(row: dict, key: str) -> str:
@@ -31,3 +33,32 @@ def cost_words(runs: list[dict]) -> str:
         return "-"
     spread = f" ({min(values):.2f}-{max(values):.2f})" if len(values) > 1 else ""
     return f"{statistics.median(values):.2f}{spread}"
+
+
+def pair(calm: dict, hit: dict) -> dict:
+    """What a disturbed run kept of the undisturbed one's speed, and what its losses cost."""
+    losses = [t for t, line in hit["errors"] if LOSS.search(line)]
+    costs = loss_costs(hit["steps"], losses)
+    return {
+        "undisturbed_seconds": calm["seconds"],
+        "disturbed_seconds": hit["seconds"],
+        "kept": calm["seconds"] / hit["seconds"],
+        "losses_reported": len(losses),
+        "loss_cost": statistics.median(costs) if costs else float("nan"),
+        "test_accuracy": hit["metrics"]["test_accuracy"],
+        "undisturbed_test_accuracy": calm["metrics"]["test_accuracy"],
+        # the share of the machine's CPU time a hypervisor gave to other machines in each run
+        "steal": {"undisturbed": calm["steal"], "disturbed": hit["steal"]},
+        # steps/s in each 10 s of each run, and the losses' moments: where the time went
+        "pace": {"undisturbed": pace(calm["steps"]), "disturbed": pace(hit["steps"]), "losses_at": losses},
+    }
+
+
+def throughput_line(kept: dict) -> str:
+    """A throughput row: the medians of its pairs, what they kept and its range."""
+    runs = kept.get("runs", [kept])
+    spread = f" ({min(r['kept'] for r in runs):.0%}-{max(r['kept'] for r in runs):.0%})" if len(runs) > 1 else ""
+    return (f"| {kept['model']} | {kept['strategy']} | {len(runs)} | {kept['undisturbed_seconds']:.1f} "
+            f"| {kept['disturbed_seconds']:.1f} | {kept['kept']:.0%}{spread} | {kept['losses_reported']:g} "
+            f"| {cost_words(runs)} | {kept['test_accuracy']:.3f} ({kept['undisturbed_test_accuracy']:.3f}) "
+            f"| {stolen_words(runs)} |")  # fmt: skip
