@@ -205,8 +205,10 @@ def as_formed(spans: list[list[int]], replicas: int) -> list[list[int]]:
     """A fault-tolerant run's participants per step (``[first, last, P]`` spans), read as if
     every replica was in the first quorum. A replica that the machine's load keeps from its
     heartbeat for longer than --replica-heartbeat-timeout while the group forms misses the
-    first quorum and takes a peer's state at the next (the run is the same: every step takes
-    the whole global batch); that is allowed for the first 2 steps, never later."""
+    first quorum and takes a peer's state at the next (under allreduce, fsdp and pipeline the
+    run is the same: every step takes the whole global batch; not under local-sgd or diloco,
+    where the missed round's local steps count for nothing); that is allowed for the first
+    2 steps, never later."""
     if len(spans) > 1 and spans[0][0] == 1 and spans[0][1] <= 2 and spans[0][2] < replicas == spans[1][2]:
         return [[1, spans[1][1], replicas], *spans[2:]]
     return spans
