@@ -28,6 +28,11 @@ row each from sets of runs: one undisturbed run shared by one disturbed run per 
 the disturbed run's own step log, the seconds each loss set it back against its pace of the
 5 s before (the median over its losses; over the pairs, the median and range of those), a
 measure that the drift between two whole runs on this machine does not blur.
+`--minutes M` sizes the runs instead of `--longer`: a first run of 8x the epochs, timed,
+gives the multiple that makes an undisturbed run of about M minutes on the machine's speed
+of the day (it drifts by up to 2x between days). `--add` adds the sets to the rows recorded
+in `--out` with the same settings (medians over all their pairs): a row's 5 sets can be run
+on different days, each pair on one.
 
 The mlp trains on digits, cifar_cnn on digits at 3x32x32 (`benchmarks/digits32.py`); writes
 benchmarks/results/ft_recovery.json and .md (and each pair's pace in 10 s windows there).
@@ -38,9 +43,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import re
-import signal
 import statistics
 import subprocess
 import sys
@@ -51,11 +54,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cluster_common import RESULTS, record  # noqa: E402
+from ft_kills import kill_hosts, kill_repeatedly  # noqa: E402
 from ft_rows import pair, spread_words, throughput_line  # noqa: E402
+from ft_sets import PROBE, check_add, length_words, longer_for, merged, row_of  # noqa: E402
 from loss_cost import longest_pause  # noqa: E402
 
 from paratrain.cpu_steal import cpu_times, stolen_share  # noqa: E402
-from paratrain.testing import run_processes  # noqa: E402
 
 MODELS = {
     # model flags, epochs, kill step, checkpoint every (the restart's baseline)
@@ -78,7 +82,6 @@ STRATEGIES = {
 STEP = re.compile(r"^(?:\[host\d+\] )?step (\d+),")
 # --cluster: each replica on an emulated host of its own, one spare host (paratrain cluster run)
 CLUSTER_CPU = 0.6
-CGROUPS = Path("/sys/fs/cgroup/cpu")
 
 
 def cluster_command(strategy: str, folder: Path, faults: list[str]) -> list[str]:
@@ -129,7 +132,7 @@ def train(
     reader.start()
     killer = None
     if kills:
-        target, on = (_kill_hosts, errors) if cluster is not None else (_kill_repeatedly, process)
+        target, on = (kill_hosts, errors) if cluster is not None else (kill_repeatedly, process)
         killer = threading.Thread(target=target, args=(on, kill_every, kills), daemon=True)
         killer.start()
     for line in process.stdout:
@@ -144,50 +147,6 @@ def train(
     metrics = json.loads((folder / "m.json").read_text())
     steal = stolen_share(cpu_before, cpu_times())
     return {"steps": steps, "errors": errors, "metrics": metrics, "seconds": seconds, "steal": steal}
-
-
-def _kill_repeatedly(process: subprocess.Popen, every: float, kills: int) -> None:
-    """Every ``every`` s, ``kills`` times, a random process of the run (a kill due before the
-    launcher has started any waits for the first)."""
-    rng = random.Random(0)
-    for _ in range(kills):
-        time.sleep(every)
-        while not (replicas := run_processes(process.pid)) and process.poll() is None:
-            time.sleep(0.05)
-        if process.poll() is not None:
-            return
-        try:
-            os.kill(rng.choice(replicas), signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-
-
-def _kill_hosts(errors: list[tuple[float, str]], every: float, kills: int) -> None:
-    """Every ``every`` s, ``kills`` times, every process of the host of a random replica: its
-    machine dies, comes back and stands by."""
-    rng = random.Random(0)
-    for _ in range(kills):
-        time.sleep(every)
-        lines = [line for _, line in list(errors)]
-        made = next(
-            (m.group(1) for m in map(re.compile(r"paratrain cluster: cluster (\d+): ").search, lines) if m), None
-        )
-        if made is None:
-            return
-        hosts = sorted(CGROUPS.glob(f"paratrain-{made}-h*"), key=lambda g: int(g.name.rpartition("h")[2]))
-        where = {replica: replica for replica in range(len(hosts) - 1)}  # the last host: the spare
-        for moved in map(re.compile(r"replica (\d+) on host\d+ lost .* on host(\d+)").search, lines):
-            if moved:
-                where[int(moved.group(1))] = int(moved.group(2))
-        try:
-            pids = (hosts[where[rng.choice(sorted(where))]] / "cgroup.procs").read_text().split()
-        except (IndexError, OSError):  # the run is over: its hosts are gone
-            return
-        for pid in pids:
-            try:
-                os.kill(int(pid), signal.SIGKILL)
-            except ProcessLookupError:
-                pass
 
 
 def recovery(model: str, strategy: str, cluster: list[str] | None = None) -> dict:
@@ -228,6 +187,16 @@ def recovery(model: str, strategy: str, cluster: list[str] | None = None) -> dic
     return result
 
 
+def sized(model: str, strategy: str, minutes: float, cluster: list[str] | None) -> int:
+    """``--minutes``: the model's epochs times this make an undisturbed run of ``minutes`` today."""
+    with tempfile.TemporaryDirectory() as tmp:
+        run = train(model, strategy, [], Path(tmp), longer=PROBE, cluster=cluster)
+    longer = longer_for(minutes, run["seconds"], run["metrics"]["wall_seconds"])
+    print(f"{model} {strategy}: --minutes {minutes:g}: {longer}x the model's epochs ({PROBE}x took "
+          f"{run['seconds']:.1f} s, {run['metrics']['wall_seconds']:.1f} s of it training)", flush=True)  # fmt: skip
+    return longer
+
+
 def throughput_kept(
     model: str,
     strategy: str,
@@ -247,14 +216,21 @@ def throughput_kept(
             # every run the same command (the same --max-restarts): only the kills differ
             runs[every, kills] = train(model, strategy, restarts, Path(tmp), kill_every=every, kills=kills,
                                        longer=longer, cluster=cluster)  # fmt: skip
-    return [pair(runs[0, 0], runs[interval]) | {"every": interval[0], "kills": interval[1]} for interval in intervals]
+    return [pair(runs[0, 0], runs[interval]) | {"every": interval[0], "kills": interval[1], "longer": longer}
+            for interval in intervals]  # fmt: skip
 
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def tables(
-    rows: list[dict], repeats: int, every: float, kills: int, longer: int = 3, cluster: bool = False
+    rows: list[dict],
+    repeats: int,
+    every: float,
+    kills: int,
+    longer: int = 3,
+    cluster: bool = False,
+    minutes: float | None = None,
 ) -> list[str]:
     """The recovery table and one throughput table per interval between kills (a row recorded
     before rows carried their interval has the file's ``every`` and ``kills``)."""
@@ -292,7 +268,8 @@ def tables(
     intervals = sorted({(r.get("every", every), r.get("kills", kills)) for r in kept_rows} or {(every, kills)})
     for interval in intervals[::-1]:  # the longest interval first
         lines += ["", f"# Throughput kept: {'the host of a random replica' if cluster else 'a random replica process'} "
-                  f"killed every {interval[0]:g} s, {interval[1]} times (runs of {longer}x the model's epochs)", "",
+                  f"killed every {interval[0]:g} s, {interval[1]} times (runs of "
+                  f"{length_words({'longer': longer, 'minutes': minutes})})", "",
                   "| model | strategy | runs | undisturbed s | disturbed s | kept | losses | a loss costs (s) "
                   "| test accuracy (undisturbed) | stolen (undisturbed / disturbed) |",
                   "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |"]  # fmt: skip
@@ -325,6 +302,15 @@ def main() -> None:
         "--longer", type=int, default=3, help="throughput kept: the run's length in the model's epochs above"
     )
     parser.add_argument(
+        "--minutes",
+        type=float,
+        default=None,
+        help="throughput kept: runs of about this long undisturbed, sized by a first run of "
+        f"{PROBE}x the epochs on this machine's speed of the day (instead of --longer)",
+    )
+    parser.add_argument("--add", action="store_true",
+                        help="throughput kept: the sets join the rows recorded before in --out (the same settings)")  # fmt: skip
+    parser.add_argument(
         "--cluster",
         action="store_true",
         help=f"each replica on an emulated host of {CLUSTER_CPU} of a core, a spare host for the replacement "
@@ -333,6 +319,8 @@ def main() -> None:
     parser.add_argument("--cold-spares", action="store_true", help="--cluster: no standby on the spare host")
     parser.add_argument("--out", default=None, help="results' path less its suffix (default: results/ft_recovery)")
     args = parser.parse_args()
+    if args.minutes is not None and not args.minutes > 0:
+        parser.error(f"--minutes must be > 0, got {args.minutes:g}")
     seconds, counts = args.every.split(","), args.kills.split(",")
     if len(seconds) != len(counts):
         parser.error(f"--every {args.every} and --kills {args.kills}: give one kill count per interval")
@@ -341,6 +329,11 @@ def main() -> None:
     args.out = args.out or str(RESULTS / ("ft_cluster" if args.cluster else "ft_recovery"))
     on = (["--cold-spares"] if args.cold_spares else []) if args.cluster else None
     label = " (cold spare)" if args.cold_spares else ""
+    out = Path(args.out)
+    document = {"every": every, "kills": kills, "longer": args.longer, "minutes": args.minutes}
+    # rows of other models, strategies and intervals recorded before with the same settings stay
+    earlier = json.loads(out.with_suffix(".json").read_text()) if out.with_suffix(".json").exists() else None
+    check_add(earlier, document, args.add)
     models, strategies = args.models.split(","), args.strategies.split(",")
     rows, parts = [], args.parts.split(",")
     for model in models if "recovery" in parts else []:
@@ -354,29 +347,19 @@ def main() -> None:
     for model in models if "throughput" in parts else []:
         for strategy in strategies:
             sets: list[list[dict]] = []
+            longer = sized(model, strategy, args.minutes, on) if args.minutes else args.longer
             for _ in range(args.throughput_repeats):
                 backwards = len(sets) % 2 == 1  # sets alternate which runs come first
-                sets.append(throughput_kept(model, strategy, intervals, args.longer, on, backwards))
+                sets.append(throughput_kept(model, strategy, intervals, longer, on, backwards))
                 for got in sets[-1]:
                     print(f"{model} {strategy}: every {got['every']:g} s, set {len(sets)}: "
                           f"{got['undisturbed_seconds']:.1f} s, {got['disturbed_seconds']:.1f} s, "
                           f"kept {got['kept']:.0%}, a loss {got['loss_cost']:.2f} s", flush=True)  # fmt: skip
-            for index, (interval_every, interval_kills) in enumerate(intervals):
-                runs = [pairs[index] for pairs in sets]
+            for index, interval in enumerate(intervals):
                 # the pairs' medians of their numbers (each pair's pace and steal stay in "runs")
-                numbers = [key for key, value in runs[0].items() if isinstance(value, (int, float))]
-                kept = {key: statistics.median(r[key] for r in runs) for key in numbers}
-                rows.append({"kind": "throughput", "model": model, "strategy": strategy + label, **kept,
-                             "every": interval_every, "kills": interval_kills, "runs": runs})  # fmt: skip
+                rows.append(row_of(model, strategy + label, interval, [pairs[index] for pairs in sets]))
                 print(throughput_line(rows[-1]), flush=True)
-    out = Path(args.out)
-    if out.with_suffix(".json").exists():
-        # rows of other models and strategies recorded before, with the same settings, stay
-        earlier = json.loads(out.with_suffix(".json").read_text())
-        if (earlier.get("every"), earlier.get("kills"), earlier.get("longer", 3)) == (every, kills, args.longer):
-            done = {(r["kind"], r["model"], r["strategy"], r.get("every", every)) for r in rows}
-            rows = [r for r in earlier["rows"]
-                    if (r["kind"], r["model"], r["strategy"], r.get("every", every)) not in done] + rows  # fmt: skip
+    rows = merged(rows, earlier, document, args.add)
     order = {name: index for index, name in enumerate(STRATEGIES)}
     rows.sort(
         key=lambda r: (
@@ -386,11 +369,8 @@ def main() -> None:
             r["strategy"],
         )
     )
-    record(
-        out,
-        {"rows": rows, "every": every, "kills": kills, "longer": args.longer},
-        tables(rows, args.repeats, *intervals[0], args.longer, args.cluster),
-    )
+    record(out, {"rows": rows, **document},
+           tables(rows, args.repeats, *intervals[0], args.longer, args.cluster, args.minutes))  # fmt: skip
 
 
 if __name__ == "__main__":

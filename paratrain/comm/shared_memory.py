@@ -181,13 +181,10 @@ def _map(path: Path, nbytes: int, create: bool) -> torch.Tensor | None:
 def shared_memory_hook(state, bucket):  # noqa: ANN001, ANN201 - DDP checks the real annotations, not strings
     """A DDP communication hook: the bucket averaged over the processes through ``state``
     (divided first, then summed, as DDP's own all-reduce hook does)."""
-    recorder = timeline.recorder()
-    start = recorder.now_us() if recorder is not None else 0
     buffer = bucket.buffer()
-    state.all_reduce_(buffer.div_(state.size))
-    if recorder is not None:
-        size = buffer.numel() * buffer.element_size()
-        recorder.add("allreduce", start, recorder.now_us(), timeline.COMM, bucket=bucket.index(), bytes=size)
+    size = buffer.numel() * buffer.element_size()
+    with timeline.span("allreduce", timeline.COMM, bucket=bucket.index(), bytes=size):  # it ends within the call
+        state.all_reduce_(buffer.div_(state.size))
     future = torch.futures.Future()
     future.set_result(buffer)
     return future
