@@ -330,7 +330,12 @@ def main() -> None:
     on = (["--cold-spares"] if args.cold_spares else []) if args.cluster else None
     label = " (cold spare)" if args.cold_spares else ""
     out = Path(args.out)
-    document = {"every": every, "kills": kills, "longer": args.longer, "minutes": args.minutes}
+    document = {
+        "every": every,
+        "kills": kills,
+        "longer": None if args.minutes else args.longer,
+        "minutes": args.minutes,
+    }
     # rows of other models, strategies and intervals recorded before with the same settings stay
     earlier = json.loads(out.with_suffix(".json").read_text()) if out.with_suffix(".json").exists() else None
     check_add(earlier, document, args.add)
