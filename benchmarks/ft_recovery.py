@@ -224,16 +224,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def tables(
-    rows: list[dict],
-    repeats: int,
-    every: float,
-    kills: int,
-    longer: int = 3,
-    cluster: bool = False,
-    minutes: float | None = None,
+    rows: list[dict], repeats: int, every: float, kills: int, length: str | None = None, cluster: bool = False
 ) -> list[str]:
     """The recovery table and one throughput table per interval between kills (a row recorded
-    before rows carried their interval has the file's ``every`` and ``kills``)."""
+    before rows carried their interval has the file's ``every`` and ``kills``); ``length``:
+    the runs' length in words (``length_words`` of the record; None: its default)."""
     where = (
         [f"On emulated hosts (`paratrain cluster run`): each replica on a host of its own at {CLUSTER_CPU} of a core "
          "(a pipeline's or a sharded replica's 2 processes on one host), one spare host that the lost replica starts "
@@ -268,8 +263,7 @@ def tables(
     intervals = sorted({(r.get("every", every), r.get("kills", kills)) for r in kept_rows} or {(every, kills)})
     for interval in intervals[::-1]:  # the longest interval first
         lines += ["", f"# Throughput kept: {'the host of a random replica' if cluster else 'a random replica process'} "
-                  f"killed every {interval[0]:g} s, {interval[1]} times (runs of "
-                  f"{length_words({'longer': longer, 'minutes': minutes})})", "",
+                  f"killed every {interval[0]:g} s, {interval[1]} times (runs of {length or length_words({})})", "",
                   "| model | strategy | runs | undisturbed s | disturbed s | kept | losses | a loss costs (s) "
                   "| test accuracy (undisturbed) | stolen (undisturbed / disturbed) |",
                   "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |"]  # fmt: skip
@@ -375,7 +369,7 @@ def main() -> None:
         )
     )
     record(out, {"rows": rows, **document},
-           tables(rows, args.repeats, *intervals[0], args.longer, args.cluster, args.minutes))  # fmt: skip
+           tables(rows, args.repeats, *intervals[0], length_words(document), args.cluster))  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -48,7 +48,7 @@ def test_one_undisturbed_run_serves_every_interval_in_alternating_order(runs):
 def test_each_interval_gets_its_table_the_longest_first(runs):
     pairs = ft_recovery.throughput_kept("mlp", "allreduce-ft", [(10, 27), (30, 9)])
     rows = [{"kind": "throughput", "model": "mlp", "strategy": "allreduce-ft", **p, "runs": [p]} for p in pairs]
-    lines = ft_recovery.tables(rows, 1, 10, 27, longer=3)
+    lines = ft_recovery.tables(rows, 1, 10, 27, length="3x the model's epochs")
     headers = [i for i, line in enumerate(lines) if line.startswith("# Throughput kept")]
     assert [lines[i] for i in headers] == [
         "# Throughput kept: a random replica process killed every 30 s, 9 times (runs of 3x the model's epochs)",

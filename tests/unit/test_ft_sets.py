@@ -82,7 +82,7 @@ def test_a_record_made_before_minutes_keeps_its_rows_beside_runs_of_the_same_len
 
 
 def test_the_tables_say_how_long_the_runs_were():
-    lines = ft_recovery.tables([_row(0.96)], 1, 30.0, 9, longer=3, minutes=5.0)
+    lines = ft_recovery.tables([_row(0.96)], 1, 30.0, 9, length=ft_sets.length_words({"minutes": 5.0}))
     assert "killed every 30 s, 9 times (runs of about 5 minutes undisturbed)" in "\n".join(lines)
 
 
