@@ -69,9 +69,12 @@ def test_calibrate_measures_every_cost_here_and_predicts_with_them(cli, tmp_path
                  "shard_push_cpu_us"):  # fmt: skip
         assert 0 < costs[name] < 1e6, (name, costs)
     assert 0 <= costs["ps_worker_cpu_us"] < 1e6  # below 0 in a noisy round counts as 0
-    # a real 2-process step costs more than a real 1-process one; of what a ring step adds, a
-    # part is CPU (the same runs' CPU a step), the rest waiting
-    assert costs["message_cpu_us"] < costs["ring_step_us"]
+    # a real 2-process step costs more than a real 1-process one. A hop's CPU is at most half
+    # of what a ring step adds to a process's CPU, and two processes on this machine's cores
+    # average at most a core each, so a hop's CPU is at most the wall time a ring step adds;
+    # the two are medians of separate runs, whose speed differs by a few percent (measured:
+    # 175 us against 169 us once), hence the margin, far below a unit's factor of 1000
+    assert costs["message_cpu_us"] < 1.25 * costs["ring_step_us"]
     assert costs["codec_gbps"] == 0.0  # no codec
     assert 0.1 < costs["host_link_gbps"] < 1e4  # loopback between two processes: Gb/s, not B/s or GB/s
     assert 0 < costs["host_step_us"] < 1e5  # microseconds (a bare 4 KiB all-reduce: about 0.1 ms alone here)
