@@ -240,7 +240,7 @@ class EmulatedCluster:
         subprocess.run(["ip", "link", "del", self.bridge], capture_output=True)
 
     def leftovers(self) -> list[str]:
-        return leftovers(self.prefix, self.id)
+        return leftovers(self.id)
 
 
 def free_cluster_id() -> int:
@@ -252,9 +252,10 @@ def free_cluster_id() -> int:
     return next((start + k) % 250 for k in range(250) if (start + k) % 250 not in taken)
 
 
-def leftovers(prefix: str = "pt", cluster_id: int | None = None) -> list[str]:
+def leftovers(cluster_id: int | None = None) -> list[str]:
     """Namespaces, links and cgroups of emulated clusters still on this machine (of cluster
-    ``cluster_id`` alone, with its ``prefix``)."""
+    ``cluster_id`` alone where given: its names all start ``pt<cluster_id>``)."""
+    prefix = "pt" if cluster_id is None else f"pt{cluster_id}"
     found = []
     namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout.split()
     found += [f"netns {n}" for n in namespaces if _ours(n, prefix)]
@@ -274,7 +275,7 @@ def remove_leftovers(cluster_id: int | None = None) -> list[str]:
     """Remove what emulated clusters (or cluster ``cluster_id`` alone) left on this machine
     (a runner killed with SIGKILL cannot clean up after itself): their processes, cgroups,
     links and namespaces."""
-    found = leftovers() if cluster_id is None else leftovers(f"pt{cluster_id}", cluster_id)
+    found = leftovers(cluster_id)
     for entry in found:
         kind, name = entry.split(" ", 1)
         if kind == "cgroup":

@@ -35,4 +35,4 @@ def test_a_calibration_across_two_emulated_hosts_measures_there_and_says_so(cli,
         assert 0 < measured["ring_fixed_cpu_us"] + 2 * measured["message_cpu_us"] < 1e6, measured
     assert f"; messages between 2 emulated hosts, {calibration['measured']['across_hosts']}): " in result.stdout
     number = int(where.group(1))
-    assert leftovers(f"pt{number}", number) == []  # this cluster's; others may run beside it
+    assert leftovers(number) == []  # this cluster's; others may run beside it

@@ -51,10 +51,30 @@ def nothing_left_behind():
     MADE.clear()
     yield
     if shutil.which("ip") is not None and os.geteuid() == 0:
-        found = [entry for number in MADE for entry in leftovers(f"pt{number}", number)]
+        found = [entry for number in MADE for entry in leftovers(number)]
         for number in MADE:
             remove_leftovers(number)  # so that one failure does not fail the tests after it
         assert found == []
+
+
+@needs_hosts
+def test_leftovers_of_one_cluster_are_its_own_names_alone():
+    """Cluster n's leftovers are names starting pt<n> and a letter: pt<n>7h0 is another
+    cluster's (n above 24, so that n7 is no number a real cluster takes)."""
+    from paratrain.cluster.hosts import free_cluster_id
+
+    start = max(25, free_cluster_id())
+    number = next(n for n in [*range(start, 250), *range(25, start)] if not leftovers(n))
+    names = [f"pt{number}h0", f"pt{number}7h0"]
+    try:
+        for name in names:
+            subprocess.run(["ip", "netns", "add", name], check=True, capture_output=True)
+        assert leftovers(number) == [f"netns pt{number}h0"]
+        assert {f"netns {n}" for n in names} <= set(leftovers())
+    finally:
+        for name in names:
+            subprocess.run(["ip", "netns", "del", name], capture_output=True)
+    assert leftovers(number) == []
 
 
 @needs_hosts
