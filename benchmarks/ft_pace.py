@@ -1,0 +1,154 @@
+"""Where a fault-tolerant run's time goes around its losses: its steps per second and each of
+its processes' CPU, window by window, in one run killed every ``--every`` s (a random replica
+process, SIGKILL, as ft_recovery.py kills), and each loss's cost read from the run's own
+step log. So that a run's deficit can be told apart: a pause after each loss, a replacement
+slower than the process it replaces, CPU taken from the survivors (by the launcher, the fork
+server, a replacement starting), or a pace that varies as much without any loss.
+
+    python benchmarks/ft_pace.py --model mlp --strategy allreduce-ft --longer 30 --every 20 --kills 3
+
+Processes are named by their role: the launcher, the fork server, and the replicas' processes
+in the order they started (``p1``, ``p2``, ... a replacement takes the next number). CPU is
+a share of one core over the window (from /proc/PID/stat), so a run of 2 single-threaded
+replicas on 2 cores can use 200%.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from cluster_common import RESULTS, record  # noqa: E402
+from ft_recovery import MODELS, STRATEGIES, train  # noqa: E402
+from loss_cost import LOSS, loss_costs, pace  # noqa: E402
+
+from paratrain.testing import descendants  # noqa: E402
+
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def process(pid: int) -> tuple[float, int, bytes] | None:
+    """A process's user and system CPU seconds so far, its parent and its command line; None
+    once it is gone."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        command = Path(f"/proc/{pid}/cmdline").read_bytes()
+        return (int(fields[11]) + int(fields[12])) / TICKS, int(fields[1]), command
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+class Sampler:
+    """Every ``every`` s, the CPU seconds of every process under this one, by role."""
+
+    def __init__(self, every: float = 1.0):
+        self.every, self.samples = every, []
+        self.roles: dict[int, str] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def __enter__(self) -> Sampler:
+        self.began = time.monotonic()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _role(self, pid: int, parent: int, command: bytes) -> str:
+        """The launcher (this process's child), its resource tracker and fork server, and the
+        fork server's children: the replicas' processes, numbered as they start."""
+        if pid not in self.roles:
+            parents = self.roles.get(parent)
+            if parent == os.getpid():
+                role = "launcher"
+            elif b"resource_tracker" in command:
+                role = "resource tracker"
+            elif parents == "launcher" and b"forkserver" in command:
+                role = "fork server"
+            elif parents == "fork server":
+                role = f"p{sum(r.startswith('p') for r in self.roles.values()) + 1}"
+            else:
+                role = f"other ({parents or parent})"
+            self.roles[pid] = role
+        return self.roles[pid]
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            now, row = time.monotonic() - self.began, {}
+            for pid in descendants(os.getpid()):  # oldest first: a parent's role before its children's
+                found = process(pid)
+                if found is not None:
+                    row[self._role(pid, found[1], found[2])] = found[0]
+            self.samples.append((now, row))
+            self._stop.wait(self.every)
+
+
+def windows(samples: list[tuple[float, dict]], steps: list[tuple[float, int]], width: float) -> list[dict]:
+    """Steps per second and each role's CPU share (of one core) in each ``width`` s; a process
+    that died in a window counts up to its last sample."""
+    rates = pace(steps, width)
+    out, last = [], {}
+    for k, rate in enumerate(rates):
+        inside = [(t, row) for t, row in samples if k * width <= t < (k + 1) * width]
+        if not inside:
+            continue
+        cpu = {}
+        for _, row in inside:
+            for role, seconds in row.items():
+                before = last.get(role, 0.0)  # a forked process starts at 0
+                cpu[role] = cpu.get(role, 0.0) + (seconds - before)
+                last[role] = seconds
+        out.append({"at": k * width, "steps_per_s": rate, "cpu": {r: round(s / width, 3) for r, s in cpu.items()}})
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="mlp", choices=sorted(MODELS))
+    parser.add_argument("--strategy", default="allreduce-ft", choices=[s for s in STRATEGIES if s.endswith("-ft")])
+    parser.add_argument("--longer", type=int, default=30, help="times the model's epochs (mlp: 30 is ~90 s)")
+    parser.add_argument("--every", type=float, default=20.0, help="seconds between kills")
+    parser.add_argument("--kills", type=int, default=3)
+    parser.add_argument("--window", type=float, default=5.0, help="seconds a window of the table spans")
+    parser.add_argument("--out", default=str(RESULTS / "ft_pace"))
+    args = parser.parse_args()
+    restarts = ["--max-restarts", str(args.kills)]
+    with tempfile.TemporaryDirectory() as tmp, Sampler() as sampler:
+        run = train(args.model, args.strategy, restarts, Path(tmp), kill_every=args.every, kills=args.kills,
+                    longer=args.longer)  # fmt: skip
+    losses = [t for t, line in run["errors"] if LOSS.search(line)]
+    table = windows(sampler.samples, run["steps"], args.window)
+    seconds = pace(run["steps"], 1.0)
+    calm = [rate for k, rate in enumerate(seconds[1:-1], 1) if all(abs(k + 0.5 - t) > 6 for t in losses)]
+    costs = loss_costs(run["steps"], losses)
+    document = {"setup": vars(args), "losses_at": losses, "loss_costs": costs, "seconds": run["seconds"],
+                "windows": table, "pace_per_second": seconds}  # fmt: skip
+    roles = sorted({r for w in table for r in w["cpu"]}, key=lambda r: (r[0] == "p", len(r), r))
+    lines = [f"# Pace and CPU of `{args.strategy}` on the {args.model}, a random replica process killed every "
+             f"{args.every:g} s ({len(losses)} losses, at {', '.join(f'{t:.0f}' for t in losses)} s)", "",
+             f"| from (s) | steps/s | run CPU | {' | '.join(roles)} |",
+             f"| ---: | ---: | ---: | {' | '.join('---:' for _ in roles)} |"]  # fmt: skip
+    for w in table:
+        shares = [f"{w['cpu'][r]:.0%}" if r in w["cpu"] else "" for r in roles]
+        lines.append(f"| {w['at']:g} | {w['steps_per_s']:.0f} | {sum(w['cpu'].values()):.0%} | {' | '.join(shares)} |")
+    quartiles = statistics.quantiles(calm, n=4) if len(calm) >= 4 else [float("nan")] * 3
+    lines += ["", f"Seconds more than 6 s from any loss: {statistics.median(calm):.0f} steps/s at the median "
+              f"(quartiles {quartiles[0]:.0f}-{quartiles[2]:.0f}, over {len(calm)} one-second windows). "
+              f"A loss costs {', '.join(f'{c:.2f}' for c in costs)} s (the run's own log over the 10 s after "
+              f"each, against its pace of the 5 s before: ft_recovery.py's \"a loss costs\"). The run took "
+              f"{run['seconds']:.1f} s. CPU: a share of one core over the window (this machine has "
+              f"{os.cpu_count()} cores); p1, p2: the first replicas' processes, p3 on: the replacements."]  # fmt: skip
+    record(Path(args.out), document, lines)
+
+
+if __name__ == "__main__":
+    main()
