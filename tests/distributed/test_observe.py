@@ -144,7 +144,11 @@ def test_a_timeline_does_not_wait_for_a_replica_lost_unreplaced(cli, tmp_path, f
     seconds = time.monotonic() - began
     assert done.returncode == 0, done.stderr[-3000:]
     assert "the run goes on with 1 replica" in done.stderr
-    assert json.loads(trace.read_text())["otherData"]["missing_ranks"] == lost
+    # The process that injected the failure died by SIGKILL and wrote nothing; the other
+    # process of a 2-process replica may write its part on its way out (job.py's finally,
+    # its peer's death failing its step) before its launcher stops it.
+    missing = json.loads(trace.read_text())["otherData"]["missing_ranks"]
+    assert missing and set(missing) <= set(lost), missing
     assert seconds < 45, f"{seconds:.1f} s: the chief waited for the lost replica's part"
 
 
