@@ -29,7 +29,7 @@ from cluster_common import RESULTS, record  # noqa: E402
 from ft_recovery import MODELS, STRATEGIES, train  # noqa: E402
 from loss_cost import LOSS, loss_costs, pace  # noqa: E402
 
-from paratrain.testing import descendants  # noqa: E402
+from paratrain.testing import descendants, stat_fields  # noqa: E402
 
 TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -38,7 +38,7 @@ def process(pid: int) -> tuple[float, int, bytes] | None:
     """A process's user and system CPU seconds so far, its parent and its command line; None
     once it is gone."""
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+        fields = stat_fields(pid)
         command = Path(f"/proc/{pid}/cmdline").read_bytes()
         return (int(fields[11]) + int(fields[12])) / TICKS, int(fields[1]), command
     except (OSError, ValueError, IndexError):

@@ -39,7 +39,7 @@ def run_distributed(fn: Callable[..., Any], *args: Any, world_size: int = 2) -> 
     return launch(fn, *args, num_processes=world_size)
 
 
-def _stat(pid: int) -> list[str]:
+def stat_fields(pid: int) -> list[str]:
     """The fields of /proc/PID/stat after the command name: state, parent, ..., start time (19)."""
     return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
 
@@ -51,7 +51,7 @@ def descendants(root: int) -> list[int]:
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                fields = _stat(int(entry.name))
+                fields = stat_fields(int(entry.name))
             except OSError:
                 continue
             children.setdefault(int(fields[1]), []).append(int(entry.name))
@@ -78,7 +78,7 @@ def run_processes(root: int) -> list[int]:
 def _is_helper(pid: int, root: int, launcher: bytes) -> bool:
     try:
         command = Path(f"/proc/{pid}/cmdline").read_bytes()
-        parent = int(_stat(pid)[1])
+        parent = int(stat_fields(pid)[1])
     except OSError:
         return True
     # A child still showing the launcher's own command line is a helper between its fork
@@ -90,7 +90,7 @@ def _is_helper(pid: int, root: int, launcher: bytes) -> bool:
 def alive(pid: int) -> bool:
     """Whether process ``pid`` exists and is not a zombie (dead, its exit not yet collected)."""
     try:
-        return _stat(pid)[0] != "Z"
+        return stat_fields(pid)[0] != "Z"
     except OSError:
         return False
 
