@@ -11,11 +11,19 @@ Processes are named by their role: the launcher, the fork server, and the replic
 in the order they started (``p1``, ``p2``, ... a replacement takes the next number). CPU is
 a share of one core over the window (from /proc/PID/stat), so a run of 2 single-threaded
 replicas on 2 cores can use 200%.
+
+With ``--phases`` the run also records its timeline (``--timeline``), and a second table gives
+each rank's steps per second in each window and its milliseconds per step in each phase: the
+quorum, the all-reduce (the wait for the other replicas within it), compute (forward,
+backward, optimizer) and the rest (the next batch, the step's log line, evaluation). A
+rank's phases come from its last process alone (a killed process writes no part of the
+timeline).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import sys
@@ -111,6 +119,47 @@ def windows(samples: list[tuple[float, dict]], steps: list[tuple[float, int]], w
     return out
 
 
+#: The columns of the phases table: a phase and the timeline spans it sums.
+PHASES = {"quorum": ("quorum",), "all-reduce": ("allreduce",), "compute": ("forward", "backward", "optimizer"),
+          "rest": ("data", "evaluate")}  # fmt: skip
+
+
+def phases(trace: dict, began_unix: float, width: float) -> list[dict]:
+    """Each rank's steps per second in each ``width`` s (from ``began_unix``, a wall-clock
+    time) and its milliseconds per step in each of ``PHASES``, from a merged timeline
+    (paratrain/timeline.py); a span counts in the window it starts in, a step is an optimizer
+    span (an applied update)."""
+    origin = trace["otherData"]["origin_unix_us"] / 1e6 - began_unix
+    names = {span: phase for phase, spans in PHASES.items() for span in spans}
+    sums: dict[int, dict[int, dict[str, float]]] = {}
+    for event in trace["traceEvents"]:
+        if event.get("ph") != "X" or event.get("tid", 0) != 0 or event["name"] not in names:
+            continue
+        window = int((origin + event["ts"] / 1e6) // width)
+        rank = sums.setdefault(window, {}).setdefault(event["pid"], dict.fromkeys([*PHASES, "steps"], 0.0))
+        rank[names[event["name"]]] += event["dur"] / 1e3
+        rank["steps"] += event["name"] == "optimizer"
+    return [{"at": k * width, "ranks": {r: {"steps_per_s": round(row["steps"] / width, 1),
+                                            **{p: round(row[p] / row["steps"], 3) for p in PHASES}}
+                                        for r, row in sorted(sums[k].items()) if row["steps"]}}
+            for k in sorted(sums) if k >= 0]  # fmt: skip
+
+
+def phase_lines(table: list[dict]) -> list[str]:
+    ranks = sorted({r for w in table for r in w["ranks"]})
+    heads = [f"rank {r} {c}" for r in ranks for c in ("steps/s", *PHASES)]
+    lines = [f"| from (s) | {' | '.join(heads)} |", f"| ---: | {' | '.join('---:' for _ in heads)} |"]
+    for w in table:
+        cells = []
+        for r in ranks:
+            row = w["ranks"].get(r)
+            cells += (
+                [f"{row['steps_per_s']:.0f}", *(f"{row[p]:.2f}" for p in PHASES)] if row else [""] * (1 + len(PHASES))
+            )
+        lines.append(f"| {w['at']:g} | {' | '.join(cells)} |")
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="mlp", choices=sorted(MODELS))
@@ -119,12 +168,17 @@ def main() -> None:
     parser.add_argument("--every", type=float, default=20.0, help="seconds between kills")
     parser.add_argument("--kills", type=int, default=3)
     parser.add_argument("--window", type=float, default=5.0, help="seconds a window of the table spans")
+    parser.add_argument("--phases", action="store_true", help="also each rank's time in each phase (a timeline)")
     parser.add_argument("--out", default=str(RESULTS / "ft_pace"))
     args = parser.parse_args()
     restarts = ["--max-restarts", str(args.kills)]
     with tempfile.TemporaryDirectory() as tmp, Sampler() as sampler:
-        run = train(args.model, args.strategy, restarts, Path(tmp), kill_every=args.every, kills=args.kills,
+        timeline = Path(tmp) / "timeline.json"
+        extra = [*restarts, "--timeline", str(timeline)] if args.phases else restarts
+        began_unix = time.time()
+        run = train(args.model, args.strategy, extra, Path(tmp), kill_every=args.every, kills=args.kills,
                     longer=args.longer)  # fmt: skip
+        trace = json.loads(timeline.read_text()) if args.phases else None
     losses = [t for t, line in run["errors"] if LOSS.search(line)]
     table = windows(sampler.samples, run["steps"], args.window)
     seconds = pace(run["steps"], 1.0)
@@ -147,6 +201,10 @@ def main() -> None:
               f"each, against its pace of the 5 s before: ft_recovery.py's \"a loss costs\"). The run took "
               f"{run['seconds']:.1f} s. CPU: a share of one core over the window (this machine has "
               f"{os.cpu_count()} cores); p1, p2: the first replicas' processes, p3 on: the replacements."]  # fmt: skip
+    if trace is not None:
+        document["phases"] = phases(trace, began_unix, args.window)
+        lines += ["", "Each rank's steps per second (applied updates) and milliseconds per step in each phase "
+                  "(`--phases`: the run's timeline; a rank's from its last process on):", "", *phase_lines(document["phases"])]  # fmt: skip
     record(Path(args.out), document, lines)
 
 
