@@ -37,7 +37,8 @@ from cluster_common import RESULTS, record  # noqa: E402
 from ft_recovery import MODELS, STRATEGIES, train  # noqa: E402
 from loss_cost import LOSS, loss_costs, pace  # noqa: E402
 
-from paratrain.testing import descendants, stat_fields  # noqa: E402
+from paratrain.proc_stat import stat_fields  # noqa: E402
+from paratrain.testing import descendants  # noqa: E402
 
 TICKS = os.sysconf("SC_CLK_TCK")
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import socket
 import statistics
 import sys
 import time
@@ -27,6 +26,8 @@ import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cluster_common import RESULTS, record  # noqa: E402
+
+from paratrain.comm.transport import free_port  # noqa: E402
 
 
 def mlp_floats() -> int:
@@ -66,12 +67,6 @@ def pair(rank: int, port: int, floats: int, iterations: int, out: mp.Queue) -> N
             out.put((fresh, renewed))
     finally:
         dist.destroy_process_group()
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def main() -> None:

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from paratrain.launch.local import launch
+from paratrain.proc_stat import stat_fields
 
 if TYPE_CHECKING:
     import numpy as np
@@ -37,11 +38,6 @@ def run_distributed(fn: Callable[..., Any], *args: Any, world_size: int = 2) -> 
     """``fn(*args)`` on ``world_size`` processes; their results by rank."""
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     return launch(fn, *args, num_processes=world_size)
-
-
-def stat_fields(pid: int) -> list[str]:
-    """The fields of /proc/PID/stat after the command name: state, parent, ..., start time (19)."""
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
 
 
 def descendants(root: int) -> list[int]:

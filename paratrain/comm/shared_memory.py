@@ -14,8 +14,12 @@ keep to their links). On x86-64 only: its stores become visible to the other pro
 the order they were made, which the barriers below rely on (no fence is issued from Python).
 
 The barriers spin on one counter per process (a cache line each) and yield the processor
-while they wait, so that a process waiting on its peer gives the core to it; a peer that
-never comes (dead, hung) is named after ``timeout`` seconds.
+while they wait, so that a process waiting on its peer gives the core to it. A peer that
+has exited or was killed is named within milliseconds (the waiting process looks at it in
+/proc, by the pid and start time it gave when the buffer was made), as a closed socket
+fails a Gloo collective at once: the launcher can then restart the run without waiting on
+the survivors. A peer that never comes but runs (hung) is named after ``timeout`` seconds.
+Hence one PID namespace too, beside one host.
 
 A process that registers a DDP communication hook of its own (DDP takes one) runs with
 ``shared_memory=False`` (``--no-shared-memory``): its hook then sums over the process group.
@@ -35,6 +39,7 @@ import torch
 import torch.distributed as dist
 
 from paratrain import timeline
+from paratrain.proc_stat import started
 
 FOLDER = Path("/dev/shm")
 CHUNK_BYTES = 4 << 20
@@ -45,18 +50,20 @@ SPIN = 64
 """Polls of the counters before a waiting process starts to yield its core."""
 
 
-def host_identity() -> tuple[str, str, str]:
-    """What two processes of one machine, and of one network namespace, have alike."""
+def host_identity() -> tuple[str, ...]:
+    """What two processes of one machine, and of one network and PID namespace, have alike."""
     boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    return socket.gethostname(), boot, os.readlink("/proc/self/ns/net")
+    return socket.gethostname(), boot, os.readlink("/proc/self/ns/net"), os.readlink("/proc/self/ns/pid")
 
 
 class SharedMemoryAllReduce:
     """The in-place sum of a tensor over the processes of one machine (``create``)."""
 
-    def __init__(self, memory: torch.Tensor, rank: int, size: int, timeout: float):
+    def __init__(self, memory: torch.Tensor, rank: int, size: int, timeout: float, peers: list[tuple[int, str]]):
         header = _header(size)
         self.rank, self.size, self.timeout = rank, size, timeout
+        self.peers = peers
+        """Each process's pid and start time (/proc), by rank."""
         self.memory = memory  # the mapping: the views below keep it
         self.counters = memory[:header].view(torch.int64)[: size * FLAG_STRIDE : FLAG_STRIDE]
         self.slots = memory[header:].view(2, size, CHUNK_BYTES)  # two sets: calls alternate
@@ -86,8 +93,8 @@ class SharedMemoryAllReduce:
                 _nonce(memory, size).fill_(nonce)
         seen: list[Any] = [None] * size
         made = (str(path), nonce) if memory is not None else None
-        dist.all_gather_object(seen, (identity, made), group=group)
-        shared = seen[0][1] is not None and all(i == seen[0][0] and i is not None for i, _ in seen)
+        dist.all_gather_object(seen, (identity, made, (os.getpid(), started(os.getpid()))), group=group)
+        shared = seen[0][1] is not None and all(i == seen[0][0] and i is not None for i, _, _ in seen)
         try:
             if shared and rank != 0:
                 memory = _map(Path(seen[0][1][0]), cls.nbytes(size), create=False)
@@ -100,7 +107,7 @@ class SharedMemoryAllReduce:
                 path.unlink(missing_ok=True)  # the mappings stay; nothing is left behind
         if not all(opened):
             return None
-        return cls(memory, rank, size, timeout)
+        return cls(memory, rank, size, timeout, [peer for _, _, peer in seen])
 
     def all_reduce_(self, tensor: torch.Tensor) -> torch.Tensor:
         """``tensor`` (contiguous) summed in place over the processes; every process calls
@@ -140,10 +147,17 @@ class SharedMemoryAllReduce:
             if polls % 1024 == 0:
                 now = time.monotonic()
                 deadline = deadline or now + self.timeout
+                behind = [r for r, c in enumerate(self.counters.tolist()) if c < self.arrivals]
+                gone = [r for r in behind if started(self.peers[r][0]) != self.peers[r][1]]
+                if gone:  # as a collective fails on a closed socket
+                    raise RuntimeError(
+                        f"the shared-memory all-reduce lost process{'es' if len(gone) > 1 else ''} "
+                        f"{', '.join(f'{r} (pid {self.peers[r][0]})' for r in gone)} of this machine, gone (exited or "
+                        "killed)"
+                    )
                 if now > deadline:
                     # A RuntimeError that says it timed out, as a collective's does: the
                     # strategy's diagnosis then names the workers that no longer answer.
-                    behind = [r for r, c in enumerate(self.counters.tolist()) if c < self.arrivals]
                     raise RuntimeError(
                         f"the shared-memory all-reduce timed out after --timeout {self.timeout:g} s: "
                         f"process{'es' if len(behind) > 1 else ''} {', '.join(map(str, behind))} of this machine "

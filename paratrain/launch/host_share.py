@@ -32,6 +32,7 @@ from typing import Any
 import torch
 
 from paratrain.periodic import Periodic
+from paratrain.proc_stat import started
 
 REGISTRY_ENV = "PARATRAIN_HOST_REGISTRY"
 #: Seconds between two readings of the folder.
@@ -45,16 +46,6 @@ def registry() -> Path:
         return Path(given)
     shm = Path("/dev/shm")
     return (shm if shm.is_dir() else Path(tempfile.gettempdir())) / "paratrain-processes"
-
-
-def _started(pid: int) -> str | None:
-    """A process's start time (clock ticks since boot, /proc/PID/stat's 22nd field): with
-    its pid, who it is (a pid is reused); None when it is gone or cannot be read."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return text.rpartition(")")[2].split()[19]
 
 
 def _cores() -> list[int]:
@@ -131,7 +122,7 @@ class HostShare:
             path = self.folder / name
             try:
                 entry = json.loads(path.read_text())
-                alive = _started(int(entry["pid"])) == entry["started"]
+                alive = started(int(entry["pid"])) == entry["started"]
                 entry["cores"], entry["threads"], entry["fixed"] = (
                     list(entry["cores"]),
                     int(entry["threads"]),
@@ -150,7 +141,7 @@ class HostShare:
 
     def _write(self) -> None:
         assert self._path is not None
-        line = {"pid": self.pid, "started": _started(self.pid), "cores": self.cores, "threads": self.threads,
+        line = {"pid": self.pid, "started": started(self.pid), "cores": self.cores, "threads": self.threads,
                 "fixed": self.fixed}  # fmt: skip
         staging = self._path.with_suffix(".tmp")
         staging.write_text(json.dumps(line))

@@ -4,6 +4,9 @@ run through it is Gloo's to the bit on 2 processes and single's on 3 (float32 ro
 process that never comes is named; processes that are not all on one machine keep Gloo."""
 
 import json
+import os
+import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -51,6 +54,7 @@ def _absent():
     paratrain.AllReduceStrategy(device="cpu").setup()
     group = SharedMemoryAllReduce.create(timeout=2)
     if dist.get_rank() == 1:
+        time.sleep(4)  # running, but not in the all-reduce: hung
         return "stayed away"
     try:
         group.all_reduce_(torch.ones(10))
@@ -68,6 +72,37 @@ def test_a_process_that_never_comes_is_named_after_the_timeout():
         rank0
         == "the shared-memory all-reduce timed out after --timeout 2 s: process 1 of this machine did not reach it"
     )
+
+
+def _gone(out):
+    import torch.distributed as dist
+
+    paratrain.AllReduceStrategy(device="cpu").setup()
+    group = SharedMemoryAllReduce.create(timeout=60)
+    if dist.get_rank() == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+    began = time.monotonic()
+    try:
+        group.all_reduce_(torch.ones(10))
+        Path(out).write_text(json.dumps(["returned", time.monotonic() - began]))
+    except RuntimeError as error:
+        Path(out).write_text(json.dumps([str(error), time.monotonic() - began]))
+        raise
+
+
+def test_a_process_killed_is_named_at_once_not_after_the_timeout(tmp_path):
+    """A peer killed (SIGKILL) fails the survivor's all-reduce as a closed socket fails a
+    Gloo collective, within its first wait, not after its 60 s: the launcher that restarts
+    the run then waits on no survivor (it stops one still running 10 s after asking)."""
+    out = tmp_path / "survivor.json"
+    began = time.monotonic()
+    with pytest.raises(paratrain.WorkerFailed, match="SIGKILL"):
+        run_distributed(_gone, str(out), world_size=2)
+    assert time.monotonic() - began < 30
+    message, waited = json.loads(out.read_text())
+    assert message.startswith("the shared-memory all-reduce lost process 1 (pid ")
+    assert message.endswith(" of this machine, gone (exited or killed)")
+    assert waited < 2.0
 
 
 def _elsewhere():
