@@ -62,8 +62,10 @@ class SharedMemoryAllReduce:
     def __init__(self, memory: torch.Tensor, rank: int, size: int, timeout: float, peers: list[tuple[int, str]]):
         header = _header(size)
         self.rank, self.size, self.timeout = rank, size, timeout
-        self.peers = peers
-        """Each process's pid and start time (/proc), by rank."""
+        self.peers = peers if all(started(pid) == start for pid, start in peers) else None
+        """Each process's pid and start time (/proc), by rank; None where /proc does not show
+        them all to this process (mounted with ``hidepid``): a peer gone is then named after
+        the timeout, as one that hangs."""
         self.memory = memory  # the mapping: the views below keep it
         self.counters = memory[:header].view(torch.int64)[: size * FLAG_STRIDE : FLAG_STRIDE]
         self.slots = memory[header:].view(2, size, CHUNK_BYTES)  # two sets: calls alternate
@@ -148,11 +150,12 @@ class SharedMemoryAllReduce:
                 now = time.monotonic()
                 deadline = deadline or now + self.timeout
                 behind = [r for r, c in enumerate(self.counters.tolist()) if c < self.arrivals]
-                gone = [r for r in behind if started(self.peers[r][0]) != self.peers[r][1]]
+                peers = self.peers or []
+                gone = [r for r in behind if peers and started(peers[r][0]) != peers[r][1]]
                 if gone:  # as a collective fails on a closed socket
                     raise RuntimeError(
                         f"the shared-memory all-reduce lost process{'es' if len(gone) > 1 else ''} "
-                        f"{', '.join(f'{r} (pid {self.peers[r][0]})' for r in gone)} of this machine, gone (exited or "
+                        f"{', '.join(f'{r} (pid {peers[r][0]})' for r in gone)} of this machine, gone (exited or "
                         "killed)"
                     )
                 if now > deadline:
