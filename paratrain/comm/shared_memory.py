@@ -16,7 +16,7 @@ the order they were made, which the barriers below rely on (no fence is issued f
 The barriers spin on one counter per process (a cache line each) and yield the processor
 while they wait, so that a process waiting on its peer gives the core to it. A peer that
 has exited or was killed is named within milliseconds (the waiting process looks at it in
-/proc, by the pid and start time it gave when the buffer was made), as a closed socket
+/proc every 5 ms, by the pid and start time it gave when the buffer was made), as a closed socket
 fails a Gloo collective at once: the launcher can then restart the run without waiting on
 the survivors. A peer that never comes but runs (hung) is named after ``timeout`` seconds.
 Hence one PID namespace too, beside one host.
@@ -48,6 +48,8 @@ FLAG_STRIDE = 8
 """int64 counters between two processes' barrier counters: one 64-byte cache line each."""
 SPIN = 64
 """Polls of the counters before a waiting process starts to yield its core."""
+LOOK_S = 0.005
+"""Seconds between two looks of a waiting process at the peers it waits on (/proc, the clock)."""
 
 
 def host_identity() -> tuple[str, ...]:
@@ -140,14 +142,14 @@ class SharedMemoryAllReduce:
     def _barrier(self) -> None:
         self.arrivals += 1
         self.counters[self.rank].fill_(self.arrivals)
-        polls, deadline = 0, None
+        polls, deadline, looked = 0, None, time.monotonic()  # the first look after LOOK_S of waiting
         while int(self.counters.min()) < self.arrivals:
             polls += 1
             if polls < SPIN:
                 continue
-            os.sched_yield()
-            if polls % 1024 == 0:
-                now = time.monotonic()
+            os.sched_yield()  # on a busy machine a yield can take a time slice: look by the clock
+            if polls % 64 == 0 and (now := time.monotonic()) - looked >= LOOK_S:
+                looked = now
                 deadline = deadline or now + self.timeout
                 behind = [r for r, c in enumerate(self.counters.tolist()) if c < self.arrivals]
                 peers = self.peers or []

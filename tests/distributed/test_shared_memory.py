@@ -81,6 +81,9 @@ def _gone(out):
     group = SharedMemoryAllReduce.create(timeout=60)
     if dist.get_rank() == 1:
         os.kill(os.getpid(), signal.SIGKILL)
+    # The launcher stops the others 0.5 s after a process dies, then kills them 10 s later:
+    # the survivor stays to say what it saw, however loaded the machine.
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     began = time.monotonic()
     try:
         group.all_reduce_(torch.ones(10))
@@ -92,8 +95,9 @@ def _gone(out):
 
 def test_a_process_killed_is_named_at_once_not_after_the_timeout(tmp_path):
     """A peer killed (SIGKILL) fails the survivor's all-reduce as a closed socket fails a
-    Gloo collective, within its first wait, not after its 60 s: the launcher that restarts
-    the run then waits on no survivor (it stops one still running 10 s after asking)."""
+    Gloo collective, at once, not after its 60 s: the launcher that restarts the run then
+    waits on no survivor (it kills one still running 10 s after asking, which leaves no
+    file here)."""
     out = tmp_path / "survivor.json"
     began = time.monotonic()
     with pytest.raises(paratrain.WorkerFailed, match="SIGKILL"):
@@ -102,7 +106,7 @@ def test_a_process_killed_is_named_at_once_not_after_the_timeout(tmp_path):
     message, waited = json.loads(out.read_text())
     assert message.startswith("the shared-memory all-reduce lost process 1 (pid ")
     assert message.endswith(" of this machine, gone (exited or killed)")
-    assert waited < 2.0
+    assert waited < 5.0  # milliseconds on an idle machine
 
 
 def _blind():
