@@ -131,7 +131,7 @@ def simulated_on_quota_hosts(
     nodes = Cluster(
         workers=workers,
         compute_s=compute_s,
-        model_bytes=_mlp_bytes(),
+        model_bytes=4.0 * mlp_floats(),
         bandwidth=link_bytes_per_s(link),
         latency=0.0,  # a veth pair and a bridge: microseconds, against milliseconds of quota
         cpu_share=cpu,
@@ -147,12 +147,13 @@ def simulated_on_quota_hosts(
 
 
 @functools.cache
-def _mlp_bytes() -> float:
-    """Bytes of the mlp's parameters on digits (built once: calibration simulates many times)."""
+def mlp_floats() -> int:
+    """The mlp's parameters on digits: what one of its all-reduces sums (built once:
+    calibration simulates many times)."""
     from paratrain.data.datasets import load_digits
     from paratrain.models import build_model
 
-    return 4.0 * sum(p.numel() for p in build_model("mlp", load_digits().spec).parameters())
+    return sum(p.numel() for p in build_model("mlp", load_digits().spec).parameters())
 
 
 def calibrate(rate_at: Callable[[float], float], target: float, low: float = 1e-7, high: float = 0.1) -> float:

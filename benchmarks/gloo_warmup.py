@@ -25,17 +25,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cluster_common import RESULTS, record  # noqa: E402
+from cluster_common import RESULTS, mlp_floats, record  # noqa: E402
 
 from paratrain.comm.transport import free_port  # noqa: E402
-
-
-def mlp_floats() -> int:
-    """The parameters of paratrain's mlp on digits: what one of its all-reduces sums."""
-    from paratrain.data.spec import DataSpec
-    from paratrain.models.mlp import build_mlp
-
-    return sum(p.numel() for p in build_mlp(DataSpec(input_shape=(64,), num_classes=10)).parameters())
 
 
 def phase(floats: int, iterations: int, group: object) -> list[float]:

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from paratrain.launch.local import launch
-from paratrain.proc_stat import stat_fields
+from paratrain.proc_stat import started, stat_fields
 
 if TYPE_CHECKING:
     import numpy as np
@@ -85,10 +85,7 @@ def _is_helper(pid: int, root: int, launcher: bytes) -> bool:
 
 def alive(pid: int) -> bool:
     """Whether process ``pid`` exists and is not a zombie (dead, its exit not yet collected)."""
-    try:
-        return stat_fields(pid)[0] != "Z"
-    except OSError:
-        return False
+    return started(pid) is not None
 
 
 def flat_parameters(module: torch.nn.Module) -> torch.Tensor:

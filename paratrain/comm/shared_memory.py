@@ -152,8 +152,8 @@ class SharedMemoryAllReduce:
                 looked = now
                 deadline = deadline or now + self.timeout
                 behind = [r for r, c in enumerate(self.counters.tolist()) if c < self.arrivals]
-                peers = self.peers or []
-                gone = [r for r in behind if peers and started(peers[r][0]) != peers[r][1]]
+                peers = self.peers
+                gone = [r for r in behind if started(peers[r][0]) != peers[r][1]] if peers else []
                 if gone:  # as a collective fails on a closed socket
                     raise RuntimeError(
                         f"the shared-memory all-reduce lost process{'es' if len(gone) > 1 else ''} "
