@@ -61,10 +61,10 @@ def host_identity() -> tuple[str, ...]:
 class SharedMemoryAllReduce:
     """The in-place sum of a tensor over the processes of one machine (``create``)."""
 
-    def __init__(self, memory: torch.Tensor, rank: int, size: int, timeout: float, peers: list[tuple[int, str]]):
+    def __init__(self, memory: torch.Tensor, rank: int, size: int, timeout: float, peers: list[tuple[int, str]] | None):
         header = _header(size)
         self.rank, self.size, self.timeout = rank, size, timeout
-        self.peers = peers if all(started(pid) == start for pid, start in peers) else None
+        self.peers = peers
         """Each process's pid and start time (/proc), by rank; None where /proc does not show
         them all to this process (mounted with ``hidepid``): a peer gone is then named after
         the timeout, as one that hangs."""
@@ -104,6 +104,10 @@ class SharedMemoryAllReduce:
                 memory = _map(Path(seen[0][1][0]), cls.nbytes(size), create=False)
             # Another /dev/shm (a container of its own) holds no such file, or another one
             same = memory is not None and int(_nonce(memory, size)) == seen[0][1][1] if shared else False
+            # Whether /proc shows this process its peers, asked while none of them can have
+            # left yet (each waits in the gather below for this one)
+            peers = [peer for _, _, peer in seen]
+            watched = peers if all(started(pid) == start for pid, start in peers) else None
             opened = [None] * size
             dist.all_gather_object(opened, same, group=group)  # all mapped the one file
         finally:
@@ -111,7 +115,7 @@ class SharedMemoryAllReduce:
                 path.unlink(missing_ok=True)  # the mappings stay; nothing is left behind
         if not all(opened):
             return None
-        return cls(memory, rank, size, timeout, [peer for _, _, peer in seen])
+        return cls(memory, rank, size, timeout, watched)
 
     def all_reduce_(self, tensor: torch.Tensor) -> torch.Tensor:
         """``tensor`` (contiguous) summed in place over the processes; every process calls
