@@ -23,15 +23,24 @@ Hence one PID namespace too, beside one host.
 
 A process that registers a DDP communication hook of its own (DDP takes one) runs with
 ``shared_memory=False`` (``--no-shared-memory``): its hook then sums over the process group.
+
+A fault-tolerant run makes one for each quorum's group (strategies/fault_tolerant/
+quorum_group.py), over torchft's Gloo group, which no ``dist.*`` call knows (``GroupGather``).
+A process that goes on to another quorum ``leave``s the old buffer, and a peer still waiting
+in it for that process is told so at its next look, as Gloo's aborted group fails its peers'
+collectives; ``watch`` adds a check of the caller's own to each look (a peer the run's
+Lighthouse no longer hears).
 """
 
 from __future__ import annotations
 
 import os
+import pickle
 import platform
 import socket
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +78,12 @@ class SharedMemoryAllReduce:
         them all to this process (mounted with ``hidepid``): a peer gone is then named after
         the timeout, as one that hangs."""
         self.memory = memory  # the mapping: the views below keep it
-        self.counters = memory[:header].view(torch.int64)[: size * FLAG_STRIDE : FLAG_STRIDE]
+        lines = memory[:header].view(torch.int64)[::FLAG_STRIDE]  # one int64 a cache line
+        self.counters = lines[:size]
+        self.left = lines[size + 1 : 2 * size + 1]
+        """1 where that process has left this buffer (``leave``): it takes part in no more sums."""
+        self.watch: Callable[[], None] | None = None
+        """Called at each look of a waiting barrier: raises to end the wait (the caller's own check)."""
         self.slots = memory[header:].view(2, size, CHUNK_BYTES)  # two sets: calls alternate
         self.calls = 0
         self.arrivals = 0
@@ -79,11 +93,15 @@ class SharedMemoryAllReduce:
         return _header(size) + 2 * size * CHUNK_BYTES
 
     @classmethod
-    def create(cls, group: Any = None, timeout: float = 60.0) -> SharedMemoryAllReduce | None:
-        """Collective over ``group``: on every process the same answer, one shared buffer, or
-        None where a process is on another machine (or namespace), the machine is not x86-64,
-        or /dev/shm cannot hold the buffer."""
-        rank, size = dist.get_rank(group), dist.get_world_size(group)
+    def create(
+        cls, group: Any = None, timeout: float = 60.0, gather: Gather | None = None
+    ) -> SharedMemoryAllReduce | None:
+        """Collective over ``group`` (a group of ``dist``; or ``gather``, a ``GroupGather`` over a
+        group that ``dist`` does not know): on every process the same answer, one shared buffer,
+        or None where a process is on another machine (or namespace), the machine is not
+        x86-64, or /dev/shm cannot hold the buffer."""
+        gather = gather or _DistGather(group)
+        rank, size = gather.rank, gather.size
         path = FOLDER / f"paratrain-allreduce-{os.getpid()}-{uuid.uuid4().hex[:12]}"
         memory = None
         try:
@@ -95,9 +113,8 @@ class SharedMemoryAllReduce:
             memory = _map(path, cls.nbytes(size), create=True)
             if memory is not None:
                 _nonce(memory, size).fill_(nonce)
-        seen: list[Any] = [None] * size
         made = (str(path), nonce) if memory is not None else None
-        dist.all_gather_object(seen, (identity, made, (os.getpid(), started(os.getpid()))), group=group)
+        seen = gather((identity, made, (os.getpid(), started(os.getpid()))))
         shared = seen[0][1] is not None and all(i == seen[0][0] and i is not None for i, _, _ in seen)
         try:
             if shared and rank != 0:
@@ -108,8 +125,7 @@ class SharedMemoryAllReduce:
             # left yet (each waits in the gather below for this one)
             peers = [peer for _, _, peer in seen]
             watched = peers if all(started(pid) == start for pid, start in peers) else None
-            opened = [None] * size
-            dist.all_gather_object(opened, same, group=group)  # all mapped the one file
+            opened = gather(same)  # all mapped the one file
         finally:
             if rank == 0 and memory is not None:
                 path.unlink(missing_ok=True)  # the mappings stay; nothing is left behind
@@ -117,12 +133,25 @@ class SharedMemoryAllReduce:
             return None
         return cls(memory, rank, size, timeout, watched)
 
+    def leave(self) -> None:
+        """Take part in no more sums of this buffer: a peer waiting for this process in one
+        is told so (a RuntimeError) at its next look, instead of waiting out its timeout."""
+        self.left[self.rank].fill_(1)
+
     def all_reduce_(self, tensor: torch.Tensor) -> torch.Tensor:
         """``tensor`` (contiguous) summed in place over the processes; every process calls
-        this with tensors of the same size and dtype, in the same order."""
+        this with tensors of the same size and dtype, in the same order. A RuntimeError when
+        a peer is gone, has left, or did not come within the timeout; this process has then
+        left too (its peers' sums fail as well, as all do after a collective failed)."""
+        if int(self.left[self.rank]):
+            raise RuntimeError("this process left the shared-memory all-reduce (an earlier sum of it failed)")
         raw = tensor.view(-1).view(torch.uint8)
-        for start in range(0, raw.numel(), CHUNK_BYTES):
-            self._piece(raw[start : start + CHUNK_BYTES], tensor.dtype)
+        try:
+            for start in range(0, raw.numel(), CHUNK_BYTES):
+                self._piece(raw[start : start + CHUNK_BYTES], tensor.dtype)
+        except BaseException:
+            self.leave()
+            raise
         return tensor
 
     def _piece(self, piece: torch.Tensor, dtype: torch.dtype) -> None:
@@ -164,6 +193,14 @@ class SharedMemoryAllReduce:
                         f"{', '.join(f'{r} (pid {peers[r][0]})' for r in gone)} of this machine, gone (exited or "
                         "killed)"
                     )
+                left = [r for r in behind if int(self.left[r])]
+                if left:  # as a collective fails on a peer's aborted group
+                    raise RuntimeError(
+                        f"process{'es' if len(left) > 1 else ''} {', '.join(map(str, left))} left the shared-memory "
+                        "all-reduce before this sum (gone on to another group)"
+                    )
+                if self.watch is not None:
+                    self.watch()
                 if now > deadline:
                     # A RuntimeError that says it timed out, as a collective's does: the
                     # strategy's diagnosis then names the workers that no longer answer.
@@ -175,8 +212,51 @@ class SharedMemoryAllReduce:
 
 
 def _header(size: int) -> int:
-    """Bytes before the slots: a cache line for each process's counter, one for the nonce."""
-    return (size + 1) * FLAG_STRIDE * 8
+    """Bytes before the slots: a cache line for each process's counter, one for the nonce,
+    one for each process's left flag."""
+    return (2 * size + 1) * FLAG_STRIDE * 8
+
+
+class Gather:
+    """Every process's picklable object, in rank order, gathered over a group (a collective)."""
+
+    rank: int
+    size: int
+
+    def __call__(self, obj: Any) -> list[Any]:
+        raise NotImplementedError
+
+
+class _DistGather(Gather):
+    def __init__(self, group: Any):
+        self.group = group
+        self.rank, self.size = dist.get_rank(group), dist.get_world_size(group)
+
+    def __call__(self, obj: Any) -> list[Any]:
+        seen: list[Any] = [None] * self.size
+        dist.all_gather_object(seen, obj, group=self.group)
+        return seen
+
+
+class GroupGather(Gather):
+    """The gather over a c10d process group object itself (torchft's, made per quorum), by
+    its ``allgather`` of byte tensors: the lengths first, then the padded bytes."""
+
+    def __init__(self, group: Any):
+        self.group = group
+        self.rank, self.size = group.rank(), group.size()
+
+    def _all(self, tensor: torch.Tensor) -> list[torch.Tensor]:
+        out = [torch.empty_like(tensor) for _ in range(self.size)]
+        self.group.allgather([out], [tensor]).wait()
+        return out
+
+    def __call__(self, obj: Any) -> list[Any]:
+        data = torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8)
+        lengths = [int(n) for n in self._all(torch.tensor([data.numel()], dtype=torch.int64))]
+        padded = torch.zeros(max(lengths), dtype=torch.uint8)
+        padded[: data.numel()] = data
+        return [pickle.loads(t[:n].numpy().tobytes()) for t, n in zip(self._all(padded), lengths)]  # noqa: S301 - the run's own processes
 
 
 def _nonce(memory: torch.Tensor, size: int) -> torch.Tensor:

@@ -1,6 +1,7 @@
 """The gradient group of a quorum (strategies/fault_tolerant/quorum_group.py): its rendezvous
 ends at its own short deadline when a member never comes (lost between the quorum and the
-rendezvous), and its collectives keep the long timeout."""
+rendezvous), and its collectives keep the long timeout; members on one machine sum through
+shared memory, and one that goes on to the next quorum ends a peer's sum in the old one."""
 
 import subprocess
 import sys
@@ -72,3 +73,50 @@ def test_a_formed_group_waits_the_long_timeout_for_a_slow_peer():
     for member, (out, err) in zip(members, results, strict=True):
         assert member.returncode == 0, err[-2000:]
         assert out.startswith("sum 3 after"), out
+
+
+NEXT_QUORUM = textwrap.dedent(
+    """
+    import os, sys, time
+    from datetime import timedelta
+    import torch
+    from paratrain.strategies.fault_tolerant.quorum_group import quorum_group
+
+    port, rank = int(sys.argv[1]), int(sys.argv[2])
+    group = quorum_group(timedelta(seconds=60), timedelta(seconds=20))
+    group.configure(f"127.0.0.1:{port}/torchft/1/0", f"replica_{rank}", rank, 2, 1, 0, 1, [0, 1])
+    value = torch.tensor([rank + 1.0])
+    group.shared.all_reduce_(value)
+    print(f"via {sorted(k for k, n in group.via.items() if n)} sum {value.item():g}", flush=True)
+    if rank == 1:  # the next quorum has this replica alone: it leaves the first one's buffer
+        group.configure(f"127.0.0.1:{port}/torchft/2/0", f"replica_{rank}", 0, 1, 2, 0, 1, [1])
+        print(f"alone via {group.via}", flush=True)
+    else:  # still summing in the first quorum's buffer
+        started = time.monotonic()
+        try:
+            group.shared.all_reduce_(value)
+            print("returned", flush=True)
+        except RuntimeError as error:
+            print(f"failed after {time.monotonic() - started:.1f} s: {error}", flush=True)
+    os._exit(0)  # as MEMBER: a bare torchft group that nothing tears down
+    """
+)
+
+
+def test_members_on_one_machine_sum_through_shared_memory_until_one_goes_on():
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30))
+    members = [
+        subprocess.Popen([sys.executable, "-c", NEXT_QUORUM, str(store.port), str(rank)],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for rank in range(2)
+    ]  # fmt: skip
+    (out0, err0), (out1, err1) = (m.communicate(timeout=60) for m in members)
+    assert members[0].returncode == 0 and members[1].returncode == 0, err0[-2000:] + err1[-2000:]
+    first0, second0 = out0.splitlines()
+    first1, second1 = out1.splitlines()
+    assert first0 == first1 == "via ['shared memory'] sum 3"
+    assert second1 == "alone via {'shared memory': 2, 'gloo': 0}"  # a quorum of one is of this machine too
+    # Not the 60-s timeout: the peer's next configure told it
+    seconds = float(second0.split("after ")[1].split(" s")[0])
+    assert second0.endswith("process 1 left the shared-memory all-reduce before this sum (gone on to another group)")
+    assert seconds < 10, second0

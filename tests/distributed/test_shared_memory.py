@@ -120,6 +120,39 @@ def test_where_proc_hides_the_peers_a_running_peer_is_not_taken_for_gone():
     assert rank0.startswith("the shared-memory all-reduce timed out after --timeout 2 s")
 
 
+def _left():
+    import torch.distributed as dist
+
+    paratrain.AllReduceStrategy(device="cpu").setup()
+    group = SharedMemoryAllReduce.create(timeout=60)
+    if dist.get_rank() == 1:
+        group.leave()  # gone on to another group (a fault-tolerant run's next quorum)
+        return "left"
+    began = time.monotonic()
+    try:
+        group.all_reduce_(torch.ones(10))
+        return ["returned", time.monotonic() - began]
+    except RuntimeError as error:
+        first = [str(error), time.monotonic() - began]
+    try:  # a process whose sum failed has left the buffer too: no later sum of it
+        group.all_reduce_(torch.ones(10))
+    except RuntimeError as error:
+        return [*first, str(error)]
+    return [*first, "returned"]
+
+
+def test_a_process_that_left_fails_its_peer_s_sum_at_once_and_the_failure_stays():
+    """A process that ``leave``s fails the sum a peer waits in within milliseconds, not the
+    60-s timeout, as a peer's aborted Gloo group fails a collective; the failed process has
+    left the buffer too."""
+    rank0, rank1 = run_distributed(_left, world_size=2)
+    assert rank1 == "left"
+    message, waited, then = rank0
+    assert message == "process 1 left the shared-memory all-reduce before this sum (gone on to another group)"
+    assert waited < 5.0
+    assert then == "this process left the shared-memory all-reduce (an earlier sum of it failed)"
+
+
 def _elsewhere():
     import torch.distributed as dist
 
@@ -154,6 +187,16 @@ def _run(cli, tmp_path, workers, *flags):
                  "--log-every", "0", "--device", "cpu", "--seed", "4", *flags, "--metrics-out", str(out))  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(out.read_text())
+
+
+def test_a_fault_tolerant_run_sums_through_shared_memory_as_over_gloo(cli, tmp_path):
+    """allreduce-ft's quorum groups on one machine: each sums through shared memory (one
+    group, no loss), 2 replicas' sums Gloo's to the bit; --no-shared-memory keeps Gloo."""
+    flags = ("--fault-tolerant",)
+    shared, gloo = _run(cli, tmp_path, 2, *flags), _run(cli, tmp_path, 2, *flags, "--no-shared-memory")
+    assert shared["quorum_sums_via"] == {"shared memory": 1, "gloo": 0}
+    assert gloo["quorum_sums_via"] == {"shared memory": 0, "gloo": 1}
+    assert shared["test_loss"] == gloo["test_loss"]
 
 
 def test_a_run_through_shared_memory_is_gloo_s_on_two_processes_and_single_s_on_three(cli, tmp_path):

@@ -20,6 +20,8 @@ class _Work:
 
 
 class FakeGroup:
+    shared = None  # no shared-memory buffer: the sums go to allreduce
+
     def allreduce(self, tensors, opts) -> _Work:
         return _Work()
 

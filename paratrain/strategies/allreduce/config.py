@@ -22,8 +22,9 @@ class AllReduceConfig:
 
     shared_memory: bool = option(
         True,
-        "allreduce on the CPU: processes of one machine sum their gradients through shared memory (/dev/shm) "
-        "instead of Gloo over loopback",
+        "allreduce and the fault-tolerant strategies on the CPU: processes of one machine sum their gradients "
+        "through shared memory (/dev/shm) instead of Gloo over loopback",
+        strategies=("allreduce", "allreduce-ft", "pipeline-ft", "fsdp-ft", "local-sgd-ft", "diloco-ft"),
     )
 
     def __post_init__(self) -> None:

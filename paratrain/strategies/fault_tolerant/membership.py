@@ -38,6 +38,7 @@ class Membership:
         lighthouse: str | None,
         record: RunRecord,
         heartbeat_timeout: float = 1.0,
+        shared_memory: bool = True,
     ):
         self.strategy = strategy
         self.min_replicas = min_replicas
@@ -46,6 +47,8 @@ class Membership:
         """How long the Lighthouse waits for a silent replica: a quorum group's rendezvous waits
         little more (quorum_group.py)."""
         self.lighthouse = lighthouse
+        self.shared_memory = shared_memory
+        """Whether a quorum of this machine's processes may sum through /dev/shm (on the CPU)."""
         self.record = record
         """Where each heal is written down (the run's record, record.py)."""
         self.manager: Any = None
@@ -66,11 +69,12 @@ class Membership:
         num_replicas: int,
         group: ReplicaGroup,
         host: str,
+        on_cpu: bool,
         state_dict: Callable[[], dict[str, Any]],
         load_state_dict: Callable[[dict[str, Any]], None],
     ) -> Any:
         """Make the Manager of replica ``replica`` (its processes meet in ``group``; ``host``
-        is where peers reach this one): it serves ``state_dict()`` to replicas that heal from
+        is where peers reach this one; ``on_cpu``: its sums are of CPU tensors): it serves ``state_dict()`` to replicas that heal from
         this one and hands a heal's state to ``load_state_dict``."""
         torchft = torchft_modules()
 
@@ -83,7 +87,8 @@ class Membership:
         wait = timedelta(seconds=self.timeout)
         store_host, store_port, group_rank, group_size = group
         load_compiler()
-        self.group = quorum_group(wait, rendezvous_timeout(self.timeout, self.heartbeat_timeout))
+        rendezvous = rendezvous_timeout(self.timeout, self.heartbeat_timeout)
+        self.group = quorum_group(wait, rendezvous, shared_memory=self.shared_memory and on_cpu)
         self.manager = torchft.Manager(
             pg=self.group,
             load_state_dict=load_state_dict,
@@ -121,6 +126,11 @@ class Membership:
         """Sum ``tensors`` over the current quorum, in place; a lost member (one the
         Lighthouse no longer hears included) leaves the step uncommitted."""
         sum_in_quorum(self.manager, self.group, tensors, self.peers, step)
+
+    def via(self) -> dict[str, int]:
+        """How many of this replica's quorum groups summed through shared memory, and how
+        many over Gloo."""
+        return dict(self.group.via) if self.group is not None else {}
 
     def form_quorum(self) -> None:
         """The quorum of the next step: who takes part, and a heal if this replica is behind

@@ -25,6 +25,7 @@ def session_options(config: Any) -> dict[str, Any]:
         "min_replicas": ft.min_replicas,
         "heartbeat_timeout": ft.replica_heartbeat_timeout,
         "compression": config.codec.compression,
+        "shared_memory": config.allreduce.shared_memory,
     }
 
 

@@ -19,6 +19,14 @@ whole ``--timeout``: ``sum_in_quorum`` waits for it while asking the Lighthouse 
 member is gone (peers.py), and abandons it when one is. The group of an abandoned
 collective is kept until that collective ends on its own: dropping it would join the Gloo
 thread that waits in it.
+
+Where every member of a quorum runs on this machine, the group also makes a shared-memory
+buffer for the quorum (comm/shared_memory.py), over the Gloo group just formed, and the
+quorum's sums go through it instead of loopback TCP: on the MLP a Gloo all-reduce is most of
+a fault-tolerant step, and a new Gloo group's first seconds are slower than its later ones,
+which each loss of a replica brings. The buffer fails a sum as the Gloo group would: a member
+gone (killed, exited) at once, one that went on to another quorum (it ``leave``s the buffer
+when it configures the next group) at once, one the Lighthouse no longer hears as above.
 """
 
 from __future__ import annotations
@@ -31,6 +39,7 @@ from typing import Any
 import torch
 from torch.distributed import AllreduceOptions, ReduceOp
 
+from paratrain.comm.shared_memory import GroupGather, SharedMemoryAllReduce
 from paratrain.errors import WorkerLost
 from paratrain.strategies.fault_tolerant.peers import PeerWatch
 from paratrain.strategies.fault_tolerant.replicas import torchft_modules
@@ -45,9 +54,10 @@ def rendezvous_timeout(timeout: float, heartbeat_timeout: float) -> timedelta:
     return timedelta(seconds=min(timeout, heartbeat_timeout + RENDEZVOUS_SLACK_S))
 
 
-def quorum_group(timeout: timedelta, rendezvous: timedelta) -> Any:
+def quorum_group(timeout: timedelta, rendezvous: timedelta, shared_memory: bool = True) -> Any:
     """A torchft Gloo group (a Manager's ``pg``) whose rendezvous waits at most ``rendezvous``
-    and whose collectives wait ``timeout``."""
+    and whose collectives wait ``timeout``; with ``shared_memory``, a quorum whose members all
+    run on this machine sums through shared memory (``shared``)."""
     base = torchft_modules().ProcessGroupGloo
 
     class QuorumGroupGloo(base):
@@ -57,20 +67,41 @@ def quorum_group(timeout: timedelta, rendezvous: timedelta) -> Any:
             """Works of this quorum's group that were given up (their tensors with them)."""
             self.retired: list[tuple[Any, list[Any]]] = []
             """Groups of earlier quorums whose abandoned works have not ended yet."""
+            self.shared: SharedMemoryAllReduce | None = None
+            """The quorum's shared-memory sum, where its members all run on this machine."""
+            self.via = {"shared memory": 0, "gloo": 0}
+            """The quorum groups made, by what sums in them."""
 
         def configure(self, *args: Any, **kwargs: Any) -> None:
+            self.leave_shared()
             self.retired = [(pg, works) for pg, works in self.retired if not all(w.is_completed() for w in works)]
             if self.abandoned:
                 self.retired.append((self._pg, self.abandoned))
                 self.abandoned = []
             # torchft connects to the quorum's store and rendezvouses with its own timeout:
-            # the short one for that, then the collectives' on the group it made.
+            # the short one for that (and the gathers that make the shared buffer), then the
+            # collectives' on the group it made.
             collective, self._timeout = self._timeout, rendezvous
             try:
                 super().configure(*args, **kwargs)
+                if shared_memory:
+                    self.shared = SharedMemoryAllReduce.create(
+                        timeout=collective.total_seconds(), gather=GroupGather(self._pg)
+                    )
             finally:
                 self._timeout = collective
             self._pg._get_backend(torch.device("cpu")).set_timeout(collective)
+            self.via["shared memory" if self.shared is not None else "gloo"] += 1
+
+        def leave_shared(self) -> None:
+            """Done with this quorum's shared buffer: its peers' sums waiting on this process end."""
+            if self.shared is not None:
+                self.shared.leave()
+                self.shared = None
+
+        def shutdown(self) -> None:
+            self.leave_shared()
+            super().shutdown()
 
     return QuorumGroupGloo(timeout=timeout)
 
@@ -90,6 +121,10 @@ def sum_in_quorum(manager: Any, group: Any, tensors: list[torch.Tensor], peers: 
     if not manager.is_participating():
         for tensor in tensors:
             tensor.zero_()
+    shared = group.shared
+    if shared is not None and all(t.device.type == "cpu" for t in tensors):
+        _sum_shared(manager, shared, tensors, peers, step)
+        return
     opts = AllreduceOptions()
     opts.reduceOp = ReduceOp.SUM
     works: list[Any] = []
@@ -103,8 +138,36 @@ def sum_in_quorum(manager: Any, group: Any, tensors: list[torch.Tensor], peers: 
         manager.report_error(error)
 
 
+def _sum_shared(
+    manager: Any, shared: SharedMemoryAllReduce, tensors: list[torch.Tensor], peers: PeerWatch | None, step: int
+) -> None:
+    """``sum_in_quorum`` through the quorum's shared buffer, with the same questions to the
+    Lighthouse while a sum waits."""
+    started = time.monotonic()
+
+    def watch() -> None:
+        if peers is not None and time.monotonic() - started >= peers.heartbeat_timeout:
+            _raise_if_lost(peers, step)
+
+    shared.watch = watch
+    try:
+        for tensor in tensors:
+            shared.all_reduce_(tensor)
+    except Exception as error:  # the step is redone in a new quorum
+        manager.report_error(error)
+
+
 class _Vanished(WorkerLost):
     pass
+
+
+def _raise_if_lost(peers: PeerWatch, step: int) -> None:
+    lost = peers.lost()
+    if lost:
+        raise _Vanished(
+            f"the all-reduce of step {step} waits on {', '.join(sorted(lost))}, which the Lighthouse has not "
+            f"heard for over {peers.heartbeat_timeout:g} s"
+        )
 
 
 def _wait(work: Any, peers: PeerWatch | None, step: int) -> None:
@@ -115,10 +178,5 @@ def _wait(work: Any, peers: PeerWatch | None, step: int) -> None:
     while not done.wait(POLL_S):
         if peers is None or time.monotonic() - started < peers.heartbeat_timeout:
             continue
-        lost = peers.lost()
-        if lost:
-            raise _Vanished(
-                f"the all-reduce of step {step} waits on {', '.join(sorted(lost))}, which the Lighthouse has not "
-                f"heard for over {peers.heartbeat_timeout:g} s"
-            )
+        _raise_if_lost(peers, step)
     future.value()  # raises the collective's error

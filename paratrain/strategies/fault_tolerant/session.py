@@ -113,7 +113,10 @@ class FaultTolerantSession:
         min_replicas: int = 1,
         heartbeat_timeout: float = 1.0,
         compression: str = "none",
+        shared_memory: bool = True,
     ):
+        """``shared_memory``: a quorum whose members all run on this machine sums through
+        /dev/shm on the CPU (quorum_group.py)."""
         check_compression(replica.name, compression)
         self.replica = replica
         self.compression = compression
@@ -128,7 +131,9 @@ class FaultTolerantSession:
         timeout = replica.timeout
         self.record = RunRecord()
         """The run's committed steps and heals, as far as this replica knows (record.py)."""
-        self.membership = Membership(replica.name, min_replicas, timeout, lighthouse, self.record, heartbeat_timeout)
+        self.membership = Membership(
+            replica.name, min_replicas, timeout, lighthouse, self.record, heartbeat_timeout, shared_memory
+        )
         """This replica's torchft Manager and quorums (membership.py)."""
         self.watchdog = Watchdog(
             timeout + heartbeat_timeout + WATCHDOG_SLACK_S,
@@ -201,6 +206,7 @@ class FaultTolerantSession:
                 num_replicas=replica.num_replicas,
                 group=group(host),
                 host=host,
+                on_cpu=replica.device.type == "cpu",
                 state_dict=lambda: live_state(self),
                 load_state_dict=lambda state: load_live_state(self, state),
             )
@@ -360,6 +366,7 @@ class FaultTolerantSession:
             "participants": self.record.summary(),
             "uncommitted_steps": self.uncommitted_steps,
             "quorums": self.membership.quorums,
+            "quorum_sums_via": self.membership.via(),
             "recoveries": list(self.record.recoveries),
         }
 
