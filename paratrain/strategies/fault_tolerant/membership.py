@@ -74,8 +74,9 @@ class Membership:
         load_state_dict: Callable[[dict[str, Any]], None],
     ) -> Any:
         """Make the Manager of replica ``replica`` (its processes meet in ``group``; ``host``
-        is where peers reach this one; ``on_cpu``: its sums are of CPU tensors): it serves ``state_dict()`` to replicas that heal from
-        this one and hands a heal's state to ``load_state_dict``."""
+        is where peers reach this one; ``on_cpu``: its sums are of CPU tensors): it serves
+        ``state_dict()`` to replicas that heal from this one and hands a heal's state to
+        ``load_state_dict``."""
         torchft = torchft_modules()
 
         from paratrain.comm.live_state import LiveStateTransport  # deferred: imports torchft (optional extra)
