@@ -78,7 +78,7 @@ class SharedMemoryAllReduce:
         them all to this process (mounted with ``hidepid``): a peer gone is then named after
         the timeout, as one that hangs."""
         self.memory = memory  # the mapping: the views below keep it
-        lines = memory[:header].view(torch.int64)[::FLAG_STRIDE]  # one int64 a cache line
+        lines = _lines(memory, size)
         self.counters = lines[:size]
         self.left = lines[size + 1 : 2 * size + 1]
         """1 where that process has left this buffer (``leave``): it takes part in no more sums."""
@@ -125,7 +125,12 @@ class SharedMemoryAllReduce:
             # left yet (each waits in the gather below for this one)
             peers = [peer for _, _, peer in seen]
             watched = peers if all(started(pid) == start for pid, start in peers) else None
-            opened = gather(same)  # all mapped the one file
+            try:
+                opened = gather(same)  # all mapped the one file
+            except BaseException:
+                if same:  # a peer whose gather ended has the buffer: its first sum fails at once
+                    _lines(memory, size)[size + 1 + rank].fill_(1)
+                raise
         finally:
             if rank == 0 and memory is not None:
                 path.unlink(missing_ok=True)  # the mappings stay; nothing is left behind
@@ -257,6 +262,11 @@ class GroupGather(Gather):
         padded = torch.zeros(max(lengths), dtype=torch.uint8)
         padded[: data.numel()] = data
         return [pickle.loads(t[:n].numpy().tobytes()) for t, n in zip(self._all(padded), lengths)]  # noqa: S301 - the run's own processes
+
+
+def _lines(memory: torch.Tensor, size: int) -> torch.Tensor:
+    """The header's int64s, one a cache line: the counters, the nonce, the left flags."""
+    return memory[: _header(size)].view(torch.int64)[::FLAG_STRIDE]
 
 
 def _nonce(memory: torch.Tensor, size: int) -> torch.Tensor:

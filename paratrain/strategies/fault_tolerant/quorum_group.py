@@ -79,18 +79,19 @@ def quorum_group(timeout: timedelta, rendezvous: timedelta, shared_memory: bool 
                 self.retired.append((self._pg, self.abandoned))
                 self.abandoned = []
             # torchft connects to the quorum's store and rendezvouses with its own timeout:
-            # the short one for that (and the gathers that make the shared buffer), then the
-            # collectives' on the group it made.
+            # the short one for that, then the collectives' on the group it made. The gathers
+            # that make the shared buffer are the group's first collectives: every member
+            # makes them right after the rendezvous (a member killed since fails them at once).
             collective, self._timeout = self._timeout, rendezvous
             try:
                 super().configure(*args, **kwargs)
-                if shared_memory:
-                    self.shared = SharedMemoryAllReduce.create(
-                        timeout=collective.total_seconds(), gather=GroupGather(self._pg)
-                    )
             finally:
                 self._timeout = collective
             self._pg._get_backend(torch.device("cpu")).set_timeout(collective)
+            if shared_memory:
+                self.shared = SharedMemoryAllReduce.create(
+                    timeout=collective.total_seconds(), gather=GroupGather(self._pg)
+                )
             self.via["shared memory" if self.shared is not None else "gloo"] += 1
 
         def leave_shared(self) -> None:
