@@ -80,7 +80,7 @@ class SharedMemoryAllReduce:
         self.memory = memory  # the mapping: the views below keep it
         lines = _lines(memory, size)
         self.counters = lines[:size]
-        self.left = lines[size + 1 : 2 * size + 1]
+        self.left = _left_flags(lines, size)
         """1 where that process has left this buffer (``leave``): it takes part in no more sums."""
         self.watch: Callable[[], None] | None = None
         """Called at each look of a waiting barrier: raises to end the wait (the caller's own check)."""
@@ -129,7 +129,7 @@ class SharedMemoryAllReduce:
                 opened = gather(same)  # all mapped the one file
             except BaseException:
                 if same:  # a peer whose gather ended has the buffer: its first sum fails at once
-                    _lines(memory, size)[size + 1 + rank].fill_(1)
+                    _left_flags(_lines(memory, size), size)[rank].fill_(1)
                 raise
         finally:
             if rank == 0 and memory is not None:
@@ -269,8 +269,13 @@ def _lines(memory: torch.Tensor, size: int) -> torch.Tensor:
     return memory[: _header(size)].view(torch.int64)[::FLAG_STRIDE]
 
 
+def _left_flags(lines: torch.Tensor, size: int) -> torch.Tensor:
+    """Each process's left flag among the header's ``lines`` (``_lines``)."""
+    return lines[size + 1 : 2 * size + 1]
+
+
 def _nonce(memory: torch.Tensor, size: int) -> torch.Tensor:
-    return memory[: _header(size)].view(torch.int64)[size * FLAG_STRIDE]
+    return _lines(memory, size)[size]
 
 
 def _room(nbytes: int) -> bool:

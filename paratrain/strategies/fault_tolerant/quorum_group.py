@@ -145,12 +145,7 @@ def _sum_shared(
     """``sum_in_quorum`` through the quorum's shared buffer, with the same questions to the
     Lighthouse while a sum waits."""
     started = time.monotonic()
-
-    def watch() -> None:
-        if peers is not None and time.monotonic() - started >= peers.heartbeat_timeout:
-            _raise_if_lost(peers, step)
-
-    shared.watch = watch
+    shared.watch = lambda: _raise_if_lost(peers, step, started)
     try:
         for tensor in tensors:
             shared.all_reduce_(tensor)
@@ -162,7 +157,12 @@ class _Vanished(WorkerLost):
     pass
 
 
-def _raise_if_lost(peers: PeerWatch, step: int) -> None:
+def _raise_if_lost(peers: PeerWatch | None, step: int, started: float) -> None:
+    """_Vanished when the Lighthouse no longer hears a member the sum of ``step``, waiting
+    since ``started`` (the clock), waits on; asked once the wait has lasted the heartbeat
+    timeout (None: no such question)."""
+    if peers is None or time.monotonic() - started < peers.heartbeat_timeout:
+        return
     lost = peers.lost()
     if lost:
         raise _Vanished(
@@ -177,7 +177,5 @@ def _wait(work: Any, peers: PeerWatch | None, step: int) -> None:
     future.add_done_callback(lambda _: done.set())
     started = time.monotonic()
     while not done.wait(POLL_S):
-        if peers is None or time.monotonic() - started < peers.heartbeat_timeout:
-            continue
-        _raise_if_lost(peers, step)
+        _raise_if_lost(peers, step, started)
     future.value()  # raises the collective's error
