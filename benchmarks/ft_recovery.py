@@ -55,9 +55,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cluster_common import RESULTS, record  # noqa: E402
 from ft_kills import kill_hosts, kill_repeatedly  # noqa: E402
-from ft_rows import pair, spread_words, throughput_line  # noqa: E402
+from ft_rows import pair, processor_lines, spread_words, throughput_line  # noqa: E402
 from ft_sets import PROBE, check_add, length_words, longer_for, merged, row_of  # noqa: E402
 from loss_cost import longest_pause  # noqa: E402
+from processor import cpu_name  # noqa: E402
 
 from paratrain.cpu_steal import cpu_times, stolen_share  # noqa: E402
 
@@ -216,8 +217,9 @@ def throughput_kept(
             # every run the same command (the same --max-restarts): only the kills differ
             runs[every, kills] = train(model, strategy, restarts, Path(tmp), kill_every=every, kills=kills,
                                        longer=longer, cluster=cluster)  # fmt: skip
-    return [pair(runs[0, 0], runs[interval]) | {"every": interval[0], "kills": interval[1], "longer": longer}
-            for interval in intervals]  # fmt: skip
+    here = cpu_name()  # a virtual machine's processor differs from day to day
+    return [pair(runs[0, 0], runs[interval]) | {"every": interval[0], "kills": interval[1], "longer": longer,
+                                                "processor": here} for interval in intervals]  # fmt: skip
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -271,6 +273,7 @@ def tables(
     lines += ["", "Stolen: the share of the machine's CPU time a hypervisor gave to other machines during the "
               "undisturbed and the disturbed runs (/proc/stat's steal; the median over the pairs): a pair whose two "
               "runs lost different shares compares two machines."]  # fmt: skip
+    lines += processor_lines(kept_rows, every)
     if len(intervals) > 1:
         lines += ["", "The rows of one model and strategy share their undisturbed runs: each set of runs is one "
                   "undisturbed run and one disturbed run per interval, every second set in the reverse order."]  # fmt: skip

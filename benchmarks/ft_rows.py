@@ -26,6 +26,25 @@ def stolen_words(runs: list[dict]) -> str:
     return " / ".join(f"{statistics.median(values):.1%}" for values in shares)
 
 
+def processor_lines(rows: list[dict], every: float) -> list[str]:
+    """Where throughput rows' sets ran (each set's ``processor``, from processor.py), for the
+    rows whose sets say: a set's two runs share one machine, a row's sets may not (``every``:
+    the file's interval, for a row recorded before rows carried theirs)."""
+    said = []
+    for row in rows:
+        runs = row.get("runs", [row])
+        named = [r["processor"] for r in runs if "processor" in r]
+        if not named:
+            continue
+        counts = ", ".join(f"{name} {named.count(name)}" for name in sorted(set(named)))
+        unnamed = f", {len(runs) - len(named)} not recorded" if len(named) < len(runs) else ""
+        said.append(f"{row['model']} {row['strategy']} every {row.get('every', every):g} s: {counts}{unnamed}")
+    if not said:
+        return []
+    return ["", "The sets' processors (model name and PyTorch's CPU capability; sets recorded before it was "
+            "kept: not recorded): " + "; ".join(said) + "."]  # fmt: skip
+
+
 def cost_words(runs: list[dict]) -> str:
     """A row's median cost of a loss, with its runs' range; ``-`` for rows recorded before it was measured."""
     values = [r["loss_cost"] for r in runs if not math.isnan(r.get("loss_cost", math.nan))]

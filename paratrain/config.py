@@ -313,7 +313,7 @@ class TrainConfig:
         name = STRATEGIES.canonical(self.strategy)
         for section_name, section in SECTIONS.items():
             if hasattr(section, "strategies"):
-                refuse_untaken(name, section, self.changed(section_name))
+                refuse_untaken(name, getattr(self, section_name), self.changed(section_name))
         self.codec.check()
         if self.codec.compression != "none" and not strategy.takes_compression:
             takers = [n for n in STRATEGIES.names(with_aliases=False) if STRATEGIES.get(n).takes_compression]

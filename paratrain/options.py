@@ -35,11 +35,15 @@ def takers(section: Any, name: str) -> tuple[str, ...]:
 
 def refuse_untaken(strategy: str, section: Any, names: list[str]) -> None:
     """ConfigError naming the first of ``names`` (options of ``section``, given or changed)
-    that ``strategy`` does not take, and the strategies that do."""
+    that ``strategy`` does not take, and the strategies that do. Given the section's values
+    (an instance), a switch on by default that is off is named as it was given
+    (``--no-shared-memory``)."""
     for name in names:
         who = takers(section, name)
         if strategy not in who:
-            raise ConfigError(f"{flag(name)} applies to {_strategies(who)}, not to --strategy {strategy}")
+            field = next(f for f in dataclasses.fields(section) if f.name == name)
+            off = field.default is True and getattr(section, name) is False
+            raise ConfigError(f"{flag(name, off)} applies to {_strategies(who)}, not to --strategy {strategy}")
 
 
 def _strategies(names: tuple[str, ...]) -> str:
@@ -49,9 +53,9 @@ def _strategies(names: tuple[str, ...]) -> str:
     return "--strategy " + (" and ".join(names) if len(names) < 3 else ", ".join(names[:-1]) + " and " + names[-1])
 
 
-def flag(name: str) -> str:
-    """``batch_size`` -> ``--batch-size``."""
-    return "--" + name.replace("_", "-")
+def flag(name: str, off: bool = False) -> str:
+    """``batch_size`` -> ``--batch-size``; a switch turned ``off``: ``--no-shared-memory``."""
+    return ("--no-" if off else "--") + name.replace("_", "-")
 
 
 def choice_names(choices: Any) -> list[str]:

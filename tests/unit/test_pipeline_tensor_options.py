@@ -60,7 +60,7 @@ PIPELINE = ["--strategy", "pipeline", "--stages", "2", "--tensor-parallel", "2"]
     [
         ([*PIPELINE, "--workers", "6"], "--workers 6 is not a multiple of --stages 2 x --tensor-parallel 2"),
         ([*PIPELINE, "--shard-replicas"], "--shard-replicas applies to --strategy tensor, not to --strategy pipeline"),
-        ([*PIPELINE, "--no-loss-parallel"], "--loss-parallel applies to --strategy tensor, not to --strategy pipeline"),
+        ([*PIPELINE, "--no-loss-parallel"], "--no-loss-parallel applies to --strategy tensor, not to --strategy pipeline"),
         (["--strategy", "allreduce", "--tensor-parallel", "2"],
          "--tensor-parallel applies to --strategy tensor and pipeline, not to --strategy allreduce"),
         (["--strategy", "pipeline", "--fault-tolerant", "--tensor-parallel", "2"],
