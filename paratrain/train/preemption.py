@@ -8,8 +8,10 @@ sum (an all-reduce of two numbers), and all stop after the same step once any wa
 one; the checkpointer saves that step there, where the epoch stands, and the command exits
 with ``EXIT_STOPPED``. A run started again with ``--resume`` goes on from that
 step, mid-epoch if it was. The checks cost one small all-reduce each (225 µs between two
-processes here: 5% of a step of the digits mlp), so they come at a pace agreed at step
-``PACE_STEP``: about one a second (``CHECK_SECONDS``), every step before.
+processes here: 5% of a step of the digits mlp), so they come at a pace agreed at the
+``PACE_STEP``-th step of this start of the run: about one a second (``CHECK_SECONDS``),
+every step before. The steps are counted from where this start of the run began, so that a
+run resumed or restarted from a checkpoint agrees on its pace too.
 
 For the runs whose processes all train in step (single, allreduce, fsdp, local SGD,
 DiLoCo, pipelines). A parameter server's workers and the fault-tolerant replicas leave on
@@ -36,7 +38,8 @@ SIGNALS = (signal.SIGUSR1, signal.SIGTERM)
 #: jobs starts it again; with --resume it goes on).
 EXIT_STOPPED = 75
 
-#: The step at which the processes agree on how often to check, and the time between checks.
+#: The step (of this start of the run) at which the processes agree on how often to check,
+#: and the time between checks.
 PACE_STEP, CHECK_SECONDS = 20, 1.0
 
 
@@ -50,6 +53,7 @@ class StopOnSignal(Callback):
         self.stopped: dict[str, Any] | None = None
         self._previous: dict[int, Any] = {}
         self._started = 0.0
+        self._before: int | None = None  # the global step this start of the run began after
 
     def on_train_begin(self, logs: dict[str, Any]) -> None:
         if threading.current_thread() is threading.main_thread():  # Python's handlers run there
@@ -61,17 +65,20 @@ class StopOnSignal(Callback):
         self.sent = number
 
     def on_batch_end(self, step: int, logs: dict[str, Any]) -> None:
-        if step % self.every:
+        if self._before is None:  # every process of the run starts from the same step
+            self._before = step - 1
+        done = step - self._before
+        if done % self.every:
             return
         strategy = self.trainer.strategy
-        pace = (time.perf_counter() - self._started) / max(step, 1) if step == PACE_STEP else 0.0
+        pace = (time.perf_counter() - self._started) / done if done == PACE_STEP else 0.0
         # One sum: which signals came anywhere, and the first process's pace.
         shared = torch.tensor([float(self.sent == s) for s in SIGNALS] + [pace * (strategy.process_rank == 0)])
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
             shared = shared.to(wire_device(strategy.device))
             dist.all_reduce(shared)
         *sent, pace = shared.tolist()
-        if step == PACE_STEP and pace > 0:
+        if done == PACE_STEP and pace > 0:
             self.every = max(1, min(1000, round(CHECK_SECONDS / pace)))
         if any(sent):
             names = [signal.Signals(s).name for s, n in zip(SIGNALS, sent) if n]

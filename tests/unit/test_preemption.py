@@ -51,3 +51,18 @@ def test_sigusr1_stops_mid_epoch_and_resume_ends_where_the_whole_run_ends(tmp_pa
     assert resumed.global_step == whole.global_step == 60
     for a, b in zip(resumed.module.parameters(), whole.module.parameters()):
         assert torch.equal(a, b)
+
+
+def test_a_run_resumed_past_the_pace_step_agrees_on_its_pace_too(tmp_path):
+    """A restart from a checkpoint past step PACE_STEP begins at a later global step: its
+    checks still slow to their pace PACE_STEP steps into the new start, not one every step."""
+    from paratrain.train.preemption import PACE_STEP
+
+    _fit(tmp_path, [])  # 60 steps, the checkpoint at the end
+    stopper = StopOnSignal(Checkpoint(tmp_path / "ck", every_steps=1000, resume=True))
+    stopper.trainer = type("Trainer", (), {"strategy": type("Strategy", (), {"process_rank": 0, "device": None})})()
+    stopper.on_train_begin({})
+    for step in range(61, 61 + PACE_STEP):  # steps of a quick model: far under a second each
+        stopper.on_batch_end(step, {})
+    stopper.on_train_end({})
+    assert stopper.every > 1 and stopper.stopped is None
