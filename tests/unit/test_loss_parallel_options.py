@@ -83,5 +83,7 @@ def test_the_option_is_on_by_default_and_taken_by_tensor_alone():
     assert strategy_from_flags(["--strategy", "tensor"]).loss_parallel is True
     strategy = strategy_from_flags(["--strategy", "tensor", "--no-loss-parallel"])
     assert strategy.loss_parallel is False and strategy.describe()["loss_parallel"] is False
-    with pytest.raises(ConfigError, match="--loss-parallel applies to --strategy tensor, not to --strategy allreduce"):
+    with pytest.raises(
+        ConfigError, match="--no-loss-parallel applies to --strategy tensor, not to --strategy allreduce"
+    ):
         strategy_from_flags(["--strategy", "allreduce", "--no-loss-parallel"])
