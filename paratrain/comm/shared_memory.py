@@ -190,6 +190,13 @@ class SharedMemoryAllReduce:
                 looked = now
                 deadline = deadline or now + self.timeout
                 behind = [r for r, c in enumerate(self.counters.tolist()) if c < self.arrivals]
+                # a process that left, then exited, is named for leaving: the first of the two
+                left = [r for r in behind if int(self.left[r])]
+                if left:  # as a collective fails on a peer's aborted group
+                    raise RuntimeError(
+                        f"process{'es' if len(left) > 1 else ''} {', '.join(map(str, left))} left the shared-memory "
+                        "all-reduce before this sum (gone on to another group)"
+                    )
                 peers = self.peers
                 gone = [r for r in behind if started(peers[r][0]) != peers[r][1]] if peers else []
                 if gone:  # as a collective fails on a closed socket
@@ -197,12 +204,6 @@ class SharedMemoryAllReduce:
                         f"the shared-memory all-reduce lost process{'es' if len(gone) > 1 else ''} "
                         f"{', '.join(f'{r} (pid {peers[r][0]})' for r in gone)} of this machine, gone (exited or "
                         "killed)"
-                    )
-                left = [r for r in behind if int(self.left[r])]
-                if left:  # as a collective fails on a peer's aborted group
-                    raise RuntimeError(
-                        f"process{'es' if len(left) > 1 else ''} {', '.join(map(str, left))} left the shared-memory "
-                        "all-reduce before this sum (gone on to another group)"
                     )
                 if self.watch is not None:
                     self.watch()
