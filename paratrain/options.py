@@ -26,11 +26,14 @@ def option(default: Any, help: str, choices: Any = None, strategies: tuple[str, 
     return dataclasses.field(default=default, metadata=metadata)
 
 
+def _field(section: Any, name: str) -> dataclasses.Field:
+    return next(f for f in dataclasses.fields(section) if f.name == name)
+
+
 def takers(section: Any, name: str) -> tuple[str, ...]:
     """The strategies (registry names) that take option ``name`` of ``section``: the field's
     own list, else its section's; every other strategy refuses the option."""
-    field = next(f for f in dataclasses.fields(section) if f.name == name)
-    return field.metadata.get("strategies", section.strategies)
+    return _field(section, name).metadata.get("strategies", section.strategies)
 
 
 def refuse_untaken(strategy: str, section: Any, names: list[str]) -> None:
@@ -41,8 +44,7 @@ def refuse_untaken(strategy: str, section: Any, names: list[str]) -> None:
     for name in names:
         who = takers(section, name)
         if strategy not in who:
-            field = next(f for f in dataclasses.fields(section) if f.name == name)
-            off = field.default is True and getattr(section, name) is False
+            off = _field(section, name).default is True and getattr(section, name) is False
             raise ConfigError(f"{flag(name, off)} applies to {_strategies(who)}, not to --strategy {strategy}")
 
 
