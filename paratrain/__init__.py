@@ -31,7 +31,7 @@ _PUBLIC = {
     "FaultTolerantFSDPStrategy": "paratrain.strategies.fault_tolerant.fsdp",
     "FaultTolerantLocalSGDStrategy": "paratrain.strategies.fault_tolerant.averaging",
     "FaultTolerantPipelineStrategy": "paratrain.strategies.fault_tolerant.pipeline",
-    "History": "paratrain.train.trainer",
+    "History": "paratrain.train.history",
     "LearningRateScheduler": "paratrain.train.callbacks",
     "LinearScalingWarmup": "paratrain.train.schedules",
     "LocalSGDStrategy": "paratrain.strategies.averaging.strategy",

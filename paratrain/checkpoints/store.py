@@ -21,7 +21,10 @@ from paratrain.errors import ConfigError
 from paratrain.timeline import span
 
 FORMAT = "paratrain-checkpoint"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+"""The version this paratrain writes. 2: the trainer's history is one JSON text (train/history.py)."""
+READS = (1, 2)
+"""The versions it reads: 1 holds the history as a list of dicts, which ``History.restored`` takes too."""
 MANIFEST = "manifest.json"
 
 
@@ -214,9 +217,10 @@ class CheckpointStore:
             raise ConfigError(
                 f"checkpoint {folder}: not a paratrain checkpoint (its {MANIFEST} has no format {FORMAT!r})"
             )
-        if manifest.get("version") != FORMAT_VERSION:
+        if manifest.get("version") not in READS:
             raise ConfigError(
-                f"checkpoint {folder}: format version {manifest.get('version')}, this paratrain reads {FORMAT_VERSION}"
+                f"checkpoint {folder}: format version {manifest.get('version')}, this paratrain reads "
+                f"{' and '.join(map(str, READS))}"
             )
         if not isinstance(manifest.get("parts"), dict):
             raise ConfigError(

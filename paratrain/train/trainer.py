@@ -12,7 +12,6 @@ import contextlib
 import functools
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -32,35 +31,11 @@ from paratrain.timeline import span
 from paratrain.train.callbacks import Callback, CallbackList, EpochLog, ProgressBar, StepLog
 from paratrain.train.core_share import FollowCoreShare
 from paratrain.train.faults import progress_beacon
+from paratrain.train.history import History
 from paratrain.train.metrics import EpochSums, StepWindow
 from paratrain.train.rng import rng_state, set_rng_state
 from paratrain.train.scores import Score, resolve_loss, resolve_metrics, summed_scores
 from paratrain.train.step_device import StepDevice
-
-
-@dataclass
-class History:
-    """Per-epoch logs of a ``fit``; ``history["test_accuracy"]`` gives one list, Keras-style.
-
-    The same keys on every process: where a process does not evaluate (parameter-server
-    workers other than the chief) its ``test_*`` values are None; a parameter-server
-    shard (``role`` ``"ps"``) trains no epochs, and every list is empty."""
-
-    epochs: list[dict[str, Any]] = field(default_factory=list)
-    keys: tuple[str, ...] = ()
-    """Keys every epoch logs (the loss and, with validation data, ``test_*`` of each metric)."""
-    role: str = "worker"
-
-    @property
-    def history(self) -> dict[str, list[Any]]:
-        keys = {k for entry in self.epochs for k in entry} | set(self.keys)
-        return {k: [entry.get(k) for entry in self.epochs] for k in sorted(keys)}
-
-    def __getitem__(self, key: str) -> list[Any]:
-        history = self.history
-        if key not in history:
-            raise KeyError(f"{key!r}: this history logs {', '.join(sorted(history)) or 'nothing'}")
-        return history[key]
 
 
 class Trainer:
@@ -344,7 +319,7 @@ class Trainer:
             "epoch_seconds": time.perf_counter() - self._epoch_start if self.batch else 0.0,
             "loader_wait_seconds": self.loader_wait_seconds,
             "learning_rate": self.learning_rate,
-            "history": [dict(entry) for entry in self.history.epochs],
+            "history": self.history.saved(),
             **self._epoch_sums.state_dict(),
             "window": self._window.state_dict(),
             "rng": rng_state(),
@@ -358,7 +333,7 @@ class Trainer:
         self._epoch_elapsed = float(state["epoch_seconds"])
         self.loader_wait_seconds = float(state["loader_wait_seconds"])
         self.set_learning_rate(float(state["learning_rate"]))
-        self.history = History([dict(entry) for entry in state["history"]])
+        self.history = History.restored(state["history"])
         self._epoch_sums = EpochSums.from_state(state)
         self._window = StepWindow()
         self._window.load_state_dict(state["window"], self.strategy.device)

@@ -153,6 +153,9 @@ def test_foreign_files_and_code_in_a_checkpoint_are_refused(saved):
     (folder / "manifest.json").write_text(json.dumps({"format": "something-else"}))
     with pytest.raises(ConfigError, match="not a paratrain checkpoint"):
         load_checkpoint(folder)
+    (folder / "manifest.json").write_text(json.dumps({"format": "paratrain-checkpoint", "version": 3, "parts": {}}))
+    with pytest.raises(ConfigError, match="format version 3, this paratrain reads 1 and 2"):
+        load_checkpoint(folder)  # a checkpoint of a later paratrain
     (folder / "manifest.json").write_text("{not json")
     with pytest.raises(ConfigError, match="unreadable manifest.json"):
         load_checkpoint(folder)
