@@ -77,6 +77,19 @@ def test_resume_goes_on_bit_for_bit(tmp_path):
         assert torch.equal(a, b)
 
 
+def test_a_run_resumed_after_some_epochs_has_the_whole_run_s_history(tmp_path):
+    whole, splits = _trainer()
+    full = _fit(whole, splits, epochs=3)
+    cut, splits = _trainer()
+    _fit(cut, splits, Checkpoint(tmp_path, every_steps=30), epochs=2)
+    assert isinstance(load_checkpoint(tmp_path)["trainer"]["history"], str)  # JSON, not pickled dicts
+    resumed, splits = _trainer(seed=1)
+    history = _fit(resumed, splits, Checkpoint(tmp_path, every_steps=30, resume=True), epochs=3)
+    assert len(history.epochs) == 3
+    for key in ("epoch", "train_loss", "test_loss", "test_accuracy", "learning_rate", "examples_seen"):
+        assert history[key] == full[key], key  # bit for bit: JSON keeps every float exactly
+
+
 def test_resume_with_nothing_to_resume_starts_from_the_beginning(tmp_path):
     trainer, splits = _trainer()
     checkpoint = Checkpoint(tmp_path / "new", every_steps=100, resume=True)

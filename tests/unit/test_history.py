@@ -7,40 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-import paratrain
-from paratrain.data.datasets import load_digits
 from paratrain.errors import ConfigError
-from paratrain.models import build_model
 from paratrain.train import history as history_module
-from paratrain.train.checkpoint import Checkpoint, load_checkpoint
 from paratrain.train.history import History
-
-
-def _trainer():
-    torch.manual_seed(0)
-    splits = load_digits()
-    net = build_model("mlp", splits.spec)
-    optimizer = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
-    return paratrain.Trainer(net, "cross_entropy", optimizer, strategy=paratrain.SingleDeviceStrategy()), splits
-
-
-def test_a_run_resumed_after_some_epochs_has_the_whole_run_s_history(tmp_path):
-    whole, splits = _trainer()
-    full = whole.fit(splits.train, epochs=3, validation_data=splits.test, verbose=0)
-    cut, splits = _trainer()
-    cut.fit(splits.train, epochs=2, validation_data=splits.test, verbose=0, callbacks=[Checkpoint(tmp_path, 30)])
-    assert isinstance(load_checkpoint(tmp_path)["trainer"]["history"], str)  # JSON, not pickled dicts
-    resumed, splits = _trainer()
-    history = resumed.fit(
-        splits.train,
-        epochs=3,
-        validation_data=splits.test,
-        verbose=0,
-        callbacks=[Checkpoint(tmp_path, 30, resume=True)],
-    )
-    assert len(history.epochs) == 3
-    for key in ("epoch", "train_loss", "test_loss", "test_accuracy", "learning_rate", "examples_seen"):
-        assert history[key] == full[key], key  # bit for bit: JSON keeps every float exactly
 
 
 def test_saved_history_keeps_nan_none_and_numbers_of_other_libraries():
