@@ -4,7 +4,7 @@ held before) and as the JSON text ``History.saved`` gives (each epoch encoded on
 the mlp's steps/s in the first and last tenth of a run of many short epochs that saves
 every 50 steps.
 
-    python benchmarks/history_save.py --epochs 10,1000,4000 --run-epochs 1500
+    python benchmarks/history_save.py --epochs 10,1000,4000 --run-epochs 4000
 
 The serialising is what each process of a run pays at each save beside its model and
 optimizer: ``torch.save`` into memory of ``{"history": ...}``, the median of ``--repeats``
