@@ -24,7 +24,9 @@ for a row, which gives their medians and the range of what they kept; every seco
 runs its disturbed run first, so that a drift of the machine's speed within a pair does
 not always fall on the same side. Several intervals (`--every 30,10 --kills 9,27`) make a
 row each from sets of runs: one undisturbed run shared by one disturbed run per interval
-(every second set in the reverse order), a third less time than a pair per row. `a loss costs`: from
+(every second set in the reverse order; `--disturbed-first`: the first set of this command
+too, to even out a record whose sets `--add` started the same way), a third less time than
+a pair per row. `a loss costs`: from
 the disturbed run's own step log, the seconds each loss set it back against its pace of the
 5 s before (the median over its losses; over the pairs, the median and range of those), a
 measure that the drift between two whole runs on this machine does not blur.
@@ -219,7 +221,8 @@ def throughput_kept(
                                        longer=longer, cluster=cluster)  # fmt: skip
     here = cpu_name()  # a virtual machine's processor differs from day to day
     return [pair(runs[0, 0], runs[interval]) | {"every": interval[0], "kills": interval[1], "longer": longer,
-                                                "processor": here} for interval in intervals]  # fmt: skip
+                                                "processor": here, "disturbed_first": disturbed_first}
+            for interval in intervals]  # fmt: skip
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -276,7 +279,7 @@ def tables(
     lines += processor_lines(kept_rows, every)
     if len(intervals) > 1:
         lines += ["", "The rows of one model and strategy share their undisturbed runs: each set of runs is one "
-                  "undisturbed run and one disturbed run per interval, every second set in the reverse order."]  # fmt: skip
+                  "undisturbed run and one disturbed run per interval, every second set of a command in the reverse order."]  # fmt: skip
     return lines
 
 
@@ -305,6 +308,11 @@ def main() -> None:
         help="throughput kept: runs of about this long undisturbed, sized by a first run of "
         f"{PROBE}x the epochs on this machine's speed of the day (instead of --longer)",
     )
+    parser.add_argument(
+        "--disturbed-first", action="store_true",
+        help="the first set runs its disturbed runs first (the sets after it alternate): with --add, to even out "
+        "a record whose sets ran the undisturbed run first",
+    )  # fmt: skip
     parser.add_argument("--add", action="store_true",
                         help="throughput kept: the sets join the rows recorded before in --out (the same settings)")  # fmt: skip
     parser.add_argument(
@@ -351,7 +359,7 @@ def main() -> None:
             sets: list[list[dict]] = []
             longer = sized(model, strategy, args.minutes, on) if args.minutes else args.longer
             for _ in range(args.throughput_repeats):
-                backwards = len(sets) % 2 == 1  # sets alternate which runs come first
+                backwards = (len(sets) + args.disturbed_first) % 2 == 1  # sets alternate which runs come first
                 sets.append(throughput_kept(model, strategy, intervals, longer, on, backwards))
                 for got in sets[-1]:
                     print(f"{model} {strategy}: every {got['every']:g} s, set {len(sets)}: "

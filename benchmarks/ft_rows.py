@@ -28,7 +28,8 @@ def stolen_words(runs: list[dict]) -> str:
 
 def processor_lines(rows: list[dict], every: float) -> list[str]:
     """Where throughput rows' sets ran (each set's ``processor``, from processor.py), for the
-    rows whose sets say: a set's two runs share one machine, a row's sets may not (``every``:
+    rows whose sets say, and in which order where recorded: a set's two runs share one
+    machine, a row's sets may not (``every``:
     the file's interval, for a row recorded before rows carried theirs)."""
     said = []
     for row in rows:
@@ -38,11 +39,14 @@ def processor_lines(rows: list[dict], every: float) -> list[str]:
             continue
         counts = ", ".join(f"{name} {named.count(name)}" for name in sorted(set(named)))
         unnamed = f", {len(runs) - len(named)} not recorded" if len(named) < len(runs) else ""
-        said.append(f"{row['model']} {row['strategy']} every {row.get('every', every):g} s: {counts}{unnamed}")
+        first = [r for r in runs if "disturbed_first" in r]  # kept since --add could start either way
+        order = f", disturbed runs first in {sum(r['disturbed_first'] for r in first)} of {len(first)}" if first else ""
+        said.append(f"{row['model']} {row['strategy']} every {row.get('every', every):g} s: {counts}{unnamed}{order}")
     if not said:
         return []
     return ["", "The sets' processors (model name and PyTorch's CPU capability; sets recorded before it was "
-            "kept: not recorded): " + "; ".join(said) + "."]  # fmt: skip
+            "kept: not recorded) and, where recorded, how many ran their disturbed runs first: "
+            + "; ".join(said) + "."]  # fmt: skip
 
 
 def cost_words(runs: list[dict]) -> str:

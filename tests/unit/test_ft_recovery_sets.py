@@ -72,11 +72,16 @@ def test_a_row_recorded_before_rows_carried_their_interval_takes_the_files(runs)
 def test_each_set_records_its_processor_and_the_tables_name_them_with_the_sets_that_did_not(runs, monkeypatch):
     monkeypatch.setattr(ft_recovery, "cpu_name", lambda: "AMD EPYC (AVX2)")
     new = ft_recovery.throughput_kept("mlp", "allreduce-ft", [(30, 9)])
+    (backward,) = ft_recovery.throughput_kept("mlp", "allreduce-ft", [(30, 9)], disturbed_first=True)
     assert [p["processor"] for p in new] == ["AMD EPYC (AVX2)"]
-    old = {key: value for key, value in new[0].items() if key != "processor"}  # a set recorded before
-    row = {"kind": "throughput", "model": "mlp", "strategy": "allreduce-ft", **new[0], "runs": [new[0], old, old]}
+    assert (new[0]["disturbed_first"], backward["disturbed_first"]) == (False, True)
+    old = {key: value for key, value in new[0].items() if key not in ("processor", "disturbed_first")}  # before
+    row = {"kind": "throughput", "model": "mlp", "strategy": "allreduce-ft", **new[0],
+           "runs": [new[0], backward, old, old]}  # fmt: skip
     lines = ft_recovery.tables([row], 1, 30, 9)
     said = next(line for line in lines if line.startswith("The sets' processors"))
-    assert said.endswith(": mlp allreduce-ft every 30 s: AMD EPYC (AVX2) 1, 2 not recorded.")
+    assert said.endswith(
+        ": mlp allreduce-ft every 30 s: AMD EPYC (AVX2) 2, 2 not recorded, disturbed runs first in 1 of 2."
+    )
     unrecorded = {key: value for key, value in row.items() if key != "runs"} | {"runs": [old]}
     assert not any(line.startswith("The sets' processors") for line in ft_recovery.tables([unrecorded], 1, 30, 9))
