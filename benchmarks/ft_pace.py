@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -120,6 +121,22 @@ def windows(samples: list[tuple[float, dict]], steps: list[tuple[float, int]], w
     return out
 
 
+#: Seconds a run takes to settle after a loss (and after its first step) before ``between`` counts it.
+SETTLE = 6
+
+
+def between(seconds: list[float], losses: list[float]) -> list[float]:
+    """The run's mean steps per second (``seconds``: one-second windows) before its first loss
+    and between each two, from ``SETTLE`` s after the start or the loss to the second before
+    the next (the last: to the run's last whole second): a replacement slower than the process
+    it replaced, or survivors slowed for good by a loss, would show as a fall after the first."""
+    begin = next((k for k, rate in enumerate(seconds) if rate > 0), len(seconds)) + SETTLE
+    bounds = [(begin, math.floor(losses[0]) if losses else len(seconds) - 1)]
+    bounds += [(math.ceil(lost) + SETTLE, math.floor(after) if after else len(seconds) - 1)
+               for lost, after in zip(losses, [*losses[1:], None])]  # fmt: skip
+    return [sum(seconds[a:b]) / (b - a) for a, b in bounds if b > a]
+
+
 #: The columns of the phases table: a phase and the timeline spans it sums.
 PHASES = {"quorum": ("quorum",), "all-reduce": ("allreduce",), "compute": ("forward", "backward", "optimizer"),
           "rest": ("data", "evaluate")}  # fmt: skip
@@ -185,8 +202,9 @@ def main() -> None:
     seconds = pace(run["steps"], 1.0)
     calm = [rate for k, rate in enumerate(seconds[1:-1], 1) if all(abs(k + 0.5 - t) > 6 for t in losses)]
     costs = loss_costs(run["steps"], losses)
+    stretches = between(seconds, losses)
     document = {"setup": vars(args), "losses_at": losses, "loss_costs": costs, "seconds": run["seconds"],
-                "windows": table, "pace_per_second": seconds}  # fmt: skip
+                "windows": table, "pace_per_second": seconds, "between_losses": stretches}  # fmt: skip
     roles = sorted({r for w in table for r in w["cpu"]}, key=lambda r: (r[0] == "p", len(r), r))
     lines = [f"# Pace and CPU of `{args.strategy}` on the {args.model}, a random replica process killed every "
              f"{args.every:g} s ({len(losses)} losses, at {', '.join(f'{t:.0f}' for t in losses)} s)", "",
@@ -201,7 +219,9 @@ def main() -> None:
               f"A loss costs {', '.join(f'{c:.2f}' for c in costs)} s (the run's own log over the 10 s after "
               f"each, against its pace of the 5 s before: ft_recovery.py's \"a loss costs\"). The run took "
               f"{run['seconds']:.1f} s. CPU: a share of one core over the window (this machine has "
-              f"{os.cpu_count()} cores); p1, p2: the first replicas' processes, p3 on: the replacements."]  # fmt: skip
+              f"{os.cpu_count()} cores); p1, p2: the first replicas' processes, p3 on: the replacements.",
+              "", f"Steps per second before the first loss and between losses (from {SETTLE} s after the start "
+              f"and after each loss): {', '.join(f'{r:.2f}' for r in stretches)}."]  # fmt: skip
     if trace is not None:
         document["phases"] = phases(trace, began_unix, args.window)
         lines += ["", "Each rank's steps per second (applied updates) and milliseconds per step in each phase "

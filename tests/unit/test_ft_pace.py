@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from ft_pace import Sampler, phase_lines, phases, windows  # noqa: E402
+from ft_pace import SETTLE, Sampler, between, phase_lines, phases, windows  # noqa: E402
 
 
 def test_windows_give_steps_per_second_and_each_process_s_share_of_a_core():
@@ -63,3 +63,14 @@ def test_phases_give_each_rank_s_pace_and_milliseconds_per_step_in_each_phase():
     assert lines[2:] == ["| 0 | 0 | 1.00 | 3.00 | 1.50 | 0.50 |  |  |  |  |  |",
                          "| 4 |  |  |  |  |  | 0 | 2.00 | 6.00 | 3.00 | 1.00 |",
                          "| 8 |  |  |  |  |  |  |  |  |  |  |"]  # fmt: skip
+
+
+def test_the_pace_before_the_first_loss_and_between_losses_shows_a_lasting_slowdown():
+    # 2 s of start-up, 10 steps a second to the loss at 20.4 s, a pause of 2 s, then 8 a second
+    seconds = [0.0, 0.0] + [10.0] * 18 + [4.0, 0.0] + [8.0] * 17 + [3.0]
+    assert SETTLE == 6
+    # before: seconds 8-19 (6 s after the first step); after: 27 to the last whole second (38)
+    assert between(seconds, [20.4]) == pytest.approx([10.0, 8.0])
+    assert between(seconds, []) == pytest.approx([sum(seconds[8:39]) / 31])
+    # a loss too close to the next leaves no stretch between them
+    assert len(between(seconds, [20.4, 24.0])) == 2
