@@ -270,12 +270,15 @@ def tables(
         lines += ["", f"# Throughput kept: {'the host of a random replica' if cluster else 'a random replica process'} "
                   f"killed every {interval[0]:g} s, {interval[1]} times (runs of {length or length_words({})})", "",
                   "| model | strategy | runs | undisturbed s | disturbed s | kept | losses | a loss costs (s) "
-                  "| test accuracy (undisturbed) | stolen (undisturbed / disturbed) |",
-                  "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: |"]  # fmt: skip
+                  "| test accuracy (undisturbed) | stolen (undisturbed / disturbed) | steps/s (undisturbed / disturbed) |",
+                  "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: |"]  # fmt: skip
         lines += [throughput_line(r) for r in kept_rows if (r.get("every", every), r.get("kills", kills)) == interval]
     lines += ["", "Stolen: the share of the machine's CPU time a hypervisor gave to other machines during the "
               "undisturbed and the disturbed runs (/proc/stat's steal; the median over the pairs): a pair whose two "
-              "runs lost different shares compares two machines."]  # fmt: skip
+              "runs lost different shares compares two machines. Steps/s: the steps a run made over its whole "
+              "command's seconds (the median over the pairs; `-`: pairs recorded before their step logs were kept), "
+              "so that rows of one machine and day compare in absolute speed: a restart's undisturbed run pays for "
+              "its checkpoints, a fault-tolerant one writes none, and each row's kept is against its own."]  # fmt: skip
     lines += processor_lines(kept_rows, every)
     if len(intervals) > 1:
         lines += ["", "The rows of one model and strategy share their undisturbed runs: each set of runs is one "
@@ -297,7 +300,11 @@ def main() -> None:
     parser.add_argument(
         "--throughput-repeats", type=int, default=1, help="throughput kept: pairs of runs per row (medians, spread)"
     )
-    parser.add_argument("--parts", default="recovery,throughput", help="which measurements to run")
+    parser.add_argument(
+        "--parts", default="recovery,throughput",
+        help="which measurements to run: recovery, throughput; or tables: only write the tables of the record in "
+        "--out again (its settings given as for --add)",
+    )  # fmt: skip
     parser.add_argument(
         "--longer", type=int, default=3, help="throughput kept: the run's length in the model's epochs above"
     )
@@ -343,9 +350,14 @@ def main() -> None:
     }
     # rows of other models, strategies and intervals recorded before with the same settings stay
     earlier = json.loads(out.with_suffix(".json").read_text()) if out.with_suffix(".json").exists() else None
+    rows, parts = [], args.parts.split(",")
+    if not set(parts) <= {"recovery", "throughput"} and parts != ["tables"]:
+        parser.error(f"--parts {args.parts}: give recovery and/or throughput, or tables alone")
+    if parts == ["tables"] and earlier is None:
+        parser.error(f"--parts tables: no record at {out.with_suffix('.json')} to write the tables of")
+    args.add = args.add or parts == ["tables"]  # its rows all stay, and settings that differ are refused
     check_add(earlier, document, args.add)
     models, strategies = args.models.split(","), args.strategies.split(",")
-    rows, parts = [], args.parts.split(",")
     for model in models if "recovery" in parts else []:
         for strategy in strategies:
             runs = [recovery(model, strategy, on) for _ in range(args.repeats)]

@@ -58,6 +58,22 @@ def cost_words(runs: list[dict]) -> str:
     return f"{statistics.median(values):.2f}{spread}"
 
 
+#: Seconds a window of a pair's recorded pace spans.
+PACE_WIDTH = 10.0
+
+
+def speed_words(runs: list[dict]) -> str:
+    """A row's median steps per second over its undisturbed and its disturbed runs' whole
+    commands, from the pace each pair recorded (its windows' steps add up to the run's);
+    ``-`` for rows recorded before it was."""
+    paced = [r for r in runs if "pace" in r]
+    if not paced:
+        return "-"
+    rates = [statistics.median(sum(r["pace"][k]) * PACE_WIDTH / r[f"{k}_seconds"] for r in paced)
+             for k in ("undisturbed", "disturbed")]  # fmt: skip
+    return f"{rates[0]:.2f} / {rates[1]:.2f}"
+
+
 def pair(calm: dict, hit: dict) -> dict:
     """What a disturbed run kept of the undisturbed one's speed, and what its losses cost."""
     losses = [t for t, line in hit["errors"] if LOSS.search(line)]
@@ -73,7 +89,11 @@ def pair(calm: dict, hit: dict) -> dict:
         # the share of the machine's CPU time a hypervisor gave to other machines in each run
         "steal": {"undisturbed": calm["steal"], "disturbed": hit["steal"]},
         # steps/s in each 10 s of each run, and the losses' moments: where the time went
-        "pace": {"undisturbed": pace(calm["steps"]), "disturbed": pace(hit["steps"]), "losses_at": losses},
+        "pace": {
+            "undisturbed": pace(calm["steps"], PACE_WIDTH),
+            "disturbed": pace(hit["steps"], PACE_WIDTH),
+            "losses_at": losses,
+        },
     }
 
 
@@ -84,4 +104,4 @@ def throughput_line(kept: dict) -> str:
     return (f"| {kept['model']} | {kept['strategy']} | {len(runs)} | {kept['undisturbed_seconds']:.1f} "
             f"| {kept['disturbed_seconds']:.1f} | {kept['kept']:.0%}{spread} | {kept['losses_reported']:g} "
             f"| {cost_words(runs)} | {kept['test_accuracy']:.3f} ({kept['undisturbed_test_accuracy']:.3f}) "
-            f"| {stolen_words(runs)} |")  # fmt: skip
+            f"| {stolen_words(runs)} | {speed_words(runs)} |")  # fmt: skip

@@ -57,6 +57,8 @@ def test_each_interval_gets_its_table_the_longest_first(runs):
     below_30, below_10 = lines[headers[0] + 4], lines[headers[1] + 4]
     assert below_30.startswith("| mlp | allreduce-ft | 1 | 100.0 | 104.0 | 96% | 9 |")
     assert below_10.startswith("| mlp | allreduce-ft | 1 | 100.0 | 125.0 | 80% | 27 |")
+    # 999 steps in each run: steps per second over the undisturbed and the disturbed command
+    assert below_30.endswith("| 9.99 / 9.61 |") and below_10.endswith("| 9.99 / 7.99 |")
     assert "share their undisturbed runs" in lines[-1]
 
 
