@@ -95,7 +95,9 @@ class HostShare:
         except OSError:
             self._path = None
             return self
-        if not self.fixed:
+        if self.fixed:
+            self.others()  # no poller reads the folder: clear the lines the dead left (SIGKILL) now
+        else:
             self.wanted = self._share()
             self.apply()
             self._poller = Periodic(self._check, CHECK_SECONDS, "paratrain-host-share").start()

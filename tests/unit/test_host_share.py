@@ -87,6 +87,19 @@ def test_threads_chosen_for_a_process_are_kept_and_counted_by_the_others(tmp_pat
         torch.set_num_threads(before)
 
 
+def test_a_process_with_chosen_threads_clears_the_lines_of_the_dead_as_it_joins(tmp_path, sleeper):
+    # processes killed without a word (SIGKILL) where every process had its threads chosen
+    # (no poller): their lines would pile up in the machine's folder
+    _list(tmp_path, sleeper, 1, fixed=True)
+    sleeper.kill()
+    sleeper.wait()
+    fixed = HostShare(1, True, usable_cores(), 1, tmp_path).join()
+    try:
+        assert sorted(p.name for p in tmp_path.iterdir()) == [f"{os.getpid()}.json"]
+    finally:
+        fixed.leave()
+
+
 def test_a_folder_that_cannot_be_written_keeps_the_threads_it_started_with(tmp_path):
     blocked = tmp_path / "a-file"
     blocked.write_text("")
