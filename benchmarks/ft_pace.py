@@ -121,7 +121,8 @@ def windows(samples: list[tuple[float, dict]], steps: list[tuple[float, int]], w
     return out
 
 
-#: Seconds a run takes to settle after a loss (and after its first step) before ``between`` counts it.
+#: Seconds a run takes to settle after a loss (and after its first step): ``between`` counts from
+#: there, and the calm seconds of the table's summary are further than this from any loss.
 SETTLE = 6
 
 
@@ -200,7 +201,7 @@ def main() -> None:
     losses = [t for t, line in run["errors"] if LOSS.search(line)]
     table = windows(sampler.samples, run["steps"], args.window)
     seconds = pace(run["steps"], 1.0)
-    calm = [rate for k, rate in enumerate(seconds[1:-1], 1) if all(abs(k + 0.5 - t) > 6 for t in losses)]
+    calm = [rate for k, rate in enumerate(seconds[1:-1], 1) if all(abs(k + 0.5 - t) > SETTLE for t in losses)]
     costs = loss_costs(run["steps"], losses)
     stretches = between(seconds, losses)
     document = {"setup": vars(args), "losses_at": losses, "loss_costs": costs, "seconds": run["seconds"],
@@ -214,7 +215,7 @@ def main() -> None:
         shares = [f"{w['cpu'][r]:.0%}" if r in w["cpu"] else "" for r in roles]
         lines.append(f"| {w['at']:g} | {w['steps_per_s']:.0f} | {sum(w['cpu'].values()):.0%} | {' | '.join(shares)} |")
     quartiles = statistics.quantiles(calm, n=4) if len(calm) >= 4 else [float("nan")] * 3
-    lines += ["", f"Seconds more than 6 s from any loss: {statistics.median(calm):.0f} steps/s at the median "
+    lines += ["", f"Seconds more than {SETTLE} s from any loss: {statistics.median(calm):.0f} steps/s at the median "
               f"(quartiles {quartiles[0]:.0f}-{quartiles[2]:.0f}, over {len(calm)} one-second windows). "
               f"A loss costs {', '.join(f'{c:.2f}' for c in costs)} s (the run's own log over the 10 s after "
               f"each, against its pace of the 5 s before: ft_recovery.py's \"a loss costs\"). The run took "

@@ -29,8 +29,8 @@ def stolen_words(runs: list[dict]) -> str:
 def processor_lines(rows: list[dict], every: float) -> list[str]:
     """Where throughput rows' sets ran (each set's ``processor``, from processor.py), for the
     rows whose sets say, and in which order where recorded: a set's two runs share one
-    machine, a row's sets may not (``every``:
-    the file's interval, for a row recorded before rows carried theirs)."""
+    machine, a row's sets may not (``every``: the file's interval, for a row recorded before
+    rows carried theirs)."""
     said = []
     for row in rows:
         runs = row.get("runs", [row])
