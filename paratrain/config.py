@@ -177,6 +177,11 @@ class TrainConfig:
         None, "save checkpoints to this folder (ckpt-STEP/ with a manifest; see docs/reliability.md)"
     )
     checkpoint_every: int = option(500, "with --checkpoint-dir: save every this many steps (and at the end)")
+    checkpoint_async: bool = option(
+        False,
+        "with --checkpoint-dir: each save copies the state in memory and writes it from a thread while training "
+        "goes on (the next save and the end wait for it); not with fsdp, tensor or a parameter server",
+    )
     keep: int = option(3, "with --checkpoint-dir: complete checkpoints kept (older ones are removed)")
     resume: bool = option(
         False, "go on from the newest complete checkpoint in --checkpoint-dir (from the start if there is none)"
@@ -252,6 +257,8 @@ class TrainConfig:
             raise ConfigError(
                 f"{'--resume' if self.resume else '--max-restarts'} needs --checkpoint-dir (the folder to go on from)"
             )
+        if self.checkpoint_async and self.checkpoint_dir is None:
+            raise ConfigError("--checkpoint-async needs --checkpoint-dir (the folder to save to)")
         if self.logdir is not None and Path(self.logdir).expanduser().is_file():
             raise ConfigError(f"--logdir {self.logdir} is a file; give a folder")
         self._check_scores()
@@ -261,6 +268,12 @@ class TrainConfig:
         self._check_sections(strategy)
         strategy.check_step(self.strategy, self.precision, self.compile, bool(self.channels_last))
         strategy.check_config(self)
+        if self.checkpoint_async and not strategy.checkpoints_in_background:
+            able = [n for n in STRATEGIES.names(with_aliases=False) if STRATEGIES.get(n).checkpoints_in_background]
+            raise ConfigError(
+                f"--checkpoint-async: --strategy {self.strategy} writes its checkpoints with a collective or from "
+                f"its shards; strategies that take it: {', '.join(able)}"
+            )
         self.faults.check(strategy.topology_for(self), self.strategy)
 
     def _check_scores(self) -> None:

@@ -6,14 +6,23 @@ process holds: a training replica writes its part at steps (train/checkpoint.py)
 parameter-server shard at the versions it publishes and a parameter-server worker the
 state of its codec beside them (strategies/ps/checkpoint.py). The ``Checkpoint``
 callback asks the strategy for its process's writer and calls it at the loop's events;
-the writers never call the loop."""
+the writers never call the loop.
+
+A write may go on in the background (``RunCheckpoints.in_background``): a parameter-server
+shard commits its checkpoints from a thread while it serves, and a training replica with
+``--checkpoint-async`` writes its part and commits from one, on a copy of its state taken
+at the step (``copy_state``), while it trains on. One write is under way at a time; the
+next save, and the end of training, wait for it and raise what it raised."""
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Protocol
+
+import torch
 
 from paratrain.checkpoints.store import CheckpointStore
 from paratrain.console import console
@@ -37,15 +46,25 @@ class StateWriter(Protocol):
 class RunCheckpoints:
     """The checkpoints of one run as every writer of it sees them."""
 
-    def __init__(self, store: CheckpointStore, every_steps: int, timeout: float, signature: Callable[[], dict]):
+    def __init__(
+        self,
+        store: CheckpointStore,
+        every_steps: int,
+        timeout: float,
+        signature: Callable[[], dict],
+        asynchronous: bool = False,
+    ):
         self.store, self.every_steps, self.timeout = store, every_steps, timeout
+        self.asynchronous = asynchronous
+        """A training replica writes its part and commits from a thread (``--checkpoint-async``)."""
         self.signature = signature
         """The run's signature now (``signature.run_signature``)."""
         self.restored_step: int | None = None
         """The step of the checkpoint this run resumed from (None: it started afresh)."""
         self.last_saved = -1
         """The step (a parameter-server run: the version) this process saved last."""
-        self._committing: threading.Thread | None = None
+        self._writing: threading.Thread | None = None
+        self._failure: BaseException | None = None
 
     def choose(self, speaks: bool) -> Path | None:
         """The newest complete checkpoint (None: start afresh); the process that ``speaks``
@@ -68,23 +87,55 @@ class RunCheckpoints:
             for aside in self.store.clear_after(step, unfinished=not peers_write):
                 console.print(f"paratrain: moved the corrupt checkpoint aside to {aside}")
 
+    def in_background(self, work: Callable[[], None]) -> None:
+        """Run ``work`` on a thread of its own once the write before it is done, and return;
+        what it raises, the next ``finish`` raises."""
+        self.finish(None)
+        self._writing = threading.Thread(target=self._run, args=(work,), name="checkpoint-write", daemon=True)
+        self._writing.start()
+
+    def finish(self, timeout: float | None) -> None:
+        """Wait for the write under way, if any (``timeout`` None: however long it takes;
+        past ``timeout`` it is left to end alone), and raise here what it raised."""
+        if self._writing is not None:
+            self._writing.join(timeout)
+            self._writing = None
+        failure, self._failure = self._failure, None
+        if failure is not None:
+            raise failure
+
+    def _run(self, work: Callable[[], None]) -> None:
+        try:
+            work()
+        except BaseException as error:  # the training thread raises it at its next save or its end
+            self._failure = error
+
     def commit_in_background(self, step: int, signature: dict[str, Any]) -> None:
         """Commit ``step`` once every part named in ``signature`` is there, from a thread,
-        so that the caller goes on (a shard serving); one commit at a time."""
-        self.finish_commit(None)
-        self._committing = threading.Thread(
-            target=self._commit_quietly, args=(step, dict(signature)), name="checkpoint-commit", daemon=True
-        )
-        self._committing.start()
-
-    def finish_commit(self, timeout: float | None) -> None:
-        """Wait for the commit under way, if any (``timeout`` None: however long it takes)."""
-        if self._committing is not None:
-            self._committing.join(timeout)
-            self._committing = None
+        so that the caller goes on (a shard serving); one write at a time."""
+        self.in_background(functools.partial(self._commit_quietly, step, dict(signature)))
 
     def _commit_quietly(self, step: int, signature: dict[str, Any]) -> None:
         try:
             self.store.commit(step, signature["part_names"], signature, self.timeout)
         except (RuntimeError, ConfigError) as error:  # the previous checkpoint stays the newest
             console.print(f"paratrain: {error}", style="red")
+
+
+def copy_state(state: Any, copies: dict[int, torch.Tensor] | None = None) -> Any:
+    """``state`` (nested dicts, lists and tuples) with every tensor copied to the CPU, so
+    that training may go on changing the originals while the copy is written; a tensor
+    met twice (tied weights) is copied once and stays shared in the copy."""
+    copies = {} if copies is None else copies
+    if isinstance(state, torch.Tensor):
+        if id(state) not in copies:
+            copies[id(state)] = state.detach().to("cpu", copy=True)
+        return copies[id(state)]
+    if isinstance(state, dict):
+        return {key: copy_state(value, copies) for key, value in state.items()}
+    if isinstance(state, list):
+        return [copy_state(value, copies) for value in state]
+    if isinstance(state, tuple):
+        items = [copy_state(value, copies) for value in state]
+        return type(state)(*items) if hasattr(state, "_fields") else tuple(items)  # a named tuple, or a plain one
+    return state

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from paratrain.checkpoints.files import RunCheckpoints
+from paratrain.checkpoints.files import RunCheckpoints, copy_state
 from paratrain.checkpoints.signature import check_signature
 from paratrain.checkpoints.store import CheckpointStore
 from paratrain.console import console
@@ -28,7 +28,10 @@ class ReplicaState:
         self.model_part = self.strategy.topology.model_part(rank)
 
     def at_step(self, step: int) -> None:
-        """Write this process's part of step ``step``; on the chief, commit the checkpoint."""
+        """Write this process's part of step ``step``; on the chief, commit the checkpoint.
+        With ``--checkpoint-async`` both happen on a thread, from a copy of the state taken
+        now, and this returns once the copy is made (a save still under way first ends)."""
+        self.files.finish(None)  # one save at a time; what a failed one raised is raised here
         if step == self.files.last_saved:
             return
         trainer, strategy, store = self.trainer, self.strategy, self.files.store
@@ -41,8 +44,7 @@ class ReplicaState:
         if own_files is None and self.model_part == self.part:
             state["model"] = trainer.module.state_dict()
             state["optimizer"] = trainer.optimizer.state_dict()
-        store.write_part(step, self.part, state)
-        self.files.last_saved = step
+        commit = None
         if strategy.is_chief:
             parts = strategy.topology.checkpoint_parts() + (own_files or [])
             # The replicas beside the processes: where a replica is several processes
@@ -53,13 +55,37 @@ class ReplicaState:
                 "processes": strategy.topology.num_processes,
                 "batches_per_step": strategy.topology.batches_per_step,
             }
-            store.commit(step, parts, meta, self.files.timeout)
+            commit = (parts, meta)
+        self.files.last_saved = step
+        if self.files.asynchronous and own_files is None:
+            copied = copy_state(state)
+            self.files.in_background(lambda: self._write_unless_moot(step, copied, commit))
+        else:
+            self._write(step, state, commit)
+
+    def _write(self, step: int, state: dict[str, Any], commit: tuple[list[str], dict[str, Any]] | None) -> None:
+        store = self.files.store
+        store.write_part(step, self.part, state)
+        if commit is not None:
+            store.commit(step, *commit, self.files.timeout)
+
+    def _write_unless_moot(self, step: int, state: dict[str, Any], commit: Any) -> None:
+        """A save on a thread: its failure is moot where a later checkpoint is complete
+        already (a fault-tolerant run's next save, by another replica, removed this one's
+        unfinished folder), and raised at the next save otherwise."""
+        try:
+            self._write(step, state, commit)
+        except (ConfigError, RuntimeError):
+            complete = self.files.store.complete()
+            if not complete or complete[0][0] <= step:
+                raise
 
     def at_version(self, version: int) -> None:
         """A replica publishes no versions."""
 
     def at_end(self, step: int) -> None:
         self.at_step(step)
+        self.files.finish(None)
 
     def restore(self, peers_write: bool = False) -> None:
         """Load the newest complete checkpoint into this process (nothing if there is none);

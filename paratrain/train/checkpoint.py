@@ -56,6 +56,12 @@ class Checkpoint(Callback):
     Every process of the run takes part (give every process the same callback); each
     writes its own part and the chief commits the checkpoint. The CIFAR-10 recipe's Saver
     (every 1000 steps, the last 5 kept) is ``Checkpoint(dir, 1000, keep=5)``.
+
+    ``asynchronous``: each save copies the process's state (in host memory) and writes it
+    and commits from a thread while training goes on; the next save, a stop at a signal
+    and the end of training wait for it. Not for strategies that write the model with a
+    collective (fsdp's and tensor parallelism's sharded files) or a parameter server's
+    shards (which commit in the background always).
     """
 
     def __init__(
@@ -66,6 +72,7 @@ class Checkpoint(Callback):
         resume: bool = False,
         model_name: str | None = None,
         timeout: float | None = None,
+        asynchronous: bool = False,
     ):
         if every_steps < 1 or keep < 1:
             raise ConfigError(f"checkpoints need every_steps >= 1 and keep >= 1, got {every_steps} and {keep}")
@@ -73,6 +80,7 @@ class Checkpoint(Callback):
         self.every_steps, self.resume = every_steps, resume
         self.model_name = model_name
         self.timeout = timeout
+        self.asynchronous = asynchronous
         self._files: RunCheckpoints | None = None
         self._writer: StateWriter | None = None
 
@@ -94,7 +102,7 @@ class Checkpoint(Callback):
         """This process's state writer, chosen by its strategy's role when first asked."""
         if self._writer is None:
             timeout = self.timeout if self.timeout is not None else self.strategy.timeout
-            self._files = RunCheckpoints(self.store, self.every_steps, timeout, self.signature)
+            self._files = RunCheckpoints(self.store, self.every_steps, timeout, self.signature, self.asynchronous)
             self._writer = self.strategy.state_writer(self._files, self.trainer) or ReplicaState(
                 self._files, self.trainer
             )
@@ -102,6 +110,11 @@ class Checkpoint(Callback):
 
     # ----- the loop's hooks ---------------------------------------------------------------
     def on_train_begin(self, logs: dict[str, Any]) -> None:
+        if self.asynchronous and not self.strategy.checkpoints_in_background:
+            raise ConfigError(
+                f"Checkpoint(asynchronous=True): {self.strategy.name} writes its checkpoints with a collective "
+                "or from its shards; save synchronously (asynchronous=False)"
+            )
         if self.strategy.is_chief:
             self.store._makedirs(self.store.root)
         if self.resume:
@@ -109,14 +122,16 @@ class Checkpoint(Callback):
 
     def on_batch_end(self, step: int, logs: dict[str, Any]) -> None:
         if step % self.every_steps == 0:
-            self.save(step)
+            self.writer.at_step(step)  # asynchronous: written while training goes on
 
     def on_train_end(self, logs: dict[str, Any]) -> None:
         self.writer.at_end(self.trainer.global_step)
+        self._files.finish(None)  # a replica whose peer wrote the last save: its own earlier one
 
     def save(self, step: int) -> None:
-        """Write this process's part of step ``step`` (a stop at a signal asks for one too)."""
+        """Write this process's part of step ``step`` now (a stop at a signal asks for one)."""
         self.writer.at_step(step)
+        self._files.finish(None)
 
     # ----- a process that serves (a parameter-server shard) -------------------------------
     def on_serve_begin(self, logs: dict[str, Any]) -> None:

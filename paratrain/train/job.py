@@ -136,7 +136,14 @@ def _train(config: TrainConfig, strategy: Any, started: float) -> dict[str, Any]
     if config.checkpoint_dir:
         # Restarted by --max-restarts (or torchrun's): go on from the last checkpoint.
         resume = config.resume or restart_count() > 0
-        checkpoint = Checkpoint(config.checkpoint_dir, config.checkpoint_every, config.keep, resume, config.model)
+        checkpoint = Checkpoint(
+            config.checkpoint_dir,
+            config.checkpoint_every,
+            config.keep,
+            resume,
+            config.model,
+            asynchronous=config.checkpoint_async,
+        )
         callbacks.append(checkpoint)
     stopper = StopOnSignal(checkpoint) if checkpoint is not None and stops_on_signal(strategy) else None
     if stopper is not None:  # SIGUSR1 or SIGTERM: a checkpoint at an agreed step, then exit (preemption.py)

@@ -34,6 +34,12 @@ def test_alias_resolves_to_canonical_name():
         ({"max_restarts": -1}, ["--max-restarts", ">= 0"]),
         ({"checkpoint_dir": "d", "checkpoint_every": 0}, ["--checkpoint-every", ">= 1"]),
         ({"checkpoint_dir": "d", "keep": 0}, ["--keep", ">= 1"]),
+        ({"checkpoint_async": True}, ["--checkpoint-async needs --checkpoint-dir"]),
+        (
+            {"checkpoint_dir": "d", "checkpoint_async": True, "strategy": "fsdp", "workers": 2},
+            ["--checkpoint-async", "--strategy fsdp", "with a collective", "allreduce", "pipeline", "local-sgd"],
+        ),
+        ({"checkpoint_dir": "d", "checkpoint_async": True, "strategy": "ps-sync", "workers": 2}, ["ps-sync"]),
         ({"on_nan": "ignore"}, ["--on-nan", "stop, skip"]),
         ({"hang": "1@x"}, ["--hang", "WORKER@STEP"]),
         ({"hang": "3@5", "strategy": "allreduce", "workers": 2}, ["--hang names worker 3", "0..1"]),

@@ -71,7 +71,7 @@ class ShardState:
         state = self.strategy.state_dict()
         if state["version"] != self.files.last_saved:
             self._save(state)
-        self.files.finish_commit(self.files.timeout)
+        self.files.finish(self.files.timeout)
 
     def _save(self, state: dict[str, Any]) -> None:
         version = state["version"]

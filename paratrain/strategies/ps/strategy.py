@@ -77,6 +77,7 @@ class ParameterServerStrategy(Strategy):
     # order: any number of workers goes on from a checkpoint, on any number of shards
     # (reshard.py).
     reshards = True
+    checkpoints_in_background = False  # shards save at versions and commit in the background always
 
     def __init__(
         self,
