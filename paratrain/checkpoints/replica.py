@@ -84,8 +84,7 @@ class ReplicaState:
         """A replica publishes no versions."""
 
     def at_end(self, step: int) -> None:
-        self.at_step(step)
-        self.files.finish(None)
+        self.at_step(step)  # the Checkpoint callback then waits for it (train/checkpoint.py)
 
     def restore(self, peers_write: bool = False) -> None:
         """Load the newest complete checkpoint into this process (nothing if there is none);

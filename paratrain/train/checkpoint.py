@@ -126,7 +126,7 @@ class Checkpoint(Callback):
 
     def on_train_end(self, logs: dict[str, Any]) -> None:
         self.writer.at_end(self.trainer.global_step)
-        self._files.finish(None)  # a replica whose peer wrote the last save: its own earlier one
+        self._files.finish(None)  # the save under way, whichever writer started it
 
     def save(self, step: int) -> None:
         """Write this process's part of step ``step`` now (a stop at a signal asks for one)."""
