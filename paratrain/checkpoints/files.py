@@ -122,15 +122,18 @@ class RunCheckpoints:
             console.print(f"paratrain: {error}", style="red")
 
 
-def copy_state(state: Any, copies: dict[int, torch.Tensor] | None = None) -> Any:
+def copy_state(state: Any, copies: dict[tuple, torch.Tensor] | None = None) -> Any:
     """``state`` (nested dicts, lists and tuples) with every tensor copied to the CPU, so
-    that training may go on changing the originals while the copy is written; a tensor
-    met twice (tied weights) is copied once and stays shared in the copy."""
+    that training may go on changing the originals while the copy is written; one view of
+    one storage met twice (tied weights: ``state_dict`` gives them as two detached tensors
+    of one storage) is copied once and stays shared in the copy, as ``torch.save`` keeps it."""
     copies = {} if copies is None else copies
     if isinstance(state, torch.Tensor):
-        if id(state) not in copies:
-            copies[id(state)] = state.detach().to("cpu", copy=True)
-        return copies[id(state)]
+        view = (state.device, state.untyped_storage().data_ptr(), state.storage_offset(), state.dtype,
+                tuple(state.shape), tuple(state.stride()))  # fmt: skip
+        if view not in copies:
+            copies[view] = state.detach().to("cpu", copy=True)
+        return copies[view]
     if isinstance(state, dict):
         return {key: copy_state(value, copies) for key, value in state.items()}
     if isinstance(state, list):

@@ -143,10 +143,12 @@ def test_a_strategy_that_writes_with_a_collective_refuses_it(tmp_path):
 
 
 def test_a_copy_of_the_state_shares_what_the_state_shares():
-    """Tied weights (one tensor under two names) stay one tensor in the copy; the copy is
-    the CPU's and changes to the originals do not reach it."""
+    """Tied weights (one storage under two names, as two detached tensors the way
+    ``state_dict`` gives them) stay one tensor in the copy; the copy is the CPU's and changes
+    to the originals do not reach it."""
     weight = torch.ones(3, requires_grad=True)
-    state = {"model": {"embed": weight, "head": weight}, "steps": [torch.zeros(2), 7], "rng": (torch.ones(1), "x")}
+    state = {"model": {"embed": weight.detach(), "head": weight.detach()}, "steps": [torch.zeros(2), 7],
+             "rng": (torch.ones(1), "x")}  # fmt: skip
     copied = copy_state(state)
     assert copied["model"]["embed"] is copied["model"]["head"]
     with torch.no_grad():
