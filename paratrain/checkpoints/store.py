@@ -3,6 +3,7 @@ them one checkpoint, and reading them back checked (the format: docs/reliability
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import json
@@ -41,14 +42,25 @@ class CheckpointStore:
 
     # ----- writing ----------------------------------------------------------------------------
     def write_part(self, step: int, part: str, state: dict[str, Any]) -> Path:
-        folder = self.folder(step)
-        self._makedirs(folder)
-        path = folder / f"{part}.pt"
+        """Write one part of checkpoint ``step``, its SHA-256 noted beside it for the commit."""
+        return self._write_state(self.folder(step) / f"{part}.pt", state, noted=True)
+
+    def write_extra(self, step: int, name: str, state: dict[str, Any]) -> Path:
+        """Write a file beside the parts of checkpoint ``step``, outside its manifest (``read_extra``)."""
+        return self._write_state(self.folder(step) / f"{name}.pt", state, noted=False)
+
+    def _write_state(self, path: Path, state: dict[str, Any], noted: bool) -> Path:
+        self._makedirs(path.parent)
         with span("checkpoint"):
             # Serialised first: a failing write (a full disk) then reports the system's reason.
             buffer = io.BytesIO()
             torch.save(state, buffer)
-            self._write_atomic(path, lambda handle: handle.write(buffer.getbuffer()))
+            data = buffer.getbuffer()
+            note = None
+            if noted:  # hashed here, from memory, so that the commit need not read the file
+                digest = hashlib.sha256(data).hexdigest()
+                note = functools.partial(_note_digest, path, digest)
+            self._write_atomic(path, lambda handle: handle.write(data), note)
         return path
 
     def commit(self, step: int, parts: list[str], meta: dict[str, Any], timeout: float) -> Path:
@@ -64,7 +76,7 @@ class CheckpointStore:
             raise RuntimeError(
                 f"checkpoint {folder}: the part of {', '.join(missing)} did not arrive within {timeout:g} s"
             )
-        files = {p: _describe_file(part_path(folder, p)) for p in parts}
+        files = {p: _described(folder, p) for p in parts}
         manifest = {
             "format": FORMAT,
             "version": FORMAT_VERSION,
@@ -75,6 +87,8 @@ class CheckpointStore:
         }
         text = json.dumps(manifest, indent=2).encode()
         self._write_atomic(folder / MANIFEST, lambda handle: handle.write(text))
+        for part in parts:
+            digest_path(part_path(folder, part)).unlink(missing_ok=True)
         self.prune()
         return folder
 
@@ -123,7 +137,11 @@ class CheckpointStore:
         except OSError as error:
             raise ConfigError(f"checkpoint directory {folder}: {error.strerror}") from None
 
-    def _write_atomic(self, path: Path, write: Callable[[Any], Any]) -> None:
+    def _write_atomic(
+        self, path: Path, write: Callable[[Any], Any], written: Callable[[os.stat_result], None] | None = None
+    ) -> None:
+        """``write`` to a temporary file beside ``path``, synced, then renamed to ``path``;
+        ``written`` is handed the synced file's status before the rename."""
         tmp = None
         try:
             fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
@@ -131,6 +149,8 @@ class CheckpointStore:
                 write(handle)
                 handle.flush()
                 os.fsync(handle.fileno())
+                if written is not None:
+                    written(os.fstat(handle.fileno()))
             os.replace(tmp, path)
             _fsync_folder(path.parent)
         except BaseException as error:
@@ -287,6 +307,36 @@ def part_path(folder: Path, part: str) -> Path:
     """Where part ``part`` lives: ``rank-0`` -> ``rank-0.pt``; a name with a folder in it
     (a mode's own files, ``model/__0_0.distcp``) is that file."""
     return folder / part if "/" in part else folder / f"{part}.pt"
+
+
+def digest_path(path: Path) -> Path:
+    """Where the writer of the file at ``path`` notes its SHA-256 for the commit."""
+    return path.with_name(f".{path.name}.sha256")
+
+
+def _note_digest(path: Path, digest: str, written: os.stat_result) -> None:
+    """Note ``digest``, the SHA-256 of the file about to be renamed to ``path``, with what
+    tells that file apart (inode, size, modification time: a rename keeps them), so that
+    the commit need not read the file again. Written before the rename, so the note is
+    there when the file is; not synced: the manifest is what a crash must find whole."""
+    note = {"sha256": digest, "file": [written.st_ino, written.st_size, written.st_mtime_ns]}
+    tmp = digest_path(path).with_name(f"{digest_path(path).name}.{os.getpid()}")
+    tmp.write_text(json.dumps(note))
+    os.replace(tmp, digest_path(path))
+
+
+def _described(folder: Path, part: str) -> dict[str, Any]:
+    """A part's size and SHA-256 for the manifest: from its writer's note where the note is
+    of this very file, else read from the file (a mode's own files, a part put there by hand)."""
+    path = part_path(folder, part)
+    found = path.stat()
+    try:
+        note = json.loads(digest_path(path).read_text())
+        if note["file"] == [found.st_ino, found.st_size, found.st_mtime_ns]:
+            return {"bytes": found.st_size, "sha256": note["sha256"]}
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return _describe_file(path)
 
 
 def _describe_file(path: Path) -> dict[str, Any]:

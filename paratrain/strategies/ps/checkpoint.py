@@ -150,5 +150,5 @@ class WorkerState:
         if not marks:
             return
         for mark in marks:
-            self.files.store.write_part(mark, self.name, state)
+            self.files.store.write_extra(mark, self.name, state)
         self.files.last_saved = version
