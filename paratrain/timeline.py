@@ -14,7 +14,8 @@ monotonic ``perf_counter_ns`` offset), so tracks of processes on one machine lin
 exactly; across machines they line up as well as the machines' clocks (NTP) do.
 
 Tracks: thread ``compute`` (tid 0) for the step's phases, thread ``comm`` (tid 1) for
-communication that overlaps them (DDP's bucket all-reduces, timed by a comm hook).
+communication that overlaps them (DDP's bucket all-reduces, timed by a comm hook), thread
+``io`` (tid 2) for checkpoints written off the training thread (``--checkpoint-async``).
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ from typing import Any
 COMPUTE_SPANS = ("data", "forward", "backward", "optimizer", "evaluate", "checkpoint")
 COMM_SPANS = ("allreduce", "pull", "push", "synchronize")  # pull: a worker waiting for the shards' reply
 
-COMPUTE, COMM = 0, 1  # thread ids within a rank's track
+COMPUTE, COMM, IO = 0, 1, 2  # thread ids within a rank's track
+TRACKS = {COMPUTE: "compute", COMM: "comm", IO: "io"}
 
 
 class Recorder:
@@ -56,7 +58,7 @@ class Recorder:
             "dur": max(end_us - start_us, 0.0),
             "pid": self.rank,
             "tid": tid,
-            "cat": "comm" if tid == COMM else "compute",
+            "cat": TRACKS[tid],
         }
         if args:
             event["args"] = args
@@ -75,9 +77,9 @@ class Recorder:
         return [
             {"name": "process_name", "ph": "M", "pid": self.rank, "args": {"name": f"rank {self.rank} ({self.name})"}},
             {"name": "process_sort_index", "ph": "M", "pid": self.rank, "args": {"sort_index": self.rank}},
-            {"name": "thread_name", "ph": "M", "pid": self.rank, "tid": COMPUTE, "args": {"name": "compute"}},
-            {"name": "thread_name", "ph": "M", "pid": self.rank, "tid": COMM, "args": {"name": "comm"}},
-        ]
+            *({"name": "thread_name", "ph": "M", "pid": self.rank, "tid": tid, "args": {"name": name}}
+              for tid, name in TRACKS.items()),
+        ]  # fmt: skip
 
     def write_part(self, path: str | os.PathLike) -> Path:
         """Write this process's events to ``parts_dir(path)/rank-N.json`` (atomically)."""

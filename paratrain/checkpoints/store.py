@@ -11,6 +11,7 @@ import os
 import pickle
 import shutil
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -19,7 +20,7 @@ from typing import Any
 import torch
 
 from paratrain.errors import ConfigError
-from paratrain.timeline import span
+from paratrain.timeline import COMPUTE, IO, span
 
 FORMAT = "paratrain-checkpoint"
 FORMAT_VERSION = 2
@@ -51,7 +52,9 @@ class CheckpointStore:
 
     def _write_state(self, path: Path, state: dict[str, Any], noted: bool) -> Path:
         self._makedirs(path.parent)
-        with span("checkpoint"):
+        # On the training thread a save is one of its phases; from a thread of its own
+        # (--checkpoint-async) it overlaps them: on the io track.
+        with span("checkpoint", COMPUTE if threading.current_thread() is threading.main_thread() else IO):
             # Serialised first: a failing write (a full disk) then reports the system's reason.
             buffer = io.BytesIO()
             torch.save(state, buffer)

@@ -157,3 +157,22 @@ def test_a_copy_of_the_state_shares_what_the_state_shares():
     assert torch.equal(copied["model"]["embed"], torch.ones(3)) and not copied["model"]["embed"].requires_grad
     assert torch.equal(copied["steps"][0], torch.zeros(2)) and copied["steps"][1] == 7
     assert isinstance(copied["rng"], tuple) and copied["rng"][1] == "x"
+
+
+def test_a_background_save_is_on_the_timelines_io_track(tmp_path):
+    """With a timeline on, a save written from its thread is an ``io`` span that overlaps the
+    training thread's; one written on the training thread stays one of its ``compute`` phases."""
+    from paratrain import timeline
+
+    tracks = {}
+    for asynchronous in (True, False):
+        trainer, splits = _trainer()
+        recorder = timeline.start(0, "worker 0")
+        try:
+            _fit(trainer, splits, Checkpoint(tmp_path / str(asynchronous), every_steps=10, asynchronous=asynchronous))
+        finally:
+            timeline.stop()
+        tracks[asynchronous] = [e["tid"] for e in recorder.events if e["name"] == "checkpoint"]
+        names = {m["tid"]: m["args"]["name"] for m in recorder.metadata() if m["name"] == "thread_name"}
+        assert names == {timeline.COMPUTE: "compute", timeline.COMM: "comm", timeline.IO: "io"}
+    assert tracks == {True: [timeline.IO] * 5, False: [timeline.COMPUTE] * 5}
