@@ -236,8 +236,7 @@ class ShardedBatches:
     def transform_generator(self, batch: int) -> torch.Generator:
         """The generator of one batch's random transforms, seeded by (seed, epoch, rank,
         batch): a run that resumes mid-epoch draws exactly what it would have drawn."""
-        state = np.random.SeedSequence([self.seed, self.epoch, self.rank, batch]).generate_state(2)
-        return torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
+        return _seeded(self.seed, self.epoch, self.rank, batch)
 
     def __iter__(self) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
         tensors = isinstance(self.dataset, TensorDataset) and self.collate_fn is None
@@ -306,6 +305,11 @@ class ShardedBatches:
             num_workers=self.num_workers,
             collate_fn=self.collate_fn,
             pin_memory=self.device.type == "cuda",
+            # A loader draws its workers' base seed as it starts, from the process's global
+            # generator unless given one: the draw would move the generator a model's dropout
+            # uses, one more time in a run resumed mid-epoch or at an epoch's end than in the
+            # run never stopped, so the resumed run would not go on exactly.
+            generator=_seeded(self.seed, self.epoch, self.rank, self.start, LOADER_SEED),
         )
         for item in loader:
             inputs, targets = as_pair(item, f"{type(self.dataset).__name__} (collated)")
@@ -324,6 +328,16 @@ class ShardedBatches:
         else:
             pairs = batches_at(self.dataset, (place for place, _ in numbered), where)  # type: ignore[arg-type]
         return ((to_device(x, self.device, True), to_device(y, self.device, True)) for x, y in pairs)
+
+
+#: The fifth word of a loader's seed (``_seeded``): a transform's has four.
+LOADER_SEED = 2**32 - 1
+
+
+def _seeded(*words: int) -> torch.Generator:
+    """A generator seeded by ``words`` (non-negative integers) through NumPy's SeedSequence."""
+    state = np.random.SeedSequence(list(words)).generate_state(2)
+    return torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
 
 
 class _LazySampler:

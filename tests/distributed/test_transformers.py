@@ -207,6 +207,32 @@ def test_a_gpt2_and_its_dataset_train_from_the_command_line(cli, tmp_path):
     assert metrics["global_steps"] == 4 * 64 // 16 and metrics["test_loss"] < 2.5
 
 
+@pytest.mark.parametrize("way", ["", "--checkpoint-async"], ids=["saved", "saved in the background"])
+def test_a_gpt2_with_dropout_resumes_exactly_from_the_command_line(cli, tmp_path, way):
+    """allreduce on 2 workers with AdamW (GPT-2's dropout on, its data a datasets.Dataset read
+    through a DataLoader) saves every 2 steps; a run resumed from the last checkpoint for 2
+    more epochs ends with the test loss of one never stopped, and the saved part holds the
+    tied embedding once (one storage for wte and lm_head)."""
+    (tmp_path / "hfgpt.py").write_text(PROJECT)
+    flags = ["--model", "hfgpt:model", "--dataset", "hfgpt:data", "--loss", "model", "--metrics", "",
+             "--optimizer", "adamw", "--lr", "0.01", "--batch-size", "8", "--no-progress",
+             "--strategy", "allreduce", "--workers", "2"]  # fmt: skip
+    saves = ["--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-every", "2", *([way] if way else [])]
+    losses = {}
+    for name, extra in [("whole", ["--epochs", "4"]), ("first half", ["--epochs", "2", *saves]),
+                        ("resumed", ["--epochs", "4", *saves, "--resume"])]:  # fmt: skip
+        out = tmp_path / f"{name}.json"
+        result = cli("train", *flags, *extra, "--metrics-out", str(out), cwd=tmp_path)
+        assert result.returncode == 0, result.stderr[-3000:]
+        losses[name] = json.loads(out.read_text())["test_loss"]
+        if name == "first half":
+            part = torch.load(tmp_path / "ckpt" / "ckpt-000000008" / "rank-0.pt", weights_only=True)
+            wte, head = part["model"]["transformer.wte.weight"], part["model"]["lm_head.weight"]
+            assert wte.untyped_storage().data_ptr() == head.untyped_storage().data_ptr()
+    assert "resumed from" in result.stdout + result.stderr
+    assert losses["resumed"] == pytest.approx(losses["whole"], rel=1e-6), losses
+
+
 @pytest.mark.parametrize(
     "flags, processes",
     [(["--strategy", "fsdp"], 2), (["--strategy", "ps-sync"], 3),
