@@ -335,8 +335,9 @@ LOADER_SEED = 2**32 - 1
 
 
 def _seeded(*words: int) -> torch.Generator:
-    """A generator seeded by ``words`` (non-negative integers) through NumPy's SeedSequence."""
-    state = np.random.SeedSequence(list(words)).generate_state(2)
+    """A generator seeded by ``words`` through NumPy's SeedSequence (which takes no negative
+    word: a negative seed counts as its two's complement)."""
+    state = np.random.SeedSequence([w if w >= 0 else w % 2**64 for w in words]).generate_state(2)
     return torch.Generator().manual_seed(int(state[0]) << 32 | int(state[1]))
 
 
