@@ -108,18 +108,19 @@ def train(
     cluster: list[str] | None = None,
 ) -> dict:
     """One run (``longer`` times the model's epochs; with ``cluster``, its faults, on
-    emulated hosts); its step lines and stderr lines with their arrival times, its metrics."""
+    emulated hosts); its step lines and stderr lines with their arrival times, its metrics.
+    ``X (plain)``: the command of ``X (restart)`` without its checkpoints."""
     flags, epochs, _, every = MODELS[model]
     epochs *= longer
-    checkpoints = (
-        []
-        if strategy.endswith("-ft")  # recovers from live peers
-        else ["--checkpoint-dir", str(folder / "ckpt"), "--checkpoint-every", str(every)]
+    checkpoints = (  # -ft: recovers from live peers; (plain): the run a user who meets no fault makes
+        ["--checkpoint-dir", str(folder / "ckpt"), "--checkpoint-every", str(every)]
+        if strategy.endswith(" (restart)")
+        else []
     )
     launcher = (
         cluster_command(strategy, folder, cluster) if cluster is not None else [sys.executable, "-m", "paratrain"]
     )
-    command = [*launcher, "train", *STRATEGIES[strategy], *flags, "--epochs", str(epochs),
+    command = [*launcher, "train", *STRATEGIES[strategy.replace(" (plain)", " (restart)")], *flags, "--epochs", str(epochs),
                "--log-every", "1", "--progress", "--metrics-out", str(folder / "m.json"), *checkpoints, *extra]  # fmt: skip
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "PARATRAIN_THREADS_PER_WORKER": "1"}
     began, cpu_before = time.monotonic(), cpu_times()
