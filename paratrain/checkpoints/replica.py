@@ -6,6 +6,9 @@ compose it into its own (strategies/fault_tolerant/checkpoint.py)."""
 
 from __future__ import annotations
 
+import datetime
+import functools
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +17,10 @@ from paratrain.checkpoints.signature import check_signature
 from paratrain.checkpoints.store import CheckpointStore
 from paratrain.console import console
 from paratrain.errors import ConfigError
+
+#: What the chief commits: the parts its topology names (the model's own files are added
+#: once written) and the manifest's description of the run.
+Commit = tuple[list[str], dict[str, Any]] | None
 
 
 class ReplicaState:
@@ -26,6 +33,7 @@ class ReplicaState:
         rank = self.strategy.process_rank
         self.part = self.strategy.topology.checkpoint_part(rank)
         self.model_part = self.strategy.topology.model_part(rank)
+        self._group: Any = None  # background sharded saves' own process group (_save_group)
 
     def at_step(self, step: int) -> None:
         """Write this process's part of step ``step``; on the chief, commit the checkpoint.
@@ -40,13 +48,17 @@ class ReplicaState:
         folder = store.folder(step)
         store._makedirs(folder)
         files = strategy.model_files
-        own_files = files.save_model(trainer.module, trainer.optimizer, folder) if files is not None else None
-        if own_files is None and self.model_part == self.part:
+        background = self.files.asynchronous
+        own_files: Callable[[], list[str]] = list  # the model's own files' names, once written
+        if files is not None and background:  # copied now, written by DCP's thread
+            own_files = files.start_save(trainer.module, trainer.optimizer, folder, self._save_group())
+        elif files is not None:
+            own_files = functools.partial(list, files.save_model(trainer.module, trainer.optimizer, folder))
+        elif self.model_part == self.part:
             state["model"] = trainer.module.state_dict()
             state["optimizer"] = trainer.optimizer.state_dict()
         commit = None
         if strategy.is_chief:
-            parts = strategy.topology.checkpoint_parts() + (own_files or [])
             # The replicas beside the processes: where a replica is several processes
             # (tensor), a resume on another layout carries the data position by replicas.
             meta = {
@@ -55,26 +67,39 @@ class ReplicaState:
                 "processes": strategy.topology.num_processes,
                 "batches_per_step": strategy.topology.batches_per_step,
             }
-            commit = (parts, meta)
+            commit = (strategy.topology.checkpoint_parts(), meta)
         self.files.last_saved = step
-        if self.files.asynchronous and own_files is None:
+        if background:
             copied = copy_state(state)
-            self.files.in_background(lambda: self._write_unless_moot(step, copied, commit))
+            self.files.in_background(lambda: self._write_unless_moot(step, copied, commit, own_files))
         else:
-            self._write(step, state, commit)
+            self._write(step, state, commit, own_files)
 
-    def _write(self, step: int, state: dict[str, Any], commit: tuple[list[str], dict[str, Any]] | None) -> None:
+    def _write(self, step: int, state: dict[str, Any], commit: Commit, own_files: Callable[[], list[str]]) -> None:
         store = self.files.store
         store.write_part(step, self.part, state)
+        written = own_files()  # every process's model files, where the strategy writes its own
         if commit is not None:
-            store.commit(step, *commit, self.files.timeout)
+            parts, meta = commit
+            store.commit(step, parts + written, meta, self.files.timeout)
 
-    def _write_unless_moot(self, step: int, state: dict[str, Any], commit: Any) -> None:
+    def _save_group(self) -> Any:
+        """The Gloo group of the run's processes that background sharded saves plan over,
+        made at the first (every process saves at the same steps)."""
+        if self._group is None:
+            import torch.distributed as dist
+
+            self._group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=self.files.timeout))
+        return self._group
+
+    def _write_unless_moot(
+        self, step: int, state: dict[str, Any], commit: Commit, own_files: Callable[[], list[str]]
+    ) -> None:
         """A save on a thread: its failure is moot where a later checkpoint is complete
         already (a fault-tolerant run's next save, by another replica, removed this one's
         unfinished folder), and raised at the next save otherwise."""
         try:
-            self._write(step, state, commit)
+            self._write(step, state, commit, own_files)
         except (ConfigError, RuntimeError):
             complete = self.files.store.complete()
             if not complete or complete[0][0] <= step:

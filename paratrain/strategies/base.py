@@ -65,8 +65,8 @@ class Strategy:
     takes_channels_last: ClassVar[bool] = True
     """Whether parameters may be in channels-last memory order (FSDP2 shards only contiguous ones)."""
     checkpoints_in_background: ClassVar[bool] = True
-    """Whether a process's checkpoint part can be written from a thread (``--checkpoint-async``):
-    not where the model is written with a collective (``model_files``) or by shards that serve."""
+    """Whether a process's checkpoint part can be written from a thread (``--checkpoint-async``;
+    a model in files of its own through ``model_files.start_save``): not by shards that serve."""
 
     def __init__(self, device: str = "auto", timeout: float = DEFAULT_TIMEOUT_S, workers: int | None = None):
         if workers is not None and (not isinstance(workers, int) or workers < 1):

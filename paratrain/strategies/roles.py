@@ -62,5 +62,12 @@ class ModelFiles(Protocol):
         """Write the model and optimizer into checkpoint ``folder`` (every process calls it);
         the files written, relative to ``folder``."""
 
+    def start_save(
+        self, module: nn.Module, optimizer: torch.optim.Optimizer, folder: Path, group: Any
+    ) -> Callable[[], list[str]]:
+        """``save_model`` from a copy taken now, written while training goes on, planned over
+        ``group`` (``--checkpoint-async``, where ``checkpoints_in_background``); what waits
+        for the write and names its files."""
+
     def load_model(self, module: nn.Module, optimizer: torch.optim.Optimizer, folder: Path) -> None:
         """Read back what ``save_model`` wrote into ``folder`` (every process calls it)."""

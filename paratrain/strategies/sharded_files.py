@@ -2,7 +2,8 @@
 splits), written into a checkpoint through ``torch.distributed.checkpoint``: every process
 writes its own part (``model/`` in the checkpoint folder, each file in the manifest), so
 that no process ever holds the whole state, and a checkpoint loads into another layout
-(DCP reshards on load). The ``model_files`` role of strategies/roles.py.
+(DCP reshards on load); with ``--checkpoint-async``, from a copy in host memory while
+training goes on (DCP's ``async_save``). The ``model_files`` role of strategies/roles.py.
 
 DCP writes each process's part as a block of the whole tensor; a part that is not one
 (a packed projection split by tensor parallelism: its slice of each projection, a
@@ -11,6 +12,7 @@ when read back."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +38,28 @@ class ShardedModelFiles:
         target = folder / SHARDS
         dcp.save(_contiguous({"model": model_state, "optimizer": optimizer_state}), checkpoint_id=target)
         return sorted(f"{SHARDS}/{path.name}" for path in target.iterdir() if path.is_file())
+
+    def start_save(
+        self, module: nn.Module, optimizer: torch.optim.Optimizer, folder: Path, group: Any
+    ) -> Callable[[], list[str]]:
+        """``save_model`` in the background (``--checkpoint-async``): this process's part is
+        copied to host memory now, and written from a thread of DCP's while training goes on,
+        its planning collectives over ``group`` (a Gloo group of the run's processes of its
+        own, so that they never meet training's collectives). Returns what waits for the
+        write to end everywhere and names the files, as ``save_model`` does."""
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        model_state, optimizer_state = get_state_dict(module, optimizer)
+        target = folder / SHARDS
+        state = _contiguous({"model": model_state, "optimizer": optimizer_state})
+        written = dcp.async_save(state, checkpoint_id=target, process_group=group)
+
+        def files() -> list[str]:
+            written.result()  # raises what the write raised
+            return sorted(f"{SHARDS}/{path.name}" for path in target.iterdir() if path.is_file())
+
+        return files
 
     def load_model(self, module: nn.Module, optimizer: torch.optim.Optimizer, folder: Path) -> None:
         """Read the model and optimizer of ``folder`` into this run's layout (a collective)."""

@@ -59,9 +59,9 @@ class Checkpoint(Callback):
 
     ``asynchronous``: each save copies the process's state (in host memory) and writes it
     and commits from a thread while training goes on; the next save, a stop at a signal
-    and the end of training wait for it. Not for strategies that write the model with a
-    collective (fsdp's and tensor parallelism's sharded files) or a parameter server's
-    shards (which commit in the background always).
+    and the end of training wait for it; fsdp's and tensor parallelism's sharded files are
+    written by DCP's ``async_save`` over a Gloo group of their own. Not for a parameter
+    server's shards (which commit in the background always) or fsdp-ft.
     """
 
     def __init__(
@@ -112,8 +112,8 @@ class Checkpoint(Callback):
     def on_train_begin(self, logs: dict[str, Any]) -> None:
         if self.asynchronous and not self.strategy.checkpoints_in_background:
             raise ConfigError(
-                f"Checkpoint(asynchronous=True): {self.strategy.name} writes its checkpoints with a collective "
-                "or from its shards; save synchronously (asynchronous=False)"
+                f"Checkpoint(asynchronous=True): {self.strategy.name} writes its checkpoints from its shards "
+                "or its quorum's first replica; save synchronously (asynchronous=False)"
             )
         if self.strategy.is_chief:
             self.store._makedirs(self.store.root)

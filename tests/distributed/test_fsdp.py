@@ -196,21 +196,26 @@ def _run(cli, tmp_path, name, *args):
     return json.loads(out.read_text()), result
 
 
-def test_sharded_checkpoints_resume_exactly_and_on_another_number_of_processes(cli, tmp_path):
+@pytest.mark.parametrize("saving", [[], ["--checkpoint-async"]], ids=["saved", "saved in the background"])
+def test_sharded_checkpoints_resume_exactly_and_on_another_number_of_processes(cli, tmp_path, saving):
+    """In the background (``--checkpoint-async``: DCP's async_save over a Gloo group of its
+    own, every 10 steps while training goes on) as on the training thread."""
     ckpt = tmp_path / "ckpt"
     whole, _ = _run(cli, tmp_path, "whole", "--workers", "2", "--epochs", "4", "--compression", "bf16")
     assert whole["test_accuracy"] >= 0.9
     first, _ = _run(cli, tmp_path, "first", "--workers", "2", "--epochs", "2", "--compression", "bf16",
-                    "--checkpoint-dir", str(ckpt), "--checkpoint-every", "10")  # fmt: skip
+                    "--checkpoint-dir", str(ckpt), "--checkpoint-every", "10", *saving)  # fmt: skip
+    for folder in sorted(ckpt.glob("ckpt-*")):  # every checkpoint kept names every shard's file
+        manifest = json.loads((folder / "manifest.json").read_text())
+        shard_files = sorted(name for name in manifest["parts"] if name.startswith("model/"))
+        assert shard_files == ["model/.metadata", "model/__0_0.distcp", "model/__1_0.distcp"], folder.name
+    assert [p.name for p in sorted(ckpt.glob("ckpt-*"))][-1] == "ckpt-000000044"
     folder = ckpt / "ckpt-000000044"
-    manifest = json.loads((folder / "manifest.json").read_text())
-    shard_files = sorted(name for name in manifest["parts"] if name.startswith("model/"))
-    assert shard_files == ["model/.metadata", "model/__0_0.distcp", "model/__1_0.distcp"]
     assert "model" not in torch.load(folder / "rank-0.pt", weights_only=True)  # no process held it whole
     shutil.copytree(ckpt, tmp_path / "copy")
     # The same number of processes: exactly the uninterrupted run.
     second, _ = _run(cli, tmp_path, "second", "--workers", "2", "--epochs", "4", "--compression", "bf16",
-                     "--checkpoint-dir", str(ckpt), "--resume")  # fmt: skip
+                     "--checkpoint-dir", str(ckpt), "--resume", *saving)  # fmt: skip
     assert second["resumed_from_step"] == 44
     assert second["test_loss"] == pytest.approx(whole["test_loss"], rel=1e-6)
     # Three processes read the two shards: nothing left to train, the same model evaluated.

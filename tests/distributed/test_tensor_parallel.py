@@ -224,19 +224,22 @@ def test_options_of_tensor_parallelism_are_refused_by_other_strategies(cli):
 
 @PACKED_TP
 @pytest.mark.parametrize(
-    ("before", "after"),
+    ("before", "after", "saving"),
     [
         (["--workers", "2", "--tensor-parallel", "2", "--batch-size", "8"],
-         ["--workers", "1", "--tensor-parallel", "1", "--batch-size", "8"]),
+         ["--workers", "1", "--tensor-parallel", "1", "--batch-size", "8"], []),
         (["--workers", "4", "--tensor-parallel", "2", "--batch-size", "4"],
-         ["--workers", "2", "--tensor-parallel", "2", "--batch-size", "8"]),
+         ["--workers", "2", "--tensor-parallel", "2", "--batch-size", "8"], []),
+        (["--workers", "2", "--tensor-parallel", "2", "--batch-size", "8"],
+         ["--workers", "1", "--tensor-parallel", "1", "--batch-size", "8"], ["--checkpoint-async", "--checkpoint-every", "3"]),
     ],
-    ids=["2-way-then-whole", "2x2-mesh-then-2-way"],
+    ids=["2-way-then-whole", "2x2-mesh-then-2-way", "2-way-saved-in-the-background-then-whole"],
 )  # fmt: skip
-def test_a_checkpoint_resumes_on_another_degree_and_mesh_as_the_run_never_stopped(cli, tmp_path, before, after):
+def test_a_checkpoint_resumes_on_another_degree_and_mesh_as_the_run_never_stopped(cli, tmp_path, before, after, saving):
     """Two epochs split as ``before``, then two more from its checkpoint split as ``after``
     (the same global batch): the test loss of the run that never stopped, to the rounding of
-    the sums (SGD). DCP reads the model and optimizer into the other layout; the packed
+    the sums (SGD). ``saving``: the split run saves in the background every 3 steps while it
+    trains (DCP's async_save). DCP reads the model and optimizer into the other layout; the packed
     query-key-value, written as contiguous shards, comes back as the slices of each
     projection; the data position goes on by replicas. No dropout: the processes of a split
     layer draw its dropout masks from other streams than one process does."""
@@ -248,7 +251,7 @@ def test_a_checkpoint_resumes_on_another_degree_and_mesh_as_the_run_never_stoppe
     straight = tmp_path / "straight.json"
     result = cli(*common, *before, "--epochs", "4", "--metrics-out", str(straight), cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
-    result = cli(*common, *before, "--epochs", "2", "--checkpoint-dir", "ck", cwd=tmp_path)
+    result = cli(*common, *before, "--epochs", "2", "--checkpoint-dir", "ck", *saving, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     resumed = tmp_path / "resumed.json"
     result = cli(*common, *after, "--epochs", "4", "--checkpoint-dir", "ck", "--resume", "--metrics-out", str(resumed),

@@ -142,6 +142,9 @@ class FaultTolerantFSDPStrategy(FSDPStrategy):
     name = "fsdp-ft"
     scales_loss = False  # replicas must agree on every commit
     reshards = True
+    # the step's first replica writes the sharded model; its shards' save group would be made
+    # by whichever replica is first when it saves (not yet done)
+    checkpoints_in_background = False
 
     def __init__(
         self,

@@ -64,7 +64,6 @@ class FSDPStrategy(ReplicaStrategy):
     takes_channels_last = False
     compiles = False
     reshards: ClassVar[bool] = True
-    checkpoints_in_background = False  # the sharded model is written with a collective (DCP)
 
     def __init__(
         self,

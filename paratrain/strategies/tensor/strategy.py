@@ -70,7 +70,6 @@ class TensorParallelStrategy(Strategy):
     scaler_missing = "tensor's split gradients do not have here"
     compiles = takes_channels_last = False  # DTensor parameters: neither compiled nor in channels-last order
     reshards = True  # DCP loads the model into another degree or mesh
-    checkpoints_in_background = False  # the split model is written with a collective (DCP)
 
     def __init__(
         self,
