@@ -167,9 +167,30 @@ def _alive(pid: int) -> bool:
 
 
 def exit_now(code: int) -> None:
+    """End the process at once (no interpreter finalization), output flushed and the
+    named semaphores it made released (``release_semaphores``)."""
+    release_semaphores()
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(code)
+
+
+def release_semaphores() -> None:
+    """Unlink the named semaphores this process made, as multiprocessing's exit handler
+    would, which ``os._exit`` skips: a library's lock (tqdm's, which ``datasets`` makes in
+    every process that formats a batch as tensors) would else be counted by the resource
+    tracker, which warns of "leaked semaphore objects" when the run ends. Only their own
+    finalizers run (no other exit handler: a pool's or a manager's could wait)."""
+    from multiprocessing import synchronize, util
+
+    cleanup = getattr(synchronize.SemLock, "_cleanup", None)
+    registry = getattr(util, "_finalizer_registry", {})
+    for finalizer in list(registry.values()):
+        if cleanup is not None and getattr(finalizer, "_callback", None) is cleanup:
+            try:
+                finalizer()
+            except OSError:  # unlinked already
+                pass
 
 
 def record_error(message: str, callstack: str, exit_code: int, ends_run: bool = False) -> None:
