@@ -14,9 +14,7 @@ keep to their links). On x86-64 only: its stores become visible to the other pro
 the order they were made, which the barriers below rely on (no fence is issued from Python).
 
 The barriers spin on one counter per process (a cache line each) and yield the processor
-while they wait, so that a process waiting on its peer gives the core to it; past 2 ms of
-waiting (a peer still computing) they sleep between polls, up to 0.5 ms, so that a long
-wait takes no time from a core the peer shares. A peer that
+while they wait, so that a process waiting on its peer gives the core to it. A peer that
 has exited or was killed is named within milliseconds (the waiting process looks at it in
 /proc every 5 ms, by the pid and start time it gave when the buffer was made), as a closed socket
 fails a Gloo collective at once: the launcher can then restart the run without waiting on
@@ -61,14 +59,6 @@ SPIN = 64
 """Polls of the counters before a waiting process starts to yield its core."""
 LOOK_S = 0.005
 """Seconds between two looks of a waiting process at the peers it waits on (/proc, the clock)."""
-BUSY_S = 0.002
-"""Seconds a waiting process spins and yields before it sleeps between polls: a wait longer
-than this is a peer still computing (local SGD's replicas arrive at a synchronization steps
-apart), and a spinning process would take the time of a core its peer may share (two
-hardware threads of one core)."""
-NAP_S = (5e-5, 5e-4)
-"""The first and the longest sleep between two polls past ``BUSY_S`` (doubling): a sum that
-waited that long is late by at most the longest."""
 
 
 def host_identity() -> tuple[str, ...]:
@@ -191,19 +181,12 @@ class SharedMemoryAllReduce:
         self.arrivals += 1
         self.counters[self.rank].fill_(self.arrivals)
         polls, deadline, looked = 0, None, time.monotonic()  # the first look after LOOK_S of waiting
-        began, nap = looked, 0.0
         while int(self.counters.min()) < self.arrivals:
             polls += 1
             if polls < SPIN:
                 continue
-            if nap:
-                time.sleep(nap)
-                nap = min(2 * nap, NAP_S[1])
-            else:
-                os.sched_yield()  # on a busy machine a yield can take a time slice: look by the clock
-            if polls % 64 == 0 and not nap and time.monotonic() - began >= BUSY_S:
-                nap = NAP_S[0]
-            if (nap or polls % 64 == 0) and (now := time.monotonic()) - looked >= LOOK_S:
+            os.sched_yield()  # on a busy machine a yield can take a time slice: look by the clock
+            if polls % 64 == 0 and (now := time.monotonic()) - looked >= LOOK_S:
                 looked = now
                 deadline = deadline or now + self.timeout
                 behind = [r for r, c in enumerate(self.counters.tolist()) if c < self.arrivals]
