@@ -9,8 +9,7 @@ as ``comm/hooks.py``'s AllGatherHook does for DDP buckets.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Sequence
-from typing import Any
+from collections.abc import Hashable, Sequence
 
 import torch
 import torch.distributed as dist
@@ -39,25 +38,17 @@ def unpack(data: torch.Tensor, offset: int, layout: Layout) -> tuple[Payload, in
 
 
 def average(
-    tensors: Sequence[torch.Tensor],
-    codec: Codec,
-    keys: Sequence[Hashable],
-    group: dist.ProcessGroup | None = None,
-    summed: Callable[[torch.Tensor], Any] | None = None,
+    tensors: Sequence[torch.Tensor], codec: Codec, keys: Sequence[Hashable], group: dist.ProcessGroup | None = None
 ) -> tuple[list[torch.Tensor], int]:
     """The mean of each of ``tensors`` over the group's processes, as ``codec`` carries it
     (``keys`` name each tensor's stream, for codecs with state), and the bytes this process
-    handed to the collective. ``summed``: sums a summable codec's payload in place over the
-    group instead of ``dist.all_reduce`` (a shared-memory sum, comm/shared_memory.py)."""
+    handed to the collective."""
     world = dist.get_world_size(group)
     if codec.summable:
         # Divided first: the sum of `world` payloads stays in fp16's range.
         coded = [codec.compress(t / world, key) for t, key in zip(tensors, keys)]
         flat = torch.cat([payload[0] for payload, _ in coded])
-        if summed is not None:
-            summed(flat)
-        else:
-            dist.all_reduce(flat, group=group)
+        dist.all_reduce(flat, group=group)
         out, offset = [], 0
         for (payload, ctx), tensor in zip(coded, tensors):
             size = payload[0].numel()

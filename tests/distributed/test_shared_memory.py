@@ -180,9 +180,9 @@ def test_a_process_that_maps_another_file_under_the_name_keeps_gloo_for_all(tmp_
     assert run_distributed(_other_file, str(tmp_path), world_size=2) == [True, True]
 
 
-def _run(cli, tmp_path, workers, *flags, strategy="allreduce"):
-    out = tmp_path / f"m-{strategy}-{workers}-{'-'.join(flags) or 'single'}.json"
-    strategy = ["--strategy", strategy, "--workers", str(workers)] if workers > 1 else []
+def _run(cli, tmp_path, workers, *flags):
+    out = tmp_path / f"m-{workers}-{'-'.join(flags) or 'single'}.json"
+    strategy = ["--strategy", "allreduce", "--workers", str(workers)] if workers > 1 else []
     result = cli("train", *strategy, "--batch-size", str(48 // workers), "--epochs", "2", "--no-progress",
                  "--log-every", "0", "--device", "cpu", "--seed", "4", *flags, "--metrics-out", str(out))  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
@@ -208,21 +208,3 @@ def test_a_run_through_shared_memory_is_gloo_s_on_two_processes_and_single_s_on_
     three, single = _run(cli, tmp_path, 3), _run(cli, tmp_path, 1)
     assert three["allreduce_via"] == "shared memory"
     assert three["test_loss"] == pytest.approx(single["test_loss"], rel=1e-5)
-
-
-@pytest.mark.parametrize("strategy", ["local-sgd", "diloco"])
-def test_local_sgd_and_diloco_synchronize_through_shared_memory_as_over_gloo(cli, tmp_path, strategy):
-    """Their deltas' all-reduce every H steps: on 2 processes Gloo's run to the bit (a sum
-    of two terms has one order), on 3 Gloo's to float32 rounding; --no-shared-memory keeps
-    Gloo, as does a codec whose payloads do not add (int8: all-gathered)."""
-    flags = ("--sync-every", "4")
-    shared = _run(cli, tmp_path, 2, *flags, strategy=strategy)
-    gloo = _run(cli, tmp_path, 2, *flags, "--no-shared-memory", strategy=strategy)
-    assert shared["synchronized_via"] == "shared memory" and gloo["synchronized_via"] == "gloo"
-    assert shared["test_loss"] == gloo["test_loss"]
-    three = _run(cli, tmp_path, 3, *flags, strategy=strategy)
-    three_gloo = _run(cli, tmp_path, 3, *flags, "--no-shared-memory", strategy=strategy)
-    assert three["synchronized_via"] == "shared memory"
-    assert three["test_loss"] == pytest.approx(three_gloo["test_loss"], rel=1e-5)
-    coded = _run(cli, tmp_path, 2, *flags, "--compression", "int8", strategy=strategy)
-    assert coded["synchronized_via"] == "gloo"

@@ -22,18 +22,9 @@ class AllReduceConfig:
 
     shared_memory: bool = option(
         True,
-        "allreduce, local-sgd, diloco and the fault-tolerant strategies on the CPU: processes of one machine sum "
-        "their gradients (local-sgd, diloco: deltas) through shared memory (/dev/shm) instead of Gloo over loopback",
-        strategies=(
-            "allreduce",
-            "local-sgd",
-            "diloco",
-            "allreduce-ft",
-            "pipeline-ft",
-            "fsdp-ft",
-            "local-sgd-ft",
-            "diloco-ft",
-        ),  # fmt: skip
+        "allreduce and the fault-tolerant strategies on the CPU: processes of one machine sum their gradients "
+        "through shared memory (/dev/shm) instead of Gloo over loopback",
+        strategies=("allreduce", "allreduce-ft", "pipeline-ft", "fsdp-ft", "local-sgd-ft", "diloco-ft"),
     )
 
     def __post_init__(self) -> None:

@@ -23,9 +23,7 @@ optimizer, then go on from the new anchor:
 
 Either sends a delta, not a gradient, through the run's codec (``--compression``: fp16 and
 bf16 add payloads in an all-reduce; int8, topk and powersgd all-gather and decode, see
-``comm/average.py``): bytes per step are the model's (or less, coded) divided by H. On the
-CPU, with every process on one machine, a summable codec's all-reduce goes through shared
-memory (``--no-shared-memory``: Gloo), as ``allreduce``'s gradients do.
+``comm/average.py``): bytes per step are the model's (or less, coded) divided by H.
 
 Replicas differ between synchronizations, so each checkpoint holds every replica's own
 model and optimizer (``rank-<i>.pt``), and evaluation scores the shared model (the anchor).
@@ -48,7 +46,6 @@ from paratrain.comm.average import average
 from paratrain.comm.codec_config import as_codec, check_saved_codec
 from paratrain.comm.codecs import Codec
 from paratrain.comm.flat import mean_gradients
-from paratrain.comm.shared_memory import SharedMemoryAllReduce
 from paratrain.strategies.accounting import staleness_summary
 from paratrain.strategies.averaging.anchors import Anchors, fragment_due
 from paratrain.strategies.averaging.config import outer_options, taken_options
@@ -90,13 +87,8 @@ class PeriodicAveragingStrategy(ReplicaStrategy):
         outer_momentum: float | None = None,
         compression: str | Codec = "none",
         workers: int | None = None,
-        shared_memory: bool = True,
     ):
         super().__init__(device=device, timeout=timeout, workers=workers)
-        self.shared_memory = shared_memory
-        """On the CPU, with every process on this machine: synchronize through /dev/shm
-        (comm/shared_memory.py), as allreduce sums its gradients, not Gloo over loopback."""
-        self._shared: SharedMemoryAllReduce | None = None
         self.outer_lr, self.outer_momentum = outer_options(
             self.name, self.outer, outer_lr, outer_momentum,
             sync_every=sync_every, local_after=local_after, fragments=fragments,
@@ -116,12 +108,7 @@ class PeriodicAveragingStrategy(ReplicaStrategy):
 
     @classmethod
     def from_config(cls, config: TrainConfig) -> PeriodicAveragingStrategy:
-        return cls(
-            **process_options(config),
-            compression=config.codec.build(),
-            shared_memory=config.allreduce.shared_memory,
-            **taken_options(config, cls.name),
-        )
+        return cls(**process_options(config), compression=config.codec.build(), **taken_options(config, cls.name))
 
     # ----- model ---------------------------------------------------------------------------------
     def prepare(
@@ -131,8 +118,6 @@ class PeriodicAveragingStrategy(ReplicaStrategy):
         with torch.no_grad():  # every replica starts from rank 0's model
             for tensor in [*model.parameters(), *model.buffers()]:
                 dist.broadcast(tensor.data, src=0)
-        if self.shared_memory and self.codec.summable and self.device.type == "cpu":
-            self._shared = SharedMemoryAllReduce.create(timeout=self.timeout)  # None: not all on this machine
         named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
         self.anchors = Anchors(named, self.fragments, self.outer_lr, self.outer_momentum, self.local_after)
         if self._pending is not None:
@@ -166,8 +151,7 @@ class PeriodicAveragingStrategy(ReplicaStrategy):
         step the anchor with the outer optimizer (``outer=False``: plain averaging), and go
         on from it. Every replica calls it at the same step."""
         with span("synchronize", COMM, fragment=fragment):
-            summed = self._shared.all_reduce_ if self._shared is not None else None
-            means, sent = average(self.anchors.deltas(fragment), self.codec, self.anchors.keys(fragment), summed=summed)
+            means, sent = average(self.anchors.deltas(fragment), self.codec, self.anchors.keys(fragment))
         self._bytes += sent
         self.anchors.step(fragment, means, outer, self.steps_taken)
         self.syncs += 1
@@ -200,7 +184,6 @@ class PeriodicAveragingStrategy(ReplicaStrategy):
             "dropped_gradients": 0,
             "staleness": staleness_summary({0: self._steps * self.num_replicas}),
             "synchronizations": self.syncs,
-            "synchronized_via": "shared memory" if self._shared is not None else dist.get_backend(),
         }
 
     def state_dict(self) -> dict[str, Any]:
