@@ -58,7 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cluster_common import RESULTS, record  # noqa: E402
 from ft_kills import kill_hosts, kill_repeatedly  # noqa: E402
 from ft_rows import pair, processor_lines, spread_words, throughput_line  # noqa: E402
-from ft_sets import PROBE, check_add, length_words, longer_for, merged, row_of  # noqa: E402
+from ft_sets import PROBE, check_add, intervals_of, length_words, longer_for, merged, row_of  # noqa: E402
 from loss_cost import longest_pause  # noqa: E402
 from processor import cpu_name  # noqa: E402
 
@@ -334,10 +334,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.minutes is not None and not args.minutes > 0:
         parser.error(f"--minutes must be > 0, got {args.minutes:g}")
-    seconds, counts = args.every.split(","), args.kills.split(",")
-    if len(seconds) != len(counts):
-        parser.error(f"--every {args.every} and --kills {args.kills}: give one kill count per interval")
-    intervals = list(zip(map(float, seconds), map(int, counts), strict=True))
+    intervals = intervals_of(parser, args.every, args.kills)
     every, kills = intervals[0] if len(intervals) == 1 else ([i[0] for i in intervals], [i[1] for i in intervals])
     args.out = args.out or str(RESULTS / ("ft_cluster" if args.cluster else "ft_recovery"))
     on = (["--cold-spares"] if args.cold_spares else []) if args.cluster else None

@@ -5,12 +5,22 @@ of the day (``--minutes``), which drifts by up to 2x between days."""
 
 from __future__ import annotations
 
+import argparse
 import statistics
 
 #: The run that sizes a strategy's runs for ``--minutes``: this many times the model's epochs.
 PROBE = 8
 #: A pair's fields that say how it was run, not what it measured: never a row's median.
 SETTINGS = ("every", "kills", "longer")
+
+
+def intervals_of(parser: argparse.ArgumentParser, every: str, kills: str) -> list[tuple[float, int]]:
+    """``--every 30,10 --kills 9,27`` as (seconds between kills, kills) per interval; one
+    line and exit 2 (``parser.error``) where the counts differ."""
+    seconds, counts = every.split(","), kills.split(",")
+    if len(seconds) != len(counts):
+        parser.error(f"--every {every} and --kills {kills}: give one kill count per interval")
+    return list(zip(map(float, seconds), map(int, counts), strict=True))
 
 
 def longer_for(minutes: float, seconds: float, training_seconds: float) -> int:

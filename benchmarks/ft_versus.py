@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cluster_common import RESULTS, record  # noqa: E402
 from ft_recovery import MODELS, STRATEGIES, sized, train  # noqa: E402
 from ft_rows import pair, processor_lines, throughput_line  # noqa: E402
-from ft_sets import row_of  # noqa: E402
+from ft_sets import intervals_of, row_of  # noqa: E402
 from processor import cpu_name  # noqa: E402
 
 #: What a set of runs must share with the sets recorded before for ``--add``.
@@ -114,12 +114,9 @@ def main() -> None:
     parser.add_argument("--add", action="store_true", help="the sets join those recorded in --out (same settings)")
     parser.add_argument("--out", default=None, help="results' path less its suffix (default: results/ft_versus_S)")
     args = parser.parse_args()
-    seconds, counts = args.every.split(","), args.kills.split(",")
-    if len(seconds) != len(counts):
-        parser.error(f"--every {args.every} and --kills {args.kills}: give one kill count per interval")
+    intervals = intervals_of(parser, args.every, args.kills)
     if not args.minutes > 0 or args.sets < 1:
         parser.error(f"--minutes must be > 0 and --sets >= 1, got {args.minutes:g} and {args.sets}")
-    intervals = list(zip(map(float, seconds), map(int, counts), strict=True))
     out = Path(args.out or RESULTS / f"ft_versus_{args.strategy.replace('-', '_')}")
     document = {"model": args.model, "strategy": args.strategy, "every": [e for e, _ in intervals],
                 "kills": [k for _, k in intervals], "minutes": args.minutes}  # fmt: skip

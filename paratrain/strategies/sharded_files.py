@@ -32,12 +32,9 @@ class ShardedModelFiles:
         """Every process writes its part of the model and optimizer to ``folder/model/``
         (a collective); returns the files written there, relative to ``folder``."""
         import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_state_dict
 
-        model_state, optimizer_state = get_state_dict(module, optimizer)
-        target = folder / SHARDS
-        dcp.save(_contiguous({"model": model_state, "optimizer": optimizer_state}), checkpoint_id=target)
-        return sorted(f"{SHARDS}/{path.name}" for path in target.iterdir() if path.is_file())
+        dcp.save(_to_save(module, optimizer), checkpoint_id=folder / SHARDS)
+        return _written(folder)
 
     def start_save(
         self, module: nn.Module, optimizer: torch.optim.Optimizer, folder: Path, group: Any
@@ -48,16 +45,12 @@ class ShardedModelFiles:
         own, so that they never meet training's collectives). Returns what waits for the
         write to end everywhere and names the files, as ``save_model`` does."""
         import torch.distributed.checkpoint as dcp
-        from torch.distributed.checkpoint.state_dict import get_state_dict
 
-        model_state, optimizer_state = get_state_dict(module, optimizer)
-        target = folder / SHARDS
-        state = _contiguous({"model": model_state, "optimizer": optimizer_state})
-        written = dcp.async_save(state, checkpoint_id=target, process_group=group)
+        writing = dcp.async_save(_to_save(module, optimizer), checkpoint_id=folder / SHARDS, process_group=group)
 
         def files() -> list[str]:
-            written.result()  # raises what the write raised
-            return sorted(f"{SHARDS}/{path.name}" for path in target.iterdir() if path.is_file())
+            writing.result()  # raises what the write raised
+            return _written(folder)
 
         return files
 
@@ -78,6 +71,19 @@ class ShardedModelFiles:
             ) from None
         state = _placed_as(state, layout)
         set_state_dict(module, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+
+
+def _to_save(module: nn.Module, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """The model's and optimizer's state as DCP writes it (each process's own shards)."""
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_state, optimizer_state = get_state_dict(module, optimizer)
+    return _contiguous({"model": model_state, "optimizer": optimizer_state})
+
+
+def _written(folder: Path) -> list[str]:
+    """The files DCP wrote into checkpoint ``folder``, relative to it."""
+    return sorted(f"{SHARDS}/{path.name}" for path in (folder / SHARDS).iterdir() if path.is_file())
 
 
 def _contiguous(state: Any) -> Any:
