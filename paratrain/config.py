@@ -271,8 +271,8 @@ class TrainConfig:
         if self.checkpoint_async and not strategy.checkpoints_in_background:
             able = [n for n in STRATEGIES.names(with_aliases=False) if STRATEGIES.get(n).checkpoints_in_background]
             raise ConfigError(
-                f"--checkpoint-async: --strategy {self.strategy} writes its checkpoints from its shards or its "
-                f"quorum's first replica; strategies that take it: {', '.join(able)}"
+                f"--checkpoint-async: --strategy {self.strategy} writes its checkpoints on its own schedule (a "
+                f"parameter server's shards commit from a thread always); strategies that take it: {', '.join(able)}"
             )
         self.faults.check(strategy.topology_for(self), self.strategy)
 

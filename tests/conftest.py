@@ -269,17 +269,19 @@ def replaced_replica_run(flags: list[str], out: Path, process: int, lost: str) -
     return metrics
 
 
-def power_cut_run(flags: list[str], folder: Path, parts: list[str], steps: int) -> dict:
+def power_cut_run(flags: list[str], folder: Path, parts: list[str], steps: int, lowest: int = 40) -> dict:
     """A local fault-tolerant run of ``flags`` whose every process dies after step 50, with a
     checkpoint every 20 steps into ``folder`` (4 restarts: a replacement that fails to start
-    under load gets another). Its metrics, once checked: it exited 0, resumed from step 40 or
-    later, committed every one of its ``steps`` once, and each checkpoint holds ``parts``."""
+    under load gets another). Its metrics, once checked: it exited 0, resumed from step
+    ``lowest`` or a later checkpoint, committed every one of its ``steps`` once, and each
+    checkpoint holds ``parts``."""
     out = folder.parent / "m.json"
     cut = ["--checkpoint-dir", str(folder), "--checkpoint-every", "20", "--max-restarts", "4", "--fail", "all@50"]
     result = run_cli("train", *flags, *cut, "--metrics-out", str(out))
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = json.loads(out.read_text())
-    assert metrics["restarts"] >= 1 and metrics["resumed_from_step"] >= 40, metrics["participants"]
+    resumed = metrics["resumed_from_step"]
+    assert metrics["restarts"] >= 1 and resumed >= lowest and resumed % 20 == 0, metrics["participants"]
     segments = as_formed(metrics["participants"]["per_step"], 2)
     assert segments[0][0] == 1 and segments[-1][1] == steps
     assert all(a[1] + 1 == b[0] for a, b in zip(segments, segments[1:])), segments  # every step once

@@ -112,8 +112,8 @@ class Checkpoint(Callback):
     def on_train_begin(self, logs: dict[str, Any]) -> None:
         if self.asynchronous and not self.strategy.checkpoints_in_background:
             raise ConfigError(
-                f"Checkpoint(asynchronous=True): {self.strategy.name} writes its checkpoints from its shards "
-                "or its quorum's first replica; save synchronously (asynchronous=False)"
+                f"Checkpoint(asynchronous=True): {self.strategy.name} writes its checkpoints on its own schedule "
+                "(a parameter server's shards commit from a thread always); save synchronously (asynchronous=False)"
             )
         if self.strategy.is_chief:
             self.store._makedirs(self.store.root)

@@ -59,13 +59,17 @@ def test_without_restarts_the_surviving_replica_finishes_alone(cli, tmp_path, re
     assert_same_run(metrics, reference)
 
 
-def test_every_replica_lost_at_once_resumes_from_the_last_checkpoint(tmp_path, reference):
+@pytest.mark.parametrize("asynchronous", [False, True], ids=["saved", "saved in the background"])
+def test_every_replica_lost_at_once_resumes_from_the_last_checkpoint(tmp_path, reference, asynchronous):
     """A power cut: both replicas (all four processes) die after step 50. The shards of the
     first replica of each quorum wrote a checkpoint every 20 steps, each its own part of the
     model and optimizer (DCP's files) and its position; the replacements resume from step
-    40, do 41-50 again and finish as if nothing happened."""
+    40, do 41-50 again and finish as if nothing happened. Written from threads
+    (``--checkpoint-async``: DCP's over the replica's own save group, whichever replica is
+    first), step 40's save may still be under way at the cut: then the run resumes from 20."""
     parts = ["model/.metadata", "model/__0_0.distcp", "model/__1_0.distcp", "shard-0", "shard-1"]
-    metrics = power_cut_run([*FT, *RUN], tmp_path / "ckpt", parts, reference["global_steps"])
+    flags = [*FT, *RUN] + ["--checkpoint-async"] * asynchronous
+    metrics = power_cut_run(flags, tmp_path / "ckpt", parts, reference["global_steps"], 20 if asynchronous else 40)
     assert_same_run(metrics, reference)
 
 

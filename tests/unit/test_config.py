@@ -36,10 +36,9 @@ def test_alias_resolves_to_canonical_name():
         ({"checkpoint_dir": "d", "keep": 0}, ["--keep", ">= 1"]),
         ({"checkpoint_async": True}, ["--checkpoint-async needs --checkpoint-dir"]),
         (
-            {"checkpoint_dir": "d", "checkpoint_async": True, "strategy": "fsdp-ft", "workers": 2},
-            ["--checkpoint-async", "--strategy fsdp-ft", "quorum's first replica", "allreduce", "fsdp, ", "tensor"],
+            {"checkpoint_dir": "d", "checkpoint_async": True, "strategy": "ps-sync", "workers": 2},
+            ["--checkpoint-async", "--strategy ps-sync", "commit from a thread", "allreduce", "fsdp-ft", "tensor"],
         ),
-        ({"checkpoint_dir": "d", "checkpoint_async": True, "strategy": "ps-sync", "workers": 2}, ["ps-sync"]),
         ({"on_nan": "ignore"}, ["--on-nan", "stop, skip"]),
         ({"hang": "1@x"}, ["--hang", "WORKER@STEP"]),
         ({"hang": "3@5", "strategy": "allreduce", "workers": 2}, ["--hang names worker 3", "0..1"]),

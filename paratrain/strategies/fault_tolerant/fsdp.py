@@ -24,7 +24,8 @@ on ``workers`` processes (tested).
 With ``--checkpoint-dir``, the shards of the quorum's first replica write the run's
 checkpoint while the other replicas go on: the model and optimizer as ``fsdp`` writes them
 (``model/``, through DCP, each shard its part; a collective of that replica's shards), and
-each shard its position and session (``shard-<k>``). It resumes on any layout: another
+each shard its position and session (``shard-<k>``); with ``--checkpoint-async``, from
+DCP's thread, over a save group of the replica's shards made the first time it writes. It resumes on any layout: another
 number of shards per replica or of replicas (DCP reshards on load; where the global batch
 changed with ``--workers``, the epoch goes on after the examples already read). A shard
 does not leave on SIGTERM (it cannot leave alone: the signal ends it,
@@ -34,6 +35,7 @@ and its replica is replaced or dropped).
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -130,6 +132,10 @@ class ReplicaShardFiles:
         with self.parts.whole():
             return self.files.save_model(module, optimizer, folder)
 
+    def start_save(self, module: nn.Module, optimizer: Optimizer, folder: Path, group: Any) -> Callable[[], list[str]]:
+        with self.parts.whole():  # DCP copies the state to host memory before this returns
+            return self.files.start_save(module, optimizer, folder, group)
+
     def load_model(self, module: nn.Module, optimizer: Optimizer, folder: Path) -> None:
         with self.parts.whole():
             self.files.load_model(module, optimizer, folder)
@@ -142,9 +148,6 @@ class FaultTolerantFSDPStrategy(FSDPStrategy):
     name = "fsdp-ft"
     scales_loss = False  # replicas must agree on every commit
     reshards = True
-    # the step's first replica writes the sharded model; its shards' save group would be made
-    # by whichever replica is first when it saves (not yet done)
-    checkpoints_in_background = False
 
     def __init__(
         self,
