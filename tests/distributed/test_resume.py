@@ -122,6 +122,21 @@ def test_a_parameter_server_resumes_on_another_number_of_workers_and_shards(cli,
     assert sorted(p.name for p in (tmp_path / "d").iterdir()) == saved
 
 
+def test_a_parameter_server_resumes_mid_epoch_on_another_number_of_workers(cli, tmp_path):
+    """ps-sync's epochs are whole rounds of its workers: 44 batches of 32 for 2 workers, 42
+    for 3. Written by 2 workers at step 30 (epoch 1, 16 batches handed out), read by 3: the
+    epoch goes on from batch 16 to its 42nd, 26 batches in rounds of 3 (the last of 2, whose
+    third worker has finished), then ends the run at step 30 + 9."""
+    _run(cli, tmp_path, "first", "--strategy", "ps-sync", "--epochs", "2", "--checkpoint-dir", str(tmp_path / "c"))
+    shutil.rmtree(tmp_path / "c" / "ckpt-000000044")
+    resumed, result = _run(cli, tmp_path, "resumed", "--strategy", "ps-sync", "--workers", "3", "--epochs", "2",
+                           "--checkpoint-dir", str(tmp_path / "c"), "--resume")  # fmt: skip
+    assert "was written by a run with 2 workers, this one has 3" in result.stdout
+    assert resumed["resumed_from_step"] == 30
+    assert resumed["global_steps"] == 30 + -(-(42 - 16) // 3)
+    assert resumed["test_accuracy"] >= 0.85
+
+
 @pytest.mark.parametrize(
     ("flags", "worker"),
     [(["--strategy", "allreduce", "--workers", "2"], 1), (["--strategy", "pipeline", "--stages", "2"], 0)],

@@ -32,7 +32,7 @@ class Dealer:
     def first_open_epoch(self) -> int:
         """The first epoch with batches left (where a resumed run goes on)."""
         epoch = max(self.next_batch, default=0)
-        if epoch in self.next_batch and self.next_batch[epoch] >= self.num_batches.get(epoch, 0):
+        if epoch in self.num_batches and self.next_batch[epoch] >= self.num_batches[epoch]:
             epoch += 1
         return epoch
 
@@ -40,5 +40,10 @@ class Dealer:
         return {"next_batch": dict(self.next_batch), "num_batches": dict(self.num_batches)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """The position of a saved run. An epoch it left open holds as many batches as the
+        resumed run's workers say: ps-sync's epochs are whole rounds of its workers, so a run
+        resumed on another number of them counts another number of batches in an epoch (it
+        goes on from the first batch no worker took)."""
         self.next_batch = {int(k): int(v) for k, v in state["next_batch"].items()}
         self.num_batches = {int(k): int(v) for k, v in state["num_batches"].items()}
+        self.num_batches.pop(self.first_open_epoch(), None)
