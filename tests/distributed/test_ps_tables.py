@@ -189,7 +189,9 @@ def test_bad_table_flags_are_one_line_exit_2(cli, args, words):
 def test_tables_resume_to_the_bit_and_on_another_number_of_shards(cli, tmp_path):
     """ps-sync with tables stopped after 2 epochs and resumed to 4 is the run never stopped
     (every epoch's test loss, to the bit); read by 2 shards with range sharding instead of
-    1, every row goes to the shard that holds it now, and the run is again the same."""
+    1, every row goes to the shard that holds it now, and the run is again the same; as it
+    is where 2 shards sharded the rows by ``mod`` and 2 read them by ``range`` (the same
+    parts, each holding other rows)."""
     common = ["train", "--strategy", "ps-sync", "--model", "dlrm", "--dataset", "clicks:rows=500,examples=1600",
               "--workers", "2", "--tables", "all", "--momentum", "0", "--lr", "0.2", "--batch-size", "32",
               "--checkpoint-every", "7", "--no-progress", "--log-every", "0"]  # fmt: skip
@@ -207,7 +209,13 @@ def test_tables_resume_to_the_bit_and_on_another_number_of_shards(cli, tmp_path)
     resharded, result = run("resharded", "--epochs", "4", "--checkpoint-dir", str(tmp_path / "d"), "--resume",
                             "--ps-shards", "2", "--table-sharding", "range")  # fmt: skip
     assert "resharded" in result.stdout
-    for run_ in (resumed, resharded):
+    run("first-2", "--epochs", "2", "--checkpoint-dir", str(tmp_path / "e"), "--ps-shards", "2")
+    rows_moved, result = run("rows-moved", "--epochs", "4", "--checkpoint-dir", str(tmp_path / "e"), "--resume",
+                             "--ps-shards", "2", "--table-sharding", "range")  # fmt: skip
+    assert "was written with another --table-sharding: the parameters and optimizer state are resharded" in (
+        result.stdout
+    )
+    for run_ in (resumed, resharded, rows_moved):
         assert run_["resumed_from_step"] == 40
         ran = len(run_["history"])
         assert ran == 2 and [e["test_loss"] for e in run_["history"]] == [e["test_loss"] for e in whole["history"][-2:]]

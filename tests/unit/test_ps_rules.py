@@ -100,3 +100,22 @@ def test_warmup_lets_worker_zero_train_alone():
     assert rule.may_pull(0, 0, View(version=3))
     assert not rule.may_pull(1, 0, View(version=19))
     assert rule.may_pull(1, 0, View(version=20))
+    assert rule.may_pull(1, 0, View(version=7, done={0}))  # worker 0 finished first: the others go on
+
+
+def test_a_staleness_bound_under_warmup_starts_the_others_level_with_worker_zero():
+    """--warmup-steps 6 --staleness-bound 2: worker 0 takes its 6 steps alone (the waiting
+    workers, at clock 0, do not hold it back), then the others start level with it, and the
+    bound holds from there."""
+    rule = AsyncRule(StalePolicy(), staleness_bound=2, warmup_steps=6)
+    view = View(clocks={0: 0, 1: 0, 2: 0})
+    for step in range(6):
+        view.version = step
+        assert rule.may_pull(0, 0, view) and not rule.may_pull(1, 0, view), step
+        view._clocks[0] += 1
+    view.version = 6
+    assert all(rule.may_pull(w, 0, view) for w in range(3))  # level: 6, 0 + 6, 0 + 6
+    view._clocks.update({0: 9, 1: 1, 2: 3})  # 9 against 7: 2 ahead, at the bound
+    assert rule.may_pull(0, 0, view) and rule.may_pull(2, 0, view)
+    view._clocks[0] = 10
+    assert not rule.may_pull(0, 0, view) and rule.may_pull(1, 0, view)

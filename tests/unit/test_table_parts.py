@@ -239,3 +239,49 @@ def test_a_synchronous_round_averages_its_rows_by_examples_and_a_skipped_round_m
     shard.hold(_rows([0], [1], [[1.0, 1.0]]), samples=1)
     shard.drop_held()
     assert torch.equal(shard.rows[0], after) and shard.optimizers[0].steps == 2
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adagrad", "lazy-adam"])
+def test_scale_lr_divides_a_stale_rows_step_under_every_table_optimizer(kind):
+    """``scale-lr`` divides the learning rate of a row s versions stale by s, as it divides
+    the dense step's: under Adagrad and Adam, whose steps do not shrink with the gradient,
+    too. Row 2 is 2 versions stale, row 0 fresh: row 2 moves half as far as it would under
+    no policy, row 0 as far."""
+    from paratrain.strategies.ps.tables.shard import TableShard
+
+    moved = {}
+    for policy in (StalePolicy("none"), StalePolicy("scale-lr")):
+        torch.manual_seed(0)
+        table = nn.Embedding(4, 2)
+        shard = TableShard(TableLayout([TableSpec("t", 4, 2)], 1), 0, [table], [{"lr": 0.1}], kind, False)
+        shard.clocks[0][2] = 2  # two updates since the push's pull
+        before = shard.rows[0].clone()
+        shard.step_now(_rows([0, 2], [0, 0], [[1.0, -2.0], [0.5, 3.0]]), 1.0, policy)
+        moved[policy.name] = before - shard.rows[0]
+    none, scaled = moved["none"], moved["scale-lr"]
+    assert torch.allclose(scaled[0], none[0]) and none[0].abs().min() > 0
+    assert torch.allclose(scaled[2], none[2] / 2), (scaled[2], none[2])
+
+
+def test_a_shard_reads_its_rows_where_they_were_saved_and_refuses_other_tables():
+    """The same rows on 2 shards by ``mod``, then by ``range``: each shard's saved part holds
+    other rows than the shard now holds (so the run reshards them); a part whose run made
+    other modules tables is refused, naming both."""
+    from paratrain.strategies.ps.tables.shard import TableShard
+
+    def shards(sharding, name="t"):
+        torch.manual_seed(0)  # the same rows each time
+        table = nn.Embedding(8, 2)
+        layout = TableLayout([TableSpec(name, 8, 2)], 2, sharding)
+        return [TableShard(layout, s, [table], [{"lr": 0.1}], "sgd", False) for s in range(2)]
+
+    mod, by_range = shards("mod"), shards("range")
+    saved = [shard.state_dict() for shard in mod]
+    assert all(shard.holds_as_saved(part) for shard, part in zip(mod, saved))
+    assert not any(shard.holds_as_saved(part) for shard, part in zip(by_range, saved))
+    for shard in by_range:
+        shard.rows[0].zero_()
+    moved = by_range[1].resharded(saved)
+    assert torch.equal(moved["rows"][0], shards("range")[1].rows[0])  # rows 4-7, from where they were saved
+    with pytest.raises(ConfigError, match="the checkpoint's tables are t; this run's are u"):
+        shards("mod", "u")[0].holds_as_saved(saved[0])

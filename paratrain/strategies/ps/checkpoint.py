@@ -47,15 +47,20 @@ class ShardState:
         if folder is not None:
             manifest = CheckpointStore.read_manifest(folder)
             check_signature(folder, manifest, self.signature, reshards=True)
-            saved_parts = manifest["part_names"]
-            if saved_parts == self.signature["part_names"]:
-                strategy.load_state_dict(CheckpointStore.read_part(folder, self.part, manifest))
-            else:  # split into another number of parts: every part holds some of this one's
+            saved_parts, parts = manifest["part_names"], self.signature["part_names"]
+            own = CheckpointStore.read_part(folder, self.part, manifest) if saved_parts == parts else None
+            if own is not None and self.host.holds_as_saved(own):
+                strategy.load_state_dict(own)
+            else:  # split into other parts: every part holds some of this one's
                 self.host.load_resharded_state([CheckpointStore.read_part(folder, p, manifest) for p in saved_parts])
                 if self.speaks:
+                    how = (
+                        f"by {len(saved_parts)} ps shards, this run has {len(parts)}"
+                        if own is None
+                        else "with another --table-sharding"
+                    )
                     console.print(
-                        f"paratrain: {folder} was written by {len(saved_parts)} ps shards, this run has "
-                        f"{len(self.signature['part_names'])}: the parameters and optimizer state are resharded"
+                        f"paratrain: {folder} was written {how}: the parameters and optimizer state are resharded"
                     )
             files.restored(int(manifest["step"]), self.speaks)
         self.host.announce_resume(str(folder) if folder is not None else None)

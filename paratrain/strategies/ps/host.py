@@ -90,6 +90,11 @@ class ShardHost:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.server.load_state_dict(state)
 
+    def holds_as_saved(self, state: dict[str, Any]) -> bool:
+        """Whether this shard's part ``state`` of a checkpoint holds this shard's rows of every
+        table (its run sharded them as this one does)."""
+        return self.server.holds_as_saved(state)
+
     def load_resharded_state(self, states: list[dict[str, Any]]) -> None:
         """From every part of a checkpoint saved by another number of shards (reshard.py)."""
         self.server.load_resharded(states)

@@ -78,6 +78,10 @@ class SyncRule:
     def may_pull(self, worker: int, wanted: int, server: ServerView) -> bool:
         return server.version >= wanted
 
+    def clocks(self, server: ServerView) -> dict[int, int]:
+        """Each worker's steps, as the rule counts them (the tally's clock gap)."""
+        return server.clocks()
+
     def wanted_after(self, grad: Gradient) -> int:
         """The version a worker waits for after this push: the round it took part in."""
         return grad.version + 1
@@ -88,6 +92,8 @@ class AsyncRule:
 
     def __init__(self, policy: StalePolicy, staleness_bound: int | None = None, warmup_steps: int = 0):
         self.policy, self.bound, self.warmup_steps = policy, staleness_bound, warmup_steps
+        self._head_start: int | None = None
+        """Worker 0's steps of the warm-up, once it is over: the others start level with it."""
 
     def accept(self, grad: Gradient, server: ServerView) -> str:
         factor = self.policy.factor(server.version - grad.version)
@@ -103,12 +109,27 @@ class AsyncRule:
         return 0  # whatever is current (the shard applied this push before answering)
 
     def may_pull(self, worker: int, wanted: int, server: ServerView) -> bool:
-        if worker != 0 and server.version < self.warmup_steps:
-            return False  # warm-up: worker 0 trains alone for the first updates
+        active = server.active_workers()
+        if server.version < self.warmup_steps and 0 in active:
+            # warm-up: worker 0 trains alone for the first updates (unbounded: the others
+            # wait for the warm-up, not behind it), until they are made or it has finished
+            return worker == 0
         if self.bound is None:
             return True
-        clocks = server.clocks()
-        live = [clocks[w] for w in server.active_workers()]
+        clocks = self.clocks(server)
+        live = [clocks[w] for w in active]
         # Stale-synchronous parallel (Ho et al. 2013): no worker starts a step more than
         # `bound` steps ahead of the slowest worker that is still training.
         return not live or clocks[worker] - min(live) <= self.bound
+
+    def clocks(self, server: ServerView) -> dict[int, int]:
+        """Each worker's steps; under a warm-up the others count as level with worker 0,
+        and from its end on, they count their own steps from worker 0's then."""
+        clocks = server.clocks()
+        if not self.warmup_steps:
+            return clocks
+        if server.version < self.warmup_steps:
+            return {w: clocks.get(0, c) for w, c in clocks.items()}
+        if self._head_start is None:
+            self._head_start = clocks.get(0, 0)
+        return {w: c + (self._head_start if w != 0 else 0) for w, c in clocks.items()}

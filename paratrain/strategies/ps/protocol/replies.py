@@ -29,9 +29,10 @@ class Replies:
     def params(self, worker: int, batch: int = NOT_ASSIGNED) -> None:
         """The reply to a pull or a push: the shard's version (and the worker's next batch), then its parameters."""
         server = self.server
-        live = [server._clocks[w] for w in server.active_workers()]
-        if live:
-            server.tally.max_clock_gap = max(server.tally.max_clock_gap, server._clocks[worker] - min(live))
+        clocks = server.rule.clocks(server)
+        live = [clocks[w] for w in server.active_workers()]
+        if live and worker in clocks:
+            server.tally.max_clock_gap = max(server.tally.max_clock_gap, clocks[worker] - min(live))
         link = server.links[worker]
         version = reply_header(server.version, batch)
         params = self._pull_payload()

@@ -358,6 +358,9 @@ class ShardServer:
                 raise ConfigError("the checkpoint was written without --tables: its tables were dense")
             self.tables.load_state_dict(state["tables"])
 
+    def holds_as_saved(self, state: dict[str, Any]) -> bool:
+        return self.tables is None or "tables" not in state or self.tables.holds_as_saved(state["tables"])
+
     def load_resharded(self, states: list[dict[str, Any]]) -> None:
         """This shard's state from the parts of a checkpoint saved by another number of
         shards (every part, in shard order)."""

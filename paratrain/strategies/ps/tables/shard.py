@@ -85,35 +85,44 @@ class TableShard:
         for t in range(len(self.specs)):
             ids = torch.cat([g.ids[t] for g, _ in self._held]) if self._held else torch.zeros(0, dtype=torch.int64)
             grads = torch.cat([g.grads[t] * (n / total) for g, n in self._held]) if self._held else None
-            merged.append((ids, grads))
+            merged.append((ids, grads, None))
             self.row_staleness[0] += len(ids)
         self._held.clear()
         self.step_all(merged, lr_scale)
 
     def step_now(self, grads: sections.RowGrads, lr_scale: float, policy: StalePolicy | None) -> None:
-        """ps-async: apply one push's rows at once, each scaled (or left out) by the policy
-        for its own staleness."""
+        """ps-async: apply one push's rows at once, each row's learning rate scaled (or the
+        row left out) by the policy for its own staleness, as the dense step's is for the
+        push's: Adam's and Adagrad's steps do not shrink with the gradient."""
         merged = []
         for t in range(len(self.specs)):
             ids, g = grads.ids[t], grads.grads[t]
             staleness = self.clocks[t][ids] - grads.clocks[t]
             self.row_staleness.update(staleness.tolist())
+            factors = None
             if policy is not None and len(ids):
                 factors = torch.tensor([_factor(policy, s) for s in staleness.tolist()], dtype=torch.float32)
                 keep = factors > 0
                 self.rows_dropped += int((~keep).sum())
-                ids, g = ids[keep], g[keep] * factors[keep].unsqueeze(1)
-            merged.append((ids, g))
+                ids, g, factors = ids[keep], g[keep], factors[keep]
+            merged.append((ids, g, factors))
         self.step_all(merged, lr_scale)
 
-    def step_all(self, merged: list[tuple[torch.Tensor, torch.Tensor | None]], lr_scale: float) -> None:
-        """One step of every table (its step count moves even where no row was touched)."""
+    def step_all(
+        self, merged: list[tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]], lr_scale: float
+    ) -> None:
+        """One step of every table (its step count moves even where no row was touched);
+        each table's rows with their gradients and, where they differ, each row's factor of
+        the learning rate (one row's are alike: its staleness is one)."""
         for t, optimizer in enumerate(self.optimizers):
-            ids, grads = merged[t] if merged else (torch.zeros(0, dtype=torch.int64), None)
+            ids, grads, factors = merged[t] if merged else (torch.zeros(0, dtype=torch.int64), None, None)
             if len(ids):
                 unique, inverse = torch.unique(ids, return_inverse=True)
                 summed = torch.zeros(len(unique), self.dims[t]).index_add_(0, inverse, grads)
-                optimizer.step(unique, summed, lr_scale)
+                scale = (
+                    lr_scale if factors is None else lr_scale * torch.empty(len(unique)).scatter_(0, inverse, factors)
+                )
+                optimizer.step(unique, summed, scale)
                 self.clocks[t][unique] += 1
                 self.rows_applied += len(unique)
             else:
@@ -126,7 +135,25 @@ class TableShard:
             "clocks": [c.clone() for c in self.clocks],
             "optimizers": [o.state_dict() for o in self.optimizers],
             "global_ids": [self.layout.global_ids(t, self.shard) for t in range(len(self.specs))],
+            "names": [spec.name for spec in self.specs],
         }
+
+    def holds_as_saved(self, state: dict[str, Any]) -> bool:
+        """Whether ``state`` (a shard's tables, saved) holds the rows this shard holds, in its
+        order: not where the saving run sharded the rows another way (``--table-sharding``)."""
+        self._check_names(state)
+        ids = state["global_ids"]
+        return len(ids) == len(self.specs) and all(
+            torch.equal(saved, self.layout.global_ids(t, self.shard)) for t, saved in enumerate(ids)
+        )
+
+    def _check_names(self, state: dict[str, Any]) -> None:
+        """ConfigError where the saving run made other modules tables (``--tables``)."""
+        names = [spec.name for spec in self.specs]
+        if state.get("names", names) != names:
+            raise ConfigError(
+                f"the checkpoint's tables are {', '.join(state['names'])}; this run's are {', '.join(names)} (--tables)"
+            )
 
     def resharded(self, parts: list[dict[str, Any]]) -> dict[str, Any]:
         """This shard's state from the table states of a checkpoint written by another number
@@ -136,6 +163,7 @@ class TableShard:
         for t, spec in enumerate(self.specs):
             filled = torch.zeros(self.rows_on[t], dtype=torch.bool)
             for part in parts:
+                self._check_names(part)
                 if len(part["rows"]) != len(self.specs):
                     raise ConfigError(f"the checkpoint holds {len(part['rows'])} tables, this run {len(self.specs)}")
                 ids = part["global_ids"][t]
