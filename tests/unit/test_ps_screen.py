@@ -291,3 +291,74 @@ def test_a_payload_of_any_length_is_framed():
     assert Header.read(message, 6).samples == 8
     server.workers.add(0)
     assert server.receiving.screened(0, torch.cat([message, torch.zeros(2, dtype=torch.uint8)])) is not None
+
+
+class _TableShard:
+    """What the screen reads of a shard that holds table rows (a push brings a section)."""
+
+    shard, num_shards, num_workers, version, joined = 0, 1, 1, 3, []
+    workers = {0}
+
+    def request_of(self, worker):
+        return False
+
+    def holds_push_of(self, worker):
+        return False
+
+    def epochs_dealt(self):
+        return {}
+
+    def deals(self):
+        return False
+
+    def section_bound(self, header):
+        return 64 if header.has_payload else 0
+
+
+def test_a_table_shard_refuses_a_push_without_its_table_section():
+    """A push in time to a shard of tables must bring its rows' section: one that says none
+    is refused at the screen (it crashed the shard where its rows were read)."""
+    from paratrain.strategies.ps.protocol.screen import Screen
+
+    payload = 16
+    screen, shard = Screen(payload), _TableShard()
+
+    def message(extra):
+        return Header(PUSH, version=3, samples=8, extra=extra).write(message_buffer(payload), payload).clone()
+
+    assert screen.check(shard, 0, message(8)).extra == 8
+    with pytest.raises(Malformed, match="a push without its table section"):
+        screen.check(shard, 0, message(0))
+
+
+def test_an_epochs_first_pull_asks_each_shard_for_the_version_it_last_sent():
+    """Under ps-async the shards' versions part (one drops or skips a push another applies):
+    the pull that starts an epoch asks each shard for its own last version, which its screen
+    takes, and not shard 0's, which a shard 60 versions behind refused as beyond any in
+    flight (a rank of the run sending it, the run ended)."""
+    from paratrain.strategies.ps.layout import ShardLayout
+    from paratrain.strategies.ps.protocol.screen import Screen
+
+    class Captured:
+        def __init__(self):
+            self.sent = []
+
+        def isend(self, tensor, tag):
+            self.sent.append(tensor.clone())
+            return type("Sent", (), {"wait": lambda self, timeout=None: True})()
+
+    layout = ShardLayout([p.shape for p in _model().parameters()], 2)
+    packers = [PackedGradient(make_codec("none"), lambda: make_codec("none"), layout.piece_shapes(s)) for s in (0, 1)]
+    links = [Captured(), Captured()]
+    client = ShardClient(0, links, layout, packers, torch.zeros(layout.total), tags=0, store=None, backup_workers=0,
+                         timeout=5.0)  # fmt: skip
+    client.versions = [80, 20]
+    client.send(Header(PULL, wants_reply=True), wanted_seen=True)
+    for shard, (link, version) in enumerate(zip(links, client.versions)):
+        received = message_buffer(packers[shard].nbytes)  # the shard's receive buffer
+        received[: link.sent[0].numel()] = link.sent[0]
+        header = Header.read(received, packers[shard].nbytes)
+        assert (header.version, header.wanted) == (version, version)
+        seen = _TableShard()
+        seen.version = version
+        assert Screen(packers[shard].nbytes).check(seen, 0, received).wanted == version

@@ -130,10 +130,12 @@ class PSWorker:
             self._pushed_on = None
         self.buffers.take_pulled()
 
-    def pull(self, wanted: int) -> None:
+    def pull(self, wanted: int | None) -> None:
+        """The parameters of version ``wanted`` or later; None: of the version each shard
+        last sent, or later."""
         self.await_reply()
         self.client.post_reply()
-        self.client.send(self.header(PULL, wanted=wanted, wants_reply=True))
+        self.client.send(self.header(PULL, wanted=wanted or 0, wants_reply=True), wanted_seen=wanted is None)
         self.await_reply()
 
     def push(self, samples: int, finite: bool, last: bool) -> None:
@@ -177,7 +179,7 @@ class PSWorker:
         self._epoch_asking = (epoch, num_batches)
         try:
             with span("pull", COMM):  # the epoch's first batch
-                self.pull(wanted=self.client.versions[0])
+                self.pull(wanted=None)
             while self.client.assigned >= 0:
                 yield self.client.assigned
                 # The reply to this step's push: parameters and the next batch. The loop waits

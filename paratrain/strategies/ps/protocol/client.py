@@ -93,11 +93,17 @@ class ShardClient:
         return True
 
     def send(
-        self, header: Header, gradient: torch.Tensor | None = None, sections: list[torch.Tensor] | None = None
+        self,
+        header: Header,
+        gradient: torch.Tensor | None = None,
+        sections: list[torch.Tensor] | None = None,
+        wanted_seen: bool = False,
     ) -> None:
-        """One message to every shard: ``header`` (its version: that shard's), then for a
-        finite push in time that shard's slice of the flat ``gradient``, and its table
-        ``sections`` (one a shard: its rows' gradients) as a message of their own."""
+        """One message to every shard: ``header`` (its version: that shard's; with
+        ``wanted_seen``, the version it wants too: shards' versions part under ps-async,
+        where one drops or skips a push another applies), then for a finite push in time
+        that shard's slice of the flat ``gradient``, and its table ``sections`` (one a
+        shard: its rows' gradients) as a message of their own."""
         # The previous message's buffers are reused now; its sends finished long ago in
         # practice, so waiting for them here keeps the wait off the step's critical path.
         self.drain()
@@ -105,6 +111,8 @@ class ShardClient:
         for shard, link in enumerate(self.links):
             message = self.messages[shard]
             header.version = self.versions[shard]
+            if wanted_seen:
+                header.wanted = self.versions[shard]
             header.late = header.kind == PUSH and self._late(shard)
             # A late push (its round has closed) or one holding a NaN (which must not reach
             # the codec's state) is its header alone.

@@ -59,6 +59,8 @@ class Screen:
             raise Malformed("a table section longer than any the shard takes")
         if header.kind == ROWS and not header.extra:
             raise Malformed("a row request with no rows")
+        if header.has_payload and not header.extra and server.section_bound(header):
+            raise Malformed("a push without its table section")  # a table shard's push brings one
         if header.kind == SHUTDOWN and worker != 0:
             raise Malformed("a shutdown from a worker other than the chief")
         if header.kind == PUSH and header.version > server.version:

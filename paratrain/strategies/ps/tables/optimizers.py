@@ -9,7 +9,10 @@ TensorFlow's sparse optimizers and TorchRec's fused ones do:
 | --- | --- | --- |
 | ``sgd`` | ``w -= lr * (g + wd w)``; with momentum ``b = m b + (1 - d) g``, ``w -= lr b`` (``g + m b`` with Nesterov) | ``b`` (momentum only) |
 | ``adagrad`` | row-wise: ``s += mean(g**2)``, ``w -= lr g / (sqrt(s) + eps)`` | one float |
-| ``lazy-adam`` | Adam's moments of touched rows, bias-corrected by the table's step count (``torch.optim.SparseAdam``); AdamW's decoupled weight decay on touched rows | two rows |
+| ``lazy-adam`` | Adam's moments of touched rows, bias-corrected by the table's step count (``torch.optim.SparseAdam``) | two rows |
+
+Under AdamW (decoupled weight decay) every kind decays the touched rows' weights,
+``w *= 1 - lr wd``, before its step; under the others weight decay is added to the gradient.
 
 With plain SGD (no momentum, no weight decay) a touched row moves exactly as under the
 dense optimizer and an untouched one not at all: a table trains exactly as in one process.
@@ -78,6 +81,8 @@ class RowOptimizer:
         w = self.rows[ids]
         if self.weight_decay and not self.decoupled:
             grad = grad + self.weight_decay * w
+        elif self.weight_decay:  # AdamW's decay of the touched rows' weights, whichever kind steps them
+            w = w * (1 - lr * self.weight_decay)
         if self.kind == "sgd":
             update = grad
             if self.momentum:
@@ -94,8 +99,6 @@ class RowOptimizer:
             m = self.state["exp_avg"][ids].mul_(beta1).add_(grad, alpha=1 - beta1)
             v = self.state["exp_avg_sq"][ids].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
             self.state["exp_avg"][ids], self.state["exp_avg_sq"][ids] = m, v
-            if self.decoupled and self.weight_decay:
-                w = w * (1 - lr * self.weight_decay)
             correction1, correction2 = 1 - beta1**self.steps, 1 - beta2**self.steps
             w = w - lr * correction2**0.5 / correction1 * m / (v.sqrt() + self.eps)  # as SparseAdam
         self.rows[ids] = w

@@ -75,9 +75,10 @@ class TableShard:
         self._held.append((grads, samples))
 
     def drop_held(self) -> None:
-        """The round made its version without an update (a gradient held a NaN or Inf)."""
+        """The round made its version without an update (a gradient held a NaN or Inf): no
+        table steps, as the dense optimizer does not (lazy-adam's bias correction counts
+        the steps taken)."""
         self._held.clear()
-        self.step_all([], 1.0)
 
     def step_held(self, total: int, lr_scale: float) -> None:
         """Step the average of the round's rows (each push's weighted by its examples)."""
