@@ -34,6 +34,11 @@ class ReplicaState:
         self.part = self.strategy.topology.checkpoint_part(rank)
         self.model_part = self.strategy.topology.model_part(rank)
         self._group: Any = None  # background sharded saves' own process group (_save_group)
+        self.tokened = False
+        """Each save's parts carry a token of this life of the writing processes, and the
+        chief commits only parts that carry it (set where a save may find the parts of a
+        save a crash cut short: a fault-tolerant replica's, checkpoint.py there)."""
+        self._token: str | None = None
 
     def at_step(self, step: int) -> None:
         """Write this process's part of step ``step``; on the chief, commit the checkpoint.
@@ -47,6 +52,7 @@ class ReplicaState:
         state: dict[str, Any] = {"trainer": trainer.state_dict(), "strategy": strategy.state_dict()}
         folder = store.folder(step)
         store._makedirs(folder)
+        token = self._save_token()  # before DCP's thread plans over the save group
         files = strategy.model_files
         background = self.files.asynchronous
         own_files: Callable[[], list[str]] = list  # the model's own files' names, once written
@@ -71,17 +77,36 @@ class ReplicaState:
         self.files.last_saved = step
         if background:
             copied = copy_state(state)
-            self.files.in_background(lambda: self._write_unless_moot(step, copied, commit, own_files))
+            self.files.in_background(lambda: self._write_unless_moot(step, copied, commit, own_files, token))
         else:
-            self._write(step, state, commit, own_files)
+            self._write(step, state, commit, own_files, token)
 
-    def _write(self, step: int, state: dict[str, Any], commit: Commit, own_files: Callable[[], list[str]]) -> None:
+    def _write(
+        self, step: int, state: dict[str, Any], commit: Commit, own_files: Callable[[], list[str]], token: str | None
+    ) -> None:
         store = self.files.store
-        store.write_part(step, self.part, state)
+        store.write_part(step, self.part, state, token)
         written = own_files()  # every process's model files, where the strategy writes its own
         if commit is not None:
             parts, meta = commit
-            store.commit(step, parts + written, meta, self.files.timeout)
+            store.commit(step, parts + written, meta, self.files.timeout, token)
+
+    def _save_token(self) -> str | None:
+        """This life's token of the writing processes (``tokened``): rank 0's, made at the
+        first save and handed to the others over the save group (they save together)."""
+        if not self.tokened:
+            return None
+        if self._token is None:
+            import uuid
+
+            import torch.distributed as dist
+
+            made = [uuid.uuid4().hex]
+            if dist.is_initialized() and dist.get_world_size() > 1:
+                group = self._save_group()
+                dist.broadcast_object_list(made, src=dist.get_global_rank(group, 0), group=group)
+            self._token = made[0]
+        return self._token
 
     def _save_group(self) -> Any:
         """The Gloo group of the run's processes that background sharded saves plan over,
@@ -93,13 +118,13 @@ class ReplicaState:
         return self._group
 
     def _write_unless_moot(
-        self, step: int, state: dict[str, Any], commit: Commit, own_files: Callable[[], list[str]]
+        self, step: int, state: dict[str, Any], commit: Commit, own_files: Callable[[], list[str]], token: str | None
     ) -> None:
         """A save on a thread: its failure is moot where a later checkpoint is complete
         already (a fault-tolerant run's next save, by another replica, removed this one's
         unfinished folder), and raised at the next save otherwise."""
         try:
-            self._write(step, state, commit, own_files)
+            self._write(step, state, commit, own_files, token)
         except (ConfigError, RuntimeError):
             complete = self.files.store.complete()
             if not complete or complete[0][0] <= step:

@@ -42,15 +42,16 @@ class CheckpointStore:
         return self.root / f"ckpt-{step:09d}"
 
     # ----- writing ----------------------------------------------------------------------------
-    def write_part(self, step: int, part: str, state: dict[str, Any]) -> Path:
-        """Write one part of checkpoint ``step``, its SHA-256 noted beside it for the commit."""
-        return self._write_state(self.folder(step) / f"{part}.pt", state, noted=True)
+    def write_part(self, step: int, part: str, state: dict[str, Any], save: str | None = None) -> Path:
+        """Write one part of checkpoint ``step``, its SHA-256 noted beside it for the commit
+        (with ``save``, the token of the save it belongs to: ``commit`` then waits for it)."""
+        return self._write_state(self.folder(step) / f"{part}.pt", state, noted=True, save=save)
 
     def write_extra(self, step: int, name: str, state: dict[str, Any]) -> Path:
         """Write a file beside the parts of checkpoint ``step``, outside its manifest (``read_extra``)."""
         return self._write_state(self.folder(step) / f"{name}.pt", state, noted=False)
 
-    def _write_state(self, path: Path, state: dict[str, Any], noted: bool) -> Path:
+    def _write_state(self, path: Path, state: dict[str, Any], noted: bool, save: str | None = None) -> Path:
         self._makedirs(path.parent)
         # On the training thread a save is one of its phases; from a thread of its own
         # (--checkpoint-async) it overlaps them: on the io track.
@@ -62,19 +63,28 @@ class CheckpointStore:
             note = None
             if noted:  # hashed here, from memory, so that the commit need not read the file
                 digest = hashlib.sha256(data).hexdigest()
-                note = functools.partial(_note_digest, path, digest)
+                note = functools.partial(_note_digest, path, digest, save)
             self._write_atomic(path, lambda handle: handle.write(data), note)
         return path
 
-    def commit(self, step: int, parts: list[str], meta: dict[str, Any], timeout: float) -> Path:
-        """Wait (up to ``timeout`` s) for every part of ``step``, then write the manifest
-        that makes the checkpoint complete, and drop the checkpoints beyond ``keep``."""
+    def commit(
+        self, step: int, parts: list[str], meta: dict[str, Any], timeout: float, save: str | None = None
+    ) -> Path:
+        """Wait (up to ``timeout`` s) for every part of ``step`` (with ``save``, the file its
+        writer noted with that token, never one a save cut short by a crash left), then
+        write the manifest that makes the checkpoint complete, and prune to ``keep``."""
         folder = self.folder(step)
         deadline = time.monotonic() + timeout
-        missing = [p for p in parts if not part_path(folder, p).exists()]
+
+        def arrived(part: str) -> bool:
+            if save is None or "/" in part:  # a mode's own files are written before the commit
+                return part_path(folder, part).exists()
+            return _noted_by(folder, part, save)
+
+        missing = [p for p in parts if not arrived(p)]
         while missing and time.monotonic() < deadline:
             time.sleep(0.01)
-            missing = [p for p in missing if not part_path(folder, p).exists()]
+            missing = [p for p in missing if not arrived(p)]
         if missing:
             raise RuntimeError(
                 f"checkpoint {folder}: the part of {', '.join(missing)} did not arrive within {timeout:g} s"
@@ -317,15 +327,27 @@ def digest_path(path: Path) -> Path:
     return path.with_name(f".{path.name}.sha256")
 
 
-def _note_digest(path: Path, digest: str, written: os.stat_result) -> None:
+def _note_digest(path: Path, digest: str, save: str | None, written: os.stat_result) -> None:
     """Note ``digest``, the SHA-256 of the file about to be renamed to ``path``, with what
     tells that file apart (inode, size, modification time: a rename keeps them), so that
-    the commit need not read the file again. Written before the rename, so the note is
-    there when the file is; not synced: the manifest is what a crash must find whole."""
-    note = {"sha256": digest, "file": [written.st_ino, written.st_size, written.st_mtime_ns]}
+    the commit need not read the file again, and the token of the ``save`` it belongs to.
+    Written before the rename, so the note is there when the file is; not synced: the
+    manifest is what a crash must find whole."""
+    note = {"sha256": digest, "file": [written.st_ino, written.st_size, written.st_mtime_ns], "save": save}
     tmp = digest_path(path).with_name(f"{digest_path(path).name}.{os.getpid()}")
     tmp.write_text(json.dumps(note))
     os.replace(tmp, digest_path(path))
+
+
+def _noted_by(folder: Path, part: str, save: str) -> bool:
+    """Whether the file of ``part`` in place is the one its writer noted for ``save``."""
+    path = part_path(folder, part)
+    try:
+        note = json.loads(digest_path(path).read_text())
+        found = path.stat()
+        return note.get("save") == save and note["file"] == [found.st_ino, found.st_size, found.st_mtime_ns]
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return False
 
 
 def _described(folder: Path, part: str) -> dict[str, Any]:

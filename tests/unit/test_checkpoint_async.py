@@ -56,10 +56,10 @@ def slow_writes(monkeypatch):
     writers = {}
     write_part = CheckpointStore.write_part
 
-    def slow(self, step, part, state):
+    def slow(self, step, part, state, save=None):
         writers[step] = threading.current_thread().name
         time.sleep(0.2)
-        return write_part(self, step, part, state)
+        return write_part(self, step, part, state, save)
 
     monkeypatch.setattr(CheckpointStore, "write_part", slow)
     return writers
@@ -115,10 +115,10 @@ def test_a_failed_write_is_raised_by_the_run_and_the_earlier_checkpoints_stay(tm
     its next save, and the checkpoint of step 10 stays the newest complete one."""
     write_part = CheckpointStore.write_part
 
-    def failing(self, step, part, state):
+    def failing(self, step, part, state, save=None):
         if step == 20:
             raise ConfigError(f"checkpoint {self.folder(step)}: cannot write (No space left on device)")
-        return write_part(self, step, part, state)
+        return write_part(self, step, part, state, save)
 
     monkeypatch.setattr(CheckpointStore, "write_part", failing)
     trainer, splits = _trainer()

@@ -70,3 +70,22 @@ def test_a_part_without_a_note_is_read_for_its_digest(tmp_path):
     CheckpointStore(tmp_path).commit(20, ["rank-0"], {}, timeout=1)
     manifest = json.loads((folder / "manifest.json").read_text())
     assert manifest["parts"]["rank-0"]["sha256"] == _sha256(folder / "rank-0.pt")
+
+
+def test_a_save_commits_only_its_own_parts_not_those_a_crash_left(tmp_path):
+    """A fault-tolerant run whose every replica was lost while its first replica saved step
+    40 (stage 0's part written, stage 1's not) saves step 40 again in its next life: the
+    chief's commit waits for stage 0's part of this save (its token), and the manifest holds
+    the new part's digest, never the one the crash left."""
+    store = CheckpointStore(tmp_path)
+    store.write_part(40, "stage-0", {"x": torch.zeros(100)}, save="former")  # the life a crash ended
+    store.write_part(40, "stage-1", {"x": torch.ones(100)}, save="now")  # the chief's own part
+    with pytest.raises(RuntimeError, match="the part of stage-0 did not arrive"):
+        store.commit(40, ["stage-0", "stage-1"], {}, timeout=0.3, save="now")
+    assert not (store.folder(40) / "manifest.json").exists()
+    store.write_part(40, "stage-0", {"x": torch.full((100,), 2.0)}, save="now")
+    store.commit(40, ["stage-0", "stage-1"], {}, timeout=1, save="now")
+    folder = store.folder(40)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    assert manifest["parts"]["stage-0"]["sha256"] == _sha256(folder / "stage-0.pt")
+    assert torch.equal(CheckpointStore.read_part(folder, "stage-0", manifest)["x"], torch.full((100,), 2.0))

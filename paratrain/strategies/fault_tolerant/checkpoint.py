@@ -26,6 +26,9 @@ class QuorumState:
     def __init__(self, files: RunCheckpoints, loop: Any, session: Any):
         self.replica = ReplicaState(files, loop)
         """Writes and reads the one part, as a replica of allreduce writes and reads its own."""
+        # A step's save may find the parts of the same step's save cut short in a former life
+        # of the run (every replica lost, the folder left for a peer that may be writing it)
+        self.replica.tokened = True
         self.session = session
 
     def restore(self) -> None:
