@@ -154,7 +154,9 @@ class ReplicaState:
         device = strategy.device
         own = CheckpointStore.read_part(folder, part, manifest, map_location=device)
         saved_replicas, replicas = manifest.get("replicas", manifest.get("workers")), strategy.num_replicas
-        strategy_state = own["strategy"]
+        if saved_replicas is None:
+            raise ConfigError(f"checkpoint {folder}: its manifest names no replicas or workers; not paratrain's")
+        strategy_state = _held(own, "strategy", folder, part)
         if reshards:
             strategy_state = strategy.reshard_state(strategy_state, int(saved_replicas))
         # The strategy's state first: it names a part written elsewhere in the layout (a
@@ -167,7 +169,7 @@ class ReplicaState:
                 else CheckpointStore.read_part(folder, model_part, manifest, map_location=device)
             )
             self._load_model(folder, held, manifest)
-        self.trainer.load_state_dict(own["trainer"])
+        self.trainer.load_state_dict(_held(own, "trainer", folder, part))
         saved_batches = int(manifest.get("batches_per_step", saved_replicas))
         if reshards and saved_batches != strategy.topology.batches_per_step:
             self.trainer.carry_position(saved_batches, strategy.topology.batches_per_step)
@@ -202,6 +204,13 @@ class ReplicaState:
             raise ConfigError(
                 f"checkpoint {folder} holds another model or optimizer ({str(error).splitlines()[0].strip()})"
             ) from None
+
+
+def _held(state: dict[str, Any], key: str, folder: Path, part: str) -> Any:
+    """``state[key]``, or one line where a part holds no such entry (not written by paratrain)."""
+    if not isinstance(state, dict) or key not in state:
+        raise ConfigError(f"checkpoint {folder}: its part {part} holds no {key!r} state; not written by paratrain")
+    return state[key]
 
 
 def _layout(replicas: int, processes: int) -> str:

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from paratrain.checkpoints.manifest_fields import MANIFEST, check_fields, refuse_outside
 from paratrain.errors import ConfigError
 from paratrain.timeline import COMPUTE, IO, span
 
@@ -27,7 +28,6 @@ FORMAT_VERSION = 2
 """The version this paratrain writes. 2: the trainer's history is one JSON text (train/history.py)."""
 READS = (1, 2)
 """The versions it reads: 1 holds the history as a list of dicts, which ``History.restored`` takes too."""
-MANIFEST = "manifest.json"
 
 
 class CheckpointStore:
@@ -200,7 +200,7 @@ class CheckpointStore:
             parts = manifest["parts"].items()
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
             return f"unreadable {MANIFEST} ({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''})"
-        _refuse_outside(folder, manifest)  # crafted, not corrupt: refused, never moved aside
+        refuse_outside(folder, manifest)  # crafted, not corrupt: refused, never moved aside
         for part, described in parts:
             path = part_path(folder, part)
             try:
@@ -259,7 +259,8 @@ class CheckpointStore:
             raise ConfigError(
                 f"checkpoint {folder}: its {MANIFEST} lists no parts; not a complete paratrain checkpoint"
             )
-        _refuse_outside(folder, manifest)
+        refuse_outside(folder, manifest)
+        check_fields(folder, manifest)
         return manifest
 
     @staticmethod
@@ -378,22 +379,3 @@ def _fsync_folder(folder: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def _refuse_outside(folder: Path, manifest: dict[str, Any]) -> None:
-    """ConfigError where ``manifest`` names a part outside ``folder``: such a manifest was
-    made to read other files, and nothing of that checkpoint folder is used or moved."""
-    names = manifest.get("part_names", [])
-    for name in [*manifest["parts"], *(names if isinstance(names, list) else [names])]:
-        if not _inside(name):
-            raise ConfigError(
-                f"checkpoint {folder}: its {MANIFEST} names a file outside the checkpoint ({name!r}); refused"
-            )
-
-
-def _inside(name: Any) -> bool:
-    """Whether a manifest's part name stays inside its checkpoint folder (a relative path
-    without ``..``, as paratrain writes them: ``rank-0``, ``model/__0_0.distcp``)."""
-    if not isinstance(name, str) or not name or "\\" in name or name.startswith("/"):
-        return False
-    return all(piece not in ("", ".", "..") for piece in name.split("/"))

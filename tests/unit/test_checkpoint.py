@@ -201,6 +201,48 @@ def test_a_manifest_that_names_a_file_outside_its_checkpoint_is_refused(saved, c
     assert {p: p.stat().st_mtime_ns for p in saved.rglob("*")} == before
 
 
+@pytest.mark.parametrize(
+    ("edit", "words"),
+    [
+        (lambda m: m.pop("step"), "has no step"),
+        (lambda m: m.update(step="44"), "has step '44'; a whole number >= 0"),
+        (lambda m: m.update(workers=0), "has workers 0; a whole number >= 1"),
+        (lambda m: m["parts"].update({"rank-0": m["parts"]["rank-0"]["bytes"]}), "describes part 'rank-0' as"),
+        (lambda m: m["parts"]["rank-0"].pop("sha256"), "paratrain writes {'bytes': N, 'sha256': HEX}"),
+        (lambda m: [m.pop("workers"), m.pop("replicas", None)], "workers=None"),  # single's signature names it
+    ],
+    ids=["no step", "a step as text", "no workers", "a part as its size", "a part without its digest", "no count"],
+)
+def test_a_manifest_not_as_paratrain_writes_it_is_one_line_and_exit_2(saved, cli, edit, words):
+    """Each field a resume reads, checked before any of it is used: one line naming the
+    field, exit 2, and the checkpoint as it was."""
+    path = saved / "ckpt-000000044" / "manifest.json"
+    manifest = json.loads(path.read_text())
+    edit(manifest)
+    path.write_text(json.dumps(manifest))
+    before = {p: p.stat().st_mtime_ns for p in saved.rglob("*")}
+    result = cli("train", "--epochs", "3", "--checkpoint-dir", str(saved), "--resume", "--no-progress")
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert words in result.stderr
+    assert {p: p.stat().st_mtime_ns for p in saved.rglob("*")} == before
+
+
+def test_a_part_without_the_state_a_resume_takes_is_one_line(saved):
+    """A part whose file reads but holds no ``trainer`` state (its manifest rewritten to
+    match it): named in one line, not a KeyError."""
+    folder = saved / "ckpt-000000044"
+    part = folder / "rank-0.pt"
+    state = torch.load(part, weights_only=True)
+    del state["trainer"]
+    torch.save(state, part)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    data = part.read_bytes()
+    manifest["parts"]["rank-0"] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ConfigError, match="its part rank-0 holds no 'trainer' state; not written by paratrain"):
+        _resume(saved)
+
+
 def test_a_checkpoint_of_another_model_or_run_is_refused(saved):
     with pytest.raises(ConfigError, match=r"written by a run with model=mlp; this run has model=cifar_cnn"):
         _resume(saved, model="cifar_cnn")
