@@ -30,6 +30,13 @@ from paratrain.errors import ConfigError
 
 
 class StateWriter(Protocol):
+    checks_fresh_folder: bool
+    """Whether a run that does not resume refuses a folder holding complete checkpoints
+    when this writer starts (``CheckpointStore.refuse_to_start_over``): True where no
+    process of its own run can have committed one yet (every part needs every process);
+    False where a peer may have (a fault-tolerant replica that starts late, a parameter
+    server's worker that starts after others pushed), whose launcher checks instead."""
+
     def restore(self) -> None:
         """Load this process's part of the newest complete checkpoint (nothing if none)."""
 

@@ -27,6 +27,8 @@ class ReplicaState:
     """The state writer of a training replica (a process of allreduce, fsdp, a pipeline
     stage, local SGD): its part at steps, the model where its topology says."""
 
+    checks_fresh_folder = True  # a checkpoint needs every process's part: none before all start
+
     def __init__(self, files: RunCheckpoints, trainer: Any):
         self.files, self.trainer = files, trainer
         self.strategy = trainer.strategy

@@ -212,6 +212,17 @@ class CheckpointStore:
                 return f"part {path.relative_to(folder)} has {size} bytes, the manifest says {expected}"
         return None
 
+    def refuse_to_start_over(self) -> None:
+        """ConfigError where a run that does not resume would write into a folder holding
+        complete checkpoints: its own would be pruned by step number beside them, and a
+        restart would resume the earlier run's."""
+        complete = self.complete()
+        if complete:
+            raise ConfigError(
+                f"--checkpoint-dir {self.root} holds the checkpoints of an earlier run (the newest at step "
+                f"{complete[0][0]}): go on from it with --resume (Checkpoint(resume=True)), or give another folder"
+            )
+
     def latest(self) -> Path | None:
         complete = self.complete()
         return complete[0][1] if complete else None

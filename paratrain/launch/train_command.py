@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from paratrain.checkpoints.store import CheckpointStore
 from paratrain.comm.transport import cluster_from_env
 from paratrain.console import console
 from paratrain.data.datasets import load_dataset
@@ -55,6 +56,8 @@ def train_command(args: argparse.Namespace) -> int:
         metrics = job.run(config)
         is_chief = "global_steps" in metrics  # the process that wrote the run's document
     else:
+        if config.checkpoint_dir and not config.resume:  # before any process of the run could save
+            CheckpointStore(config.checkpoint_dir).refuse_to_start_over()
         if topology.num_processes > 1 or config.max_restarts:
             start_server()
             preflight(config)

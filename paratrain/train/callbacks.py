@@ -28,6 +28,10 @@ class Callback:
     def on_batch_end(self, step: int, logs: dict[str, Any]) -> None: ...
     def on_epoch_end(self, epoch: int, logs: dict[str, Any]) -> None: ...
     def on_train_end(self, logs: dict[str, Any]) -> None: ...
+    def on_train_left(self, logs: dict[str, Any]) -> None:
+        """This process leaves the run before its end, as it was asked to (SIGTERM to a
+        fault-tolerant replica or an asynchronous worker): no on_train_end follows."""
+
     def on_version(self, version: int) -> None:
         """A parameter version was published (on a parameter-server shard) or received (on a
         parameter-server worker)."""

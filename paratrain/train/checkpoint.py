@@ -61,7 +61,7 @@ class Checkpoint(Callback):
     and commits from a thread while training goes on; the next save, a stop at a signal
     and the end of training wait for it; fsdp's and tensor parallelism's sharded files are
     written by DCP's ``async_save`` over a Gloo group of their own. Not for a parameter
-    server's shards (which commit in the background always) or fsdp-ft.
+    server's shards (which commit in the background always).
     """
 
     def __init__(
@@ -115,10 +115,12 @@ class Checkpoint(Callback):
                 f"Checkpoint(asynchronous=True): {self.strategy.name} writes its checkpoints on its own schedule "
                 "(a parameter server's shards commit from a thread always); save synchronously (asynchronous=False)"
             )
-        if self.strategy.is_chief:
-            self.store._makedirs(self.store.root)
         if self.resume:
             self.writer.restore()
+        elif self.writer.checks_fresh_folder:
+            self.store.refuse_to_start_over()
+        if self.strategy.is_chief:
+            self.store._makedirs(self.store.root)
 
     def on_batch_end(self, step: int, logs: dict[str, Any]) -> None:
         if step % self.every_steps == 0:
@@ -127,6 +129,10 @@ class Checkpoint(Callback):
     def on_train_end(self, logs: dict[str, Any]) -> None:
         self.writer.at_end(self.trainer.global_step)
         self._files.finish(None)  # the save under way, whichever writer started it
+
+    def on_train_left(self, logs: dict[str, Any]) -> None:
+        if self._files is not None:
+            self._files.finish(None)  # the save this replica began, whose step the run counts on
 
     def save(self, step: int) -> None:
         """Write this process's part of step ``step`` now (a stop at a signal asks for one)."""

@@ -20,7 +20,7 @@ from torch import nn
 from paratrain.console import console
 from paratrain.data.batch import num_examples
 from paratrain.data.sharding import ShardedBatches
-from paratrain.errors import ConfigError
+from paratrain.errors import ConfigError, ReplicaLeft
 from paratrain.launch.allocator import keep_freed_memory
 from paratrain.launch.threads import share_cores
 from paratrain.strategies.base import Strategy
@@ -216,6 +216,9 @@ class Trainer:
                         out = strategy.train_step(self.model, self.loss_fn, self.optimizer, inputs, targets)
                 except RuntimeError as error:
                     raise (strategy.diagnose(error, self.global_step + 1) or error) from None
+                except ReplicaLeft:
+                    hooks.on_train_left({})  # a save under way ends before the process does
+                    raise
                 if out.position is not None:  # the run is further on (a fault-tolerant replica
                     self.load_state_dict(out.position)  # healed from a peer): go on from there
                     self._resumed, moved = False, True

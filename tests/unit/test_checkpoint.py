@@ -243,6 +243,24 @@ def test_a_part_without_the_state_a_resume_takes_is_one_line(saved):
         _resume(saved)
 
 
+def test_a_run_that_does_not_resume_refuses_a_folder_of_checkpoints(saved, cli):
+    """Started afresh in a folder of an earlier run's checkpoints, a run would have its own
+    pruned beside the earlier run's higher steps, and a restart would resume the earlier
+    run: refused in one line, exit 2, from the command line and from Python, and nothing
+    there touched; --resume goes on from them."""
+    before = {p: p.stat().st_mtime_ns for p in saved.rglob("*")}
+    result = cli("train", "--epochs", "1", "--checkpoint-dir", str(saved), "--no-progress")
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert "holds the checkpoints of an earlier run (the newest at step 44): go on from it with --resume" in (
+        result.stderr
+    )
+    trainer, splits = _trainer()
+    with pytest.raises(ConfigError, match="holds the checkpoints of an earlier run"):
+        _fit(trainer, splits, Checkpoint(saved, every_steps=20), epochs=1)
+    assert {p: p.stat().st_mtime_ns for p in saved.rglob("*")} == before
+    _resume(saved)
+
+
 def test_a_checkpoint_of_another_model_or_run_is_refused(saved):
     with pytest.raises(ConfigError, match=r"written by a run with model=mlp; this run has model=cifar_cnn"):
         _resume(saved, model="cifar_cnn")

@@ -176,3 +176,27 @@ def test_a_background_save_is_on_the_timelines_io_track(tmp_path):
         names = {m["tid"]: m["args"]["name"] for m in recorder.metadata() if m["name"] == "thread_name"}
         assert names == {timeline.COMPUTE: "compute", timeline.COMM: "comm", timeline.IO: "io"}
     assert tracks == {True: [timeline.IO] * 5, False: [timeline.COMPUTE] * 5}
+
+
+def test_a_replica_that_leaves_ends_the_save_it_began_first(tmp_path, slow_writes):
+    """A process asked to leave (SIGTERM to a fault-tolerant replica: ReplicaLeft, after
+    which the process ends at once) the step after a save, whose write takes 0.2 s: the
+    save is complete when the loop raises, so the step the run counts on is on disk."""
+    from paratrain.errors import ReplicaLeft
+
+    class LeavesAt21(paratrain.SingleDeviceStrategy):
+        def train_step(self, model, loss_fn, optimizer, inputs, targets):
+            if self._steps_taken == 20:
+                raise ReplicaLeft("worker 0 left the run after step 20 (SIGTERM); the others go on")
+            self._steps_taken += 1
+            return super().train_step(model, loss_fn, optimizer, inputs, targets)
+
+    torch.manual_seed(0)
+    splits = load_digits()
+    net = build_model("mlp", splits.spec)
+    strategy = LeavesAt21(device="cpu")
+    strategy._steps_taken = 0
+    trainer = paratrain.Trainer(net, "cross_entropy", torch.optim.SGD(net.parameters(), lr=0.05), strategy=strategy)
+    with pytest.raises(ReplicaLeft):
+        _fit(trainer, splits, Checkpoint(tmp_path, every_steps=20, asynchronous=True))
+    assert [step for step, _ in CheckpointStore(tmp_path).complete()] == [20]

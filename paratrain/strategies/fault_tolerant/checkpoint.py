@@ -23,6 +23,8 @@ from paratrain.checkpoints.replica import ReplicaState
 class QuorumState:
     """The state writer of a fault-tolerant replica (checkpoints/files.py's StateWriter)."""
 
+    checks_fresh_folder = False  # a replica that starts late may find its peers' checkpoints
+
     def __init__(self, files: RunCheckpoints, loop: Any, session: Any):
         self.replica = ReplicaState(files, loop)
         """Writes and reads the one part, as a replica of allreduce writes and reads its own."""

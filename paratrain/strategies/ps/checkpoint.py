@@ -32,6 +32,8 @@ if TYPE_CHECKING:
 class ShardState:
     """The state writer of a parameter-server shard."""
 
+    checks_fresh_folder = True  # a checkpoint needs every shard's part: none before all start
+
     def __init__(self, files: RunCheckpoints, strategy: Strategy, host: ShardHost):
         self.files, self.strategy, self.host = files, strategy, host
         self.part = strategy.topology.checkpoint_part(strategy.process_rank)
@@ -89,6 +91,8 @@ class ShardState:
 class WorkerState:
     """The state writer of a parameter-server worker: where the shards resumed, and its
     codec's state beside their checkpoints."""
+
+    checks_fresh_folder = False  # under ps-async the others may have pushed a checkpoint's versions
 
     def __init__(self, files: RunCheckpoints, strategy: Strategy, worker: PSWorker, loop: FitLoop, keeps_state: bool):
         self.files, self.strategy, self.worker, self.loop = files, strategy, worker, loop
