@@ -9,7 +9,8 @@ What a biased codec drops this step is not lost, it is sent later (Seide et al. 
 
 Every value a worker computed is sent eventually: the sum of what it sent over s steps
 plus its current residual equals the sum of its s gradients. The residual is local to
-each worker (it is never sent) and is part of a checkpoint.
+each worker (it is never sent) and is part of a checkpoint. A gradient that is not finite
+leaves the residual as it was (its step is skipped).
 """
 
 from __future__ import annotations
@@ -51,7 +52,11 @@ class ErrorFeedback(Codec):
         else:
             corrected = tensor.detach() + residual.to(tensor.device)
         payload, ctx = self.inner.compress(corrected, key)
-        self.residuals[key] = corrected - self.inner.decompress(payload, ctx)
+        left = corrected - self.inner.decompress(payload, ctx)
+        # A gradient with an Inf or NaN (an fp16 overflow, --on-nan skip) makes a step that is
+        # skipped: its residual would hold NaN for good, so the one before it is kept.
+        if bool(torch.isfinite(left).all()):
+            self.residuals[key] = left
         return payload, ctx
 
     def decompress(self, payload: Payload, ctx: Context) -> torch.Tensor:

@@ -23,6 +23,7 @@ Note: no ``from __future__ import annotations`` here; DDP checks that a hook's
 ``bucket`` annotation *is* ``dist.GradBucket``, and a string is not.
 """
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -211,7 +212,20 @@ class PowerSGDHook(CommHook):
         # The hook adds, per tensor, r(n + m) when it sends P and Q, else n*m: exactly
         # the elements it hands to its two all-reduces.
         self.bytes_sent += (powersgd.total_numel_after_compression - before) * buffer.element_size()
-        return future
+        return future.then(functools.partial(self._finite_state, index))
+
+    def _finite_state(self, index: int, done: Future) -> torch.Tensor:
+        """A bucket's gradient that held an Inf or NaN (its step skipped: an fp16 overflow)
+        leaves NaN in its residual and its warm-start Q, which every later step would carry:
+        dropped, so the next step starts them again (a zero residual, a fresh Q)."""
+        s = self.state
+        if any(
+            table.get(index) is not None and not bool(torch.isfinite(table[index]).all())
+            for table in (s.error_dict, s.q_memory_dict, s.p_memory_dict)
+        ):
+            for table in (s.error_dict, s.p_memory_dict, s.q_memory_dict):
+                table.pop(index, None)
+        return done.value()
 
     def _form(self, shape: tuple[int, ...]) -> tuple[int, int, int]:
         """(n, m, r) as PyTorch's hook views a tensor, with r = 0 for tensors it sends raw."""

@@ -201,6 +201,22 @@ def test_error_feedback_carries_the_exact_residual(inner):
     assert residual.abs().sum() > 0 and codec.name == inner.name
 
 
+@pytest.mark.parametrize("inner", [TopKCodec(0.1), Int8Codec()], ids=repr)
+def test_a_gradient_that_is_not_finite_leaves_the_residual_as_it_was(inner):
+    """An fp16 overflow (or a NaN under --on-nan skip) makes a skipped step: the residual
+    before it stays, and the steps after it decode finite values (it held NaN for good)."""
+    codec = ErrorFeedback(copy.deepcopy(inner))
+    codec.compress(_random((12, 9), seed=0), "layer")
+    before = codec.residuals["layer"].clone()
+    overflow = _random((12, 9), seed=1)
+    overflow[3, 4] = math.inf
+    codec.compress(overflow, "layer")
+    assert torch.equal(codec.residuals["layer"], before)
+    for seed in range(2, 5):
+        payload, ctx = codec.compress(_random((12, 9), seed=seed), "layer")
+        assert torch.isfinite(codec.decompress(payload, ctx)).all(), seed
+
+
 def test_error_feedback_keeps_one_residual_per_key():
     codec = ErrorFeedback(TopKCodec(0.5))
     codec.compress(torch.ones(4), "a")
