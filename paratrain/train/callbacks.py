@@ -28,6 +28,11 @@ class Callback:
     def on_batch_end(self, step: int, logs: dict[str, Any]) -> None: ...
     def on_epoch_end(self, epoch: int, logs: dict[str, Any]) -> None: ...
     def on_train_end(self, logs: dict[str, Any]) -> None: ...
+    def on_stop(self, step: int, logs: dict[str, Any]) -> None:
+        """Training stops after ``step``, before its epoch's end (a callback set
+        ``stop_training``): the loop still stands at that step (the epoch's close and
+        ``on_train_end`` follow)."""
+
     def on_train_left(self, logs: dict[str, Any]) -> None:
         """This process leaves the run before its end, as it was asked to (SIGTERM to a
         fault-tolerant replica or an asynchronous worker): no on_train_end follows."""

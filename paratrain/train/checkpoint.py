@@ -130,6 +130,11 @@ class Checkpoint(Callback):
         self.writer.at_end(self.trainer.global_step)
         self._files.finish(None)  # the save under way, whichever writer started it
 
+    def on_stop(self, step: int, logs: dict[str, Any]) -> None:
+        """Saved where the loop stands, mid-epoch: the save at the end would hold the epoch
+        closed, and a resumed run would skip the rest of it."""
+        self.writer.at_step(step)
+
     def on_train_left(self, logs: dict[str, Any]) -> None:
         if self._files is not None:
             self._files.finish(None)  # the save this replica began, whose step the run counts on

@@ -233,6 +233,7 @@ class Trainer:
                     logs["loss"] = self._reduce_window()
                 hooks.on_batch_end(self.global_step, logs)
                 if self.stop_training:  # a callback ends training mid-epoch (e.g. at a step count)
+                    hooks.on_stop(self.global_step, logs)  # a checkpoint of this position, mid-epoch
                     break
             if moved:
                 continue

@@ -77,6 +77,28 @@ def test_resume_goes_on_bit_for_bit(tmp_path):
         assert torch.equal(a, b)
 
 
+def test_a_run_stopped_mid_epoch_resumes_where_it_stopped(tmp_path):
+    """A callback stops the run at step 25 of the epoch's 44: the end's checkpoint holds
+    that position, and the resumed run trains the epoch's last 19 batches and the rest as
+    the run never stopped, bit for bit (it went on at the next epoch, skipping them)."""
+    trainer, splits = _trainer()
+    whole = Losses()
+    full = _fit(trainer, splits, whole, epochs=2)
+    cut, splits = _trainer()
+    _fit(cut, splits, Checkpoint(tmp_path, every_steps=10), Losses(stop_at=25), epochs=2)
+    saved = load_checkpoint(tmp_path)["trainer"]
+    assert (saved["global_step"], saved["epoch"], saved["batch"]) == (25, 0, 25)
+    resumed, splits = _trainer(seed=1)
+    after = Losses()
+    checkpoint = Checkpoint(tmp_path, every_steps=10, resume=True)
+    history = _fit(resumed, splits, checkpoint, after, epochs=2)
+    assert checkpoint.restored_step == 25 and resumed.global_step == 88
+    assert after.losses == whole.losses[25:]
+    assert history.history["test_loss"] == full.history["test_loss"]
+    for a, b in zip(trainer.module.parameters(), resumed.module.parameters()):
+        assert torch.equal(a, b)
+
+
 def test_a_run_resumed_after_some_epochs_has_the_whole_run_s_history(tmp_path):
     whole, splits = _trainer()
     full = _fit(whole, splits, epochs=3)
