@@ -131,6 +131,28 @@ def test_a_gpt2_split_by_tensor_parallelism_equals_one_process(replicas, tensor)
         assert all(here == whole for n, (here, whole) in held.items() if n not in split)
 
 
+def _frozen_position_embedding_moved(replicas, tensor):
+    """Whether a GPT-2's frozen position embedding moved under AdamW (weight decay 0.01)
+    over STEPS steps on ``replicas`` x ``tensor`` processes."""
+    model = gpt2()
+    model.transformer.wpe.weight.requires_grad_(False)  # frozen, as in a fine-tuning
+    before = model.transformer.wpe.weight.detach().clone()
+    strategy = paratrain.TensorParallelStrategy(tensor, device="cpu")
+    trainer = paratrain.Trainer(model, optimizer=optimizer_for(model, "adamw"), strategy=strategy, metrics=())
+    trainer.fit(tokens(STEPS * B * replicas), epochs=1, batch_size=B, seed=0, verbose=0)
+    after = trainer.module.transformer.wpe.weight
+    after = after.full_tensor() if hasattr(after, "full_tensor") else after
+    strategy.teardown()
+    return not torch.equal(after.detach(), before)
+
+
+@PACKED_TP
+def test_a_frozen_parameter_stays_as_it_was_on_a_mesh():
+    """A 2 x 2 mesh averages the gradients over its replicas: a frozen parameter is left out,
+    as every other strategy leaves it (given a zero gradient, AdamW's weight decay moved it)."""
+    assert run_distributed(_frozen_position_embedding_moved, 2, 2, world_size=4) == [False] * 4
+
+
 def test_a_llama_split_by_its_own_plan_trains_with_adamw_as_one_process():
     """The plan comes from the model (transformers' _tp_plan, from its config's
     base_model_tp_plan); the tied embedding and output layer are split by vocabulary rows

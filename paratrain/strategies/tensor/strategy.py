@@ -265,7 +265,9 @@ class TensorParallelStrategy(Strategy):
         AVG is unreliable: pytorch #162338); sharded over the replicas, FSDP2 has done it."""
         if self._replica_group is None or self._sharded:
             return
-        mean_gradients(list(model.parameters()), self._replica_group, self.num_replicas)
+        # trained parameters only: a frozen one given a zero gradient would be stepped
+        # (weight decay, momentum) where no other strategy steps it
+        mean_gradients([p for p in model.parameters() if p.requires_grad], self._replica_group, self.num_replicas)
 
     def gradients_finite(self, optimizer: torch.optim.Optimizer) -> bool:
         return finite_on_every_process(sharded_gradients(optimizer), self.device)
