@@ -103,7 +103,12 @@ class Anchors:
         for anchor, saved in zip(self.tensors, state["anchors"]):
             anchor.copy_(saved)
         for opt, saved in zip(self.outer, state["outer"]):
+            # its momentum buffers; the learning rate and momentum stay this run's (--outer-lr,
+            # --outer-momentum), which torch's load_state_dict would take from the saved run
+            own = [{k: v for k, v in group.items() if k != "params"} for group in opt.param_groups]
             opt.load_state_dict(saved)
+            for group, settings in zip(opt.param_groups, own):
+                group.update(settings)
         self.synced_at = [int(s) for s in state["synced_at"]]
 
 
