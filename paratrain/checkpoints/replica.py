@@ -199,13 +199,17 @@ class ReplicaState:
             return
         if "model" not in state:
             raise ConfigError(f"checkpoint {folder}: its part for this process holds no model")
-        try:
-            self.trainer.module.load_state_dict(state["model"])
-            self.trainer.optimizer.load_state_dict(state["optimizer"])
-        except (RuntimeError, ValueError, KeyError) as error:
-            raise ConfigError(
-                f"checkpoint {folder} holds another model or optimizer ({str(error).splitlines()[0].strip()})"
-            ) from None
+
+        def load() -> None:
+            try:
+                self.trainer.module.load_state_dict(state["model"])
+                self.trainer.optimizer.load_state_dict(state["optimizer"])
+            except (RuntimeError, ValueError, KeyError) as error:
+                raise ConfigError(
+                    f"checkpoint {folder} holds another model or optimizer ({str(error).splitlines()[0].strip()})"
+                ) from None
+
+        self.strategy.when_model_made(load)
 
 
 def _held(state: dict[str, Any], key: str, folder: Path, part: str) -> Any:

@@ -153,11 +153,12 @@ class ShardedBatches:
         self._indices_on = torch.device("cpu")
         self.num_examples = self._stream_length() if self.streaming else len(self.dataset)
         if drop_last and len(self) == 0 and self.streaming:
-            raise ConfigError(
-                f"the training data ({type(self.dataset).__name__}) has {self.num_examples} batches, "
-                f"fewer than the {num_replicas} replicas that each need one per step"
-            )
-        if drop_last and len(self) == 0:
+            if self.num_examples is not None:  # without len(), one replica reads it to its end
+                raise ConfigError(
+                    f"the training data ({type(self.dataset).__name__}) has {self.num_examples} batches, "
+                    f"fewer than the {num_replicas} replicas that each need one per step"
+                )
+        elif drop_last and len(self) == 0:
             raise ConfigError(
                 f"the global batch ({batch_size} x {num_replicas} replicas = "
                 f"{batch_size * num_replicas}) is larger than the data set "
@@ -189,7 +190,7 @@ class ShardedBatches:
             return 0 if n is None else (n // r if self.drop_last else evaluation_count(n, r))
         if self.drop_last:
             return n // (b * r)
-        return self._evaluation_batches() if n // r + (self.rank < n % r) else 0
+        return self._evaluation_batches()
 
     def stream_numbers(self) -> range:
         """The stream's batches this replica takes this epoch, by their place in the stream."""
@@ -207,9 +208,10 @@ class ShardedBatches:
             return [order[s * b * r + self.rank * b : s * b * r + (self.rank + 1) * b] for s in range(steps)]
         # Evaluation: contiguous, nearly equal blocks per replica, every example once, each
         # block in as many batches as the largest needs (fsdp's shards all-gather in every
-        # forward: each must take as many as the others).
+        # forward: each must take as many as the others; a replica whose block is empty, with
+        # fewer examples than replicas, takes empty batches, which evaluation counts nothing of).
         block = torch.tensor_split(self._order(), r)[self.rank]
-        return list(torch.tensor_split(block, self._evaluation_batches())) if len(block) else []
+        return list(torch.tensor_split(block, self._evaluation_batches()))
 
     def _evaluation_batches(self) -> int:
         """Batches of each replica's block in evaluation: the largest block's, in ``batch_size``."""

@@ -263,6 +263,12 @@ class Strategy:
         """The user's own module inside whatever ``prepare`` (and ``torch.compile``) wrapped it in."""
         return uncompiled(model)
 
+    def when_model_made(self, load: Callable[[], None]) -> None:
+        """Run ``load`` (a checkpoint's model and optimizer state read into them) once this
+        process's model is made: here at once; a pipeline that cuts its stage at the first
+        batch runs it then."""
+        load()
+
     #: ``train_step(model, loss_fn, optimizer, inputs, targets)``: forward, backward (over the
     #: recipe's micro-batches) and update on this replica's batch (local_step.py).
     train_step = local_step

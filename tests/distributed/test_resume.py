@@ -75,6 +75,20 @@ def test_a_resumed_run_is_the_uninterrupted_run_to_the_bit(cli, tmp_path, strate
         assert torch.equal(ours[key], theirs[key]), key
 
 
+def test_a_pipeline_that_cuts_its_stages_at_the_first_batch_resumes_as_if_never_stopped(cli, tmp_path):
+    """--balance time cuts the stages where a measured first batch says, at the first step,
+    after the checkpoint was read: each stage takes its saved state once cut, where the saved
+    run cut it (the state did not fit the whole model, and a new measure could cut elsewhere).
+    Stopped after epoch 1 of 2, resumed: the test loss of the run never stopped."""
+    flags = ["--strategy", "pipeline", "--stages", "2", "--balance", "time"]
+    whole, _ = _run(cli, tmp_path, "whole", *flags, "--epochs", "2", "--checkpoint-dir", str(tmp_path / "a"))
+    _run(cli, tmp_path, "first", *flags, "--epochs", "1", "--checkpoint-dir", str(tmp_path / "b"))
+    resumed, result = _run(cli, tmp_path, "resumed", *flags, "--epochs", "2", "--checkpoint-dir",
+                           str(tmp_path / "b"), "--resume")  # fmt: skip
+    assert resumed["resumed_from_step"] == 44 and resumed["global_steps"] == whole["global_steps"]
+    assert resumed["test_loss"] == pytest.approx(whole["test_loss"], rel=1e-6)
+
+
 def test_allreduce_resumes_on_another_number_of_workers(cli, tmp_path):
     """Written by 2 workers, read by 3: the same model (its test loss before any step), and
     training goes on from where the epoch stood, to the accuracy of the run never stopped."""

@@ -45,7 +45,9 @@ def test_evaluation_split_covers_every_example_once():
     assert sorted(seen) == list(range(103))
 
 
-@pytest.mark.parametrize(("n", "replicas", "batch"), [(513, 2, 256), (103, 3, 8), (1025, 4, 256), (10, 4, 3)])
+@pytest.mark.parametrize(
+    ("n", "replicas", "batch"), [(513, 2, 256), (103, 3, 8), (1025, 4, 256), (10, 4, 3), (3, 4, 2), (1, 2, 5)]
+)
 def test_evaluation_gives_every_replica_as_many_batches_of_at_most_the_batch_size(n, replicas, batch):
     # fsdp's shards all-gather in every forward: a replica with one batch fewer would hang the others
     shards = [ShardedBatches(_data(n), batch, num_replicas=replicas, rank=r, shuffle=False, drop_last=False)
@@ -53,7 +55,8 @@ def test_evaluation_gives_every_replica_as_many_batches_of_at_most_the_batch_siz
     batches = [[y.tolist() for _, y in shard] for shard in shards]
     assert len({len(b) for b in batches}) == 1, [len(b) for b in batches]
     assert [len(b) for b in batches] == [len(shard) for shard in shards]
-    assert all(0 < len(y) <= batch for b in batches for y in b)
+    assert all(0 < len(y) <= batch for b in batches for y in b if n >= replicas)
+    assert all(len(y) <= batch for b in batches for y in b)  # fewer examples than replicas: some empty
     assert sorted(t for b in batches for y in b for t in y) == list(range(n))
 
 
@@ -87,3 +90,17 @@ def test_generic_dataset_goes_through_a_dataloader():
     batches = list(ShardedBatches(Squares(), 4, shuffle=False))
     assert len(batches) == 5
     assert batches[1][1].tolist() == [16, 25, 36, 49]
+
+
+def test_one_replica_reads_a_stream_without_len_to_its_end():
+    """``len()`` is needed only where several replicas must agree on an epoch's steps: one
+    replica takes every batch of a stream that has none (it was refused as having None)."""
+
+    class Stream(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            return iter([(torch.full((4, 3), float(k)), torch.zeros(4, dtype=torch.long)) for k in range(5)])
+
+    batches = ShardedBatches(Stream(), 4, num_replicas=1, rank=0, drop_last=True)
+    assert [int(x[0, 0]) for x, _ in batches] == [0, 1, 2, 3, 4]
+    with pytest.raises(ConfigError, match="has no len\\(\\): with 2 replicas"):
+        ShardedBatches(Stream(), 4, num_replicas=2, rank=0, drop_last=True)

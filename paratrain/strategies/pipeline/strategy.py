@@ -19,7 +19,7 @@ The checks of the options and the model are checks.py's.
 from __future__ import annotations
 
 import gc
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import torch
@@ -112,6 +112,8 @@ class PipelineStrategy(Strategy):
         self._bytes_sent = 0
         self._traffic: MicrobatchTraffic | None = None  # one micro-batch's bytes, once measured
         self._pending: tuple[nn.Module, torch.optim.Optimizer] | None = None
+        self._loads: list[Callable[[], None]] = []  # a checkpoint's, once the stage is cut
+        self._saved_bounds: list[tuple[int, int]] | None = None  # the resumed run's cut
         self._whole: nn.Module | None = None  # the user's model the stage was cut from
         self._split_names: list[str] | None = None  # where a traced model's stages start
         self._example: tuple[torch.Tensor, ...] | None = None  # the micro-batch it was traced on
@@ -229,10 +231,23 @@ class PipelineStrategy(Strategy):
             self._tensor.hold_parts(self._module, optimizer)
         self._optimizer = optimizer
         self._pending = None
+        for load in self._loads:
+            load()
+        self._loads.clear()
+
+    def when_model_made(self, load: Callable[[], None]) -> None:
+        """The stage cut at the first batch (``--balance time``, a traced model) takes a
+        checkpoint's state then; cut already, at once."""
+        if self._pending is not None and self._module is None:
+            self._loads.append(load)
+        else:
+            load()
 
     def _build_layers(self, model: nn.Module, example: torch.Tensor | None) -> dict[int, list[nn.Parameter]]:
         layers = sequential_layers(model)
-        if self.split_points is not None or self.balance == "params":
+        if self._saved_bounds is not None:  # a resumed run cuts where the saved run did
+            bounds = self._saved_bounds
+        elif self.split_points is not None or self.balance == "params":
             bounds = parameter_bounds(layers, self.num_stages, self.split_points)
         else:
             bounds = agreed_bounds(layers, example, self.num_stages, self.num_microbatches, self.device)
@@ -396,3 +411,5 @@ class PipelineStrategy(Strategy):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
         check_saved_place(state, self.stage, self.shard, self.tensor_parallel)
+        bounds = [tuple(b) for b in state.get("bounds", [])]
+        self._saved_bounds = bounds if len(bounds) == self.num_stages else None
