@@ -183,3 +183,32 @@ def test_a_coded_mean_over_processes(world_size):
         if name in tolerance:
             for mean, truth in zip(means, exact):
                 assert relative_difference(mean, truth) < tolerance[name], name
+
+
+def _running_statistics(name, sync_every, steps):
+    """A model with BatchNorm trained by ``name`` for ``steps`` steps: its running mean and
+    variance, and whether the replica's last synchronization came at the end."""
+    torch.manual_seed(0)
+    splits = load_digits()
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 32), torch.nn.BatchNorm1d(32), torch.nn.ReLU(),
+                                torch.nn.Linear(32, 10))  # fmt: skip
+    cls = {"local-sgd": paratrain.LocalSGDStrategy, "diloco": paratrain.DiLoCoStrategy}[name]
+    strategy = cls(device="cpu", sync_every=sync_every)
+    trainer = paratrain.Trainer(model, "cross_entropy", torch.optim.SGD(model.parameters(), lr=0.1), strategy=strategy)
+    x, y = splits.train.tensors
+    n = steps * B * strategy.num_replicas
+    trainer.fit((x[:n], y[:n]), epochs=1, batch_size=B, seed=0, verbose=0)
+    bn = trainer.module[2]
+    out = torch.cat([bn.running_mean, bn.running_var]).clone()
+    strategy.teardown()
+    return out
+
+
+@pytest.mark.parametrize("name", ["local-sgd", "diloco"])
+def test_running_statistics_are_one_models_at_the_end(name):
+    """Each replica's BatchNorm statistics follow its own batches between synchronizations:
+    they are averaged with the parameters, and the replicas end as one model (they ended
+    with each replica's own, which the evaluation and the saved model then differed by)."""
+    first, second = run_distributed(_running_statistics, name, 5, 12, world_size=2)
+    assert torch.equal(first, second)
+    assert not torch.equal(first[:32], torch.zeros(32))  # trained: the statistics moved

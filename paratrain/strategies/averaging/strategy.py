@@ -101,6 +101,7 @@ class PeriodicAveragingStrategy(ReplicaStrategy):
         """The model the replicas share, with its outer optimizers (anchors.py); made by ``prepare``."""
         self._bytes = 0
         self._pending: dict[str, Any] | None = None  # state loaded before prepare()
+        self._statistics: list[torch.Tensor] = []  # floating buffers (BatchNorm's running statistics)
 
     @classmethod
     def topology_of(cls, num_replicas: int) -> Topology:
@@ -118,6 +119,7 @@ class PeriodicAveragingStrategy(ReplicaStrategy):
         with torch.no_grad():  # every replica starts from rank 0's model
             for tensor in [*model.parameters(), *model.buffers()]:
                 dist.broadcast(tensor.data, src=0)
+        self._statistics = [b for b in model.buffers() if b.is_floating_point()]
         named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
         self.anchors = Anchors(named, self.fragments, self.outer_lr, self.outer_momentum, self.local_after)
         if self._pending is not None:
@@ -139,6 +141,8 @@ class PeriodicAveragingStrategy(ReplicaStrategy):
         step = self.steps_taken
         if step == self.local_after:  # the replicas are equal here: the anchor starts from them
             self.anchors.reset(step)
+            if step:
+                self._average_statistics()  # the warm-up's own (its gradients were averaged, not they)
         else:
             fragment = fragment_due(step, self.local_after, self.sync_every, self.fragments)
             if fragment is not None:
@@ -154,15 +158,35 @@ class PeriodicAveragingStrategy(ReplicaStrategy):
             means, sent = average(self.anchors.deltas(fragment), self.codec, self.anchors.keys(fragment))
         self._bytes += sent
         self.anchors.step(fragment, means, outer, self.steps_taken)
+        if fragment == 0:
+            self._average_statistics()
         self.syncs += 1
+
+    @torch.no_grad()
+    def _average_statistics(self) -> None:
+        """The floating buffers (running statistics) averaged over the replicas, plainly, once
+        a round: each replica's drift apart from its own batches as its parameters do, and
+        the model the replicas share (and the one a run ends with) has one of each."""
+        if not self._statistics:
+            return
+        flat = torch.cat([b.reshape(-1) for b in self._statistics])
+        dist.all_reduce(flat)  # a sum, divided: Gloo's AVG is unreliable (pytorch #162338)
+        flat /= self.num_replicas
+        self._bytes += flat.numel() * flat.element_size()
+        offset = 0
+        for buffer in self._statistics:
+            buffer.copy_(flat[offset : offset + buffer.numel()].view_as(buffer))
+            offset += buffer.numel()
 
     def finish(self, model: nn.Module) -> None:
         """The end of training: average every fragment that changed since its last
         synchronization (plainly: an outer step with momentum on a part of a round would
         overshoot), so that the replicas end as one model."""
-        for fragment, synced in enumerate(self.anchors.synced_at):
-            if self.steps_taken > max(synced, self.local_after):
-                self.synchronize(fragment, outer=False)
+        due = [f for f, synced in enumerate(self.anchors.synced_at) if self.steps_taken > max(synced, self.local_after)]
+        for fragment in due:
+            self.synchronize(fragment, outer=False)
+        if due and 0 not in due:
+            self._average_statistics()
 
     @contextlib.contextmanager
     def evaluating(self, model: nn.Module) -> Iterator[None]:
