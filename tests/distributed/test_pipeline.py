@@ -277,3 +277,34 @@ def test_a_conv_net_in_channels_last_order_crosses_the_stages(cli, tmp_path):
         runs[name] = json.loads(out.read_text())
     assert runs["pipeline"]["channels_last"] is True
     assert runs["pipeline"]["test_loss"] == pytest.approx(runs["single"]["test_loss"], rel=1e-4)
+
+
+class _PoisonLastStage(paratrain.Callback):
+    """The last stage's parameters set to NaN after step 3 (a stage that diverged alone)."""
+
+    def on_batch_end(self, step, logs):
+        strategy = self.trainer.strategy
+        if step == 3 and strategy.is_last_stage:
+            with torch.no_grad():
+                for p in self.trainer.module.parameters():
+                    p.fill_(float("nan"))
+
+
+def _diverged_alone():
+    strategy = PipelineStrategy(num_stages=2, num_microbatches=2, device="cpu")
+    strategy.on_nan = "skip"
+    try:
+        _train_steps(strategy, 16, 8, callbacks=[_PoisonLastStage()])
+    except paratrain.DivergedError as error:
+        return str(error)
+    finally:
+        strategy.teardown()
+    return None
+
+
+def test_a_stage_that_diverged_alone_stops_every_stage_at_the_same_step():
+    """--on-nan skip: step 4's gradient is NaN everywhere (the last stage's parameters are),
+    so every stage skips it; only the last stage's parameters are NaN, and every stage must
+    see that, or the others went on to step 5's sends to a stage that had stopped."""
+    said = run_distributed(_diverged_alone, world_size=2)
+    assert said == ["model diverged with loss = nan at step 4"] * 2, said

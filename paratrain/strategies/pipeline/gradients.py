@@ -94,6 +94,13 @@ def nonfinite_anywhere(optimizer: torch.optim.Optimizer, device: torch.device) -
     return not finite_on_every_process(sharded_gradients(optimizer), device)
 
 
+def diverged_anywhere(module: torch.nn.Module, device: torch.device) -> bool:
+    """Whether any stage's parameters hold a NaN or Inf (one all-reduce, as above): every
+    stage then raises DivergedError alike, instead of one raising while the others go on
+    to the next step's sends."""
+    return not finite_on_every_process([local_part(p) for p in module.parameters()], device)
+
+
 def _replicated(grad: torch.Tensor) -> bool:
     """Whether ``grad`` is whole on every process of its mesh (a DTensor replicated there)."""
     placements = getattr(grad, "placements", None)

@@ -51,7 +51,12 @@ from paratrain.strategies.pipeline.checks import (
     saved_place,
     traced_split,
 )
-from paratrain.strategies.pipeline.gradients import TiedGradients, clip_over_stages, nonfinite_anywhere
+from paratrain.strategies.pipeline.gradients import (
+    TiedGradients,
+    clip_over_stages,
+    diverged_anywhere,
+    nonfinite_anywhere,
+)
 from paratrain.strategies.pipeline.mesh import TensorStages, replica_groups
 from paratrain.strategies.pipeline.stages import (
     MicrobatchTraffic,
@@ -358,6 +363,9 @@ class PipelineStrategy(Strategy):
 
     def _nonfinite_anywhere(self, optimizer: torch.optim.Optimizer) -> bool:  # pipeline-ft's too
         return nonfinite_anywhere(optimizer, self.device)
+
+    def parameters_finite(self, model: nn.Module) -> bool:
+        return not diverged_anywhere(self.unwrap(model), self.device)
 
     def _average_gradients(self) -> None:
         """Mean of this stage's gradients across replicas: one all-reduce of one flat buffer."""
