@@ -391,8 +391,11 @@ class Strategy:
         }
 
     def state_dict(self) -> dict[str, Any]:
-        """This process's state for a checkpoint (the checkpointer calls it)."""
-        return {"name": self.name, "steps": self._steps, "skipped_updates": self.skipped_updates}
+        """This process's state for a checkpoint (the checkpointer calls it); under fp16, the
+        gradient scaler's scale and growth count (a resumed run skips the steps the run never
+        stopped skips)."""
+        scaler = self.scaler.state_dict() if self.scaler is not None else {}
+        return {"name": self.name, "steps": self._steps, "skipped_updates": self.skipped_updates, "scaler": scaler}
 
     def reshard_state(self, state: dict[str, Any], saved_replicas: int) -> dict[str, Any]:
         """This process's strategy state from a checkpoint written by ``saved_replicas``
@@ -405,6 +408,8 @@ class Strategy:
         self._steps = int(state["steps"])
         self.skipped_updates = int(state.get("skipped_updates", 0))
         self.steps_taken = self._steps + self.skipped_updates
+        if state.get("scaler") and self.scaler is not None:
+            self.scaler.load_state_dict(state["scaler"])
 
 
 def _ignore(version: int) -> None:

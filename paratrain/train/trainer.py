@@ -19,7 +19,7 @@ from torch import nn
 
 from paratrain.console import console
 from paratrain.data.batch import num_examples
-from paratrain.data.sharding import ShardedBatches
+from paratrain.data.sharding import ShardedBatches, as_source, is_map_style
 from paratrain.errors import ConfigError, ReplicaLeft
 from paratrain.launch.allocator import keep_freed_memory
 from paratrain.launch.threads import share_cores
@@ -44,7 +44,7 @@ class Trainer:
         model: nn.Module,
         loss: str | Score | None = None,
         optimizer: torch.optim.Optimizer | None = None,
-        metrics: Sequence[str | Score] | Mapping[str, Score] = ("accuracy",),
+        metrics: Sequence[str | Score] | Mapping[str, Score] | None = None,
         strategy: Strategy | None = None,
         *,
         precision: str = "fp32",
@@ -61,7 +61,9 @@ class Trainer:
     ):
         """``loss``: a name (``scores.LOSSES``), a callable ``(outputs, targets)``, or None:
         cross-entropy, or the model's own loss where a batch is a dict alone; ``metrics``:
-        names (``accuracy``, ``top5_accuracy``, ``mae``, ``mse``), callables, or a dict of them.
+        names (``accuracy``, ``top5_accuracy``, ``mae``, ``mse``), callables, or a dict of them
+        (None: ``accuracy``, and none where the examples are dicts scored by the model's own
+        loss, whose output is no one prediction per example).
         ``precision``, ``accumulate``, ``clip_grad_norm``, ``channels_last`` (None: on for a
         conv net on the CPU where the strategy takes it, ``recipe.prefers_channels_last``),
         ``activation_checkpointing``, ``pool_before_relu`` (a ReLU then a max-pooling in an
@@ -82,7 +84,8 @@ class Trainer:
         if keep_host_memory:
             keep_freed_memory()
         torch.set_flush_denormal(flush_denormal)
-        self.metric_fns = resolve_metrics(metrics)
+        self._metrics_by_default = metrics is None
+        self.metric_fns = resolve_metrics(("accuracy",) if metrics is None else metrics)
         loss = resolve_loss(loss)
         if optimizer is None:
             raise ConfigError("Trainer needs an optimizer, e.g. torch.optim.SGD(model.parameters(), lr=0.05)")
@@ -137,6 +140,17 @@ class Trainer:
         tested = ("test_loss", *(f"test_{m}" for m in self.metrics)) if validation else ()
         return ("train_loss", *tested)
 
+    def _settle_metrics(self, data: object) -> None:
+        """The default metrics (``metrics=None``) for ``data``: none where its examples are
+        dicts that the model's own loss scores (a Hugging Face model's output), whose
+        ``accuracy`` failed after a whole epoch of training."""
+        if not self._metrics_by_default or not getattr(self.loss_fn, "uses_model_loss", False):
+            return
+        source = as_source(data)[0]
+        if is_map_style(source) and len(source) and isinstance(source[0], Mapping):
+            self.metric_fns, self.metrics = {}, ()
+        self._metrics_by_default = False
+
     def set_learning_rate(self, lr: float) -> None:
         self.strategy.set_learning_rate(self.optimizer, lr)
         self.learning_rate = lr
@@ -166,6 +180,7 @@ class Trainer:
         this many steps (0: once per epoch). Divergence is detected at these points.
         """
         strategy = self.strategy
+        self._settle_metrics(train_data)
         keys = self.log_keys(validation_data is not None)
         server = strategy.server
         if server is not None:
@@ -367,6 +382,7 @@ class Trainer:
 
         The same keys everywhere; None values on a process that does not evaluate
         (parameter-server shards, and workers other than the chief)."""
+        self._settle_metrics(data)
         if not self.strategy.evaluates:
             return dict.fromkeys(("loss", *self.metrics))
         with span("evaluate"):

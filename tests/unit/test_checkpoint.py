@@ -415,3 +415,33 @@ def test_a_nan_loss_stops_the_run_and_the_last_good_checkpoint_stays(tmp_path):
         trainer.fit(splits.train, epochs=1, verbose=0, callbacks=[Checkpoint(tmp_path, every_steps=10)])
     # The save at step 30 found the NaN first: 10 and 20 stay, nothing diverged was written.
     assert [step for step, _ in CheckpointStore(tmp_path).complete()] == [20, 10]
+
+
+def test_a_resumed_fp16_run_takes_the_scalers_state():
+    """fp16's gradient scaler (its scale, halved at each overflow, and its growth count) is in
+    the checkpoint: a resumed run starts with the saved run's, not a fresh 65536, and skips
+    the steps the run never stopped skips."""
+    import tempfile
+
+    def trainer():
+        torch.manual_seed(0)
+        splits = load_digits()
+        net = build_model("mlp", splits.spec)
+        opt = torch.optim.SGD(net.parameters(), lr=0.05)
+        strategy = paratrain.SingleDeviceStrategy(device="cpu")
+        return paratrain.Trainer(net, "cross_entropy", opt, strategy=strategy, precision="fp16"), splits
+
+    with tempfile.TemporaryDirectory() as folder:
+        first, splits = trainer()
+        x, y = splits.train.tensors
+        first.fit((x[:320], y[:320]), epochs=1, batch_size=32, verbose=0, callbacks=[Checkpoint(folder, 5)])
+        saved = load_checkpoint(folder)["strategy"]["scaler"]
+        counted = saved["_growth_tracker"]
+        assert counted >= 5 and saved["scale"] < 65536.0  # the first step overflowed: halved
+        again, _ = trainer()
+        again.fit(
+            (x[:320], y[:320]), epochs=2, batch_size=32, verbose=0, callbacks=[Checkpoint(folder, 5, resume=True)]
+        )
+        # went on counting from the saved count (a fresh scaler counts from 0)
+        assert int(again.strategy.scaler._growth_tracker) == counted + 10
+        assert again.strategy.scaler.get_scale() == saved["scale"]
