@@ -16,6 +16,7 @@ Each field's help text sits in its metadata, right under it, and is what
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -244,8 +245,8 @@ class TrainConfig:
         for name in ("lr", "timeout", "lr_decay_rate", "heartbeat_timeout", "clip_grad_norm"):
             if getattr(self, name) is None:
                 continue
-            if not getattr(self, name) > 0:
-                raise ConfigError(f"{flag(name)} must be > 0, got {getattr(self, name)}")
+            if not 0 < getattr(self, name) < math.inf:
+                raise ConfigError(f"{flag(name)} must be > 0, got {getattr(self, name)}")  # inf too
         for name in ("metrics_out", "timeline"):
             if getattr(self, name) is not None:
                 _check_writable(name, getattr(self, name))

@@ -37,6 +37,15 @@ class DivergedError(ParatrainError, ArithmeticError):
         super().__init__(f"model diverged with loss = {loss} at step {step}")
 
 
+class LauncherStopped(ParatrainError):
+    """The launcher of a fault-tolerant run was sent SIGTERM or SIGUSR1: its replicas were
+    stopped with it (their folder removed); exit code 128 + the signal's number."""
+
+    def __init__(self, number: int, message: str):
+        self.exit_code = 128 + number
+        super().__init__(message)
+
+
 class WorkerLost(ParatrainError):
     """A worker that the run cannot do without stopped answering."""
 

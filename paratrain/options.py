@@ -9,6 +9,7 @@ Depends on nothing but errors.py: configuration dataclasses at every layer use i
 from __future__ import annotations
 
 import dataclasses
+import math
 from enum import Enum
 from typing import Any
 
@@ -105,8 +106,9 @@ def check_options(config: Any) -> None:
 
 
 def at_least(name: str, value: float | None, low: float) -> None:
-    if value is not None and value < low:
-        raise ConfigError(f"{flag(name)} must be >= {low}, got {value}")
+    """ConfigError unless ``value`` (None: not given) is a finite number >= ``low``."""
+    if value is not None and not (math.isfinite(value) and value >= low):
+        raise ConfigError(f"{flag(name)} must be >= {low}, got {value}")  # nan and inf too
 
 
 def non_default(config: Any) -> list[str]:

@@ -26,15 +26,17 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from paratrain.comm.transport import host_rendezvous, host_store
-from paratrain.errors import WorkerLost, signal_name
+from paratrain.errors import LauncherStopped, WorkerLost, signal_name
 from paratrain.launch.process import launcher_env, process_context
 from paratrain.launch.supervisor import (
     ends_run,
@@ -133,6 +135,14 @@ def supervise_replacing(
             started.append(process)
         return started
 
+    def stopped(number: int, frame: Any) -> None:
+        raise LauncherStopped(
+            number,
+            f"the launcher was sent {signal_name(number)}: every replica was stopped with it; the run goes on "
+            "from its last checkpoint with --resume",
+        )
+
+    previous = _handle_signals(stopped)
     replicas = [start(slot) for slot in range(num_replicas)]
     finished: set[int] = set()
     lost: set[int] = set()
@@ -251,10 +261,25 @@ def supervise_replacing(
             for m in range(per_replica)
         ]
     finally:
+        _handle_signals(None, previous)
         for members in replicas:
             _stop(members)
         lighthouse.shutdown()
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _handle_signals(handler: Any, previous: dict[int, Any] | None = None) -> dict[int, Any]:
+    """SIGTERM and SIGUSR1 to the launcher handled by ``handler`` (from the main thread
+    only, Python's rule), or put back as ``previous``; returns the handlers replaced. The
+    replicas of a fault-tolerant run leave one by one on SIGTERM, so the launcher's signal
+    ends them all with it instead of leaving them and its files behind."""
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    if previous is not None:
+        for number, old in previous.items():
+            signal.signal(number, old)
+        return {}
+    return {number: signal.signal(number, handler) for number in (signal.SIGTERM, signal.SIGUSR1)}
 
 
 def _tag(slot: int, member: int, incarnation: int, per_replica: int) -> str:

@@ -400,3 +400,29 @@ def test_a_replica_left_out_of_several_quorums_heals_forward_to_its_peers_positi
     first, without, again = as_formed(spans, 3)
     assert first == [1, 55, 3] and without[0] == 56 and without[2] == 2 and again == [without[1] + 1, 295, 3]
     assert without[1] > 59, spans  # the peers were in another epoch when the replica came back
+
+
+def test_a_signal_to_the_launcher_stops_every_replica_and_leaves_no_files(tmp_path):
+    """SIGTERM to `paratrain train --strategy allreduce-ft`'s launcher, once a checkpoint is
+    written: every replica stops with it, its run folder and the processes' are removed,
+    one line says so, exit 128 + 15 (it died of the signal, its files left behind, the
+    replicas killed by their parent's death before any could save)."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    folder = tmp_path / "ckpt"
+    command = [sys.executable, "-m", "paratrain", "train", "--strategy", "allreduce-ft", "--workers", "2",
+               "--epochs", "200", "--checkpoint-dir", str(folder), "--checkpoint-every", "20", "--no-progress",
+               "--log-every", "0"]  # fmt: skip
+    launcher = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env={**os.environ, "TMPDIR": str(scratch)})
+    deadline = time.monotonic() + 120
+    while not any(folder.glob("ckpt-*/manifest.json")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    launcher.terminate()
+    _, stderr = launcher.communicate(timeout=60)
+    assert launcher.returncode == 128 + 15, stderr[-3000:]
+    said = [line for line in stderr.splitlines() if line.startswith("paratrain:")]
+    assert said[-1] == (
+        "paratrain: error: the launcher was sent SIGTERM: every replica was stopped with it; the run goes on from "
+        "its last checkpoint with --resume"
+    )
+    assert not [p.name for p in scratch.iterdir() if p.name.startswith(("paratrain-", "pymp-"))]

@@ -56,6 +56,13 @@ def test_default_run_reaches_95_percent_in_under_30_seconds(cli, tmp_path):
         (["--metrics-out", "/nonexistent/dir/m.json"], ["--metrics-out", "does not exist"]),
         (["--config", "/nonexistent.toml"], ["--config /nonexistent.toml: no such file"]),
         (["--frobnicate"], ["unrecognized arguments: --frobnicate"]),
+        (["--momentum", "nan"], ["--momentum must be >= 0, got nan"]),  # it diverged at step 3
+        (["--lr", "inf"], ["--lr must be > 0, got inf"]),
+        (["--lr-schedule", "linear-scaling", "--warmup-epochs", "nan"], ["--warmup-epochs must be >= 0, got nan"]),
+        # a flag shortened: taken whole only (--procs-per reached torchrun's processes, which
+        # started torchrun again, without end)
+        (["--procs-per", "1"], ["unrecognized arguments: --procs-per 1"]),
+        (["--epoch", "2"], ["unrecognized arguments: --epoch 2"]),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(cli, args, words):
