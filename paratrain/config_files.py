@@ -28,14 +28,25 @@ def load_toml(path: str) -> dict[str, Any]:
         raise ConfigError(f"--config {path}: not valid TOML ({error})") from None
     except OSError as error:
         raise ConfigError(f"--config {path}: cannot read ({error.strerror})") from None
-    raw = raw.get("train", raw)
+    if "train" in raw:
+        others = [key for key in raw if key != "train"]
+        if others:  # they were dropped without a word
+            raise ConfigError(
+                f"--config {path}: keys beside its [train] table ({', '.join(others)}); give them in [train] "
+                "or all at the top"
+            )
+        if not isinstance(raw["train"], dict):
+            raise ConfigError(f"--config {path}: train must be a table of keys ([train]), got {raw['train']!r}")
+        raw = raw["train"]
     known = {f.name for f in config_fields()}
-    values = {}
+    values: dict[str, Any] = {}
     for key, value in raw.items():
         name = key.replace("-", "_")
         if name not in known:
             valid = ", ".join(sorted(k.replace("_", "-") for k in known))
             raise ConfigError(f"--config {path}: unknown key {key!r}; valid keys: {valid}")
+        if name in values:
+            raise ConfigError(f"--config {path}: {name.replace('_', '-')} is given twice (with dashes and underscores)")
         values[name] = value
     return values
 

@@ -102,6 +102,21 @@ def test_config_file_with_flag_override(cli, tmp_path):
     assert metrics["global_steps"] == 2 * (1433 // 64)
 
 
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("epochs = 0\n[train]\nlr = 0.1\n", "keys beside its [train] table (epochs)"),  # epochs was dropped
+        ("batch-size = 8\nbatch_size = 64\n", "batch-size is given twice"),  # the last one won
+    ],
+)
+def test_a_config_file_that_would_drop_a_key_is_one_line_and_exit_2(cli, tmp_path, text, words):
+    config = tmp_path / "run.toml"
+    config.write_text(text)
+    result = cli("train", "--config", str(config))
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert words in result.stderr
+
+
 def test_help_lists_every_option(cli):
     result = cli("train", "--help")
     assert result.returncode == 0
