@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from paratrain.options import at_least, option
+from paratrain.options import at_least, check_options, option
 
 
 @dataclass
@@ -18,5 +18,6 @@ class DLRMConfig:
     dlrm_top: int = option(64, "dlrm: hidden width of the MLP over the features' interactions")
 
     def check(self) -> None:
+        check_options(self)  # the types (a config file's "16")
         for name in ("dlrm_dim", "dlrm_bottom", "dlrm_top"):
             at_least(name, getattr(self, name), 1)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from paratrain.errors import ConfigError
-from paratrain.options import at_least, option
+from paratrain.options import at_least, check_options, option
 
 
 @dataclass
@@ -21,6 +21,7 @@ class GPTConfig:
     gpt_dropout: float = option(0.0, "gpt: dropout after the embeddings, attention and each MLP")
 
     def check(self) -> None:
+        check_options(self)  # the types (a config file's 2.0 layers, "0.1" dropout)
         for name in ("gpt_layers", "gpt_width", "gpt_heads"):
             at_least(name, getattr(self, name), 1)
         if self.gpt_width % self.gpt_heads:

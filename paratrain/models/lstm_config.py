@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from paratrain.options import at_least, option
+from paratrain.options import at_least, check_options, option
 
 
 @dataclass
@@ -18,4 +18,5 @@ class LSTMConfig:
     )
 
     def check(self) -> None:
+        check_options(self)  # the type (a config file's 2.5 layers)
         at_least("lstm_layers", self.lstm_layers, 1)

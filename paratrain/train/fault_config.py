@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from paratrain.errors import ConfigError
-from paratrain.options import flag, option
+from paratrain.options import check_options, flag, option
 from paratrain.strategies.topology import Topology
 
 FAIL_FORM = "WORKER@STEP (e.g. 1@40), all@STEP (every worker at once) or ps:SHARD@VERSION (e.g. ps:0@100)"
@@ -40,6 +40,7 @@ class FaultConfig:
     straggler: str | None = option(None, "fault injection: WORKER:FACTOR makes that worker's steps FACTOR times slower")
 
     def __post_init__(self) -> None:
+        check_options(self)  # texts (a config file's fail = 5)
         parsed = self.fail_at or self.fail_shard_at  # each parses (and checks) its text
         if parsed is not None and parsed[1] < 1:
             raise ConfigError(f"--fail {self.fail}: the step or version must be >= 1")

@@ -107,9 +107,12 @@ def test_config_file_with_flag_override(cli, tmp_path):
     [
         ("epochs = 0\n[train]\nlr = 0.1\n", "keys beside its [train] table (epochs)"),  # epochs was dropped
         ("batch-size = 8\nbatch_size = 64\n", "batch-size is given twice"),  # the last one won
+        ("fail = 5\n", "--fail must be str, got 5"),  # an AttributeError's traceback
+        ('model = "lstm"\nlstm_layers = 2.5\n', "--lstm-layers must be int, got 2.5"),  # torch's TypeError
+        ('model = "gpt"\ndataset = "text-lm"\ngpt_dropout = "0.1"\n', "--gpt-dropout must be float, got '0.1'"),
     ],
 )
-def test_a_config_file_that_would_drop_a_key_is_one_line_and_exit_2(cli, tmp_path, text, words):
+def test_a_config_file_that_would_drop_or_mistype_a_key_is_one_line_and_exit_2(cli, tmp_path, text, words):
     config = tmp_path / "run.toml"
     config.write_text(text)
     result = cli("train", "--config", str(config))
