@@ -36,11 +36,10 @@ class ReplicaState:
         self.part = self.strategy.topology.checkpoint_part(rank)
         self.model_part = self.strategy.topology.model_part(rank)
         self._group: Any = None  # background sharded saves' own process group (_save_group)
-        self.tokened = False
-        """Each save's parts carry a token of this life of the writing processes, and the
-        chief commits only parts that carry it (set where a save may find the parts of a
-        save a crash cut short: a fault-tolerant replica's, checkpoint.py there)."""
-        self._token: str | None = None
+        self.token: str | None = None
+        """Where set, each save's parts carry it and the chief commits only parts that do: a
+        token of this life of the writing processes, where a save may find the parts of one
+        a crash cut short (a fault-tolerant replica's, strategies/fault_tolerant/checkpoint.py)."""
 
     def at_step(self, step: int) -> None:
         """Write this process's part of step ``step``; on the chief, commit the checkpoint.
@@ -54,7 +53,7 @@ class ReplicaState:
         state: dict[str, Any] = {"trainer": trainer.state_dict(), "strategy": strategy.state_dict()}
         folder = store.folder(step)
         store._makedirs(folder)
-        token = self._save_token()  # before DCP's thread plans over the save group
+        token = self.token
         files = strategy.model_files
         background = self.files.asynchronous
         own_files: Callable[[], list[str]] = list  # the model's own files' names, once written
@@ -92,23 +91,6 @@ class ReplicaState:
         if commit is not None:
             parts, meta = commit
             store.commit(step, parts + written, meta, self.files.timeout, token)
-
-    def _save_token(self) -> str | None:
-        """This life's token of the writing processes (``tokened``): rank 0's, made at the
-        first save and handed to the others over the save group (they save together)."""
-        if not self.tokened:
-            return None
-        if self._token is None:
-            import uuid
-
-            import torch.distributed as dist
-
-            made = [uuid.uuid4().hex]
-            if dist.is_initialized() and dist.get_world_size() > 1:
-                group = self._save_group()
-                dist.broadcast_object_list(made, src=dist.get_global_rank(group, 0), group=group)
-            self._token = made[0]
-        return self._token
 
     def _save_group(self) -> Any:
         """The Gloo group of the run's processes that background sharded saves plan over,

@@ -407,8 +407,10 @@ def test_a_signal_to_the_launcher_stops_every_replica_and_leaves_no_files(tmp_pa
     written: every replica stops with it, its run folder and the processes' are removed,
     one line says so, exit 128 + 15 (it died of the signal, its files left behind, the
     replicas killed by their parent's death before any could save)."""
-    scratch = tmp_path / "tmp"
-    scratch.mkdir()
+    import tempfile
+
+    # short: the forkserver's socket lives there (AF_UNIX paths end at 107 bytes)
+    scratch = Path(tempfile.mkdtemp(prefix="pt-sig-", dir="/tmp"))
     folder = tmp_path / "ckpt"
     command = [sys.executable, "-m", "paratrain", "train", "--strategy", "allreduce-ft", "--workers", "2",
                "--epochs", "200", "--checkpoint-dir", str(folder), "--checkpoint-every", "20", "--no-progress",
@@ -425,4 +427,6 @@ def test_a_signal_to_the_launcher_stops_every_replica_and_leaves_no_files(tmp_pa
         "paratrain: error: the launcher was sent SIGTERM: every replica was stopped with it; the run goes on from "
         "its last checkpoint with --resume"
     )
-    assert not [p.name for p in scratch.iterdir() if p.name.startswith(("paratrain-", "pymp-"))]
+    left = [p.name for p in scratch.iterdir() if p.name.startswith(("paratrain-", "pymp-"))]
+    shutil.rmtree(scratch, ignore_errors=True)
+    assert not left

@@ -14,10 +14,23 @@ from the last checkpoint: the steps since it are done again, as in any restart.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from paratrain.checkpoints.files import RunCheckpoints
 from paratrain.checkpoints.replica import ReplicaState
+
+
+def life_token() -> str:
+    """What every process of one replica shares in one life of it, and no other life does,
+    without a collective (the replica's processes need not agree on a save step to make it):
+    the launch (the local launcher's run folder, else torchrun's run id and rendezvous), the
+    replica's slot and its incarnation (a replacement's processes are all new)."""
+    env = os.environ
+    launch = env.get("PARATRAIN_PROGRESS") or (
+        f"{env.get('TORCHELASTIC_RUN_ID', '')}@{env.get('MASTER_ADDR', '')}:{env.get('MASTER_PORT', '')}"
+    )
+    return f"{launch}|{env.get('REPLICA_GROUP_ID', '')}|{env.get('TORCHELASTIC_RESTART_COUNT', '0')}"
 
 
 class QuorumState:
@@ -30,7 +43,7 @@ class QuorumState:
         """Writes and reads the one part, as a replica of allreduce writes and reads its own."""
         # A step's save may find the parts of the same step's save cut short in a former life
         # of the run (every replica lost, the folder left for a peer that may be writing it)
-        self.replica.tokened = True
+        self.replica.token = life_token()
         self.session = session
 
     def restore(self) -> None:
