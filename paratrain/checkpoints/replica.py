@@ -53,7 +53,6 @@ class ReplicaState:
         state: dict[str, Any] = {"trainer": trainer.state_dict(), "strategy": strategy.state_dict()}
         folder = store.folder(step)
         store._makedirs(folder)
-        token = self.token
         files = strategy.model_files
         background = self.files.asynchronous
         own_files: Callable[[], list[str]] = list  # the model's own files' names, once written
@@ -78,19 +77,17 @@ class ReplicaState:
         self.files.last_saved = step
         if background:
             copied = copy_state(state)
-            self.files.in_background(lambda: self._write_unless_moot(step, copied, commit, own_files, token))
+            self.files.in_background(lambda: self._write_unless_moot(step, copied, commit, own_files))
         else:
-            self._write(step, state, commit, own_files, token)
+            self._write(step, state, commit, own_files)
 
-    def _write(
-        self, step: int, state: dict[str, Any], commit: Commit, own_files: Callable[[], list[str]], token: str | None
-    ) -> None:
+    def _write(self, step: int, state: dict[str, Any], commit: Commit, own_files: Callable[[], list[str]]) -> None:
         store = self.files.store
-        store.write_part(step, self.part, state, token)
+        store.write_part(step, self.part, state, self.token)
         written = own_files()  # every process's model files, where the strategy writes its own
         if commit is not None:
             parts, meta = commit
-            store.commit(step, parts + written, meta, self.files.timeout, token)
+            store.commit(step, parts + written, meta, self.files.timeout, self.token)
 
     def _save_group(self) -> Any:
         """The Gloo group of the run's processes that background sharded saves plan over,
@@ -102,13 +99,13 @@ class ReplicaState:
         return self._group
 
     def _write_unless_moot(
-        self, step: int, state: dict[str, Any], commit: Commit, own_files: Callable[[], list[str]], token: str | None
+        self, step: int, state: dict[str, Any], commit: Commit, own_files: Callable[[], list[str]]
     ) -> None:
         """A save on a thread: its failure is moot where a later checkpoint is complete
         already (a fault-tolerant run's next save, by another replica, removed this one's
         unfinished folder), and raised at the next save otherwise."""
         try:
-            self._write(step, state, commit, own_files, token)
+            self._write(step, state, commit, own_files)
         except (ConfigError, RuntimeError):
             complete = self.files.store.complete()
             if not complete or complete[0][0] <= step:

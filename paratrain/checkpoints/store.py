@@ -351,28 +351,32 @@ def _note_digest(path: Path, digest: str, save: str | None, written: os.stat_res
     os.replace(tmp, digest_path(path))
 
 
-def _noted_by(folder: Path, part: str, save: str) -> bool:
-    """Whether the file of ``part`` in place is the one its writer noted for ``save``."""
-    path = part_path(folder, part)
+def _note_of(path: Path) -> dict[str, Any] | None:
+    """The writer's note of the file at ``path`` where it is of that very file in place
+    (None: no note, one that does not read, or one of another file)."""
     try:
         note = json.loads(digest_path(path).read_text())
         found = path.stat()
-        return note.get("save") == save and note["file"] == [found.st_ino, found.st_size, found.st_mtime_ns]
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return False
+        if note["file"] == [found.st_ino, found.st_size, found.st_mtime_ns]:
+            return note
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return None
+
+
+def _noted_by(folder: Path, part: str, save: str) -> bool:
+    """Whether the file of ``part`` in place is the one its writer noted for ``save``."""
+    note = _note_of(part_path(folder, part))
+    return note is not None and note.get("save") == save
 
 
 def _described(folder: Path, part: str) -> dict[str, Any]:
     """A part's size and SHA-256 for the manifest: from its writer's note where the note is
     of this very file, else read from the file (a mode's own files, a part put there by hand)."""
     path = part_path(folder, part)
-    found = path.stat()
-    try:
-        note = json.loads(digest_path(path).read_text())
-        if note["file"] == [found.st_ino, found.st_size, found.st_mtime_ns]:
-            return {"bytes": found.st_size, "sha256": note["sha256"]}
-    except (OSError, ValueError, KeyError, TypeError):
-        pass
+    note = _note_of(path)
+    if note is not None and isinstance(note.get("sha256"), str):
+        return {"bytes": note["file"][1], "sha256": note["sha256"]}
     return _describe_file(path)
 
 

@@ -169,14 +169,10 @@ class PeriodicAveragingStrategy(ReplicaStrategy):
         the model the replicas share (and the one a run ends with) has one of each."""
         if not self._statistics:
             return
-        flat = torch.cat([b.reshape(-1) for b in self._statistics])
-        dist.all_reduce(flat)  # a sum, divided: Gloo's AVG is unreliable (pytorch #162338)
-        flat /= self.num_replicas
-        self._bytes += flat.numel() * flat.element_size()
-        offset = 0
-        for buffer in self._statistics:
-            buffer.copy_(flat[offset : offset + buffer.numel()].view_as(buffer))
-            offset += buffer.numel()
+        means, sent = average(self._statistics, as_codec("none"), range(len(self._statistics)))
+        self._bytes += sent
+        for buffer, mean in zip(self._statistics, means):
+            buffer.copy_(mean)
 
     def finish(self, model: nn.Module) -> None:
         """The end of training: average every fragment that changed since its last

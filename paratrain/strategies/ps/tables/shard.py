@@ -116,7 +116,7 @@ class TableShard:
         each table's rows with their gradients and, where they differ, each row's factor of
         the learning rate (one row's are alike: its staleness is one)."""
         for t, optimizer in enumerate(self.optimizers):
-            ids, grads, factors = merged[t] if merged else (torch.zeros(0, dtype=torch.int64), None, None)
+            ids, grads, factors = merged[t]
             if len(ids):
                 unique, inverse = torch.unique(ids, return_inverse=True)
                 summed = torch.zeros(len(unique), self.dims[t]).index_add_(0, inverse, grads)
