@@ -79,18 +79,50 @@ def accelerate_side(epochs: int) -> None:
 def run_paratrain(epochs: int, folder: Path) -> float:
     out = folder / "paratrain.json"
     flags = [f"--{k.replace('_', '-')}={v}" for k, v in SIZES.items()]
-    command = [sys.executable, "-m", "paratrain", "train", "--strategy", "allreduce", "--workers", str(PROCESSES),
-               "--model", "gpt", "--dataset", "text-lm", *flags, "--optimizer", "adamw", "--lr", str(LR),
-               "--batch-size", str(BATCH), "--epochs", str(epochs), "--log-every", "0", "--no-progress",
-               "--metrics-out", str(out)]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "paratrain",
+        "train",
+        "--strategy",
+        "allreduce",
+        "--workers",
+        str(PROCESSES),
+        "--model",
+        "gpt",
+        "--dataset",
+        "text-lm",
+        *flags,
+        "--optimizer",
+        "adamw",
+        "--lr",
+        str(LR),
+        "--batch-size",
+        str(BATCH),
+        "--epochs",
+        str(epochs),
+        "--log-every",
+        "0",
+        "--no-progress",
+        "--metrics-out",
+        str(out),
+    ]
     subprocess.run(command, check=True, cwd=ROOT, capture_output=True)
     return json.loads(out.read_text())["tokens_per_second"]
 
 
 def run_accelerate(epochs: int) -> float:
     launcher = shutil.which("torchrun", path=str(Path(sys.executable).parent)) or "torchrun"
-    command = [launcher, "--nproc-per-node", str(PROCESSES), str(Path(__file__).resolve()),
-               "--side", "accelerate", "--epochs", str(epochs)]  # fmt: skip
+    command = [
+        launcher,
+        "--nproc-per-node",
+        str(PROCESSES),
+        str(Path(__file__).resolve()),
+        "--side",
+        "accelerate",
+        "--epochs",
+        str(epochs),
+    ]
     result = subprocess.run(command, check=True, cwd=ROOT, capture_output=True, text=True)
     document = json.loads([line for line in result.stdout.splitlines() if line.startswith("{")][-1])
     if document["processes"] != PROCESSES:
@@ -138,7 +170,7 @@ def main() -> None:
             "torch": torch.__version__,
             "accelerate": accelerate.__version__,
             "cores": os.cpu_count(),
-        },  # fmt: skip
+        },
     }
     out = Path(args.out)
     out.write_text(json.dumps(document, indent=1) + "\n")

@@ -31,9 +31,17 @@ from processor import cpu_name  # noqa: E402
 
 MODELS = {
     "mlp": ["--model", "mlp"],
-    "cifar_cnn": ["--model", "cifar_cnn", "--dataset", "benchmarks.digits32:load", "--optimizer", "adam",
-                  "--lr", "0.001"],
-}  # fmt: skip
+    "cifar_cnn": [
+        "--model",
+        "cifar_cnn",
+        "--dataset",
+        "benchmarks.digits32:load",
+        "--optimizer",
+        "adam",
+        "--lr",
+        "0.001",
+    ],
+}
 SETTINGS = ("none", "every N steps", "every N steps, async")
 
 
@@ -44,17 +52,37 @@ def run(args: argparse.Namespace, setting: str, folder: Path) -> dict:
     if setting != "none":
         saves = ["--checkpoint-dir", str(folder / "ckpt"), "--checkpoint-every", str(args.every)]
         saves += ["--checkpoint-async"] if setting.endswith("async") else []
-    command = [sys.executable, "-m", "paratrain", "train", *MODELS[args.model], "--strategy", args.strategy,
-               "--workers", str(args.workers), "--epochs", str(args.epochs), "--no-progress", "--log-every", "0",
-               "--metrics-out", str(out), *saves]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "paratrain",
+        "train",
+        *MODELS[args.model],
+        "--strategy",
+        args.strategy,
+        "--workers",
+        str(args.workers),
+        "--epochs",
+        str(args.epochs),
+        "--no-progress",
+        "--log-every",
+        "0",
+        "--metrics-out",
+        str(out),
+        *saves,
+    ]
     start = time.perf_counter()
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL, cwd=Path(__file__).resolve().parents[1])
     seconds = time.perf_counter() - start
     metrics = json.loads(out.read_text())
     train = sum(entry["train_seconds"] for entry in metrics["history"])
     saved = len(list((folder / "ckpt").glob("ckpt-*"))) if saves else 0
-    return {"steps_per_second": metrics["global_steps"] / train, "seconds": seconds,
-            "steps": metrics["global_steps"], "checkpoints_kept": saved}  # fmt: skip
+    return {
+        "steps_per_second": metrics["global_steps"] / train,
+        "seconds": seconds,
+        "steps": metrics["global_steps"],
+        "checkpoints_kept": saved,
+    }
 
 
 def spread(values: list[float], digits: int) -> str:
@@ -80,17 +108,25 @@ def main() -> None:
                 runs[name].append(run(args, name, Path(folder)))
             print(f"repeat {repeat + 1}, {name}: {runs[name][-1]['steps_per_second']:.2f} steps/s", flush=True)
     plain = statistics.median(r["steps_per_second"] for r in runs["none"])
-    lines = [f"# Checkpoints' cost: {args.model} under {args.strategy}, {args.workers} workers, {args.epochs} epochs",
-             "", "| checkpoints | steps/s | of the run without | the run's seconds |",
-             "| --- | ---: | ---: | ---: |"]  # fmt: skip
+    lines = [
+        f"# Checkpoints' cost: {args.model} under {args.strategy}, {args.workers} workers, {args.epochs} epochs",
+        "",
+        "| checkpoints | steps/s | of the run without | the run's seconds |",
+        "| --- | ---: | ---: | ---: |",
+    ]
     for name in names:
         rates = [r["steps_per_second"] for r in runs[name]]
         label = name.replace("N", str(args.every))
-        lines.append(f"| {label} | {spread(rates, 2)} | {statistics.median(rates) / plain:.0%} | "
-                     f"{spread([r['seconds'] for r in runs[name]], 1)} |")  # fmt: skip
-    lines += ["", f"Medians of {args.repeats} runs of each (lowest and highest in brackets), the three taking turns. "
-              f"Steps/s: the run's steps over its epochs' training time (the saves during the epochs included). "
-              f"Processor: {cpu_name()}."]  # fmt: skip
+        lines.append(
+            f"| {label} | {spread(rates, 2)} | {statistics.median(rates) / plain:.0%} | "
+            f"{spread([r['seconds'] for r in runs[name]], 1)} |"
+        )
+    lines += [
+        "",
+        f"Medians of {args.repeats} runs of each (lowest and highest in brackets), the three taking turns. "
+        f"Steps/s: the run's steps over its epochs' training time (the saves during the epochs included). "
+        f"Processor: {cpu_name()}.",
+    ]
     setup = {**vars(args), "processor": cpu_name()}
     record(Path(args.out), {"setup": setup, "runs": runs}, lines)
 

@@ -45,8 +45,21 @@ def main() -> None:
                 dataset, settings, target = MODELS[model]
                 for codec in args.codecs.split(","):
                     cluster = ["--hosts", str(args.hosts), "--cpu", f"{args.cpu:g}", "--link", link]
-                    train = ["--strategy", "allreduce", "--workers", str(args.hosts), "--model", model,
-                             "--dataset", dataset, *settings, "--compression", codec, "--epochs", str(args.epochs)]  # fmt: skip
+                    train = [
+                        "--strategy",
+                        "allreduce",
+                        "--workers",
+                        str(args.hosts),
+                        "--model",
+                        model,
+                        "--dataset",
+                        dataset,
+                        *settings,
+                        "--compression",
+                        codec,
+                        "--epochs",
+                        str(args.epochs),
+                    ]
                     metrics = cluster_train(cluster, train, Path(tmp) / "m.json")
                     row = {
                         "link": link,
@@ -59,9 +72,11 @@ def main() -> None:
                         "test_accuracy": metrics["test_accuracy"],
                     }
                     rows.append(row)
-                    print(f"{link:7} {model:9} {codec:8} {row['epoch_seconds']:6.2f} s/epoch "
-                          f"{shown(row['seconds_to_target'])} s to {target:g}, accuracy {row['test_accuracy']:.3f}",
-                          flush=True)  # fmt: skip
+                    print(
+                        f"{link:7} {model:9} {codec:8} {row['epoch_seconds']:6.2f} s/epoch "
+                        f"{shown(row['seconds_to_target'])} s to {target:g}, accuracy {row['test_accuracy']:.3f}",
+                        flush=True,
+                    )
     lines = [
         f"# Compression on shaped links: allreduce on {args.hosts} emulated hosts",
         "",

@@ -43,9 +43,24 @@ def cluster_train(cluster: list[str], train: list[str], out: Path, timeout: floa
     CPU through the run: paratrain/cluster/usage.py)."""
     logs = out.parent / "logs"
     command = [
-        sys.executable, "-m", "paratrain", "cluster", "run", *cluster, "--logs", str(logs), "--",
-        "paratrain", "train", *train, "--no-progress", "--log-every", "0", "--metrics-out", str(out),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "paratrain",
+        "cluster",
+        "run",
+        *cluster,
+        "--logs",
+        str(logs),
+        "--",
+        "paratrain",
+        "train",
+        *train,
+        "--no-progress",
+        "--log-every",
+        "0",
+        "--metrics-out",
+        str(out),
+    ]
     result = subprocess.run(command, capture_output=True, text=True, timeout=timeout)
     if result.returncode or not out.exists():
         raise SystemExit(f"{' '.join(command)} failed ({result.returncode}):\n{result.stderr[-3000:]}")

@@ -112,23 +112,31 @@ def measure(args: argparse.Namespace) -> list[dict]:
         for hosts in [int(h) for h in args.hosts.split(",")]:
             cpu = args.budget / hosts
             # every host count with the hosts sharing the cores as the kernel places them
-            one = cluster_train(["--hosts", "1", "--cpu", f"{cpu:g}", "--pin", "never"],
-                                ["--strategy", "single", *TRAIN, "--epochs", str(args.epochs)], Path(tmp) / "m.json")  # fmt: skip
+            one = cluster_train(
+                ["--hosts", "1", "--cpu", f"{cpu:g}", "--pin", "never"],
+                ["--strategy", "single", *TRAIN, "--epochs", str(args.epochs)],
+                Path(tmp) / "m.json",
+            )
             compute_ms = 32 / one["steady_examples_per_second"] * 1000
             for strategy, workers in LAYOUTS.items():
                 flags = ["--strategy", strategy, "--workers", str(workers(hosts))]
                 cluster = ["--hosts", str(hosts), "--cpu", f"{cpu:g}", "--link", args.link, "--pin", "never"]
                 metrics = cluster_train(cluster, [*flags, *TRAIN, "--epochs", str(args.epochs)], Path(tmp) / "m.json")
-                rows.append({
-                    "hosts": hosts,
-                    "cpu": cpu,
-                    "strategy": strategy,
-                    "compute_ms": compute_ms,
-                    "examples_per_second": metrics["steady_examples_per_second"],
-                    "test_accuracy": metrics["test_accuracy"],
-                })  # fmt: skip
-                print(f"{hosts:3} hosts at {cpu:.3f} {strategy:9} {rows[-1]['examples_per_second']:8.0f} examples/s, "
-                      f"accuracy {rows[-1]['test_accuracy']:.3f}", flush=True)  # fmt: skip
+                rows.append(
+                    {
+                        "hosts": hosts,
+                        "cpu": cpu,
+                        "strategy": strategy,
+                        "compute_ms": compute_ms,
+                        "examples_per_second": metrics["steady_examples_per_second"],
+                        "test_accuracy": metrics["test_accuracy"],
+                    }
+                )
+                print(
+                    f"{hosts:3} hosts at {cpu:.3f} {strategy:9} {rows[-1]['examples_per_second']:8.0f} examples/s, "
+                    f"accuracy {rows[-1]['test_accuracy']:.3f}",
+                    flush=True,
+                )
     return rows
 
 

@@ -34,10 +34,31 @@ MODES = {
 
 
 def run(mode: str, args: argparse.Namespace, folder: Path) -> dict:
-    cluster = ["--hosts", "5", "--cpu", f"{args.cpu:g}", "--host", f"0:cpu={args.ps_cpu:g}",
-               "--host", f"4:cpu={args.cpu * args.slow:g}"]  # fmt: skip
-    train = [*MODES[mode], "--model", args.model, "--dataset", args.dataset, "--epochs", str(args.epochs),
-             "--batch-size", str(args.batch_size), "--optimizer", args.optimizer, "--lr", str(args.lr)]  # fmt: skip
+    cluster = [
+        "--hosts",
+        "5",
+        "--cpu",
+        f"{args.cpu:g}",
+        "--host",
+        f"0:cpu={args.ps_cpu:g}",
+        "--host",
+        f"4:cpu={args.cpu * args.slow:g}",
+    ]
+    train = [
+        *MODES[mode],
+        "--model",
+        args.model,
+        "--dataset",
+        args.dataset,
+        "--epochs",
+        str(args.epochs),
+        "--batch-size",
+        str(args.batch_size),
+        "--optimizer",
+        args.optimizer,
+        "--lr",
+        str(args.lr),
+    ]
     metrics = cluster_train(cluster, train, folder / f"{mode}.json")
     metrics["seconds_to_target"] = seconds_to(metrics, args.target)
     return metrics
@@ -64,23 +85,28 @@ def main() -> None:
             for mode in MODES:
                 metrics = run(mode, args, Path(tmp))
                 runs[mode].append(metrics)
-                print(f"round {round_ + 1} {mode:9} {metrics['steady_examples_per_second']:8.0f} applied examples/s "
-                      f"accuracy {metrics['test_accuracy']:.3f}, {shown(metrics['seconds_to_target'])} s to "
-                      f"{args.target:g}, {metrics['dropped_gradients']} dropped", flush=True)  # fmt: skip
+                print(
+                    f"round {round_ + 1} {mode:9} {metrics['steady_examples_per_second']:8.0f} applied examples/s "
+                    f"accuracy {metrics['test_accuracy']:.3f}, {shown(metrics['seconds_to_target'])} s to "
+                    f"{args.target:g}, {metrics['dropped_gradients']} dropped",
+                    flush=True,
+                )
     base = statistics.median(m["steady_examples_per_second"] for m in runs["ps-sync"])
     rows = []
     for mode, metrics in runs.items():
         speed = statistics.median(m["steady_examples_per_second"] for m in metrics)
-        rows.append({
-            "mode": mode,
-            "examples_per_second": speed,
-            "vs_ps_sync": speed / base,
-            "seconds_to_target": median_or_none([m["seconds_to_target"] for m in metrics]),
-            "test_accuracy": statistics.median(m["test_accuracy"] for m in metrics),
-            "dropped_gradients": statistics.median(m["dropped_gradients"] for m in metrics),
-            "late_pushes": statistics.median(m.get("late_pushes", 0) for m in metrics),
-            "runs": [m["steady_examples_per_second"] for m in metrics],
-        })  # fmt: skip
+        rows.append(
+            {
+                "mode": mode,
+                "examples_per_second": speed,
+                "vs_ps_sync": speed / base,
+                "seconds_to_target": median_or_none([m["seconds_to_target"] for m in metrics]),
+                "test_accuracy": statistics.median(m["test_accuracy"] for m in metrics),
+                "dropped_gradients": statistics.median(m["dropped_gradients"] for m in metrics),
+                "late_pushes": statistics.median(m.get("late_pushes", 0) for m in metrics),
+                "runs": [m["steady_examples_per_second"] for m in metrics],
+            }
+        )
     setup = {k: v for k, v in vars(args).items() if k != "out"}
     lines = [
         f"# One slow host of four workers: {args.model} on {args.dataset.split(':')[0]}, emulated hosts",

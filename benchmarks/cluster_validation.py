@@ -98,12 +98,15 @@ def real_run(settings: dict, cpu: float, link: str, epochs: int, folder: Path) -
     hosts = []
     for host in metrics["usage"]["hosts"]:
         used = window(host["samples"], start, end)
-        hosts.append({
-            "host": host["host"], "cpu": host["cpu"],
-            "cpu_ms_per_step": 1e3 * used.cpu_s / steps,
-            "core_fraction": used.cpu_s / (end - start),
-            "throttled": used.throttled_periods / max(1, used.periods),
-        })  # fmt: skip
+        hosts.append(
+            {
+                "host": host["host"],
+                "cpu": host["cpu"],
+                "cpu_ms_per_step": 1e3 * used.cpu_s / steps,
+                "core_fraction": used.cpu_s / (end - start),
+                "throttled": used.throttled_periods / max(1, used.periods),
+            }
+        )
     return {
         "examples_per_second": steps / seconds * BATCH * share,
         "staleness_mean": metrics["staleness"]["mean"],
@@ -165,19 +168,24 @@ def measure(
                 run = real_run(one, args.cpu, args.link, args.epochs, Path(tmp))
                 runs[index].append(run)
                 hosts = " ".join(f"{h['core_fraction']:.2f}/{h['throttled']:.0%}" for h in run["hosts"])
-                print(f"pass {repeat + 1}: {_name(one):36} {run['examples_per_second'] or 0:8.0f} examples/s, "
-                      f"staleness {run['staleness_mean']:.2f}, accuracy {run['test_accuracy']:.3f}, "
-                      f"hosts' cores/throttled {hosts}", flush=True)  # fmt: skip
+                print(
+                    f"pass {repeat + 1}: {_name(one):36} {run['examples_per_second'] or 0:8.0f} examples/s, "
+                    f"staleness {run['staleness_mean']:.2f}, accuracy {run['test_accuracy']:.3f}, "
+                    f"hosts' cores/throttled {hosts}",
+                    flush=True,
+                )
     rows = []
     for one, found in zip(settings, runs, strict=True):
         rates = [r["examples_per_second"] for r in found if r["examples_per_second"] is not None]
-        rows.append({
-            "settings": one,
-            "examples_per_second": statistics.median(rates),
-            "range": [min(rates), max(rates)],
-            "staleness_mean": statistics.median(r["staleness_mean"] for r in found),
-            "runs": found,
-        })  # fmt: skip
+        rows.append(
+            {
+                "settings": one,
+                "examples_per_second": statistics.median(rates),
+                "range": [min(rates), max(rates)],
+                "staleness_mean": statistics.median(r["staleness_mean"] for r in found),
+                "runs": found,
+            }
+        )
     return rows
 
 

@@ -35,23 +35,60 @@ from cluster_common import RESULTS, cluster_train, paratrain, record, steady_rat
 
 #: hosts, CPU share of each
 GRID = [(2, 0.6), (3, 0.3), (3, 0.45), (3, 0.6), (4, 0.3), (4, 0.45), (5, 0.3)]
-MODEL = ["--model", "mlp", "--dataset", "digits", "--batch-size", "32", "--optimizer", "sgd", "--lr", "0.05",
-         "--momentum", "0.9"]  # fmt: skip
+MODEL = [
+    "--model",
+    "mlp",
+    "--dataset",
+    "digits",
+    "--batch-size",
+    "32",
+    "--optimizer",
+    "sgd",
+    "--lr",
+    "0.05",
+    "--momentum",
+    "0.9",
+]
 RUN = ["--strategy", "local-sgd", "--sync-every", "10000", "--epochs", "10"]
 
 
 def unquoted(hosts: int, seed: int, folder: Path) -> float:
     """The N processes on this machine, no cluster: examples/s from the end of epoch 1."""
     out = folder / "plain.json"
-    paratrain("train", *RUN, "--workers", str(hosts), *MODEL, "--seed", str(seed), "--log-every", "0",
-              "--no-progress", "--metrics-out", str(out))  # fmt: skip
+    paratrain(
+        "train",
+        *RUN,
+        "--workers",
+        str(hosts),
+        *MODEL,
+        "--seed",
+        str(seed),
+        "--log-every",
+        "0",
+        "--no-progress",
+        "--metrics-out",
+        str(out),
+    )
     return steady_rate(json.loads(out.read_text()))
 
 
 def predicted(hosts: int, share: float, calibration: Path, folder: Path) -> float:
     out = folder / "prediction.json"
-    paratrain("simulate", *RUN, "--workers", str(hosts), *MODEL, "--calibration", str(calibration),
-              "--cpu-share", f"{share:g}", "--cpu-period-ms", "10", "--json-out", str(out))  # fmt: skip
+    paratrain(
+        "simulate",
+        *RUN,
+        "--workers",
+        str(hosts),
+        *MODEL,
+        "--calibration",
+        str(calibration),
+        "--cpu-share",
+        f"{share:g}",
+        "--cpu-period-ms",
+        "10",
+        "--json-out",
+        str(out),
+    )
     (row,) = json.loads(out.read_text())["results"]
     return row["examples_per_second"]
 
@@ -83,10 +120,17 @@ def main() -> None:
                 "predicted": predicted(hosts, share, calibration, folder),
             }
             rows.append(row)
-            print(f"{hosts} hosts at {share:g}: real {row['real']:,.0f}, without quotas {row['unquoted']:,.0f}, "
-                  f"predicted {row['predicted']:,.0f}", flush=True)  # fmt: skip
-        document = {"cores": os.cpu_count(), "repeats": args.repeats, "rows": rows,
-                    "calibration": json.loads(calibration.read_text())}  # fmt: skip
+            print(
+                f"{hosts} hosts at {share:g}: real {row['real']:,.0f}, without quotas {row['unquoted']:,.0f}, "
+                f"predicted {row['predicted']:,.0f}",
+                flush=True,
+            )
+        document = {
+            "cores": os.cpu_count(),
+            "repeats": args.repeats,
+            "rows": rows,
+            "calibration": json.loads(calibration.read_text()),
+        }
     lines = [
         f"# Emulated hosts on this machine's {os.cpu_count()} cores: `local-sgd --sync-every 10000`, mlp on digits",
         "",

@@ -54,7 +54,7 @@ def side_by_side(runs: int, model: str, threads: list[str], folder: Path) -> lis
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
-        )  # fmt: skip
+        )
         for i, out in enumerate(outs)
     ]
     for process in started:

@@ -127,12 +127,24 @@ def main() -> int:
     for kind, unit in (("train", "examples/s"), ("conv", "GFLOP/s")):
         alone = at_once(kind, args.model, args.seconds, cores[:1])[0]
         together = at_once(kind, args.model, args.seconds, cores)
-        rows.append({"what": kind, "unit": unit, "alone": alone, "each_at_once": together,
-                     "kept": statistics.mean(together) / alone})  # fmt: skip
+        rows.append(
+            {
+                "what": kind,
+                "unit": unit,
+                "alone": alone,
+                "each_at_once": together,
+                "kept": statistics.mean(together) / alone,
+            }
+        )
         print(json.dumps(rows[-1]), flush=True)
     flops = step_flops(args.model)
-    document = {"processor": cpu_name(), "cores": len(cores), "model": args.model, "train_flops_per_example": flops,
-                "rows": rows}  # fmt: skip
+    document = {
+        "processor": cpu_name(),
+        "cores": len(cores),
+        "model": args.model,
+        "train_flops_per_example": flops,
+        "rows": rows,
+    }
     out = Path(args.out)
     (out / "core_scaling.json").write_text(json.dumps(document, indent=1) + "\n")
     what = {"train": f"training step of {args.model} (batch 128, paratrain single)", "conv": "5x5 convolution 64->64"}

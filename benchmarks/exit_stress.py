@@ -55,9 +55,23 @@ def readme_script() -> str:
 
 
 def torchrun(script: Path, flags: list[str], processes: int, env: dict[str, str]) -> subprocess.Popen:
-    command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(processes),
-               "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "--local-addr", "127.0.0.1",
-               str(script), *flags]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "1",
+        "--nproc-per-node",
+        str(processes),
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(free_port()),
+        "--local-addr",
+        "127.0.0.1",
+        str(script),
+        *flags,
+    ]
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
 
 

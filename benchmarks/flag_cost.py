@@ -46,8 +46,19 @@ def run(args: argparse.Namespace, flags: str, folder: Path) -> dict:
     """One ``paratrain train`` with ``flags`` added: its steps/s over training time and its seconds."""
     out = folder / "m.json"
     extra = shlex.split(args.flags) + shlex.split(flags.replace("{dir}", str(folder)))
-    command = [sys.executable, "-m", "paratrain", "train", *MODELS[args.model], "--epochs", str(args.epochs),
-               "--no-progress", "--metrics-out", str(out), *extra]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "paratrain",
+        "train",
+        *MODELS[args.model],
+        "--epochs",
+        str(args.epochs),
+        "--no-progress",
+        "--metrics-out",
+        str(out),
+        *extra,
+    ]
     start = time.perf_counter()
     subprocess.run(command, check=True, stdout=subprocess.DEVNULL, cwd=ROOT)
     seconds = time.perf_counter() - start
@@ -76,15 +87,23 @@ def main() -> None:
                 runs[name].append(run(args, variants[name], Path(folder)))
             print(f"repeat {repeat + 1}, {name}: {runs[name][-1]['steps_per_second']:.2f} steps/s", flush=True)
     first = statistics.median(r["steps_per_second"] for r in runs[names[0]])
-    lines = [f"# What flags cost: {args.model}, `{args.flags}`, {args.epochs} epochs", "",
-             f"| variant | its flags | steps/s | of `{names[0]}` | the run's seconds |",
-             "| --- | --- | ---: | ---: | ---: |"]  # fmt: skip
+    lines = [
+        f"# What flags cost: {args.model}, `{args.flags}`, {args.epochs} epochs",
+        "",
+        f"| variant | its flags | steps/s | of `{names[0]}` | the run's seconds |",
+        "| --- | --- | ---: | ---: | ---: |",
+    ]
     for name in names:
         rates = [r["steps_per_second"] for r in runs[name]]
-        lines.append(f"| {name} | `{variants[name]}` | {spread(rates, 2)} | {statistics.median(rates) / first:.0%} "
-                     f"| {spread([r['seconds'] for r in runs[name]], 1)} |")  # fmt: skip
-    lines += ["", f"Medians of {args.repeats} runs of each (lowest and highest in brackets), the variants taking "
-              f"turns. Steps/s: the run's steps over its epochs' training time. Processor: {cpu_name()}."]  # fmt: skip
+        lines.append(
+            f"| {name} | `{variants[name]}` | {spread(rates, 2)} | {statistics.median(rates) / first:.0%} "
+            f"| {spread([r['seconds'] for r in runs[name]], 1)} |"
+        )
+    lines += [
+        "",
+        f"Medians of {args.repeats} runs of each (lowest and highest in brackets), the variants taking "
+        f"turns. Steps/s: the run's steps over its epochs' training time. Processor: {cpu_name()}.",
+    ]
     record(Path(args.out), {"setup": {**vars(args), "variant": variants, "processor": cpu_name()}, "runs": runs}, lines)
 
 

@@ -133,14 +133,20 @@ def between(seconds: list[float], losses: list[float]) -> list[float]:
     it replaced, or survivors slowed for good by a loss, would show as a fall after the first."""
     begin = next((k for k, rate in enumerate(seconds) if rate > 0), len(seconds)) + SETTLE
     bounds = [(begin, math.floor(losses[0]) if losses else len(seconds) - 1)]
-    bounds += [(math.ceil(lost) + SETTLE, math.floor(after) if after else len(seconds) - 1)
-               for lost, after in zip(losses, [*losses[1:], None])]  # fmt: skip
+    bounds += [
+        (math.ceil(lost) + SETTLE, math.floor(after) if after else len(seconds) - 1)
+        for lost, after in zip(losses, [*losses[1:], None])
+    ]
     return [sum(seconds[a:b]) / (b - a) for a, b in bounds if b > a]
 
 
 #: The columns of the phases table: a phase and the timeline spans it sums.
-PHASES = {"quorum": ("quorum",), "all-reduce": ("allreduce",), "compute": ("forward", "backward", "optimizer"),
-          "rest": ("data", "evaluate")}  # fmt: skip
+PHASES = {
+    "quorum": ("quorum",),
+    "all-reduce": ("allreduce",),
+    "compute": ("forward", "backward", "optimizer"),
+    "rest": ("data", "evaluate"),
+}
 
 
 def phases(trace: dict, began_unix: float, width: float) -> list[dict]:
@@ -158,10 +164,21 @@ def phases(trace: dict, began_unix: float, width: float) -> list[dict]:
         rank = sums.setdefault(window, {}).setdefault(event["pid"], dict.fromkeys([*PHASES, "steps"], 0.0))
         rank[names[event["name"]]] += event["dur"] / 1e3
         rank["steps"] += event["name"] == "optimizer"
-    return [{"at": k * width, "ranks": {r: {"steps_per_s": round(row["steps"] / width, 1),
-                                            **{p: round(row[p] / row["steps"], 3) for p in PHASES}}
-                                        for r, row in sorted(sums[k].items()) if row["steps"]}}
-            for k in sorted(sums) if k >= 0]  # fmt: skip
+    return [
+        {
+            "at": k * width,
+            "ranks": {
+                r: {
+                    "steps_per_s": round(row["steps"] / width, 1),
+                    **{p: round(row[p] / row["steps"], 3) for p in PHASES},
+                }
+                for r, row in sorted(sums[k].items())
+                if row["steps"]
+            },
+        }
+        for k in sorted(sums)
+        if k >= 0
+    ]
 
 
 def phase_lines(table: list[dict]) -> list[str]:
@@ -195,8 +212,9 @@ def main() -> None:
         timeline = Path(tmp) / "timeline.json"
         extra = [*restarts, "--timeline", str(timeline)] if args.phases else restarts
         began_unix = time.time()
-        run = train(args.model, args.strategy, extra, Path(tmp), kill_every=args.every, kills=args.kills,
-                    longer=args.longer)  # fmt: skip
+        run = train(
+            args.model, args.strategy, extra, Path(tmp), kill_every=args.every, kills=args.kills, longer=args.longer
+        )
         trace = json.loads(timeline.read_text()) if args.phases else None
     losses = [t for t, line in run["errors"] if LOSS.search(line)]
     table = windows(sampler.samples, run["steps"], args.window)
@@ -204,29 +222,48 @@ def main() -> None:
     calm = [rate for k, rate in enumerate(seconds[1:-1], 1) if all(abs(k + 0.5 - t) > SETTLE for t in losses)]
     costs = loss_costs(run["steps"], losses)
     stretches = between(seconds, losses)
-    document = {"setup": vars(args), "losses_at": losses, "loss_costs": costs, "seconds": run["seconds"],
-                "windows": table, "pace_per_second": seconds, "between_losses": stretches}  # fmt: skip
+    document = {
+        "setup": vars(args),
+        "losses_at": losses,
+        "loss_costs": costs,
+        "seconds": run["seconds"],
+        "windows": table,
+        "pace_per_second": seconds,
+        "between_losses": stretches,
+    }
     roles = sorted({r for w in table for r in w["cpu"]}, key=lambda r: (r[0] == "p", len(r), r))
-    lines = [f"# Pace and CPU of `{args.strategy}` on the {args.model}, a random replica process killed every "
-             f"{args.every:g} s ({len(losses)} losses, at {', '.join(f'{t:.0f}' for t in losses)} s)", "",
-             f"| from (s) | steps/s | run CPU | {' | '.join(roles)} |",
-             f"| ---: | ---: | ---: | {' | '.join('---:' for _ in roles)} |"]  # fmt: skip
+    lines = [
+        f"# Pace and CPU of `{args.strategy}` on the {args.model}, a random replica process killed every "
+        f"{args.every:g} s ({len(losses)} losses, at {', '.join(f'{t:.0f}' for t in losses)} s)",
+        "",
+        f"| from (s) | steps/s | run CPU | {' | '.join(roles)} |",
+        f"| ---: | ---: | ---: | {' | '.join('---:' for _ in roles)} |",
+    ]
     for w in table:
         shares = [f"{w['cpu'][r]:.0%}" if r in w["cpu"] else "" for r in roles]
         lines.append(f"| {w['at']:g} | {w['steps_per_s']:.0f} | {sum(w['cpu'].values()):.0%} | {' | '.join(shares)} |")
     quartiles = statistics.quantiles(calm, n=4) if len(calm) >= 4 else [float("nan")] * 3
-    lines += ["", f"Seconds more than {SETTLE} s from any loss: {statistics.median(calm):.0f} steps/s at the median "
-              f"(quartiles {quartiles[0]:.0f}-{quartiles[2]:.0f}, over {len(calm)} one-second windows). "
-              f"A loss costs {', '.join(f'{c:.2f}' for c in costs)} s (the run's own log over the 10 s after "
-              f"each, against its pace of the 5 s before: ft_recovery.py's \"a loss costs\"). The run took "
-              f"{run['seconds']:.1f} s. CPU: a share of one core over the window (this machine has "
-              f"{os.cpu_count()} cores); p1, p2: the first replicas' processes, p3 on: the replacements.",
-              "", f"Steps per second before the first loss and between losses (from {SETTLE} s after the start "
-              f"and after each loss): {', '.join(f'{r:.2f}' for r in stretches)}."]  # fmt: skip
+    lines += [
+        "",
+        f"Seconds more than {SETTLE} s from any loss: {statistics.median(calm):.0f} steps/s at the median "
+        f"(quartiles {quartiles[0]:.0f}-{quartiles[2]:.0f}, over {len(calm)} one-second windows). "
+        f"A loss costs {', '.join(f'{c:.2f}' for c in costs)} s (the run's own log over the 10 s after "
+        f'each, against its pace of the 5 s before: ft_recovery.py\'s "a loss costs"). The run took '
+        f"{run['seconds']:.1f} s. CPU: a share of one core over the window (this machine has "
+        f"{os.cpu_count()} cores); p1, p2: the first replicas' processes, p3 on: the replacements.",
+        "",
+        f"Steps per second before the first loss and between losses (from {SETTLE} s after the start "
+        f"and after each loss): {', '.join(f'{r:.2f}' for r in stretches)}.",
+    ]
     if trace is not None:
         document["phases"] = phases(trace, began_unix, args.window)
-        lines += ["", "Each rank's steps per second (applied updates) and milliseconds per step in each phase "
-                  "(`--phases`: the run's timeline; a rank's from its last process on):", "", *phase_lines(document["phases"])]  # fmt: skip
+        lines += [
+            "",
+            "Each rank's steps per second (applied updates) and milliseconds per step in each phase "
+            "(`--phases`: the run's timeline; a rank's from its last process on):",
+            "",
+            *phase_lines(document["phases"]),
+        ]
     record(Path(args.out), document, lines)
 
 

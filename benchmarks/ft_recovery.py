@@ -67,9 +67,13 @@ from paratrain.cpu_steal import cpu_times, stolen_share  # noqa: E402
 MODELS = {
     # model flags, epochs, kill step, checkpoint every (the restart's baseline)
     "mlp": (["--model", "mlp"], 40, 130, 50),
-    "cifar_cnn": (["--model", "cifar_cnn", "--dataset", "benchmarks.digits32:load", "--optimizer", "adam",
-                   "--lr", "0.001"], 4, 30, 20),
-}  # fmt: skip
+    "cifar_cnn": (
+        ["--model", "cifar_cnn", "--dataset", "benchmarks.digits32:load", "--optimizer", "adam", "--lr", "0.001"],
+        4,
+        30,
+        20,
+    ),
+}
 STRATEGIES = {
     "allreduce-ft": ["--strategy", "allreduce-ft", "--workers", "2"],
     "allreduce (restart)": ["--strategy", "allreduce", "--workers", "2"],
@@ -92,9 +96,26 @@ def cluster_command(strategy: str, folder: Path, faults: list[str]) -> list[str]
     flags = STRATEGIES[strategy]
     per_replica = 2 if "--stages" in flags or "--shards-per-replica" in flags else 1
     replicas = int(flags[flags.index("--workers") + 1]) // per_replica
-    return [sys.executable, "-m", "paratrain", "cluster", "run", "--hosts", str(replicas + 1), "--spares", "1",
-            "--procs-per-host", str(per_replica), "--cpu", str(CLUSTER_CPU), "--logs", str(folder / "logs"),
-            *faults, "--", "paratrain"]  # fmt: skip
+    return [
+        sys.executable,
+        "-m",
+        "paratrain",
+        "cluster",
+        "run",
+        "--hosts",
+        str(replicas + 1),
+        "--spares",
+        "1",
+        "--procs-per-host",
+        str(per_replica),
+        "--cpu",
+        str(CLUSTER_CPU),
+        "--logs",
+        str(folder / "logs"),
+        *faults,
+        "--",
+        "paratrain",
+    ]
 
 
 def train(
@@ -120,8 +141,21 @@ def train(
     launcher = (
         cluster_command(strategy, folder, cluster) if cluster is not None else [sys.executable, "-m", "paratrain"]
     )
-    command = [*launcher, "train", *STRATEGIES[strategy.replace(" (plain)", " (restart)")], *flags, "--epochs", str(epochs),
-               "--log-every", "1", "--progress", "--metrics-out", str(folder / "m.json"), *checkpoints, *extra]  # fmt: skip
+    command = [
+        *launcher,
+        "train",
+        *STRATEGIES[strategy.replace(" (plain)", " (restart)")],
+        *flags,
+        "--epochs",
+        str(epochs),
+        "--log-every",
+        "1",
+        "--progress",
+        "--metrics-out",
+        str(folder / "m.json"),
+        *checkpoints,
+        *extra,
+    ]
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "PARATRAIN_THREADS_PER_WORKER": "1"}
     began, cpu_before = time.monotonic(), cpu_times()
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
@@ -196,8 +230,11 @@ def sized(model: str, strategy: str, minutes: float, cluster: list[str] | None) 
     with tempfile.TemporaryDirectory() as tmp:
         run = train(model, strategy, [], Path(tmp), longer=PROBE, cluster=cluster)
     longer = longer_for(minutes, run["seconds"], run["metrics"]["wall_seconds"])
-    print(f"{model} {strategy}: --minutes {minutes:g}: {longer}x the model's epochs ({PROBE}x took "
-          f"{run['seconds']:.1f} s, {run['metrics']['wall_seconds']:.1f} s of it training)", flush=True)  # fmt: skip
+    print(
+        f"{model} {strategy}: --minutes {minutes:g}: {longer}x the model's epochs ({PROBE}x took "
+        f"{run['seconds']:.1f} s, {run['metrics']['wall_seconds']:.1f} s of it training)",
+        flush=True,
+    )
     return longer
 
 
@@ -218,12 +255,21 @@ def throughput_kept(
     for every, kills in order[::-1] if disturbed_first else order:
         with tempfile.TemporaryDirectory() as tmp:
             # every run the same command (the same --max-restarts): only the kills differ
-            runs[every, kills] = train(model, strategy, restarts, Path(tmp), kill_every=every, kills=kills,
-                                       longer=longer, cluster=cluster)  # fmt: skip
+            runs[every, kills] = train(
+                model, strategy, restarts, Path(tmp), kill_every=every, kills=kills, longer=longer, cluster=cluster
+            )
     here = cpu_name()  # a virtual machine's processor differs from day to day
-    return [pair(runs[0, 0], runs[interval]) | {"every": interval[0], "kills": interval[1], "longer": longer,
-                                                "processor": here, "disturbed_first": disturbed_first}
-            for interval in intervals]  # fmt: skip
+    return [
+        pair(runs[0, 0], runs[interval])
+        | {
+            "every": interval[0],
+            "kills": interval[1],
+            "longer": longer,
+            "processor": here,
+            "disturbed_first": disturbed_first,
+        }
+        for interval in intervals
+    ]
 
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -236,54 +282,80 @@ def tables(
     before rows carried their interval has the file's ``every`` and ``kills``); ``length``:
     the runs' length in words (``length_words`` of the record; None: its default)."""
     where = (
-        [f"On emulated hosts (`paratrain cluster run`): each replica on a host of its own at {CLUSTER_CPU} of a core "
-         "(a pipeline's or a sharded replica's 2 processes on one host), one spare host that the lost replica starts "
-         "again on (its standby takes the lost replica's place; `(cold spare)`: a new job starts there). A kill "
-         "takes a whole host: host 1 once the run has finished step K (the step it lands at may be a few later), "
-         "and in the second table the host of a random replica, which then stands by again. Each recovery run is "
-         "the model's epochs (4x with cold spares); the restart rows are the local benchmark's (ft_recovery.md). "
-         "This machine has 2 cores.", ""]
+        [
+            f"On emulated hosts (`paratrain cluster run`): each replica on a host of its own at {CLUSTER_CPU} of a core "
+            "(a pipeline's or a sharded replica's 2 processes on one host), one spare host that the lost replica starts "
+            "again on (its standby takes the lost replica's place; `(cold spare)`: a new job starts there). A kill "
+            "takes a whole host: host 1 once the run has finished step K (the step it lands at may be a few later), "
+            "and in the second table the host of a random replica, which then stands by again. Each recovery run is "
+            "the model's epochs (4x with cold spares); the restart rows are the local benchmark's (ft_recovery.md). "
+            "This machine has 2 cores.",
+            "",
+        ]
         if cluster
         else []
-    )  # fmt: skip
-    lines = [*where, "# Recovery from a lost replica (2 replicas, SIGKILL of replica 1 at step K)", "",
-             "| model | strategy | kill at step | runs | a step before (s) | first step after (s) "
-             "| longest pause (s) | back past step K (s) | replacement in (s) |",
-             "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]  # fmt: skip
+    )
+    lines = [
+        *where,
+        "# Recovery from a lost replica (2 replicas, SIGKILL of replica 1 at step K)",
+        "",
+        "| model | strategy | kill at step | runs | a step before (s) | first step after (s) "
+        "| longest pause (s) | back past step K (s) | replacement in (s) |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for row in (r for r in rows if r["kind"] == "recovery"):
         median = row["median"]
         rejoin = spread_words(row, "replacement_in") if "replacement_in" in median else "-"
         before = spread_words(row, "step_before") if "step_before" in median else "-"
         longest = spread_words(row, "longest_pause") if "longest_pause" in median else "-"
-        lines.append(f"| {row['model']} | {row['strategy']} | {MODELS[row['model']][2]} | {len(row['runs'])} | "
-                     f"{before} | {spread_words(row, 'first_step_after')} | {longest} | {spread_words(row, 'back_past_kill')} "
-                     f"| {rejoin} |")  # fmt: skip
-    lines += ["", "Medians of the runs (their lowest and highest in brackets). A step before: the median interval "
-              "of the 20 logged steps before the kill (a step's own time, which the first step after includes). "
-              "Longest pause: the longest time without a logged step from the kill to the replacement's first "
-              "step (a restart: to its first step past the kill). "
-              + ("" if cluster else f"The restart's checkpoints: every {MODELS['mlp'][3]} steps (mlp), "
-                 f"{MODELS['cifar_cnn'][3]} (cifar_cnn). ")
-              + "Pipelines: 2 replicas of 2 stages (4 processes); `--fail 1@K` kills both stages of replica 1."]  # fmt: skip
+        lines.append(
+            f"| {row['model']} | {row['strategy']} | {MODELS[row['model']][2]} | {len(row['runs'])} | "
+            f"{before} | {spread_words(row, 'first_step_after')} | {longest} | {spread_words(row, 'back_past_kill')} "
+            f"| {rejoin} |"
+        )
+    lines += [
+        "",
+        "Medians of the runs (their lowest and highest in brackets). A step before: the median interval "
+        "of the 20 logged steps before the kill (a step's own time, which the first step after includes). "
+        "Longest pause: the longest time without a logged step from the kill to the replacement's first "
+        "step (a restart: to its first step past the kill). "
+        + (
+            ""
+            if cluster
+            else f"The restart's checkpoints: every {MODELS['mlp'][3]} steps (mlp), "
+            f"{MODELS['cifar_cnn'][3]} (cifar_cnn). "
+        )
+        + "Pipelines: 2 replicas of 2 stages (4 processes); `--fail 1@K` kills both stages of replica 1.",
+    ]
     kept_rows = [r for r in rows if r["kind"] == "throughput"]
     intervals = sorted({(r.get("every", every), r.get("kills", kills)) for r in kept_rows} or {(every, kills)})
     for interval in intervals[::-1]:  # the longest interval first
-        lines += ["", f"# Throughput kept: {'the host of a random replica' if cluster else 'a random replica process'} "
-                  f"killed every {interval[0]:g} s, {interval[1]} times (runs of {length or length_words({})})", "",
-                  "| model | strategy | runs | undisturbed s | disturbed s | kept | losses | a loss costs (s) "
-                  "| test accuracy (undisturbed) | stolen (undisturbed / disturbed) | steps/s (undisturbed / disturbed) |",
-                  "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: |"]  # fmt: skip
+        lines += [
+            "",
+            f"# Throughput kept: {'the host of a random replica' if cluster else 'a random replica process'} "
+            f"killed every {interval[0]:g} s, {interval[1]} times (runs of {length or length_words({})})",
+            "",
+            "| model | strategy | runs | undisturbed s | disturbed s | kept | losses | a loss costs (s) "
+            "| test accuracy (undisturbed) | stolen (undisturbed / disturbed) | steps/s (undisturbed / disturbed) |",
+            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: |",
+        ]
         lines += [throughput_line(r) for r in kept_rows if (r.get("every", every), r.get("kills", kills)) == interval]
-    lines += ["", "Stolen: the share of the machine's CPU time a hypervisor gave to other machines during the "
-              "undisturbed and the disturbed runs (/proc/stat's steal; the median over the pairs): a pair whose two "
-              "runs lost different shares compares two machines. Steps/s: the steps a run made over its whole "
-              "command's seconds (the median over the pairs; `-`: pairs recorded before their step logs were kept), "
-              "so that rows of one machine and day compare in absolute speed: a restart's undisturbed run pays for "
-              "its checkpoints, a fault-tolerant one writes none, and each row's kept is against its own."]  # fmt: skip
+    lines += [
+        "",
+        "Stolen: the share of the machine's CPU time a hypervisor gave to other machines during the "
+        "undisturbed and the disturbed runs (/proc/stat's steal; the median over the pairs): a pair whose two "
+        "runs lost different shares compares two machines. Steps/s: the steps a run made over its whole "
+        "command's seconds (the median over the pairs; `-`: pairs recorded before their step logs were kept), "
+        "so that rows of one machine and day compare in absolute speed: a restart's undisturbed run pays for "
+        "its checkpoints, a fault-tolerant one writes none, and each row's kept is against its own.",
+    ]
     lines += processor_lines(kept_rows, every)
     if len(intervals) > 1:
-        lines += ["", "The rows of one model and strategy share their undisturbed runs: each set of runs is one "
-                  "undisturbed run and one disturbed run per interval, every second set of a command in the reverse order."]  # fmt: skip
+        lines += [
+            "",
+            "The rows of one model and strategy share their undisturbed runs: each set of runs is one "
+            "undisturbed run and one disturbed run per interval, every second set of a command in the reverse order.",
+        ]
     return lines
 
 
@@ -302,10 +374,11 @@ def main() -> None:
         "--throughput-repeats", type=int, default=1, help="throughput kept: pairs of runs per row (medians, spread)"
     )
     parser.add_argument(
-        "--parts", default="recovery,throughput",
+        "--parts",
+        default="recovery,throughput",
         help="which measurements to run: recovery, throughput; or tables: only write the tables of the record in "
         "--out again (its settings given as for --add)",
-    )  # fmt: skip
+    )
     parser.add_argument(
         "--longer", type=int, default=3, help="throughput kept: the run's length in the model's epochs above"
     )
@@ -317,12 +390,16 @@ def main() -> None:
         f"{PROBE}x the epochs on this machine's speed of the day (instead of --longer)",
     )
     parser.add_argument(
-        "--disturbed-first", action="store_true",
+        "--disturbed-first",
+        action="store_true",
         help="the first set runs its disturbed runs first (the sets after it alternate): with --add, to even out "
         "a record whose sets ran the undisturbed run first",
-    )  # fmt: skip
-    parser.add_argument("--add", action="store_true",
-                        help="throughput kept: the sets join the rows recorded before in --out (the same settings)")  # fmt: skip
+    )
+    parser.add_argument(
+        "--add",
+        action="store_true",
+        help="throughput kept: the sets join the rows recorded before in --out (the same settings)",
+    )
     parser.add_argument(
         "--cluster",
         action="store_true",
@@ -372,9 +449,12 @@ def main() -> None:
                 backwards = (len(sets) + args.disturbed_first) % 2 == 1  # sets alternate which runs come first
                 sets.append(throughput_kept(model, strategy, intervals, longer, on, backwards))
                 for got in sets[-1]:
-                    print(f"{model} {strategy}: every {got['every']:g} s, set {len(sets)}: "
-                          f"{got['undisturbed_seconds']:.1f} s, {got['disturbed_seconds']:.1f} s, "
-                          f"kept {got['kept']:.0%}, a loss {got['loss_cost']:.2f} s", flush=True)  # fmt: skip
+                    print(
+                        f"{model} {strategy}: every {got['every']:g} s, set {len(sets)}: "
+                        f"{got['undisturbed_seconds']:.1f} s, {got['disturbed_seconds']:.1f} s, "
+                        f"kept {got['kept']:.0%}, a loss {got['loss_cost']:.2f} s",
+                        flush=True,
+                    )
             for index, interval in enumerate(intervals):
                 # the pairs' medians of their numbers (each pair's pace and steal stay in "runs")
                 rows.append(row_of(model, strategy + label, interval, [pairs[index] for pairs in sets]))
@@ -389,8 +469,9 @@ def main() -> None:
             r["strategy"],
         )
     )
-    record(out, {"rows": rows, **document},
-           tables(rows, args.repeats, *intervals[0], length_words(document), args.cluster))  # fmt: skip
+    record(
+        out, {"rows": rows, **document}, tables(rows, args.repeats, *intervals[0], length_words(document), args.cluster)
+    )
 
 
 if __name__ == "__main__":

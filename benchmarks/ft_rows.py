@@ -44,9 +44,11 @@ def processor_lines(rows: list[dict], every: float) -> list[str]:
         said.append(f"{row['model']} {row['strategy']} every {row.get('every', every):g} s: {counts}{unnamed}{order}")
     if not said:
         return []
-    return ["", "The sets' processors (model name and PyTorch's CPU capability; sets recorded before it was "
-            "kept: not recorded) and, where recorded, how many ran their disturbed runs first: "
-            + "; ".join(said) + "."]  # fmt: skip
+    return [
+        "",
+        "The sets' processors (model name and PyTorch's CPU capability; sets recorded before it was "
+        "kept: not recorded) and, where recorded, how many ran their disturbed runs first: " + "; ".join(said) + ".",
+    ]
 
 
 def cost_words(runs: list[dict]) -> str:
@@ -69,8 +71,10 @@ def speed_words(runs: list[dict]) -> str:
     paced = [r for r in runs if "pace" in r]
     if not paced:
         return "-"
-    rates = [statistics.median(sum(r["pace"][k]) * PACE_WIDTH / r[f"{k}_seconds"] for r in paced)
-             for k in ("undisturbed", "disturbed")]  # fmt: skip
+    rates = [
+        statistics.median(sum(r["pace"][k]) * PACE_WIDTH / r[f"{k}_seconds"] for r in paced)
+        for k in ("undisturbed", "disturbed")
+    ]
     return f"{rates[0]:.2f} / {rates[1]:.2f}"
 
 
@@ -101,7 +105,9 @@ def throughput_line(kept: dict) -> str:
     """A throughput row: the medians of its pairs, what they kept and its range."""
     runs = kept.get("runs", [kept])
     spread = f" ({min(r['kept'] for r in runs):.0%}-{max(r['kept'] for r in runs):.0%})" if len(runs) > 1 else ""
-    return (f"| {kept['model']} | {kept['strategy']} | {len(runs)} | {kept['undisturbed_seconds']:.1f} "
-            f"| {kept['disturbed_seconds']:.1f} | {kept['kept']:.0%}{spread} | {kept['losses_reported']:g} "
-            f"| {cost_words(runs)} | {kept['test_accuracy']:.3f} ({kept['undisturbed_test_accuracy']:.3f}) "
-            f"| {stolen_words(runs)} | {speed_words(runs)} |")  # fmt: skip
+    return (
+        f"| {kept['model']} | {kept['strategy']} | {len(runs)} | {kept['undisturbed_seconds']:.1f} "
+        f"| {kept['disturbed_seconds']:.1f} | {kept['kept']:.0%}{spread} | {kept['losses_reported']:g} "
+        f"| {cost_words(runs)} | {kept['test_accuracy']:.3f} ({kept['undisturbed_test_accuracy']:.3f}) "
+        f"| {stolen_words(runs)} | {speed_words(runs)} |"
+    )

@@ -39,8 +39,15 @@ def row_of(model: str, strategy: str, interval: tuple[float, int], runs: list[di
     """The row of ``runs`` (pairs, each from a set of runs): the medians of their numbers."""
     numbers = [k for k, v in runs[0].items() if isinstance(v, (int, float)) and k not in SETTINGS]
     medians = {key: statistics.median(r[key] for r in runs) for key in numbers}
-    return {"kind": "throughput", "model": model, "strategy": strategy, **medians,
-            "every": interval[0], "kills": interval[1], "runs": runs}  # fmt: skip
+    return {
+        "kind": "throughput",
+        "model": model,
+        "strategy": strategy,
+        **medians,
+        "every": interval[0],
+        "kills": interval[1],
+        "runs": runs,
+    }
 
 
 def settings(document: dict) -> tuple:

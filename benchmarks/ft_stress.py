@@ -71,8 +71,17 @@ class Run:
 
     def __init__(self, strategy: str, extra: list[str], folder: Path):
         flags = ["--strategy", strategy, *STRATEGIES[strategy][0].split()]
-        command = [sys.executable, "-m", "paratrain", "train", *flags, *RUN, "--metrics-out", str(folder / "m.json"),
-                   *extra]  # fmt: skip
+        command = [
+            sys.executable,
+            "-m",
+            "paratrain",
+            "train",
+            *flags,
+            *RUN,
+            "--metrics-out",
+            str(folder / "m.json"),
+            *extra,
+        ]
         env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1", "PARATRAIN_THREADS_PER_WORKER": "1"}
         self.folder = folder
         self.began = time.monotonic()
@@ -154,8 +163,12 @@ class Replicas:
         (each process of it), or, lost before the first step, took part in the first ones."""
         lost = [(int(m.group(1)), int(m.group(2)), t) for t, line in self.run.errors if (m := LOST.search(line))]
         for slot, step, at in lost:
-            joined = sum(f"worker {w} joined the run" in line for t, line in self.run.errors if t > at
-                         for w in self._workers(slot))  # fmt: skip
+            joined = sum(
+                f"worker {w} joined the run" in line
+                for t, line in self.run.errors
+                if t > at
+                for w in self._workers(slot)
+            )
             if joined >= self.per_replica or slot in self.abandoned.get(at, ()):
                 continue
             if step == 0 and any(t > at + 2.0 for t, _ in self.run.steps):
@@ -177,8 +190,11 @@ class Replicas:
         """Replica ``slot``'s live replacements that appeared within the last 1.5 s (not another's:
         that one may hold the only state the previous kill's replacement can take)."""
         now = time.monotonic()
-        return [p for p, t in self.replacements.items()
-                if self.slot_of[p] == slot and now - t < 1.5 and Path(f"/proc/{p}").exists()]  # fmt: skip
+        return [
+            p
+            for p, t in self.replacements.items()
+            if self.slot_of[p] == slot and now - t < 1.5 and Path(f"/proc/{p}").exists()
+        ]
 
     def kill(self, pid: int) -> int | None:
         """SIGKILL, then wait (up to 5 s) for the launcher to say the replica was lost, so that
@@ -244,8 +260,17 @@ def stressed_run(strategy: str, calm: dict, kills: int, rng: random.Random, fork
     }
 
 
-def _victim(run: Run, replicas: Replicas, kind: str, moment: tuple[int, float], index: int, num: int,
-            rng: random.Random, limit: float, previous: int | None) -> dict | None:  # fmt: skip
+def _victim(
+    run: Run,
+    replicas: Replicas,
+    kind: str,
+    moment: tuple[int, float],
+    index: int,
+    num: int,
+    rng: random.Random,
+    limit: float,
+    previous: int | None,
+) -> dict | None:
     """Wait for the kill's moment (a replacement: for the one of the ``previous`` kill's replica
     to start) and kill; None once the run ended."""
     step, seconds = moment
@@ -316,9 +341,11 @@ def verdict(row: dict, accuracy: float) -> bool:
 
 
 def table(summary: dict) -> list[str]:
-    lines = ["| strategy | runs | kills | of a replacement | recoveries | pause median s | pause max s | "
-             "accuracy (undisturbed) | not ok | hangs | fork-server kills: hangs |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | --- |"]  # fmt: skip
+    lines = [
+        "| strategy | runs | kills | of a replacement | recoveries | pause median s | pause max s | "
+        "accuracy (undisturbed) | not ok | hangs | fork-server kills: hangs |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: | --- |",
+    ]
     for strategy, s in summary.items():
         lines.append(
             f"| `{strategy}` | {s['runs']} | {s['kills']} | {s['replacement_kills']} | {s['recoveries']} | "
@@ -341,8 +368,10 @@ def stress(strategy: str, kills: int, per_run: int, fork_server_kills: int, seed
         row = stressed_run(strategy, calm, per_run, rng)
         row["ok"] = verdict(row, calm["test_accuracy"])
         rows.append(row)
-        log(f"  run {len(rows)}: {len(row['kills'])} kills at steps {[k['step'] for k in row['kills']]}, "
-            f"exit {row['exit']}, {row['seconds']:.0f} s, accuracy {row['test_accuracy']}, ok {row['ok']}")  # fmt: skip
+        log(
+            f"  run {len(rows)}: {len(row['kills'])} kills at steps {[k['step'] for k in row['kills']]}, "
+            f"exit {row['exit']}, {row['seconds']:.0f} s, accuracy {row['test_accuracy']}, ok {row['ok']}"
+        )
         if not row["ok"]:
             log(row["stderr_tail"])
     forks = []
@@ -350,8 +379,10 @@ def stress(strategy: str, kills: int, per_run: int, fork_server_kills: int, seed
         row = stressed_run(strategy, calm, 1, rng, fork_server=True)
         row["ok"] = verdict(row, calm["test_accuracy"])
         forks.append(row)
-        log(f"  fork server killed at step {row['kills'][0]['step'] if row['kills'] else '-'}: exit {row['exit']}, "
-            f"{row['seconds']:.0f} s: {row['last_line']}")  # fmt: skip
+        log(
+            f"  fork server killed at step {row['kills'][0]['step'] if row['kills'] else '-'}: exit {row['exit']}, "
+            f"{row['seconds']:.0f} s: {row['last_line']}"
+        )
     pauses = [k["pause"] for r in rows for k in r["kills"] if k.get("pause") is not None]
     accuracies = [r["test_accuracy"] for r in rows if r["test_accuracy"] is not None]
     return {

@@ -93,8 +93,11 @@ def vanish(strategy: str, runs: int, hold: float, seed: int) -> dict:
         row["ok"] = verdict(row, calm["test_accuracy"])
         rows.append(row)
         pause = "-" if row["pause"] is None else f"{row['pause']:.2f} s"
-        print(f"  run {index + 1}: stopped at step {row['kills'][0]['step'] if row['kills'] else '-'}, pause {pause}, "
-              f"exit {row['exit']}, accuracy {row['test_accuracy']}, ok {row['ok']}", flush=True)  # fmt: skip
+        print(
+            f"  run {index + 1}: stopped at step {row['kills'][0]['step'] if row['kills'] else '-'}, pause {pause}, "
+            f"exit {row['exit']}, accuracy {row['test_accuracy']}, ok {row['ok']}",
+            flush=True,
+        )
         if not row["ok"]:
             print(row["stderr_tail"], flush=True)
         else:
@@ -118,9 +121,11 @@ def vanish(strategy: str, runs: int, hold: float, seed: int) -> dict:
 
 
 def table(summary: dict) -> list[str]:
-    lines = ["| strategy | runs | replicas stopped | pause median s | pause max s | exit after last step, max s | "
-             "accuracy min (undisturbed) | not ok | hangs |",
-             "| --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: |"]  # fmt: skip
+    lines = [
+        "| strategy | runs | replicas stopped | pause median s | pause max s | exit after last step, max s | "
+        "accuracy min (undisturbed) | not ok | hangs |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: |",
+    ]
     for strategy, s in summary.items():
         lines.append(
             f"| `{strategy}` | {s['runs']} | {s['stopped']} | {s['pause_median']:.2f} | {s['pause_max']:.2f} | "

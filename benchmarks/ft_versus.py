@@ -56,17 +56,28 @@ def one_set(model: str, strategy: str, intervals: list[tuple[float, int]], longe
             runs[name, every] = train(model, name, extra, Path(tmp), kill_every=every, kills=kills, longer=longer)
         print(f"{name}: every {every:g} s: {runs[name, every]['seconds']:.1f} s", flush=True)
     here = cpu_name()
-    return [pair(runs[plain, 0.0], runs[name, every]) | {"strategy": name, "every": every, "kills": kills,
-                                                         "longer": longer, "processor": here,
-                                                         "disturbed_first": backwards}
-            for every, kills in intervals for name in (tolerant, restart)]  # fmt: skip
+    return [
+        pair(runs[plain, 0.0], runs[name, every])
+        | {
+            "strategy": name,
+            "every": every,
+            "kills": kills,
+            "longer": longer,
+            "processor": here,
+            "disturbed_first": backwards,
+        }
+        for every, kills in intervals
+        for name in (tolerant, restart)
+    ]
 
 
 def rows_of(model: str, pairs: list[dict]) -> list[dict]:
     """A row per strategy and interval: the medians of its pairs (in the order they ran)."""
     keys = list(dict.fromkeys((p["strategy"], p["every"], p["kills"]) for p in pairs))
-    return [row_of(model, name, (every, kills), [p for p in pairs if (p["strategy"], p["every"]) == (name, every)])
-            for name, every, kills in keys]  # fmt: skip
+    return [
+        row_of(model, name, (every, kills), [p for p in pairs if (p["strategy"], p["every"]) == (name, every)])
+        for name, every, kills in keys
+    ]
 
 
 def ahead(rows: list[dict], strategy: str, every: float) -> list[float]:
@@ -81,24 +92,35 @@ def tables(document: dict) -> list[str]:
     how far the fault-tolerant run was ahead of the restarts."""
     strategy, model = document["strategy"], document["model"]
     plain, tolerant, restart = names(strategy)
-    lines = [f"# `{tolerant}` against `{restart}`, both kept against `{plain}` undisturbed", "",
-             f"`{plain}`: `{restart}`'s command without checkpoints (`{' '.join(STRATEGIES[restart])}`, "
-             f"{model}; the restarts' checkpoints every {MODELS[model][3]} steps). Runs of about "
-             f"{document['minutes']:g} minutes undisturbed."]  # fmt: skip
+    lines = [
+        f"# `{tolerant}` against `{restart}`, both kept against `{plain}` undisturbed",
+        "",
+        f"`{plain}`: `{restart}`'s command without checkpoints (`{' '.join(STRATEGIES[restart])}`, "
+        f"{model}; the restarts' checkpoints every {MODELS[model][3]} steps). Runs of about "
+        f"{document['minutes']:g} minutes undisturbed.",
+    ]
     for every, kills in sorted(zip(document["every"], document["kills"], strict=True), reverse=True):
         ratios = ahead(document["rows"], strategy, every)
         spread = f" ({min(ratios):.0%}-{max(ratios):.0%})" if len(ratios) > 1 else ""
-        lines += ["", f"## A random replica process killed every {every:g} s, {kills} times", "",
-                  "| model | strategy | runs | undisturbed s (plain) | disturbed s | kept | losses | a loss costs (s) "
-                  "| test accuracy (plain) | stolen (plain / disturbed) | steps/s (plain / disturbed) |",
-                  "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: |",
-                  *(throughput_line(r) for r in document["rows"] if r["every"] == every), "",
-                  f"`{tolerant}` ahead of `{restart}` (the restarts' seconds over its own, per set): "
-                  f"{statistics.median(ratios):.0%}{spread} over {len(ratios)} sets."]  # fmt: skip
+        lines += [
+            "",
+            f"## A random replica process killed every {every:g} s, {kills} times",
+            "",
+            "| model | strategy | runs | undisturbed s (plain) | disturbed s | kept | losses | a loss costs (s) "
+            "| test accuracy (plain) | stolen (plain / disturbed) | steps/s (plain / disturbed) |",
+            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- | ---: | ---: |",
+            *(throughput_line(r) for r in document["rows"] if r["every"] == every),
+            "",
+            f"`{tolerant}` ahead of `{restart}` (the restarts' seconds over its own, per set): "
+            f"{statistics.median(ratios):.0%}{spread} over {len(ratios)} sets.",
+        ]
     lines += processor_lines(document["rows"], document["every"][0])
-    lines += ["", "Each set: the plain run and one run of each disturbed row, every second set in the reverse "
-              "order. Kept: the plain run's seconds over the disturbed run's (the medians over the sets); "
-              "the columns are ft_recovery.py's."]  # fmt: skip
+    lines += [
+        "",
+        "Each set: the plain run and one run of each disturbed row, every second set in the reverse "
+        "order. Kept: the plain run's seconds over the disturbed run's (the medians over the sets); "
+        "the columns are ft_recovery.py's.",
+    ]
     return lines
 
 
@@ -118,13 +140,17 @@ def main() -> None:
     if not args.minutes > 0 or args.sets < 1:
         parser.error(f"--minutes must be > 0 and --sets >= 1, got {args.minutes:g} and {args.sets}")
     out = Path(args.out or RESULTS / f"ft_versus_{args.strategy.replace('-', '_')}")
-    document = {"model": args.model, "strategy": args.strategy, "every": [e for e, _ in intervals],
-                "kills": [k for _, k in intervals], "minutes": args.minutes}  # fmt: skip
+    document = {
+        "model": args.model,
+        "strategy": args.strategy,
+        "every": [e for e, _ in intervals],
+        "kills": [k for _, k in intervals],
+        "minutes": args.minutes,
+    }
     path = out.with_suffix(".json")
     earlier = json.loads(path.read_text()) if args.add and path.exists() else None
     if earlier and any(earlier[key] != document[key] for key in SETTINGS):
-        parser.error(f"--add: {path} holds other settings: "
-                     + ", ".join(f"{key} {earlier[key]}" for key in SETTINGS))  # fmt: skip
+        parser.error(f"--add: {path} holds other settings: " + ", ".join(f"{key} {earlier[key]}" for key in SETTINGS))
     pairs = [p for row in earlier["rows"] for p in row["runs"]] if earlier else []
     recorded = len(pairs) // (2 * len(intervals))
     longer = sized(args.model, names(args.strategy)[0], args.minutes, None)

@@ -83,12 +83,19 @@ def main() -> None:
                 raise SystemExit(f"a process of the pair exited {process.exitcode}")
     seconds = min(len(r) for run in runs for r in run) - 1  # the last second is a partial one
     medians = [[statistics.median(run[k][s] for run in runs) for s in range(seconds)] for k in (0, 1)]
-    lines = [f"# A Gloo all-reduce of {floats} floats between 2 processes on loopback, second by second", "",
-             "| second | new processes (ms) | new group, processes that ran (ms) |", "| ---: | ---: | ---: |"]  # fmt: skip
+    lines = [
+        f"# A Gloo all-reduce of {floats} floats between 2 processes on loopback, second by second",
+        "",
+        "| second | new processes (ms) | new group, processes that ran (ms) |",
+        "| ---: | ---: | ---: |",
+    ]
     lines += [f"| {s} | {medians[0][s]:.2f} | {medians[1][s]:.2f} |" for s in range(seconds)]
-    lines += ["", f"The median over {args.repeats} pairs of each second's mean all-reduce time (rank 0's, the "
-              f"wait for the other process's compute included); each step computes three 256x256 by 256x64 "
-              f"products first, one thread per process. {os.cpu_count()} cores, torch {torch.__version__}."]  # fmt: skip
+    lines += [
+        "",
+        f"The median over {args.repeats} pairs of each second's mean all-reduce time (rank 0's, the "
+        f"wait for the other process's compute included); each step computes three 256x256 by 256x64 "
+        f"products first, one thread per process. {os.cpu_count()} cores, torch {torch.__version__}.",
+    ]
     record(Path(args.out), {"floats": floats, "setup": vars(args), "runs": runs, "medians": medians}, lines)
 
 

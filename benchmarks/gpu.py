@@ -129,16 +129,22 @@ def _profile_side(run: Any, steps: int, report: list[str], side: str) -> dict[st
     kernels = sum(e.count for e in events if e.device_type == cuda)
     busy_us = sum(e.self_device_time_total for e in events if e.device_type == cuda)
     launches = sum(e.count for e in events if e.key in ("cudaLaunchKernel", "cuLaunchKernel", "cudaLaunchKernelExC"))
-    report += [f"## {side}: {steps} steps, {1000 * seconds / steps:.3f} ms/step profiled, GPU busy "
-               f"{busy_us / 1000 / steps:.3f} ms/step, {kernels / steps:.1f} kernels/step", ""]  # fmt: skip
+    report += [
+        f"## {side}: {steps} steps, {1000 * seconds / steps:.3f} ms/step profiled, GPU busy "
+        f"{busy_us / 1000 / steps:.3f} ms/step, {kernels / steps:.1f} kernels/step",
+        "",
+    ]
     report.append(events.table(sort_by="self_cpu_time_total", row_limit=30, max_name_column_width=60))
     report.append(events.table(sort_by="self_device_time_total", row_limit=15, max_name_column_width=60))
     profiler, text = cProfile.Profile(), io.StringIO()
     profiler.runcall(run)
     pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(40)
     report += [text.getvalue(), ""]
-    return {"kernels_per_step": kernels / steps, "launches_per_step": launches / steps,
-            "gpu_busy_ms_per_step": busy_us / 1000 / steps}  # fmt: skip
+    return {
+        "kernels_per_step": kernels / steps,
+        "launches_per_step": launches / steps,
+        "gpu_busy_ms_per_step": busy_us / 1000 / steps,
+    }
 
 
 def overhead(
@@ -242,9 +248,16 @@ def throughput(
         row: dict[str, Any] = {"model": name, "strategy": label, "batch_per_replica": batch}
         try:
             config = TrainConfig(
-                **settings, **strategy, batch_size=batch, epochs=epochs, optimizer="adamw", lr=1e-3,
-                device=device, progress=False, log_every=0,
-            )  # fmt: skip
+                **settings,
+                **strategy,
+                batch_size=batch,
+                epochs=epochs,
+                optimizer="adamw",
+                lr=1e-3,
+                device=device,
+                progress=False,
+                log_every=0,
+            )
             metrics = run_locally(config)
             row.update(
                 examples_per_second=metrics["examples_per_second"],

@@ -34,8 +34,16 @@ from processor import cpu_name  # noqa: E402
 
 from paratrain.train.history import History  # noqa: E402
 
-ENTRY = {"epoch": 1, "train_loss": 0.1234567, "train_seconds": 0.066, "examples_seen": 1408,
-         "test_loss": 0.0987654, "test_accuracy": 0.9722, "wall_seconds": 12.5, "cpu_seconds": 11.9}  # fmt: skip
+ENTRY = {
+    "epoch": 1,
+    "train_loss": 0.1234567,
+    "train_seconds": 0.066,
+    "examples_seen": 1408,
+    "test_loss": 0.0987654,
+    "test_accuracy": 0.9722,
+    "wall_seconds": 12.5,
+    "cpu_seconds": 11.9,
+}
 
 
 def save_ms(epochs: int, form: str, repeats: int) -> float:
@@ -56,8 +64,19 @@ def run_pace(epochs: int, checkpoints: bool) -> tuple[float, float]:
     with tempfile.TemporaryDirectory(prefix="paratrain-history-") as folder:
         out = Path(folder) / "m.json"
         saves = ["--checkpoint-dir", f"{folder}/ckpt", "--checkpoint-every", "50"] if checkpoints else []
-        command = [sys.executable, "-m", "paratrain", "train", "--model", "mlp", "--epochs", str(epochs),
-                   "--metrics-out", str(out), *saves]  # fmt: skip
+        command = [
+            sys.executable,
+            "-m",
+            "paratrain",
+            "train",
+            "--model",
+            "mlp",
+            "--epochs",
+            str(epochs),
+            "--metrics-out",
+            str(out),
+            *saves,
+        ]
         subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
         metrics = json.loads(out.read_text())
     steps = metrics["global_steps"] / len(metrics["history"])
@@ -74,26 +93,38 @@ def main() -> None:
     parser.add_argument("--out", default=str(RESULTS / "history_save"))
     args = parser.parse_args()
     lengths = [int(n) for n in args.epochs.split(",")]
-    saves = [{"epochs": n, "dicts_ms": save_ms(n, "dicts", args.repeats), "json_ms": save_ms(n, "json", args.repeats)}
-             for n in lengths]  # fmt: skip
-    lines = ["# A checkpoint's history: its cost at each save", "",
-             "| epochs in the history | as dicts (ms a save) | as JSON, each epoch encoded once (ms a save) |",
-             "| ---: | ---: | ---: |"]  # fmt: skip
+    saves = [
+        {"epochs": n, "dicts_ms": save_ms(n, "dicts", args.repeats), "json_ms": save_ms(n, "json", args.repeats)}
+        for n in lengths
+    ]
+    lines = [
+        "# A checkpoint's history: its cost at each save",
+        "",
+        "| epochs in the history | as dicts (ms a save) | as JSON, each epoch encoded once (ms a save) |",
+        "| ---: | ---: | ---: |",
+    ]
     lines += [f"| {s['epochs']} | {s['dicts_ms']:.2f} | {s['json_ms']:.2f} |" for s in saves]
     runs = []
     if args.run_epochs:
         for checkpoints in (False, True):
             first, last = run_pace(args.run_epochs, checkpoints)
             runs.append({"checkpoints": checkpoints, "first_tenth_steps_per_s": first, "last_tenth_steps_per_s": last})
-        lines += ["", f"# The mlp under `single`, {args.run_epochs} epochs of 44 steps", "",
-                  "| checkpoints | steps/s, first tenth | steps/s, last tenth | last / first |",
-                  "| --- | ---: | ---: | ---: |"]  # fmt: skip
+        lines += [
+            "",
+            f"# The mlp under `single`, {args.run_epochs} epochs of 44 steps",
+            "",
+            "| checkpoints | steps/s, first tenth | steps/s, last tenth | last / first |",
+            "| --- | ---: | ---: | ---: |",
+        ]
         for run in runs:
             first, last = run["first_tenth_steps_per_s"], run["last_tenth_steps_per_s"]
             saving = "every 50 steps" if run["checkpoints"] else "none"
             lines.append(f"| {saving} | {first:.0f} | {last:.0f} | {last / first:.0%} |")
-    lines += ["", f"Medians of {args.repeats} saves (`torch.save` into memory); the runs' steps/s are medians "
-              f"over their epochs. Processor: {cpu_name()}."]  # fmt: skip
+    lines += [
+        "",
+        f"Medians of {args.repeats} saves (`torch.save` into memory); the runs' steps/s are medians "
+        f"over their epochs. Processor: {cpu_name()}.",
+    ]
     setup = {"epochs": lengths, "repeats": args.repeats, "run_epochs": args.run_epochs, "processor": cpu_name()}
     record(Path(args.out), {"setup": setup, "saves": saves, "runs": runs}, lines)
 

@@ -91,9 +91,13 @@ def measure(name: str, mode: str, args: argparse.Namespace) -> dict:
         thresholds_only()
     batch, _ = MODELS[name]
     model, inputs, targets = build(name, batch)
-    trainer = paratrain.Trainer(model, "cross_entropy", torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
-                                strategy=paratrain.SingleDeviceStrategy(device="cpu"),
-                                keep_host_memory=mode == "kept")  # fmt: skip
+    trainer = paratrain.Trainer(
+        model,
+        "cross_entropy",
+        torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9),
+        strategy=paratrain.SingleDeviceStrategy(device="cpu"),
+        keep_host_memory=mode == "kept",
+    )
     step = trainer.strategy.train_step
     for _ in range(args.warmup):
         step(trainer.model, trainer.loss_fn, trainer.optimizer, inputs, targets)
@@ -124,8 +128,17 @@ def main() -> None:
     for index in range(args.rounds):
         for name in models:
             for mode in MODES if index % 2 == 0 else MODES[::-1]:
-                command = [sys.executable, __file__, "--steps", str(args.steps), "--warmup", str(args.warmup),
-                           "--one", name, mode]  # fmt: skip
+                command = [
+                    sys.executable,
+                    __file__,
+                    "--steps",
+                    str(args.steps),
+                    "--warmup",
+                    str(args.warmup),
+                    "--one",
+                    name,
+                    mode,
+                ]
                 done = subprocess.run(command, capture_output=True, text=True, check=True)
                 runs[name][mode].append(json.loads(done.stdout.splitlines()[-1]))
                 print(f"round {index + 1}: {name} {mode}: {runs[name][mode][-1]}", flush=True)
@@ -137,8 +150,17 @@ def main() -> None:
         rows.append(row)
     import torch
 
-    document = {"setup": {"rounds": args.rounds, "steps": args.steps, "warmup": args.warmup, "torch": torch.__version__,
-                          "machine": platform.machine(), "glibc": platform.libc_ver()[1]}, "rows": rows}  # fmt: skip
+    document = {
+        "setup": {
+            "rounds": args.rounds,
+            "steps": args.steps,
+            "warmup": args.warmup,
+            "torch": torch.__version__,
+            "machine": platform.machine(),
+            "glibc": platform.libc_ver()[1],
+        },
+        "rows": rows,
+    }
     lines = [
         "# Host memory kept: a CPU step's page faults and time by malloc setting",
         "",

@@ -39,8 +39,21 @@ DOC = ROOT / "docs" / "reliability.md"
 MARKER = "kill-anytime"
 TIMEOUT_S = 20
 ORPHAN_GRACE_S = 10  # a process still importing when the launcher dies notices within this
-RUN = ["--epochs", "3", "--no-progress", "--log-every", "0", "--checkpoint-every", "10", "--max-restarts", "1",
-       "--timeout", str(TIMEOUT_S), "--heartbeat-timeout", "2"]  # fmt: skip
+RUN = [
+    "--epochs",
+    "3",
+    "--no-progress",
+    "--log-every",
+    "0",
+    "--checkpoint-every",
+    "10",
+    "--max-restarts",
+    "1",
+    "--timeout",
+    str(TIMEOUT_S),
+    "--heartbeat-timeout",
+    "2",
+]
 STRATEGIES = {
     "single": ["--strategy", "single"],
     "allreduce": ["--strategy", "allreduce", "--workers", "2"],
@@ -65,8 +78,17 @@ def start(flags: list[str], folder: Path) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo", "PARATRAIN_THREADS_PER_WORKER": "1"}
     live = any(flag.endswith("-ft") for flag in flags)  # recovers from live peers: no checkpoints
     checkpoints = [] if live else ["--checkpoint-dir", str(folder / "ckpt")]
-    command = [sys.executable, "-m", "paratrain", "train", *flags, *RUN, *checkpoints,
-               "--metrics-out", str(folder / "m.json")]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "paratrain",
+        "train",
+        *flags,
+        *RUN,
+        *checkpoints,
+        "--metrics-out",
+        str(folder / "m.json"),
+    ]
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
@@ -120,9 +142,13 @@ def drill(flags: list[str], moment: float, rng: random.Random, limit: float) -> 
     if hung:
         outcome, ok = "HUNG", False
     elif code == 0:
-        outcome = ("went on without it" if metrics and (metrics.get("workers_lost") or _dropped(metrics)) else
-                   "restarted" if metrics and metrics.get("restarts") and "fault_tolerance" not in metrics else
-                   "finished")  # fmt: skip
+        outcome = (
+            "went on without it"
+            if metrics and (metrics.get("workers_lost") or _dropped(metrics))
+            else "restarted"
+            if metrics and metrics.get("restarts") and "fault_tolerance" not in metrics
+            else "finished"
+        )
         ok = True
     elif victim == "the launcher":
         # its processes die with it (at once, or as soon as a starting one checks)
@@ -130,8 +156,16 @@ def drill(flags: list[str], moment: float, rng: random.Random, limit: float) -> 
     else:
         outcome, ok = f"failed (exit {code})", last.startswith("paratrain:")
     ok = ok and not left
-    row = {"moment": round(moment, 2), "victim": victim, "exit": code, "outcome": outcome, "seconds": round(ended, 1),
-           "left": len(left), "last_line": last[:300], "ok": ok}  # fmt: skip
+    row = {
+        "moment": round(moment, 2),
+        "victim": victim,
+        "exit": code,
+        "outcome": outcome,
+        "seconds": round(ended, 1),
+        "left": len(left),
+        "last_line": last[:300],
+        "ok": ok,
+    }
     if not ok:  # what the run said before it ended, to find the cause
         row["stderr_tail"] = err[-4000:]
     return row
@@ -153,8 +187,12 @@ def run_drills(strategy: str, drills: int, seed: int, log=print, length: float |
     rows = []
     for index in range(drills):
         moment = rng.uniform(0, 1.2 * length)
-        row = {"strategy": strategy, "seed": seed, "drill": index,
-               **drill(flags, moment, rng, limit=length + TIMEOUT_S + 30)}  # fmt: skip
+        row = {
+            "strategy": strategy,
+            "seed": seed,
+            "drill": index,
+            **drill(flags, moment, rng, limit=length + TIMEOUT_S + 30),
+        }
         log(
             f"{strategy:9} #{index:2} kill {row['victim']} at {row['moment']:5.2f} s: {row['outcome']} in "
             f"{row['seconds']} s{'' if row['ok'] else '  <-- NOT OK'}  {row['last_line'][:120]}"
@@ -164,17 +202,22 @@ def run_drills(strategy: str, drills: int, seed: int, log=print, length: float |
 
 
 def table(rows: list[dict]) -> list[str]:
-    lines = ["| strategy | seed | drills | finished | went on | restarted | failed, named | launcher killed | not ok "
-             "| longest s |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]  # fmt: skip
+    lines = [
+        "| strategy | seed | drills | finished | went on | restarted | failed, named | launcher killed | not ok "
+        "| longest s |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
     for strategy in dict.fromkeys(r["strategy"] for r in rows):
         mine = [r for r in rows if r["strategy"] == strategy]
 
         def count(prefix: str) -> int:
             return sum(r["outcome"].startswith(prefix) and r["ok"] for r in mine)  # noqa: B023
 
-        lines.append(f"| {strategy} | {mine[0]['seed']} | {len(mine)} | {count('finished')} | {count('went on')} | {count('restarted')} "
-                     f"| {count('failed')} | {count('launcher')} | {sum(not r['ok'] for r in mine)} "
-                     f"| {max(r['seconds'] for r in mine):.0f} |")  # fmt: skip
+        lines.append(
+            f"| {strategy} | {mine[0]['seed']} | {len(mine)} | {count('finished')} | {count('went on')} | {count('restarted')} "
+            f"| {count('failed')} | {count('launcher')} | {sum(not r['ok'] for r in mine)} "
+            f"| {max(r['seconds'] for r in mine):.0f} |"
+        )
     return lines
 
 

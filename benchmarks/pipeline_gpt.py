@@ -38,9 +38,31 @@ SIDES = {
 def run(flags: list[str], epochs: int, folder: Path) -> dict[str, float]:
     out = folder / "metrics.json"
     sizes = [f"--{k.replace('_', '-')}={v}" for k, v in SIZES.items()]
-    command = [sys.executable, "-m", "paratrain", "train", *flags, "--model", "gpt", "--dataset", "text-lm",
-               *sizes, "--optimizer", "adamw", "--lr", str(LR), "--epochs", str(epochs), "--log-every", "0",
-               "--no-progress", "--seed", "0", "--metrics-out", str(out)]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "paratrain",
+        "train",
+        *flags,
+        "--model",
+        "gpt",
+        "--dataset",
+        "text-lm",
+        *sizes,
+        "--optimizer",
+        "adamw",
+        "--lr",
+        str(LR),
+        "--epochs",
+        str(epochs),
+        "--log-every",
+        "0",
+        "--no-progress",
+        "--seed",
+        "0",
+        "--metrics-out",
+        str(out),
+    ]
     subprocess.run(command, check=True, cwd=ROOT, capture_output=True)
     metrics = json.loads(out.read_text())
     return {key: metrics[key] for key in ("tokens_per_second", "test_loss", "bytes_sent", "global_steps")}
@@ -99,7 +121,7 @@ def main() -> None:
             "lr": LR,
             "torch": torch.__version__,
             "cores": os.cpu_count(),
-        },  # fmt: skip
+        },
     }
     out = Path(args.out)
     out.write_text(json.dumps(document, indent=1) + "\n")

@@ -33,8 +33,25 @@ from benchmarks.recorded_table import record  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "ps_tables"
 DOC = ROOT / "docs" / "parameter_server.md"
-COMMON = ["--model", "dlrm", "--workers", "2", "--ps-shards", "2", "--batch-size", "64", "--momentum", "0",
-          "--lr", "0.2", "--threads-per-worker", "1", "--no-progress", "--log-every", "0"]  # fmt: skip
+COMMON = [
+    "--model",
+    "dlrm",
+    "--workers",
+    "2",
+    "--ps-shards",
+    "2",
+    "--batch-size",
+    "64",
+    "--momentum",
+    "0",
+    "--lr",
+    "0.2",
+    "--threads-per-worker",
+    "1",
+    "--no-progress",
+    "--log-every",
+    "0",
+]
 
 
 def run(name: str, args: list[str]) -> dict:
@@ -73,11 +90,11 @@ def main() -> None:
         run(
             "ps-backup --tables all",
             ["--strategy", "ps-backup", "--backup-workers", "1", "--dataset", data, "--tables", "all"],
-        ),  # fmt: skip
+        ),
         run(
             "ps-async --tables all --dense allreduce",
             ["--strategy", "ps-async", "--dataset", data, "--tables", "all", "--dense", "allreduce"],
-        ),  # fmt: skip
+        ),
         run(
             f"ps-sync --tables all, 1 table of {big:,} x 64",
             [
@@ -90,7 +107,7 @@ def main() -> None:
                 "--tables",
                 "all",
             ],
-        ),  # fmt: skip
+        ),
     ]
     lines = [
         "| run | examples/s | bytes per step | test accuracy | table bytes | worker peak RSS | shard peak RSS |",

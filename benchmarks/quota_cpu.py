@@ -25,8 +25,21 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cluster_common import RESULTS, paratrain, record  # noqa: E402
 
-TRAIN = ["--model", "mlp", "--dataset", "digits", "--batch-size", "32", "--epochs", "12", "--threads-per-worker", "1",
-         "--no-progress", "--log-every", "0"]  # fmt: skip
+TRAIN = [
+    "--model",
+    "mlp",
+    "--dataset",
+    "digits",
+    "--batch-size",
+    "32",
+    "--epochs",
+    "12",
+    "--threads-per-worker",
+    "1",
+    "--no-progress",
+    "--log-every",
+    "0",
+]
 
 
 def per_step(cluster: list[str], strategy: list[str], folder: Path) -> dict:
@@ -85,8 +98,9 @@ def main() -> None:
     ]
     for row in rows:
         share = "-" if row["share"] is None else f"{row['share']:g}"
-        lines.append(f"| {row['where']} | {share} | {row['wall_ms']:.2f} | {row['cpu_ms']:.2f} | "
-                     f"{row['cpu_ms'] / base:.2f} |")  # fmt: skip
+        lines.append(
+            f"| {row['where']} | {share} | {row['wall_ms']:.2f} | {row['cpu_ms']:.2f} | {row['cpu_ms'] / base:.2f} |"
+        )
     record(Path(args.out), {"setup": vars(args), "rows": rows}, lines)
 
 

@@ -19,11 +19,19 @@ from paratrain.simulate.recommend import tied_with_first
 #: target every candidate reaches in most seeds: the mlp levels off at 0.944-0.956 with 4 and 5
 #: workers in 10 epochs, so 0.95 was a coin flip of the seed (results/simulator_recommend_epochs.md).
 MODELS = {
-    "mlp": {"dataset": "digits", "target": 0.93, "epochs": 10,
-            "optimizer": ["--optimizer", "sgd", "--lr", "0.05", "--momentum", "0.9"]},
-    "cifar_cnn": {"dataset": "benchmarks.digits32:load", "target": 0.9, "epochs": 6,
-                  "optimizer": ["--optimizer", "adam", "--lr", "0.001"]},
-}  # fmt: skip
+    "mlp": {
+        "dataset": "digits",
+        "target": 0.93,
+        "epochs": 10,
+        "optimizer": ["--optimizer", "sgd", "--lr", "0.05", "--momentum", "0.9"],
+    },
+    "cifar_cnn": {
+        "dataset": "benchmarks.digits32:load",
+        "target": 0.9,
+        "epochs": 6,
+        "optimizer": ["--optimizer", "adam", "--lr", "0.001"],
+    },
+}
 #: The targets of the settings recorded before each setting recorded its own.
 RECORDED_TARGETS = {"mlp": 0.95, "cifar_cnn": 0.9}
 #: model, hosts, CPU share a host, link, the last host's share relative to the others (1: none slow)
@@ -56,18 +64,22 @@ def judge(prediction: dict, runs: dict[str, list[dict]]) -> dict:
     for c in prediction["candidates"]:
         passes = runs[c["candidate"]]
         real = statistics.median(p["examples_per_second"] for p in passes)
-        rows.append({
-            "candidate": c["candidate"], "same_updates": c["same_updates"],
-            "examples_per_second": real, "predicted_examples_per_second": c["examples_per_second"],
-            "error": c["examples_per_second"] / real - 1,
-            "seconds_to_target": median_or_none([p["seconds_to_target"] for p in passes]),
-            "predicted_seconds_to_target": c["median_seconds"],
-            # the prediction's range over its calibration's rounds (none from a calibration without them)
-            "predicted_range": c.get("examples_per_second_range"),
-            "predicted_seconds_range": c.get("seconds_range"),
-            "test_accuracy": statistics.median(p["test_accuracy"] for p in passes),
-            "passes": passes,
-        })  # fmt: skip
+        rows.append(
+            {
+                "candidate": c["candidate"],
+                "same_updates": c["same_updates"],
+                "examples_per_second": real,
+                "predicted_examples_per_second": c["examples_per_second"],
+                "error": c["examples_per_second"] / real - 1,
+                "seconds_to_target": median_or_none([p["seconds_to_target"] for p in passes]),
+                "predicted_seconds_to_target": c["median_seconds"],
+                # the prediction's range over its calibration's rounds (none from a calibration without them)
+                "predicted_range": c.get("examples_per_second_range"),
+                "predicted_seconds_range": c.get("seconds_range"),
+                "test_accuracy": statistics.median(p["test_accuracy"] for p in passes),
+                "passes": passes,
+            }
+        )
     same = [r for r in rows if r["same_updates"]]
     by_rate = max(same, key=lambda r: r["predicted_examples_per_second"])["candidate"]
     timed = [r for r in rows if r["predicted_seconds_to_target"] is not None]
@@ -77,8 +89,12 @@ def judge(prediction: dict, runs: dict[str, list[dict]]) -> dict:
     verdict = {
         "rows": rows,
         "by_rate": {"predicted": by_rate, "measured": rate_tie, "right": by_rate in rate_tie},
-        "by_time": {"predicted": by_time, "measured": time_tie, "right": by_time in time_tie or (by_time is None and not time_tie)},
-    }  # fmt: skip
+        "by_time": {
+            "predicted": by_time,
+            "measured": time_tie,
+            "right": by_time in time_tie or (by_time is None and not time_tie),
+        },
+    }
     if all(r["predicted_range"] for r in rows):  # the candidates the prediction could not tell from its first
         first = next(r for r in same if r["candidate"] == by_rate)["predicted_range"]
         tied = [r["candidate"] for r in same if tied_with_first(first, r["predicted_range"], larger=True)]
@@ -103,9 +119,13 @@ def setting_words(setting: list) -> str:
 
 def report(document: dict, out: Path) -> None:
     own = [entry["calibration"] for entry in document["settings"] if "calibration" in entry]
-    across = sorted({
-        c["measured"]["across_hosts"] for c in [*document["calibrations"].values(), *own] if c["measured"].get("across_hosts")
-    })  # fmt: skip
+    across = sorted(
+        {
+            c["measured"]["across_hosts"]
+            for c in [*document["calibrations"].values(), *own]
+            if c["measured"].get("across_hosts")
+        }
+    )
     each = bool(own) and len(own) == len(document["settings"])
     lines = [
         "# The user's path on emulated clusters: calibrate, --recommend, then every candidate for real",
@@ -190,12 +210,17 @@ def report(document: dict, out: Path) -> None:
             tied = v.get("predicted_tied")
             if tied is not None:
                 tied_right[name] = tied_right.get(name, 0) + v["tied_right"]
-            lines.append(f"- {words}: predicted `{v['predicted']}`; measured fastest: "
-                         f"{', '.join(f'`{c}`' for c in v['measured']) or 'none reached'}: "
-                         f"{'right' if v['right'] else 'wrong'}"
-                         + (f"; tied within the calibration's rounds: {', '.join(f'`{c}`' for c in tied)} "
-                            f"({'one of them' if v['tied_right'] else 'none of them'} among the measured fastest)"
-                            if tied and len(tied) > 1 else ""))  # fmt: skip
+            lines.append(
+                f"- {words}: predicted `{v['predicted']}`; measured fastest: "
+                f"{', '.join(f'`{c}`' for c in v['measured']) or 'none reached'}: "
+                f"{'right' if v['right'] else 'wrong'}"
+                + (
+                    f"; tied within the calibration's rounds: {', '.join(f'`{c}`' for c in tied)} "
+                    f"({'one of them' if v['tied_right'] else 'none of them'} among the measured fastest)"
+                    if tied and len(tied) > 1
+                    else ""
+                )
+            )
         lines.append("")
     count = len(document["settings"])
     if count:
@@ -249,12 +274,19 @@ def combine(paths: list[str], out: Path) -> None:
         recorded = json.loads(path.read_text())
         for entry in recorded["settings"]:
             if entry["number"] in settings:
-                print(f"--combine: setting {entry['number']} is in {settings[entry['number']]['from']} and in "
-                      f"{path.name}; give each setting from one file", file=sys.stderr)  # fmt: skip
+                print(
+                    f"--combine: setting {entry['number']} is in {settings[entry['number']]['from']} and in "
+                    f"{path.name}; give each setting from one file",
+                    file=sys.stderr,
+                )
                 raise SystemExit(2)
             settings[entry["number"]] = {**entry, "from": path.name}
         calibrations.update({f"{model} ({path.name})": c for model, c in recorded["calibrations"].items()})
         repeats = recorded["setup"]["repeats"]
-    document = {"setup": {"repeats": repeats}, "calibrations": calibrations,
-                "settings": [settings[n] for n in sorted(settings)], "combined_from": [Path(p).name for p in paths]}  # fmt: skip
+    document = {
+        "setup": {"repeats": repeats},
+        "calibrations": calibrations,
+        "settings": [settings[n] for n in sorted(settings)],
+        "combined_from": [Path(p).name for p in paths],
+    }
     report(document, out)

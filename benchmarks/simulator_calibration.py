@@ -52,8 +52,24 @@ def paratrain(*args: str) -> subprocess.CompletedProcess:
 def real_rate(strategy: str, workers: int, model: str, dataset: str, epochs: int) -> float:
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder) / "m.json"
-        paratrain("train", "--strategy", strategy, "--workers", str(workers), "--model", model, "--dataset", dataset,
-                  "--epochs", str(epochs), "--no-progress", "--log-every", "0", "--metrics-out", str(out))  # fmt: skip
+        paratrain(
+            "train",
+            "--strategy",
+            strategy,
+            "--workers",
+            str(workers),
+            "--model",
+            model,
+            "--dataset",
+            dataset,
+            "--epochs",
+            str(epochs),
+            "--no-progress",
+            "--log-every",
+            "0",
+            "--metrics-out",
+            str(out),
+        )
         history = json.loads(out.read_text())["history"]
     first, last = history[0], history[-1]
     return (last["examples_seen"] - first["examples_seen"]) / (last["wall_seconds"] - first["wall_seconds"])
@@ -62,26 +78,65 @@ def real_rate(strategy: str, workers: int, model: str, dataset: str, epochs: int
 def predicted_rate(strategy: str, workers: int, calibration: Path, model: str, dataset: str) -> float:
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder) / "sim.json"
-        paratrain("simulate", "--calibration", str(calibration), "--strategy", strategy, "--workers", str(workers),
-                  "--model", model, "--dataset", dataset, "--host-cores", str(os.cpu_count()), "--steps", "400",
-                  "--json-out", str(out))  # fmt: skip
+        paratrain(
+            "simulate",
+            "--calibration",
+            str(calibration),
+            "--strategy",
+            strategy,
+            "--workers",
+            str(workers),
+            "--model",
+            model,
+            "--dataset",
+            dataset,
+            "--host-cores",
+            str(os.cpu_count()),
+            "--steps",
+            "400",
+            "--json-out",
+            str(out),
+        )
         rows = json.loads(out.read_text())["results"]
     return next(r["examples_per_second"] for r in rows if r["workers"] == workers)
 
 
 def predicted_on_hosts(settings: dict, setup: dict, calibration: Path, model: str, dataset: str) -> float:
     """A recorded emulated-host setting, predicted through the CLI with the calibration."""
-    flags = ["--strategy", settings["strategy"], "--workers", str(settings["workers"]), "--cpu-share",
-             str(setup["cpu"]), "--cpu-period-ms", "10", "--bandwidth-gbps", str(float(setup["link"][:-4])),
-             "--latency-us", "0"]  # fmt: skip
+    flags = [
+        "--strategy",
+        settings["strategy"],
+        "--workers",
+        str(settings["workers"]),
+        "--cpu-share",
+        str(setup["cpu"]),
+        "--cpu-period-ms",
+        "10",
+        "--bandwidth-gbps",
+        str(float(setup["link"][:-4])),
+        "--latency-us",
+        "0",
+    ]
     if settings.get("backup_workers"):
         flags += ["--backup-workers", str(settings["backup_workers"])]
     if settings.get("straggler"):
         flags += ["--straggler", "fixed:" + settings["straggler"]]
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder) / "sim.json"
-        paratrain("simulate", "--calibration", str(calibration), *flags, "--model", model, "--dataset", dataset,
-                  "--steps", "400", "--json-out", str(out))  # fmt: skip
+        paratrain(
+            "simulate",
+            "--calibration",
+            str(calibration),
+            *flags,
+            "--model",
+            model,
+            "--dataset",
+            dataset,
+            "--steps",
+            "400",
+            "--json-out",
+            str(out),
+        )
         rows = json.loads(out.read_text())["results"]
     return next(r["examples_per_second"] for r in rows if r["workers"] == settings["workers"])
 
@@ -93,16 +148,23 @@ def emulated_hosts(calibration: Path, model: str, dataset: str) -> dict:
     rows = []
     for row in recorded["rows"]:
         predicted = predicted_on_hosts(row["settings"], recorded["setup"], calibration, model, dataset)
-        rows.append({**row["settings"], "real": row["examples_per_second"], "predicted": predicted,
-                     "error": predicted / row["examples_per_second"] - 1})  # fmt: skip
+        rows.append(
+            {
+                **row["settings"],
+                "real": row["examples_per_second"],
+                "predicted": predicted,
+                "error": predicted / row["examples_per_second"] - 1,
+            }
+        )
     picks = []
     for workers in sorted({r["workers"] for r in rows}):
         for slow in (False, True):
             group = [r for r in rows if r["workers"] == workers and bool(r.get("straggler")) == slow]
             named = max(group, key=lambda r: r["predicted"])["strategy"]
             real = fastest({r["strategy"]: r["real"] for r in group})
-            picks.append({"workers": workers, "straggler": slow, "named": named, "fastest": sorted(real),
-                          "right": named in real})  # fmt: skip
+            picks.append(
+                {"workers": workers, "straggler": slow, "named": named, "fastest": sorted(real), "right": named in real}
+            )
     errors = [abs(r["error"]) for r in rows]
     return {"setup": recorded["setup"], "rows": rows, "picks": picks, "median_abs_error": statistics.median(errors)}
 
@@ -140,29 +202,55 @@ def main() -> None:
     parser.add_argument("--out", default=str(RESULTS / "simulator_calibration.json"))
     args = parser.parse_args()
     calibration = Path(tempfile.mkdtemp()) / "calibration.json"
-    paratrain("simulate", "--calibrate", str(calibration), "--model", args.model, "--dataset", args.dataset,
-              "--workers", "1", "--steps", "10")  # fmt: skip
+    paratrain(
+        "simulate",
+        "--calibrate",
+        str(calibration),
+        "--model",
+        args.model,
+        "--dataset",
+        args.dataset,
+        "--workers",
+        "1",
+        "--steps",
+        "10",
+    )
     rows = []
     for strategy, workers in SETTINGS:
         real = [real_rate(strategy, workers, args.model, args.dataset, args.epochs) for _ in range(args.repeats)]
         predicted = predicted_rate(strategy, workers, calibration, args.model, args.dataset)
-        row = {"strategy": strategy, "workers": workers, "real": statistics.median(real), "real_runs": real,
-               "predicted": predicted}  # fmt: skip
+        row = {
+            "strategy": strategy,
+            "workers": workers,
+            "real": statistics.median(real),
+            "real_runs": real,
+            "predicted": predicted,
+        }
         row["error"] = predicted / row["real"] - 1
         rows.append(row)
-        print(f"{strategy} x{workers}: real {row['real']:.0f} ({', '.join(f'{r:.0f}' for r in real)}), "
-              f"predicted {predicted:.0f} ({row['error']:+.0%})", flush=True)  # fmt: skip
+        print(
+            f"{strategy} x{workers}: real {row['real']:.0f} ({', '.join(f'{r:.0f}' for r in real)}), "
+            f"predicted {predicted:.0f} ({row['error']:+.0%})",
+            flush=True,
+        )
     picks = []
     for workers in sorted({w for _, w in SETTINGS}):
         real = {r["strategy"]: r["real"] for r in rows if r["workers"] == workers}
         predicted = {r["strategy"]: r["predicted"] for r in rows if r["workers"] == workers}
         if len(real) > 1:
             named = max(predicted, key=predicted.get)
-            picks.append({"workers": workers, "named": named, "fastest": sorted(fastest(real)),
-                          "right": named in fastest(real)})  # fmt: skip
+            picks.append(
+                {"workers": workers, "named": named, "fastest": sorted(fastest(real)), "right": named in fastest(real)}
+            )
     hosts = emulated_hosts(calibration, args.model, args.dataset)
-    document = {"calibration": json.loads(calibration.read_text()), "rows": rows, "picks": picks,
-                "cores": os.cpu_count(), "repeats": args.repeats, "emulated_hosts": hosts}  # fmt: skip
+    document = {
+        "calibration": json.loads(calibration.read_text()),
+        "rows": rows,
+        "picks": picks,
+        "cores": os.cpu_count(),
+        "repeats": args.repeats,
+        "emulated_hosts": hosts,
+    }
     costs = document["calibration"]["costs"]
     lines = [
         f"Calibrated on this machine ({os.cpu_count()} cores): compute {costs['compute_ms']:.3f} ms a step, a ring "
@@ -175,13 +263,13 @@ def main() -> None:
         *(
             f"| `{r['strategy']}` | {r['workers']} | {r['real']:.0f} | {r['predicted']:.0f} | {r['error']:+.0%} |"
             for r in rows
-        ),  # fmt: skip
+        ),
         "",
         *(
             f"- {p['workers']} workers: predicted fastest `{p['named']}`; measured fastest (within 10%): "
             f"{', '.join(f'`{s}`' for s in p['fastest'])}: {'right' if p['right'] else 'wrong'}"
             for p in picks
-        ),  # fmt: skip
+        ),
         *host_lines(hosts),
     ]
     recorded = args.out == str(RESULTS / "simulator_calibration.json")

@@ -69,8 +69,15 @@ def hosts_flags(hosts: int, cpu: float, link: str, slow: float) -> list[str]:
 def model_flags(model: str) -> list[str]:
     """The model, its data, the batch and the optimizer: what the calibration, the prediction and
     the real runs share."""
-    return ["--model", model, "--dataset", MODELS[model]["dataset"], "--batch-size", str(BATCH),
-            *MODELS[model]["optimizer"]]  # fmt: skip
+    return [
+        "--model",
+        model,
+        "--dataset",
+        MODELS[model]["dataset"],
+        "--batch-size",
+        str(BATCH),
+        *MODELS[model]["optimizer"],
+    ]
 
 
 def train_flags(candidate: dict) -> list[str]:
@@ -104,10 +111,19 @@ def predict(setting: tuple, calibration: Path, args: argparse.Namespace, folder:
     out = folder / "prediction.json"
     started = time.perf_counter()
     result = paratrain(
-        "simulate", "--recommend", *hosts_flags(hosts, cpu, link, slow), "--calibration", str(calibration),
-        *model_flags(model), "--target-accuracy", str(target_of(model, args)), "--epochs", str(epochs_of(model, args)),
-        "--json-out", str(out),
-    )  # fmt: skip
+        "simulate",
+        "--recommend",
+        *hosts_flags(hosts, cpu, link, slow),
+        "--calibration",
+        str(calibration),
+        *model_flags(model),
+        "--target-accuracy",
+        str(target_of(model, args)),
+        "--epochs",
+        str(epochs_of(model, args)),
+        "--json-out",
+        str(out),
+    )
     prediction = json.loads(out.read_text())
     prediction["seconds_to_predict"] = time.perf_counter() - started
     prediction["said"] = result.stdout.strip().splitlines()
@@ -116,8 +132,16 @@ def predict(setting: tuple, calibration: Path, args: argparse.Namespace, folder:
 
 def real_run(setting: tuple, candidate: dict, args: argparse.Namespace, folder: Path, seed: int) -> dict:
     model, hosts, cpu, link, slow = setting
-    train = [*train_flags(candidate), *model_flags(model), "--epochs", str(epochs_of(model, args)), "--seed", str(seed),
-             "--timeout", "600"]  # fmt: skip
+    train = [
+        *train_flags(candidate),
+        *model_flags(model),
+        "--epochs",
+        str(epochs_of(model, args)),
+        "--seed",
+        str(seed),
+        "--timeout",
+        "600",
+    ]
     cluster = [*hosts_flags(hosts, cpu, link, slow), "--pin", "never", "--throttle-from", args.throttle_from]
     before = cpu_times()
     metrics = cluster_train(cluster, train, folder / "m.json")
@@ -138,20 +162,32 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument(
-        "--throttle-from", default="start", choices=("start", "training"),
+        "--throttle-from",
+        default="start",
+        choices=("start", "training"),
         help="when the real runs' hosts begin at their CPU shares (paratrain cluster run --throttle-from; training: "
         "start-up at the machine's speed, benchmarks/throttle_from.py compares the two)",
-    )  # fmt: skip
+    )
     parser.add_argument("--only", help="comma-separated setting numbers (1-based) to run, into the same file")
     parser.add_argument("--out", default=str(RESULTS / "simulator_recommend"))
     parser.add_argument("--target-accuracy", type=float, help="instead of each model's target (MODELS)")
-    parser.add_argument("--epochs", type=model_epochs, metavar="MODEL=N[,MODEL=N]",
-                        help="instead of these models' epochs (MODELS): longer real runs")  # fmt: skip
+    parser.add_argument(
+        "--epochs",
+        type=model_epochs,
+        metavar="MODEL=N[,MODEL=N]",
+        help="instead of these models' epochs (MODELS): longer real runs",
+    )
     parser.add_argument("--across-hosts", action="store_true", help="calibrate with --across-hosts")
-    parser.add_argument("--calibrate-each", action="store_true",
-                        help="calibrate again before every setting, for its prediction (recorded with the setting)")  # fmt: skip
-    parser.add_argument("--recorded-calibrations", action="store_true",
-                        help="with --repredict: the calibrations recorded beside the real runs, not measured again")  # fmt: skip
+    parser.add_argument(
+        "--calibrate-each",
+        action="store_true",
+        help="calibrate again before every setting, for its prediction (recorded with the setting)",
+    )
+    parser.add_argument(
+        "--recorded-calibrations",
+        action="store_true",
+        help="with --repredict: the calibrations recorded beside the real runs, not measured again",
+    )
     parser.add_argument(
         "--repredict",
         metavar="RECORDED.json",
@@ -200,11 +236,20 @@ def main() -> None:
                 for candidate in prediction["candidates"]:
                     run = real_run(setting, candidate, args, folder, seed=repeat)
                     runs[candidate["candidate"]].append(run)
-                    print(f"  pass {repeat + 1} {candidate['candidate']:32} {run['examples_per_second']:8,.0f} "
-                          f"examples/s, to target {run['seconds_to_target']}", flush=True)  # fmt: skip
-            entry = {"number": number, "setting": list(setting), "prediction": prediction, "target": target_of(setting[0], args),
-                     "verdict": judge(prediction, runs), "seeds": list(range(args.repeats)),
-                     "optimizer": MODELS[setting[0]]["optimizer"]}  # fmt: skip
+                    print(
+                        f"  pass {repeat + 1} {candidate['candidate']:32} {run['examples_per_second']:8,.0f} "
+                        f"examples/s, to target {run['seconds_to_target']}",
+                        flush=True,
+                    )
+            entry = {
+                "number": number,
+                "setting": list(setting),
+                "prediction": prediction,
+                "target": target_of(setting[0], args),
+                "verdict": judge(prediction, runs),
+                "seeds": list(range(args.repeats)),
+                "optimizer": MODELS[setting[0]]["optimizer"],
+            }
             if args.calibrate_each:
                 entry["calibration"] = json.loads(calibration.read_text())
             document["settings"] = [e for e in document["settings"] if e["number"] != number] + [entry]
@@ -244,10 +289,14 @@ def repredict(recorded: dict, args: argparse.Namespace, out: Path, chosen: set[i
     ``chosen`` setting predicted again (the real runs do not depend on the simulator)."""
     settings = [entry for entry in recorded["settings"] if entry["number"] in chosen]
     calibrations = recorded["calibrations"] if args.recorded_calibrations else {}
-    flags = ["--repredict", args.repredict, *(["--recorded-calibrations"] if args.recorded_calibrations else []),
-             *(["--target-accuracy", f"{args.target_accuracy:g}"] if args.target_accuracy is not None else []),
-             *(["--across-hosts"] if args.across_hosts else []),
-             *(["--calibrate-each"] if args.calibrate_each else [])]  # fmt: skip
+    flags = [
+        "--repredict",
+        args.repredict,
+        *(["--recorded-calibrations"] if args.recorded_calibrations else []),
+        *(["--target-accuracy", f"{args.target_accuracy:g}"] if args.target_accuracy is not None else []),
+        *(["--across-hosts"] if args.across_hosts else []),
+        *(["--calibrate-each"] if args.calibrate_each else []),
+    ]
     document = {**recorded, "settings": settings, "calibrations": calibrations, "real_runs_from": " ".join(flags)}
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
@@ -262,8 +311,12 @@ def repredict(recorded: dict, args: argparse.Namespace, out: Path, chosen: set[i
             calibration = own or calibrated(setting[0], document, folder, args.across_hosts)
             prediction = predict(setting, calibration, args, folder)
             entry["target"] = target_of(setting[0], args)
-            runs = {row["candidate"]: [{**run, "seconds_to_target": seconds_to_recorded(run, entry["target"])}
-                                       for run in row["passes"]] for row in entry["verdict"]["rows"]}  # fmt: skip
+            runs = {
+                row["candidate"]: [
+                    {**run, "seconds_to_target": seconds_to_recorded(run, entry["target"])} for run in row["passes"]
+                ]
+                for row in entry["verdict"]["rows"]
+            }
             entry.update(prediction=prediction, verdict=judge(prediction, runs))
             print(f"setting {entry['number']}: {prediction['recommendation']}", flush=True)
     report(document, out)

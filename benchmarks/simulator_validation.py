@@ -309,10 +309,15 @@ def resimulate(out: Path, steps: int) -> int:
         setting_only = {k: row[k] for k in ("strategy", "workers", "backup_workers", "straggler") if k in row}
         loads = row.get("real_background") or [row["real"]["background_cores"]] * len(row["real_runs"])
         sims = [
-            simulate_setting(setting_only, as_run_found(machine, {"background_cores": load}),
-                             document["model_bytes"], document["batch_size"], steps)
+            simulate_setting(
+                setting_only,
+                as_run_found(machine, {"background_cores": load}),
+                document["model_bytes"],
+                document["batch_size"],
+                steps,
+            )
             for load in loads
-        ]  # fmt: skip
+        ]
         row["simulated_runs"] = [x["examples_per_second"] for x in sims]
         row["simulated"] = {key: statistics.median(x[key] for x in sims) for key in sims[0]}
         row["throughput_error"] = relative_error(

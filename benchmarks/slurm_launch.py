@@ -39,36 +39,89 @@ PYTHON = [sys.executable, "-m"]
 
 
 def commands(epochs: int, out: Path) -> dict[str, list[str]]:
-    train = ["paratrain", "train", "--strategy", "allreduce", "--epochs", str(epochs), "--no-progress",
-             "--log-every", "0", "--metrics-out", str(out)]  # fmt: skip
+    train = [
+        "paratrain",
+        "train",
+        "--strategy",
+        "allreduce",
+        "--epochs",
+        str(epochs),
+        "--no-progress",
+        "--log-every",
+        "0",
+        "--metrics-out",
+        str(out),
+    ]
     return {
         "srun -n 2": ["srun", "-n", "2", *PYTHON, *train],
         "paratrain train --workers 2": [*PYTHON, *train, "--workers", "2"],
-        "torchrun --nproc-per-node 2": [*PYTHON, "torch.distributed.run", "--nproc-per-node", "2", "--master-addr",
-                                        "127.0.0.1", "--master-port", str(free_port()), "-m", *train],
-    }  # fmt: skip
+        "torchrun --nproc-per-node 2": [
+            *PYTHON,
+            "torch.distributed.run",
+            "--nproc-per-node",
+            "2",
+            "--master-addr",
+            "127.0.0.1",
+            "--master-port",
+            str(free_port()),
+            "-m",
+            *train,
+        ],
+    }
 
 
 def on_hosts(epochs: int, out: Path, hosts: EmulatedCluster) -> dict[str, list[str]]:
     """The run over two emulated hosts: srun on the SLURM whose nodes they are, and
     paratrain's own launcher for emulated hosts, which makes a cluster of its own alike."""
-    train = ["paratrain", "train", "--strategy", "allreduce", "--epochs", str(epochs), "--no-progress",
-             "--log-every", "0", "--metrics-out", str(out)]  # fmt: skip
-    rendezvous = ["--nnodes", "2", "--nproc-per-node", "1", "--master-addr", hosts.hosts[0].address,
-                  "--master-port", str(free_port())]  # fmt: skip
+    train = [
+        "paratrain",
+        "train",
+        "--strategy",
+        "allreduce",
+        "--epochs",
+        str(epochs),
+        "--no-progress",
+        "--log-every",
+        "0",
+        "--metrics-out",
+        str(out),
+    ]
+    rendezvous = [
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "1",
+        "--master-addr",
+        hosts.hosts[0].address,
+        "--master-port",
+        str(free_port()),
+    ]
     nodes = [
         shlex.join(
             hosts.command(host, [*PYTHON, "torch.distributed.run", *rendezvous, "--node-rank", str(i), "-m", *train])
-        )  # fmt: skip
+        )
         for i, host in enumerate(hosts.hosts)
     ]
     return {
         "srun -N 2 -n 2": ["srun", "-N", "2", "-n", "2", *PYTHON, *train],
         # torchrun on each host, its hosts' interface named (their hostname is this machine's).
         "torchrun on each host": ["sh", "-c", f"export GLOO_SOCKET_IFNAME=eth0; {nodes[0]} & {nodes[1]}; wait"],
-        "paratrain cluster run --hosts 2": [*PYTHON, "paratrain", "cluster", "run", "--hosts", "2", "--cpu", "1",
-                                            "--link", "1gbit", "--", *PYTHON, *train],
-    }  # fmt: skip
+        "paratrain cluster run --hosts 2": [
+            *PYTHON,
+            "paratrain",
+            "cluster",
+            "run",
+            "--hosts",
+            "2",
+            "--cpu",
+            "1",
+            "--link",
+            "1gbit",
+            "--",
+            *PYTHON,
+            *train,
+        ],
+    }
 
 
 def measure(rounds: int, commands_of: Any, env: dict[str, str]) -> list[dict[str, dict[str, float]]]:

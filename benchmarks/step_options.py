@@ -102,17 +102,34 @@ def main() -> None:
         return
     rows = []
     for name, options in CASES.items():
-        times = json.loads(subprocess.run([sys.executable, *sys.argv, "--case", name], capture_output=True,
-                                          text=True, check=True).stdout.splitlines()[-1])  # fmt: skip
-        rows.append({"case": name, "options": options, "median_ms": 1000 * statistics.median(times),
-                     "min_ms": 1000 * min(times), "max_ms": 1000 * max(times)})  # fmt: skip
+        times = json.loads(
+            subprocess.run(
+                [sys.executable, *sys.argv, "--case", name], capture_output=True, text=True, check=True
+            ).stdout.splitlines()[-1]
+        )
+        rows.append(
+            {
+                "case": name,
+                "options": options,
+                "median_ms": 1000 * statistics.median(times),
+                "min_ms": 1000 * min(times),
+                "max_ms": 1000 * max(times),
+            }
+        )
         print(f"{name:38} {rows[-1]['median_ms']:8.1f} ms/step  ({rows[-1]['min_ms']:.1f}..{rows[-1]['max_ms']:.1f})")
     base = rows[0]["median_ms"]
     for row in rows:
         row["vs_default"] = row["median_ms"] / base
     device = torch.cuda.get_device_name() if args.device.startswith("cuda") else cpu_name()
-    meta = {"model": args.model, "torch": torch.__version__, "device": device, "threads": torch.get_num_threads(),
-            "batch_size": args.batch_size, "steps": args.steps, "repeats": args.repeats}  # fmt: skip
+    meta = {
+        "model": args.model,
+        "torch": torch.__version__,
+        "device": device,
+        "threads": torch.get_num_threads(),
+        "batch_size": args.batch_size,
+        "steps": args.steps,
+        "repeats": args.repeats,
+    }
     out = Path(args.out or RESULTS / ("step_options" + ("" if args.model == "cifar_cnn" else f"_{args.model}")))
     out.with_suffix(".json").write_text(json.dumps({"meta": meta, "rows": rows}, indent=2) + "\n")
     lines = [

@@ -47,9 +47,18 @@ SIDES = {
     "fsdp, 2 workers x 16": ["--strategy", "fsdp", "--workers", "2", "--batch-size", "16"],
     "tensor, T=2, batch 32": ["--strategy", "tensor", "--workers", "2", "--tensor-parallel", "2", "--batch-size", "32"],
     "pipeline, S=2, M=4, batch 32": [
-        "--strategy", "pipeline", "--workers", "2", "--stages", "2", "--microbatches", "4", "--batch-size", "32"
+        "--strategy",
+        "pipeline",
+        "--workers",
+        "2",
+        "--stages",
+        "2",
+        "--microbatches",
+        "4",
+        "--batch-size",
+        "32",
     ],
-}  # fmt: skip
+}
 MEMORY_LAYERS, MEMORY_WIDTH, CAP_MIB = 8, 256, 64
 #: Each side as ``paratrain simulate`` asks it: the batch per process, and the flags.
 PREDICTED = {
@@ -68,12 +77,29 @@ def predict() -> dict[str, dict[str, float]]:
     with tempfile.TemporaryDirectory(prefix="paratrain-tp-sim-") as folder:
         for batch in sorted({batch for batch, _ in PREDICTED.values()}):
             calibration = f"{folder}/cal-{batch}.json"
-            subprocess.run([*simulate, "--batch-size", str(batch), "--calibrate", calibration, "--workers", "2"],
-                           check=True, cwd=ROOT, capture_output=True)  # fmt: skip
+            subprocess.run(
+                [*simulate, "--batch-size", str(batch), "--calibrate", calibration, "--workers", "2"],
+                check=True,
+                cwd=ROOT,
+                capture_output=True,
+            )
         for side, (batch, flags) in PREDICTED.items():
             out = f"{folder}/sim.json"
-            subprocess.run([*simulate, "--batch-size", str(batch), "--calibration", f"{folder}/cal-{batch}.json",
-                            *flags, "--json-out", out], check=True, cwd=ROOT, capture_output=True)  # fmt: skip
+            subprocess.run(
+                [
+                    *simulate,
+                    "--batch-size",
+                    str(batch),
+                    "--calibration",
+                    f"{folder}/cal-{batch}.json",
+                    *flags,
+                    "--json-out",
+                    out,
+                ],
+                check=True,
+                cwd=ROOT,
+                capture_output=True,
+            )
             row = json.loads(Path(out).read_text())["results"][0]
             found[side] = {"tokens_per_second": row["examples_per_second"] * SIZES["seq_len"], "batch": batch}
         found["calibrations"] = {

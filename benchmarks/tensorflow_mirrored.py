@@ -146,10 +146,19 @@ def plain_cnn():
     from torch import nn
 
     return nn.Sequential(
-        nn.Conv2d(3, 64, 5, padding=2), nn.ReLU(), nn.MaxPool2d(3, 2, padding=1),
-        nn.Conv2d(64, 64, 5, padding=2), nn.ReLU(), nn.MaxPool2d(3, 2, padding=1),
-        nn.Flatten(), nn.Linear(64 * 6 * 6, 384), nn.ReLU(), nn.Linear(384, 192), nn.ReLU(), nn.Linear(192, 10),
-    )  # fmt: skip
+        nn.Conv2d(3, 64, 5, padding=2),
+        nn.ReLU(),
+        nn.MaxPool2d(3, 2, padding=1),
+        nn.Conv2d(64, 64, 5, padding=2),
+        nn.ReLU(),
+        nn.MaxPool2d(3, 2, padding=1),
+        nn.Flatten(),
+        nn.Linear(64 * 6 * 6, 384),
+        nn.ReLU(),
+        nn.Linear(384, 192),
+        nn.ReLU(),
+        nn.Linear(192, 10),
+    )
 
 
 def paratrain_run(name: str, data: str, strategy_name: str, epochs: int, onednn_layers: bool | None = None) -> dict:

@@ -228,8 +228,19 @@ class TrainConfig:
         check_options(self)
         if self.fault_tolerant:
             self.strategy = fault_tolerant_strategy(self.strategy)
-        for name in ("workers", "epochs", "batch_size", "lr_decay_steps", "reference_batch", "max_len",
-                     "checkpoint_every", "keep", "accumulate", "threads_per_worker", "seq_len"):  # fmt: skip
+        for name in (
+            "workers",
+            "epochs",
+            "batch_size",
+            "lr_decay_steps",
+            "reference_batch",
+            "max_len",
+            "checkpoint_every",
+            "keep",
+            "accumulate",
+            "threads_per_worker",
+            "seq_len",
+        ):
             at_least(name, getattr(self, name), 1)
         at_least("vocab_size", self.vocab_size, 3)  # padding, unknown, and one word
         for name in (

@@ -112,9 +112,18 @@ class LocalSlurm:
         key = folder / "munge.key"
         key.write_bytes(secrets.token_bytes(1024))
         key.chmod(0o400)
-        subprocess.run(["munged", "-f", f"--socket={folder}/munge.sock", f"--key-file={key}",
-                        f"--log-file={folder}/munged.log", f"--pid-file={folder}/munged.pid",
-                        f"--seed-file={folder}/munged.seed"], check=True)  # fmt: skip
+        subprocess.run(
+            [
+                "munged",
+                "-f",
+                f"--socket={folder}/munge.sock",
+                f"--key-file={key}",
+                f"--log-file={folder}/munged.log",
+                f"--pid-file={folder}/munged.pid",
+                f"--seed-file={folder}/munged.seed",
+            ],
+            check=True,
+        )
         conf = folder / "slurm.conf"
         if self.hosts is None:
             controller, nodes = "127.0.0.1", [f"NodeName={self.host} NodeAddr=127.0.0.1 CPUs={CPUS} State=UNKNOWN"]
@@ -124,8 +133,16 @@ class LocalSlurm:
             nodes = [f"NodeName={name} NodeAddr={h.address} CPUs={CPUS} State=UNKNOWN" for name, h in named]
             with HOSTS_FILE.open("a") as names:
                 names.writelines(f"{h.address} {name} {self._marker}\n" for name, h in named)
-        conf.write_text(CONFIG.format(host=self.host, controller=controller, folder=folder, nodes="\n".join(nodes),
-                                      ctld_port=free_port(), slurmd_port=free_port()))  # fmt: skip
+        conf.write_text(
+            CONFIG.format(
+                host=self.host,
+                controller=controller,
+                folder=folder,
+                nodes="\n".join(nodes),
+                ctld_port=free_port(),
+                slurmd_port=free_port(),
+            )
+        )
         subprocess.run(["slurmctld", "-f", str(conf)], check=True, env=self.env())
         if self.hosts is None:
             subprocess.run(["slurmd", "-f", str(conf)], check=True, env=self.env())
@@ -142,8 +159,9 @@ class LocalSlurm:
 
     def run(self, *command: str, timeout: float = 240, **options) -> subprocess.CompletedProcess:
         """A command against this SLURM (``srun ...``, ``sbatch ...``), its output captured."""
-        return subprocess.run(command, capture_output=True, text=True, env=options.pop("env", self.env()),
-                              timeout=timeout, **options)  # fmt: skip
+        return subprocess.run(
+            command, capture_output=True, text=True, env=options.pop("env", self.env()), timeout=timeout, **options
+        )
 
     def job(self, job: str) -> dict[str, str]:
         """``scontrol show job``'s fields of job ``job`` (JobState, Reason, Restarts, ...)."""

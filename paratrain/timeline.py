@@ -77,9 +77,11 @@ class Recorder:
         return [
             {"name": "process_name", "ph": "M", "pid": self.rank, "args": {"name": f"rank {self.rank} ({self.name})"}},
             {"name": "process_sort_index", "ph": "M", "pid": self.rank, "args": {"sort_index": self.rank}},
-            *({"name": "thread_name", "ph": "M", "pid": self.rank, "tid": tid, "args": {"name": name}}
-              for tid, name in TRACKS.items()),
-        ]  # fmt: skip
+            *(
+                {"name": "thread_name", "ph": "M", "pid": self.rank, "tid": tid, "args": {"name": name}}
+                for tid, name in TRACKS.items()
+            ),
+        ]
 
     def write_part(self, path: str | os.PathLike) -> Path:
         """Write this process's events to ``parts_dir(path)/rank-N.json`` (atomically)."""

@@ -58,8 +58,14 @@ os.environ.setdefault("PARATRAIN_PORT_RANGE", f"{20000 + 2000 * _INDEX}-{21999 +
 #: fault-tolerant replica's) instead of starting processes: such a command runs in a process
 #: of its own, as the cluster's other members do.
 CLUSTER_VARS = (
-    "RANK", "WORLD_SIZE", "MASTER_ADDR", "TF_CONFIG", "SLURM_PROCID", "REPLICA_GROUP_ID", "TORCHFT_LIGHTHOUSE"
-)  # fmt: skip
+    "RANK",
+    "WORLD_SIZE",
+    "MASTER_ADDR",
+    "TF_CONFIG",
+    "SLURM_PROCID",
+    "REPLICA_GROUP_ID",
+    "TORCHFT_LIGHTHOUSE",
+)
 
 #: Variables a process reads once, before a command could set them (urllib builds its proxy
 #: handler at its first request): a command given one runs in a fresh interpreter too.
@@ -245,8 +251,20 @@ def replaced_replica_run(flags: list[str], out: Path, process: int, lost: str) -
 
     from paratrain.testing import run_processes
 
-    command = [sys.executable, "-m", "paratrain", "train", *flags, "--progress", "--log-every", "10",
-               "--max-restarts", "1", "--metrics-out", str(out)]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "paratrain",
+        "train",
+        *flags,
+        "--progress",
+        "--log-every",
+        "10",
+        "--max-restarts",
+        "1",
+        "--metrics-out",
+        str(out),
+    ]
     run = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
     try:
         for line in run.stdout:
@@ -259,8 +277,11 @@ def replaced_replica_run(flags: list[str], out: Path, process: int, lost: str) -
     finally:
         run.kill()
     assert run.returncode == 0, stderr[-3000:]
-    assert re.search(rf"paratrain: {lost} was lost \(killed by SIGKILL\) after step \d+; a replacement "
-                     r"joins the run \(restart 1 of 1\)", stderr), stderr[-3000:]  # fmt: skip
+    assert re.search(
+        rf"paratrain: {lost} was lost \(killed by SIGKILL\) after step \d+; a replacement "
+        r"joins the run \(restart 1 of 1\)",
+        stderr,
+    ), stderr[-3000:]
     assert len(re.findall(r"paratrain: worker \d joined the run at step \d+ with a live peer's state", stderr)) == 2
     metrics = json.loads(out.read_text())
     counts = [span[2] for span in as_formed(metrics["participants"]["per_step"], 2)]

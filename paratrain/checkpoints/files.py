@@ -136,8 +136,14 @@ def copy_state(state: Any, copies: dict[tuple, torch.Tensor] | None = None) -> A
     of one storage) is copied once and stays shared in the copy, as ``torch.save`` keeps it."""
     copies = {} if copies is None else copies
     if isinstance(state, torch.Tensor):
-        view = (state.device, state.untyped_storage().data_ptr(), state.storage_offset(), state.dtype,
-                tuple(state.shape), tuple(state.stride()))  # fmt: skip
+        view = (
+            state.device,
+            state.untyped_storage().data_ptr(),
+            state.storage_offset(),
+            state.dtype,
+            tuple(state.shape),
+            tuple(state.stride()),
+        )
         if view not in copies:
             copies[view] = state.detach().to("cpu", copy=True)
         return copies[view]

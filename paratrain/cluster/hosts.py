@@ -168,8 +168,22 @@ class EmulatedCluster:
                 # Both directions: the host's sends (its eth0) and what reaches it (the bridge port).
                 for where in (["ip", "netns", "exec", host.namespace], []):
                     device = "eth0" if where else host.veth
-                    _run(*where, "tc", "qdisc", "add", "dev", device, "root", "tbf", "rate", host.spec.link,
-                         "burst", "64kb", "latency", "100ms")  # fmt: skip
+                    _run(
+                        *where,
+                        "tc",
+                        "qdisc",
+                        "add",
+                        "dev",
+                        device,
+                        "root",
+                        "tbf",
+                        "rate",
+                        host.spec.link,
+                        "burst",
+                        "64kb",
+                        "latency",
+                        "100ms",
+                    )
             host.cgroup.mkdir(exist_ok=True)
             (host.cgroup / "cpu.cfs_period_us").write_text(str(PERIOD_US))
             (host.cgroup / "cpu.cfs_quota_us").write_text(str(_quota_us(host.spec) if self.throttled else -1))

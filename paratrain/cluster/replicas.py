@@ -156,9 +156,20 @@ def replica_job(cluster: EmulatedCluster, host: Host, procs: int, command: list[
     lost one is the runner's to replace, on a spare (``--max-restarts 0``)."""
     return cluster.command(
         host,
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(procs),
-         "--max-restarts", "0", "--local-addr", host.address, *command],
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            str(procs),
+            "--max-restarts",
+            "0",
+            "--local-addr",
+            host.address,
+            *command,
+        ],
+    )
 
 
 class Replicas:

@@ -164,10 +164,25 @@ def torchrun(cluster: EmulatedCluster, host: Host, procs: int, command: list[str
     master = cluster.hosts[0].address
     return cluster.command(
         host,
-        [sys.executable, "-m", "torch.distributed.run", "--nnodes", str(len(cluster.hosts)),
-         "--nproc-per-node", str(procs), "--node-rank", str(host.index), "--master-addr", master,
-         "--master-port", str(PORT), "--local-addr", host.address, *command],
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes",
+            str(len(cluster.hosts)),
+            "--nproc-per-node",
+            str(procs),
+            "--node-rank",
+            str(host.index),
+            "--master-addr",
+            master,
+            "--master-port",
+            str(PORT),
+            "--local-addr",
+            host.address,
+            *command,
+        ],
+    )
 
 
 def _relay(process: subprocess.Popen, host: Host, logs: Path, name: str | None = None) -> None:
@@ -226,8 +241,20 @@ def cluster_command(args: argparse.Namespace) -> int:
                 if fault_tolerant:
                     watch = Watch(cluster, events, progress, stop)
                     env = _host_env(progress)
-                    return watch.report(run_replicas(cluster, args.procs_per_host, command, replicas, env, watch,
-                                                     _relay, logs, not args.cold_spares), logs)  # fmt: skip
+                    return watch.report(
+                        run_replicas(
+                            cluster,
+                            args.procs_per_host,
+                            command,
+                            replicas,
+                            env,
+                            watch,
+                            _relay,
+                            logs,
+                            not args.cold_spares,
+                        ),
+                        logs,
+                    )
                 return _run(cluster, args.procs_per_host, command, events, logs, progress, stop)
     finally:
         signal.signal(signal.SIGTERM, previous)
@@ -295,9 +322,10 @@ def _run(
         # host on a small CPU share takes many seconds to start torch: until each has,
         # no host is idle.
         training = [
-            i for i, (h, p) in enumerate(zip(cluster.hosts, running))
+            i
+            for i, (h, p) in enumerate(zip(cluster.hosts, running))
             if p.poll() is None and set(cluster.processes(h)) - {p.pid}
-        ]  # fmt: skip
+        ]
         started_hosts.update(training)
         started_hosts.update(i for i, p in enumerate(running) if p.poll() is not None)
         if training or len(started_hosts | watch.killed) < len(running):
@@ -312,8 +340,12 @@ def _run(
         if not cluster.throttled and min(read_progress(progress, num_processes)) >= 1:
             cluster.throttle()
             watch.usage.shares_began()
-            print(f"paratrain cluster: every process has finished a step at {watch.now():.1f} s: the hosts run at "
-                  "their CPU shares from now", file=sys.stderr, flush=True)  # fmt: skip
+            print(
+                f"paratrain cluster: every process has finished a step at {watch.now():.1f} s: the hosts run at "
+                "their CPU shares from now",
+                file=sys.stderr,
+                flush=True,
+            )
         return over()
 
     try:

@@ -143,8 +143,13 @@ class HostShare:
 
     def _write(self) -> None:
         assert self._path is not None
-        line = {"pid": self.pid, "started": started(self.pid), "cores": self.cores, "threads": self.threads,
-                "fixed": self.fixed}  # fmt: skip
+        line = {
+            "pid": self.pid,
+            "started": started(self.pid),
+            "cores": self.cores,
+            "threads": self.threads,
+            "fixed": self.fixed,
+        }
         staging = self._path.with_suffix(".tmp")
         staging.write_text(json.dumps(line))
         os.chmod(staging, stat.S_IRUSR | stat.S_IWUSR | stat.S_IRGRP | stat.S_IROTH)

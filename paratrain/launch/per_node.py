@@ -49,10 +49,23 @@ def node_command(argv: Sequence[str], procs: int, env: Mapping[str, str]) -> lis
             f"{len(nodes)} nodes ({tasks} here); use srun --ntasks-per-node 1"
         )
     return [
-        sys.executable, "-m", "torch.distributed.run", "--nnodes", str(len(nodes)), "--node-rank", env.get("SLURM_NODEID", "0"),
-        "--nproc-per-node", str(procs), "--master-addr", str(place["master_addr"]),
-        "--master-port", str(place["master_port"]), "-m", "paratrain", *without_flag(argv, "--procs-per-node"),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        str(len(nodes)),
+        "--node-rank",
+        env.get("SLURM_NODEID", "0"),
+        "--nproc-per-node",
+        str(procs),
+        "--master-addr",
+        str(place["master_addr"]),
+        "--master-port",
+        str(place["master_port"]),
+        "-m",
+        "paratrain",
+        *without_flag(argv, "--procs-per-node"),
+    ]
 
 
 def per_node_command(argv: Sequence[str], procs: int) -> int:

@@ -67,19 +67,39 @@ def batch_script(args: argparse.Namespace) -> str:
     checkpoints = run.checkpoint_dir is not None
     if args.requeue and not checkpoints:
         raise ConfigError("--requeue goes on from checkpoints: give the run a --checkpoint-dir after --")
-    lines = ["#!/bin/bash", f"#SBATCH --job-name={args.job_name}", f"#SBATCH --nodes={args.nodes}",
-             f"#SBATCH --ntasks-per-node={args.tasks_per_node}", f"#SBATCH --time={args.time}",
-             "#SBATCH --output=%x-%j.out"]  # fmt: skip
-    lines += [f"#SBATCH --{name}={value}" for name, value in (("gpus-per-task", args.gpus_per_task),
-              ("cpus-per-task", args.cpus_per_task), ("partition", args.partition), ("account", args.account)) if value]  # fmt: skip
+    lines = [
+        "#!/bin/bash",
+        f"#SBATCH --job-name={args.job_name}",
+        f"#SBATCH --nodes={args.nodes}",
+        f"#SBATCH --ntasks-per-node={args.tasks_per_node}",
+        f"#SBATCH --time={args.time}",
+        "#SBATCH --output=%x-%j.out",
+    ]
+    lines += [
+        f"#SBATCH --{name}={value}"
+        for name, value in (
+            ("gpus-per-task", args.gpus_per_task),
+            ("cpus-per-task", args.cpus_per_task),
+            ("partition", args.partition),
+            ("account", args.account),
+        )
+        if value
+    ]
     if checkpoints:
         lines += [f"#SBATCH --signal=USR1@{args.warn_seconds}", *(["#SBATCH --requeue"] if args.requeue else [])]
     train = ["srun", "paratrain", "train", *flags, *(["--resume"] if checkpoints and not run.resume else [])]
-    lines += ["", "# One task per process: the tasks form one run (paratrain reads srun's variables).",
-              shlex.join(train), "code=$?"]  # fmt: skip
+    lines += [
+        "",
+        "# One task per process: the tasks form one run (paratrain reads srun's variables).",
+        shlex.join(train),
+        "code=$?",
+    ]
     if args.requeue:
-        lines += [f"if [ $code -eq {EXIT_STOPPED} ]; then  # stopped at the time-limit warning, with a checkpoint",
-                  '    scontrol requeue "$SLURM_JOB_ID" && exit 0  # runs again, from that checkpoint', "fi"]  # fmt: skip
+        lines += [
+            f"if [ $code -eq {EXIT_STOPPED} ]; then  # stopped at the time-limit warning, with a checkpoint",
+            '    scontrol requeue "$SLURM_JOB_ID" && exit 0  # runs again, from that checkpoint',
+            "fi",
+        ]
     return "\n".join([*lines, "exit $code", ""])
 
 

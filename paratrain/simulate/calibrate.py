@@ -196,9 +196,19 @@ def _step_costs(args: Any, splits: Any, hosts: list[str]) -> list[tuple[float, .
         ring, ring_cpu, _, _ = _step_s(args, splits, *RING, across)
         _, ring3_cpu, _, _ = _step_s(args, splits, *RING3, [] if across is not None else None)
         push, push_cpu, _, shard_cpu = _step_s(args, splits, *PUSH, across)
-        rounds.append((single, max(ring - single, 0.0) / 2, max(ring_cpu - single_cpu, 0.0),
-                       max(ring3_cpu - single_cpu, 0.0), max(push - single, 0.0), end, shard_cpu,
-                       max(push_cpu - single_cpu, 0.0), host_link()))  # fmt: skip
+        rounds.append(
+            (
+                single,
+                max(ring - single, 0.0) / 2,
+                max(ring_cpu - single_cpu, 0.0),
+                max(ring3_cpu - single_cpu, 0.0),
+                max(push - single, 0.0),
+                end,
+                shard_cpu,
+                max(push_cpu - single_cpu, 0.0),
+                host_link(),
+            )
+        )
     return rounds
 
 
@@ -215,8 +225,21 @@ def _step_s(
     epochs = max(2, math.ceil(RUN_STEPS / per_epoch))
     with tempfile.TemporaryDirectory(prefix="paratrain-calibrate-") as folder:
         out = Path(folder) / "metrics.json"
-        command = [sys.executable, "-m", "paratrain", "train", *flags, *training_flags(args), "--epochs", str(epochs),
-                   "--no-progress", "--log-every", "0", "--metrics-out", str(out)]  # fmt: skip
+        command = [
+            sys.executable,
+            "-m",
+            "paratrain",
+            "train",
+            *flags,
+            *training_flags(args),
+            "--epochs",
+            str(epochs),
+            "--no-progress",
+            "--log-every",
+            "0",
+            "--metrics-out",
+            str(out),
+        ]
         if across is not None:
             command[3:3] = ["cluster", "run", "--hosts", str(processes), "--logs", folder, "--", "paratrain"]
         env = {**os.environ, "PARATRAIN_THREADS_PER_WORKER": "1", "OMP_NUM_THREADS": "1"}
@@ -227,8 +250,11 @@ def _step_s(
         metrics = json.loads(out.read_text())
         history = metrics["history"]
         if across is not None:
-            across += [line.removeprefix("paratrain cluster: ") for line in run.stderr.splitlines()
-                       if line.startswith("paratrain cluster: cluster ")][:1]  # fmt: skip
+            across += [
+                line.removeprefix("paratrain cluster: ")
+                for line in run.stderr.splitlines()
+                if line.startswith("paratrain cluster: cluster ")
+            ][:1]
     # Past the first epoch (its warm-up): examples over the epochs' steps' seconds.
     first, last, steady = history[0], history[-1], history[1:]
     training = sum(epoch["train_seconds"] for epoch in steady)
@@ -242,9 +268,24 @@ def _step_s(
 def training_flags(args: Any) -> list[str]:
     """The ``paratrain train`` flags every measuring run shares: the prediction's model, data,
     batch, seed and optimizer (recorded in the calibration file, with the runs' own flags)."""
-    return ["--model", args.model, "--dataset", args.dataset, "--batch-size", str(args.batch_size), "--seed",
-            str(args.seed), "--optimizer", args.optimizer, "--lr", str(args.lr), "--momentum", str(args.momentum),
-            "--weight-decay", str(args.weight_decay)]  # fmt: skip
+    return [
+        "--model",
+        args.model,
+        "--dataset",
+        args.dataset,
+        "--batch-size",
+        str(args.batch_size),
+        "--seed",
+        str(args.seed),
+        "--optimizer",
+        args.optimizer,
+        "--lr",
+        str(args.lr),
+        "--momentum",
+        str(args.momentum),
+        "--weight-decay",
+        str(args.weight_decay),
+    ]
 
 
 def model_and_data(args: argparse.Namespace) -> tuple[Any, Any]:

@@ -38,8 +38,15 @@ OPTIONAL = {
 #: the machine's speed while it measured; ``costs`` holds their medians). Older files have none;
 #: newer rounds hold OPTIONAL costs too (a ring's fixed CPU, the host's link): where a round
 #: lacks one, the file's value stands for it.
-ROUND_COSTS = ("compute_ms", "ring_step_us", "message_cpu_us", "ps_push_us", "shard_push_cpu_us",
-               "ps_worker_cpu_us", "epoch_end_ms")  # fmt: skip
+ROUND_COSTS = (
+    "compute_ms",
+    "ring_step_us",
+    "message_cpu_us",
+    "ps_push_us",
+    "shard_push_cpu_us",
+    "ps_worker_cpu_us",
+    "epoch_end_ms",
+)
 #: A hypervisor's share of the CPU while a calibration measured that its line names.
 STEAL_SAID = 0.01
 #: What a calibration must share with the prediction that takes it, and what an older file

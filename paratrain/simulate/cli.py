@@ -370,8 +370,9 @@ def simulate_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _to_target(args: argparse.Namespace, strategies: list[str], workers: int, model: Any, splits: Any,
-               compute_s: float) -> dict[str, Any]:  # fmt: skip
+def _to_target(
+    args: argparse.Namespace, strategies: list[str], workers: int, model: Any, splits: Any, compute_s: float
+) -> dict[str, Any]:
     """``--target-*``: the strategies ranked by simulated time to the target, and the line."""
     from paratrain.simulate.target import recommendation, time_to_target  # deferred: imports the engine
 

@@ -138,8 +138,11 @@ def candidates(hosts: int, quota: bool) -> list[Candidate]:
     found = [Candidate("allreduce", hosts)]
     if not quota:
         found.append(Candidate("fsdp", hosts))
-    found += [Candidate("ps-sync", hosts - 1), Candidate("ps-async", hosts - 1),
-              Candidate("ps-async", hosts - 1, {"staleness_bound": 2})]  # fmt: skip
+    found += [
+        Candidate("ps-sync", hosts - 1),
+        Candidate("ps-async", hosts - 1),
+        Candidate("ps-async", hosts - 1, {"staleness_bound": 2}),
+    ]
     if hosts >= 3:  # a shard, N workers and one backup worker
         found.append(Candidate("ps-backup", hosts - 2, {"backup_workers": 1}))
     found += [Candidate("local-sgd", hosts, {"period": period}) for period in (4, 8, 16)]
@@ -173,8 +176,13 @@ def recommend(
         flags = flags_of(args, candidate)
         cluster = build_cluster(flags, candidate.workers, model, compute_s)
         rate = _rate(flags, candidate, cluster, options)
-        row = {"candidate": candidate.label, "strategy": candidate.strategy, "workers": candidate.workers,
-               "examples_per_second": rate, "same_updates": candidate.strategy in SAME_UPDATES}  # fmt: skip
+        row = {
+            "candidate": candidate.label,
+            "strategy": candidate.strategy,
+            "workers": candidate.workers,
+            "examples_per_second": rate,
+            "same_updates": candidate.strategy in SAME_UPDATES,
+        }
         if targeted:
             (reached,) = time_to_target(flags, [candidate.strategy], cluster, model, splits, options(flags))
             row.update(seconds=reached["seconds"], median_seconds=reached["median_seconds"])

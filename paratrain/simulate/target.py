@@ -54,19 +54,31 @@ def time_to_target(
         for seed in range(args.seed, args.seed + args.seeds):
             steps = max(args.epochs * (len(splits.train) // (args.batch_size * cluster.workers)), 1)
             outcome = simulate(strategy, cluster, steps, seed=seed, record=True, **options)
-            result = replay(outcome, copy.deepcopy(model), splits.train, splits.test, batch=args.batch_size,
-                            lr=args.lr, momentum=args.momentum, optimizer=args.optimizer,
-                            weight_decay=args.weight_decay, seed=seed, evals=None)  # fmt: skip
+            result = replay(
+                outcome,
+                copy.deepcopy(model),
+                splits.train,
+                splits.test,
+                batch=args.batch_size,
+                lr=args.lr,
+                momentum=args.momentum,
+                optimizer=args.optimizer,
+                weight_decay=args.weight_decay,
+                seed=seed,
+                evals=None,
+            )
             seconds.append(next((p["sim_seconds"] for p in result["history"] if reaches(p, args)), None))
             finals.append(result["test_accuracy"])
         reached = [s for s in seconds if s is not None]
-        rows.append({
-            "strategy": strategy,
-            "seconds": seconds,
-            "median_seconds": censored_median(seconds),
-            "reached": len(reached),
-            "final_accuracy": statistics.median(finals),
-        })  # fmt: skip
+        rows.append(
+            {
+                "strategy": strategy,
+                "seconds": seconds,
+                "median_seconds": censored_median(seconds),
+                "reached": len(reached),
+                "final_accuracy": statistics.median(finals),
+            }
+        )
     return sorted(rows, key=lambda r: (r["median_seconds"] is None, r["median_seconds"] or 0.0, -r["reached"]))
 
 
@@ -82,8 +94,10 @@ def recommendation(rows: list[dict[str, Any]], args: argparse.Namespace, workers
     parts = []
     for row in rows:
         if row["median_seconds"] is None:
-            parts.append(f"{row['strategy']} not in most seeds within {args.epochs} epochs "
-                         f"({row['reached']} of {len(row['seconds'])})")  # fmt: skip
+            parts.append(
+                f"{row['strategy']} not in most seeds within {args.epochs} epochs "
+                f"({row['reached']} of {len(row['seconds'])})"
+            )
             continue
         spread = [s for s in row["seconds"] if s is not None]
         missed = f"; {row['reached']} of {len(row['seconds'])} seeds" if len(spread) < len(row["seconds"]) else ""

@@ -134,8 +134,18 @@ def test_cli_trains_to_single_accuracy_with_a_codec_and_resumes_exactly(cli, tmp
     assert done["test_accuracy"] >= 0.93
     assert done["compression"] == "int8"
     # 22 steps per epoch: the checkpoints at 7, 14, ... 63 are between synchronizations.
-    result = cli("train", *common, "--epochs", "3", "--checkpoint-dir", ckpt, "--checkpoint-every", "7",
-                 "--metrics-out", str(first))  # fmt: skip
+    result = cli(
+        "train",
+        *common,
+        "--epochs",
+        "3",
+        "--checkpoint-dir",
+        ckpt,
+        "--checkpoint-every",
+        "7",
+        "--metrics-out",
+        str(first),
+    )
     assert result.returncode == 0, result.stderr
     # The end of a run averages what the last round left: go on from step 63, mid-round.
     shutil.rmtree(tmp_path / "ckpt" / "ckpt-000000066")
@@ -190,8 +200,9 @@ def _running_statistics(name, sync_every, steps):
     variance, and whether the replica's last synchronization came at the end."""
     torch.manual_seed(0)
     splits = load_digits()
-    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(64, 32), torch.nn.BatchNorm1d(32), torch.nn.ReLU(),
-                                torch.nn.Linear(32, 10))  # fmt: skip
+    model = torch.nn.Sequential(
+        torch.nn.Flatten(), torch.nn.Linear(64, 32), torch.nn.BatchNorm1d(32), torch.nn.ReLU(), torch.nn.Linear(32, 10)
+    )
     cls = {"local-sgd": paratrain.LocalSGDStrategy, "diloco": paratrain.DiLoCoStrategy}[name]
     strategy = cls(device="cpu", sync_every=sync_every)
     trainer = paratrain.Trainer(model, "cross_entropy", torch.optim.SGD(model.parameters(), lr=0.1), strategy=strategy)

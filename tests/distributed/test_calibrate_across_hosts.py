@@ -15,8 +15,21 @@ pytestmark = pytest.mark.distributed
 @needs_hosts
 def test_a_calibration_across_two_emulated_hosts_measures_there_and_says_so(cli, tmp_path):
     path = tmp_path / "cal.json"
-    result = cli("simulate", "--calibrate", str(path), "--across-hosts", "--strategy", "ps-sync", "--workers", "2",
-                 "--steps", "20", "--cpu-share", "0.5", timeout=900)  # fmt: skip
+    result = cli(
+        "simulate",
+        "--calibrate",
+        str(path),
+        "--across-hosts",
+        "--strategy",
+        "ps-sync",
+        "--workers",
+        "2",
+        "--steps",
+        "20",
+        "--cpu-share",
+        "0.5",
+        timeout=900,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     calibration = json.loads(path.read_text())
     where = re.fullmatch(

@@ -35,8 +35,11 @@ def cluster(*args, timeout=240, cwd=None):
     try:
         result = subprocess.run(
             [sys.executable, "-m", "paratrain", "cluster", "run", *args],
-            capture_output=True, text=True, timeout=timeout, cwd=cwd,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=cwd,
+        )
     except subprocess.TimeoutExpired as error:
         _made(error.stderr)  # its runner was killed: its hosts are left for the check below
         raise
@@ -92,8 +95,7 @@ def test_a_strategy_across_hosts_gives_the_single_process_result(cli, tmp_path, 
     """allreduce and ps-sync on N hosts equal one process with the global batch, a pipeline
     of 2 stages on 2 hosts one process with its batch: the same accuracy to rounding."""
     out, reference = tmp_path / "m.json", tmp_path / "single.json"
-    result = cluster(*hosts, "--link", "1gbit", "--",
-                     "paratrain", "train", *flags, *FAST, "--metrics-out", str(out))  # fmt: skip
+    result = cluster(*hosts, "--link", "1gbit", "--", "paratrain", "train", *flags, *FAST, "--metrics-out", str(out))
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     single = cli("train", "--batch-size", str(global_batch), *FAST, "--metrics-out", str(reference))
     assert single.returncode == 0, single.stderr[-2000:]
@@ -117,8 +119,21 @@ def test_each_host_runs_on_cores_of_its_own_and_its_cpu_is_counted(tmp_path):
     exceed its share (the quota holds), and a CPU-bound host that got its share ran its quota
     out in most periods."""
     (tmp_path / "spin.py").write_text(SPIN)
-    result = cluster("--hosts", "2", "--cpu", "0.5", "--host", "1:cpu=0.25", "--pin", "always",
-                     "--logs", str(tmp_path / "logs"), "--", "python", str(tmp_path / "spin.py"))  # fmt: skip
+    result = cluster(
+        "--hosts",
+        "2",
+        "--cpu",
+        "0.5",
+        "--host",
+        "1:cpu=0.25",
+        "--pin",
+        "always",
+        "--logs",
+        str(tmp_path / "logs"),
+        "--",
+        "python",
+        str(tmp_path / "spin.py"),
+    )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     available = sorted(os.sched_getaffinity(0))
     assert f"[host0] cores {[available[0]]}" in result.stdout
@@ -148,8 +163,24 @@ def test_hosts_throttled_from_training_start_unthrottled_then_keep_their_share(t
     here none ran out), from then on their shares (the quota holds and bites); the run is
     the same run."""
     out = tmp_path / "m.json"
-    result = cluster("--hosts", "2", "--cpu", "0.25", "--throttle-from", "training", "--logs", str(tmp_path / "logs"),
-                     "--", "paratrain", "train", "--strategy", "allreduce", *FAST, "--metrics-out", str(out))  # fmt: skip
+    result = cluster(
+        "--hosts",
+        "2",
+        "--cpu",
+        "0.25",
+        "--throttle-from",
+        "training",
+        "--logs",
+        str(tmp_path / "logs"),
+        "--",
+        "paratrain",
+        "train",
+        "--strategy",
+        "allreduce",
+        *FAST,
+        "--metrics-out",
+        str(out),
+    )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert re.search(
         r"every process has finished a step at [0-9.]+ s: the hosts run at their CPU shares", result.stderr
@@ -173,9 +204,25 @@ def test_a_killed_host_under_ps_async_is_survived(tmp_path):
     # at version 100: mid-training however long start-up takes (6 epochs of 3 workers'
     # shares of digits: ~264 versions); it ends at ~0.95. With 4 epochs killed at 60 it
     # ended at 0.893 once (async updates of two workers for the last 2/3 of a short run)
-    result = cluster("--hosts", "4", "--cpu", "0.45", "--fail", "host3@step100", "--",
-                     "paratrain", "train", "--strategy", "ps-async", "--epochs", "6", "--no-progress",
-                     "--metrics-out", str(out), timeout=400)  # fmt: skip
+    result = cluster(
+        "--hosts",
+        "4",
+        "--cpu",
+        "0.45",
+        "--fail",
+        "host3@step100",
+        "--",
+        "paratrain",
+        "train",
+        "--strategy",
+        "ps-async",
+        "--epochs",
+        "6",
+        "--no-progress",
+        "--metrics-out",
+        str(out),
+        timeout=400,
+    )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert int(re.search(r"fail host3 at step (\d+), ", result.stderr).group(1)) >= 100
     metrics = json.loads(out.read_text())
@@ -188,9 +235,27 @@ def test_a_cut_link_under_allreduce_ends_within_the_timeout_naming_the_host():
     started = time.monotonic()
     # at step 50: mid-training (5000 epochs of digits would take minutes), however long
     # start-up takes; a cut while the group forms is the start-up case of fault tolerance
-    result = cluster("--hosts", "2", "--cpu", "0.6", "--cut", "host1@step50", "--",
-                     "paratrain", "train", "--strategy", "allreduce", "--epochs", "5000", "--no-progress",
-                     "--log-every", "0", "--timeout", "10", timeout=300)  # fmt: skip
+    result = cluster(
+        "--hosts",
+        "2",
+        "--cpu",
+        "0.6",
+        "--cut",
+        "host1@step50",
+        "--",
+        "paratrain",
+        "train",
+        "--strategy",
+        "allreduce",
+        "--epochs",
+        "5000",
+        "--no-progress",
+        "--log-every",
+        "0",
+        "--timeout",
+        "10",
+        timeout=300,
+    )
     assert result.returncode != 0
     step, cut_at = re.search(r"cut host1 at step (\d+), ([\d.]+) s", result.stderr).groups()
     assert int(step) >= 50
@@ -202,12 +267,31 @@ def test_a_cut_link_under_allreduce_ends_within_the_timeout_naming_the_host():
 @needs_hosts
 def test_ctrl_c_removes_every_host():
     process = subprocess.Popen(
-        [sys.executable, "-m", "paratrain", "cluster", "run", "--hosts", "2", "--cpu", "0.5", "--",
-         "paratrain", "train", "--strategy", "allreduce", "--epochs", "200", "--no-progress"],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        [
+            sys.executable,
+            "-m",
+            "paratrain",
+            "cluster",
+            "run",
+            "--hosts",
+            "2",
+            "--cpu",
+            "0.5",
+            "--",
+            "paratrain",
+            "train",
+            "--strategy",
+            "allreduce",
+            "--epochs",
+            "200",
+            "--no-progress",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
         # as from a terminal: a suite started in the background (`cmd &`) ignores SIGINT, and so would the runner
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )  # fmt: skip
+    )
     for line in iter(process.stderr.readline, ""):  # the runner says so once its hosts exist
         if made := re.search(r"paratrain cluster: cluster (\d+): ", line):
             MADE.append(int(made.group(1)))
@@ -233,9 +317,28 @@ def test_a_fault_tolerant_replica_whose_host_dies_goes_on_on_a_spare_host(tmp_pa
     # after the kill at step 10, for a cold replacement to start torch on its 0.6 of a core
     # under the suite's load. The sleep (~0.15 s a step) stays under the Lighthouse's 1 s
     # join timeout, so replica 0 is never left out of a quorum.
-    result = cluster("--hosts", "3", "--cpu", "0.6", "--spares", "1", *(["--cold-spares"] if spares == "cold" else []),
-                     "--fail", "host1@step10", "--", "paratrain", "train", "--strategy", "allreduce-ft", *run,
-                     "--straggler", "0:20", "--metrics-out", str(out), timeout=400)  # fmt: skip
+    result = cluster(
+        "--hosts",
+        "3",
+        "--cpu",
+        "0.6",
+        "--spares",
+        "1",
+        *(["--cold-spares"] if spares == "cold" else []),
+        "--fail",
+        "host1@step10",
+        "--",
+        "paratrain",
+        "train",
+        "--strategy",
+        "allreduce-ft",
+        *run,
+        "--straggler",
+        "0:20",
+        "--metrics-out",
+        str(out),
+        timeout=400,
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     took = "the standby on host2 takes its place" if spares == "warm" else "its replacement starts on host2"
     assert f"replica 1 on host1 lost (killed); {took}" in result.stderr
@@ -258,10 +361,29 @@ def test_a_fault_tolerant_replica_whose_host_dies_goes_on_on_a_spare_host(tmp_pa
 @pytest.mark.skipif(shutil.which("setpriv") is None or os.geteuid() != 0, reason="needs root and setpriv")
 def test_without_root_it_is_one_line_and_exit_2():
     result = subprocess.run(
-        ["setpriv", "--reuid", "65534", "--regid", "65534", "--clear-groups",
-         sys.executable, "-m", "paratrain", "cluster", "run", "--hosts", "2", "--", "paratrain", "train"],
-        capture_output=True, text=True, timeout=60, cwd="/",
-    )  # fmt: skip
+        [
+            "setpriv",
+            "--reuid",
+            "65534",
+            "--regid",
+            "65534",
+            "--clear-groups",
+            sys.executable,
+            "-m",
+            "paratrain",
+            "cluster",
+            "run",
+            "--hosts",
+            "2",
+            "--",
+            "paratrain",
+            "train",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd="/",
+    )
     assert result.returncode == 2
     assert result.stderr.count("\n") == 1 and "needs root" in result.stderr
 
@@ -274,24 +396,63 @@ def test_without_root_it_is_one_line_and_exit_2():
         (["--hosts", "2", "--"], "needs a command after --"),
         (["--hosts", "2", "--pin", "some", "--", "paratrain", "train"], "--pin: invalid choice: 'some'"),
         (["--hosts", "2", "--", "bash", "x"], "must be `paratrain ...` or `python SCRIPT ...`"),
-        (["--hosts", "3", "--spares", "1", "--", "paratrain", "train", "--strategy", "allreduce"],
-         "--spares 1: spare hosts stand by for a fault-tolerant run's lost replicas"),
-        (["--hosts", "2", "--spares", "2", "--", "paratrain", "train", "--strategy", "allreduce-ft"],
-         "--spares 2 leaves no host for a replica"),
-        (["--hosts", "3", "--spares", "1", "--", "paratrain", "train", "--strategy", "allreduce", "--fault-tolerant",
-          "--workers", "3"], "--workers 3: 3 hosts less 1 spare run 2 replicas"),
-        (["--hosts", "2", "--", "paratrain", "train", "--strategy", "local-sgd-ft", "--lighthouse", "http://x:1"],
-         "hosts the run's Lighthouse itself"),
-        (["--hosts", "2", "--", "paratrain", "train", "--strategy", "allreduce-ft", "--replica-heartbeat-timeout",
-          "soon"], "--replica-heartbeat-timeout soon: expected a number > 0"),
-        (["--hosts", "2", "--cold-spares", "--", "paratrain", "train", "--strategy", "allreduce-ft"],
-         "--cold-spares says how --spares hosts stand by"),
-        (["--hosts", "2", "--throttle-from", "training", "--", "paratrain", "train", "--strategy", "allreduce-ft"],
-         "--throttle-from training: a fault-tolerant run's replicas start and start again apart"),
-        (["--hosts", "2", "--throttle-from", "later", "--", "paratrain", "train"],
-         "--throttle-from: invalid choice: 'later'"),
+        (
+            ["--hosts", "3", "--spares", "1", "--", "paratrain", "train", "--strategy", "allreduce"],
+            "--spares 1: spare hosts stand by for a fault-tolerant run's lost replicas",
+        ),
+        (
+            ["--hosts", "2", "--spares", "2", "--", "paratrain", "train", "--strategy", "allreduce-ft"],
+            "--spares 2 leaves no host for a replica",
+        ),
+        (
+            [
+                "--hosts",
+                "3",
+                "--spares",
+                "1",
+                "--",
+                "paratrain",
+                "train",
+                "--strategy",
+                "allreduce",
+                "--fault-tolerant",
+                "--workers",
+                "3",
+            ],
+            "--workers 3: 3 hosts less 1 spare run 2 replicas",
+        ),
+        (
+            ["--hosts", "2", "--", "paratrain", "train", "--strategy", "local-sgd-ft", "--lighthouse", "http://x:1"],
+            "hosts the run's Lighthouse itself",
+        ),
+        (
+            [
+                "--hosts",
+                "2",
+                "--",
+                "paratrain",
+                "train",
+                "--strategy",
+                "allreduce-ft",
+                "--replica-heartbeat-timeout",
+                "soon",
+            ],
+            "--replica-heartbeat-timeout soon: expected a number > 0",
+        ),
+        (
+            ["--hosts", "2", "--cold-spares", "--", "paratrain", "train", "--strategy", "allreduce-ft"],
+            "--cold-spares says how --spares hosts stand by",
+        ),
+        (
+            ["--hosts", "2", "--throttle-from", "training", "--", "paratrain", "train", "--strategy", "allreduce-ft"],
+            "--throttle-from training: a fault-tolerant run's replicas start and start again apart",
+        ),
+        (
+            ["--hosts", "2", "--throttle-from", "later", "--", "paratrain", "train"],
+            "--throttle-from: invalid choice: 'later'",
+        ),
     ],
-)  # fmt: skip
+)
 def test_bad_cluster_flags_are_one_line_and_exit_2(args, words):
     result = cluster(*args, timeout=60)
     assert result.returncode == 2

@@ -30,15 +30,28 @@ def test_a_checkpoint_of_0_1_0_resumes_to_the_uninterrupted_run(tmp_path, strate
     step = int(next(folder.glob("ckpt-*")).name.removeprefix("ckpt-"))
     resumed_out, fresh_out = tmp_path / "resumed.json", tmp_path / "fresh.json"
     resumed = run_cli(
-        "train", "--strategy", *strategy, *COMMON, "--checkpoint-dir", str(folder), "--resume",
-        "--metrics-out", str(resumed_out),
-    )  # fmt: skip
+        "train",
+        "--strategy",
+        *strategy,
+        *COMMON,
+        "--checkpoint-dir",
+        str(folder),
+        "--resume",
+        "--metrics-out",
+        str(resumed_out),
+    )
     assert resumed.returncode == 0, resumed.stderr
     assert "resumed from" in resumed.stdout + resumed.stderr
     fresh = run_cli(
-        "train", "--strategy", *strategy, *COMMON, "--checkpoint-dir", str(tmp_path / "fresh-ck"),
-        "--metrics-out", str(fresh_out),
-    )  # fmt: skip
+        "train",
+        "--strategy",
+        *strategy,
+        *COMMON,
+        "--checkpoint-dir",
+        str(tmp_path / "fresh-ck"),
+        "--metrics-out",
+        str(fresh_out),
+    )
     assert fresh.returncode == 0, fresh.stderr
     got, want = json.loads(resumed_out.read_text()), json.loads(fresh_out.read_text())
     assert got["resumed_from_step"] == step

@@ -159,8 +159,20 @@ def test_every_replica_lost_at_once_resumes_from_the_last_checkpoint(cli, tmp_pa
     happened (no live peer is needed). Written from a thread (``--checkpoint-async``), step
     40's save may still be under way at the cut: then the run resumes from step 20's."""
     folder = tmp_path / "ckpt"
-    flags = ["--strategy", "allreduce-ft", "--workers", "2", "--checkpoint-dir", str(folder), "--checkpoint-every",
-             "20", "--max-restarts", "2", "--fail", "all@50"] + ["--checkpoint-async"] * asynchronous  # fmt: skip
+    flags = [
+        "--strategy",
+        "allreduce-ft",
+        "--workers",
+        "2",
+        "--checkpoint-dir",
+        str(folder),
+        "--checkpoint-every",
+        "20",
+        "--max-restarts",
+        "2",
+        "--fail",
+        "all@50",
+    ] + ["--checkpoint-async"] * asynchronous
     metrics, stderr = _train(cli, tmp_path, "cut", *flags)
     assert "paratrain: worker 0: injected failure at step 50" in stderr
     assert "paratrain: worker 1: injected failure at step 50" in stderr
@@ -188,8 +200,20 @@ def test_every_replica_lost_at_once_without_checkpoints_fails_with_one_line(cli,
     and the first such failure ends the run: restarts left start no more replacements, and
     no line says that the run goes on."""
     out = tmp_path / "lost.json"
-    result = cli("train", *RUN, "--strategy", "allreduce-ft", "--workers", "3", "--fail", "all@30",
-                 "--max-restarts", "9", "--metrics-out", str(out))  # fmt: skip
+    result = cli(
+        "train",
+        *RUN,
+        "--strategy",
+        "allreduce-ft",
+        "--workers",
+        "3",
+        "--fail",
+        "all@30",
+        "--max-restarts",
+        "9",
+        "--metrics-out",
+        str(out),
+    )
     assert result.returncode == 1, result.stderr[-3000:]
     assert "replacement found no live replica to take the state from" in result.stderr, result.stderr[-3000:]
     assert result.stderr.count("a replacement joins the run") == 3, result.stderr[-3000:]
@@ -201,8 +225,19 @@ def test_a_chief_lost_after_the_last_step_leaves_the_survivor_to_report_the_run(
     """Replica 0 is the chief; lost once the last step is committed, before it wrote the run's
     results (its replacement finds the run over), the survivor's view of the run is reported."""
     last = reference["global_steps"]
-    metrics, stderr = _train(cli, tmp_path, "late", "--strategy", "allreduce-ft", "--workers", "2",
-                             "--fail", f"0@{last}", "--max-restarts", "1")  # fmt: skip
+    metrics, stderr = _train(
+        cli,
+        tmp_path,
+        "late",
+        "--strategy",
+        "allreduce-ft",
+        "--workers",
+        "2",
+        "--fail",
+        f"0@{last}",
+        "--max-restarts",
+        "1",
+    )
     assert f"worker 0 was lost (killed by SIGKILL) after step {last}" in stderr
     assert as_formed(metrics["participants"]["per_step"], 2) == [[1, last, 2]]
     _same_run(metrics, reference)
@@ -220,8 +255,9 @@ def test_a_16_bit_wire_through_a_loss_halves_the_bytes_and_keeps_single_accuracy
     from paratrain.data.datasets import load_dataset
     from paratrain.models import build_model
 
-    metrics, _ = _train(cli, tmp_path, "bf16", "--strategy", "allreduce-ft", "--workers", "2", "--compression",
-                        "bf16", "--fail", "1@40")  # fmt: skip
+    metrics, _ = _train(
+        cli, tmp_path, "bf16", "--strategy", "allreduce-ft", "--workers", "2", "--compression", "bf16", "--fail", "1@40"
+    )
     assert metrics["compression"] == "bf16"
     assert as_formed(metrics["participants"]["per_step"], 2) == [[1, 40, 2], [41, reference["global_steps"], 1]]
     params = sum(p.numel() for p in build_model("mlp", load_dataset(TrainConfig()).spec).parameters())
@@ -269,16 +305,49 @@ def test_a_replica_added_to_a_running_torchrun_job_takes_the_live_state(tmp_path
     replica, and a third replica started while the two others train."""
     port = free_port()
     lighthouse = subprocess.Popen(
-        [shutil.which("torchft_lighthouse") or str(Path(sys.executable).parent / "torchft_lighthouse"), "--min_replicas", "1", "--quorum_tick_ms", "50",
-         "--join_timeout_ms", "1000", "--heartbeat_timeout_ms", "2000", "--bind", f"127.0.0.1:{port}"],
+        [
+            shutil.which("torchft_lighthouse") or str(Path(sys.executable).parent / "torchft_lighthouse"),
+            "--min_replicas",
+            "1",
+            "--quorum_tick_ms",
+            "50",
+            "--join_timeout_ms",
+            "1000",
+            "--heartbeat_timeout_ms",
+            "2000",
+            "--bind",
+            f"127.0.0.1:{port}",
+        ],
         env={**os.environ, "RUST_LOG": "warn"},
-    )  # fmt: skip
+    )
 
     def job(replica, *extra):
-        command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "1",
-                   "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", "-m", "paratrain", "train",
-                   "--strategy", "allreduce-ft", "--workers", "2", "--lighthouse", f"http://127.0.0.1:{port}",
-                   *LONG_RUN, "--metrics-out", str(tmp_path / f"m{replica}.json"), *extra]  # fmt: skip
+        command = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--nnodes",
+            "1",
+            "--nproc-per-node",
+            "1",
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            "127.0.0.1:0",
+            "-m",
+            "paratrain",
+            "train",
+            "--strategy",
+            "allreduce-ft",
+            "--workers",
+            "2",
+            "--lighthouse",
+            f"http://127.0.0.1:{port}",
+            *LONG_RUN,
+            "--metrics-out",
+            str(tmp_path / f"m{replica}.json"),
+            *extra,
+        ]
         env = {**os.environ, "REPLICA_GROUP_ID": str(replica)}
         return subprocess.Popen(command, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
 
@@ -335,8 +404,9 @@ def test_the_documented_python_example_replaces_a_replica_and_both_return_the_wh
     script.write_text(re.findall(r"```python\n(.*?)```", text, re.DOTALL)[0])
     # On the CPU: on an H200 one of the two results came back None (docs/gpu.md), not yet understood
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}
-    result = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=180, cwd=tmp_path,
-                            env=env)  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=180, cwd=tmp_path, env=env
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "worker 1 was lost (killed by SIGKILL) after step 100; a replacement joins the run" in result.stderr
     (epochs0, accuracy0), (epochs1, accuracy1) = ast.literal_eval(result.stdout.strip().splitlines()[-1])
@@ -412,9 +482,25 @@ def test_a_signal_to_the_launcher_stops_every_replica_and_leaves_no_files(tmp_pa
     # short: the forkserver's socket lives there (AF_UNIX paths end at 107 bytes)
     scratch = Path(tempfile.mkdtemp(prefix="pt-sig-", dir="/tmp"))
     folder = tmp_path / "ckpt"
-    command = [sys.executable, "-m", "paratrain", "train", "--strategy", "allreduce-ft", "--workers", "2",
-               "--epochs", "200", "--checkpoint-dir", str(folder), "--checkpoint-every", "20", "--no-progress",
-               "--log-every", "0"]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "paratrain",
+        "train",
+        "--strategy",
+        "allreduce-ft",
+        "--workers",
+        "2",
+        "--epochs",
+        "200",
+        "--checkpoint-dir",
+        str(folder),
+        "--checkpoint-every",
+        "20",
+        "--no-progress",
+        "--log-every",
+        "0",
+    ]
     launcher = subprocess.Popen(command, stderr=subprocess.PIPE, text=True, env={**os.environ, "TMPDIR": str(scratch)})
     deadline = time.monotonic() + 120
     while not any(folder.glob("ckpt-*/manifest.json")) and time.monotonic() < deadline:

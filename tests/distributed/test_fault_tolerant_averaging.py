@@ -127,8 +127,24 @@ def test_every_replica_lost_at_once_resumes_from_the_last_checkpoint(cli, tmp_pa
     A replica taken for lost for a stalled heartbeat would leave a step with half its batch
     (~2e-4): the heartbeat gets 2 s, as in the runs without a fault above."""
     folder = tmp_path / "ckpt"
-    flags = ["--strategy", "local-sgd-ft", "--sync-every", "1", "--momentum", "0", "--checkpoint-dir", str(folder),
-             "--checkpoint-every", "20", "--max-restarts", "2", "--fail", "all@50", "--replica-heartbeat-timeout", "2"]  # fmt: skip
+    flags = [
+        "--strategy",
+        "local-sgd-ft",
+        "--sync-every",
+        "1",
+        "--momentum",
+        "0",
+        "--checkpoint-dir",
+        str(folder),
+        "--checkpoint-every",
+        "20",
+        "--max-restarts",
+        "2",
+        "--fail",
+        "all@50",
+        "--replica-heartbeat-timeout",
+        "2",
+    ]
     metrics, stderr = _train(cli, tmp_path, "cut", *flags)
     assert "paratrain: worker 0: injected failure at step 50" in stderr
     assert "paratrain: worker 1: injected failure at step 50" in stderr

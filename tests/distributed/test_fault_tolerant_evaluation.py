@@ -88,8 +88,9 @@ def _run(script, name, batch):
         ("local-sgd-ft", "local-sgd", 16, 2, [0, 1]),
     ],
 )
-def test_each_replica_scores_its_part_and_the_scores_are_the_plain_run_s(script, name, reference, batch, parts,
-                                                                           scoring):  # fmt: skip
+def test_each_replica_scores_its_part_and_the_scores_are_the_plain_run_s(
+    script, name, reference, batch, parts, scoring
+):
     """2 replicas: each scores half of the 360 test examples (fsdp-ft's 2 shards a quarter
     each; a pipeline's last stage scores, the first passes its activations on); the losses
     and accuracies, sums over the quorum, are those of single with the global batch (of
@@ -108,8 +109,19 @@ def test_a_replica_lost_right_before_an_evaluation_leaves_the_survivor_to_score_
     sum over that step's quorum cannot complete, and it scores all 360 examples alone; its
     test loss is the undisturbed run's (relative 1e-9: the same model, the sums in another
     order)."""
-    run = ["--strategy", "allreduce-ft", "--workers", "2", "--epochs", "2", "--batch-size", "8", "--no-progress",
-           "--log-every", "0"]  # fmt: skip
+    run = [
+        "--strategy",
+        "allreduce-ft",
+        "--workers",
+        "2",
+        "--epochs",
+        "2",
+        "--batch-size",
+        "8",
+        "--no-progress",
+        "--log-every",
+        "0",
+    ]
     scores = []
     for name, faults in (("calm", []), ("lost", ["--fail", "1@89", "--max-restarts", "1"])):
         out = tmp_path / f"{name}.json"

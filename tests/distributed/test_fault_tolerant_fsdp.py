@@ -79,8 +79,19 @@ def test_a_checkpoint_resumes_on_another_layout(cli, tmp_path, reference):
     on as the single-process run) and on 2 replicas of 1 (--workers 2: a global batch of 8,
     so the epoch goes on at batch 100, after the 800 examples already read)."""
     ckpt = tmp_path / "ckpt"
-    first = cli("train", *FT, "--epochs", "1", "--no-progress", "--log-every", "0", "--checkpoint-dir", str(ckpt),
-                "--checkpoint-every", "50")  # fmt: skip
+    first = cli(
+        "train",
+        *FT,
+        "--epochs",
+        "1",
+        "--no-progress",
+        "--log-every",
+        "0",
+        "--checkpoint-dir",
+        str(ckpt),
+        "--checkpoint-every",
+        "50",
+    )
     assert first.returncode == 0, first.stderr[-3000:]
     shutil.rmtree(ckpt / "ckpt-000000089")  # the end of the epoch: resume from step 50, mid-epoch
     manifest = json.loads((ckpt / "ckpt-000000050" / "manifest.json").read_text())

@@ -203,8 +203,22 @@ def test_sharded_checkpoints_resume_exactly_and_on_another_number_of_processes(c
     ckpt = tmp_path / "ckpt"
     whole, _ = _run(cli, tmp_path, "whole", "--workers", "2", "--epochs", "4", "--compression", "bf16")
     assert whole["test_accuracy"] >= 0.9
-    first, _ = _run(cli, tmp_path, "first", "--workers", "2", "--epochs", "2", "--compression", "bf16",
-                    "--checkpoint-dir", str(ckpt), "--checkpoint-every", "10", *saving)  # fmt: skip
+    first, _ = _run(
+        cli,
+        tmp_path,
+        "first",
+        "--workers",
+        "2",
+        "--epochs",
+        "2",
+        "--compression",
+        "bf16",
+        "--checkpoint-dir",
+        str(ckpt),
+        "--checkpoint-every",
+        "10",
+        *saving,
+    )
     for folder in sorted(ckpt.glob("ckpt-*")):  # every checkpoint kept names every shard's file
         manifest = json.loads((folder / "manifest.json").read_text())
         shard_files = sorted(name for name in manifest["parts"] if name.startswith("model/"))
@@ -214,13 +228,38 @@ def test_sharded_checkpoints_resume_exactly_and_on_another_number_of_processes(c
     assert "model" not in torch.load(folder / "rank-0.pt", weights_only=True)  # no process held it whole
     shutil.copytree(ckpt, tmp_path / "copy")
     # The same number of processes: exactly the uninterrupted run.
-    second, _ = _run(cli, tmp_path, "second", "--workers", "2", "--epochs", "4", "--compression", "bf16",
-                     "--checkpoint-dir", str(ckpt), "--resume", *saving)  # fmt: skip
+    second, _ = _run(
+        cli,
+        tmp_path,
+        "second",
+        "--workers",
+        "2",
+        "--epochs",
+        "4",
+        "--compression",
+        "bf16",
+        "--checkpoint-dir",
+        str(ckpt),
+        "--resume",
+        *saving,
+    )
     assert second["resumed_from_step"] == 44
     assert second["test_loss"] == pytest.approx(whole["test_loss"], rel=1e-6)
     # Three processes read the two shards: nothing left to train, the same model evaluated.
-    resharded, result = _run(cli, tmp_path, "three", "--workers", "3", "--epochs", "2", "--compression", "bf16",
-                             "--checkpoint-dir", str(tmp_path / "copy"), "--resume")  # fmt: skip
+    resharded, result = _run(
+        cli,
+        tmp_path,
+        "three",
+        "--workers",
+        "3",
+        "--epochs",
+        "2",
+        "--compression",
+        "bf16",
+        "--checkpoint-dir",
+        str(tmp_path / "copy"),
+        "--resume",
+    )
     assert "was written by 2 replicas, this run has 3: the model is resharded" in result.stdout
     assert resharded["test_loss"] == pytest.approx(first["test_loss"], rel=1e-5)
 
@@ -231,8 +270,9 @@ def test_a_corrupt_shard_is_one_line_and_nothing_is_deleted(cli, tmp_path):
     shard = next(ckpt.glob("ckpt-*/model/__1_0.distcp"))
     shard.write_bytes(b"\0" * shard.stat().st_size)  # same size: only the checksum can tell
     before = sorted(p.name for p in ckpt.rglob("*"))
-    result = cli("train", "--strategy", "fsdp", "--workers", "2", "--epochs", "2", "--checkpoint-dir", str(ckpt),
-                 "--resume")  # fmt: skip
+    result = cli(
+        "train", "--strategy", "fsdp", "--workers", "2", "--epochs", "2", "--checkpoint-dir", str(ckpt), "--resume"
+    )
     assert result.returncode == 2
     assert "model/__1_0.distcp: corrupt or truncated" in result.stderr.strip().splitlines()[-1]
     assert sorted(p.name for p in ckpt.rglob("*")) == before
@@ -250,8 +290,21 @@ def test_a_conv_net_on_the_cpu_is_sharded_in_contiguous_order(cli, tmp_path):
     default for conv nets elsewhere) and refuses it when asked for."""
     out = tmp_path / "m.json"
     model = "tests.distributed.test_fsdp:digits_cnn"
-    result = cli("train", "--strategy", "fsdp", "--workers", "2", "--epochs", "1", "--model", model,
-                 "--log-every", "0", "--metrics-out", str(out))  # fmt: skip
+    result = cli(
+        "train",
+        "--strategy",
+        "fsdp",
+        "--workers",
+        "2",
+        "--epochs",
+        "1",
+        "--model",
+        model,
+        "--log-every",
+        "0",
+        "--metrics-out",
+        str(out),
+    )
     assert result.returncode == 0, result.stderr
     metrics = json.loads(out.read_text())
     assert metrics["channels_last"] is False and metrics["test_accuracy"] > 0.5

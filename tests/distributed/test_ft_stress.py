@@ -19,8 +19,10 @@ SEED = random.SystemRandom().randrange(10**6)
 
 @pytest.mark.parametrize("strategy", ["allreduce-ft", "fsdp-ft", "diloco-ft"])
 def test_kills_of_the_first_replica_and_of_a_replacement_never_hang_and_cost_no_accuracy(strategy):
-    print(f"ft stress seed {SEED}: repeat with python benchmarks/ft_stress.py --seed {SEED} "
-          f"--strategies {strategy} --kills 3 --kills-per-run 3 --fork-server-kills 0")  # fmt: skip
+    print(
+        f"ft stress seed {SEED}: repeat with python benchmarks/ft_stress.py --seed {SEED} "
+        f"--strategies {strategy} --kills 3 --kills-per-run 3 --fork-server-kills 0"
+    )
     calm = ft_stress.undisturbed(strategy)
     rng = random.Random(f"{SEED}-{strategy}")
     row = ft_stress.stressed_run(strategy, calm, 3, rng)

@@ -21,7 +21,9 @@ SEED = random.SystemRandom().randrange(10**6)
     ["allreduce", "ps-backup", "ps-sync", "pipeline", "fsdp", "diloco", "pipeline-ft", "local-sgd-ft", "fsdp-ft"],
 )
 def test_a_kill_at_a_random_moment_never_hangs(strategy):
-    print(f"kill drill seed {SEED}: repeat with python benchmarks/kill_anytime.py --seed {SEED} "
-          f"--strategies {strategy} --drills 1 --length 8")  # fmt: skip
+    print(
+        f"kill drill seed {SEED}: repeat with python benchmarks/kill_anytime.py --seed {SEED} "
+        f"--strategies {strategy} --drills 1 --length 8"
+    )
     rows = kill_anytime.run_drills(strategy, 1, SEED, length=8.0)
     assert rows[0]["ok"], f"{rows[0]}\n{rows[0].get('stderr_tail', '')}"

@@ -59,10 +59,15 @@ def _tasks(argv, envs):
     """``paratrain ARGV`` in one process per environment of ``envs`` (over this one), as a
     cluster's launcher starts them; each must exit 0. Their (stdout, stderr)."""
     processes = [
-        subprocess.Popen([sys.executable, "-m", "paratrain", *argv], env={**os.environ, **env},
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, "-m", "paratrain", *argv],
+            env={**os.environ, **env},
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for env in envs
-    ]  # fmt: skip
+    ]
     outputs = [p.communicate(timeout=240) for p in processes]
     for process, (_stdout, stderr) in zip(processes, outputs):
         assert process.returncode == 0, stderr[-3000:]
@@ -73,21 +78,30 @@ def test_tf_config_cluster(tmp_path):
     cluster = {"worker": [f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"]}
     out = tmp_path / "m.json"
     tasks = [{"type": "worker", "index": index} for index in range(2)]
-    outputs = _tasks([*TRAIN, "--metrics-out", str(out)], [{"TF_CONFIG": json.dumps({"cluster": cluster, "task": t})}
-                                                          for t in tasks])  # fmt: skip
+    outputs = _tasks(
+        [*TRAIN, "--metrics-out", str(out)], [{"TF_CONFIG": json.dumps({"cluster": cluster, "task": t})} for t in tasks]
+    )
     assert "done:" in outputs[0][0] and "done:" not in outputs[1][0]
     assert json.loads(out.read_text())["workers"] == 2
 
 
-@pytest.mark.parametrize(("flags", "tasks", "workers"), [(["--strategy", "allreduce"], 2, 2),
-                                                     (["--strategy", "ps-sync", "--ps-shards", "1"], 3, 2)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("flags", "tasks", "workers"),
+    [(["--strategy", "allreduce"], 2, 2), (["--strategy", "ps-sync", "--ps-shards", "1"], 3, 2)],
+)
 def test_the_tasks_of_an_srun_step_form_one_run(tmp_path, flags, tasks, workers):
     """What ``srun -n TASKS paratrain train ...`` gives each task (its variables, set here as
     srun sets them on one host): one run of TASKS processes, not TASKS runs of one."""
     out = tmp_path / "m.json"
-    slurm = {"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0", "SLURM_NTASKS": str(tasks), "SLURM_NODEID": "0",
-             "SLURM_STEP_NODELIST": "127.0.0.1", "SLURM_STEP_TASKS_PER_NODE": str(tasks),
-             "MASTER_PORT": str(free_port())}  # fmt: skip
+    slurm = {
+        "SLURM_JOB_ID": "77",
+        "SLURM_STEP_ID": "0",
+        "SLURM_NTASKS": str(tasks),
+        "SLURM_NODEID": "0",
+        "SLURM_STEP_NODELIST": "127.0.0.1",
+        "SLURM_STEP_TASKS_PER_NODE": str(tasks),
+        "MASTER_PORT": str(free_port()),
+    }
     envs = [{**slurm, "SLURM_PROCID": str(task), "SLURM_LOCALID": str(task)} for task in range(tasks)]
     outputs = _tasks(["train", *flags, "--epochs", "1", "--no-progress", "--metrics-out", str(out)], envs)
     assert sum("done:" in stdout for stdout, _ in outputs) == 1
@@ -100,11 +114,30 @@ def test_one_srun_task_per_node_starts_the_node_s_processes(tmp_path):
     """``srun -N 2 --ntasks-per-node 1 paratrain train --procs-per-node 2``, its two nodes'
     tasks emulated on loopback: each starts 2 processes (torchrun's way), one run of 4."""
     out = tmp_path / "m.json"
-    slurm = {"SLURM_JOB_ID": "78", "SLURM_STEP_ID": "0", "SLURM_NTASKS": "2", "SLURM_STEP_TASKS_PER_NODE": "1(x2)",
-             "SLURM_STEP_NODELIST": "127.0.0.1,127.0.0.1", "MASTER_PORT": str(free_port())}  # fmt: skip
+    slurm = {
+        "SLURM_JOB_ID": "78",
+        "SLURM_STEP_ID": "0",
+        "SLURM_NTASKS": "2",
+        "SLURM_STEP_TASKS_PER_NODE": "1(x2)",
+        "SLURM_STEP_NODELIST": "127.0.0.1,127.0.0.1",
+        "MASTER_PORT": str(free_port()),
+    }
     envs = [{**slurm, "SLURM_PROCID": str(node), "SLURM_NODEID": str(node), "SLURM_LOCALID": "0"} for node in range(2)]
-    _tasks(["train", "--procs-per-node", "2", "--strategy", "allreduce", "--epochs", "1", "--no-progress",
-            "--metrics-out", str(out)], envs)  # fmt: skip
+    _tasks(
+        [
+            "train",
+            "--procs-per-node",
+            "2",
+            "--strategy",
+            "allreduce",
+            "--epochs",
+            "1",
+            "--no-progress",
+            "--metrics-out",
+            str(out),
+        ],
+        envs,
+    )
     metrics = json.loads(out.read_text())
     assert metrics["workers"] == 4 and metrics["global_steps"] == 1433 // (32 * 4)
 
@@ -210,10 +243,26 @@ def test_a_process_sees_the_launchers_environment_as_it_is_when_the_process_star
 def test_no_process_outlives_a_launcher_killed_with_sigkill(tmp_path):
     progress = tmp_path / "m.json"
     launcher = subprocess.Popen(
-        [sys.executable, "-m", "paratrain", "train", "--strategy", "ps-async", "--workers", "2", "--epochs", "500",
-         "--no-progress", "--log-every", "1", "--metrics-out", str(progress)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "paratrain",
+            "train",
+            "--strategy",
+            "ps-async",
+            "--workers",
+            "2",
+            "--epochs",
+            "500",
+            "--no-progress",
+            "--log-every",
+            "1",
+            "--metrics-out",
+            str(progress),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 60
     while len(run_processes(launcher.pid)) < 3 and time.monotonic() < deadline:  # the shard and 2 workers
         time.sleep(0.1)

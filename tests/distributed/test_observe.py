@@ -92,18 +92,31 @@ def test_allreduce_run_writes_tensorboard_scalars_and_a_merged_timeline(cli, tmp
 
 @pytest.mark.parametrize(
     "flags",
-    [["--strategy", "allreduce-ft", "--workers", "2", "--fail", "1@30", "--max-restarts", "1"],
-     ["--strategy", "fsdp-ft", "--workers", "4", "--shards-per-replica", "2", "--batch-size", "8"]],
+    [
+        ["--strategy", "allreduce-ft", "--workers", "2", "--fail", "1@30", "--max-restarts", "1"],
+        ["--strategy", "fsdp-ft", "--workers", "4", "--shards-per-replica", "2", "--batch-size", "8"],
+    ],
     ids=["allreduce-ft-through-a-loss", "fsdp-ft"],
-)  # fmt: skip
+)
 def test_a_fault_tolerant_run_s_timeline_has_a_track_per_process(cli, tmp_path, flags):
     """Each replica of a fault-tolerant run is a process group of its own (or none): the
     tracks are the processes' places in the whole run, not their ranks in their group (every
     replica wrote rank 0's track over the others', and the merge read a part two wrote at
     once). Through a loss, the replacement's steps fill the lost replica's track."""
     trace = tmp_path / "trace.json"
-    done = cli("train", *flags, "--epochs", "2", "--log-every", "0", "--no-progress", "--timeline", str(trace),
-               "--metrics-out", str(tmp_path / "m.json"))  # fmt: skip
+    done = cli(
+        "train",
+        *flags,
+        "--epochs",
+        "2",
+        "--log-every",
+        "0",
+        "--no-progress",
+        "--timeline",
+        str(trace),
+        "--metrics-out",
+        str(tmp_path / "m.json"),
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     steps = json.loads((tmp_path / "m.json").read_text())["global_steps"]
     document = json.loads(trace.read_text())
@@ -125,12 +138,16 @@ def test_a_fault_tolerant_run_s_timeline_has_a_track_per_process(cli, tmp_path, 
 
 @pytest.mark.parametrize(
     "flags, lost",
-    [(["--strategy", "allreduce-ft", "--workers", "2"], ["rank-1"]),
-     (["--strategy", "fsdp-ft", "--workers", "4", "--shards-per-replica", "2", "--batch-size", "8"],
-      ["rank-2", "rank-3"]),
-     (["--strategy", "pipeline-ft", "--stages", "2", "--workers", "4"], ["rank-2", "rank-3"])],
+    [
+        (["--strategy", "allreduce-ft", "--workers", "2"], ["rank-1"]),
+        (
+            ["--strategy", "fsdp-ft", "--workers", "4", "--shards-per-replica", "2", "--batch-size", "8"],
+            ["rank-2", "rank-3"],
+        ),
+        (["--strategy", "pipeline-ft", "--stages", "2", "--workers", "4"], ["rank-2", "rank-3"]),
+    ],
     ids=["allreduce-ft", "fsdp-ft", "pipeline-ft"],
-)  # fmt: skip
+)
 def test_a_timeline_does_not_wait_for_a_replica_lost_unreplaced(cli, tmp_path, flags, lost):
     """A replica killed with no restart left writes no part: its launcher marks it lost for
     good, and the chief merges the others' parts and ends, where it waited 60 s for it."""
@@ -139,8 +156,19 @@ def test_a_timeline_does_not_wait_for_a_replica_lost_unreplaced(cli, tmp_path, f
     print(f"kill seed {seed} (PARATRAIN_KILL_SEED={seed} repeats it): replica 1 lost at step {step}")
     trace = tmp_path / "trace.json"
     began = time.monotonic()
-    done = cli("train", *flags, "--fail", f"1@{step}", "--epochs", "1", "--log-every", "0", "--no-progress",
-               "--timeline", str(trace))  # fmt: skip
+    done = cli(
+        "train",
+        *flags,
+        "--fail",
+        f"1@{step}",
+        "--epochs",
+        "1",
+        "--log-every",
+        "0",
+        "--no-progress",
+        "--timeline",
+        str(trace),
+    )
     seconds = time.monotonic() - began
     assert done.returncode == 0, done.stderr[-3000:]
     assert "the run goes on with 1 replica" in done.stderr

@@ -113,8 +113,12 @@ def test_every_elementwise_optimizer_under_ps_sync_equals_one_process(name):
 def _ps_lbfgs():
     torch.manual_seed(0)
     model = build_model("mlp", load_digits().spec)
-    paratrain.Trainer(model, "cross_entropy", torch.optim.LBFGS(model.parameters()),
-                      strategy=ParameterServerStrategy("sync", device="cpu"))  # fmt: skip
+    paratrain.Trainer(
+        model,
+        "cross_entropy",
+        torch.optim.LBFGS(model.parameters()),
+        strategy=ParameterServerStrategy("sync", device="cpu"),
+    )
 
 
 def test_an_optimizer_that_needs_a_closure_is_refused_in_one_line():
@@ -258,9 +262,27 @@ def test_a_late_gradient_goes_as_its_header_alone(cli, tmp_path):
     each step, while the other two make rounds: nearly every push of its comes late."""
     (tmp_path / "wide.py").write_text(WIDE_MODEL)
     out = tmp_path / "m.json"
-    result = cli("train", "--model", "wide:model", "--strategy", "ps-backup", "--workers", "2",
-                 "--backup-workers", "1", "--straggler", "2:10", "--epochs", "2", "--no-progress",
-                 "--log-every", "0", "--metrics-out", str(out), env={"PYTHONPATH": str(tmp_path)})  # fmt: skip
+    result = cli(
+        "train",
+        "--model",
+        "wide:model",
+        "--strategy",
+        "ps-backup",
+        "--workers",
+        "2",
+        "--backup-workers",
+        "1",
+        "--straggler",
+        "2:10",
+        "--epochs",
+        "2",
+        "--no-progress",
+        "--log-every",
+        "0",
+        "--metrics-out",
+        str(out),
+        env={"PYTHONPATH": str(tmp_path)},
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = json.loads(out.read_text())
     applied = sum(metrics["staleness"]["histogram"].values())
@@ -286,8 +308,21 @@ def test_a_warmup_longer_than_the_staleness_bound_trains_and_keeps_the_bound_aft
     """--warmup-steps 10 --staleness-bound 1: worker 0 takes the first 10 updates alone (the
     others, waiting at step 0, do not count as behind it), then every worker trains within
     the bound of the slowest, counted from the warm-up's end."""
-    metrics, _ = _metrics(cli, tmp_path, "--strategy", "ps-async", "--workers", "3", "--warmup-steps", "10",
-                          "--staleness-bound", "1", "--straggler", "2:3", *FAST)  # fmt: skip
+    metrics, _ = _metrics(
+        cli,
+        tmp_path,
+        "--strategy",
+        "ps-async",
+        "--workers",
+        "3",
+        "--warmup-steps",
+        "10",
+        "--staleness-bound",
+        "1",
+        "--straggler",
+        "2:3",
+        *FAST,
+    )
     assert metrics["max_clock_gap"] <= 1
     assert metrics["global_steps"] == 2 * (1437 // 32)
     # it learns (chance is 0.1); 3 asynchronous workers with a straggler after 2 epochs land
@@ -319,9 +354,24 @@ def test_ps_sync_goes_on_in_rounds_of_the_workers_left(cli, tmp_path):
     # 3 workers, 14 rounds an epoch of digits at batch 32: worker 2 dies after its 5th step;
     # every round after that holds 2 gradients, counted as short, and training ends well.
     metrics, result = _metrics(
-        cli, tmp_path, "--strategy", "ps-sync", "--workers", "3", "--on-worker-lost", "continue",
-        "--fail", "2@5", "--heartbeat-timeout", "2", "--epochs", "4", "--no-progress", "--log-every", "0",
-    )  # fmt: skip
+        cli,
+        tmp_path,
+        "--strategy",
+        "ps-sync",
+        "--workers",
+        "3",
+        "--on-worker-lost",
+        "continue",
+        "--fail",
+        "2@5",
+        "--heartbeat-timeout",
+        "2",
+        "--epochs",
+        "4",
+        "--no-progress",
+        "--log-every",
+        "0",
+    )
     assert "paratrain: worker 2 was lost (killed by SIGKILL); the run goes on without it" in result.stderr
     assert metrics["workers_lost"] == [2] and metrics["restarts"] == 0
     # every round after the loss is short: all but the 4 to 6 whole ones before it

@@ -271,8 +271,20 @@ def test_a_conv_net_in_channels_last_order_crosses_the_stages(cli, tmp_path):
     runs = {}
     for name, flags in (("single", []), ("pipeline", ["--strategy", "pipeline", "--stages", "2"])):
         out = tmp_path / f"{name}.json"
-        result = cli("train", "--model", "cifar_cnn", "--epochs", "1", "--log-every", "0", "--metrics-out", str(out),
-                     "--device", "cpu", *flags)  # fmt: skip
+        result = cli(
+            "train",
+            "--model",
+            "cifar_cnn",
+            "--epochs",
+            "1",
+            "--log-every",
+            "0",
+            "--metrics-out",
+            str(out),
+            "--device",
+            "cpu",
+            *flags,
+        )
         assert result.returncode == 0, result.stderr[-2000:]
         runs[name] = json.loads(out.read_text())
     assert runs["pipeline"]["channels_last"] is True

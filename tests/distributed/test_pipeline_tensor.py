@@ -23,14 +23,22 @@ def _train(strategy, build, data, loss, clip=None, accumulate=1):
     the model's names: each whole (gathered over the stage's shards) and what this process
     holds of it against its whole size."""
     model = build()
-    trainer = paratrain.Trainer(model, loss, torch.optim.SGD(model.parameters(), lr=0.1), metrics=(),
-                                strategy=strategy, clip_grad_norm=clip, accumulate=accumulate)  # fmt: skip
+    trainer = paratrain.Trainer(
+        model,
+        loss,
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        metrics=(),
+        strategy=strategy,
+        clip_grad_norm=clip,
+        accumulate=accumulate,
+    )
     losses = []
     record = paratrain.Callback()
     record.on_batch_end = lambda step, logs: losses.append(float(logs["local_loss"]))
     train, test = data
-    history = trainer.fit(train, epochs=1, batch_size=B // accumulate, seed=0, verbose=0, validation_data=test,
-                          callbacks=[record])  # fmt: skip
+    history = trainer.fit(
+        train, epochs=1, batch_size=B // accumulate, seed=0, verbose=0, validation_data=test, callbacks=[record]
+    )
     whole, held = {}, {}
     for name, param in trainer.module.named_parameters(remove_duplicate=False):
         name = name.removeprefix("model.")
@@ -62,8 +70,14 @@ def test_the_builtin_gpt_in_2_stages_of_2_shards_equals_one_process_step_by_step
     data = (sequences(STEPS * B, 1), sequences(2 * B, 2))
     single = _train(paratrain.SingleDeviceStrategy(device="cpu"), gpt, data, "cross_entropy")
     runs = run_distributed(_pipelined, gpt, data, "cross_entropy", world_size=4)
-    block = {"attention.qkv.weight", "attention.qkv.bias", "attention.out.weight", "mlp.0.weight", "mlp.0.bias",
-             "mlp.2.weight"}  # fmt: skip
+    block = {
+        "attention.qkv.weight",
+        "attention.qkv.bias",
+        "attention.out.weight",
+        "mlp.0.weight",
+        "mlp.0.bias",
+        "mlp.2.weight",
+    }
     expected = [{"0.token.weight", *(f"1.{n}" for n in block)}, {*(f"0.{n}" for n in block), "1.output.weight"}]
     for rank, run in enumerate(runs):
         stage = rank // 2
@@ -109,8 +123,14 @@ def test_a_gpt2_traced_into_2_stages_of_2_shards_equals_one_process():
     data = (tokens(STEPS * B), tokens(10))  # 10: the test batch is not a whole micro-batch
     single = _train(paratrain.SingleDeviceStrategy(device="cpu"), gpt2, data, None)
     runs = run_distributed(_pipelined, gpt2, data, None, world_size=4)
-    block = {"attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_fc.bias",
-             "mlp.c_proj.weight"}  # fmt: skip
+    block = {
+        "attn.c_attn.weight",
+        "attn.c_attn.bias",
+        "attn.c_proj.weight",
+        "mlp.c_fc.weight",
+        "mlp.c_fc.bias",
+        "mlp.c_proj.weight",
+    }
     expected = [  # stage 0's trace holds the tied weight under both its names
         {"transformer.wte.weight", "lm_head.weight", *(f"transformer.h.0.{n}" for n in block)},
         {*(f"transformer.h.1.{n}" for n in block), "lm_head.weight"},
@@ -132,10 +152,37 @@ def _cli_gpt(cli, tmp_path, name, *flags, exit_code=0):
     if not text.exists():
         text.write_bytes(bytes((7 * i + i // 97) % 251 for i in range(16 * 16 * 4 * 10 // 9 + 32)))
     out = tmp_path / f"{name}.json"
-    result = cli("train", "--model", "gpt", "--dataset", f"text-lm:{text}", "--seq-len", "16", "--epochs", "1",
-                 "--gpt-layers", "2", "--gpt-width", "32", "--gpt-heads", "4", "--gpt-dropout", "0",
-                 "--optimizer", "sgd", "--momentum", "0", "--lr", "0.1", "--metrics", "", "--no-progress",
-                 "--metrics-out", str(out), *flags)  # fmt: skip
+    result = cli(
+        "train",
+        "--model",
+        "gpt",
+        "--dataset",
+        f"text-lm:{text}",
+        "--seq-len",
+        "16",
+        "--epochs",
+        "1",
+        "--gpt-layers",
+        "2",
+        "--gpt-width",
+        "32",
+        "--gpt-heads",
+        "4",
+        "--gpt-dropout",
+        "0",
+        "--optimizer",
+        "sgd",
+        "--momentum",
+        "0",
+        "--lr",
+        "0.1",
+        "--metrics",
+        "",
+        "--no-progress",
+        "--metrics-out",
+        str(out),
+        *flags,
+    )
     assert result.returncode == exit_code, result.stderr[-3000:]
     return (json.loads(out.read_text()), result.stdout) if exit_code == 0 else (None, result.stderr)
 
@@ -147,8 +194,23 @@ def test_the_builtin_gpt_from_the_command_line_equals_single(cli, tmp_path, work
     ``single`` with the same batch; on 8 (2 replicas) the test loss of ``single`` with the
     global batch of both. The run prints its mesh's groups."""
     single, _ = _cli_gpt(cli, tmp_path, "single", "--batch-size", str(batch))
-    mesh, printed = _cli_gpt(cli, tmp_path, "mesh", "--strategy", "pipeline", "--stages", "2", "--microbatches",
-                             "2", "--tensor-parallel", "2", "--workers", str(workers), "--batch-size", "8")  # fmt: skip
+    mesh, printed = _cli_gpt(
+        cli,
+        tmp_path,
+        "mesh",
+        "--strategy",
+        "pipeline",
+        "--stages",
+        "2",
+        "--microbatches",
+        "2",
+        "--tensor-parallel",
+        "2",
+        "--workers",
+        str(workers),
+        "--batch-size",
+        "8",
+    )
     assert mesh["global_steps"] == single["global_steps"] == 64 // batch
     assert mesh["test_loss"] == pytest.approx(single["test_loss"], rel=1e-5)
     if workers == 4:
@@ -165,16 +227,33 @@ def test_a_3d_run_resumes_from_its_checkpoint_as_if_never_stopped(cli, tmp_path)
     """2 stages x 2 shards with AdamW (its moments split as the parameters): one epoch with
     --checkpoint-dir, then --resume to the second, ends where two epochs straight end; each
     process's part holds its own shard. Another mesh is refused in one line, the checkpoint kept."""
-    mesh = ["--strategy", "pipeline", "--stages", "2", "--microbatches", "2", "--tensor-parallel", "2",
-            "--workers", "4", "--batch-size", "8", "--optimizer", "adamw", "--lr", "0.01"]  # fmt: skip
+    mesh = [
+        "--strategy",
+        "pipeline",
+        "--stages",
+        "2",
+        "--microbatches",
+        "2",
+        "--tensor-parallel",
+        "2",
+        "--workers",
+        "4",
+        "--batch-size",
+        "8",
+        "--optimizer",
+        "adamw",
+        "--lr",
+        "0.01",
+    ]
     folder = tmp_path / "ck"
     _cli_gpt(cli, tmp_path, "first", *mesh, "--checkpoint-dir", str(folder))
     saved = torch.load(next(folder.glob("ckpt-*")) / "rank-1.pt", weights_only=True)
     assert saved["strategy"]["shard"] == [1, 2] and saved["strategy"]["stage"] == 0
     split = [v for k, v in saved["model"].items() if k.endswith("attention.qkv.weight")]
     assert split and all(not hasattr(v, "to_local") for v in split)  # plain tensors, this shard's part
-    resumed, printed = _cli_gpt(cli, tmp_path, "resumed", *mesh, "--epochs", "2", "--checkpoint-dir", str(folder),
-                                "--resume")  # fmt: skip
+    resumed, printed = _cli_gpt(
+        cli, tmp_path, "resumed", *mesh, "--epochs", "2", "--checkpoint-dir", str(folder), "--resume"
+    )
     assert "resumed from" in printed
     straight, _ = _cli_gpt(cli, tmp_path, "straight", *mesh, "--epochs", "2")
     assert resumed["global_steps"] == straight["global_steps"] == 2 * 64 // 8
@@ -184,6 +263,7 @@ def test_a_3d_run_resumes_from_its_checkpoint_as_if_never_stopped(cli, tmp_path)
     other = [*mesh[:7], "1", *mesh[8:], "--epochs", "3", "--checkpoint-dir", str(folder), "--resume"]
     _, said = _cli_gpt(cli, tmp_path, "other", *other, exit_code=2)  # 2 replicas of 2 stages: rank 1 is stage 1
     # whichever process reads a part that is not its own says so first: a stage or a shard
-    assert re.search(r"checkpoint holds (stage \d|shard \d of 2 of stage \d), this process runs (stage \d|shard 0 of 1)",
-                     said), said  # fmt: skip
+    assert re.search(
+        r"checkpoint holds (stage \d|shard \d of 2 of stage \d), this process runs (stage \d|shard 0 of 1)", said
+    ), said
     assert sorted(p.name for p in folder.rglob("*")) == files

@@ -77,10 +77,37 @@ def test_a_gpt2_trains_pipelined_from_the_command_line(cli, tmp_path):
     count on (from ln 64 = 4.16), the test loss over both stages."""
     (tmp_path / "hfgpt.py").write_text(PROJECT)
     out = tmp_path / "m.json"
-    result = cli("train", "--model", "hfgpt:model", "--dataset", "hfgpt:data", "--loss", "model", "--metrics", "",
-                 "--optimizer", "adamw", "--lr", "0.01", "--epochs", "4", "--batch-size", "8", "--no-progress",
-                 "--strategy", "pipeline", "--stages", "2", "--microbatches", "2",
-                 "--split-points", "transformer.h.1", "--metrics-out", str(out), cwd=tmp_path)  # fmt: skip
+    result = cli(
+        "train",
+        "--model",
+        "hfgpt:model",
+        "--dataset",
+        "hfgpt:data",
+        "--loss",
+        "model",
+        "--metrics",
+        "",
+        "--optimizer",
+        "adamw",
+        "--lr",
+        "0.01",
+        "--epochs",
+        "4",
+        "--batch-size",
+        "8",
+        "--no-progress",
+        "--strategy",
+        "pipeline",
+        "--stages",
+        "2",
+        "--microbatches",
+        "2",
+        "--split-points",
+        "transformer.h.1",
+        "--metrics-out",
+        str(out),
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = json.loads(out.read_text())
     assert metrics["global_steps"] == 4 * 64 // 8 and metrics["test_loss"] < 2.5
@@ -101,8 +128,23 @@ def test_a_gpt2_trains_pipelined_from_the_command_line(cli, tmp_path):
 )
 def test_a_bad_split_of_a_gpt2_exits_2_with_one_line(cli, tmp_path, flags, words):
     (tmp_path / "hfgpt.py").write_text(PROJECT)
-    result = cli("train", "--model", "hfgpt:model", "--dataset", "hfgpt:data", "--loss", "model", "--metrics", "",
-                 "--strategy", "pipeline", "--epochs", "1", *flags, cwd=tmp_path)  # fmt: skip
+    result = cli(
+        "train",
+        "--model",
+        "hfgpt:model",
+        "--dataset",
+        "hfgpt:data",
+        "--loss",
+        "model",
+        "--metrics",
+        "",
+        "--strategy",
+        "pipeline",
+        "--epochs",
+        "1",
+        *flags,
+        cwd=tmp_path,
+    )
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and words in lines[0], lines
@@ -139,10 +181,41 @@ def test_a_gpt2_pipeline_replica_lost_mid_run_is_replaced_and_the_run_learns(cli
     pytest.importorskip("torchft")
     (tmp_path / "hfgpt.py").write_text(PROJECT)
     out = tmp_path / "m.json"
-    result = cli("train", "--model", "hfgpt:model", "--dataset", "hfgpt:data", "--loss", "model", "--metrics", "",
-                 "--optimizer", "adamw", "--lr", "0.01", "--epochs", "24", "--batch-size", "8", "--no-progress",
-                 "--strategy", "pipeline-ft", "--stages", "2", "--workers", "4", "--microbatches", "2",
-                 "--fail", "1@4", "--max-restarts", "1", "--metrics-out", str(out), cwd=tmp_path)  # fmt: skip
+    result = cli(
+        "train",
+        "--model",
+        "hfgpt:model",
+        "--dataset",
+        "hfgpt:data",
+        "--loss",
+        "model",
+        "--metrics",
+        "",
+        "--optimizer",
+        "adamw",
+        "--lr",
+        "0.01",
+        "--epochs",
+        "24",
+        "--batch-size",
+        "8",
+        "--no-progress",
+        "--strategy",
+        "pipeline-ft",
+        "--stages",
+        "2",
+        "--workers",
+        "4",
+        "--microbatches",
+        "2",
+        "--fail",
+        "1@4",
+        "--max-restarts",
+        "1",
+        "--metrics-out",
+        str(out),
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "replica 1 was lost (killed by SIGKILL) after step 4" in result.stderr
     assert re.search(r"worker [23] joined the run at step \d+ with a live peer's state", result.stderr)

@@ -18,8 +18,21 @@ QUIET = ["--no-progress", "--log-every", "0"]
 
 def _async_run(out, epochs=30):
     """A ps-async run of 2 workers and ``epochs`` epochs (30: ~10 s) writing its metrics to ``out``."""
-    command = [sys.executable, "-m", "paratrain", "train", "--strategy", "ps-async", "--workers", "2",
-               "--epochs", str(epochs), "--metrics-out", str(out), *QUIET]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "paratrain",
+        "train",
+        "--strategy",
+        "ps-async",
+        "--workers",
+        "2",
+        "--epochs",
+        str(epochs),
+        "--metrics-out",
+        str(out),
+        *QUIET,
+    ]
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
 
 
@@ -46,8 +59,21 @@ def test_a_worker_joins_a_running_run(cli, tmp_path, mode, joiner):
     the address; a joiner in a fresh interpreter needed up to 60 epochs under the suite's load."""
     epochs = 40
     out = tmp_path / "run.json"
-    command = [sys.executable, "-m", "paratrain", "train", "--strategy", *mode, "--workers", "2",
-               "--epochs", str(epochs), "--metrics-out", str(out), *QUIET]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "paratrain",
+        "train",
+        "--strategy",
+        *mode,
+        "--workers",
+        "2",
+        "--epochs",
+        str(epochs),
+        "--metrics-out",
+        str(out),
+        *QUIET,
+    ]
     run = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
     try:
         address, token_file = _door(run.stdout)
@@ -73,18 +99,52 @@ def test_a_joiner_killed_mid_run_is_a_lost_worker_and_the_run_goes_on(tmp_path):
     out = tmp_path / "run.json"
     run = subprocess.Popen(
         # On the CPU: on a GPU the run ended before a joiner that starts CUDA came in
-        [sys.executable, "-m", "paratrain", "train", "--strategy", "ps-async", "--workers", "2", "--epochs", "60",
-         "--heartbeat-timeout", "2", "--device", "cpu", "--metrics-out", str(out), *QUIET],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "paratrain",
+            "train",
+            "--strategy",
+            "ps-async",
+            "--workers",
+            "2",
+            "--epochs",
+            "60",
+            "--heartbeat-timeout",
+            "2",
+            "--device",
+            "cpu",
+            "--metrics-out",
+            str(out),
+            *QUIET,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+    )
     joiner = None
     try:
         address, token_file = _door(run.stdout)
         joiner = subprocess.Popen(
-            [sys.executable, "-m", "paratrain", "train", "--join", address, "--join-token-file", token_file,
-             "--device", "cpu", *QUIET],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "paratrain",
+                "train",
+                "--join",
+                address,
+                "--join-token-file",
+                token_file,
+                "--device",
+                "cpu",
+                *QUIET,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+        )
         assert any("joined the run" in line for line in joiner.stderr), "the joiner never joined"
         # Killed as soon as it is in: a joiner slowed by a loaded machine may join near the
         # run's end, and one left to train even a second then finished its share and said
@@ -106,8 +166,20 @@ def test_a_worker_asked_to_leave_finishes_its_step_and_the_run_goes_on(cli, tmp_
     out = tmp_path / "run.json"
     # 15 epochs, as the 3-worker ps-async run of test_parameter_server.py: with fewer, where the
     # final epoch lands among ps-async's +-0.02 swings decides a 0.93 bound half the time.
-    result = cli("train", "--strategy", "ps-async", "--workers", "3", "--epochs", "15", "--terminate", "2@20",
-                 "--metrics-out", str(out), *QUIET)  # fmt: skip
+    result = cli(
+        "train",
+        "--strategy",
+        "ps-async",
+        "--workers",
+        "3",
+        "--epochs",
+        "15",
+        "--terminate",
+        "2@20",
+        "--metrics-out",
+        str(out),
+        *QUIET,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     # SIGTERM comes at the end of step 20, when shard 0 has handed it its next batch already:
     # it computes and pushes that one too, asking for none after it.
@@ -131,8 +203,18 @@ def test_a_joiner_with_another_setting_or_without_the_join_token_is_refused_in_o
     try:
         address, token_file = _door(run.stdout)
         saved_mode = Path(token_file).stat().st_mode & 0o777
-        other = cli("train", "--strategy", "ps-async", "--compression", "fp16", "--join", address,
-                    "--join-token-file", token_file, *QUIET)  # fmt: skip
+        other = cli(
+            "train",
+            "--strategy",
+            "ps-async",
+            "--compression",
+            "fp16",
+            "--join",
+            address,
+            "--join-token-file",
+            token_file,
+            *QUIET,
+        )
         none = cli("train", "--join", address, *QUIET)
         refused = cli("train", "--join", address, "--join-token-file", str(wrong), *QUIET)
         stdout, stderr = run.communicate(timeout=240)
@@ -179,8 +261,9 @@ def test_a_joiner_that_sends_a_malformed_message_over_gloo_is_dropped_and_the_ru
     try:
         address, token_file = _door(run.stdout)
         token = Path(token_file).read_text().strip()  # read at once: the file goes with the run
-        rogue = subprocess.run([sys.executable, "-c", ROGUE, address, token], capture_output=True, text=True,
-                               timeout=60)  # fmt: skip
+        rogue = subprocess.run(
+            [sys.executable, "-c", ROGUE, address, token], capture_output=True, text=True, timeout=60
+        )
         stdout, stderr = run.communicate(timeout=240)
     finally:
         run.kill()

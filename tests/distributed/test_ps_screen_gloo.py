@@ -60,10 +60,15 @@ class GlooSender:
     the next is sent once that joiner's receiving thread has ended (dropped, or done)."""
 
     def __init__(self, server):
-        self.store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
-                                   timeout=timedelta(seconds=60))  # fmt: skip
-        self.relay = subprocess.Popen([sys.executable, "-c", RELAY, str(self.store.port), str(server.tags)],
-                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+        self.store = dist.TCPStore(
+            "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=60)
+        )
+        self.relay = subprocess.Popen(
+            [sys.executable, "-c", RELAY, str(self.store.port), str(server.tags)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         self.link = PairLink(self.store, "fuzz", 0, 60.0)
         self.next_worker = 1
         self.sent = 0

@@ -126,10 +126,32 @@ def test_every_mode_trains_a_recommendation_model_with_its_tables_on_the_shards(
     tables cost and how stale their rows were."""
     out = tmp_path / "m.json"
     result = cli(
-        "train", "--model", "dlrm", "--dataset", "clicks:rows=500,examples=12000", "--workers", "2",
-        "--ps-shards", "2", "--tables", "all", "--batch-size", "32", "--epochs", "3", "--momentum", "0",
-        "--lr", "0.2", "--no-progress", "--log-every", "0", "--metrics-out", str(out), *args,
-    )  # fmt: skip
+        "train",
+        "--model",
+        "dlrm",
+        "--dataset",
+        "clicks:rows=500,examples=12000",
+        "--workers",
+        "2",
+        "--ps-shards",
+        "2",
+        "--tables",
+        "all",
+        "--batch-size",
+        "32",
+        "--epochs",
+        "3",
+        "--momentum",
+        "0",
+        "--lr",
+        "0.2",
+        "--no-progress",
+        "--log-every",
+        "0",
+        "--metrics-out",
+        str(out),
+        *args,
+    )
     assert result.returncode == 0, result.stderr
     metrics = json.loads(out.read_text())
     assert metrics["test_accuracy"] > 0.75
@@ -146,10 +168,27 @@ def test_an_lstm_text_classifier_trains_with_its_embedding_as_a_table(cli, tmp_p
     """The tutorials' text classifier, its embedding (padding row and all) a table on the shards."""
     text_data = write_text_folders(tmp_path / "t", 40, 10, classes=("neg", "pos"))
     result = cli(
-        "train", "--strategy", "ps-sync", "--workers", "2", "--dataset", "text", "--data-dir", str(text_data),
-        "--model", "lstm", "--tables", "embedding", "--epochs", "2", "--no-progress", "--log-every", "0",
-        "--metrics-out", str(tmp_path / "m.json"),
-    )  # fmt: skip
+        "train",
+        "--strategy",
+        "ps-sync",
+        "--workers",
+        "2",
+        "--dataset",
+        "text",
+        "--data-dir",
+        str(text_data),
+        "--model",
+        "lstm",
+        "--tables",
+        "embedding",
+        "--epochs",
+        "2",
+        "--no-progress",
+        "--log-every",
+        "0",
+        "--metrics-out",
+        str(tmp_path / "m.json"),
+    )
     assert result.returncode == 0, result.stderr
     metrics = json.loads((tmp_path / "m.json").read_text())
     assert metrics["tables"]["rows_served"] > 0
@@ -170,11 +209,11 @@ def test_an_lstm_text_classifier_trains_with_its_embedding_as_a_table(cli, tmp_p
         (
             ["--strategy", "ps-backup", "--backup-workers", "1", "--tables", "all", "--dense", "allreduce"],
             "--dense applies to --strategy ps-sync and ps-async",
-        ),  # fmt: skip
+        ),
         (
             ["--strategy", "ps-sync", "--tables", "all", "--dense", "allreduce", "--checkpoint-dir", "ck"],
             "--checkpoint-dir is not available with --dense allreduce",
-        ),  # fmt: skip
+        ),
         (["--strategy", "ps-sync", "--dataset", "clicks:colour=red"], "is not KEY=VALUE with KEY one of"),
     ],
 )
@@ -192,9 +231,30 @@ def test_tables_resume_to_the_bit_and_on_another_number_of_shards(cli, tmp_path)
     1, every row goes to the shard that holds it now, and the run is again the same; as it
     is where 2 shards sharded the rows by ``mod`` and 2 read them by ``range`` (the same
     parts, each holding other rows)."""
-    common = ["train", "--strategy", "ps-sync", "--model", "dlrm", "--dataset", "clicks:rows=500,examples=1600",
-              "--workers", "2", "--tables", "all", "--momentum", "0", "--lr", "0.2", "--batch-size", "32",
-              "--checkpoint-every", "7", "--no-progress", "--log-every", "0"]  # fmt: skip
+    common = [
+        "train",
+        "--strategy",
+        "ps-sync",
+        "--model",
+        "dlrm",
+        "--dataset",
+        "clicks:rows=500,examples=1600",
+        "--workers",
+        "2",
+        "--tables",
+        "all",
+        "--momentum",
+        "0",
+        "--lr",
+        "0.2",
+        "--batch-size",
+        "32",
+        "--checkpoint-every",
+        "7",
+        "--no-progress",
+        "--log-every",
+        "0",
+    ]
 
     def run(name, *args):
         out = tmp_path / f"{name}.json"
@@ -206,12 +266,32 @@ def test_tables_resume_to_the_bit_and_on_another_number_of_shards(cli, tmp_path)
     run("first", "--epochs", "2", "--checkpoint-dir", str(tmp_path / "c"))
     shutil.copytree(tmp_path / "c", tmp_path / "d")
     resumed, _ = run("resumed", "--epochs", "4", "--checkpoint-dir", str(tmp_path / "c"), "--resume")
-    resharded, result = run("resharded", "--epochs", "4", "--checkpoint-dir", str(tmp_path / "d"), "--resume",
-                            "--ps-shards", "2", "--table-sharding", "range")  # fmt: skip
+    resharded, result = run(
+        "resharded",
+        "--epochs",
+        "4",
+        "--checkpoint-dir",
+        str(tmp_path / "d"),
+        "--resume",
+        "--ps-shards",
+        "2",
+        "--table-sharding",
+        "range",
+    )
     assert "resharded" in result.stdout
     run("first-2", "--epochs", "2", "--checkpoint-dir", str(tmp_path / "e"), "--ps-shards", "2")
-    rows_moved, result = run("rows-moved", "--epochs", "4", "--checkpoint-dir", str(tmp_path / "e"), "--resume",
-                             "--ps-shards", "2", "--table-sharding", "range")  # fmt: skip
+    rows_moved, result = run(
+        "rows-moved",
+        "--epochs",
+        "4",
+        "--checkpoint-dir",
+        str(tmp_path / "e"),
+        "--resume",
+        "--ps-shards",
+        "2",
+        "--table-sharding",
+        "range",
+    )
     assert "was written with another --table-sharding: the parameters and optimizer state are resharded" in (
         result.stdout
     )
@@ -233,10 +313,31 @@ def test_a_table_larger_than_a_worker_trains_without_any_worker_holding_it(cli, 
     def run(rows):
         out = tmp_path / f"{rows}.json"
         result = cli(
-            "train", "--strategy", "ps-sync", "--model", "dlrm", "--dataset", f"clicks:tables=1,rows={rows},examples=4000",
-            "--workers", "2", "--ps-shards", "2", "--tables", "all", "--momentum", "0", "--epochs", "1",
-            "--device", "cpu", "--no-progress", "--log-every", "0", "--metrics-out", str(out),
-        )  # fmt: skip
+            "train",
+            "--strategy",
+            "ps-sync",
+            "--model",
+            "dlrm",
+            "--dataset",
+            f"clicks:tables=1,rows={rows},examples=4000",
+            "--workers",
+            "2",
+            "--ps-shards",
+            "2",
+            "--tables",
+            "all",
+            "--momentum",
+            "0",
+            "--epochs",
+            "1",
+            "--device",
+            "cpu",
+            "--no-progress",
+            "--log-every",
+            "0",
+            "--metrics-out",
+            str(out),
+        )
         assert result.returncode == 0, result.stderr[-3000:]
         return json.loads(out.read_text())
 
@@ -272,9 +373,31 @@ def test_a_worker_joins_a_running_run_with_tables(cli, tmp_path):
     takes the run's options, fetches rows and pushes their gradients like the others; the
     run goes on to learn the click rule."""
     out = tmp_path / "run.json"
-    command = [sys.executable, "-m", "paratrain", "train", "--strategy", "ps-async", "--workers", "2",
-               "--ps-shards", "2", "--model", "dlrm", "--dataset", "clicks:rows=2000,examples=16000", "--tables",
-               "all", "--epochs", "8", "--no-progress", "--log-every", "0", "--metrics-out", str(out)]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "paratrain",
+        "train",
+        "--strategy",
+        "ps-async",
+        "--workers",
+        "2",
+        "--ps-shards",
+        "2",
+        "--model",
+        "dlrm",
+        "--dataset",
+        "clicks:rows=2000,examples=16000",
+        "--tables",
+        "all",
+        "--epochs",
+        "8",
+        "--no-progress",
+        "--log-every",
+        "0",
+        "--metrics-out",
+        str(out),
+    ]
     run = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
     try:
         line = next(line for line in run.stdout if "--join " in line)

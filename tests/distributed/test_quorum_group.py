@@ -51,10 +51,14 @@ MEMBER = textwrap.dedent(
 def _members(port, size, delays):
     """One process a delay; ``size`` members in the quorum (those beyond the delays never come)."""
     return [
-        subprocess.Popen([sys.executable, "-c", MEMBER, str(port), str(rank), str(size), str(delay), str(len(delays))],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, "-c", MEMBER, str(port), str(rank), str(size), str(delay), str(len(delays))],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for rank, delay in enumerate(delays)
-    ]  # fmt: skip
+    ]
 
 
 def test_a_member_that_never_comes_ends_the_rendezvous_at_its_short_deadline():
@@ -106,10 +110,14 @@ NEXT_QUORUM = textwrap.dedent(
 def test_members_on_one_machine_sum_through_shared_memory_until_one_goes_on():
     store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=30))
     members = [
-        subprocess.Popen([sys.executable, "-c", NEXT_QUORUM, str(store.port), str(rank)],
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, "-c", NEXT_QUORUM, str(store.port), str(rank)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for rank in range(2)
-    ]  # fmt: skip
+    ]
     (out0, err0), (out1, err1) = (m.communicate(timeout=60) for m in members)
     assert members[0].returncode == 0 and members[1].returncode == 0, err0[-2000:] + err1[-2000:]
     first0, second0 = out0.splitlines()

@@ -27,8 +27,23 @@ def slurm():
 
 def test_the_tasks_of_srun_form_one_run(slurm, tmp_path):
     out = tmp_path / "m.json"
-    result = slurm.run("srun", "-n", "2", sys.executable, "-m", "paratrain", "train", "--strategy", "allreduce",
-                       "--epochs", "1", "--no-progress", "--metrics-out", str(out), cwd=tmp_path)  # fmt: skip
+    result = slurm.run(
+        "srun",
+        "-n",
+        "2",
+        sys.executable,
+        "-m",
+        "paratrain",
+        "train",
+        "--strategy",
+        "allreduce",
+        "--epochs",
+        "1",
+        "--no-progress",
+        "--metrics-out",
+        str(out),
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.count("done:") == 1  # one run, whose chief reports it
     metrics = json.loads(out.read_text())
@@ -39,9 +54,29 @@ def test_the_batch_script_of_paratrain_slurm_runs_a_parameter_server_to_complete
     """3 tasks: 1 shard and 2 workers, the job COMPLETED."""
     out = tmp_path / "m.json"
     env = {**slurm.env(), "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    submitted = slurm.run(sys.executable, "-m", "paratrain", "slurm", "--tasks-per-node", "3", "--time", "00:05:00",
-                          "--submit", "--", "--strategy", "ps-sync", "--ps-shards", "1", "--epochs", "1",
-                          "--no-progress", "--metrics-out", str(out), cwd=tmp_path, env=env)  # fmt: skip
+    submitted = slurm.run(
+        sys.executable,
+        "-m",
+        "paratrain",
+        "slurm",
+        "--tasks-per-node",
+        "3",
+        "--time",
+        "00:05:00",
+        "--submit",
+        "--",
+        "--strategy",
+        "ps-sync",
+        "--ps-shards",
+        "1",
+        "--epochs",
+        "1",
+        "--no-progress",
+        "--metrics-out",
+        str(out),
+        cwd=tmp_path,
+        env=env,
+    )
     assert submitted.returncode == 0, submitted.stderr[-3000:]
     job = submitted.stdout.split()[-1]  # "Submitted batch job N"
     assert slurm.wait_for_job(job) == "COMPLETED", (tmp_path / f"paratrain-{job}.out").read_text()[-3000:]
@@ -55,11 +90,36 @@ def test_a_job_warned_of_its_time_limit_stops_requeues_itself_and_ends_as_the_un
     75), the script requeues the job, the job runs again with --resume and COMPLETES with the
     test loss of the run that was never stopped, to the bit."""
     out, folder = tmp_path / "m.json", tmp_path / "ck"
-    run = ["--strategy", "allreduce", "--epochs", "40", "--no-progress", "--checkpoint-dir", str(folder),
-           "--checkpoint-every", "50", "--metrics-out", str(out)]  # fmt: skip
+    run = [
+        "--strategy",
+        "allreduce",
+        "--epochs",
+        "40",
+        "--no-progress",
+        "--checkpoint-dir",
+        str(folder),
+        "--checkpoint-every",
+        "50",
+        "--metrics-out",
+        str(out),
+    ]
     env = {**slurm.env(), "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"}
-    submitted = slurm.run(sys.executable, "-m", "paratrain", "slurm", "--tasks-per-node", "2", "--time", "00:10:00",
-                          "--requeue", "--submit", "--", *run, cwd=tmp_path, env=env)  # fmt: skip
+    submitted = slurm.run(
+        sys.executable,
+        "-m",
+        "paratrain",
+        "slurm",
+        "--tasks-per-node",
+        "2",
+        "--time",
+        "00:10:00",
+        "--requeue",
+        "--submit",
+        "--",
+        *run,
+        cwd=tmp_path,
+        env=env,
+    )
     assert submitted.returncode == 0, submitted.stderr[-3000:]
     job = submitted.stdout.split()[-1]
     deadline = time.monotonic() + 120
@@ -109,9 +169,29 @@ def test_a_batch_job_over_two_nodes_is_one_run_across_the_hosts(slurm_on_hosts, 
     where = slurm.run("srun", "-N", "2", "-n", "2", "hostname", env=_on_hosts(slurm))
     assert sorted(where.stdout.split()) == slurm.nodes[:2], where.stderr
     out = tmp_path / "m.json"
-    submitted = slurm.run(sys.executable, "-m", "paratrain", "slurm", "--nodes", "2", "--tasks-per-node", "1",
-                          "--time", "00:05:00", "--submit", "--", "--strategy", "allreduce", "--epochs", "1",
-                          "--no-progress", "--metrics-out", str(out), cwd=tmp_path, env=_on_hosts(slurm))  # fmt: skip
+    submitted = slurm.run(
+        sys.executable,
+        "-m",
+        "paratrain",
+        "slurm",
+        "--nodes",
+        "2",
+        "--tasks-per-node",
+        "1",
+        "--time",
+        "00:05:00",
+        "--submit",
+        "--",
+        "--strategy",
+        "allreduce",
+        "--epochs",
+        "1",
+        "--no-progress",
+        "--metrics-out",
+        str(out),
+        cwd=tmp_path,
+        env=_on_hosts(slurm),
+    )
     assert submitted.returncode == 0, submitted.stderr[-3000:]
     job = submitted.stdout.split()[-1]
     log = tmp_path / f"paratrain-{job}.out"
@@ -126,10 +206,31 @@ def test_paratrain_slurms_script_runs_a_parameter_server_over_three_nodes_to_com
     """--nodes 3 --tasks-per-node 1: the shard on the first node, a worker on each of the others."""
     slurm, hosts = slurm_on_hosts
     out = tmp_path / "m.json"
-    submitted = slurm.run(sys.executable, "-m", "paratrain", "slurm", "--nodes", "3", "--tasks-per-node", "1",
-                          "--time", "00:05:00", "--submit", "--", "--strategy", "ps-sync", "--ps-shards", "1",
-                          "--epochs", "1", "--no-progress", "--metrics-out", str(out), cwd=tmp_path,
-                          env=_on_hosts(slurm))  # fmt: skip
+    submitted = slurm.run(
+        sys.executable,
+        "-m",
+        "paratrain",
+        "slurm",
+        "--nodes",
+        "3",
+        "--tasks-per-node",
+        "1",
+        "--time",
+        "00:05:00",
+        "--submit",
+        "--",
+        "--strategy",
+        "ps-sync",
+        "--ps-shards",
+        "1",
+        "--epochs",
+        "1",
+        "--no-progress",
+        "--metrics-out",
+        str(out),
+        cwd=tmp_path,
+        env=_on_hosts(slurm),
+    )
     assert submitted.returncode == 0, submitted.stderr[-3000:]
     job = submitted.stdout.split()[-1]
     assert slurm.wait_for_job(job) == "COMPLETED", (tmp_path / f"paratrain-{job}.out").read_text()[-3000:]

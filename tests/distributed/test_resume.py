@@ -55,11 +55,22 @@ def test_a_resumed_run_is_the_uninterrupted_run_to_the_bit(cli, tmp_path, strate
     """Stopped at the end of epoch 2 (mid-way between two checkpoints of every 15 steps),
     resumed to epoch 4: every epoch's train and test loss, and every parameter and optimizer
     tensor of the final checkpoint, equal those of the run never stopped."""
-    whole, _ = _run(cli, tmp_path, "whole", "--strategy", strategy, "--epochs", "4", "--checkpoint-dir",
-                    str(tmp_path / "a"))  # fmt: skip
+    whole, _ = _run(
+        cli, tmp_path, "whole", "--strategy", strategy, "--epochs", "4", "--checkpoint-dir", str(tmp_path / "a")
+    )
     _run(cli, tmp_path, "first", "--strategy", strategy, "--epochs", "2", "--checkpoint-dir", str(tmp_path / "b"))
-    resumed, _ = _run(cli, tmp_path, "second", "--strategy", strategy, "--epochs", "4", "--checkpoint-dir",
-                      str(tmp_path / "b"), "--resume")  # fmt: skip
+    resumed, _ = _run(
+        cli,
+        tmp_path,
+        "second",
+        "--strategy",
+        strategy,
+        "--epochs",
+        "4",
+        "--checkpoint-dir",
+        str(tmp_path / "b"),
+        "--resume",
+    )
     assert resumed["resumed_from_step"] == 44
     # (a parameter-server worker's history holds the epochs it ran itself, and its train loss
     # is over the batches it was handed, which depend on the workers' arrival order)
@@ -83,8 +94,9 @@ def test_a_pipeline_that_cuts_its_stages_at_the_first_batch_resumes_as_if_never_
     flags = ["--strategy", "pipeline", "--stages", "2", "--balance", "time"]
     whole, _ = _run(cli, tmp_path, "whole", *flags, "--epochs", "2", "--checkpoint-dir", str(tmp_path / "a"))
     _run(cli, tmp_path, "first", *flags, "--epochs", "1", "--checkpoint-dir", str(tmp_path / "b"))
-    resumed, result = _run(cli, tmp_path, "resumed", *flags, "--epochs", "2", "--checkpoint-dir",
-                           str(tmp_path / "b"), "--resume")  # fmt: skip
+    resumed, result = _run(
+        cli, tmp_path, "resumed", *flags, "--epochs", "2", "--checkpoint-dir", str(tmp_path / "b"), "--resume"
+    )
     assert resumed["resumed_from_step"] == 44 and resumed["global_steps"] == whole["global_steps"]
     assert resumed["test_loss"] == pytest.approx(whole["test_loss"], rel=1e-6)
 
@@ -92,15 +104,40 @@ def test_a_pipeline_that_cuts_its_stages_at_the_first_batch_resumes_as_if_never_
 def test_allreduce_resumes_on_another_number_of_workers(cli, tmp_path):
     """Written by 2 workers, read by 3: the same model (its test loss before any step), and
     training goes on from where the epoch stood, to the accuracy of the run never stopped."""
-    first, _ = _run(cli, tmp_path, "first", "--strategy", "allreduce", "--epochs", "2", "--checkpoint-dir",
-                    str(tmp_path / "c"))  # fmt: skip
+    first, _ = _run(
+        cli, tmp_path, "first", "--strategy", "allreduce", "--epochs", "2", "--checkpoint-dir", str(tmp_path / "c")
+    )
     shutil.copytree(tmp_path / "c", tmp_path / "d")
-    same, result = _run(cli, tmp_path, "same", "--strategy", "allreduce", "--workers", "3", "--epochs", "2",
-                        "--checkpoint-dir", str(tmp_path / "c"), "--resume")  # fmt: skip
+    same, result = _run(
+        cli,
+        tmp_path,
+        "same",
+        "--strategy",
+        "allreduce",
+        "--workers",
+        "3",
+        "--epochs",
+        "2",
+        "--checkpoint-dir",
+        str(tmp_path / "c"),
+        "--resume",
+    )
     assert "was written by 2 replicas, this run has 3: the model is resharded" in result.stdout
     assert same["test_loss"] == pytest.approx(first["test_loss"], rel=1e-5)
-    longer, _ = _run(cli, tmp_path, "longer", "--strategy", "allreduce", "--workers", "3", "--epochs", "6",
-                     "--checkpoint-dir", str(tmp_path / "d"), "--resume")  # fmt: skip
+    longer, _ = _run(
+        cli,
+        tmp_path,
+        "longer",
+        "--strategy",
+        "allreduce",
+        "--workers",
+        "3",
+        "--epochs",
+        "6",
+        "--checkpoint-dir",
+        str(tmp_path / "d"),
+        "--resume",
+    )
     assert longer["resumed_from_step"] == 44
     assert longer["global_steps"] == 44 + 4 * (1437 // 96)
     assert longer["test_accuracy"] >= 0.93
@@ -113,15 +150,39 @@ def test_a_parameter_server_resumes_on_another_number_of_workers_and_shards(cli,
     strategy is refused in one line, the checkpoint untouched."""
     _run(cli, tmp_path, "first", "--strategy", "ps-sync", "--epochs", "2", "--checkpoint-dir", str(tmp_path / "c"))
     shutil.copytree(tmp_path / "c", tmp_path / "d")
-    longer, result = _run(cli, tmp_path, "longer", "--strategy", "ps-sync", "--workers", "3", "--epochs", "4",
-                          "--checkpoint-dir", str(tmp_path / "c"), "--resume")  # fmt: skip
+    longer, result = _run(
+        cli,
+        tmp_path,
+        "longer",
+        "--strategy",
+        "ps-sync",
+        "--workers",
+        "3",
+        "--epochs",
+        "4",
+        "--checkpoint-dir",
+        str(tmp_path / "c"),
+        "--resume",
+    )
     assert "was written by a run with 2 workers, this one has 3" in result.stdout
     assert longer["resumed_from_step"] == 44 and longer["workers"] == 3
     assert longer["global_steps"] == 44 + 2 * (1437 // 96)  # two epochs of rounds of 3 batches
     whole, _ = _run(cli, tmp_path, "whole", "--strategy", "ps-sync", "--epochs", "4")
     assert longer["test_accuracy"] >= whole["test_accuracy"] - 0.02
-    sharded, result = _run(cli, tmp_path, "sharded", "--strategy", "ps-sync", "--ps-shards", "2", "--epochs", "4",
-                           "--checkpoint-dir", str(tmp_path / "d"), "--resume")  # fmt: skip
+    sharded, result = _run(
+        cli,
+        tmp_path,
+        "sharded",
+        "--strategy",
+        "ps-sync",
+        "--ps-shards",
+        "2",
+        "--epochs",
+        "4",
+        "--checkpoint-dir",
+        str(tmp_path / "d"),
+        "--resume",
+    )
     assert "was written by 1 ps shards, this run has 2: the parameters and optimizer state are resharded" in (
         result.stdout
     )
@@ -129,8 +190,9 @@ def test_a_parameter_server_resumes_on_another_number_of_workers_and_shards(cli,
     ran = len(sharded["history"])
     assert ran >= 2 and [e[1] for e in _losses(sharded)] == [e[1] for e in _losses(whole)[-ran:]]
     saved = sorted(p.name for p in (tmp_path / "d").iterdir())
-    refused = cli("train", *COMMON, "--strategy", "ps-async", "--epochs", "6",
-                  "--checkpoint-dir", str(tmp_path / "d"), "--resume")  # fmt: skip
+    refused = cli(
+        "train", *COMMON, "--strategy", "ps-async", "--epochs", "6", "--checkpoint-dir", str(tmp_path / "d"), "--resume"
+    )
     assert refused.returncode == 2
     assert "strategy=ps-sync; this run has strategy=ps-async" in refused.stderr
     assert sorted(p.name for p in (tmp_path / "d").iterdir()) == saved
@@ -143,8 +205,20 @@ def test_a_parameter_server_resumes_mid_epoch_on_another_number_of_workers(cli, 
     third worker has finished), then ends the run at step 30 + 9."""
     _run(cli, tmp_path, "first", "--strategy", "ps-sync", "--epochs", "2", "--checkpoint-dir", str(tmp_path / "c"))
     shutil.rmtree(tmp_path / "c" / "ckpt-000000044")
-    resumed, result = _run(cli, tmp_path, "resumed", "--strategy", "ps-sync", "--workers", "3", "--epochs", "2",
-                           "--checkpoint-dir", str(tmp_path / "c"), "--resume")  # fmt: skip
+    resumed, result = _run(
+        cli,
+        tmp_path,
+        "resumed",
+        "--strategy",
+        "ps-sync",
+        "--workers",
+        "3",
+        "--epochs",
+        "2",
+        "--checkpoint-dir",
+        str(tmp_path / "c"),
+        "--resume",
+    )
     assert "was written by a run with 2 workers, this one has 3" in result.stdout
     assert resumed["resumed_from_step"] == 30
     assert resumed["global_steps"] == 30 + -(-(42 - 16) // 3)
@@ -183,9 +257,25 @@ def test_sigterm_to_the_launcher_reaches_its_processes_which_stop_with_a_checkpo
     """``kill PID`` of ``paratrain train --workers 2`` (a pod's main process, say): the launcher
     hands the signal to its processes, which stop at an agreed step with a checkpoint (exit 75)."""
     folder, out = tmp_path / "ck", tmp_path / "m.json"
-    command = [sys.executable, "-m", "paratrain", "train", "--strategy", "allreduce", "--workers", "2",
-               "--epochs", "200", "--no-progress", "--checkpoint-dir", str(folder), "--checkpoint-every", "50",
-               "--metrics-out", str(out)]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "paratrain",
+        "train",
+        "--strategy",
+        "allreduce",
+        "--workers",
+        "2",
+        "--epochs",
+        "200",
+        "--no-progress",
+        "--checkpoint-dir",
+        str(folder),
+        "--checkpoint-every",
+        "50",
+        "--metrics-out",
+        str(out),
+    ]
     launcher = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while not (folder / "ckpt-000000050").exists() and launcher.poll() is None and time.monotonic() < deadline:

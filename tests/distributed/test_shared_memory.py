@@ -183,8 +183,24 @@ def test_a_process_that_maps_another_file_under_the_name_keeps_gloo_for_all(tmp_
 def _run(cli, tmp_path, workers, *flags):
     out = tmp_path / f"m-{workers}-{'-'.join(flags) or 'single'}.json"
     strategy = ["--strategy", "allreduce", "--workers", str(workers)] if workers > 1 else []
-    result = cli("train", *strategy, "--batch-size", str(48 // workers), "--epochs", "2", "--no-progress",
-                 "--log-every", "0", "--device", "cpu", "--seed", "4", *flags, "--metrics-out", str(out))  # fmt: skip
+    result = cli(
+        "train",
+        *strategy,
+        "--batch-size",
+        str(48 // workers),
+        "--epochs",
+        "2",
+        "--no-progress",
+        "--log-every",
+        "0",
+        "--device",
+        "cpu",
+        "--seed",
+        "4",
+        *flags,
+        "--metrics-out",
+        str(out),
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(out.read_text())
 

@@ -46,8 +46,9 @@ def _train(strategy, build=gpt, loss="cross_entropy", head=HEAD, data=None, metr
     test loss and metrics, what the output layer ``head`` gave this process in training, and
     the bytes this process counted sent."""
     model = build()
-    trainer = paratrain.Trainer(model, loss, torch.optim.SGD(model.parameters(), lr=0.1), metrics=metrics,
-                                strategy=strategy)  # fmt: skip
+    trainer = paratrain.Trainer(
+        model, loss, torch.optim.SGD(model.parameters(), lr=0.1), metrics=metrics, strategy=strategy
+    )
     widths, losses = [], []
     layer = dict(trainer.module.named_modules())[head]
     layer.register_forward_hook(lambda m, i, out: widths.append(_width(out)) if m.training else None)
@@ -126,8 +127,9 @@ def test_a_gpt2_scored_by_its_own_loss_on_split_logits_equals_one_process():
     reference, single_losses, single_tested, _, _ = _train(
         paratrain.SingleDeviceStrategy(device="cpu"), gpt2, None, "lm_head", data, ()
     )
-    for params, losses, tested, widths, _ in run_distributed(_tensor, True, None, gpt2, "lm_head", data, (),
-                                                              world_size=2):  # fmt: skip
+    for params, losses, tested, widths, _ in run_distributed(
+        _tensor, True, None, gpt2, "lm_head", data, (), world_size=2
+    ):
         assert losses == pytest.approx(single_losses, rel=1e-5)
         assert relative_difference(params, reference) < 1e-5
         assert tested["loss"] == pytest.approx(single_tested["loss"], rel=1e-5)

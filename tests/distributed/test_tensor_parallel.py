@@ -23,9 +23,17 @@ def llama(tied=True):
     (or, ``tied`` False, an output layer of its own)."""
     torch.manual_seed(0)
     config = transformers.LlamaConfig(
-        vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=SEQ, tie_word_embeddings=tied, bos_token_id=0, eos_token_id=0,
-    )  # fmt: skip
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=SEQ,
+        tie_word_embeddings=tied,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     return transformers.LlamaForCausalLM(config)
 
 
@@ -42,14 +50,20 @@ def _train(strategy, batch_size, optimizer="sgd", build=gpt2, clip=None, accumul
     each step's loss, and what each split parameter holds here against its whole size."""
     model = build()
     opt = optimizer_for(model, optimizer)
-    trainer = paratrain.Trainer(model, optimizer=opt, strategy=strategy, metrics=(), clip_grad_norm=clip,
-                                accumulate=accumulate, precision=precision)  # fmt: skip
+    trainer = paratrain.Trainer(
+        model,
+        optimizer=opt,
+        strategy=strategy,
+        metrics=(),
+        clip_grad_norm=clip,
+        accumulate=accumulate,
+        precision=precision,
+    )
     losses = []
     record = paratrain.Callback()
     record.on_batch_end = lambda step, logs: losses.append(float(logs["local_loss"]))
     examples = STEPS * batch_size * accumulate * strategy.num_replicas
-    trainer.fit(tokens(examples), epochs=1, batch_size=batch_size, seed=0,
-                verbose=0, callbacks=[record])  # fmt: skip
+    trainer.fit(tokens(examples), epochs=1, batch_size=batch_size, seed=0, verbose=0, callbacks=[record])
     module = trainer.module
     if isinstance(strategy, paratrain.TensorParallelStrategy):
         params = torch.cat([p.detach().full_tensor().reshape(-1) for p in module.parameters()])
@@ -124,10 +138,19 @@ def test_a_gpt2_split_by_tensor_parallelism_equals_one_process(replicas, tensor)
         split = [n for n, (here, whole) in held.items() if here * tensor == whole]
         assert set(split) == {
             "transformer.wte.weight",
-            *(f"transformer.h.{i}.{m}" for i in range(2) for m in (
-                "attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight", "mlp.c_fc.weight", "mlp.c_fc.bias",
-                "mlp.c_proj.weight")),
-        }  # fmt: skip
+            *(
+                f"transformer.h.{i}.{m}"
+                for i in range(2)
+                for m in (
+                    "attn.c_attn.weight",
+                    "attn.c_attn.bias",
+                    "attn.c_proj.weight",
+                    "mlp.c_fc.weight",
+                    "mlp.c_fc.bias",
+                    "mlp.c_proj.weight",
+                )
+            ),
+        }
         assert all(here == whole for n, (here, whole) in held.items() if n not in split)
 
 
@@ -186,8 +209,26 @@ def test_the_builtin_gpt_on_a_mesh_equals_allreduce_from_the_command_line(cli, t
     --sequence-parallel too."""
     text = tmp_path / "text.txt"  # 12 global batches of 32 examples of 32 bytes, and a test tenth
     text.write_bytes(bytes((7 * i + i // 97) % 251 for i in range(32 * 32 * 12 * 10 // 9 + 64)))
-    common = ["train", "--model", "gpt", "--dataset", f"text-lm:{text}", "--seq-len", "32", "--epochs", "1",
-              "--batch-size", "16", "--gpt-layers", "2", "--gpt-width", "32", "--gpt-heads", "4", "--no-progress"]  # fmt: skip
+    common = [
+        "train",
+        "--model",
+        "gpt",
+        "--dataset",
+        f"text-lm:{text}",
+        "--seq-len",
+        "32",
+        "--epochs",
+        "1",
+        "--batch-size",
+        "16",
+        "--gpt-layers",
+        "2",
+        "--gpt-width",
+        "32",
+        "--gpt-heads",
+        "4",
+        "--no-progress",
+    ]
     results = {}
     for name, extra in {
         "allreduce": ["--workers", "2"],
@@ -232,8 +273,21 @@ def test_the_builtin_gpt_on_a_mesh_equals_allreduce_from_the_command_line(cli, t
 )
 def test_a_run_that_cannot_be_split_is_one_line_and_exit_2(cli, tmp_path, flags, says):
     (tmp_path / "hfgpt.py").write_text(PROJECT)
-    result = cli("train", "--model", "hfgpt:model", "--dataset", "hfgpt:data", "--loss", "model", "--metrics", "",
-                 "--strategy", "tensor", *flags, cwd=tmp_path)  # fmt: skip
+    result = cli(
+        "train",
+        "--model",
+        "hfgpt:model",
+        "--dataset",
+        "hfgpt:data",
+        "--loss",
+        "model",
+        "--metrics",
+        "",
+        "--strategy",
+        "tensor",
+        *flags,
+        cwd=tmp_path,
+    )
     assert result.returncode == 2, result.stderr[-2000:]
     ours = [line for line in result.stderr.splitlines() if not line.startswith("[transformers]")]
     assert says in result.stderr and len(ours) == 1, result.stderr
@@ -248,15 +302,24 @@ def test_options_of_tensor_parallelism_are_refused_by_other_strategies(cli):
 @pytest.mark.parametrize(
     ("before", "after", "saving"),
     [
-        (["--workers", "2", "--tensor-parallel", "2", "--batch-size", "8"],
-         ["--workers", "1", "--tensor-parallel", "1", "--batch-size", "8"], []),
-        (["--workers", "4", "--tensor-parallel", "2", "--batch-size", "4"],
-         ["--workers", "2", "--tensor-parallel", "2", "--batch-size", "8"], []),
-        (["--workers", "2", "--tensor-parallel", "2", "--batch-size", "8"],
-         ["--workers", "1", "--tensor-parallel", "1", "--batch-size", "8"], ["--checkpoint-async", "--checkpoint-every", "3"]),
+        (
+            ["--workers", "2", "--tensor-parallel", "2", "--batch-size", "8"],
+            ["--workers", "1", "--tensor-parallel", "1", "--batch-size", "8"],
+            [],
+        ),
+        (
+            ["--workers", "4", "--tensor-parallel", "2", "--batch-size", "4"],
+            ["--workers", "2", "--tensor-parallel", "2", "--batch-size", "8"],
+            [],
+        ),
+        (
+            ["--workers", "2", "--tensor-parallel", "2", "--batch-size", "8"],
+            ["--workers", "1", "--tensor-parallel", "1", "--batch-size", "8"],
+            ["--checkpoint-async", "--checkpoint-every", "3"],
+        ),
     ],
     ids=["2-way-then-whole", "2x2-mesh-then-2-way", "2-way-saved-in-the-background-then-whole"],
-)  # fmt: skip
+)
 def test_a_checkpoint_resumes_on_another_degree_and_mesh_as_the_run_never_stopped(cli, tmp_path, before, after, saving):
     """Two epochs split as ``before``, then two more from its checkpoint split as ``after``
     (the same global batch): the test loss of the run that never stopped, to the rounding of
@@ -268,16 +331,42 @@ def test_a_checkpoint_resumes_on_another_degree_and_mesh_as_the_run_never_stoppe
     (tmp_path / "hfgpt.py").write_text(
         PROJECT.replace("n_head=2)", "n_head=2, resid_pdrop=0, embd_pdrop=0, attn_pdrop=0)")
     )
-    common = ["train", "--model", "hfgpt:model", "--dataset", "hfgpt:data", "--loss", "model", "--metrics", "",
-              "--optimizer", "sgd", "--lr", "0.1", "--no-progress", "--strategy", "tensor"]  # fmt: skip
+    common = [
+        "train",
+        "--model",
+        "hfgpt:model",
+        "--dataset",
+        "hfgpt:data",
+        "--loss",
+        "model",
+        "--metrics",
+        "",
+        "--optimizer",
+        "sgd",
+        "--lr",
+        "0.1",
+        "--no-progress",
+        "--strategy",
+        "tensor",
+    ]
     straight = tmp_path / "straight.json"
     result = cli(*common, *before, "--epochs", "4", "--metrics-out", str(straight), cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     result = cli(*common, *before, "--epochs", "2", "--checkpoint-dir", "ck", *saving, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     resumed = tmp_path / "resumed.json"
-    result = cli(*common, *after, "--epochs", "4", "--checkpoint-dir", "ck", "--resume", "--metrics-out", str(resumed),
-                 cwd=tmp_path)  # fmt: skip
+    result = cli(
+        *common,
+        *after,
+        "--epochs",
+        "4",
+        "--checkpoint-dir",
+        "ck",
+        "--resume",
+        "--metrics-out",
+        str(resumed),
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "resumed from" in result.stdout
     metrics, expected = json.loads(resumed.read_text()), json.loads(straight.read_text())

@@ -30,9 +30,17 @@ def gpt2():
     that runs can be compared to the bit's rounding."""
     torch.manual_seed(0)
     config = transformers.GPT2Config(
-        vocab_size=64, n_positions=SEQ, n_embd=32, n_layer=2, n_head=2, bos_token_id=0, eos_token_id=0,
-        resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
-    )  # fmt: skip
+        vocab_size=64,
+        n_positions=SEQ,
+        n_embd=32,
+        n_layer=2,
+        n_head=2,
+        bos_token_id=0,
+        eos_token_id=0,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
+    )
     return transformers.GPT2LMHeadModel(config)
 
 
@@ -199,9 +207,33 @@ def test_a_gpt2_and_its_dataset_train_from_the_command_line(cli, tmp_path):
     shards the tied model, the model's own loss trains it (from ln 64 = 4.16)."""
     (tmp_path / "hfgpt.py").write_text(PROJECT)
     out = tmp_path / "m.json"
-    result = cli("train", "--model", "hfgpt:model", "--dataset", "hfgpt:data", "--loss", "model", "--metrics", "",
-                 "--optimizer", "adamw", "--lr", "0.01", "--epochs", "4", "--batch-size", "8", "--no-progress",
-                 "--strategy", "fsdp", "--workers", "2", "--metrics-out", str(out), cwd=tmp_path)  # fmt: skip
+    result = cli(
+        "train",
+        "--model",
+        "hfgpt:model",
+        "--dataset",
+        "hfgpt:data",
+        "--loss",
+        "model",
+        "--metrics",
+        "",
+        "--optimizer",
+        "adamw",
+        "--lr",
+        "0.01",
+        "--epochs",
+        "4",
+        "--batch-size",
+        "8",
+        "--no-progress",
+        "--strategy",
+        "fsdp",
+        "--workers",
+        "2",
+        "--metrics-out",
+        str(out),
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = json.loads(out.read_text())
     assert metrics["global_steps"] == 4 * 64 // 16 and metrics["test_loss"] < 2.5
@@ -214,13 +246,34 @@ def test_a_gpt2_with_dropout_resumes_exactly_from_the_command_line(cli, tmp_path
     more epochs ends with the test loss of one never stopped, and the saved part holds the
     tied embedding once (one storage for wte and lm_head)."""
     (tmp_path / "hfgpt.py").write_text(PROJECT)
-    flags = ["--model", "hfgpt:model", "--dataset", "hfgpt:data", "--loss", "model", "--metrics", "",
-             "--optimizer", "adamw", "--lr", "0.01", "--batch-size", "8", "--no-progress",
-             "--strategy", "allreduce", "--workers", "2"]  # fmt: skip
+    flags = [
+        "--model",
+        "hfgpt:model",
+        "--dataset",
+        "hfgpt:data",
+        "--loss",
+        "model",
+        "--metrics",
+        "",
+        "--optimizer",
+        "adamw",
+        "--lr",
+        "0.01",
+        "--batch-size",
+        "8",
+        "--no-progress",
+        "--strategy",
+        "allreduce",
+        "--workers",
+        "2",
+    ]
     saves = ["--checkpoint-dir", str(tmp_path / "ckpt"), "--checkpoint-every", "2", *([way] if way else [])]
     losses = {}
-    for name, extra in [("whole", ["--epochs", "4"]), ("first half", ["--epochs", "2", *saves]),
-                        ("resumed", ["--epochs", "4", *saves, "--resume"])]:  # fmt: skip
+    for name, extra in [
+        ("whole", ["--epochs", "4"]),
+        ("first half", ["--epochs", "2", *saves]),
+        ("resumed", ["--epochs", "4", *saves, "--resume"]),
+    ]:
         out = tmp_path / f"{name}.json"
         result = cli("train", *flags, *extra, "--metrics-out", str(out), cwd=tmp_path)
         assert result.returncode == 0, result.stderr[-3000:]
@@ -235,19 +288,36 @@ def test_a_gpt2_with_dropout_resumes_exactly_from_the_command_line(cli, tmp_path
 
 @pytest.mark.parametrize(
     "flags, processes",
-    [(["--strategy", "fsdp"], 2), (["--strategy", "ps-sync"], 3),
-     pytest.param(["--strategy", "pipeline"], 2, marks=TRACED_PIPELINE),
-     pytest.param(["--strategy", "tensor"], 2, marks=PACKED_TP)],
-)  # fmt: skip
+    [
+        (["--strategy", "fsdp"], 2),
+        (["--strategy", "ps-sync"], 3),
+        pytest.param(["--strategy", "pipeline"], 2, marks=TRACED_PIPELINE),
+        pytest.param(["--strategy", "tensor"], 2, marks=PACKED_TP),
+    ],
+)
 def test_the_readme_gpt2_script_runs_under_torchrun(tmp_path, flags, processes):
     """The README's transformers script, verbatim: every process exits 0 and the workers
     learn to count on (from ln 64 = 4.16)."""
     script = tmp_path / "gpt2.py"
     blocks = re.findall(r"```python\n(.*?)```", (REPO / "README.md").read_text(), re.DOTALL)
     script.write_text(next(block for block in blocks if "GPT2LMHeadModel" in block))
-    command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(processes),
-               "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "--local-addr", "127.0.0.1",
-               str(script), *flags]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "1",
+        "--nproc-per-node",
+        str(processes),
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(free_port()),
+        "--local-addr",
+        "127.0.0.1",
+        str(script),
+        *flags,
+    ]
     result = subprocess.run(command, capture_output=True, text=True, timeout=240, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     losses = [float(x) for x in re.findall(r"last epoch's loss \[([0-9.]+)\]", result.stdout)]

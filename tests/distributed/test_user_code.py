@@ -102,10 +102,29 @@ def test_regression_with_dict_inputs_from_the_command_line(cli, tmp_path, strate
     """The example project: --model/--dataset/--metrics references, mse loss, a map-style
     Dataset of dict examples. Predicting the mean price gives an MAE near 1.8."""
     out = tmp_path / "m.json"
-    result = cli("train", "--model", "tabular:model", "--dataset", "tabular:data",
-                 "--loss", "mse", "--metrics", "mae,tabular:within_10_percent", "--strategy", strategy,
-                 "--workers", workers, "--epochs", "4", "--lr", "0.02", "--no-progress", "--metrics-out", str(out),
-                 cwd=PROJECT)  # fmt: skip
+    result = cli(
+        "train",
+        "--model",
+        "tabular:model",
+        "--dataset",
+        "tabular:data",
+        "--loss",
+        "mse",
+        "--metrics",
+        "mae,tabular:within_10_percent",
+        "--strategy",
+        strategy,
+        "--workers",
+        workers,
+        "--epochs",
+        "4",
+        "--lr",
+        "0.02",
+        "--no-progress",
+        "--metrics-out",
+        str(out),
+        cwd=PROJECT,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = json.loads(out.read_text())
     assert metrics["test_mae"] < 0.3
@@ -137,9 +156,23 @@ def test_the_readme_script_runs_under_torchrun_and_exits(tmp_path, flags, proces
     shard waiting out the 60 s timeout) well within the limit here."""
     script = tmp_path / "script.py"
     script.write_text(_readme_python(0))
-    command = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(processes),
-               "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "--local-addr", "127.0.0.1",
-               str(script), *flags]  # fmt: skip
+    command = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "1",
+        "--nproc-per-node",
+        str(processes),
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(free_port()),
+        "--local-addr",
+        "127.0.0.1",
+        str(script),
+        *flags,
+    ]
     result = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     reports = re.findall(r"\{'loss': [^}]*\}", result.stdout)  # one per process, lines may interleave
@@ -246,9 +279,24 @@ def test_a_user_conv_net_pools_before_its_relu_and_trains_exactly_as_written(cli
     for flag in ("--pool-before-relu", "--no-pool-before-relu"):
         out = tmp_path / f"{flag}.json"
         # On the CPU: a GPU's convolution kernels need not give the same bits twice
-        result = cli("train", "--model", "convnet:model", "--strategy", "allreduce", "--workers", "2",
-                     "--epochs", "2", "--no-progress", flag, "--device", "cpu", "--metrics-out", str(out),
-                     cwd=tmp_path)  # fmt: skip
+        result = cli(
+            "train",
+            "--model",
+            "convnet:model",
+            "--strategy",
+            "allreduce",
+            "--workers",
+            "2",
+            "--epochs",
+            "2",
+            "--no-progress",
+            flag,
+            "--device",
+            "cpu",
+            "--metrics-out",
+            str(out),
+            cwd=tmp_path,
+        )
         assert result.returncode == 0, result.stderr[-3000:]
         runs[flag] = json.loads(out.read_text())
     on, off = runs["--pool-before-relu"], runs["--no-pool-before-relu"]

@@ -31,8 +31,10 @@ def _reference(layers):
     ids, labels = _data()
     out, _ = lstm(embedding(ids))
     nn.functional.cross_entropy(head(out[:, -1]), labels).backward()
-    grads = [{n.replace(f"_l{k}", "_l0"): p.grad for n, p in lstm.named_parameters() if n.endswith(f"_l{k}")}
-             for k in range(layers)]  # fmt: skip
+    grads = [
+        {n.replace(f"_l{k}", "_l0"): p.grad for n, p in lstm.named_parameters() if n.endswith(f"_l{k}")}
+        for k in range(layers)
+    ]
     return out.detach(), grads, embedding.weight.grad, head.weight.grad
 
 
@@ -93,8 +95,19 @@ def test_split_lstm_keeps_each_layers_weights_and_the_bubble_follows_the_formula
 
 def _history(cli, tmp_path, name, *flags):
     out = tmp_path / f"{name}.json"
-    result = cli("train", "--model", "lstm", "--epochs", "2", "--no-progress", "--log-every", "0",
-                 "--metrics-out", str(out), *flags)  # fmt: skip
+    result = cli(
+        "train",
+        "--model",
+        "lstm",
+        "--epochs",
+        "2",
+        "--no-progress",
+        "--log-every",
+        "0",
+        "--metrics-out",
+        str(out),
+        *flags,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     return json.loads(out.read_text())
 
@@ -106,8 +119,20 @@ def test_the_wavefront_schedule_trains_a_stacked_lstm_as_one_process_does(cli, t
     train and test loss equal one process's (momentum 0.9, the whole run)."""
     layers = ["--lstm-layers", str(stages)]
     single = _history(cli, tmp_path, "single", "--strategy", "single", *layers)
-    wave = _history(cli, tmp_path, "wave", "--strategy", "pipeline", "--schedule", "wavefront", "--stages",
-                    str(stages), "--microbatches", str(chunks), *layers)  # fmt: skip
+    wave = _history(
+        cli,
+        tmp_path,
+        "wave",
+        "--strategy",
+        "pipeline",
+        "--schedule",
+        "wavefront",
+        "--stages",
+        str(stages),
+        "--microbatches",
+        str(chunks),
+        *layers,
+    )
     assert wave["workers"] == stages and wave["bytes_sent"] > 0
     for a, b in zip(wave["history"], single["history"], strict=True):
         assert a["test_loss"] == pytest.approx(b["test_loss"], rel=1e-5)
@@ -166,8 +191,18 @@ def test_wavefront_replicas_equal_one_process_and_a_resumed_run_the_whole_one(cl
     """2 replicas x 2 stages equal one process of the global batch; a wavefront run stopped
     after 2 epochs and resumed to 4 ends as the run never stopped (its checkpoints are the
     pipeline's: each stage its part)."""
-    wave = ["--strategy", "pipeline", "--schedule", "wavefront", "--stages", "2", "--microbatches", "4",
-            "--lstm-layers", "2"]  # fmt: skip
+    wave = [
+        "--strategy",
+        "pipeline",
+        "--schedule",
+        "wavefront",
+        "--stages",
+        "2",
+        "--microbatches",
+        "4",
+        "--lstm-layers",
+        "2",
+    ]
     single = _history(cli, tmp_path, "single", "--strategy", "single", "--lstm-layers", "2", "--batch-size", "64")
     replicas = _history(cli, tmp_path, "replicas", *wave, "--workers", "4")
     assert replicas["replicas"] == 2

@@ -75,8 +75,18 @@ def test_fault_tolerant_fsdp_of_one_process_a_replica_on_the_gpu_equals_one_cpu_
     """Each replica's group is one process on the GPU, so NCCL: what the replicas count and
     sum at the end (bytes sent) goes through it too, from GPU memory."""
     pytest.importorskip("torchft")
-    metrics = train(tmp_path, "--strategy", "fsdp", "--fault-tolerant", "--workers", "2", "--shards-per-replica", "1",
-                    "--batch-size", "16")  # fmt: skip
+    metrics = train(
+        tmp_path,
+        "--strategy",
+        "fsdp",
+        "--fault-tolerant",
+        "--workers",
+        "2",
+        "--shards-per-replica",
+        "1",
+        "--batch-size",
+        "16",
+    )
     assert_equal_loss(metrics, reference)
 
 

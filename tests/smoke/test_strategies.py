@@ -28,9 +28,17 @@ STRATEGIES = {
 def test_each_strategy_trains_and_exits(cli, tmp_path, name):
     out = tmp_path / "m.json"
     result = cli(
-        "train", "--strategy", name, *STRATEGIES[name], "--epochs", "1", "--no-progress",
-        "--metrics-out", str(out), timeout=120,
-    )  # fmt: skip
+        "train",
+        "--strategy",
+        name,
+        *STRATEGIES[name],
+        "--epochs",
+        "1",
+        "--no-progress",
+        "--metrics-out",
+        str(out),
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = json.loads(out.read_text())
     assert metrics["strategy"] == name and metrics["global_steps"] > 0

@@ -147,8 +147,11 @@ def test_a_copy_of_the_state_shares_what_the_state_shares():
     ``state_dict`` gives them) stay one tensor in the copy; the copy is the CPU's and changes
     to the originals do not reach it."""
     weight = torch.ones(3, requires_grad=True)
-    state = {"model": {"embed": weight.detach(), "head": weight.detach()}, "steps": [torch.zeros(2), 7],
-             "rng": (torch.ones(1), "x")}  # fmt: skip
+    state = {
+        "model": {"embed": weight.detach(), "head": weight.detach()},
+        "steps": [torch.zeros(2), 7],
+        "rng": (torch.ones(1), "x"),
+    }
     copied = copy_state(state)
     assert copied["model"]["embed"] is copied["model"]["head"]
     with torch.no_grad():

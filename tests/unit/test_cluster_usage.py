@@ -91,5 +91,9 @@ def test_auto_pins_only_where_every_host_has_cores_of_its_own(monkeypatch):
     shared = EmulatedCluster([HostSpec(cpu=0.3)] * 5, cluster_id=7)
     assert all(h.cores is None for h in shared.hosts)
     assert [h.cores for h in EmulatedCluster([HostSpec(cpu=0.3)] * 5, cluster_id=7, pin="always").hosts] == [
-        [0], [1], [2], [3], [0],
-    ]  # fmt: skip
+        [0],
+        [1],
+        [2],
+        [3],
+        [0],
+    ]

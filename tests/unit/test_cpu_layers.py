@@ -186,17 +186,26 @@ def test_this_machines_vendor_is_read():
 def _conv_net() -> nn.Sequential:
     torch.manual_seed(0)
     return nn.Sequential(
-        nn.Conv2d(3, 8, 5, padding=2), nn.ReLU(), nn.MaxPool2d(3, 2, padding=1),
-        nn.Flatten(), nn.Linear(8 * 8 * 8, 32), nn.ReLU(), nn.Linear(32, 4),
-    )  # fmt: skip
+        nn.Conv2d(3, 8, 5, padding=2),
+        nn.ReLU(),
+        nn.MaxPool2d(3, 2, padding=1),
+        nn.Flatten(),
+        nn.Linear(8 * 8 * 8, 32),
+        nn.ReLU(),
+        nn.Linear(32, 4),
+    )
 
 
 def _fit(onednn_layers: bool | None, capsys: pytest.CaptureFixture) -> tuple[list[float], str, nn.Module]:
     model = _conv_net()
     trainer = paratrain.Trainer(
-        model, "cross_entropy", torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9), metrics=(),
-        strategy=paratrain.SingleDeviceStrategy(device="cpu"), onednn_layers=onednn_layers,
-    )  # fmt: skip
+        model,
+        "cross_entropy",
+        torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+        metrics=(),
+        strategy=paratrain.SingleDeviceStrategy(device="cpu"),
+        onednn_layers=onednn_layers,
+    )
     generator = torch.Generator().manual_seed(1)
     data = TensorDataset(
         torch.randn(256, 3, 16, 16, generator=generator), torch.randint(0, 4, (256,), generator=generator)
@@ -229,17 +238,29 @@ def test_asked_for_on_a_gpu_it_is_refused():
     strategy.setup()
     strategy.device = torch.device("cuda")  # as a CUDA run's strategy reports it
     with pytest.raises(ConfigError, match="--onednn-layers: oneDNN's kernels serve float32 CPU runs; this run's dev"):
-        paratrain.Trainer(model, "cross_entropy", torch.optim.SGD(model.parameters(), lr=0.1), strategy=strategy,
-                          onednn_layers=True)  # fmt: skip
+        paratrain.Trainer(
+            model, "cross_entropy", torch.optim.SGD(model.parameters(), lr=0.1), strategy=strategy, onednn_layers=True
+        )
 
 
 def test_asked_for_under_autocast_it_is_refused_and_by_default_it_stays_off(capsys):
     model = _conv_net()
     with pytest.raises(ConfigError, match="float32 CPU runs; this run's precision is bf16"):
-        paratrain.Trainer(model, "cross_entropy", torch.optim.SGD(model.parameters(), lr=0.1),
-                          strategy=paratrain.SingleDeviceStrategy(device="cpu"), precision="bf16", onednn_layers=True)  # fmt: skip
-    trainer = paratrain.Trainer(model, "cross_entropy", torch.optim.SGD(model.parameters(), lr=0.1),
-                                strategy=paratrain.SingleDeviceStrategy(device="cpu"), precision="bf16")  # fmt: skip
+        paratrain.Trainer(
+            model,
+            "cross_entropy",
+            torch.optim.SGD(model.parameters(), lr=0.1),
+            strategy=paratrain.SingleDeviceStrategy(device="cpu"),
+            precision="bf16",
+            onednn_layers=True,
+        )
+    trainer = paratrain.Trainer(
+        model,
+        "cross_entropy",
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        strategy=paratrain.SingleDeviceStrategy(device="cpu"),
+        precision="bf16",
+    )
     assert _served(trainer.module[4]) is None and "--onednn-layers" not in capsys.readouterr().out
 
 
@@ -257,9 +278,13 @@ def test_a_gpt2_from_transformers_trains_through_onednn_as_with_pytorchs_kernels
         )
         model = transformers.GPT2LMHeadModel(config)
         trainer = paratrain.Trainer(
-            model, None, torch.optim.AdamW(model.parameters(), lr=1e-3), metrics=(),
-            strategy=paratrain.SingleDeviceStrategy(device="cpu"), onednn_layers=onednn_layers,
-        )  # fmt: skip
+            model,
+            None,
+            torch.optim.AdamW(model.parameters(), lr=1e-3),
+            metrics=(),
+            strategy=paratrain.SingleDeviceStrategy(device="cpu"),
+            onednn_layers=onednn_layers,
+        )
         ids = torch.randint(0, 64, (64, 16), generator=torch.Generator().manual_seed(2)).tolist()
         data = datasets.Dataset.from_dict({"input_ids": ids, "labels": ids})
         history = trainer.fit(data, epochs=3, batch_size=16, verbose=0, log_every=0)

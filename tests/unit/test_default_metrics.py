@@ -17,8 +17,11 @@ def test_a_gpt2_on_dict_examples_trains_and_evaluates_with_the_default_metrics()
     model = transformers.GPT2LMHeadModel(config)
     ids = torch.randint(0, 32, (24, 8))
     data = datasets.Dataset.from_dict({"input_ids": ids.tolist(), "labels": ids.tolist()}).with_format("torch")
-    trainer = paratrain.Trainer(model, optimizer=torch.optim.AdamW(model.parameters(), lr=1e-3),
-                                strategy=paratrain.SingleDeviceStrategy(device="cpu"))  # fmt: skip
+    trainer = paratrain.Trainer(
+        model,
+        optimizer=torch.optim.AdamW(model.parameters(), lr=1e-3),
+        strategy=paratrain.SingleDeviceStrategy(device="cpu"),
+    )
     history = trainer.fit(data, epochs=1, batch_size=8, validation_data=data, verbose=0)
     assert trainer.metrics == () and history["test_loss"][0] > 0
     assert set(trainer.evaluate(data)) == {"loss"}
@@ -28,7 +31,10 @@ def test_pairs_keep_accuracy_by_default():
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 3)
     x, y = torch.randn(32, 4), torch.randint(0, 3, (32,))
-    trainer = paratrain.Trainer(model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
-                                strategy=paratrain.SingleDeviceStrategy(device="cpu"))  # fmt: skip
+    trainer = paratrain.Trainer(
+        model,
+        optimizer=torch.optim.SGD(model.parameters(), lr=0.1),
+        strategy=paratrain.SingleDeviceStrategy(device="cpu"),
+    )
     trainer.fit((x, y), epochs=1, batch_size=8, verbose=0)
     assert trainer.metrics == ("accuracy",) and 0 <= trainer.evaluate((x, y))["accuracy"] <= 1

@@ -15,9 +15,13 @@ DENORMAL = 1e-39  # below float32's smallest normal number, 1.18e-38
 def _trainer(**options):
     model = nn.Linear(4, 2)
     return paratrain.Trainer(
-        model, "cross_entropy", torch.optim.SGD(model.parameters(), lr=0.1), metrics=(),
-        strategy=paratrain.SingleDeviceStrategy(device="cpu"), **options,
-    )  # fmt: skip
+        model,
+        "cross_entropy",
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        metrics=(),
+        strategy=paratrain.SingleDeviceStrategy(device="cpu"),
+        **options,
+    )
 
 
 @pytest.fixture

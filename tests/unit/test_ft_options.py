@@ -17,18 +17,45 @@ from paratrain.strategies.fault_tolerant.replicas import ReplicaGroups
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"strategy": "allreduce-ft", "workers": 2, "min_replicas": 3}, "--min-replicas 3 is more than --workers 2: no step could commit"),
+        (
+            {"strategy": "allreduce-ft", "workers": 2, "min_replicas": 3},
+            "--min-replicas 3 is more than --workers 2: no step could commit",
+        ),
         ({"strategy": "allreduce-ft", "min_replicas": 0}, "--min-replicas must be >= 1, got 0"),
-        ({"strategy": "allreduce-ft", "lighthouse": "host:29510"}, "--lighthouse must be an address like http://HOST:29510, got 'host:29510'"),
-        ({"strategy": "allreduce-ft", "replica_heartbeat_timeout": 0.0}, "--replica-heartbeat-timeout must be > 0, got 0.0"),
-        ({"strategy": "allreduce", "min_replicas": 2}, "--min-replicas applies to --strategy allreduce-ft, pipeline-ft, local-sgd-ft, diloco-ft and fsdp-ft, not to --strategy allreduce"),
-        ({"strategy": "pipeline-ft", "workers": 4, "min_replicas": 3}, "--min-replicas 3 is more than the run's 2 pipeline replicas (--workers 4 / --stages 2): no step could commit"),
-        ({"strategy": "pipeline-ft", "workers": 4, "balance": "time"}, "--strategy pipeline-ft splits by --balance params or --split-points: a replacement takes its stage from a peer before any batch, when a split by time is not known yet"),
-        ({"strategy": "pipeline-ft", "workers": 3}, "--workers 3 is not a multiple of --stages 2: the run has workers / stages pipeline replicas of 2 processes each (e.g. --workers 4)"),
-        ({"strategy": "pipeline-ft", "compression": "int8"}, "--strategy pipeline-ft sums each step's gradient in one all-reduce: --compression must be one of none, fp16, bf16 (payloads that add up), got 'int8'"),
-        ({"strategy": "allreduce-ft", "precision": "fp16"}, "--precision fp16 needs a gradient scaler beside the optimizer, which --strategy allreduce-ft runs elsewhere; use --precision bf16, or --strategy single or allreduce"),
+        (
+            {"strategy": "allreduce-ft", "lighthouse": "host:29510"},
+            "--lighthouse must be an address like http://HOST:29510, got 'host:29510'",
+        ),
+        (
+            {"strategy": "allreduce-ft", "replica_heartbeat_timeout": 0.0},
+            "--replica-heartbeat-timeout must be > 0, got 0.0",
+        ),
+        (
+            {"strategy": "allreduce", "min_replicas": 2},
+            "--min-replicas applies to --strategy allreduce-ft, pipeline-ft, local-sgd-ft, diloco-ft and fsdp-ft, not to --strategy allreduce",
+        ),
+        (
+            {"strategy": "pipeline-ft", "workers": 4, "min_replicas": 3},
+            "--min-replicas 3 is more than the run's 2 pipeline replicas (--workers 4 / --stages 2): no step could commit",
+        ),
+        (
+            {"strategy": "pipeline-ft", "workers": 4, "balance": "time"},
+            "--strategy pipeline-ft splits by --balance params or --split-points: a replacement takes its stage from a peer before any batch, when a split by time is not known yet",
+        ),
+        (
+            {"strategy": "pipeline-ft", "workers": 3},
+            "--workers 3 is not a multiple of --stages 2: the run has workers / stages pipeline replicas of 2 processes each (e.g. --workers 4)",
+        ),
+        (
+            {"strategy": "pipeline-ft", "compression": "int8"},
+            "--strategy pipeline-ft sums each step's gradient in one all-reduce: --compression must be one of none, fp16, bf16 (payloads that add up), got 'int8'",
+        ),
+        (
+            {"strategy": "allreduce-ft", "precision": "fp16"},
+            "--precision fp16 needs a gradient scaler beside the optimizer, which --strategy allreduce-ft runs elsewhere; use --precision bf16, or --strategy single or allreduce",
+        ),
     ],
-)  # fmt: skip
+)
 def test_refused_with_one_line(options, message):
     with pytest.raises(ConfigError) as caught:
         TrainConfig(**options)

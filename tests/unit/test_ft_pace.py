@@ -14,8 +14,9 @@ def test_windows_give_steps_per_second_and_each_process_s_share_of_a_core():
     steps = [(k / 100, k) for k in range(1, 1001)]  # 100 steps a second for 10 s
     # cumulative CPU seconds, sampled every second: p1 at a full core, p2 at half of one,
     # p3 (a replacement) from 6 s on at a quarter
-    samples = [(float(t), {"p1": t * 1.0, "p2": t * 0.5, **({"p3": (t - 6) * 0.25} if t >= 6 else {})})
-               for t in range(10)]  # fmt: skip
+    samples = [
+        (float(t), {"p1": t * 1.0, "p2": t * 0.5, **({"p3": (t - 6) * 0.25} if t >= 6 else {})}) for t in range(10)
+    ]
     table = windows(samples, steps, 5.0)
     assert [w["at"] for w in table] == [0.0, 5.0]
     assert [w["steps_per_s"] for w in table] == pytest.approx([100, 100], abs=0.5)
@@ -41,8 +42,16 @@ def test_processes_are_named_by_role_in_the_order_they_start():
 def test_phases_give_each_rank_s_pace_and_milliseconds_per_step_in_each_phase():
     began = 1_000.0  # the benchmark's wall clock at the start; the trace's origin 2 s later
     # one step's spans: (name, seconds after the step's start, milliseconds)
-    step = [("quorum", 0.0, 1.0), ("allreduce", 0.1, 3.0), ("forward", 0.2, 0.5), ("backward", 0.3, 0.5),
-            ("optimizer", 0.4, 0.5), ("data", 0.5, 0.25), ("evaluate", 0.6, 0.25), ("checkpoint", 0.7, 5.0)]  # fmt: skip
+    step = [
+        ("quorum", 0.0, 1.0),
+        ("allreduce", 0.1, 3.0),
+        ("forward", 0.2, 0.5),
+        ("backward", 0.3, 0.5),
+        ("optimizer", 0.4, 0.5),
+        ("data", 0.5, 0.25),
+        ("evaluate", 0.6, 0.25),
+        ("checkpoint", 0.7, 5.0),
+    ]
     spans = [(n, 0, at + t, ms) for at in (0.0, 1.0) for n, t, ms in step]  # rank 0: two steps
     spans += [(n, 1, 3.0 + t, ms * 2) for n, t, ms in step]  # rank 1: one step, twice as slow, later
     spans.append(("quorum", 0, 7.0, 1.0))  # a step that applied no update
@@ -60,9 +69,11 @@ def test_phases_give_each_rank_s_pace_and_milliseconds_per_step_in_each_phase():
     assert table[2]["ranks"] == {}
     lines = phase_lines(table)
     assert lines[0].startswith("| from (s) | rank 0 steps/s | rank 0 quorum | rank 0 all-reduce")
-    assert lines[2:] == ["| 0 | 0 | 1.00 | 3.00 | 1.50 | 0.50 |  |  |  |  |  |",
-                         "| 4 |  |  |  |  |  | 0 | 2.00 | 6.00 | 3.00 | 1.00 |",
-                         "| 8 |  |  |  |  |  |  |  |  |  |  |"]  # fmt: skip
+    assert lines[2:] == [
+        "| 0 | 0 | 1.00 | 3.00 | 1.50 | 0.50 |  |  |  |  |  |",
+        "| 4 |  |  |  |  |  | 0 | 2.00 | 6.00 | 3.00 | 1.00 |",
+        "| 8 |  |  |  |  |  |  |  |  |  |  |",
+    ]
 
 
 def test_the_pace_before_the_first_loss_and_between_losses_shows_a_lasting_slowdown():

@@ -22,8 +22,13 @@ def runs(monkeypatch):
         steps = [(t / 10, t) for t in range(1, 1000)]
         losses = [(30.0 * k, "paratrain: worker 1 was lost (killed by SIGKILL) after step 3") for k in range(kills)]
         accuracy = 0.9 if kills else 0.95
-        return {"steps": steps, "errors": losses, "metrics": {"test_accuracy": accuracy},
-                "seconds": SECONDS[kill_every], "steal": 0.0}  # fmt: skip
+        return {
+            "steps": steps,
+            "errors": losses,
+            "metrics": {"test_accuracy": accuracy},
+            "seconds": SECONDS[kill_every],
+            "steal": 0.0,
+        }
 
     monkeypatch.setattr(ft_recovery, "train", train)
     return asked
@@ -78,8 +83,13 @@ def test_each_set_records_its_processor_and_the_tables_name_them_with_the_sets_t
     assert [p["processor"] for p in new] == ["AMD EPYC (AVX2)"]
     assert (new[0]["disturbed_first"], backward["disturbed_first"]) == (False, True)
     old = {key: value for key, value in new[0].items() if key not in ("processor", "disturbed_first")}  # before
-    row = {"kind": "throughput", "model": "mlp", "strategy": "allreduce-ft", **new[0],
-           "runs": [new[0], backward, old, old]}  # fmt: skip
+    row = {
+        "kind": "throughput",
+        "model": "mlp",
+        "strategy": "allreduce-ft",
+        **new[0],
+        "runs": [new[0], backward, old, old],
+    }
     lines = ft_recovery.tables([row], 1, 30, 9)
     said = next(line for line in lines if line.startswith("The sets' processors"))
     assert said.endswith(

@@ -36,9 +36,17 @@ def test_sizing_times_one_probe_run_of_the_strategy(monkeypatch, capsys):
 
 
 def _pair(kept: float, undisturbed: float = 100.0) -> dict:
-    return {"undisturbed_seconds": undisturbed, "disturbed_seconds": undisturbed / kept, "kept": kept,
-            "losses_reported": 9, "test_accuracy": 0.99, "undisturbed_test_accuracy": 0.99,
-            "every": 30.0, "kills": 9, "longer": 70}  # fmt: skip
+    return {
+        "undisturbed_seconds": undisturbed,
+        "disturbed_seconds": undisturbed / kept,
+        "kept": kept,
+        "losses_reported": 9,
+        "test_accuracy": 0.99,
+        "undisturbed_test_accuracy": 0.99,
+        "every": 30.0,
+        "kills": 9,
+        "longer": 70,
+    }
 
 
 def _row(*kept: float) -> dict:

@@ -11,8 +11,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 import ft_versus  # noqa: E402
 
 # a run's seconds by its name and interval between kills (0: undisturbed)
-SECONDS = {("local-sgd (plain)", 0.0): 100.0, ("local-sgd-ft", 30.0): 102.0, ("local-sgd (restart)", 30.0): 110.0,
-           ("local-sgd-ft", 10.0): 105.0, ("local-sgd (restart)", 10.0): 140.0}  # fmt: skip
+SECONDS = {
+    ("local-sgd (plain)", 0.0): 100.0,
+    ("local-sgd-ft", 30.0): 102.0,
+    ("local-sgd (restart)", 30.0): 110.0,
+    ("local-sgd-ft", 10.0): 105.0,
+    ("local-sgd (restart)", 10.0): 140.0,
+}
 
 
 @pytest.fixture
@@ -23,8 +28,13 @@ def runs(monkeypatch):
     def train(model, strategy, extra, folder, kill_every=0, kills=0, longer=1, cluster=None):
         asked.append((strategy, kill_every, kills, tuple(extra), longer))
         losses = [(30.0 * k, "paratrain: worker 1 was lost (killed by SIGKILL) after step 3") for k in range(kills)]
-        return {"steps": [(t / 10, t) for t in range(1, 1000)], "errors": losses,
-                "metrics": {"test_accuracy": 0.9}, "seconds": SECONDS[strategy, float(kill_every)], "steal": 0.0}  # fmt: skip
+        return {
+            "steps": [(t / 10, t) for t in range(1, 1000)],
+            "errors": losses,
+            "metrics": {"test_accuracy": 0.9},
+            "seconds": SECONDS[strategy, float(kill_every)],
+            "steal": 0.0,
+        }
 
     monkeypatch.setattr(ft_versus, "train", train)
     monkeypatch.setattr(ft_versus, "sized", lambda model, strategy, minutes, cluster: 7)
@@ -34,9 +44,13 @@ def runs(monkeypatch):
 
 def test_a_set_runs_the_plain_run_once_and_each_disturbed_run_the_same_command(runs):
     pairs = ft_versus.one_set("cifar_cnn", "local-sgd", [(30.0, 9), (10.0, 27)], 7, backwards=False)
-    assert [(s, e) for s, e, *_ in runs] == [("local-sgd (plain)", 0.0), ("local-sgd-ft", 30.0),
-                                             ("local-sgd (restart)", 30.0), ("local-sgd-ft", 10.0),
-                                             ("local-sgd (restart)", 10.0)]  # fmt: skip
+    assert [(s, e) for s, e, *_ in runs] == [
+        ("local-sgd (plain)", 0.0),
+        ("local-sgd-ft", 30.0),
+        ("local-sgd (restart)", 30.0),
+        ("local-sgd-ft", 10.0),
+        ("local-sgd (restart)", 10.0),
+    ]
     # the plain run without --max-restarts; the disturbed ones all with room for the most kills
     assert [extra for _, _, _, extra, _ in runs] == [(), *[("--max-restarts", "27")] * 4]
     assert {longer for *_, longer in runs} == {7}
@@ -44,8 +58,11 @@ def test_a_set_runs_the_plain_run_once_and_each_disturbed_run_the_same_command(r
     assert {p["undisturbed_seconds"] for p in pairs} == {100.0}
     runs.clear()
     ft_versus.one_set("cifar_cnn", "local-sgd", [(30.0, 9)], 7, backwards=True)
-    assert [(s, e) for s, e, *_ in runs] == [("local-sgd (restart)", 30.0), ("local-sgd-ft", 30.0),
-                                             ("local-sgd (plain)", 0.0)]  # fmt: skip
+    assert [(s, e) for s, e, *_ in runs] == [
+        ("local-sgd (restart)", 30.0),
+        ("local-sgd-ft", 30.0),
+        ("local-sgd (plain)", 0.0),
+    ]
 
 
 def test_sets_added_later_go_on_alternating_and_say_how_far_ahead(runs, tmp_path, monkeypatch):
@@ -74,8 +91,11 @@ def test_adding_sets_of_other_settings_is_refused(runs, tmp_path, monkeypatch):
     out = tmp_path / "versus"
     monkeypatch.setattr(sys, "argv", ["ft_versus.py", "--strategy", "local-sgd", "--out", str(out)])
     ft_versus.main()
-    monkeypatch.setattr(sys, "argv", ["ft_versus.py", "--strategy", "local-sgd", "--every", "10", "--kills", "27",
-                                      "--add", "--out", str(out)])  # fmt: skip
+    monkeypatch.setattr(
+        sys,
+        "argv",
+        ["ft_versus.py", "--strategy", "local-sgd", "--every", "10", "--kills", "27", "--add", "--out", str(out)],
+    )
     with pytest.raises(SystemExit) as stopped:
         ft_versus.main()
     assert stopped.value.code == 2

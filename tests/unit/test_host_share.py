@@ -38,8 +38,13 @@ def sleeper():
 
 def _list(folder, process, threads, fixed):
     started = open(f"/proc/{process.pid}/stat").read().rpartition(")")[2].split()[19]
-    line = {"pid": process.pid, "started": started, "cores": sorted(os.sched_getaffinity(0)), "threads": threads,
-            "fixed": fixed}  # fmt: skip
+    line = {
+        "pid": process.pid,
+        "started": started,
+        "cores": sorted(os.sched_getaffinity(0)),
+        "threads": threads,
+        "fixed": fixed,
+    }
     (folder / f"{process.pid}.json").write_text(json.dumps(line))
 
 
@@ -116,8 +121,18 @@ def test_a_run_on_the_default_takes_its_share_beside_another_run(cli, tmp_path, 
     registry.mkdir()
     _list(registry, sleeper, usable_cores(), fixed=True)
     out = tmp_path / "m.json"
-    result = cli("train", "--model", "mlp", "--epochs", "1", "--log-every", "0", "--metrics-out", str(out),
-                 env={"PARATRAIN_THREADS_PER_WORKER": "", "PARATRAIN_HOST_REGISTRY": str(registry)})  # fmt: skip
+    result = cli(
+        "train",
+        "--model",
+        "mlp",
+        "--epochs",
+        "1",
+        "--log-every",
+        "0",
+        "--metrics-out",
+        str(out),
+        env={"PARATRAIN_THREADS_PER_WORKER": "", "PARATRAIN_HOST_REGISTRY": str(registry)},
+    )
     assert result.returncode == 0, result.stderr
     assert json.loads(out.read_text())["threads_per_worker"] == 1
     assert [p.name for p in registry.iterdir()] == [f"{sleeper.pid}.json"]  # the run's line left with it

@@ -45,8 +45,13 @@ def test_a_saved_token_is_readable_by_its_owner_only(tmp_path):
 def test_a_proof_holds_for_its_token_run_worker_shard_and_challenge_only():
     answer = proof("t", "run/", 3, 1, "c")
     assert proves("t", "run/", 3, 1, "c", answer)
-    for other in [("u", "run/", 3, 1, "c"), ("t", "run2/", 3, 1, "c"), ("t", "run/", 4, 1, "c"),
-                  ("t", "run/", 3, 0, "c"), ("t", "run/", 3, 1, "d")]:  # fmt: skip
+    for other in [
+        ("u", "run/", 3, 1, "c"),
+        ("t", "run2/", 3, 1, "c"),
+        ("t", "run/", 4, 1, "c"),
+        ("t", "run/", 3, 0, "c"),
+        ("t", "run/", 3, 1, "d"),
+    ]:
         assert not proves(*other, answer)
     assert not proves("t", "run/", 3, 1, "c", "")
 

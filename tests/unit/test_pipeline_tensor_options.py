@@ -17,7 +17,12 @@ def test_the_mesh_lays_a_stage_s_shards_on_neighbouring_ranks():
     assert topology == PipelineTopology(num_replicas=2, num_stages=2, tensor=2)
     assert topology.num_processes == 8 and topology.chief_rank == 2
     assert [(topology.replica(r), topology.stage(r), topology.shard(r)) for r in (0, 1, 2, 5, 7)] == [
-        (0, 0, 0), (0, 0, 1), (0, 1, 0), (1, 0, 1), (1, 1, 1)]  # fmt: skip
+        (0, 0, 0),
+        (0, 0, 1),
+        (0, 1, 0),
+        (1, 0, 1),
+        (1, 1, 1),
+    ]
     assert topology.rank_name(5) == "tensor shard 1 of stage 0 of replica 1"
     assert topology.groups() == {
         "tp": [[0, 1], [2, 3], [4, 5], [6, 7]],
@@ -50,8 +55,22 @@ def test_the_python_api_refuses_what_3d_does_not_run():
     assert PipelineStrategy(2, 4, tensor_parallel=2, workers=8).planned_topology().num_replicas == 2
 
 
-GPT = ["--model", "gpt", "--dataset", "text-lm", "--seq-len", "16", "--gpt-layers", "2", "--gpt-width", "32",
-       "--gpt-heads", "4", "--epochs", "1"]  # fmt: skip
+GPT = [
+    "--model",
+    "gpt",
+    "--dataset",
+    "text-lm",
+    "--seq-len",
+    "16",
+    "--gpt-layers",
+    "2",
+    "--gpt-width",
+    "32",
+    "--gpt-heads",
+    "4",
+    "--epochs",
+    "1",
+]
 PIPELINE = ["--strategy", "pipeline", "--stages", "2", "--tensor-parallel", "2"]
 
 
@@ -60,25 +79,38 @@ PIPELINE = ["--strategy", "pipeline", "--stages", "2", "--tensor-parallel", "2"]
     [
         ([*PIPELINE, "--workers", "6"], "--workers 6 is not a multiple of --stages 2 x --tensor-parallel 2"),
         ([*PIPELINE, "--shard-replicas"], "--shard-replicas applies to --strategy tensor, not to --strategy pipeline"),
-        ([*PIPELINE, "--no-loss-parallel"], "--no-loss-parallel applies to --strategy tensor, not to --strategy pipeline"),
-        (["--strategy", "allreduce", "--tensor-parallel", "2"],
-         "--tensor-parallel applies to --strategy tensor and pipeline, not to --strategy allreduce"),
-        (["--strategy", "pipeline", "--fault-tolerant", "--tensor-parallel", "2"],
-         "--tensor-parallel applies to --strategy tensor and pipeline, not to --strategy pipeline-ft"),
+        (
+            [*PIPELINE, "--no-loss-parallel"],
+            "--no-loss-parallel applies to --strategy tensor, not to --strategy pipeline",
+        ),
+        (
+            ["--strategy", "allreduce", "--tensor-parallel", "2"],
+            "--tensor-parallel applies to --strategy tensor and pipeline, not to --strategy allreduce",
+        ),
+        (
+            ["--strategy", "pipeline", "--fault-tolerant", "--tensor-parallel", "2"],
+            "--tensor-parallel applies to --strategy tensor and pipeline, not to --strategy pipeline-ft",
+        ),
         (["--strategy", "single", "--tp-plan", "{}"], "--tp-plan applies to --strategy tensor and pipeline"),
-        ([*PIPELINE, "--precision", "bf16"], "--precision bf16 is not available with --strategy pipeline --tensor-parallel"),
+        (
+            [*PIPELINE, "--precision", "bf16"],
+            "--precision bf16 is not available with --strategy pipeline --tensor-parallel",
+        ),
         ([*PIPELINE, "--precision", "fp16"], "--precision fp16 needs a gradient scaler"),
         ([*PIPELINE, "--channels-last"], "--channels-last is not available with --strategy pipeline --tensor-parallel"),
         ([*PIPELINE, "--activation-checkpointing", "blocks"], "--activation-checkpointing blocks is not available"),
         ([*PIPELINE, "--compression", "fp16"], "--compression fp16: --strategy pipeline sends no gradients"),
         ([*PIPELINE, "--compile"], "--compile is not available with --strategy pipeline"),
-        ([*PIPELINE, "--balance", "time"], "--balance time is not available with --strategy pipeline --tensor-parallel"),
+        (
+            [*PIPELINE, "--balance", "time"],
+            "--balance time is not available with --strategy pipeline --tensor-parallel",
+        ),
         ([*PIPELINE, "--schedule", "wavefront", "--microbatches", "2"], "--schedule wavefront is not available"),
         ([*PIPELINE, "--tp-plan", '{"*.mlp.9": "colwise"}'], "'*.mlp.9' names no module of GPT"),
         ([*PIPELINE, "--tensor-parallel", "3"], "not a multiple of 3"),
         (["--strategy", "pipeline", "--tp-plan", "{}"], "--tp-plan splits a pipeline's stages over --tensor-parallel"),
     ],
-)  # fmt: skip
+)
 def test_refused_in_one_line_with_exit_2_before_any_process_starts(cli, flags, says):
     result = cli("train", *GPT, *flags)
     assert result.returncode == 2, result.stderr[-2000:]

@@ -16,10 +16,15 @@ def conv_net(shared_relu: nn.ReLU | None = None) -> nn.Sequential:
     torch.manual_seed(0)
     relu = shared_relu or nn.ReLU()
     return nn.Sequential(
-        nn.Conv2d(3, 8, 3, padding=1), relu, nn.MaxPool2d(3, 2, padding=1),
+        nn.Conv2d(3, 8, 3, padding=1),
+        relu,
+        nn.MaxPool2d(3, 2, padding=1),
         nn.Sequential(nn.Conv2d(8, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2)),
-        nn.Flatten(), nn.Linear(8 * 4 * 4, 16), relu, nn.Linear(16, 4),
-    )  # fmt: skip
+        nn.Flatten(),
+        nn.Linear(8 * 4 * 4, 16),
+        relu,
+        nn.Linear(16, 4),
+    )
 
 
 def test_each_relu_then_pool_pair_is_swapped_in_place_and_the_relu_runs_in_place():
@@ -71,9 +76,13 @@ def test_the_rewritten_model_trains_bit_for_bit_as_the_model_as_written():
 def test_the_trainer_rewrites_unless_told_not_to(enabled):
     model = conv_net()
     trainer = paratrain.Trainer(
-        model, "cross_entropy", torch.optim.SGD(model.parameters(), lr=0.1), metrics=(),
-        strategy=paratrain.SingleDeviceStrategy(device="cpu"), pool_before_relu=enabled,
-    )  # fmt: skip
+        model,
+        "cross_entropy",
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        metrics=(),
+        strategy=paratrain.SingleDeviceStrategy(device="cpu"),
+        pool_before_relu=enabled,
+    )
     assert isinstance(trainer.module[1], nn.MaxPool2d if enabled else nn.ReLU)
     data = TensorDataset(torch.randn(64, 3, 16, 16), torch.randint(0, 4, (64,)))
     assert len(trainer.fit(data, epochs=1, batch_size=16, verbose=0).epochs) == 1

@@ -25,17 +25,23 @@ def _connect(mode: PSMode, model: nn.Module, optimizer: torch.optim.Optimizer):
     """A shard serving one worker (admitted over its own link, as a joiner is) and that
     worker's client."""
     server = ShardServer(
-        0, 1, 0, model, optimizer, MODES[mode].make_rule(PSConfig(), 1), store=None,
-        heartbeat_timeout=5.0, tolerate_loss=False, wait_timeout=5.0,
-    )  # fmt: skip
+        0,
+        1,
+        0,
+        model,
+        optimizer,
+        MODES[mode].make_rule(PSConfig(), 1),
+        store=None,
+        heartbeat_timeout=5.0,
+        tolerate_loss=False,
+        wait_timeout=5.0,
+    )
     worker_end, shard_end = MemoryLink.pair()
     server.admit(0, shard_end)
     layout = ShardLayout.of(model, 1)
     packers = [PackedGradient(make_codec("none"), lambda: make_codec("none"), layout.piece_shapes(0))]
     pulled = torch.zeros(layout.total)
-    client = ShardClient(
-        0, [worker_end], layout, packers, pulled, tags=0, store=None, backup_workers=0, timeout=5.0
-    )  # fmt: skip
+    client = ShardClient(0, [worker_end], layout, packers, pulled, tags=0, store=None, backup_workers=0, timeout=5.0)
     return server, client, pulled
 
 

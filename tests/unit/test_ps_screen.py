@@ -48,9 +48,17 @@ def _server(mode, workers=0, round_of=1, heartbeat_timeout=5.0):
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     rule = MODES[mode].make_rule(PSConfig(), round_of)
     return ShardServer(
-        0, 1, workers, model, optimizer, rule, store=None,
-        heartbeat_timeout=heartbeat_timeout, tolerate_loss=True, wait_timeout=5.0,
-    )  # fmt: skip
+        0,
+        1,
+        workers,
+        model,
+        optimizer,
+        rule,
+        store=None,
+        heartbeat_timeout=heartbeat_timeout,
+        tolerate_loss=True,
+        wait_timeout=5.0,
+    )
 
 
 def _client(server, worker):
@@ -62,7 +70,7 @@ def _client(server, worker):
     pulled = torch.zeros(layout.total)
     client = ShardClient(
         worker, [worker_end], layout, packers, pulled, tags=0, store=None, backup_workers=0, timeout=5.0
-    )  # fmt: skip
+    )
     return client, pulled
 
 
@@ -246,9 +254,18 @@ def test_a_payload_that_does_not_decode_is_refused():
     rule = MODES[PSMode.ASYNC].make_rule(PSConfig(), 1)
     options = CodecConfig(compression="topk", compression_ratio=0.5)
     server = ShardServer(
-        0, 1, 0, model, optimizer, rule, store=None, heartbeat_timeout=5.0, tolerate_loss=True,
-        wait_timeout=5.0, codec_factory=lambda: make_codec("topk", options),
-    )  # fmt: skip
+        0,
+        1,
+        0,
+        model,
+        optimizer,
+        rule,
+        store=None,
+        heartbeat_timeout=5.0,
+        tolerate_loss=True,
+        wait_timeout=5.0,
+        codec_factory=lambda: make_codec("topk", options),
+    )
     message = _message(server, Header(PUSH, samples=8))
     values = server.packer.layouts[0].tensors[0][2]  # the first piece's values, then its indices
     message[HEADER_BYTES + values : HEADER_BYTES + values + 4].view(torch.int32)[0] = 1 << 30
@@ -283,9 +300,18 @@ def test_a_payload_of_any_length_is_framed():
     rule = MODES[PSMode.ASYNC].make_rule(PSConfig(), 1)
     options = CodecConfig(compression="fp16")
     server = ShardServer(
-        0, 1, 0, model, optimizer, rule, store=None, heartbeat_timeout=5.0, tolerate_loss=True,
-        wait_timeout=5.0, codec_factory=lambda: make_codec("fp16", options),
-    )  # fmt: skip
+        0,
+        1,
+        0,
+        model,
+        optimizer,
+        rule,
+        store=None,
+        heartbeat_timeout=5.0,
+        tolerate_loss=True,
+        wait_timeout=5.0,
+        codec_factory=lambda: make_codec("fp16", options),
+    )
     assert server.packer.nbytes == 6
     message = _message(server, Header(PUSH, samples=8), torch.tensor([1.0, 2.0, 3.0]))
     assert Header.read(message, 6).samples == 8
@@ -350,8 +376,9 @@ def test_an_epochs_first_pull_asks_each_shard_for_the_version_it_last_sent():
     layout = ShardLayout([p.shape for p in _model().parameters()], 2)
     packers = [PackedGradient(make_codec("none"), lambda: make_codec("none"), layout.piece_shapes(s)) for s in (0, 1)]
     links = [Captured(), Captured()]
-    client = ShardClient(0, links, layout, packers, torch.zeros(layout.total), tags=0, store=None, backup_workers=0,
-                         timeout=5.0)  # fmt: skip
+    client = ShardClient(
+        0, links, layout, packers, torch.zeros(layout.total), tags=0, store=None, backup_workers=0, timeout=5.0
+    )
     client.versions = [80, 20]
     client.send(Header(PULL, wants_reply=True), wanted_seen=True)
     for shard, (link, version) in enumerate(zip(links, client.versions)):

@@ -52,8 +52,9 @@ def _fit(epochs, *callbacks):
     trainer = paratrain.Trainer(
         model, "cross_entropy", optimizer, strategy=paratrain.SingleDeviceStrategy(device="cpu")
     )
-    trainer.fit(Examples(), epochs=epochs, batch_size=8, validation_data=Examples(16), verbose=0,
-                callbacks=list(callbacks))  # fmt: skip
+    trainer.fit(
+        Examples(), epochs=epochs, batch_size=8, validation_data=Examples(16), verbose=0, callbacks=list(callbacks)
+    )
     return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
 
 

@@ -50,8 +50,10 @@ def test_evaluation_split_covers_every_example_once():
 )
 def test_evaluation_gives_every_replica_as_many_batches_of_at_most_the_batch_size(n, replicas, batch):
     # fsdp's shards all-gather in every forward: a replica with one batch fewer would hang the others
-    shards = [ShardedBatches(_data(n), batch, num_replicas=replicas, rank=r, shuffle=False, drop_last=False)
-              for r in range(replicas)]  # fmt: skip
+    shards = [
+        ShardedBatches(_data(n), batch, num_replicas=replicas, rank=r, shuffle=False, drop_last=False)
+        for r in range(replicas)
+    ]
     batches = [[y.tolist() for _, y in shard] for shard in shards]
     assert len({len(b) for b in batches}) == 1, [len(b) for b in batches]
     assert [len(b) for b in batches] == [len(shard) for shard in shards]
@@ -62,12 +64,16 @@ def test_evaluation_gives_every_replica_as_many_batches_of_at_most_the_batch_siz
 
 @pytest.mark.parametrize("batches, size, replicas", [(5, 4, 2), (7, 3, 3), (2, 5, 4), (4, 2, 3), (3, 1, 2)])
 def test_a_stream_in_evaluation_gives_every_replica_as_many_batches_and_every_example_once(batches, size, replicas):
-    stream = [(torch.arange(b * size, (b + 1) * size).unsqueeze(1), torch.arange(b * size, (b + 1) * size))
-              for b in range(batches)]  # fmt: skip
+    stream = [
+        (torch.arange(b * size, (b + 1) * size).unsqueeze(1), torch.arange(b * size, (b + 1) * size))
+        for b in range(batches)
+    ]
     dicts = [{"x": x, "labels": y} for x, y in stream]  # a datasets-style dict batch: both inputs and targets
     for data, label in ((stream, lambda pair: pair[1]), (dicts, lambda pair: pair[1]["labels"])):
-        shards = [ShardedBatches(data, 99, num_replicas=replicas, rank=r, shuffle=False, drop_last=False)
-                  for r in range(replicas)]  # fmt: skip
+        shards = [
+            ShardedBatches(data, 99, num_replicas=replicas, rank=r, shuffle=False, drop_last=False)
+            for r in range(replicas)
+        ]
         taken = [list(shard) for shard in shards]
         assert {len(t) for t in taken} == {len(shards[0])} == {batches // replicas + batches % replicas}
         seen = torch.cat([label(pair) for t in taken for pair in t])

@@ -25,7 +25,7 @@ def _calibration(path, **costs):
             "batch_size": 32,
             "compression": "none",
             "gradient_bytes": 76840,
-        },  # fmt: skip
+        },
         "costs": {
             "compute_ms": 2.0,
             "ring_step_us": 40.0,
@@ -34,7 +34,7 @@ def _calibration(path, **costs):
             "ps_update_us": 30.0,
             "codec_gbps": 0.0,
             **costs,
-        },  # fmt: skip
+        },
     }
     path.write_text(json.dumps(document))
     return str(path)
@@ -65,8 +65,15 @@ def test_calibrate_measures_every_cost_here_and_predicts_with_them(cli, tmp_path
     assert calibration["model"]["optimizer"] == "adamw"  # the runs' optimizer, which a prediction must share
     assert "--optimizer adamw --lr 0.001 " in calibration["measured"]["runs"]
     costs = calibration["costs"]
-    for name in ("compute_ms", "ring_step_us", "message_cpu_us", "ps_push_us", "ps_update_us", "epoch_end_ms",
-                 "shard_push_cpu_us"):  # fmt: skip
+    for name in (
+        "compute_ms",
+        "ring_step_us",
+        "message_cpu_us",
+        "ps_push_us",
+        "ps_update_us",
+        "epoch_end_ms",
+        "shard_push_cpu_us",
+    ):
         assert 0 < costs[name] < 1e6, (name, costs)
     assert 0 <= costs["ps_worker_cpu_us"] < 1e6  # below 0 in a noisy round counts as 0
     # a real 2-process step costs more than a real 1-process one. A hop's CPU is at most half
@@ -149,9 +156,14 @@ def test_each_end_s_cpu_a_push_is_taken_under_a_quota(tmp_path):
     assert args.ps_worker_cpu_us == 5.0 and lines[0].endswith("; from the flags: --ps-worker-cpu-us")
 
 
-@pytest.mark.parametrize(("ring_cpu", "ring3_cpu", "fixed", "hop"), [(1.4e-3, 2.4e-3, 0.4e-3, 0.5e-3),
-                                                                     (1.4e-3, 1.2e-3, 1.4e-3, 0.0),  # noisy
-                                                                     (1.0e-3, 3.0e-3, 0.0, 0.5e-3)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("ring_cpu", "ring3_cpu", "fixed", "hop"),
+    [
+        (1.4e-3, 2.4e-3, 0.4e-3, 0.5e-3),
+        (1.4e-3, 1.2e-3, 1.4e-3, 0.0),  # noisy
+        (1.0e-3, 3.0e-3, 0.0, 0.5e-3),
+    ],
+)
 def test_a_round_splits_a_ring_s_cpu_into_a_fixed_part_and_one_per_hop_each_at_least_0(ring_cpu, ring3_cpu, fixed, hop):
     from paratrain.simulate.calibrate import _round_costs
 
@@ -192,8 +204,20 @@ def test_an_epoch_end_makes_the_predicted_rate_lower_by_its_cost(cli, tmp_path):
     """digits' 1,437 training examples at batch 32: 44 batches, 11 steps an epoch on 4 workers;
     40 steps have 3 epoch ends between them."""
     path = _calibration(tmp_path / "r.json")
-    flags = ["--strategy", "allreduce", "--workers", "4", "--steps", "40", "--calibration", str(path),
-             "--latency-us", "0", "--bandwidth-gbps", "1e6"]  # fmt: skip
+    flags = [
+        "--strategy",
+        "allreduce",
+        "--workers",
+        "4",
+        "--steps",
+        "40",
+        "--calibration",
+        str(path),
+        "--latency-us",
+        "0",
+        "--bandwidth-gbps",
+        "1e6",
+    ]
     bare = 40 * 4 * 32 / _rate(cli("simulate", *flags))
     ended = 40 * 4 * 32 / _rate(cli("simulate", *flags, "--epoch-end-ms", "8", "--collective-us", "100"))
     assert ended - bare == pytest.approx(3 * (8e-3 / 4 + 2 * 6 * 100e-6), rel=0.01)
@@ -247,15 +271,28 @@ def test_a_prediction_without_a_calibration_says_so(cli):
         ({"costs": {"host_link_gbps": "fast"}}, "its host_link_gbps must be a number >= 0"),
         ({"rounds": [{"compute_ms": 1.0}]}, "its rounds must each hold numbers >= 0 for compute_ms, ring_step_us"),
         ({"rounds": {"compute_ms": 1.0}}, "its rounds must each hold numbers >= 0"),
-        ({"rounds": [{**dict.fromkeys(ROUND_COSTS, 1.0), "host_step_cpu_us": -5.0}]},
-         "its rounds' host_step_cpu_us must be numbers >= 0"),
-        ({"model": {"model": "cifar_cnn", "dataset": "digits", "batch_size": 32, "compression": "none"}},
-         "measured model=cifar_cnn; this prediction has model=mlp: calibrate for it"),
-        ({"model": {"model": "mlp", "dataset": "digits", "batch_size": 32, "compression": "none",
-                    "optimizer": "adam"}},
-         "measured optimizer=adam; this prediction has optimizer=sgd: calibrate for it"),
+        (
+            {"rounds": [{**dict.fromkeys(ROUND_COSTS, 1.0), "host_step_cpu_us": -5.0}]},
+            "its rounds' host_step_cpu_us must be numbers >= 0",
+        ),
+        (
+            {"model": {"model": "cifar_cnn", "dataset": "digits", "batch_size": 32, "compression": "none"}},
+            "measured model=cifar_cnn; this prediction has model=mlp: calibrate for it",
+        ),
+        (
+            {
+                "model": {
+                    "model": "mlp",
+                    "dataset": "digits",
+                    "batch_size": 32,
+                    "compression": "none",
+                    "optimizer": "adam",
+                }
+            },
+            "measured optimizer=adam; this prediction has optimizer=sgd: calibrate for it",
+        ),
     ],
-)  # fmt: skip
+)
 def test_a_file_that_is_no_calibration_for_this_prediction_is_one_line(cli, tmp_path, write, words):
     path = tmp_path / "bad.json"
     if isinstance(write, str):

@@ -137,8 +137,12 @@ def test_cli_compares_pipelines_and_a_3d_mesh_of_the_gpt(tmp_path, capsys):
     assert "gpt in 2 stages of 2 processes" in capsys.readouterr().out
     rows = {(r["strategy"], r["workers"]): r for r in json.loads(out.read_text())["results"]}
     assert set(rows) == {
-        ("allreduce", 2), ("allreduce", 4), ("pipeline S=2", 2), ("pipeline S=2", 4), ("pipeline S=2 x T=2", 4)
-    }  # fmt: skip
+        ("allreduce", 2),
+        ("allreduce", 4),
+        ("pipeline S=2", 2),
+        ("pipeline S=2", 4),
+        ("pipeline S=2 x T=2", 4),
+    }
     held = {key: r["parameter_bytes_per_process"] for key, r in rows.items() if key[0] != "allreduce"}
     assert held[("pipeline S=2 x T=2", 4)] < held[("pipeline S=2", 4)] == held[("pipeline S=2", 2)]
     # 2 replicas of a 2-stage pipeline make twice the examples of one at nearly the same step

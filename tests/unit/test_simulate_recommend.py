@@ -33,15 +33,17 @@ def test_each_candidate_is_the_prediction_of_the_explicit_flags_for_those_hosts(
             "local-sgd --sync-every 8",
             "local-sgd --sync-every 16",
         ]
-    )  # fmt: skip  (no fsdp: the quota engine does not model it)
+    )  # (no fsdp: the quota engine does not model it)
     hosts = ["--cpu-share", "0.3", "--cpu-period-ms", "10", "--bandwidth-gbps", "1", "--calibration", calibration]
     # host 3 is allreduce's worker 3, and under a parameter server (host 0 the shard) worker 2
     for candidate, flags in [
         ("allreduce", ["--strategy", "allreduce", "--workers", "4", "--straggler", "fixed:3:2"]),
         ("ps-sync", ["--strategy", "ps-sync", "--workers", "3", "--straggler", "fixed:2:2"]),
-        ("ps-backup --backup-workers 1",
-         ["--strategy", "ps-backup", "--workers", "2", "--backup-workers", "1", "--straggler", "fixed:2:2"]),
-    ]:  # fmt: skip
+        (
+            "ps-backup --backup-workers 1",
+            ["--strategy", "ps-backup", "--workers", "2", "--backup-workers", "1", "--straggler", "fixed:2:2"],
+        ),
+    ]:
         (alone,) = _run(tmp_path, candidate.split()[0], *flags, *hosts)["results"]
         assert rows[candidate]["examples_per_second"] == pytest.approx(alone["examples_per_second"], rel=1e-9)
     same = sorted((r for r in result["candidates"] if r["same_updates"]), key=lambda r: -r["examples_per_second"])
@@ -51,12 +53,26 @@ def test_each_candidate_is_the_prediction_of_the_explicit_flags_for_those_hosts(
 
 
 def test_whole_cores_add_fsdp_and_a_target_ranks_by_time_to_it(tmp_path):
-    result = _run(tmp_path, "target", "--recommend", "--hosts", "3", "--compute-ms", "1", "--target-accuracy", "0.85",
-                  "--epochs", "3", "--seeds", "1")  # fmt: skip
+    result = _run(
+        tmp_path,
+        "target",
+        "--recommend",
+        "--hosts",
+        "3",
+        "--compute-ms",
+        "1",
+        "--target-accuracy",
+        "0.85",
+        "--epochs",
+        "3",
+        "--seeds",
+        "1",
+    )
     names = [r["candidate"] for r in result["candidates"]]
     assert "fsdp" in names and "ps-backup --backup-workers 1" in names
-    reached = sorted((r for r in result["candidates"] if r["median_seconds"] is not None),
-                     key=lambda r: r["median_seconds"])  # fmt: skip
+    reached = sorted(
+        (r for r in result["candidates"] if r["median_seconds"] is not None), key=lambda r: r["median_seconds"]
+    )
     assert reached and f"to test accuracy 0.85 first: {reached[0]['candidate']} in " in result["recommendation"]
 
 
@@ -77,14 +93,27 @@ def test_a_host_calibrated_on_its_own_is_the_slow_host_its_compute_says(tmp_path
     for candidate, flags in [
         ("allreduce", ["--strategy", "allreduce", "--workers", "3", "--straggler", "fixed:2:2.5"]),
         ("ps-sync", ["--strategy", "ps-sync", "--workers", "2", "--straggler", "fixed:1:2.5"]),
-    ]:  # fmt: skip
+    ]:
         (alone,) = _run(tmp_path, candidate, *flags, *explicit)["results"]
         assert rows[candidate]["examples_per_second"] == pytest.approx(alone["examples_per_second"], rel=1e-9)
     shared = ["--recommend", "--hosts", "3", "--cpu", "0.4", "--link", "1gbit", "--calibration", base]
     result = _run(tmp_path, "both", *shared, "--host", f"2:cpu=0.2,calibration={slow}")
     assert "host 2 at 0.2 and 2.5x the compute a step" in result["recommendation"]
-    (alone,) = _run(tmp_path, "both-alone", "--strategy", "allreduce", "--workers", "3", "--straggler", "fixed:2:5",
-                    "--cpu-share", "0.4", "--cpu-period-ms", "10", *explicit)["results"]  # fmt: skip
+    (alone,) = _run(
+        tmp_path,
+        "both-alone",
+        "--strategy",
+        "allreduce",
+        "--workers",
+        "3",
+        "--straggler",
+        "fixed:2:5",
+        "--cpu-share",
+        "0.4",
+        "--cpu-period-ms",
+        "10",
+        *explicit,
+    )["results"]
     rows = {r["candidate"]: r for r in result["candidates"]}
     assert rows["allreduce"]["examples_per_second"] == pytest.approx(alone["examples_per_second"], rel=1e-9)
 
@@ -115,11 +144,14 @@ def test_a_host_calibration_that_does_not_fit_is_one_line_and_exit_2(tmp_path, c
         (["--recommend", "--hosts", "3", "--strategy", "ps-sync"], "not --strategy or --workers"),
         (["--hosts", "3"], "describe the cluster for --recommend"),
         (["--recommend", "--hosts", "1"], "2 or more --hosts"),
-        (["--recommend", "--hosts", "4", "--host", "1:cpu=0.1", "--host", "2:cpu=0.1", "--cpu", "0.5"], "one host slower"),
+        (
+            ["--recommend", "--hosts", "4", "--host", "1:cpu=0.1", "--host", "2:cpu=0.1", "--cpu", "0.5"],
+            "one host slower",
+        ),
         (["--recommend", "--hosts", "3", "--link", "fast"], "--link must be a rate in tc's units"),
         (["--recommend", "--hosts", "3", "--cpu-share", "0.5"], "not --cpu-share or --straggler"),
     ],
-)  # fmt: skip
+)
 def test_a_cluster_that_cannot_be_described_is_one_line_and_exit_2(capsys, flags, words):
     assert main(["simulate", "--compute-ms", "1", *flags]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -171,9 +203,13 @@ def test_the_line_names_the_candidates_tied_with_the_first_within_the_rounds():
 
 @pytest.mark.parametrize(
     ("theirs", "larger", "tied"),
-    [([85.0, 90.0], True, True), ([80.0, 89.9], True, False),  # a rate: their highest against the first's lowest
-     ([1.1, 1.3], False, True), ([1.21, 1.5], False, False)],  # a time: their lowest against the first's highest
-)  # fmt: skip
+    [
+        ([85.0, 90.0], True, True),
+        ([80.0, 89.9], True, False),  # a rate: their highest against the first's lowest
+        ([1.1, 1.3], False, True),
+        ([1.21, 1.5], False, False),
+    ],  # a time: their lowest against the first's highest
+)
 def test_a_candidate_is_tied_with_the_first_where_its_range_reaches_the_first_s(theirs, larger, tied):
     from paratrain.simulate.recommend import tied_with_first
 

@@ -70,10 +70,19 @@ def test_a_seed_that_misses_the_target_counts_as_later_than_any_that_reaches_it(
     assert censored_median([0.5, None, 0.6]) == 0.6
     assert censored_median([1.0, 3.0, 2.0]) == 2.0
     assert censored_median([0.4, None, None]) is None and censored_median([None, 0.4]) is None
-    rows = [{"strategy": name, "seconds": seconds, "median_seconds": censored_median(seconds),
-             "reached": sum(s is not None for s in seconds)}
-            for name, seconds in [("local-sgd", [0.5, None, 0.6]), ("ps-backup", [1.2, 1.3, 1.4]),
-                                  ("ps-async", [0.1, None, None])]]  # fmt: skip
+    rows = [
+        {
+            "strategy": name,
+            "seconds": seconds,
+            "median_seconds": censored_median(seconds),
+            "reached": sum(s is not None for s in seconds),
+        }
+        for name, seconds in [
+            ("local-sgd", [0.5, None, 0.6]),
+            ("ps-backup", [1.2, 1.3, 1.4]),
+            ("ps-async", [0.1, None, None]),
+        ]
+    ]
     rows.sort(key=lambda r: (r["median_seconds"] is None, r["median_seconds"] or 0.0))
     args = argparse.Namespace(target_accuracy=0.95, target_loss=None, epochs=10)
     assert recommendation(rows, args, 5) == (

@@ -74,14 +74,34 @@ def test_virtual_training_steps_the_run_s_optimizer(digits, name, make):
     model = fresh_model(digits)
     reference = synchronous_reference(copy.deepcopy(model), digits.train, workers, batch, 0, 0, rounds, 0, make)
     decay = 0.1 if name == "adamw" else 0.0
-    replayed = replay(simulate("ps-sync", cluster, rounds, record=True), model, digits.train, digits.test,
-                      batch=batch, lr=0.003, momentum=0.9, optimizer=name, weight_decay=decay, seed=0)  # fmt: skip
+    replayed = replay(
+        simulate("ps-sync", cluster, rounds, record=True),
+        model,
+        digits.train,
+        digits.test,
+        batch=batch,
+        lr=0.003,
+        momentum=0.9,
+        optimizer=name,
+        weight_decay=decay,
+        seed=0,
+    )
     torch.testing.assert_close(replayed["params"], reference, rtol=1e-5, atol=1e-6)
     one = simulate("local-sgd", Cluster(workers=1, compute_s=0.01, model_bytes=1e5), 24, record=True, period=4)
     model = fresh_model(digits)
     reference = synchronous_reference(copy.deepcopy(model), digits.train, 1, batch, 0, 0, 24, 0, make)
-    replayed = replay(one, model, digits.train, digits.test, batch=batch, lr=0.003, momentum=0.9, optimizer=name,
-                      weight_decay=decay, seed=0)  # fmt: skip
+    replayed = replay(
+        one,
+        model,
+        digits.train,
+        digits.test,
+        batch=batch,
+        lr=0.003,
+        momentum=0.9,
+        optimizer=name,
+        weight_decay=decay,
+        seed=0,
+    )
     torch.testing.assert_close(replayed["params"], reference, rtol=1e-5, atol=1e-6)
 
 
@@ -125,12 +145,21 @@ def test_a_replay_evaluates_at_each_epoch_s_end_as_a_run_does(digits, strategy, 
     workers, batch = 4, 16
     group = 1 if strategy == "ps-async" else workers  # a synchronous epoch is whole rounds
     per_epoch = len(digits.train.tensors[1]) // (batch * group) * group  # batches
-    outcome = simulate(strategy, Cluster(workers=workers, compute_s=0.01, model_bytes=1e5), 3 * per_epoch // workers,
-                       record=True, **options)  # fmt: skip
-    result = replay(outcome, fresh_model(digits), digits.train, digits.test, batch=batch, lr=0.05, momentum=0.9,
-                    seed=0, evals=None)  # fmt: skip
-    ends = [i for i in range(1, len(outcome.trace) + 1)
-            if i * batches_an_update // per_epoch > (i - 1) * batches_an_update // per_epoch]  # fmt: skip
+    outcome = simulate(
+        strategy,
+        Cluster(workers=workers, compute_s=0.01, model_bytes=1e5),
+        3 * per_epoch // workers,
+        record=True,
+        **options,
+    )
+    result = replay(
+        outcome, fresh_model(digits), digits.train, digits.test, batch=batch, lr=0.05, momentum=0.9, seed=0, evals=None
+    )
+    ends = [
+        i
+        for i in range(1, len(outcome.trace) + 1)
+        if i * batches_an_update // per_epoch > (i - 1) * batches_an_update // per_epoch
+    ]
     assert len(ends) >= 2
     assert [h["updates"] for h in result["history"]] == ends
     assert [h["sim_seconds"] for h in result["history"]] == [outcome.trace[i - 1].time for i in ends]

@@ -65,8 +65,16 @@ def test_an_unthrottled_ring_is_compute_then_2_n_minus_1_hops(workers, bandwidth
     CPU, a 2-process ring's fixed CPU over its 2 steps among it), then the slice's bytes on
     the wire while the receiver works on them (its CPU overlaps their arrival): the longer."""
     latency, hop_cpu, ring_step = 50e-6, 200e-6, 600e-6
-    cluster = quota_cluster(workers, 1.0, bandwidth=bandwidth, latency=latency, message_cpu_s=hop_cpu,
-                            model_bytes=0.3 * MB, ring_latency=ring_step, ring_fixed_cpu_s=fixed_cpu)  # fmt: skip
+    cluster = quota_cluster(
+        workers,
+        1.0,
+        bandwidth=bandwidth,
+        latency=latency,
+        message_cpu_s=hop_cpu,
+        model_bytes=0.3 * MB,
+        ring_latency=ring_step,
+        ring_fixed_cpu_s=fixed_cpu,
+    )
     wait = ring_step - hop_cpu - fixed_cpu / 2
     step = 10 * MS + fixed_cpu + 2 * (workers - 1) * (wait + max(0.3 * MB / workers / bandwidth, hop_cpu))
     summary = simulate("allreduce", cluster, 40, seed=1).summary(32)

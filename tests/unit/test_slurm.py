@@ -83,9 +83,25 @@ def test_one_task_per_node_runs_torchrun_for_its_node():
 
     env = {**SRUN, "SLURM_NTASKS": "2", "SLURM_PROCID": "1", "SLURM_NODEID": "1", "SLURM_STEP_TASKS_PER_NODE": "1(x2)"}
     command = node_command(["train", "--procs-per-node", "4", "--strategy", "allreduce"], 4, env)
-    assert command[1:] == ["-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", "1", "--nproc-per-node",
-                           "4", "--master-addr", "node07", "--master-port", str(PORT_BASE + 4242), "-m", "paratrain",
-                           "train", "--strategy", "allreduce"]  # fmt: skip
+    assert command[1:] == [
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "2",
+        "--node-rank",
+        "1",
+        "--nproc-per-node",
+        "4",
+        "--master-addr",
+        "node07",
+        "--master-port",
+        str(PORT_BASE + 4242),
+        "-m",
+        "paratrain",
+        "train",
+        "--strategy",
+        "allreduce",
+    ]
 
 
 @pytest.mark.parametrize(
@@ -114,13 +130,33 @@ def _script(*argv):
 
 
 def test_the_batch_script_runs_one_task_per_process_and_requeues_a_stopped_run():
-    script = _script("--nodes", "2", "--tasks-per-node", "4", "--time", "02:00:00", "--gpus-per-task", "1",
-                     "--requeue", "--", "--strategy", "allreduce", "--checkpoint-dir", "ck")  # fmt: skip
+    script = _script(
+        "--nodes",
+        "2",
+        "--tasks-per-node",
+        "4",
+        "--time",
+        "02:00:00",
+        "--gpus-per-task",
+        "1",
+        "--requeue",
+        "--",
+        "--strategy",
+        "allreduce",
+        "--checkpoint-dir",
+        "ck",
+    )
     lines = script.splitlines()
-    for line in ("#SBATCH --nodes=2", "#SBATCH --ntasks-per-node=4", "#SBATCH --time=02:00:00",
-                 "#SBATCH --gpus-per-task=1", "#SBATCH --signal=USR1@90", "#SBATCH --requeue",
-                 "srun paratrain train --strategy allreduce --checkpoint-dir ck --resume",
-                 '    scontrol requeue "$SLURM_JOB_ID" && exit 0  # runs again, from that checkpoint'):  # fmt: skip
+    for line in (
+        "#SBATCH --nodes=2",
+        "#SBATCH --ntasks-per-node=4",
+        "#SBATCH --time=02:00:00",
+        "#SBATCH --gpus-per-task=1",
+        "#SBATCH --signal=USR1@90",
+        "#SBATCH --requeue",
+        "srun paratrain train --strategy allreduce --checkpoint-dir ck --resume",
+        '    scontrol requeue "$SLURM_JOB_ID" && exit 0  # runs again, from that checkpoint',
+    ):
         assert line in lines, line
     assert "if [ $code -eq 75 ]" in script and lines[-1] == "exit $code"
 
@@ -134,13 +170,15 @@ def test_a_run_without_checkpoints_gets_no_signal_and_no_resume():
 @pytest.mark.parametrize(
     ("argv", "words"),
     [
-        (["--nodes", "2", "--tasks-per-node", "2", "--", "--strategy", "allreduce", "--workers", "3"],
-         "the cluster has 4 processes but --strategy allreduce with --workers 3 needs 3"),
+        (
+            ["--nodes", "2", "--tasks-per-node", "2", "--", "--strategy", "allreduce", "--workers", "3"],
+            "the cluster has 4 processes but --strategy allreduce with --workers 3 needs 3",
+        ),
         (["--requeue", "--", "--strategy", "allreduce"], "--requeue goes on from checkpoints"),
         (["--time", "2 hours", "--", "--strategy", "allreduce"], "--time must be [D-]HH:MM:SS"),
         (["--nodes", "0"], "--nodes must be >= 1"),
     ],
-)  # fmt: skip
+)
 def test_a_script_the_allocation_cannot_run_is_refused_in_one_line(argv, words):
     with pytest.raises(ConfigError) as error:
         _script(*argv)

@@ -13,23 +13,56 @@ from paratrain.strategies.averaging.anchors import fragment_groups
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"strategy": "local-sgd", "outer_lr": 0.5}, "--outer-lr applies to --strategy diloco and diloco-ft, not to --strategy local-sgd"),
+        (
+            {"strategy": "local-sgd", "outer_lr": 0.5},
+            "--outer-lr applies to --strategy diloco and diloco-ft, not to --strategy local-sgd",
+        ),
         # given at its default value, an option is still given: refused, never ignored
-        ({"strategy": "local-sgd", "outer_momentum": 0.9}, "--outer-momentum applies to --strategy diloco and diloco-ft, not to --strategy local-sgd"),
-        ({"strategy": "allreduce", "sync_every": 8}, "--sync-every applies to --strategy local-sgd, diloco, local-sgd-ft and diloco-ft, not to --strategy allreduce"),
-        ({"strategy": "single", "ps_shards": 1}, "--ps-shards applies to the ps-* strategies, not to --strategy single"),
-        ({"strategy": "allreduce", "sync_every": 4}, "--sync-every applies to --strategy local-sgd, diloco, local-sgd-ft and diloco-ft, not to --strategy allreduce"),
-        ({"strategy": "diloco", "sync_every": 10, "fragments": 3}, "--fragments 3 must divide --sync-every 10 (one fragment is synchronized every H/F steps)"),
+        (
+            {"strategy": "local-sgd", "outer_momentum": 0.9},
+            "--outer-momentum applies to --strategy diloco and diloco-ft, not to --strategy local-sgd",
+        ),
+        (
+            {"strategy": "allreduce", "sync_every": 8},
+            "--sync-every applies to --strategy local-sgd, diloco, local-sgd-ft and diloco-ft, not to --strategy allreduce",
+        ),
+        (
+            {"strategy": "single", "ps_shards": 1},
+            "--ps-shards applies to the ps-* strategies, not to --strategy single",
+        ),
+        (
+            {"strategy": "allreduce", "sync_every": 4},
+            "--sync-every applies to --strategy local-sgd, diloco, local-sgd-ft and diloco-ft, not to --strategy allreduce",
+        ),
+        (
+            {"strategy": "diloco", "sync_every": 10, "fragments": 3},
+            "--fragments 3 must divide --sync-every 10 (one fragment is synchronized every H/F steps)",
+        ),
         ({"strategy": "diloco", "outer_momentum": 1.0}, "--outer-momentum must be < 1, got 1.0"),
         ({"strategy": "diloco", "sync_every": 0}, "--sync-every must be >= 1, got 0"),
-        ({"strategy": "ps-sync", "shared_memory": False}, "--no-shared-memory applies to --strategy allreduce, allreduce-ft, pipeline-ft, fsdp-ft, local-sgd-ft and diloco-ft, not to --strategy ps-sync"),
-        ({"strategy": "ps-sync", "shared_memory": True}, "--shared-memory applies to --strategy allreduce, allreduce-ft, pipeline-ft, fsdp-ft, local-sgd-ft and diloco-ft, not to --strategy ps-sync"),
-        ({"strategy": "allreduce", "reshard_after_forward": False}, "--no-reshard-after-forward applies to --strategy fsdp and fsdp-ft, not to --strategy allreduce"),
-        ({"strategy": "fsdp", "compression": "int8"}, "--compression int8: fsdp reduce-scatters gradients, which only none, fp16 and bf16 can be (a coded payload cannot be summed shard by shard); use one of those, or --strategy allreduce"),
-        ({"strategy": "fsdp", "precision": "fp16"}, "--precision fp16 needs a gradient scaler that fsdp's sharded gradients do not have here; use --precision bf16"),
+        (
+            {"strategy": "ps-sync", "shared_memory": False},
+            "--no-shared-memory applies to --strategy allreduce, allreduce-ft, pipeline-ft, fsdp-ft, local-sgd-ft and diloco-ft, not to --strategy ps-sync",
+        ),
+        (
+            {"strategy": "ps-sync", "shared_memory": True},
+            "--shared-memory applies to --strategy allreduce, allreduce-ft, pipeline-ft, fsdp-ft, local-sgd-ft and diloco-ft, not to --strategy ps-sync",
+        ),
+        (
+            {"strategy": "allreduce", "reshard_after_forward": False},
+            "--no-reshard-after-forward applies to --strategy fsdp and fsdp-ft, not to --strategy allreduce",
+        ),
+        (
+            {"strategy": "fsdp", "compression": "int8"},
+            "--compression int8: fsdp reduce-scatters gradients, which only none, fp16 and bf16 can be (a coded payload cannot be summed shard by shard); use one of those, or --strategy allreduce",
+        ),
+        (
+            {"strategy": "fsdp", "precision": "fp16"},
+            "--precision fp16 needs a gradient scaler that fsdp's sharded gradients do not have here; use --precision bf16",
+        ),
         ({"strategy": "fsdp", "compile": True}, "--compile is not available with --strategy fsdp"),
     ],
-)  # fmt: skip
+)
 def test_refused_with_one_line(options, message):
     with pytest.raises(ConfigError) as caught:
         TrainConfig(**options)

@@ -20,8 +20,14 @@ def test_the_cores_are_shared_among_the_processes_of_this_machine():
     assert default_threads({"LOCAL_WORLD_SIZE": str(cores * 4)}) == 1  # never zero
     assert default_threads({}) == cores
     # Clusters that set no LOCAL_WORLD_SIZE: an srun step's tasks on this node, a TF_CONFIG's on this host.
-    srun = {"SLURM_PROCID": "0", "SLURM_STEP_ID": "0", "SLURM_NTASKS": "4", "SLURM_NODEID": "0",
-            "SLURM_STEP_NODELIST": "n[1-2]", "SLURM_STEP_TASKS_PER_NODE": "2(x2)"}  # fmt: skip
+    srun = {
+        "SLURM_PROCID": "0",
+        "SLURM_STEP_ID": "0",
+        "SLURM_NTASKS": "4",
+        "SLURM_NODEID": "0",
+        "SLURM_STEP_NODELIST": "n[1-2]",
+        "SLURM_STEP_TASKS_PER_NODE": "2(x2)",
+    }
     assert default_threads(srun) == max(1, cores // 2)
     hosts = {"worker": ["10.0.0.1:2222", "10.0.0.1:2223", "10.0.0.1:2224", "10.0.0.2:2222"]}
     tf_config = {"TF_CONFIG": json.dumps({"cluster": hosts, "task": {"type": "worker", "index": 0}})}
@@ -55,9 +61,21 @@ def test_channels_last_by_default_for_conv_nets_on_the_cpu():
 @pytest.mark.slow
 def test_the_run_says_what_it_used(cli, tmp_path, flags, threads, channels_last):
     out = tmp_path / "m.json"
-    result = cli("train", "--model", "cifar_cnn", "--epochs", "1", "--log-every", "0", "--metrics-out", str(out),
-                 "--device", "cpu", *flags,
-                 env={"PARATRAIN_THREADS_PER_WORKER": "", "PARATRAIN_HOST_REGISTRY": str(tmp_path / "alone")})  # fmt: skip
+    result = cli(
+        "train",
+        "--model",
+        "cifar_cnn",
+        "--epochs",
+        "1",
+        "--log-every",
+        "0",
+        "--metrics-out",
+        str(out),
+        "--device",
+        "cpu",
+        *flags,
+        env={"PARATRAIN_THREADS_PER_WORKER": "", "PARATRAIN_HOST_REGISTRY": str(tmp_path / "alone")},
+    )
     assert result.returncode == 0, result.stderr
     metrics = json.loads(out.read_text())
     assert metrics["threads_per_worker"] == (threads or usable_cores())

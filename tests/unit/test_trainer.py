@@ -143,8 +143,9 @@ def test_a_collective_that_times_out_in_evaluation_is_diagnosed_as_in_a_step():
             return RuntimeError(f"worker 1 did not answer at step {step}: {error}")
 
     model = torch.nn.Linear(4, 2)
-    trainer = paratrain.Trainer(model, "cross_entropy", torch.optim.SGD(model.parameters(), lr=0.1),
-                                strategy=Lost(device="cpu"))  # fmt: skip
+    trainer = paratrain.Trainer(
+        model, "cross_entropy", torch.optim.SGD(model.parameters(), lr=0.1), strategy=Lost(device="cpu")
+    )
     data = (torch.randn(8, 4), torch.randint(0, 2, (8,)))
     with pytest.raises(RuntimeError, match="worker 1 did not answer at step 0: Timed out"):
         trainer.evaluate(data, batch_size=4)

@@ -90,9 +90,14 @@ class PeriodicAveragingStrategy(ReplicaStrategy):
     ):
         super().__init__(device=device, timeout=timeout, workers=workers)
         self.outer_lr, self.outer_momentum = outer_options(
-            self.name, self.outer, outer_lr, outer_momentum,
-            sync_every=sync_every, local_after=local_after, fragments=fragments,
-        )  # fmt: skip
+            self.name,
+            self.outer,
+            outer_lr,
+            outer_momentum,
+            sync_every=sync_every,
+            local_after=local_after,
+            fragments=fragments,
+        )
         self.sync_every, self.local_after, self.fragments = sync_every, local_after, fragments
         self.codec = as_codec(compression)
         self.syncs = 0

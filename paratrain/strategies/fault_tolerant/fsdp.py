@@ -195,8 +195,13 @@ class FaultTolerantFSDPStrategy(FSDPStrategy):
 
     def describe(self) -> dict[str, Any]:
         # --workers counts processes (replicas x shards), as the pipeline's and tensor's do
-        return {**super().describe(), **self.session.describe(), "workers": self.topology.num_processes,
-                "replicas": self.num_replicas, "shards_per_replica": self.shards}  # fmt: skip
+        return {
+            **super().describe(),
+            **self.session.describe(),
+            "workers": self.topology.num_processes,
+            "replicas": self.num_replicas,
+            "shards_per_replica": self.shards,
+        }
 
     # ----- process -------------------------------------------------------------------------
     def setup(self) -> None:

@@ -145,17 +145,31 @@ class PipelineStrategy(Strategy):
         options = config.pipeline
         points = parse_split_points(options.split_points) if options.split_points else None
         sizes, tensor = (options.stages, options.microbatches), config.tensor
-        return cls(*sizes, options.schedule, options.balance, points, **process_options(config),
-                   tensor_parallel=tensor.degree(cls.name), tp_plan=tensor.plan())  # fmt: skip
+        return cls(
+            *sizes,
+            options.schedule,
+            options.balance,
+            points,
+            **process_options(config),
+            tensor_parallel=tensor.degree(cls.name),
+            tp_plan=tensor.plan(),
+        )
 
     def planned_topology(self) -> PipelineTopology:
         return self.topology_class.of(self.workers, self.num_stages, self.tensor_parallel)
 
     def describe(self) -> dict[str, Any]:
         split = [list(b) for b in self.bounds] if self.bounds else self._split_names
-        return {**super().describe(), "workers": self.topology.num_processes,  # processes, as --workers counts
-                "replicas": self.num_replicas, "stages": self.num_stages, "microbatches": self.num_microbatches,
-                "schedule": self.schedule_name, "split": split, "tensor_parallel": self.tensor_parallel}  # fmt: skip
+        return {
+            **super().describe(),
+            "workers": self.topology.num_processes,  # processes, as --workers counts
+            "replicas": self.num_replicas,
+            "stages": self.num_stages,
+            "microbatches": self.num_microbatches,
+            "schedule": self.schedule_name,
+            "split": split,
+            "tensor_parallel": self.tensor_parallel,
+        }
 
     # ----- process -----------------------------------------------------------------------
     def setup(self) -> None:
@@ -296,8 +310,16 @@ class PipelineStrategy(Strategy):
         if self._schedule is None or self._loss_fn is not loss_fn:
             self._loss_fn = loss_fn
             loss = stage_loss(self._whole, loss_fn, targets)
-            made = make_schedule(self.schedule_name, self._module, self.stage, self.num_stages, self.device,
-                                 self._pipeline_group, self.step_microbatches, loss)  # fmt: skip
+            made = make_schedule(
+                self.schedule_name,
+                self._module,
+                self.stage,
+                self.num_stages,
+                self.device,
+                self._pipeline_group,
+                self.step_microbatches,
+                loss,
+            )
             self._schedule = self.track(made)
             self._traffic = MicrobatchTraffic(self._module, self.stage == 0, self.is_last_stage)
         return self._schedule
@@ -358,8 +380,15 @@ class PipelineStrategy(Strategy):
     def clip_gradients(self, model: nn.Module) -> None:
         uncounted = self._tied.uncounted if self._tied is not None else frozenset()
         params, tensor = list(self._module.parameters()), self._tensor
-        clip_over_stages(params, self.recipe.clip_grad_norm, self._pipeline_group, self.device, uncounted,
-                         tensor.group if tensor else None, self.shard)  # fmt: skip
+        clip_over_stages(
+            params,
+            self.recipe.clip_grad_norm,
+            self._pipeline_group,
+            self.device,
+            uncounted,
+            tensor.group if tensor else None,
+            self.shard,
+        )
 
     def _nonfinite_anywhere(self, optimizer: torch.optim.Optimizer) -> bool:  # pipeline-ft's too
         return nonfinite_anywhere(optimizer, self.device)

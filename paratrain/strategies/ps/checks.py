@@ -37,8 +37,12 @@ def check_tables(config: TrainConfig) -> None:
                 raise ConfigError(f"--{name.replace('_', '-')} applies to tables on the shards: give --tables too")
         return
     if ps.dense == "allreduce":
-        for given, flag in ((config.checkpoint_dir, "--checkpoint-dir"), (config.max_restarts, "--max-restarts"),
-                            (ps.join, "--join"), (config.codec.compression != "none", "--compression")):  # fmt: skip
+        for given, flag in (
+            (config.checkpoint_dir, "--checkpoint-dir"),
+            (config.max_restarts, "--max-restarts"),
+            (ps.join, "--join"),
+            (config.codec.compression != "none", "--compression"),
+        ):
             if given:
                 raise ConfigError(
                     f"{flag} is not available with --dense allreduce (the dense layers live on the workers, the "

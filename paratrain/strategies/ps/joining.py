@@ -99,8 +99,10 @@ class Door:
             worker = request["worker"]
             if request.get("candidate") not in proven:  # a number taken without the handshake
                 self.refused += 1
-                print(f"paratrain: ps shard {self.shard}: refused worker {worker}: it did not prove the join token",
-                      flush=True)  # fmt: skip
+                print(
+                    f"paratrain: ps shard {self.shard}: refused worker {worker}: it did not prove the join token",
+                    flush=True,
+                )
                 continue
             proven.discard(request["candidate"])
             try:  # blocks this thread (not the shard's others) until the joiner connects
@@ -174,8 +176,24 @@ class Requests:
 
 #: Options of the run a joiner does not take: its outputs, its own worker count, restarts,
 #: fault injections (they name the run's workers), and where the run keeps its join token.
-NOT_TAKEN = ("metrics_out", "logdir", "timeline", "checkpoint_dir", "resume", "workers", "max_restarts",
-             "fail", "fail_at", "fail_shard_at", "hang", "vanish", "terminate", "straggler", "join_token_file", "joiners")  # fmt: skip
+NOT_TAKEN = (
+    "metrics_out",
+    "logdir",
+    "timeline",
+    "checkpoint_dir",
+    "resume",
+    "workers",
+    "max_restarts",
+    "fail",
+    "fail_at",
+    "fail_shard_at",
+    "hang",
+    "vanish",
+    "terminate",
+    "straggler",
+    "join_token_file",
+    "joiners",
+)
 
 
 def run_options(options: dict[str, Any]) -> dict[str, Any]:

@@ -176,13 +176,16 @@ def _async_rule(config: PSConfig, num_workers: int) -> AsyncRule:
 
 
 MODES: dict[PSMode, ModeFacts] = {
-    PSMode.SYNC: ModeFacts(_sync_rule, survives_lost_worker=False, whole_rounds=True, one_update_per_gradient=False,
-                           admits_joiners=False),
-    PSMode.BACKUP: ModeFacts(_sync_rule, survives_lost_worker=True, whole_rounds=False, one_update_per_gradient=False,
-                             admits_joiners=True),
-    PSMode.ASYNC: ModeFacts(_async_rule, survives_lost_worker=True, whole_rounds=False, one_update_per_gradient=True,
-                            admits_joiners=True),
-}  # fmt: skip
+    PSMode.SYNC: ModeFacts(
+        _sync_rule, survives_lost_worker=False, whole_rounds=True, one_update_per_gradient=False, admits_joiners=False
+    ),
+    PSMode.BACKUP: ModeFacts(
+        _sync_rule, survives_lost_worker=True, whole_rounds=False, one_update_per_gradient=False, admits_joiners=True
+    ),
+    PSMode.ASYNC: ModeFacts(
+        _async_rule, survives_lost_worker=True, whole_rounds=False, one_update_per_gradient=True, admits_joiners=True
+    ),
+}
 
 
 def survives_lost_worker(mode: PSMode, config: PSConfig) -> bool:

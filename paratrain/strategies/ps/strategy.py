@@ -185,8 +185,14 @@ class ParameterServerStrategy(Strategy):
 
     def describe(self) -> dict[str, Any]:
         workers, shards, backups = self.num_replicas - self.backup_workers, self.num_shards, self.backup_workers
-        return {"strategy": self.name, "workers": workers, "ps_shards": shards, "backup_workers": backups,
-                "compression": self.codec.name, "pull_compression": self.pull_compression}  # fmt: skip
+        return {
+            "strategy": self.name,
+            "workers": workers,
+            "ps_shards": shards,
+            "backup_workers": backups,
+            "compression": self.codec.name,
+            "pull_compression": self.pull_compression,
+        }
 
     # ----- process -----------------------------------------------------------------------
     def setup(self) -> None:

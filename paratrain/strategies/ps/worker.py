@@ -113,8 +113,15 @@ class PSWorker:
         """A message to the shards; one that asks for a reply during an epoch of assigned
         batches also asks for a batch."""
         batch = self._epoch_asking if wants_reply else None
-        return Header(kind, samples=samples, lr_scale=self._lr_scale, wants_reply=wants_reply, wanted=wanted,
-                      batch=batch, nonfinite=not finite)  # fmt: skip
+        return Header(
+            kind,
+            samples=samples,
+            lr_scale=self._lr_scale,
+            wants_reply=wants_reply,
+            wanted=wanted,
+            batch=batch,
+            nonfinite=not finite,
+        )
 
     def await_reply(self) -> None:
         """Take the reply to the last message, if one is due: the parameters into the model."""
@@ -270,8 +277,10 @@ class PSWorker:
         stats = run_statistics(
             self._server_stats, sum(w["bytes_sent"] for w in others), chief, self.buffers.pull_ratio()
         )
-        stats["max_rss_bytes"] = {"workers": [max_rss_bytes(), *(w.get("max_rss", 0) for w in others)],
-                                  "shards": [s.get("max_rss", 0) for s in self._server_stats]}  # fmt: skip
+        stats["max_rss_bytes"] = {
+            "workers": [max_rss_bytes(), *(w.get("max_rss", 0) for w in others)],
+            "shards": [s.get("max_rss", 0) for s in self._server_stats],
+        }
         if self.dense is not None:  # every worker sent as much in the dense layers' all-reduces
             stats["bytes_sent"] += self.dense.bytes_sent * self.num_replicas
             stats["dense_allreduce_bytes"] = self.dense.bytes_sent * self.num_replicas

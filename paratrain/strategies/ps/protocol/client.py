@@ -144,13 +144,16 @@ class ShardClient:
             if not total:
                 replies.append(None)
                 continue
-            reply = torch.empty(sections.reply_bytes(total, sum(n * d for n, d in zip(counts, dims)), dtype),
-                                dtype=torch.uint8)  # fmt: skip
+            reply = torch.empty(
+                sections.reply_bytes(total, sum(n * d for n, d in zip(counts, dims)), dtype), dtype=torch.uint8
+            )
             works.append(self.links[shard].irecv(reply, TAG_ROWS + self.tags))
             section = sections.pack_request(ids)
             message = Header(ROWS, version=self.versions[shard], extra=section.numel()).write(self.messages[shard])
-            sends += [self.links[shard].isend(message, TAG_MESSAGE + self.tags),
-                      self.links[shard].isend(section, TAG_SECTION + self.tags)]  # fmt: skip
+            sends += [
+                self.links[shard].isend(message, TAG_MESSAGE + self.tags),
+                self.links[shard].isend(section, TAG_SECTION + self.tags),
+            ]
             self.bytes_sent += message.numel() + section.numel()
             replies.append((reply, total, counts))
         started = time.perf_counter()

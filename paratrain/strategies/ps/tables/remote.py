@@ -108,8 +108,10 @@ class TableRows:
         """(ids, rows, clocks) of each table of ``wanted``, from every shard that holds some."""
         layout, none = self.layout, torch.zeros(0, dtype=torch.int64)
         located = {table: layout.locate(table, ids) for table, ids in wanted.items()}
-        at = {table: [(shards == s).nonzero().squeeze(1) for s in range(layout.num_shards)]
-              for table, (shards, _) in located.items()}  # fmt: skip
+        at = {
+            table: [(shards == s).nonzero().squeeze(1) for s in range(layout.num_shards)]
+            for table, (shards, _) in located.items()
+        }
         requests = [
             [located[t][1][at[t][s]] if t in wanted else none for t in range(len(layout))]
             for s in range(layout.num_shards)
