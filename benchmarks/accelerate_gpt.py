@@ -32,7 +32,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 SIZES = {"gpt_layers": 2, "gpt_width": 128, "gpt_heads": 4, "seq_len": 64}
-BATCH, LR, PROCESSES = 16, 1e-3, 2
+BATCH = 16
+LR = 1e-3
+PROCESSES = 2
 
 
 def accelerate_side(epochs: int) -> None:

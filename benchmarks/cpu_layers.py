@@ -59,7 +59,9 @@ def linear_rates() -> list[dict]:
     onednn = torch.ops.mkldnn._linear_pointwise
     rows = []
     for name, (m, k, n) in LINEARS.items():
-        x, w, dy = torch.randn(m, k), torch.randn(n, k), torch.randn(m, n)
+        x = torch.randn(m, k)
+        w = torch.randn(n, k)
+        dy = torch.randn(m, n)
         products = {  # (MKL, oneDNN) for each product of a step
             "forward": (lambda: functional.linear(x, w), lambda: onednn(x, w, None, "none", [], "")),
             "input gradient": (lambda: dy @ w, lambda: onednn(dy, w.t(), None, "none", [], "")),

@@ -133,7 +133,9 @@ class Replicas:
     the launcher reported (a replica's processes are replaced together)."""
 
     def __init__(self, run: Run, num_replicas: int, per_replica: int):
-        self.run, self.per_replica, self.first = run, per_replica, num_replicas * per_replica
+        self.run = run
+        self.per_replica = per_replica
+        self.first = num_replicas * per_replica
         self.slot_of: dict[int, int] = {}
         self.replacements: dict[int, float] = {}  # a replacement's process: when it appeared
         self.losses = 0  # the launcher's loss lines read so far

@@ -98,7 +98,9 @@ class _EpochClock(paratrain.Callback):
     epoch's losses at its end, which waits for the GPU anyway)."""
 
     def __init__(self, device: torch.device):
-        self.device, self.seconds, self._start = device, [], 0.0
+        self.device = device
+        self.seconds = []
+        self._start = 0.0
 
     def on_epoch_begin(self, epoch: int, logs: dict[str, Any]) -> None:
         synchronize(self.device)
@@ -209,7 +211,9 @@ def overhead(
 
     plain(), ours()  # warm-up: kernels chosen, memory pools grown
     del plain_epochs[:], clock.seconds[:]
-    ratios, steady, times = [], [], {"plain": [], "paratrain": []}
+    ratios = []
+    steady = []
+    times = {"plain": [], "paratrain": []}
     for r in range(rounds):
         pair = (("plain", plain), ("paratrain", ours)) if r % 2 == 0 else (("paratrain", ours), ("plain", plain))
         result = {side: fn() for side, fn in pair}

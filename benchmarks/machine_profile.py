@@ -41,7 +41,10 @@ def profiled_job(config) -> dict:
         "update_cpu": 0.0,
         "pushes": 0,
     }
-    fit, evaluate, apply, on_push = Trainer.fit, Trainer.evaluate, ShardServer._apply, ShardServer._on_push
+    fit = Trainer.fit
+    evaluate = Trainer.evaluate
+    apply = ShardServer._apply
+    on_push = ShardServer._on_push
 
     def timed_fit(self, *args, **kwargs):
         start, wall = _process_cpu(), time.perf_counter()
@@ -72,12 +75,10 @@ def profiled_job(config) -> dict:
         counts["pushes"] += 1
         return on_push(self, *args, **kwargs)
 
-    Trainer.fit, Trainer.evaluate, ShardServer._apply, ShardServer._on_push = (
-        timed_fit,
-        timed_evaluate,
-        timed_apply,
-        counted_push,
-    )
+    Trainer.fit = timed_fit
+    Trainer.evaluate = timed_evaluate
+    ShardServer._apply = timed_apply
+    ShardServer._on_push = counted_push
     metrics = job.run(config)
     return {**counts, "role": metrics.get("role", "worker")}
 

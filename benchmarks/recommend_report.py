@@ -169,7 +169,10 @@ def report(document: dict, out: Path) -> None:
         "epoch that reaches it, from the end of epoch 1, plus a steady epoch. Within 10% counts as tied.",
         "",
     ]
-    errors, same_errors, rate_right, time_right = [], [], 0, 0
+    errors = []
+    same_errors = []
+    rate_right = 0
+    time_right = 0
     placed: list[bool] = []  # each real rate and time against its predicted range, where there is one
     tied_right: dict[str, int] = {}  # settings whose predicted ties hold a measured fastest
     for entry in document["settings"]:

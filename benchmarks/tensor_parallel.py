@@ -59,7 +59,9 @@ SIDES = {
         "32",
     ],
 }
-MEMORY_LAYERS, MEMORY_WIDTH, CAP_MIB = 8, 256, 64
+MEMORY_LAYERS = 8
+MEMORY_WIDTH = 256
+CAP_MIB = 64
 #: Each side as ``paratrain simulate`` asks it: the batch per process, and the flags.
 PREDICTED = {
     "allreduce, 2 workers x 16": (16, ["--strategy", "allreduce", "--workers", "2"]),

@@ -21,7 +21,9 @@ MODELS = {
     "lstm": {"shape": (200,), "classes": 2, "batch": 64, "kind": "tokens", "vocab": 20000},
     "plain_cnn": {"shape": (24, 24, 3), "classes": 10, "batch": 128, "kind": "image"},
 }
-REPLICAS, LR, MOMENTUM = 2, 0.01, 0.9
+REPLICAS = 2
+LR = 0.01
+MOMENTUM = 0.9
 
 
 def tf_run(name: str, data: str, strategy_name: str, epochs: int) -> dict:

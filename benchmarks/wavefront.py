@@ -35,7 +35,10 @@ from paratrain.testing import run_distributed  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "wavefront"
 DOC = ROOT / "docs" / "pipeline.md"
-STAGES, FEATURES, HIDDEN, BATCH = 2, 64, 256, 32
+STAGES = 2
+FEATURES = 64
+HIDDEN = 256
+BATCH = 32
 
 
 def _lstm() -> nn.LSTM:

@@ -15,7 +15,10 @@ class Periodic:
     def __init__(
         self, tick: Callable[[], bool | None], interval: float, name: str, first: bool = False, last: bool = False
     ):
-        self.tick, self.interval, self.first, self.last = tick, interval, first, last
+        self.tick = tick
+        self.interval = interval
+        self.first = first
+        self.last = last
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
 

@@ -33,7 +33,9 @@ from typing import Any
 COMPUTE_SPANS = ("data", "forward", "backward", "optimizer", "evaluate", "checkpoint")
 COMM_SPANS = ("allreduce", "pull", "push", "synchronize")  # pull: a worker waiting for the shards' reply
 
-COMPUTE, COMM, IO = 0, 1, 2  # thread ids within a rank's track
+COMPUTE = 0  # thread ids within a rank's track
+COMM = 1
+IO = 2
 TRACKS = {COMPUTE: "compute", COMM: "comm", IO: "io"}
 
 

@@ -152,7 +152,9 @@ def _fresh(env: dict | None) -> bool:
 def _run_here(argv: list[str], call, env: dict, cwd: Path) -> subprocess.CompletedProcess:
     import torch  # after the thread settings above
 
-    saved_env, saved_cwd, saved_path = dict(os.environ), os.getcwd(), list(sys.path)
+    saved_env = dict(os.environ)
+    saved_cwd = os.getcwd()
+    saved_path = list(sys.path)
     saved_modules, saved_threads = set(sys.modules), torch.get_num_threads()
     added = [entry for entry in env.get("PYTHONPATH", "").split(os.pathsep) if entry]
     sys.path[:0] = added

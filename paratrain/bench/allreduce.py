@@ -40,7 +40,9 @@ from paratrain.strategies.allreduce.strategy import AllReduceStrategy
 from paratrain.train.trainer import Trainer
 
 NUM_WORKERS = 2
-LR, MOMENTUM, SEED = 0.05, 0.9, 0
+LR = 0.05
+MOMENTUM = 0.9
+SEED = 0
 
 
 def model_and_optimizer(name: str, spec) -> tuple[nn.Module, torch.optim.Optimizer]:

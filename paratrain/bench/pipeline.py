@@ -81,7 +81,9 @@ class SavedActivations:
 
 class _Held:
     def __init__(self, counter: SavedActivations, tensor: torch.Tensor):
-        self.counter, self.tensor, self.nbytes = counter, tensor, tensor.numel() * tensor.element_size()
+        self.counter = counter
+        self.tensor = tensor
+        self.nbytes = tensor.numel() * tensor.element_size()
         counter.live += self.nbytes
         counter.peak = max(counter.peak, counter.live)
 
@@ -152,7 +154,9 @@ def measure(
             module, optimizer = strategy.prepare(model, torch.optim.SGD(model.parameters(), lr=1e-4))
             for _ in range(2):  # untimed: the first step exchanges shapes and makes the schedule
                 strategy.train_step(module, loss_fn, optimizer, x, y)
-            clock, peak, windows = StageClock(strategy._schedule), 0, []
+            clock = StageClock(strategy._schedule)
+            peak = 0
+            windows = []
             for _ in range(repeats):
                 # Steps back to back, as in training: a stage that finishes early waits for the
                 # next step's inputs (or, after the last step, in the barrier: counted as wait).

@@ -61,7 +61,9 @@ class RunCheckpoints:
         signature: Callable[[], dict],
         asynchronous: bool = False,
     ):
-        self.store, self.every_steps, self.timeout = store, every_steps, timeout
+        self.store = store
+        self.every_steps = every_steps
+        self.timeout = timeout
         self.asynchronous = asynchronous
         """A training replica writes its part and commits from a thread (``--checkpoint-async``)."""
         self.signature = signature

@@ -48,7 +48,9 @@ class ReplicaState:
         self.files.finish(None)  # one save at a time; what a failed one raised is raised here
         if step == self.files.last_saved:
             return
-        trainer, strategy, store = self.trainer, self.strategy, self.files.store
+        trainer = self.trainer
+        strategy = self.strategy
+        store = self.files.store
         trainer.check_finite()  # never save a model that has diverged
         state: dict[str, Any] = {"trainer": trainer.state_dict(), "strategy": strategy.state_dict()}
         folder = store.folder(step)

@@ -177,7 +177,10 @@ class Replicas:
     job (a warm spare: session/standby.py) once a replica is lost and replaced."""
 
     def __init__(self, cluster: EmulatedCluster, replicas: int, head: HeadNode, launch: Any, warm: bool = True):
-        self.cluster, self.head, self.launch, self.warm = cluster, head, launch, warm
+        self.cluster = cluster
+        self.head = head
+        self.launch = launch
+        self.warm = warm
         self.jobs: dict[int, tuple[Host, subprocess.Popen]] = {}  # slot -> its host and job
         self.standbys: dict[int, tuple[str, subprocess.Popen]] = {}  # host -> its standby's key and job
         self.idle = list(cluster.hosts[replicas:])

@@ -52,7 +52,10 @@ class Watch:
     Ctrl-C and SIGTERM."""
 
     def __init__(self, cluster: EmulatedCluster, events: list[Fault], progress: Path, stop: threading.Event):
-        self.cluster, self.events, self.progress, self.stop = cluster, events, progress, stop
+        self.cluster = cluster
+        self.events = events
+        self.progress = progress
+        self.stop = stop
         self.started = time.monotonic()
         self.killed: set[int] = set()
         self.usage = UsageRecorder(cluster).start()

@@ -198,7 +198,9 @@ class PowerSGDHook(CommHook):
         return future
 
     def _communicate(self, bucket: dist.GradBucket) -> Future:
-        powersgd, buffer, index = self.state, bucket.buffer(), bucket.index()
+        powersgd = self.state
+        buffer = bucket.buffer()
+        index = bucket.index()
         if powersgd.iter < powersgd.start_powerSGD_iter:
             self.bytes_sent += buffer.numel() * buffer.element_size()
             return torch_powersgd.powerSGD_hook(powersgd, bucket)  # a plain all-reduce
@@ -274,7 +276,9 @@ class PowerSGDHook(CommHook):
 
     def _unpark(self, bucket: dist.GradBucket, layout: _BucketLayout) -> None:
         """Lay the parked state of the bucket's parameters out as PyTorch expects it."""
-        buffer, index, s = bucket.buffer(), bucket.index(), self.state
+        buffer = bucket.buffer()
+        index = bucket.index()
+        s = self.state
         parked = {name: self.parked.pop(name, {}) for name in layout.names}
         if s.use_error_feedback and any("error" in entry for entry in parked.values()):
             error = buffer.new_zeros(buffer.numel())

@@ -72,7 +72,9 @@ class SharedMemoryAllReduce:
 
     def __init__(self, memory: torch.Tensor, rank: int, size: int, timeout: float, peers: list[tuple[int, str]] | None):
         header = _header(size)
-        self.rank, self.size, self.timeout = rank, size, timeout
+        self.rank = rank
+        self.size = size
+        self.timeout = timeout
         self.peers = peers
         """Each process's pid and start time (/proc), by rank; None where /proc does not show
         them all to this process (mounted with ``hidepid``): a peer gone is then named after
@@ -180,7 +182,9 @@ class SharedMemoryAllReduce:
     def _barrier(self) -> None:
         self.arrivals += 1
         self.counters[self.rank].fill_(self.arrivals)
-        polls, deadline, looked = 0, None, time.monotonic()  # the first look after LOOK_S of waiting
+        polls = 0  # the first look after LOOK_S of waiting
+        deadline = None
+        looked = time.monotonic()
         while int(self.counters.min()) < self.arrivals:
             polls += 1
             if polls < SPIN:

@@ -41,7 +41,9 @@ def expand_hostlist(text: str) -> list[str]:
 
 
 def _top_level_items(text: str) -> list[str]:
-    items, depth, start = [], 0, 0
+    items = []
+    depth = 0
+    start = 0
     for index, char in enumerate(text):
         depth += (char == "[") - (char == "]")
         if depth < 0 or depth > 1:

@@ -28,7 +28,9 @@ TEST_SHARE = 0.2
 
 class Clicks(Dataset):
     def __init__(self, dense: torch.Tensor, ids: torch.Tensor, labels: torch.Tensor):
-        self.dense, self.ids, self.labels = dense, ids, labels
+        self.dense = dense
+        self.ids = ids
+        self.labels = labels
 
     def __len__(self) -> int:
         return len(self.labels)

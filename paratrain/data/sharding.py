@@ -185,7 +185,9 @@ class ShardedBatches:
             return None
 
     def __len__(self) -> int:
-        n, b, r = self.num_examples, self.batch_size, self.num_replicas
+        n = self.num_examples
+        b = self.batch_size
+        r = self.num_replicas
         if self.streaming:  # batches of the stream; 0 where it has no len()
             return 0 if n is None else (n // r if self.drop_last else evaluation_count(n, r))
         if self.drop_last:
@@ -201,7 +203,9 @@ class ShardedBatches:
 
     def batch_indices(self) -> list[torch.Tensor]:
         """This replica's index lists for the current epoch, one per step."""
-        n, b, r = self.num_examples, self.batch_size, self.num_replicas
+        n = self.num_examples
+        b = self.batch_size
+        r = self.num_replicas
         if self.drop_last:
             order = self._order()
             steps = n // (b * r)

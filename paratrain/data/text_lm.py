@@ -80,7 +80,9 @@ def builtin_corpus(size: int = CORPUS_BYTES) -> bytes:
     out: list[str] = []
     length = 0
     while length < size:
-        subject, verb, thing = rng.choice(_SUBJECTS), rng.choice(_VERBS), rng.choice(_OBJECTS)
+        subject = rng.choice(_SUBJECTS)
+        verb = rng.choice(_VERBS)
+        thing = rng.choice(_OBJECTS)
         sentence = f"{subject} {verb} {thing}"
         if rng.random() < 0.5:
             sentence += f" {rng.choice(_PLACES)}"

@@ -25,7 +25,9 @@ import ctypes
 import ctypes.util
 
 # mallopt's parameters (malloc.h) and the values set.
-M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_MMAP_MAX = -1, -3, -4
+M_TRIM_THRESHOLD = -1
+M_MMAP_THRESHOLD = -3
+M_MMAP_MAX = -4
 TRIM_THRESHOLD = 2**31 - 1  # an int: never give the heap's top back
 MMAP_THRESHOLD = 32 << 20  # glibc's maximum (HEAP_MAX_SIZE / 2 on 64-bit)
 MMAP_MAX = 0  # no block mapped apart: those above the threshold come from the heap too

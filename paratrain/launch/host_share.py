@@ -73,7 +73,10 @@ class HostShare:
     chosen for it, which it keeps; the others still count them)."""
 
     def __init__(self, threads: int, fixed: bool, usable: int, local: int, folder: Path | None = None):
-        self.threads, self.fixed, self.usable, self.local = threads, fixed, usable, local
+        self.threads = threads
+        self.fixed = fixed
+        self.usable = usable
+        self.local = local
         self.folder = folder or registry()
         self.pid, self.cores = os.getpid(), _cores()
         self.wanted = threads
@@ -125,11 +128,9 @@ class HostShare:
             try:
                 entry = json.loads(path.read_text())
                 alive = started(int(entry["pid"])) == entry["started"]
-                entry["cores"], entry["threads"], entry["fixed"] = (
-                    list(entry["cores"]),
-                    int(entry["threads"]),
-                    bool(entry["fixed"]),
-                )
+                entry["cores"] = list(entry["cores"])
+                entry["threads"] = int(entry["threads"])
+                entry["fixed"] = bool(entry["fixed"])
             except (OSError, ValueError, KeyError, TypeError):
                 continue  # being written, or not one of ours
             if alive:

@@ -209,7 +209,9 @@ def supervise_replacing(
                 # as first); the others of its replica failed because it did.
                 member = min(failed, key=lambda m: failed_at(folder, tags[m], codes[m]))
                 _stop(members)  # a replica is replaced as a unit: its other processes go too
-                code, tag, index = codes[member], tags[member], slot * per_replica + member
+                code = codes[member]
+                tag = tags[member]
+                index = slot * per_replica + member
                 failure = {index: (code, failed_at(folder, tag, code), failure_message(folder, tag, code))}
                 if code in (2, 3):
                     raise first_failure(failure, names)

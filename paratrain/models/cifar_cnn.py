@@ -29,7 +29,10 @@ class LocalResponseNorm(nn.Module):
 
     def __init__(self, size: int, alpha: float = 1e-4, beta: float = 0.75, k: float = 1.0):
         super().__init__()
-        self.size, self.alpha, self.beta, self.k = size, alpha, beta, k
+        self.size = size
+        self.alpha = alpha
+        self.beta = beta
+        self.k = k
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return _LocalResponseNorm.apply(x, self.size, self.alpha, self.beta, self.k)

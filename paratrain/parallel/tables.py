@@ -46,7 +46,9 @@ class RowInit:
     a seed of their own: any set of rows is the same whoever draws it."""
 
     def __init__(self, seed: int, dim: int, scale: float):
-        self.seed, self.dim, self.scale = seed, dim, scale
+        self.seed = seed
+        self.dim = dim
+        self.scale = scale
 
     def __call__(self, ids: torch.Tensor) -> torch.Tensor:
         out = torch.empty(len(ids), self.dim)

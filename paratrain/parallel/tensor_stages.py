@@ -65,7 +65,9 @@ class SplitShape(nn.Module):
 
     def __init__(self, layer: nn.Module, style: Style, size: int):
         super().__init__()
-        self.layer, self.style, self.size = layer, style, size
+        self.layer = layer
+        self.style = style
+        self.size = size
 
     def forward(self, x: torch.Tensor, *rest: Any) -> torch.Tensor:
         if self.style.kind == "rowwise" and not isinstance(self.layer, nn.Embedding):

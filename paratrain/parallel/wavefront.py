@@ -136,7 +136,9 @@ class WavefrontStage:
             self._made = inputs if inputs.requires_grad else None
             inputs = inputs.detach().requires_grad_(self._made is not None)
             self._leaf = inputs
-        hidden, device, wire = self.layer.hidden_size, self.device, self.wire
+        hidden = self.layer.hidden_size
+        device = self.device
+        wire = self.wire
         zeros = torch.zeros(1, batch, hidden, device=device)
         state = (zeros, zeros)
         outputs = []

@@ -256,7 +256,9 @@ def _step_s(
                 if line.startswith("paratrain cluster: cluster ")
             ][:1]
     # Past the first epoch (its warm-up): examples over the epochs' steps' seconds.
-    first, last, steady = history[0], history[-1], history[1:]
+    first = history[0]
+    last = history[-1]
+    steady = history[1:]
     training = sum(epoch["train_seconds"] for epoch in steady)
     steps = (last["examples_seen"] - first["examples_seen"]) / (args.batch_size * workers)
     end = (last["wall_seconds"] - first["wall_seconds"] - training) / len(steady)

@@ -50,7 +50,9 @@ class AllReduceHost(HostRun):
     ):
         super().__init__(cluster, rng, steps * period, cluster.workers)
         self.step_s = step_s or _allreduce_step
-        self.rounds, self.period, self.record = steps, period, record
+        self.rounds = steps
+        self.period = period
+        self.record = record
         self.done_rounds = 0
         self.arrived: list[tuple[float, float]] = []  # (compute end, compute start) this round
         self.started = [0.0] * self.n
@@ -169,12 +171,16 @@ def simulate_on_host(
     if strategy in ("allreduce", "local-sgd", "diloco", "fsdp", "tensor", "pipeline"):
         period = options.get("period", 8) if strategy in ("local-sgd", "diloco") else 1
         rounds = -(-steps // period)
-        step_s, replicas, name = _allreduce_step, cluster.workers, strategy
+        step_s = _allreduce_step
+        replicas = cluster.workers
+        name = strategy
         if strategy == "fsdp":
             step_s = functools.partial(_fsdp_step, **{k: options[k] for k in ("reshard", "units") if k in options})
         if strategy in ("tensor", "pipeline"):  # each process computes its part; one update per replica
             mesh = options["mesh"]
-            replicas, name, step_s = mesh.replicas(cluster.workers), mesh.label(), mesh.step_s
+            replicas = mesh.replicas(cluster.workers)
+            name = mesh.label()
+            step_s = mesh.step_s
             cluster = dataclasses.replace(cluster, compute_s=cluster.compute_s * mesh.scale(cluster.workers))
         run: Any = AllReduceHost(cluster, rng, rounds, period, record, step_s)
         for w in range(run.n):

@@ -40,7 +40,9 @@ class ThrottledCore:
     def __init__(self, share: float, period: float, phase: float = 0.0):
         if not 0 < share <= 1:
             raise ValueError(f"a CPU share must be in (0, 1], got {share}")
-        self.share, self.period, self.phase = share, period, phase
+        self.share = share
+        self.period = period
+        self.phase = phase
         self.quota = share * period
         self._index: int | None = None  # the period whose quota `_used` counts
         self._used = 0.0

@@ -69,7 +69,9 @@ def own_calibrations(args: argparse.Namespace) -> dict[int, tuple[str, float]]:
     machine measured twice."""
     from paratrain.simulate.calibration import load_for  # deferred: reads files only when asked
 
-    own, kept, theirs = {}, [], None
+    own = {}
+    kept = []
+    theirs = None
     for text in args.host:
         index, _, settings = text.partition(":")
         rest = []

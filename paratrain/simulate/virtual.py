@@ -41,7 +41,10 @@ class BatchStream:
     tail shorter than ``group`` batches is dropped."""
 
     def __init__(self, num_examples: int, batch: int, group: int, seed: int):
-        self.n, self.batch, self.group, self.seed = num_examples, batch, group, seed
+        self.n = num_examples
+        self.batch = batch
+        self.group = group
+        self.seed = seed
         self.per_epoch = num_examples // (batch * group) * group
         self.taken = 0
         """Batches handed out so far."""

@@ -310,7 +310,9 @@ class Strategy:
     #: ``forward(model, inputs)``: evaluation's outputs, None where a process holds none;
     #: ``score(model, inputs, targets, loss_fn, metrics)``: their loss and metrics;
     #: ``evaluation_sums(data, batch_size, sums_of)``: a data set's, over replicas (evaluation.py).
-    forward, score, evaluation_sums = evaluation.forward, evaluation.score, evaluation.evaluation_sums
+    forward = evaluation.forward
+    score = evaluation.score
+    evaluation_sums = evaluation.evaluation_sums
 
     def step_counters(self) -> dict[str, float]:
         """This process's running totals, read after every step by the TensorBoard logger:

@@ -79,7 +79,9 @@ class EarlyStopping(Callback):
     Every replica sees the same (reduced) validation metrics, so all stop together."""
 
     def __init__(self, monitor: str = "test_loss", patience: int = 3, min_delta: float = 0.0):
-        self.monitor, self.patience, self.min_delta = monitor, patience, min_delta
+        self.monitor = monitor
+        self.patience = patience
+        self.min_delta = min_delta
         self.sign = 1.0 if "loss" in monitor else -1.0  # minimise losses, maximise the rest
         self.best = float("inf")
         self.wait = 0

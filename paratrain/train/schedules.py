@@ -33,7 +33,10 @@ class ExponentialDecay:
     TensorFlow CIFAR-10 multi-GPU recipe (0.1, x0.1 every 350 epochs)."""
 
     def __init__(self, lr: float, decay_steps: int, decay_rate: float, staircase: bool = True):
-        self.lr, self.decay_steps, self.decay_rate, self.staircase = lr, decay_steps, decay_rate, staircase
+        self.lr = lr
+        self.decay_steps = decay_steps
+        self.decay_rate = decay_rate
+        self.staircase = staircase
 
     def __call__(self, step: int) -> float:
         exponent = step / self.decay_steps

@@ -210,12 +210,17 @@ class Trainer:
         # A replica joining a running job (allreduce-ft) takes the live position here.
         strategy.begin_fit(self)
         if not self._resumed:
-            self.history, self._window, self._epoch_sums, self.batch = History(keys=keys), StepWindow(), EpochSums(), 0
+            self.history = History(keys=keys)
+            self._window = StepWindow()
+            self._epoch_sums = EpochSums()
+            self.batch = 0
             self._window.first_step = self.global_step + 1
         self._resumed = False
         self.history.keys = keys
         while self.epoch < epochs:
-            epoch, history, window = self.epoch, self.history, self._window
+            epoch = self.epoch
+            history = self.history
+            window = self._window
             batches.set_epoch(epoch, start=self.batch)
             hooks.on_epoch_begin(epoch, {})
             self.module.train()
@@ -346,7 +351,9 @@ class Trainer:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Go on from ``state`` at the next ``fit`` (with the model and optimizer restored)."""
-        self.global_step, self.epoch, self.batch = int(state["global_step"]), int(state["epoch"]), int(state["batch"])
+        self.global_step = int(state["global_step"])
+        self.epoch = int(state["epoch"])
+        self.batch = int(state["batch"])
         self.examples_seen = int(state["examples_seen"])
         self.train_seconds = float(state["train_seconds"])
         self._epoch_elapsed = float(state["epoch_seconds"])

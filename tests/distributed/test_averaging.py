@@ -79,7 +79,9 @@ class _OuterNesterov(paratrain.Callback):
     is the outer gradient of Nesterov SGD; the model goes on from the new anchor."""
 
     def __init__(self, h, lr, momentum):
-        self.h, self.lr, self.mu = h, lr, momentum
+        self.h = h
+        self.lr = lr
+        self.mu = momentum
 
     def on_train_begin(self, logs):
         self.anchor = flat_parameters(self.trainer.module).clone()
@@ -96,7 +98,9 @@ class _OuterNesterov(paratrain.Callback):
 
 
 def test_diloco_is_the_outer_nesterov_step_on_the_inner_adamw():
-    h, lr, mu = 4, 0.7, 0.9
+    h = 4
+    lr = 0.7
+    mu = 0.9
     reference = _train(
         paratrain.SingleDeviceStrategy(device="cpu"), B, STEPS, "adamw", callbacks=[_OuterNesterov(h, lr, mu)]
     )[0]

@@ -184,7 +184,10 @@ class _NanAtStep(paratrain.Callback):
     gradient alone (it does not flow back: the other stage's gradients stay finite)."""
 
     def __init__(self, step, where="loss"):
-        self.step, self.where, self.current, self.hook = step, where, 0, None
+        self.step = step
+        self.where = where
+        self.current = 0
+        self.hook = None
 
     def on_batch_begin(self, step, logs):
         self.current = step + 1

@@ -20,7 +20,10 @@ from tests.conftest import PACKED_TP
 
 pytestmark = pytest.mark.distributed
 
-VOCAB, SEQ, B, STEPS = 64, 16, 8, 4
+VOCAB = 64
+SEQ = 16
+B = 8
+STEPS = 4
 HEAD = "3.output"  # the gpt of 2 blocks: embeddings, 2 blocks, its head
 
 

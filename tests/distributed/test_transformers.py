@@ -22,7 +22,9 @@ pytestmark = pytest.mark.distributed
 transformers = pytest.importorskip("transformers")
 datasets = pytest.importorskip("datasets")
 
-B, STEPS, SEQ = 8, 6, 16
+B = 8
+STEPS = 6
+SEQ = 16
 
 
 def gpt2():

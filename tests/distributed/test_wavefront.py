@@ -13,7 +13,12 @@ from paratrain.testing import run_distributed
 
 pytestmark = pytest.mark.distributed
 
-B, T, V, F, H, CLASSES = 4, 12, 30, 8, 16, 3
+B = 4
+T = 12
+V = 30
+F = 8
+H = 16
+CLASSES = 3
 
 
 def _model(layers):

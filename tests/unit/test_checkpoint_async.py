@@ -23,8 +23,12 @@ class Snapshots(Callback):
     in ``folder`` the step after, and a stop after ``stop_at``."""
 
     def __init__(self, every, stop_at=None, folder=None):
-        self.every, self.stop_at, self.folder = every, stop_at, folder
-        self.models, self.losses, self.newest = {}, [], {}
+        self.every = every
+        self.stop_at = stop_at
+        self.folder = folder
+        self.models = {}
+        self.losses = []
+        self.newest = {}
 
     def on_batch_end(self, step, logs):
         self.losses.append(logs["local_loss"].item())

@@ -48,7 +48,10 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 @pytest.fixture
 def server():
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Handler)
-    httpd.files, httpd.requests, httpd.honour_range, httpd.cut_after = {}, [], True, None
+    httpd.files = {}
+    httpd.requests = []
+    httpd.honour_range = True
+    httpd.cut_after = None
     httpd.url = f"http://127.0.0.1:{httpd.server_address[1]}"
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()

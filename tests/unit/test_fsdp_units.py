@@ -9,7 +9,9 @@ from paratrain.parallel.sharding import fsdp_units
 class Tied(nn.Module):
     def __init__(self):
         super().__init__()
-        self.embed, self.mix, self.head = nn.Embedding(10, 4), nn.Linear(4, 4), nn.Linear(4, 10, bias=False)
+        self.embed = nn.Embedding(10, 4)
+        self.mix = nn.Linear(4, 4)
+        self.head = nn.Linear(4, 10, bias=False)
         self.head.weight = self.embed.weight
 
 

@@ -31,7 +31,9 @@ class FakeManager:
     committed it while this replica could not); every commit advances the step."""
 
     def __init__(self):
-        self.step, self.quorums, self.heal_to = 0, 0, None
+        self.step = 0
+        self.quorums = 0
+        self.heal_to = None
 
     def current_step(self) -> int:
         return self.step

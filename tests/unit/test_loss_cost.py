@@ -15,7 +15,9 @@ def _log(seconds, pauses=()):
     """Step arrivals at PACE a second; ``pauses``: (time, seconds, steps) where the run stood
     still that long, then went back that many steps (a restart doing the steps since its
     checkpoint again)."""
-    steps, t, step = [], 0.0, 0
+    steps = []
+    t = 0.0
+    step = 0
     events = sorted(pauses)
     while t < seconds:
         if events and t >= events[0][0]:

@@ -11,7 +11,9 @@ from paratrain.strategies.ps.protocol.wire import decode_version, encode_version
 
 class View:
     def __init__(self, version=0, workers=3, done=(), clocks=None):
-        self.version, self.workers, self.done = version, workers, set(done)
+        self.version = version
+        self.workers = workers
+        self.done = set(done)
         self._clocks = clocks or dict.fromkeys(range(workers), 0)
 
     def active_workers(self):

@@ -322,7 +322,11 @@ def test_a_payload_of_any_length_is_framed():
 class _TableShard:
     """What the screen reads of a shard that holds table rows (a push brings a section)."""
 
-    shard, num_shards, num_workers, version, joined = 0, 1, 1, 3, []
+    shard = 0
+    num_shards = 1
+    num_workers = 1
+    version = 3
+    joined = []
     workers = {0}
 
     def request_of(self, worker):

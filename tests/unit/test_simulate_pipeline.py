@@ -15,7 +15,10 @@ from paratrain.simulate.simulator import simulate
 from paratrain.simulate.tensor import TensorShape, activation_s
 from paratrain.simulate.tensor_shape import measure_stages
 
-B, IN, HIDDEN, OUT = 8, 16, 64, 4
+B = 8
+IN = 16
+HIDDEN = 64
+OUT = 4
 
 
 def layers():
@@ -50,7 +53,9 @@ class Tied(nn.Module):
 
     def __init__(self):
         super().__init__()
-        self.embed, self.body, self.out = nn.Embedding(32, IN), nn.Linear(IN, IN), nn.Linear(IN, 32, bias=False)
+        self.embed = nn.Embedding(32, IN)
+        self.body = nn.Linear(IN, IN)
+        self.out = nn.Linear(IN, 32, bias=False)
         self.out.weight = self.embed.weight
 
     def forward(self, x):

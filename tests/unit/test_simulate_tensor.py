@@ -15,7 +15,10 @@ from paratrain.simulate.simulator import simulate
 from paratrain.simulate.tensor import Mesh, TensorShape, activation_s, compute_scale
 from paratrain.simulate.tensor_shape import measure
 
-B, IN, HIDDEN, OUT = 8, 16, 64, 4
+B = 8
+IN = 16
+HIDDEN = 64
+OUT = 4
 PLAN = {"fc1": "colwise", "fc2": "rowwise"}
 
 
@@ -24,7 +27,9 @@ class Net(nn.Module):
 
     def __init__(self):
         super().__init__()
-        self.fc1, self.fc2, self.head = nn.Linear(IN, HIDDEN), nn.Linear(HIDDEN, IN), nn.Linear(IN, OUT)
+        self.fc1 = nn.Linear(IN, HIDDEN)
+        self.fc2 = nn.Linear(HIDDEN, IN)
+        self.head = nn.Linear(IN, OUT)
 
     def forward(self, x):
         return self.head(self.fc2(torch.relu(self.fc1(x))))

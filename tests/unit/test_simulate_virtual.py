@@ -47,7 +47,9 @@ def synchronous_reference(model, train, workers, batch, lr, momentum, rounds, se
 
 @pytest.mark.parametrize("strategy", ["ps-sync", "allreduce"])
 def test_virtual_sync_equals_real_synchronous_training(digits, strategy):
-    workers, batch, rounds = 4, 16, 50  # 50 rounds cross an epoch boundary (22 per epoch)
+    workers = 4  # 50 rounds cross an epoch boundary (22 per epoch)
+    batch = 16
+    rounds = 50
     cluster = Cluster(workers=workers, compute_s=0.01, model_bytes=1e5, bandwidth=math.inf, latency=0.0)
     outcome = simulate(strategy, cluster, rounds, record=True)
     model = fresh_model(digits)
@@ -69,7 +71,9 @@ def test_virtual_training_steps_the_run_s_optimizer(digits, name, make):
     torch.optim's on the global batch; local SGD on one worker equals it too, so each
     replica's optimizer state lives on through the synchronizations (reset there, the
     moments would start again every 4 steps)."""
-    workers, batch, rounds = 2, 16, 60  # past an epoch (44 rounds)
+    workers = 2  # past an epoch (44 rounds)
+    batch = 16
+    rounds = 60
     cluster = Cluster(workers=workers, compute_s=0.01, model_bytes=1e5, bandwidth=math.inf, latency=0.0)
     model = fresh_model(digits)
     reference = synchronous_reference(copy.deepcopy(model), digits.train, workers, batch, 0, 0, rounds, 0, make)

@@ -75,7 +75,9 @@ def test_one_worker_parameter_server_pays_the_shards_work_in_both_engines():
 
 def test_ps_sync_rounds_queue_every_push_at_the_shards_worker():
     # Infinite bandwidth: the n pushes arrive together and the shard works through them.
-    n, message, update = 6, 1e-3, 2e-3
+    n = 6
+    message = 1e-3
+    update = 2e-3
     c = cluster(n, bandwidth=math.inf, latency=1e-4, ps_message_s=message, ps_update_s=update)
     expected = C + c.latency + n * message + update + c.latency
     assert simulate("ps-sync", c, 20).summary(32)["step_seconds"] == pytest.approx(expected, rel=1e-9)

@@ -64,7 +64,9 @@ def test_an_unthrottled_ring_is_compute_then_2_n_minus_1_hops(workers, bandwidth
     """The collective's fixed CPU once, then each hop: the wait (a ring step's time less its
     CPU, a 2-process ring's fixed CPU over its 2 steps among it), then the slice's bytes on
     the wire while the receiver works on them (its CPU overlaps their arrival): the longer."""
-    latency, hop_cpu, ring_step = 50e-6, 200e-6, 600e-6
+    latency = 50e-6
+    hop_cpu = 200e-6
+    ring_step = 600e-6
     cluster = quota_cluster(
         workers,
         1.0,

@@ -16,7 +16,9 @@ class _Net(nn.Module):
 
     def __init__(self, loose: bool):
         super().__init__()
-        self.layer, self.loose, self.modes = nn.Linear(6, 3), loose, []
+        self.layer = nn.Linear(6, 3)
+        self.loose = loose
+        self.modes = []
 
     def forward(self, x):
         self.modes.append(torch._C._len_torch_function_stack())

@@ -115,7 +115,10 @@ class Anchors:
 def fragment_groups(sizes: list[int], count: int) -> list[list[int]]:
     """Indices 0..len(sizes)-1 (at least ``count`` of them) in ``count`` contiguous groups of
     about equal total size."""
-    total, groups, current, filled = sum(sizes), [], [], 0
+    total = sum(sizes)
+    groups = []
+    current = []
+    filled = 0
     for index, size in enumerate(sizes):
         current.append(index)
         filled += size

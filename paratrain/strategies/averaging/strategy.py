@@ -98,7 +98,9 @@ class PeriodicAveragingStrategy(ReplicaStrategy):
             local_after=local_after,
             fragments=fragments,
         )
-        self.sync_every, self.local_after, self.fragments = sync_every, local_after, fragments
+        self.sync_every = sync_every
+        self.local_after = local_after
+        self.fragments = fragments
         self.codec = as_codec(compression)
         self.syncs = 0
         """Synchronizations done (of one fragment each, with ``fragments`` > 1)."""

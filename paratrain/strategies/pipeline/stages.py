@@ -104,7 +104,9 @@ class MicrobatchTraffic:
     forward hook on the stage. A step sends this once per micro-batch."""
 
     def __init__(self, module: nn.Module, first: bool, last: bool):
-        self.first, self.last, self.bytes = first, last, 0
+        self.first = first
+        self.last = last
+        self.bytes = 0
         module.register_forward_hook(self._measure)
 
     def _measure(self, _module: nn.Module, args: tuple, output: Any) -> None:

@@ -106,7 +106,9 @@ class PipelineStrategy(Strategy):
         self.tensor_parallel = tensor_parallel
         self._tensor = TensorStages(tensor_parallel, tp_plan) if tensor_parallel > 1 else None
         self.num_stages, self.num_microbatches = num_stages, num_microbatches
-        self.schedule_name, self.balance, self.split_points = schedule, balance, split_points
+        self.schedule_name = schedule
+        self.balance = balance
+        self.split_points = split_points
         self._stage_group: Any = None  # this stage across replicas: gradients are averaged here
         self._pipeline_group: Any = None  # the stages of this replica: activations flow here
         self.bounds: list[tuple[int, int]] | None = None
@@ -227,7 +229,9 @@ class PipelineStrategy(Strategy):
         if self.schedule_name == "wavefront":
             self._wave = WavefrontSchedule.of(self, model)
             self._wave.module.to(self.device)  # the stage's parameters, in place: the optimizer's own
-            self._module, self._optimizer, self._whole = self._wave.module, self._wave.keep(optimizer), model
+            self._module = self._wave.module
+            self._optimizer = self._wave.keep(optimizer)
+            self._whole = model
             return self._module, optimizer
         self._pending = (model, optimizer)
         if is_layered(model, self.split_points):

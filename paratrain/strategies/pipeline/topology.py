@@ -61,7 +61,9 @@ class PipelineTopology(Topology):
         """The ranks of each group of the mesh: ``tp`` (a stage's processes, which split its
         layers), ``pp`` (one shard of each stage of a replica: the activations flow there)
         and ``dp`` (one stage's shard in every replica: its gradients are averaged there)."""
-        replicas, stages, tensor = self.num_replicas, self.num_stages, self.tensor
+        replicas = self.num_replicas
+        stages = self.num_stages
+        tensor = self.tensor
 
         def rank(replica: int, stage: int, shard: int) -> int:
             return (replica * stages + stage) * tensor + shard

@@ -35,7 +35,9 @@ class ShardState:
     checks_fresh_folder = True  # a checkpoint needs every shard's part: none before all start
 
     def __init__(self, files: RunCheckpoints, strategy: Strategy, host: ShardHost):
-        self.files, self.strategy, self.host = files, strategy, host
+        self.files = files
+        self.strategy = strategy
+        self.host = host
         self.part = strategy.topology.checkpoint_part(strategy.process_rank)
         self.signature = files.signature()
 
@@ -95,7 +97,10 @@ class WorkerState:
     checks_fresh_folder = False  # under ps-async the others may have pushed a checkpoint's versions
 
     def __init__(self, files: RunCheckpoints, strategy: Strategy, worker: PSWorker, loop: FitLoop, keeps_state: bool):
-        self.files, self.strategy, self.worker, self.loop = files, strategy, worker, loop
+        self.files = files
+        self.strategy = strategy
+        self.worker = worker
+        self.loop = loop
         self.keeps_state = keeps_state
         """Whether the worker's codec keeps state of its own (error feedback, PowerSGD)."""
         self.name = f"worker-{strategy.rank}"

@@ -36,7 +36,9 @@ class Watch:
     worker before the others' waits (--timeout) blame the shard."""
 
     def __init__(self, store: Any, heartbeat_timeout: float, wait_timeout: float):
-        self.store, self.heartbeat_timeout, self.wait_timeout = store, heartbeat_timeout, wait_timeout
+        self.store = store
+        self.heartbeat_timeout = heartbeat_timeout
+        self.wait_timeout = wait_timeout
         self.interval = min(0.5, heartbeat_timeout / BEATS_PER_TIMEOUT)
         """Seconds between two looks."""
         self.last_message: dict[int, float] = {}

@@ -39,8 +39,12 @@ class ShardHost:
         tags: int,
         door_key: tuple[str, str] | None = None,
     ):
-        self.shard, self.num_shards, self.num_workers = shard, num_shards, num_workers
-        self.mode, self.config, self.store = mode, config, store
+        self.shard = shard
+        self.num_shards = num_shards
+        self.num_workers = num_workers
+        self.mode = mode
+        self.config = config
+        self.store = store
         self.heartbeat_timeout, self.timeout = heartbeat_timeout, timeout
         self.codec_factory, self.tags = codec_factory, tags
         self.door_key = door_key

@@ -72,7 +72,11 @@ class Door:
         timeout: float,
         key: tuple[str, str],
     ):
-        self.store, self.shard, self.finished, self.admit, self.timeout = store, shard, finished, admit, timeout
+        self.store = store
+        self.shard = shard
+        self.finished = finished
+        self.admit = admit
+        self.timeout = timeout
         self.token, self.run = key  # the run's join token (never in the store) and its name in proofs
         self.refused = 0
         self.thread = threading.Thread(target=self._run, name="ps-door", daemon=True)
@@ -157,7 +161,9 @@ class Requests:
     took numbers from: ``next()`` gives the next one, or None while it has not come."""
 
     def __init__(self, store: Any, counter: str, key: str):
-        self.store, self.counter, self.key = store, counter, key
+        self.store = store
+        self.counter = counter
+        self.key = key
         self.index, self.missing_since = 0, None
 
     def next(self) -> dict[str, Any] | None:

@@ -91,7 +91,9 @@ class AsyncRule:
     """Every gradient applied on arrival; optional staleness bound on pulls."""
 
     def __init__(self, policy: StalePolicy, staleness_bound: int | None = None, warmup_steps: int = 0):
-        self.policy, self.bound, self.warmup_steps = policy, staleness_bound, warmup_steps
+        self.policy = policy
+        self.bound = staleness_bound
+        self.warmup_steps = warmup_steps
         self._head_start: int | None = None
         """Worker 0's steps of the warm-up, once it is over: the others start level with it."""
 

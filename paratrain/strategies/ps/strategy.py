@@ -184,7 +184,9 @@ class ParameterServerStrategy(Strategy):
         return PSTopology.of(self.mode, self.config, num_workers)
 
     def describe(self) -> dict[str, Any]:
-        workers, shards, backups = self.num_replicas - self.backup_workers, self.num_shards, self.backup_workers
+        workers = self.num_replicas - self.backup_workers
+        shards = self.num_shards
+        backups = self.backup_workers
         return {
             "strategy": self.name,
             "workers": workers,

@@ -46,9 +46,14 @@ class PSWorker:
         timeout: float,
         on_version: Callable[[int], None],
     ):
-        self.rank, self.num_shards, self.num_replicas = rank, num_shards, num_replicas
+        self.rank = rank
+        self.num_shards = num_shards
+        self.num_replicas = num_replicas
         self.backup_workers, self.facts = backup_workers, facts
-        self.links, self.store, self.tags, self.timeout = links, store, tags, timeout
+        self.links = links
+        self.store = store
+        self.tags = tags
+        self.timeout = timeout
         self.on_version = on_version
         self.per_update = 1
         """Gradients per version: 1 (ps-async), else a round's."""

@@ -55,9 +55,14 @@ class ShardClient:
         backup_workers: int,
         timeout: float,
     ):
-        self.worker, self.links, self.layout, self.packers = worker, links, layout, packers
+        self.worker = worker
+        self.links = links
+        self.layout = layout
+        self.packers = packers
         self.num_shards = len(links)
-        self.pulled, self.tags, self.store = pulled, tags, store
+        self.pulled = pulled
+        self.tags = tags
+        self.store = store
         self.backup_workers, self.timeout = backup_workers, timeout
         self.messages = [message_buffer(p.nbytes) for p in packers]
         self.versions = [0] * self.num_shards
@@ -137,7 +142,9 @@ class ShardClient:
         their clocks: per shard, (clocks, rows per table); one round trip to the shards asked."""
         self.drain()
         dims = [spec.dim for spec in layout.specs]
-        works, replies, sends = [], [], []
+        works = []
+        replies = []
+        sends = []
         for shard, ids in enumerate(requests):
             counts = [len(i) for i in ids]
             total = sum(counts)

@@ -18,7 +18,9 @@ class _Sent:
 
 class _Receive:
     def __init__(self, inbox: queue.Queue, tensor: torch.Tensor, timeout: float):
-        self.inbox, self.tensor, self.timeout = inbox, tensor, timeout
+        self.inbox = inbox
+        self.tensor = tensor
+        self.timeout = timeout
 
     def wait(self) -> bool:
         try:
@@ -49,7 +51,9 @@ class MemoryLink:
     """One end of a link; ``pair()`` makes both."""
 
     def __init__(self, outboxes: dict, inboxes: dict, timeout: float = 5.0):
-        self.outboxes, self.inboxes, self.timeout = outboxes, inboxes, timeout
+        self.outboxes = outboxes
+        self.inboxes = inboxes
+        self.timeout = timeout
 
     @staticmethod
     def pair(timeout: float = 5.0) -> tuple[MemoryLink, MemoryLink]:

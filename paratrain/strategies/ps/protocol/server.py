@@ -82,7 +82,9 @@ class ShardServer:
         self.rule_name = rule_name or type(rule).__name__
         self.on_version = on_version or (lambda version: None)
         """Called with each version published, under the lock: the state is that version's."""
-        self.shard, self.num_shards, self.num_workers = shard, num_shards, num_workers
+        self.shard = shard
+        self.num_shards = num_shards
+        self.num_workers = num_workers
         self.rule, self.store = rule, store
         self.tolerate_loss, self.wait_timeout = tolerate_loss, wait_timeout
         self.door_key = door_key  # (join token, run): workers that prove it may join (joining.py)

@@ -34,8 +34,16 @@ from dataclasses import dataclass, field
 import torch
 
 # Message kinds, in the first field of every message to a shard.
-PULL, PUSH, DONE, SHUTDOWN, ROWS = 1, 2, 3, 4, 5
-TAG_MESSAGE, TAG_REPLY_HEADER, TAG_REPLY, TAG_SECTION, TAG_ROWS = 11, 13, 14, 15, 12
+PULL = 1
+PUSH = 2
+DONE = 3
+SHUTDOWN = 4
+ROWS = 5
+TAG_MESSAGE = 11
+TAG_REPLY_HEADER = 13
+TAG_REPLY = 14
+TAG_SECTION = 15
+TAG_ROWS = 12
 RUN_TAG_STRIDE = 16  # each run in a process group adds a multiple of this to its tags
 KINDS = (PULL, PUSH, DONE, SHUTDOWN, ROWS)
 MAGIC = 20_803.0  # the protocol's mark and version (2.08.03): first field of every message

@@ -20,7 +20,9 @@ class TableLayout:
     def __init__(self, specs: list[TableSpec], num_shards: int, sharding: str = "mod"):
         if sharding not in SHARDINGS:
             raise ConfigError(f"--table-sharding must be one of {', '.join(SHARDINGS)}, got {sharding!r}")
-        self.specs, self.num_shards, self.sharding = specs, num_shards, sharding
+        self.specs = specs
+        self.num_shards = num_shards
+        self.sharding = sharding
         self.bounds = [[spec.rows * s // num_shards for s in range(num_shards + 1)] for spec in specs]
 
     def __len__(self) -> int:

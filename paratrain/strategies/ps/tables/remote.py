@@ -24,7 +24,9 @@ class RemoteTable(nn.Module):
 
     def __init__(self, index: int, spec: TableSpec, rows: TableRows | None, include_last_offset: bool = False):
         super().__init__()
-        self.index, self.spec, self.fetch = index, spec, rows
+        self.index = index
+        self.spec = spec
+        self.fetch = rows
         self.include_last_offset = include_last_offset
 
     def extra_repr(self) -> str:
@@ -66,7 +68,9 @@ class TableRows:
     the rows it pulled this step, whose gradients its push carries."""
 
     def __init__(self, layout: TableLayout, client: Any, pull_dtype: torch.dtype):
-        self.layout, self.client, self.pull_dtype = layout, client, pull_dtype
+        self.layout = layout
+        self.client = client
+        self.pull_dtype = pull_dtype
         self.pulled: list[tuple[int, torch.Tensor, torch.Tensor, torch.Tensor]] = []
         """(table, global ids, their clocks, the rows as leaves whose .grad backward fills)."""
         self._ready: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}

@@ -36,7 +36,9 @@ class TableShard:
         decoupled: bool,
         pull_dtype: torch.dtype = torch.float32,
     ):
-        self.layout, self.shard, self.pull_dtype = layout, shard, pull_dtype
+        self.layout = layout
+        self.shard = shard
+        self.pull_dtype = pull_dtype
         self.specs: list[TableSpec] = layout.specs
         self.rows_on = [layout.rows_on(t, shard) for t in range(len(layout))]
         self.dims = [spec.dim for spec in self.specs]
