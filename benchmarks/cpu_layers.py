@@ -32,8 +32,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT))
 
 import torch  # noqa: E402
-from core_scaling import benchmark_model  # noqa: E402
-from processor import cpu_name  # noqa: E402
+from recorded_table import cpu_name  # noqa: E402
 from torch.nn import functional  # noqa: E402
 
 LINEARS = {  # name: (rows, in, out)
@@ -43,6 +42,20 @@ LINEARS = {  # name: (rows, in, out)
 }
 CONVS = {"plain_cnn conv1 3->64 24x24": (3, 24), "plain_cnn conv2 64->64 12x12": (64, 12)}
 MODELS = ("plain_cnn", "cifar_cnn", "mlp")
+SHAPES = {"plain_cnn": (3, 24, 24), "cifar_cnn": (3, 24, 24), "mlp": (1, 28, 28)}
+
+
+def benchmark_model(name: str) -> tuple[object, tuple[int, ...]]:
+    """``name``'s model (the plain conv net, or a built-in one for 10 classes) and its input shape."""
+    shape = SHAPES.get(name, (3, 24, 24))
+    if name == "plain_cnn":
+        from tensorflow_mirrored import plain_cnn
+
+        return plain_cnn(), shape
+    from paratrain.data.datasets import DataSpec
+    from paratrain.models import build_model
+
+    return build_model(name, DataSpec(shape, 10)), shape
 
 
 def median_seconds(call, repeats: int) -> float:
@@ -108,7 +121,11 @@ def train_rate(model_name: str, onednn_layers: bool | None) -> float:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     strategy = paratrain.SingleDeviceStrategy("cpu")
     trainer = paratrain.Trainer(
-        model, "cross_entropy", optimizer, strategy=strategy, onednn_layers=onednn_layers, threads=1
+        model,
+        "cross_entropy",
+        optimizer,
+        strategy=strategy,
+        cpu=paratrain.CpuTuning(onednn_layers=onednn_layers, threads=1),
     )
     x, y = torch.randn(128 * 25, *shape), torch.randint(0, 10, (128 * 25,))
     history = trainer.fit((x, y), epochs=4, batch_size=128, verbose=0, log_every=0)

@@ -1,18 +1,19 @@
-"""What screening costs a parameter-server shard, and what a join costs a joiner.
+"""What message validation costs a parameter-server shard, and what a join costs a joiner.
 
     python benchmarks/ps_screen.py [--steps 400] [--messages 3000] [--seed S]
 
 1. The good path: a worker's steps (a push, then the reply) to one shard in one process
    over the protocol's in-memory link (protocol/memory.py) with the production wire and
-   screen; and the screen alone on a good push (``Header.read`` and ``Screen.check``).
+   validator; and the validator alone on a good push (``Header.read`` and
+   ``MessageValidator.check``).
 2. Refusing: the shard's own work for bad messages (generated as
-   tests/unit/test_ps_screen.py does, each from a joiner that the shard then drops), timed
-   through the path a receive thread takes (``Receiving.screened``, the refusal, the drop),
+   tests/unit/test_ps_validator.py does, each from a joiner that the shard then drops), timed
+   through the path a receive thread takes (``Receiving.validated``, the refusal, the drop),
    one message after another on one core. From it, the rate of bad messages that takes 10%
    of a shard's core: the fuzz rate at which a shard that trains on one core slows by at
    most 10%. (Sending them from the same process instead measures the sender: Python's
    one interpreter lock puts the generator's cost on the shard's threads.)
-3. The join handshake: a shard's door and a joiner over a real TCPStore on loopback, each
+3. The join handshake: a shard's join admitter and a joiner over a real TCPStore on loopback, each
    with its own client, one challenge and one answer (session/join_token.py), over many joins.
 
 Writes benchmarks/results/ps_screen.json and .md. Numbers are this machine's (2 cores).
@@ -34,7 +35,7 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "unit"))
 
-import test_ps_screen as fuzz  # noqa: E402  (the bad messages of the fuzz test)
+import test_ps_validator as fuzz  # noqa: E402  (the bad messages of the fuzz test)
 
 from paratrain.strategies.ps.modes import PSMode  # noqa: E402
 from paratrain.strategies.ps.protocol.wire import PULL, PUSH, Header  # noqa: E402
@@ -73,7 +74,7 @@ def good_path(steps: int) -> dict:
     message = fuzz._message(server, Header(PUSH, samples=8))
     started, n = time.perf_counter(), 20000
     for _ in range(n):
-        server.screen.check(server, 0, message)
+        server.validator.check(server, 0, message)
     return {"seconds_per_step": per_step, "screen_seconds_per_message": (time.perf_counter() - started) / n}
 
 
@@ -95,26 +96,28 @@ def refusing(messages: int, seed: int) -> dict:
         server.workers.add(worker), server.joined.append(worker)
         server._clocks[worker], server.links[worker] = 0, None
         started = time.perf_counter()
-        assert server.receiving.screened(worker, message) is None
+        assert server.receiving.validated(worker, message) is None
         spent += time.perf_counter() - started
         # forgotten again, so that every message meets a shard of one worker and one joiner
         server.workers.discard(worker), server.lost.discard(worker), server.joined.remove(worker)
         server._clocks.pop(worker), server.links.pop(worker)
     per_message = spent / messages
-    return {"messages": messages, "seconds_per_message": per_message, "refused": dict(server.screen.refused)}
+    return {"messages": messages, "seconds_per_message": per_message, "refused": dict(server.validator.refused)}
 
 
 def handshake(joins: int) -> dict:
     from paratrain.session.join_token import new_join_token
-    from paratrain.strategies.ps.joining import Door, _prove
+    from paratrain.strategies.ps.joining import JoinAdmitter, _prove
 
     store = torch.distributed.TCPStore("127.0.0.1", 0, is_master=True, timeout=timedelta(seconds=10))
     token, run = new_join_token(), "bench/"
     joiner = torch.distributed.TCPStore("127.0.0.1", store.port, is_master=False, timeout=timedelta(seconds=10))
-    door = Door(store, 0, threading.Event(), None, 10.0, (token, run))  # each side its own client, as across hosts
+    admitter = JoinAdmitter(
+        store, 0, threading.Event(), None, 10.0, (token, run)
+    )  # each side its own client, as across hosts
     times = []
     for candidate in range(joins):
-        proving = threading.Thread(target=door._proven, args=(candidate,))
+        proving = threading.Thread(target=admitter._proven, args=(candidate,))
         started = time.perf_counter()
         proving.start()
         _prove(joiner, "127.0.0.1", {"shards": 1, "prefix": run}, f"c{candidate}", token, 10.0)

@@ -28,14 +28,14 @@ import time
 from pathlib import Path
 
 import torch
-from processor import cpu_name
+from recorded_table import cpu_name
 
 import paratrain
 from paratrain.data.datasets import DataSpec
 from paratrain.models import build_model
 
 RESULTS = Path(__file__).resolve().parent / "results"
-SYSTEM_MALLOC = {"keep_host_memory": False}
+SYSTEM_MALLOC = {"cpu": paratrain.CpuTuning(keep_host_memory=False)}
 CONTIGUOUS = {"channels_last": False}  # the Trainer's own rule would take channels-last for a conv net
 CASES = {
     "fp32, malloc as it is": {**CONTIGUOUS, **SYSTEM_MALLOC},

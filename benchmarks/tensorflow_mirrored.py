@@ -64,7 +64,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from processor import cpu_name
+from recorded_table import cpu_name
 from tensorflow_side import LR, MODELS, MOMENTUM, REPLICAS, minor_faults, steady
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -113,7 +113,7 @@ def _fit(name: str, data: str, epochs: int, precision: str, onednn_layers: bool 
     model = plain_cnn() if name == "plain_cnn" else build_model(name, data_spec)
     optimizer = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
     trainer = paratrain.Trainer(  # its own layout rule
-        model, "cross_entropy", optimizer, precision=precision, onednn_layers=onednn_layers
+        model, "cross_entropy", optimizer, precision=precision, cpu=paratrain.CpuTuning(onednn_layers=onednn_layers)
     )
     batch = spec["batch"] * REPLICAS // strategy.num_replicas
     faults = page_faults(paratrain.Callback)
@@ -253,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
         action="store_const",
         const=False,
         default=None,
-        help="paratrain's side with PyTorch's own CPU kernels (Trainer(onednn_layers=False)), not its default",
+        help="paratrain's side with PyTorch's own CPU kernels (CpuTuning(onednn_layers=False)), not its default",
     )
     parser.add_argument("--out", default=str(ROOT / "benchmarks/results/tensorflow_mirrored.json"))
     args = parser.parse_args(argv)

@@ -21,6 +21,7 @@ _PUBLIC = {
     "Checkpoint": "paratrain.train.checkpoint",
     "ConfigError": "paratrain.errors",
     "Constant": "paratrain.train.schedules",
+    "CpuTuning": "paratrain.train.cpu_tuning",
     "DiLoCoStrategy": "paratrain.strategies.averaging.strategy",
     "DivergedError": "paratrain.errors",
     "EarlyStopping": "paratrain.train.callbacks",

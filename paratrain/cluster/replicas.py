@@ -3,16 +3,16 @@
 A run of ``allreduce-ft``, ``pipeline-ft``, ``fsdp-ft``, ``local-sgd-ft`` or ``diloco-ft``
 (or ``--strategy S --fault-tolerant``) runs one torchrun job per replica, each on a host of
 its own (``--procs-per-host``: a pipeline replica's stages, a sharded replica's shards),
-with ``REPLICA_GROUP_ID`` set: the multi-machine recipe of docs/reliability.md. The runner
+with ``REPLICA_GROUP_ID`` set: the multi-machine recipe of docs/fault_tolerance.md. The runner
 is the cluster's head node: the Lighthouse, the store where the first replicas wait for
 each other, and each one-process replica's group store listen on the hosts' bridge
 (``198.18.<c>.254``), out of every host's CPU share.
 
-The last ``--spares`` hosts stand by, each running a standby job: the run's command, which
+The last ``--spares`` hosts stand by, each running a warm spare: the run's command, which
 imports and loads what the run needs and waits to be told which replica it replaces
-(session/standby.py; ``--cold-spares``: nothing runs there until a replica is lost). When a
+(session/warm_spare.py; ``--cold-spares``: nothing runs there until a replica is lost). When a
 replica's host dies (``--fail hostI``) or its job fails (a process of it killed), the
-replica goes on on an idle spare, as a scheduler would place it (its standby takes the
+replica goes on on an idle spare, as a scheduler would place it (its warm spare takes the
 replica's place, or a new job starts there), and takes the live state from a peer at its
 next quorum while the survivors go on: its start-up (torchrun, an import of torch) takes
 the spare's CPU, not theirs. A host whose job failed but which lives stands by again, behind the spares; a host
@@ -33,7 +33,7 @@ from typing import Any
 from paratrain.cluster.hosts import EmulatedCluster, Host, threads_per_process
 from paratrain.errors import ConfigError
 from paratrain.session.incarnation import INCARNATION_ENV
-from paratrain.session.standby import STANDBY_ENV
+from paratrain.session.warm_spare import WARM_SPARE_ENV
 from paratrain.strategies.fault_tolerant.config import FTConfig
 
 
@@ -135,16 +135,16 @@ class HeadNode:
             INCARNATION_ENV: str(incarnation),
         }
 
-    def standby_env(self, host: Host, key: str) -> dict[str, str]:
-        """A standby's variables on ``host``: it waits for ``key`` in the head's store."""
+    def warm_spare_env(self, host: Host, key: str) -> dict[str, str]:
+        """A warm spare's variables on ``host``: it waits for ``key`` in the head's store."""
         return {
             **self.env,
             "PARATRAIN_REPLICA_HOST": host.address,
-            STANDBY_ENV: f"{self.address}:{self.first.port}/{key}",
+            WARM_SPARE_ENV: f"{self.address}:{self.first.port}/{key}",
         }
 
     def assign(self, key: str, variables: dict[str, str]) -> None:
-        """The standby waiting for ``key`` becomes the replica of ``variables``."""
+        """The warm spare waiting for ``key`` becomes the replica of ``variables``."""
         self.first.set(key, json.dumps(variables))
 
     def close(self) -> None:
@@ -173,8 +173,8 @@ def replica_job(cluster: EmulatedCluster, host: Host, procs: int, command: list[
 
 
 class Replicas:
-    """The replicas' jobs, each on its host, and the idle spare hosts, each with a standby
-    job (a warm spare: session/standby.py) once a replica is lost and replaced."""
+    """The replicas' jobs, each on its host, and the idle spare hosts, each with a warm
+    spare (session/warm_spare.py) once a replica is lost and replaced."""
 
     def __init__(self, cluster: EmulatedCluster, replicas: int, head: HeadNode, launch: Any, warm: bool = True):
         self.cluster = cluster
@@ -182,59 +182,60 @@ class Replicas:
         self.launch = launch
         self.warm = warm
         self.jobs: dict[int, tuple[Host, subprocess.Popen]] = {}  # slot -> its host and job
-        self.standbys: dict[int, tuple[str, subprocess.Popen]] = {}  # host -> its standby's key and job
+        self.warm_spares: dict[int, tuple[str, subprocess.Popen]] = {}  # host -> its warm spare's key and job
         self.idle = list(cluster.hosts[replicas:])
         self.dead: set[int] = set()  # hosts that died: never used again
         self.finished: set[int] = set()
         self.incarnations = [1] * replicas  # each slot's next
-        self.standing = 0  # standby jobs started
+        self.spares_started = 0  # warm spares started
         for slot, host in enumerate(cluster.hosts[:replicas]):
             self.jobs[slot] = (host, launch(host, head.replica_env(slot, host, 0), f"replica{slot}"))
-        self._stand_by()
+        self._start_warm_spares()
 
     def host_died(self, index: int) -> None:
         self.dead.add(index)
 
     def stop(self) -> None:
-        """Every job and standby ends (a host's every process: SIGKILL)."""
-        for host, job in [*self.jobs.values(), *((self.cluster.hosts[i], j) for i, (_, j) in self.standbys.items())]:
+        """Every job and warm spare ends (a host's every process: SIGKILL)."""
+        for host, job in [*self.jobs.values(), *((self.cluster.hosts[i], j) for i, (_, j) in self.warm_spares.items())]:
             self.cluster.kill(host)
             job.wait()
 
-    def _stand_by(self) -> None:
-        """A standby job on every idle live host without one (none once a replica has
+    def _start_warm_spares(self) -> None:
+        """A warm spare on every idle live host without one (none once a replica has
         finished: nobody would be left to take the state from; none with cold spares)."""
         for host in self.idle if self.warm else []:
-            if self.finished or host.index in self.standbys or host.index in self.dead:
+            if self.finished or host.index in self.warm_spares or host.index in self.dead:
                 continue
-            key = f"standby-{self.standing}"
-            self.standing += 1
-            self.standbys[host.index] = (key, self.launch(host, self.head.standby_env(host, key), f"standby{key[8:]}"))
+            key = f"spare-{self.spares_started}"
+            job = self.launch(host, self.head.warm_spare_env(host, key), f"spare{self.spares_started}")
+            self.warm_spares[host.index] = (key, job)
+            self.spares_started += 1
 
     def _replace(self, slot: int, host: Host, why: str) -> str:
-        """Replica ``slot``, lost from ``host``, on an idle spare (one with a standby first);
+        """Replica ``slot``, lost from ``host``, on an idle spare (one with a warm spare first);
         the line that says where."""
         live = [h for h in self.idle if h.index not in self.dead] if not self.finished else []
-        spare = next((h for h in live if h.index in self.standbys), live[0] if live else None)
+        spare = next((h for h in live if h.index in self.warm_spares), live[0] if live else None)
         if spare is None:
             return f"replica {slot} on {host.name} lost ({why}); no spare host takes it"
         self.idle.remove(spare)
         incarnation, self.incarnations[slot] = self.incarnations[slot], self.incarnations[slot] + 1
         variables = self.head.replica_env(slot, spare, incarnation)
-        if spare.index in self.standbys:
-            key, job = self.standbys.pop(spare.index)
+        if spare.index in self.warm_spares:
+            key, job = self.warm_spares.pop(spare.index)
             self.head.assign(key, variables)
             self.jobs[slot] = (spare, job)
-            return f"replica {slot} on {host.name} lost ({why}); the standby on {spare.name} takes its place"
+            return f"replica {slot} on {host.name} lost ({why}); the warm spare on {spare.name} takes its place"
         self.jobs[slot] = (spare, self.launch(spare, variables, f"replica{slot}.{incarnation}"))
         return f"replica {slot} on {host.name} lost ({why}); its replacement starts on {spare.name}"
 
     def check(self, lost: list[str]) -> int | None:
         """Reap the jobs that ended and replace lost replicas; the run's exit code once it is
         over (None while it runs). ``lost`` gets a line for each replica lost."""
-        for index, (_, job) in list(self.standbys.items()):
+        for index, (_, job) in list(self.warm_spares.items()):
             if job.poll() is not None:  # killed, or failed: its host, if it lives, gets another
-                del self.standbys[index]
+                del self.warm_spares[index]
         for slot, (host, job) in list(self.jobs.items()):
             code = job.poll()
             if code is None:
@@ -248,7 +249,7 @@ class Replicas:
                 return code
             else:
                 lost.append(self._replace(slot, host, "killed" if code < 0 else f"exit {code}"))
-        self._stand_by()
+        self._start_warm_spares()
         if self.jobs:
             return None
         return 0 if self.finished else 1
@@ -267,7 +268,7 @@ def run_replicas(
 ) -> int:
     """The fault-tolerant run on ``cluster``; ``watch(processes, host_died, tick)`` is the
     runner's loop (faults, CPU use, Ctrl-C: run.Watch), ``relay`` streams a job's output;
-    ``warm``: a standby on each idle spare host."""
+    ``warm``: a warm spare on each idle spare host."""
     head = HeadNode(cluster.head_address, command, replicas, procs)
     readers: list[threading.Thread] = []
 

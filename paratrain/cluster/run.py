@@ -103,7 +103,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--cold-spares",
         action="store_true",
-        help="spare hosts run nothing until a replica is lost (default: each runs a standby with torch loaded)",
+        help="spare hosts run nothing until a replica is lost (default: each runs a warm spare with torch loaded)",
     )
     parser.add_argument(
         "--throttle-from",

@@ -15,7 +15,7 @@ tutorial CNN's channels-last CPU step takes 0.84x the time on this machine, 77 m
 benchmarks/results/host_memory.md. The price: the process's resident memory stays at its
 peak instead of shrinking between steps. (A thread other than the main one allocating a
 block larger than its arena's 64 MiB heap still gets a mapping of its own.)
-``--no-keep-host-memory`` (or ``Trainer(keep_host_memory=False)``) leaves malloc as it
+``--no-keep-host-memory`` (or ``CpuTuning(keep_host_memory=False)``) leaves malloc as it
 is; so do other C libraries (musl, macOS), where this does nothing.
 """
 

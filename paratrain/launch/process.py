@@ -108,7 +108,7 @@ def run_entry(fn: Callable[..., Any], *args: Any) -> Any:
     die_with_parent()
     # Denormal numbers flushed to zero from the start, as TensorFlow's processes do: threads
     # inherit the setting from the one that starts them, so the compute threads this process
-    # starts later have it too (the Trainer's flush_denormal sets it for its own thread).
+    # starts later have it too (the Trainer's CpuTuning.flush_denormal sets it for its own thread).
     import torch  # here: the launcher itself never needs it
 
     torch.set_flush_denormal(True)

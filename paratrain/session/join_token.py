@@ -4,10 +4,10 @@ running ps-async or ps-backup run lets it in (``--join``).
 A local launch makes one per run (``PARATRAIN_JOIN_TOKEN`` in its processes' environment,
 never in the store); a run under torchrun, or one whose scheduler injects a secret, takes
 it from ``--join-token-file`` or that variable, the same on every process. The chief
-prints it with the join line and saves it in a file only its owner can read. Each shard's
-door asks a joiner a fresh random challenge; the joiner answers with the HMAC-SHA256 of the
+prints it with the join line and saves it in a file only its owner can read. Each shard
+asks a joiner a fresh random challenge; the joiner answers with the HMAC-SHA256 of the
 challenge under the token, bound to the run, its worker number and the shard, so that the
-token itself never crosses the network and an answer is good for that one door once.
+token itself never crosses the network and an answer is good for that one shard once.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from paratrain.errors import ConfigError
 
 JOIN_TOKEN_ENV = "PARATRAIN_JOIN_TOKEN"
 HANDSHAKE_S = 10.0
-"""How long a door waits for a joiner's answer to its challenge: the answer is one store
+"""How long a shard waits for a joiner's answer to its challenge: the answer is one store
 round trip away, so a joiner that has not answered by then holds no later joiner up."""
 
 
@@ -50,7 +50,7 @@ def challenge() -> str:
 
 
 def proof(token: str, run: str, who: int | str, shard: int, asked: str) -> str:
-    """The answer to challenge ``asked`` of ``shard``'s door in run ``run`` for joiner ``who``."""
+    """The answer to challenge ``asked`` of ``shard`` in run ``run`` for joiner ``who``."""
     message = f"paratrain-join|{run}|{who}|{shard}|{asked}".encode()
     return hmac.new(token.encode(), message, hashlib.sha256).hexdigest()
 

@@ -25,7 +25,7 @@ has one already (another library's) is left alone. Each call checks that it runs
 CPU in float32 outside autocast and ``torch.compile``, with plain parameters (no DTensor:
 tensor parallelism shards them), and otherwise computes as its class does. A backward pass
 that builds its own graph (``create_graph=True``) runs on differentiable operations.
-``Trainer(onednn_layers=False)`` or ``--no-onednn-layers`` keeps PyTorch's kernels;
+``CpuTuning(onednn_layers=False)`` or ``--no-onednn-layers`` keeps PyTorch's kernels;
 ``True`` sends linear layers through oneDNN on any processor.
 """
 

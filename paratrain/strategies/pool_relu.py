@@ -15,8 +15,8 @@ model uses elsewhere keeps its setting).
 
 Only ``nn.Sequential`` containers are rewritten (their order is their computation), and
 only pairs without hooks (a hook sees what its module computes, which would change).
-TensorFlow's graph optimizer makes rewrites of this kind on its own graphs; ``Trainer(
-pool_before_relu=False)`` or ``--no-pool-before-relu`` keeps the model as written.
+TensorFlow's graph optimizer makes rewrites of this kind on its own graphs;
+``CpuTuning(pool_before_relu=False)`` or ``--no-pool-before-relu`` keeps the model as written.
 """
 
 from __future__ import annotations

@@ -21,9 +21,10 @@ from paratrain.data.sharding import as_source, is_map_style
 from paratrain.launch.threads import leave_cores
 from paratrain.models import build_model
 from paratrain.registry import OPTIMIZERS, SCHEDULES, STRATEGIES, is_reference, load_reference
-from paratrain.session.standby import take_assignment
+from paratrain.session.warm_spare import take_replica_if_warm_spare
 from paratrain.train.callbacks import Callback, EarlyStopping, LearningRateScheduler, TokenLog, perplexity
 from paratrain.train.checkpoint import Checkpoint
+from paratrain.train.cpu_tuning import CpuTuning
 from paratrain.train.faults import fault_callbacks, lost_ranks, restart_count
 from paratrain.train.metrics import metrics_document, write_json_atomic
 from paratrain.train.observe import ExamplesApplied, TensorBoardLogger, TimelineSpans
@@ -35,9 +36,9 @@ from paratrain.usercode import first_example
 def run(config: TrainConfig) -> dict[str, Any]:
     # Before any computation, so that the compute threads started later inherit it.
     torch.set_flush_denormal(config.flush_denormal)
-    # A warm spare (session/standby.py) loads what the run imports, then becomes a replica's
+    # A warm spare (session/warm_spare.py) loads what the run imports, then becomes a replica's
     # replacement here.
-    take_assignment(lambda: _warm_up(config))
+    take_replica_if_warm_spare(lambda: _warm_up(config))
     started = time.perf_counter()
     strategy = STRATEGIES.get(config.strategy).from_config(config)
     strategy.on_nan = config.on_nan
@@ -119,12 +120,14 @@ def _train(config: TrainConfig, strategy: Any, started: float) -> dict[str, Any]
         clip_grad_norm=config.clip_grad_norm,
         channels_last=config.channels_last,  # None: the Trainer's rule (recipe.prefers_channels_last)
         activation_checkpointing=config.activation_checkpointing,
-        pool_before_relu=config.pool_before_relu,
-        onednn_layers=config.onednn_layers,
         compile=config.compile,
-        keep_host_memory=config.keep_host_memory,
-        flush_denormal=config.flush_denormal,
-        threads=config.threads_per_worker,
+        cpu=CpuTuning(
+            pool_before_relu=config.pool_before_relu,
+            onednn_layers=config.onednn_layers,
+            keep_host_memory=config.keep_host_memory,
+            flush_denormal=config.flush_denormal,
+            threads=config.threads_per_worker,
+        ),
     )
     threads = trainer.cores.threads  # at the start; a share of the machine's cores may move
     steps_per_epoch = _steps_per_epoch(splits.train, config.batch_size * config.accumulate, strategy.num_replicas)

@@ -21,15 +21,13 @@ from paratrain.console import console
 from paratrain.data.batch import num_examples
 from paratrain.data.sharding import ShardedBatches, as_source, is_map_style
 from paratrain.errors import ConfigError, ReplicaLeft
-from paratrain.launch.allocator import keep_freed_memory
-from paratrain.launch.threads import share_cores
 from paratrain.strategies.base import Strategy
 from paratrain.strategies.cpu_layers import describe as describe_onednn_layers
 from paratrain.strategies.recipe import StepRecipe, prefers_channels_last, slow_precision
 from paratrain.strategies.single.strategy import get_strategy
 from paratrain.timeline import span
 from paratrain.train.callbacks import Callback, CallbackList, EpochLog, ProgressBar, StepLog
-from paratrain.train.core_share import FollowCoreShare
+from paratrain.train.cpu_tuning import CpuTuning, FollowCoreShare
 from paratrain.train.faults import progress_beacon
 from paratrain.train.history import History
 from paratrain.train.metrics import EpochSums, StepWindow
@@ -52,38 +50,20 @@ class Trainer:
         clip_grad_norm: float | None = None,
         channels_last: bool | None = None,
         activation_checkpointing: str = "none",
-        pool_before_relu: bool = True,
-        onednn_layers: bool | None = None,
         compile: bool = False,
-        keep_host_memory: bool = True,
-        flush_denormal: bool = True,
-        threads: int | None = None,
+        cpu: CpuTuning | None = None,
     ):
-        """``loss``: a name (``scores.LOSSES``), a callable ``(outputs, targets)``, or None:
-        cross-entropy, or the model's own loss where a batch is a dict alone; ``metrics``:
-        names (``accuracy``, ``top5_accuracy``, ``mae``, ``mse``), callables, or a dict of them
-        (None: ``accuracy``, and none where the examples are dicts scored by the model's own
-        loss, whose output is no one prediction per example).
-        ``precision``, ``accumulate``, ``clip_grad_norm``, ``channels_last`` (None: on for a
-        conv net on the CPU where the strategy takes it, ``recipe.prefers_channels_last``),
-        ``activation_checkpointing``, ``pool_before_relu`` (a ReLU then a max-pooling in an
-        ``nn.Sequential`` pools first: the same step, faster; ``strategies/pool_relu.py``),
-        ``onednn_layers`` (on the CPU, linear layers through oneDNN on x86 processors not
-        Intel's, where MKL runs a slower path, and convolutions' bias gradients apart; None: so
-        on the CPU, True: linear layers through oneDNN on any processor; ``strategies/cpu_layers.py``): how
-        each step computes (``strategies/recipe.py``); ``compile``: ``torch.compile`` the prepared model;
-        ``keep_host_memory``: this process's malloc keeps freed memory for the next step's
-        tensors (``launch/allocator.py``); ``flush_denormal``: this process's CPU arithmetic
-        flushes denormal numbers (below 1.2e-38 in float32) to zero, as TensorFlow's does
-        (``torch.set_flush_denormal``): a gradient that fades through a long recurrence
-        otherwise runs through the processor's slow path for them. ``threads``: this process's
-        compute threads; None: its share of the machine's cores with every paratrain process
-        on it (``$PARATRAIN_THREADS_PER_WORKER`` if set), followed between steps as runs start
-        and end (``launch/host_share.py``)."""
-        self.cores = share_cores(threads)
-        if keep_host_memory:
-            keep_freed_memory()
-        torch.set_flush_denormal(flush_denormal)
+        """Prepare ``model`` and ``optimizer`` for ``strategy`` (None: the current one).
+
+        ``loss``: a name (``scores.LOSSES``), a callable ``(outputs, targets)``, or None:
+        cross-entropy, or the model's own loss where a batch is a dict alone. ``metrics``:
+        names (``accuracy``, ``top5_accuracy``, ``mae``, ``mse``), callables or a dict of them;
+        None: ``accuracy``, or none where the model's own loss scores dict examples. The step
+        options are ``StepRecipe``'s (``strategies/recipe.py``; ``channels_last`` None: on for
+        a conv net on the CPU where the strategy takes it); ``compile``: ``torch.compile`` the
+        prepared model; ``cpu``: how this process uses the CPU (``CpuTuning``; None: defaults)."""
+        cpu = cpu or CpuTuning()
+        self.cores = cpu.apply_to_process()
         self._metrics_by_default = metrics is None
         self.metric_fns = resolve_metrics(("accuracy",) if metrics is None else metrics)
         loss = resolve_loss(loss)
@@ -91,12 +71,13 @@ class Trainer:
             raise ConfigError("Trainer needs an optimizer, e.g. torch.optim.SGD(model.parameters(), lr=0.05)")
         self.strategy = strategy or get_strategy()
         self.strategy.check_step(self.strategy.name, precision, compile)
-        if channels_last is None:
+        if channels_last is None or cpu.onednn_layers is not False:
             self.strategy.setup()  # its device decides
+        if channels_last is None:
             channels_last = prefers_channels_last(model, self.strategy.device) and self.strategy.takes_channels_last
-        onednn = self._onednn_layers(onednn_layers, precision)
+        onednn = cpu.onednn_layers_for(self.strategy.device.type, precision)
         self.recipe = StepRecipe(
-            precision, accumulate, clip_grad_norm, channels_last, activation_checkpointing, pool_before_relu, onednn
+            precision, accumulate, clip_grad_norm, channels_last, activation_checkpointing, cpu.pool_before_relu, onednn
         )
         self.loss_fn = loss
         self.metrics = tuple(self.metric_fns)
@@ -287,20 +268,6 @@ class Trainer:
         strategy.finish(self.model)
         hooks.on_train_end({"history": self.history})
         return self.history
-
-    def _onednn_layers(self, asked: bool | None, precision: str) -> bool | None:
-        """The recipe's ``onednn_layers``: False off the CPU and under autocast, where the
-        layers compute as PyTorch's own (``cpu_layers.py``); asked for there, refused."""
-        if asked is False:
-            return False
-        self.strategy.setup()  # its device decides
-        device = self.strategy.device.type
-        if device == "cpu" and precision == "fp32":
-            return asked
-        if asked:
-            where = f"this run's device is {device}" if device != "cpu" else f"this run's precision is {precision}"
-            raise ConfigError(f"--onednn-layers: oneDNN's kernels serve float32 CPU runs; {where}")
-        return False
 
     def _note(self, line: str) -> None:
         if self.strategy.is_chief:

@@ -59,12 +59,17 @@ def test_the_trainer_keeps_host_memory_unless_told_not_to(monkeypatch):
     import torch
 
     import paratrain
-    from paratrain.train import trainer as trainer_module
+    from paratrain.train import cpu_tuning
 
     calls = []
-    monkeypatch.setattr(trainer_module, "keep_freed_memory", lambda: calls.append(1))
+    monkeypatch.setattr(cpu_tuning, "keep_freed_memory", lambda: calls.append(1))
     model = torch.nn.Linear(4, 2)
     paratrain.Trainer(model, "cross_entropy", torch.optim.SGD(model.parameters(), lr=0.1))
     assert calls == [1]
-    paratrain.Trainer(model, "cross_entropy", torch.optim.SGD(model.parameters(), lr=0.1), keep_host_memory=False)
+    paratrain.Trainer(
+        model,
+        "cross_entropy",
+        torch.optim.SGD(model.parameters(), lr=0.1),
+        cpu=paratrain.CpuTuning(keep_host_memory=False),
+    )
     assert calls == [1]

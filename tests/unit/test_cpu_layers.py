@@ -204,7 +204,7 @@ def _fit(onednn_layers: bool | None, capsys: pytest.CaptureFixture) -> tuple[lis
         torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
         metrics=(),
         strategy=paratrain.SingleDeviceStrategy(device="cpu"),
-        onednn_layers=onednn_layers,
+        cpu=paratrain.CpuTuning(onednn_layers=onednn_layers),
     )
     generator = torch.Generator().manual_seed(1)
     data = TensorDataset(
@@ -239,7 +239,11 @@ def test_asked_for_on_a_gpu_it_is_refused():
     strategy.device = torch.device("cuda")  # as a CUDA run's strategy reports it
     with pytest.raises(ConfigError, match="--onednn-layers: oneDNN's kernels serve float32 CPU runs; this run's dev"):
         paratrain.Trainer(
-            model, "cross_entropy", torch.optim.SGD(model.parameters(), lr=0.1), strategy=strategy, onednn_layers=True
+            model,
+            "cross_entropy",
+            torch.optim.SGD(model.parameters(), lr=0.1),
+            strategy=strategy,
+            cpu=paratrain.CpuTuning(onednn_layers=True),
         )
 
 
@@ -252,7 +256,7 @@ def test_asked_for_under_autocast_it_is_refused_and_by_default_it_stays_off(caps
             torch.optim.SGD(model.parameters(), lr=0.1),
             strategy=paratrain.SingleDeviceStrategy(device="cpu"),
             precision="bf16",
-            onednn_layers=True,
+            cpu=paratrain.CpuTuning(onednn_layers=True),
         )
     trainer = paratrain.Trainer(
         model,
@@ -283,7 +287,7 @@ def test_a_gpt2_from_transformers_trains_through_onednn_as_with_pytorchs_kernels
             torch.optim.AdamW(model.parameters(), lr=1e-3),
             metrics=(),
             strategy=paratrain.SingleDeviceStrategy(device="cpu"),
-            onednn_layers=onednn_layers,
+            cpu=paratrain.CpuTuning(onednn_layers=onednn_layers),
         )
         ids = torch.randint(0, 64, (64, 16), generator=torch.Generator().manual_seed(2)).tolist()
         data = datasets.Dataset.from_dict({"input_ids": ids, "labels": ids})

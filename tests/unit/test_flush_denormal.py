@@ -31,7 +31,7 @@ def restore():
 
 
 def test_denormals_are_flushed_unless_the_trainer_is_told_not_to(restore):
-    _trainer(flush_denormal=False)
+    _trainer(cpu=paratrain.CpuTuning(flush_denormal=False))
     assert (torch.tensor([DENORMAL]) * 1.0).item() != 0.0
     _trainer()
     assert (torch.tensor([DENORMAL]) * 1.0).item() == 0.0

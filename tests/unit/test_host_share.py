@@ -11,6 +11,7 @@ import torch
 
 from paratrain.launch.host_share import CHECK_SECONDS, HostShare, share
 from paratrain.launch.threads import leave_cores, usable_cores
+from paratrain.train.cpu_tuning import CpuTuning
 from paratrain.train.trainer import Trainer
 
 
@@ -140,7 +141,7 @@ def test_a_run_on_the_default_takes_its_share_beside_another_run(cli, tmp_path, 
 
 @pytest.mark.skipif(usable_cores() < 2, reason="a share of one core is one thread: nothing to see")
 def test_the_python_api_takes_the_same_share(tmp_path, sleeper, monkeypatch):
-    """A Trainer of the user's script shares the cores as paratrain train does; threads=N
+    """A Trainer of the user's script shares the cores as paratrain train does; CpuTuning(threads=N)
     keeps N, listed for the others to count."""
     monkeypatch.delenv("PARATRAIN_THREADS_PER_WORKER", raising=False)
     monkeypatch.setenv("PARATRAIN_HOST_REGISTRY", str(tmp_path))
@@ -150,7 +151,7 @@ def test_the_python_api_takes_the_same_share(tmp_path, sleeper, monkeypatch):
     try:
         trainer = Trainer(model, "cross_entropy", torch.optim.SGD(model.parameters(), lr=0.1))
         assert trainer.cores.threads == 1 and torch.get_num_threads() == 1
-        trainer = Trainer(model, "cross_entropy", torch.optim.SGD(model.parameters(), lr=0.1), threads=2)
+        trainer = Trainer(model, "cross_entropy", torch.optim.SGD(model.parameters(), lr=0.1), cpu=CpuTuning(threads=2))
         assert torch.get_num_threads() == 2
         line = json.loads((tmp_path / f"{os.getpid()}.json").read_text())
         assert line["fixed"] and line["threads"] == 2

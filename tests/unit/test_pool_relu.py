@@ -81,7 +81,7 @@ def test_the_trainer_rewrites_unless_told_not_to(enabled):
         torch.optim.SGD(model.parameters(), lr=0.1),
         metrics=(),
         strategy=paratrain.SingleDeviceStrategy(device="cpu"),
-        pool_before_relu=enabled,
+        cpu=paratrain.CpuTuning(pool_before_relu=enabled),
     )
     assert isinstance(trainer.module[1], nn.MaxPool2d if enabled else nn.ReLU)
     data = TensorDataset(torch.randn(64, 3, 16, 16), torch.randint(0, 4, (64,)))

@@ -110,4 +110,4 @@ def test_a_nonfinite_push_is_its_header_alone_and_no_update():
     client.send(Header(PUSH, samples=8, wants_reply=True, nonfinite=True), torch.full_like(pulled, float("nan")))
     assert client.bytes_sent - sent == HEADER_BYTES + TRAILER_BYTES
     assert client.await_reply() and client.versions == [1]
-    assert torch.equal(pulled, before) and server.tally.skipped == 1
+    assert torch.equal(pulled, before) and server.counters.skipped == 1

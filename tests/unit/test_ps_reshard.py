@@ -53,14 +53,16 @@ def test_training_goes_on_from_another_number_of_shards_to_the_bit(kind, saved, 
     before = _servers(kind, saved)
     _train(before, 3, first=0)
     for server in before:
-        server.dealer.next_batch, server.dealer.num_batches = {0: 5 + server.shard}, {0: 14}
+        server.batch_dealer.next_batch, server.batch_dealer.num_batches = {0: 5 + server.shard}, {0: 14}
     states = [server.state_dict() for server in before]
     after = _servers(kind, read)
     for server in after:
         server.load_resharded(states)
     assert torch.equal(_flat(after), _flat(before))
     assert [s.version for s in after] == [3] * read
-    assert after[0].dealer.next_batch == {0: 5} and after[-1].dealer.next_batch == {0: 5 + min(read, saved) - 1}
+    assert after[0].batch_dealer.next_batch == {0: 5} and after[-1].batch_dealer.next_batch == {
+        0: 5 + min(read, saved) - 1
+    }
     for server in after:  # hyper-parameters per group kept (the second group's own lr)
         assert {g["lr"] for g in server.optimizer.param_groups} <= {0.1, 0.01, 0.05}
     _train(after, 3, first=3)

@@ -301,7 +301,12 @@ def test_a_precision_the_cpu_has_no_instructions_for_is_named_at_the_start(monke
         model = build_model("mlp", load_digits().spec)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
         paratrain.Trainer(  # onednn_layers's own line is tested in test_cpu_layers.py
-            model, "cross_entropy", optimizer, strategy=_single(), precision=precision, onednn_layers=False
+            model,
+            "cross_entropy",
+            optimizer,
+            strategy=_single(),
+            precision=precision,
+            cpu=paratrain.CpuTuning(onednn_layers=False),
         )
         return capsys.readouterr().out
 

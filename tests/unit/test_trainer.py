@@ -169,3 +169,17 @@ def test_an_epochs_loss_is_one_exact_sum_however_its_steps_were_reduced():
             sums.add(window.reduce(strategy))
         means.add(EpochSums.from_state(sums.state_dict()).mean())
     assert len(means) == 1
+
+
+@pytest.mark.parametrize(
+    ("options", "named"),
+    [
+        ({"threads": 0}, "threads"),
+        ({"threads": True}, "threads"),
+        ({"flush_denormal": 1}, "flush_denormal"),
+        ({"onednn_layers": "yes"}, "onednn_layers"),
+    ],
+)
+def test_cpu_tuning_refuses_what_it_cannot_apply_naming_the_option(options, named):
+    with pytest.raises(ConfigError, match=f"CpuTuning.{named} must be"):
+        paratrain.CpuTuning(**options)

@@ -25,7 +25,7 @@ from paratrain.timeline import span
 ReplicaGroup = tuple[str, int, int, int]
 
 #: Heartbeats a replica's Manager sends within ``--replica-heartbeat-timeout``: the Lighthouse
-#: drops a replica only after this many in a row went missing (docs/reliability.md).
+#: drops a replica only after this many in a row went missing (docs/fault_tolerance.md).
 HEARTBEATS_PER_TIMEOUT = 5
 
 

@@ -1,6 +1,8 @@
 """The fault-tolerant session a replica trains in: torchft's Manager and each step's quorum
 (membership.py), the run's record (record.py), a watchdog on every wait, leaving on
-SIGTERM, the live state a joiner takes (live.py), and the step loop that does a step again
+SIGTERM, the live state a joiner takes from a peer (torchft's state transfer: the model,
+the optimizer, the loop's position and the session's record; no checkpoint is read), and
+the step loop that does a step again
 until the quorum commits it, or takes it from a peer that committed it without this
 replica.
 
@@ -29,7 +31,6 @@ from paratrain.errors import ReplicaLeft, StateLost, WorkerLost
 from paratrain.session.leaving import LeaveOnSigterm
 from paratrain.session.watchdog import Watchdog
 from paratrain.strategies.accounting import staleness_summary
-from paratrain.strategies.fault_tolerant.live import live_state, load_live_state, position_before_step
 from paratrain.strategies.fault_tolerant.membership import Membership, ReplicaGroup
 from paratrain.strategies.fault_tolerant.options import WIRE_DTYPES, check_compression
 from paratrain.strategies.fault_tolerant.record import RunRecord
@@ -95,7 +96,12 @@ class EveryStep:
     """A quorum before every training step (allreduce-ft, pipeline-ft): the step being started
     is a joiner's first, and the Manager's step is the loop's."""
 
-    live_position = staticmethod(position_before_step)
+    def live_position(self, trainer: FitLoop) -> dict[str, Any]:
+        """The loop's position while it waits in the quorum of the step it started: that step
+        is the joiner's first, so the position is one batch back."""
+        position = trainer.state_dict()
+        position["batch"] = max(trainer.batch - 1, 0)
+        return position
 
     def committed_quorums(self, trainer: FitLoop) -> int:
         return trainer.global_step
@@ -149,7 +155,7 @@ class FaultTolerantSession:
         self.quorum_ready = False
         """A quorum formed for a step not taken yet (begin's, or a heal's: its peers' next step)."""
         self.joined_state: dict[str, Any] | None = None
-        """The loop's position that a peer's live state brought (live.py), until the loop takes it."""
+        """The loop's position that a peer's live state brought (``_load_live_state``), until the loop takes it."""
         self.last_loss = 0.0
         """The last committed step's loss (what a step taken from a peer reports)."""
         self.uncommitted_steps = 0
@@ -157,7 +163,7 @@ class FaultTolerantSession:
         self.step_bytes = 0
         """Bytes of this process's gradient on the all-reduce's wire, per step it takes part in."""
         self.schedule: QuorumSchedule = EveryStep()
-        """When this replica's quorums come, and so what a joiner takes from it (live.py)."""
+        """When this replica's quorums come, and so what a joiner takes from it (``_live_state``)."""
 
     @property
     def manager(self) -> Any:
@@ -207,8 +213,8 @@ class FaultTolerantSession:
                 group=group(host),
                 host=host,
                 on_cpu=replica.device.type == "cpu",
-                state_dict=lambda: live_state(self),
-                load_state_dict=lambda state: load_live_state(self, state),
+                state_dict=self._live_state,
+                load_state_dict=self._load_live_state,
             )
             self.first_store = first_store(replica.timeout)
             wait_for_all_first_replicas(self.first_store, self.incarnation, replica.topology.num_processes)
@@ -257,6 +263,31 @@ class FaultTolerantSession:
         raise ReplicaLeft(
             f"worker {self.replica.process_rank} left the run after step {step} (SIGTERM); the others go on"
         )
+
+    def _live_state(self) -> dict[str, Any]:
+        """Served to a joiner during a quorum, while this replica's loop waits in it, at the
+        position the schedule says."""
+        trainer = self.trainer
+        assert trainer is not None, "a replica serves state only once it trains"
+        return {
+            "model": trainer.module.state_dict(),
+            "optimizer": trainer.optimizer.state_dict(),
+            "trainer": self.schedule.live_position(trainer),
+            "strategy": self.replica.state_dict(),  # its session's record and last loss with it
+        }
+
+    def _load_live_state(self, state: dict[str, Any]) -> None:
+        """A peer's state into this replica; the loop's position waits in ``joined_state``
+        until the loop can take it (``begin``, or the step that healed)."""
+        trainer = self.trainer
+        assert trainer is not None
+        trainer.module.load_state_dict(state["model"])
+        trainer.optimizer.load_state_dict(state["optimizer"])
+        own = state["strategy"]
+        self.replica.skipped_updates = int(own["skipped_updates"])
+        self.load_state_dict(own)
+        self.schedule.take_live_state(own)
+        self.joined_state = state["trainer"]
 
     # ----- the step ----------------------------------------------------------------------
     def step(

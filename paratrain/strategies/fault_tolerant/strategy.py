@@ -26,7 +26,7 @@ are tested for; paratrain adds what they leave to the user (global-batch semanti
 a reduction that never raises out of ``backward()``, safe loading of a peer's state,
 the launcher that replaces only the dead). With ``--checkpoint-dir``, the first replica of
 the quorum also writes checkpoints, from which the replacements resume when every replica
-was lost at once (checkpoint.py). See docs/reliability.md.
+was lost at once (checkpoint.py). See docs/fault_tolerance.md.
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ class ShardHost:
         timeout: float,
         codec_factory: Callable[[], Any],
         tags: int,
-        door_key: tuple[str, str] | None = None,
+        join_key: tuple[str, str] | None = None,
     ):
         self.shard = shard
         self.num_shards = num_shards
@@ -47,8 +47,8 @@ class ShardHost:
         self.store = store
         self.heartbeat_timeout, self.timeout = heartbeat_timeout, timeout
         self.codec_factory, self.tags = codec_factory, tags
-        self.door_key = door_key
-        """(join token, run) where workers may join the running run (joining.py); None: no door."""
+        self.join_key = join_key
+        """(join token, run) where workers may join the running run (joining.py); None: it admits none."""
         self.server: ShardServer | None = None
         self.on_version: Callable[[int], None] = _ignore
         """Called with each version this shard publishes (the Trainer points it at its callbacks)."""
@@ -69,7 +69,7 @@ class ShardHost:
             rule_name=self.mode.strategy_name,
             heartbeat_timeout=self.heartbeat_timeout,
             tolerate_loss=survives_lost_worker(self.mode, self.config),
-            door_key=self.door_key,
+            join_key=self.join_key,
             wait_timeout=self.timeout,
             codec_factory=self.codec_factory,
             tags=self.tags,

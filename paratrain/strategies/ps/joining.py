@@ -4,25 +4,25 @@ A Gloo process group cannot grow, so a joining worker is no rank of the run's. I
 the run in its store (the rendezvous store at HOST:PORT, where the run's workers meet):
 
 1. shard 0 publishes the run under ``RUN_KEY`` (its store prefix and message tags, mode,
-   shards, workers, parameter count, whether its doors are open); the joiner checks its
+   shards, workers, parameter count, whether it admits joiners); the joiner checks its
    own configuration against it, and that it holds a join token (session/join_token.py);
 2. the joiner takes a candidate number (``candidates``) and posts ``candidate/<c>`` with the
    version of the shards' protocol it speaks (wire.py's ``MAGIC``: a Gloo link cannot refuse
    a message longer than the buffer the shard posted for it, Gloo ends the receiving process,
-   so a joiner of another version is refused before any link exists); each shard's door
-   (``Door``, a thread) asks it a fresh challenge (``challenge/c<c>/<shard>``),
-   the joiner answers with its proof under the token (``answer/...``), and the door says
+   so a joiner of another version is refused before any link exists); each shard's
+   ``JoinAdmitter`` (a thread) asks it a fresh challenge (``challenge/c<c>/<shard>``),
+   the joiner answers with its proof under the token (``answer/...``), and the admitter says
    ``ok`` or ``refused`` (``verdict/...``). A refused joiner exits with one line (exit 2);
    nothing of the run waits for it or moves;
-3. proven at every door, the joiner takes the next worker number (``joins``: the first
+3. proven to every shard, the joiner takes the next worker number (``joins``: the first
    joiner of a run of N workers is worker N) and posts ``join/<k>`` naming its candidate;
-   a door admits only a candidate it has seen prove the token. It makes a two-process
+   an admitter admits only a candidate it has seen prove the token. It makes a two-process
    Gloo group with the joiner (links.PairLink); the shard serves it as any other worker,
    and shard 0 tells it where the run stands (``joined/<worker>``: version and epoch);
 4. the joiner's first pull brings the current parameters; shard 0 hands it batches of
    the current epoch as to everyone else. It beats, pushes and says done as the others.
 
-A run that has finished closes its doors (``closed``): a late joiner is told so.
+A run that has finished admits no more joiners (``closed``): a late joiner is told so.
 """
 
 from __future__ import annotations
@@ -43,7 +43,7 @@ from paratrain.strategies.ps.protocol.wire import MAGIC
 
 #: The key, outside any run's prefix, under which shard 0 describes the run joiners join.
 RUN_KEY = "paratrain/ps-run"
-#: Seconds a door waits for a joiner that took a number but has not asked to join, when a
+#: Seconds an admitter waits for a joiner that took a number but has not asked to join, when a
 #: later joiner has: then it serves the later ones.
 SKIP_AFTER_S = 5.0
 
@@ -58,7 +58,7 @@ def describe_run(member: Any, **facts: Any) -> None:
     member.root_store.set(RUN_KEY, json.dumps({"prefix": member.prefix, "tags": member.tags, **facts}))
 
 
-class Door:
+class JoinAdmitter:
     """On each shard: admits the workers that join while the run serves, until ``finished``
     is set. ``admit(worker, link)`` makes the shard serve one and returns where the run
     stands (shard 0 tells the joiner)."""
@@ -79,7 +79,7 @@ class Door:
         self.timeout = timeout
         self.token, self.run = key  # the run's join token (never in the store) and its name in proofs
         self.refused = 0
-        self.thread = threading.Thread(target=self._run, name="ps-door", daemon=True)
+        self.thread = threading.Thread(target=self._run, name="ps-join-admitter", daemon=True)
 
     def start(self) -> None:
         self.thread.start()
@@ -92,7 +92,7 @@ class Door:
 
     def _admit_all(self) -> None:
         candidates, joins = Requests(self.store, "candidates", "candidate"), Requests(self.store, "joins", "join")
-        proven: set[int] = set()  # candidates this door has seen prove the token, not yet admitted
+        proven: set[int] = set()  # candidates this admitter has seen prove the token, not yet admitted
         while not self.finished.wait(0.1):
             candidate = candidates.next()
             if candidate is not None and self._speaks(candidate) and self._proven(candidate["candidate"]):
@@ -230,7 +230,7 @@ REFUSED = "refused: this run needs its join token (it printed it and saved it: d
 def join_run(address: str, facts: dict[str, Any], timeout: float, token: str | None) -> dict[str, Any]:
     """The joiner: find the run at ``address`` (HOST:PORT), check that it runs with the
     ``facts`` this worker has (strategy, shards, codecs), take a worker number, prove the join
-    ``token`` to every shard's door, and make a link with every shard. Returns ``store`` (the
+    ``token`` to every shard, and make a link with every shard. Returns ``store`` (the
     run's prefixed store), ``run`` (what shard 0 published), ``worker``, ``links`` (one per
     shard) and ``position`` (version, epoch)."""
     root, run = read_run(address, timeout)
@@ -272,7 +272,7 @@ def join_run(address: str, facts: dict[str, Any], timeout: float, token: str | N
 
 def _prove(store: Any, address: str, run: dict[str, Any], who: str, token: str, timeout: float) -> None:
     """Answer every shard's challenge with the proof under ``token``; ConfigError (exit 2)
-    where a door refuses it."""
+    where a shard refuses it."""
     wait = timedelta(seconds=timeout)
     try:
         for shard in range(run["shards"]):

@@ -79,7 +79,7 @@ class SyncRule:
         return server.version >= wanted
 
     def clocks(self, server: ServerView) -> dict[int, int]:
-        """Each worker's steps, as the rule counts them (the tally's clock gap)."""
+        """Each worker's steps, as the rule counts them (the shard counters' clock gap)."""
         return server.clocks()
 
     def wanted_after(self, grad: Gradient) -> int:

@@ -33,7 +33,7 @@ def run_statistics(
         "bytes_per_shard": [s["bytes"] for s in shards],
         "shard_cpu_seconds": [s.get("cpu_seconds") for s in shards],
         "max_clock_gap": max(s["max_clock_gap"] for s in shards),
-        # messages the shards refused, by reason (protocol/screen.py)
+        # messages the shards refused, by reason (protocol/validator.py)
         "rejected_messages": dict(sum((Counter(s.get("rejected_messages", {})) for s in shards), Counter())),
         "global_steps": first["version"],
         "examples_processed": first["samples"],

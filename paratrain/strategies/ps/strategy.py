@@ -36,11 +36,10 @@ from paratrain.strategies.base import DEFAULT_TIMEOUT_S, Strategy
 from paratrain.strategies.device import resolve_device
 from paratrain.strategies.ps.batches import run_batches
 from paratrain.strategies.ps.checkpoint import ShardState, WorkerState
-from paratrain.strategies.ps.checks import check_run
 from paratrain.strategies.ps.dense import DenseAllReduce
 from paratrain.strategies.ps.heartbeat import heartbeat
 from paratrain.strategies.ps.host import ShardHost
-from paratrain.strategies.ps.join_door import JoinDoor, output_folder, say_joined
+from paratrain.strategies.ps.join_access import JoinAccess, output_folder, say_joined
 from paratrain.strategies.ps.joining import describe_run, run_options
 from paratrain.strategies.ps.layout import ShardLayout
 from paratrain.strategies.ps.membership import Membership, join_own_run, join_running_run
@@ -50,6 +49,7 @@ from paratrain.strategies.ps.modes import (
     PSConfig,
     PSMode,
     PSTopology,
+    check_run,
     survives_lost_worker,
 )
 from paratrain.strategies.ps.tables.setup import check_model_tables, worker_tables
@@ -126,8 +126,8 @@ class ParameterServerStrategy(Strategy):
         )
         self.join = join  # HOST:PORT of a running run this worker joins (joining.py); None: its own run's
         self.run_options: dict[str, Any] | None = None  # the run's flags, published to the workers that join it
-        self.token_folder: Path | None = None  # where the chief saves the join token (join_door.py)
-        self.door: JoinDoor | None = None  # how workers join this run: its token, open or not
+        self.token_folder: Path | None = None  # where the chief saves the join token (join_access.py)
+        self.join_access: JoinAccess | None = None  # how workers join this run: its token, open or not
         self.name = self.mode.strategy_name
         self.facts = MODES[self.mode]
         self.num_shards, self.backup_workers = num_shards, backup_workers
@@ -200,10 +200,10 @@ class ParameterServerStrategy(Strategy):
     def setup(self) -> None:
         if self._ready:
             return
-        self.door = JoinDoor.of(self.facts.admits_joiners, self.config)
+        self.join_access = JoinAccess.of(self.facts.admits_joiners, self.config)
         if self.join:
             self.membership = join_running_run(
-                self.join, self._joining_facts(), self.num_shards, self.timeout, self.door.token
+                self.join, self._joining_facts(), self.num_shards, self.timeout, self.join_access.token
             )
             self.workers = None  # this process's place is the one the run gave it, not --workers
         else:
@@ -230,7 +230,7 @@ class ParameterServerStrategy(Strategy):
                 timeout=self.timeout,
                 codec_factory=self._fresh_codec,
                 tags=self.membership.tags,
-                door_key=self.door.key(self.membership.prefix),
+                join_key=self.join_access.key(self.membership.prefix),
             )
         else:
             self.worker = PSWorker(
@@ -285,7 +285,7 @@ class ParameterServerStrategy(Strategy):
                     parameters=self.host.server.layout.total,
                     per_update=self._per_update,
                     options=self.run_options,
-                    joiners=self.door.open,
+                    joiners=self.join_access.open,
                 )
             return model, optimizer
         pull_dtype = self.PULL_DTYPES[self.pull_compression]
@@ -313,7 +313,7 @@ class ParameterServerStrategy(Strategy):
             trainer.epoch, trainer.global_step = self.membership.joined_position(self.facts.one_update_per_gradient)
             say_joined(self.rank, self.join, self.membership.joined["position"])
         elif self.is_chief and self.facts.admits_joiners:
-            self.door.announce(self.membership.address, self.token_folder)
+            self.join_access.announce(self.membership.address, self.token_folder)
         if not self.is_chief and survives_lost_worker(self.mode, self.config):
             self._sigterm.install()
 
@@ -403,7 +403,7 @@ class ParameterServerStrategy(Strategy):
         if self._heartbeat is not None:
             self._heartbeat.stop()  # out of the store before it goes
             self._heartbeat = None
-        if self.door is not None:
-            self.door.close()  # the run is over: the file of its join token goes
+        if self.join_access is not None:
+            self.join_access.close()  # the run is over: the file of its join token goes
         self._sigterm.uninstall()
         super().teardown()

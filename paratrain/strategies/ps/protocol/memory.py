@@ -29,7 +29,7 @@ class _Receive:
             raise RuntimeError("Timed out waiting for the message") from None
         if message.numel() * message.element_size() > self.tensor.numel() * self.tensor.element_size():
             # Gloo ends the receiving process then (EnforceNotMet in its I/O thread); the
-            # protocol never sends one (a joiner of another version is refused at the door).
+            # protocol never sends one (a joiner of another version is refused before it joins).
             raise RuntimeError("message larger than the posted buffer")
         self.tensor.view(-1).view(torch.uint8)[: message.numel() * message.element_size()].copy_(
             message.reshape(-1).view(torch.uint8)

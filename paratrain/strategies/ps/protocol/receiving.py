@@ -1,6 +1,6 @@
 """A shard's threads that read its links: one takes the run's own workers' messages from
 any of them in arrival order (``recv(src=None)``), one a joiner over its own link. Every
-message is screened first (screen.py); a refused one is counted and its sender judged, and
+message is validated first (validator.py); a refused one is counted and its sender judged, and
 the shard acts only on the rest (``ShardServer._handle``), at once: no hand-off, so a round
 trip costs one wake-up. Once Gloo cannot post a receive from any worker (a worker died with
 a message announced), each of the run's workers gets a thread of its own too."""
@@ -54,7 +54,7 @@ class Receiving:
                 work = self._post(current)
                 continue
             worker, message = work._source_rank() - server.num_shards, server.messages[current]
-            header = self.screened(worker, message)
+            header = self.validated(worker, message)
             if header is None or header.kind != SHUTDOWN:
                 # the next receive, posted now (one left posted would take a later run's message)
                 current = 1 - current
@@ -102,7 +102,7 @@ class Receiving:
                 link.irecv(blank(message), TAG_MESSAGE + server.tags).wait()
             except RuntimeError:
                 return
-            header = self.screened(worker, message)
+            header = self.validated(worker, message)
             if header is not None and not server._handle(worker, message, header, self.section(worker, header)):
                 if over is not None:
                     over.set()
@@ -110,7 +110,7 @@ class Receiving:
 
     def section(self, worker: int, header: Header) -> torch.Tensor | None:
         """The table section that follows ``header`` from ``worker`` (its length checked by the
-        screen), taken within the heartbeat timeout; None when the header states none."""
+        validator), taken within the heartbeat timeout; None when the header states none."""
         if not header.extra:
             return None
         server = self.server
@@ -122,11 +122,11 @@ class Receiving:
             return torch.empty(0, dtype=torch.uint8)  # cut short: refused as such when read
         return section
 
-    def screened(self, worker: int, message: torch.Tensor) -> Header | None:
-        """``message``'s header, or None for a message the shard refuses (screen.py)."""
+    def validated(self, worker: int, message: torch.Tensor) -> Header | None:
+        """``message``'s header, or None for a message the shard refuses (validator.py)."""
         with self.server.lock:
             try:
-                return self.server.screen.check(self.server, worker, message)
+                return self.server.validator.check(self.server, worker, message)
             except Malformed as refusal:
                 self.refuse(worker, refusal.reason)
                 return None
@@ -135,7 +135,7 @@ class Receiving:
         """Count a refused message (the shard's lock held); drop its sender if it joined, end
         the run if it is one of the run's own workers (a broken rank)."""
         server = self.server
-        fatal = server.screen.refuse(server, worker, reason)
+        fatal = server.validator.refuse(server, worker, reason)
         if fatal is not None:
             server.fatal = fatal
             server.finished.set()

@@ -32,13 +32,13 @@ class Replies:
         clocks = server.rule.clocks(server)
         live = [clocks[w] for w in server.active_workers()]
         if live and worker in clocks:
-            server.tally.max_clock_gap = max(server.tally.max_clock_gap, clocks[worker] - min(live))
+            server.counters.max_clock_gap = max(server.counters.max_clock_gap, clocks[worker] - min(live))
         link = server.links[worker]
         version = reply_header(server.version, batch)
         params = self._pull_payload()
         self.sending.append((worker, link.isend(version, TAG_REPLY_HEADER + server.tags), version))
         self.sending.append((worker, link.isend(params, TAG_REPLY + server.tags), None))
-        server.tally.bytes_sent += version.numel() * 8 + params.numel() * params.element_size()
+        server.counters.bytes_sent += version.numel() * 8 + params.numel() * params.element_size()
 
     def rows(self, worker: int, section: torch.Tensor) -> None:
         """Answer a row request at once, with the rows as they are now (tables/shard.py)."""
@@ -49,7 +49,7 @@ class Replies:
             server.receiving.refuse(worker, refusal.reason)
             return
         self.sending.append((worker, server.links[worker].isend(reply, TAG_ROWS + server.tags), reply))
-        server.tally.bytes_sent += reply.numel()
+        server.counters.bytes_sent += reply.numel()
 
     def _pull_payload(self) -> torch.Tensor:
         server = self.server

@@ -30,16 +30,16 @@ from paratrain.comm.codec_config import make_codec
 from paratrain.comm.packing import PackedGradient
 from paratrain.errors import ConfigError, WorkerLost
 from paratrain.strategies.ps.heartbeat import Watch
-from paratrain.strategies.ps.joining import Door
+from paratrain.strategies.ps.joining import JoinAdmitter
 from paratrain.strategies.ps.layout import ShardLayout
 from paratrain.strategies.ps.policies import AsyncRule, Gradient, SyncRule
-from paratrain.strategies.ps.protocol.dealer import Dealer
+from paratrain.strategies.ps.protocol.batch_dealer import BatchDealer
+from paratrain.strategies.ps.protocol.counters import ShardCounters
 from paratrain.strategies.ps.protocol.links import WorldLink
 from paratrain.strategies.ps.protocol.optimizer import shard_optimizer
 from paratrain.strategies.ps.protocol.receiving import Receiving
 from paratrain.strategies.ps.protocol.replies import Replies
-from paratrain.strategies.ps.protocol.screen import Screen
-from paratrain.strategies.ps.protocol.tally import ShardTally
+from paratrain.strategies.ps.protocol.validator import MessageValidator
 from paratrain.strategies.ps.protocol.wire import (
     DONE,
     HEADER_BYTES,
@@ -69,7 +69,7 @@ class ShardServer:
         heartbeat_timeout: float,
         tolerate_loss: bool,
         wait_timeout: float,
-        door_key: tuple[str, str] | None = None,
+        join_key: tuple[str, str] | None = None,
         codec_factory: Any = None,
         pull_dtype: torch.dtype = torch.float32,
         tags: int = 0,
@@ -87,7 +87,7 @@ class ShardServer:
         self.num_workers = num_workers
         self.rule, self.store = rule, store
         self.tolerate_loss, self.wait_timeout = tolerate_loss, wait_timeout
-        self.door_key = door_key  # (join token, run): workers that prove it may join (joining.py)
+        self.join_key = join_key  # (join token, run): workers that prove it may join (joining.py)
         self.layout = ShardLayout.of(model, num_shards, dense)  # dense=False: workers all-reduce it
         params = [p for p in model.parameters() if p.requires_grad] if self.layout.total else []
         group_of = {id(p): g for g, group in enumerate(optimizer.param_groups) for p in group["params"]}
@@ -101,7 +101,7 @@ class ShardServer:
         self.packer = PackedGradient(fresh(), fresh, self.layout.piece_shapes(shard))
         # Two message buffers: the next receive is posted before this message is handled.
         self.messages = [message_buffer(self.packer.nbytes) for _ in range(2)]
-        self.screen = Screen(self.packer.nbytes)  # what the shard lets in (screen.py)
+        self.validator = MessageValidator(self.packer.nbytes)  # what the shard lets in (validator.py)
         self.receiving = Receiving(self)  # its threads that read the links (receiving.py)
         self.incoming = torch.zeros_like(self.params)
         # Replies may carry the parameters in 16 bits (--pull-compression); cast once per version.
@@ -113,7 +113,7 @@ class ShardServer:
         self._cpu_start = time.process_time()  # serve() starts it again
         self._held: list[Gradient] = []
         self._waiting: list[tuple[int, int, tuple[int, int] | None]] = []  # (worker, wanted, (epoch, batches))
-        self.dealer = Dealer(deals=shard == 0)  # shard 0 hands out each epoch's batches in turn
+        self.batch_dealer = BatchDealer(deals=shard == 0)  # shard 0 hands out each epoch's batches in turn
         self.workers = set(range(num_workers))  # the run's workers, and those that joined it since
         self.joined: list[int] = []
         self.links: dict[int, Any] = {}  # worker -> its link (links.py), made by serve() and admit()
@@ -121,7 +121,7 @@ class ShardServer:
         self.watch = Watch(store, heartbeat_timeout, wait_timeout)  # which workers fell silent
         self.done: set[int] = set()
         self.lost: set[int] = set()
-        self.tally = ShardTally()
+        self.counters = ShardCounters()
         # Under backup workers a round closes without the slowest: its version goes to the
         # store, where a worker looks before pushing a large gradient that would come late.
         backups = num_workers - rule.required if isinstance(rule, SyncRule) else 0
@@ -137,7 +137,7 @@ class ShardServer:
         pieces = optimizer_order(self.layout, self.shard, self.group_of)
         return shard_optimizer(optimizer, pieces, self.params, self.grad, self.group_of)
 
-    # ----- state the rules and the screen read -------------------------------------------
+    # ----- state the rules and the validator read ----------------------------------------
     def active_workers(self) -> set[int]:
         """Workers that may still send gradients."""
         return self.workers - self.done - self.lost
@@ -149,10 +149,10 @@ class ShardServer:
         return any(g.worker == worker for g in self._held)
 
     def epochs_dealt(self) -> dict[int, int]:
-        return self.dealer.num_batches
+        return self.batch_dealer.num_batches
 
     def deals(self) -> bool:
-        return self.dealer.deals
+        return self.batch_dealer.deals
 
     def clocks(self) -> dict[int, int]:
         return self._clocks
@@ -177,8 +177,8 @@ class ShardServer:
         monitor = threading.Thread(target=self._monitor_loop, name="ps-monitor", daemon=True)
         receiver.start()
         monitor.start()
-        if self.door_key is not None:
-            Door(self.store, self.shard, self.finished, self.admit, self.wait_timeout, self.door_key).start()
+        if self.join_key is not None:
+            JoinAdmitter(self.store, self.shard, self.finished, self.admit, self.wait_timeout, self.join_key).start()
         self.finished.wait()
         # The monitor uses the store; it must be out of it before this process may exit.
         monitor.join()
@@ -193,7 +193,7 @@ class ShardServer:
         return stats
 
     def _handle(self, worker: int, message: torch.Tensor, header: Header, section: Any = None) -> bool:
-        """One message from ``worker`` (``header``: its header, screened; ``section``: the
+        """One message from ``worker`` (``header``: its header, validated; ``section``: the
         table section that came with it); False for the chief's word that the run is over."""
         self.watch.heard(worker)
         with self.lock:
@@ -215,7 +215,7 @@ class ShardServer:
                     except Malformed as refusal:
                         self.receiving.refuse(worker, refusal.reason)
                         return True
-                self.tally.late_pushes += header.late
+                self.counters.late_pushes += header.late
                 grad = Gradient(worker, header.version, header.samples, header.lr_scale, finite)
                 self._on_push(grad, rows)
                 if header.wants_reply:
@@ -246,7 +246,7 @@ class ShardServer:
 
     def _on_push(self, grad: Gradient, rows: Any = None) -> None:
         self._clocks[grad.worker] += 1
-        self.tally.samples += grad.samples
+        self.counters.samples += grad.samples
         lr_scale = grad.lr_scale  # before the rule scales it for the dense gradient's staleness
         verdict = self.rule.accept(grad, self)
         if rows is not None and grad.finite:
@@ -255,12 +255,12 @@ class ShardServer:
             elif verdict == "hold":
                 self.tables.hold(rows, grad.samples)
         if verdict == "drop":
-            self.tally.dropped += 1
-            self.tally.dropped_samples += grad.samples
+            self.counters.dropped += 1
+            self.counters.dropped_samples += grad.samples
         elif verdict == "apply" and not grad.finite:
-            self.tally.skipped += 1  # ps-async: nothing applied, no version published
+            self.counters.skipped += 1  # ps-async: nothing applied, no version published
         elif verdict == "apply":
-            self.tally.staleness[self.version - grad.version] += 1
+            self.counters.staleness[self.version - grad.version] += 1
             self.grad.copy_(self.incoming)
             self._apply(grad.lr_scale)
         else:  # hold for this version's average, weighted by samples
@@ -272,16 +272,16 @@ class ShardServer:
         """Publish a version if the held gradients make one; answer the pulls that may go."""
         if self._held and self.rule.ready({g.worker for g in self._held}, self):
             # fewer than a round's gradients: workers were lost (or an epoch's end under backups)
-            self.tally.short_rounds += len(self._held) < self.rule.required
+            self.counters.short_rounds += len(self._held) < self.rule.required
             if all(g.finite for g in self._held):
                 total = sum(g.samples for g in self._held)
                 self.grad.copy_(self.held).div_(total)
-                self.tally.staleness[0] += len(self._held)
+                self.counters.staleness[0] += len(self._held)
                 if self.tables is not None:
                     self.tables.step_held(total, self._held[0].lr_scale)
                 self._apply(self._held[0].lr_scale)
             else:  # the average holds a NaN or Inf: the version comes without an update
-                self.tally.skipped += 1
+                self.counters.skipped += 1
                 if self.tables is not None:
                     self.tables.drop_held()
                 self._apply(self._held[0].lr_scale, skip=True)
@@ -291,7 +291,7 @@ class ShardServer:
         for worker, wanted, batch in self._waiting:
             # A worker that is done gets what there is: nothing more will come for it.
             if worker in self.done or self.rule.may_pull(worker, wanted, self):
-                self.replies.params(worker, self.dealer.deal(batch))
+                self.replies.params(worker, self.batch_dealer.deal(batch))
             else:
                 still_waiting.append((worker, wanted, batch))
         self._waiting = still_waiting
@@ -340,8 +340,8 @@ class ShardServer:
             "params": self.params.clone(),
             "optimizer": self.optimizer.state_dict(),
             "version": self.version,
-            **self.dealer.state_dict(),
-            **self.tally.state_dict(),
+            **self.batch_dealer.state_dict(),
+            **self.counters.state_dict(),
             **({"tables": self.tables.state_dict()} if self.tables is not None else {}),
         }
 
@@ -353,8 +353,8 @@ class ShardServer:
         self.params.copy_(state["params"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.version = int(state["version"])
-        self.dealer.load_state_dict(state)
-        self.tally.load_state_dict(state)
+        self.batch_dealer.load_state_dict(state)
+        self.counters.load_state_dict(state)
         if self.tables is not None:
             if "tables" not in state:
                 raise ConfigError("the checkpoint was written without --tables: its tables were dense")
@@ -373,7 +373,7 @@ class ShardServer:
 
     def position(self) -> dict[str, int]:
         """Where a resumed run goes on: the version, and the first epoch with batches left."""
-        epoch = self.dealer.first_open_epoch()
+        epoch = self.batch_dealer.first_open_epoch()
         return {"version": self.version, "epoch": epoch}
 
     def statistics(self) -> dict[str, Any]:
@@ -381,8 +381,8 @@ class ShardServer:
             "shard": self.shard,
             "version": self.version,
             "bytes": self.layout.shard_bytes()[self.shard],
-            **self.tally.statistics(),
-            **self.screen.statistics(),
+            **self.counters.statistics(),
+            **self.validator.statistics(),
             "workers_lost": sorted(self.lost),
             "workers_joined": list(self.joined),
             "max_rss": max_rss_bytes(),

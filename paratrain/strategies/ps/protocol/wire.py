@@ -7,7 +7,7 @@ the codec's full payload size), then a trailer (``TRAILER_BYTES``). A run with t
 the shards (tables/) sends a row request (``ROWS``) before its forward pass, and each push
 carries the rows' gradients: both as a *section*, a second message on ``TAG_SECTION`` whose
 length the header states (``extra``), which the shard receives from that worker once the
-header passed its screen (tables/sections.py). One message a step (a
+header passed its validation (tables/sections.py). One message a step (a
 push that also asks for the next parameters) means one wake-up of the shard a step; Gloo
 moves a message only once the receiver has posted its buffer, so fewer messages is most of
 the latency. The rare control messages (pull, done, shutdown) carry no payload; a late

@@ -1,14 +1,14 @@
-"""What a parameter-server shard lets in: every message is screened before anything is
+"""What a parameter-server shard lets in: every message is validated before anything is
 allocated for it or applied, and one that is refused changes nothing but a count.
 
 ``Header.read`` (wire.py) refuses what no sender of this protocol writes (another program
-or version, a field out of its range, a message cut short); ``Screen.check`` then refuses
-what no worker of this run may send now: a sender that is no worker of it, a shutdown from
-anyone but the chief, a table section longer than the shard's rows allow, a push computed
-on a version the shard has not published, a pull for a version beyond any in flight, a
-second request before the reply to the first, a second push to the same synchronous round,
-a batch request outside the run's epochs. A payload
-that does not decode is refused by the shard as it decodes it, into its scratch buffer.
+or version, a field out of its range, a message cut short); ``MessageValidator.check`` then
+refuses what no worker of this run may send now: a sender that is no worker of it, a
+shutdown from anyone but the chief, a table section longer than the shard's rows allow, a
+push computed on a version the shard has not published, a pull for a version beyond any in
+flight, a second request before the reply to the first, a second push to the same
+synchronous round, a batch request outside the run's epochs. A payload that does not decode
+is refused by the shard as it decodes it, into its scratch buffer.
 
 A refusal is counted by its reason (``rejected_messages`` in the metrics) and said once
 per reason. Its sender is then judged: a joiner is dropped (the others go on, as without
@@ -28,7 +28,7 @@ from paratrain.strategies.ps.protocol.wire import PULL, PUSH, ROWS, SHUTDOWN, He
 
 
 class Served(Protocol):
-    """What the screen reads of the shard it guards (server.py)."""
+    """What the validator reads of the shard it guards (server.py)."""
 
     shard: int
     num_shards: int
@@ -44,7 +44,7 @@ class Served(Protocol):
     def section_bound(self, header: Header) -> int: ...
 
 
-class Screen:
+class MessageValidator:
     def __init__(self, payload_bytes: int):
         self.payload_bytes = payload_bytes
         """The bytes of a push's payload (the codec's, for this shard's slice)."""

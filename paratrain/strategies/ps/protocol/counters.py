@@ -13,7 +13,7 @@ CHECKPOINTED = ("dropped", "dropped_samples", "samples", "skipped", "short_round
 
 
 @dataclass
-class ShardTally:
+class ShardCounters:
     staleness: Counter[int] = field(default_factory=Counter)
     """Applied gradients by staleness (versions published since the worker pulled)."""
     dropped: int = 0

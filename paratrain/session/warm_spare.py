@@ -23,11 +23,11 @@ from datetime import timedelta
 from paratrain.errors import ConfigError
 from paratrain.session.incarnation import INCARNATION_ENV
 
-STANDBY_ENV = "PARATRAIN_STANDBY"
+WARM_SPARE_ENV = "PARATRAIN_STANDBY"
 
 
-def assignment(value: str) -> dict[str, str]:
-    """The variables a standby's assignment gives it; a ConfigError naming the form otherwise."""
+def replica_variables(value: str) -> dict[str, str]:
+    """The variables of the replica a warm spare's assignment makes it; a ConfigError naming the form otherwise."""
     try:
         variables = json.loads(value)
     except json.JSONDecodeError:
@@ -38,23 +38,23 @@ def assignment(value: str) -> dict[str, str]:
         or not variables.get("REPLICA_GROUP_ID", "").isdigit()
     ):
         raise ConfigError(
-            "a standby's assignment must be a JSON object of strings with REPLICA_GROUP_ID a replica index, "
+            "a warm spare's assignment must be a JSON object of strings with REPLICA_GROUP_ID a replica index, "
             f"got {value[:200]!r}"
         )
     return variables
 
 
-def take_assignment(warm_up: Callable[[], None] | None = None) -> None:
+def take_replica_if_warm_spare(warm_up: Callable[[], None] | None = None) -> None:
     """Under ``PARATRAIN_STANDBY``, ``warm_up()`` (what the run would load first: its data,
     its model's modules), then wait for this process's replica and become its replacement;
     otherwise nothing."""
-    where = os.environ.pop(STANDBY_ENV, None)
+    where = os.environ.pop(WARM_SPARE_ENV, None)
     if not where:
         return
     address, _, key = where.partition("/")
     host, _, port = address.rpartition(":")
     if not key or not port.isdigit():
-        raise ConfigError(f"{STANDBY_ENV} must be HOST:PORT/KEY, got {where!r}")
+        raise ConfigError(f"{WARM_SPARE_ENV} must be HOST:PORT/KEY, got {where!r}")
     import torch.distributed as dist
 
     from paratrain.strategies.fault_tolerant.replicas import torchft_modules
@@ -62,14 +62,14 @@ def take_assignment(warm_up: Callable[[], None] | None = None) -> None:
     torchft_modules()  # the import a replacement pays before its first quorum, paid now
     if warm_up is not None:
         warm_up()
-    # Waits as long as it stands by; the store's host going away ends the wait with an error.
+    # Waits as long as it is spare; the store's host going away ends the wait with an error.
     store = dist.TCPStore(host, int(port), is_master=False, timeout=timedelta(days=7))
     store.wait([key])
-    variables = assignment(store.get(key).decode())
+    variables = replica_variables(store.get(key).decode())
     os.environ.update(variables)
     incarnation = variables.get(INCARNATION_ENV, "0")
     print(
-        f"paratrain: a standby takes replica {variables['REPLICA_GROUP_ID']}'s place (incarnation {incarnation})",
+        f"paratrain: a warm spare takes replica {variables['REPLICA_GROUP_ID']}'s place (incarnation {incarnation})",
         file=sys.stderr,
         flush=True,
     )

@@ -1,6 +1,6 @@
 """Whether and how workers join a running ps-async or ps-backup run, as the run's own
-processes see it: the join token the shards' doors check (session/join_token.py), whether
-the doors are open (``--no-joiners`` closes them; a run with no token keeps them closed),
+processes see it: the join token the shards check (session/join_token.py), whether the
+shards admit joiners (``--no-joiners``: no; a run with no token admits none either),
 and the chief's word of it: the join line, and the token saved where only its owner reads it."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from paratrain.session.join_token import read_join_token, save_join_token
 
 
 @dataclass
-class JoinDoor:
+class JoinAccess:
     token: str | None
     """The run's join token (a joiner's: the one it proves); None where there is none."""
     open: bool
@@ -25,7 +25,7 @@ class JoinDoor:
     """The file the chief saved the token in (removed when the run is over: ``close``)."""
 
     @classmethod
-    def of(cls, admits_joiners: bool, config: Any) -> JoinDoor:
+    def of(cls, admits_joiners: bool, config: Any) -> JoinAccess:
         """For a run of a mode that ``admits_joiners`` (or not), with ``config`` (PSConfig)."""
         if not admits_joiners:
             return cls(None, False)
@@ -33,7 +33,7 @@ class JoinDoor:
         return cls(token, bool(config.joiners and token), config.join_token_file)
 
     def key(self, run: str) -> tuple[str, str] | None:
-        """What a shard's door checks proofs with in run ``run`` (its store prefix); None: no door."""
+        """What a shard checks joiners' proofs with in run ``run`` (its store prefix); None: it admits none."""
         return (self.token, run) if self.open and self.token else None
 
     def announce(self, address: str, folder: Path | None) -> None:
@@ -43,7 +43,7 @@ class JoinDoor:
             if self.token is None:
                 print(
                     "paratrain: no worker can join this run: it has no join token (give every process "
-                    "--join-token-file FILE or PARATRAIN_JOIN_TOKEN, the same secret, to open its doors)",
+                    "--join-token-file FILE or PARATRAIN_JOIN_TOKEN, the same secret, to let workers join)",
                     flush=True,
                 )
             return
@@ -65,7 +65,7 @@ class JoinDoor:
         )
 
     def close(self) -> None:
-        """The run is over and its doors closed: the token file the chief saved goes."""
+        """The run is over: the token file the chief saved goes."""
         if self.saved is not None:
             self.saved.unlink(missing_ok=True)
             self.saved = None

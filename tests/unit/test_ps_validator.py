@@ -1,6 +1,6 @@
 """A parameter-server shard survives any message: one it refuses changes nothing but a
 count, and the run it serves ends as it would have without it. Driven in one process over
-the protocol's in-memory link (protocol/memory.py), with the production wire and screen."""
+the protocol's in-memory link (protocol/memory.py), with the production wire and validator."""
 
 import math
 import os
@@ -148,8 +148,11 @@ def _train(server, bad_per_step=0, rng=None, send_bad=None):
         for _ in range(bad_per_step):
             send_bad(server, rng, expected)
         deadline = time.monotonic() + 20
-        while sum(server.screen.refused.values()) < expected["refused"] or server.tally.skipped < expected["skipped"]:
-            assert time.monotonic() < deadline, (dict(server.screen.refused), server.tally.skipped, expected)
+        while (
+            sum(server.validator.refused.values()) < expected["refused"]
+            or server.counters.skipped < expected["skipped"]
+        ):
+            assert time.monotonic() < deadline, (dict(server.validator.refused), server.counters.skipped, expected)
             time.sleep(0.01)
         inputs, targets = torch.randn(8, 6, generator=generator), torch.randint(0, 3, (8,), generator=generator)
         reference.zero_grad()
@@ -157,7 +160,7 @@ def _train(server, bad_per_step=0, rng=None, send_bad=None):
         grad = torch.cat([p.grad.reshape(-1) for p in reference.parameters()])
         client.post_reply()
         client.send(Header(PUSH, samples=8, wants_reply=True), grad)
-        assert client.await_reply() and client.versions == [step], (client.versions, dict(server.screen.refused))
+        assert client.await_reply() and client.versions == [step], (client.versions, dict(server.validator.refused))
     client.send(Header(DONE))
     client.drain()
     return pulled.clone(), expected
@@ -171,7 +174,7 @@ def _send_bad(server, rng, expected):
     message, outcome = _bad(rng, server)
     sender, shard_end = MemoryLink.pair(timeout=0.5)
     worker = next(_next_id)
-    stranger = rng.random() < 0.1  # no worker of the run: its messages reach the screen all the same
+    stranger = rng.random() < 0.1  # no worker of the run: its messages reach the validator all the same
     if stranger:
         outcome = "refused"
     # Queued before the shard reads the link: its 0.5 s receive never waits on this thread,
@@ -201,12 +204,12 @@ def test_a_shard_refuses_a_thousand_bad_messages_and_trains_as_without_them():
     before = _resident_bytes()
     fuzzed, expected = _train(server, bad_per_step=BAD_MESSAGES // STEPS, rng=random.Random(seed))
     assert torch.equal(fuzzed, clean)  # the same parameters, bit for bit
-    refused = dict(server.screen.refused)
-    assert sum(refused.values()) == expected["refused"] and server.tally.skipped == expected["skipped"]
+    refused = dict(server.validator.refused)
+    assert sum(refused.values()) == expected["refused"] and server.counters.skipped == expected["skipped"]
     assert server.statistics()["rejected_messages"] == refused and len(refused) >= 8, refused
     assert server.version == STEPS and not server.fatal
     # bounded: nothing kept per refused message but a count, whatever it claimed
-    assert len(server._waiting) == 0 and len(server._held) == 0 and len(server.dealer.num_batches) == 0
+    assert len(server._waiting) == 0 and len(server._held) == 0 and len(server.batch_dealer.num_batches) == 0
     deadline = time.monotonic() + 10  # the last joiners' own threads see them done or dropped
     while not server.active_workers() <= {0}:
         assert time.monotonic() < deadline, server.active_workers()
@@ -234,12 +237,12 @@ def test_a_second_message_for_the_same_round_is_refused_and_its_joiner_dropped(m
     while 1 not in server.lost:
         assert time.monotonic() < deadline
         time.sleep(0.01)
-    assert server.screen.refused == {reason: 1} and server.version == 0 and not server.fatal
+    assert server.validator.refused == {reason: 1} and server.version == 0 and not server.fatal
 
 
 def test_a_rank_of_the_run_that_sends_a_bad_message_ends_the_run_naming_it():
     server = _server(PSMode.ASYNC, workers=2)
-    header = server.receiving.screened(1, _message(server, Header(PUSH, version=7, samples=8)))
+    header = server.receiving.validated(1, _message(server, Header(PUSH, version=7, samples=8)))
     assert header is None and server.finished.is_set()
     assert server.fatal == (
         "ps shard 0: worker 1 (rank 2) sent a message the shard refuses "
@@ -274,9 +277,9 @@ def test_a_payload_that_does_not_decode_is_refused():
     sender.isend(message, TAG_MESSAGE)
     deadline = time.monotonic() + 5
     while 1 not in server.lost:
-        assert time.monotonic() < deadline, dict(server.screen.refused)
+        assert time.monotonic() < deadline, dict(server.validator.refused)
         time.sleep(0.01)
-    assert server.screen.refused == {"a payload that does not decode": 1} and server.version == 0
+    assert server.validator.refused == {"a payload that does not decode": 1} and server.version == 0
 
 
 def test_a_header_of_another_version_or_cut_short_is_malformed():
@@ -316,11 +319,11 @@ def test_a_payload_of_any_length_is_framed():
     message = _message(server, Header(PUSH, samples=8), torch.tensor([1.0, 2.0, 3.0]))
     assert Header.read(message, 6).samples == 8
     server.workers.add(0)
-    assert server.receiving.screened(0, torch.cat([message, torch.zeros(2, dtype=torch.uint8)])) is not None
+    assert server.receiving.validated(0, torch.cat([message, torch.zeros(2, dtype=torch.uint8)])) is not None
 
 
 class _TableShard:
-    """What the screen reads of a shard that holds table rows (a push brings a section)."""
+    """What the validator reads of a shard that holds table rows (a push brings a section)."""
 
     shard = 0
     num_shards = 1
@@ -347,27 +350,27 @@ class _TableShard:
 
 def test_a_table_shard_refuses_a_push_without_its_table_section():
     """A push in time to a shard of tables must bring its rows' section: one that says none
-    is refused at the screen (it crashed the shard where its rows were read)."""
-    from paratrain.strategies.ps.protocol.screen import Screen
+    is refused by the validator (it crashed the shard where its rows were read)."""
+    from paratrain.strategies.ps.protocol.validator import MessageValidator
 
     payload = 16
-    screen, shard = Screen(payload), _TableShard()
+    validator, shard = MessageValidator(payload), _TableShard()
 
     def message(extra):
         return Header(PUSH, version=3, samples=8, extra=extra).write(message_buffer(payload), payload).clone()
 
-    assert screen.check(shard, 0, message(8)).extra == 8
+    assert validator.check(shard, 0, message(8)).extra == 8
     with pytest.raises(Malformed, match="a push without its table section"):
-        screen.check(shard, 0, message(0))
+        validator.check(shard, 0, message(0))
 
 
 def test_an_epochs_first_pull_asks_each_shard_for_the_version_it_last_sent():
     """Under ps-async the shards' versions part (one drops or skips a push another applies):
-    the pull that starts an epoch asks each shard for its own last version, which its screen
+    the pull that starts an epoch asks each shard for its own last version, which its validator
     takes, and not shard 0's, which a shard 60 versions behind refused as beyond any in
     flight (a rank of the run sending it, the run ended)."""
     from paratrain.strategies.ps.layout import ShardLayout
-    from paratrain.strategies.ps.protocol.screen import Screen
+    from paratrain.strategies.ps.protocol.validator import MessageValidator
 
     class Captured:
         def __init__(self):
@@ -392,4 +395,4 @@ def test_an_epochs_first_pull_asks_each_shard_for_the_version_it_last_sent():
         assert (header.version, header.wanted) == (version, version)
         seen = _TableShard()
         seen.version = version
-        assert Screen(packers[shard].nbytes).check(seen, 0, received).wanted == version
+        assert MessageValidator(packers[shard].nbytes).check(seen, 0, received).wanted == version

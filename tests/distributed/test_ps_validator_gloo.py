@@ -1,5 +1,5 @@
 """A parameter-server shard survives a thousand bad messages over a real Gloo link between
-processes, as over the in-process link (tests/unit/test_ps_screen.py, whose generator and
+processes, as over the in-process link (tests/unit/test_ps_validator.py, whose generator and
 worker this uses): a relay process sends each bad message over a two-process Gloo group,
 the shard admits a joiner for it on that link and refuses or skips the message, and the
 run ends with the parameters of the run without them, bit for bit."""
@@ -21,7 +21,7 @@ import torch.distributed as dist
 from paratrain.strategies.ps.modes import PSMode
 from paratrain.strategies.ps.protocol.links import PairLink
 from paratrain.strategies.ps.protocol.wire import DONE, HEADER_BYTES, PULL, Header
-from tests.unit.test_ps_screen import BAD_MESSAGES, STEPS, _bad, _message, _server, _train
+from tests.unit.test_ps_validator import BAD_MESSAGES, STEPS, _bad, _message, _server, _train
 
 pytestmark = pytest.mark.distributed
 
@@ -114,8 +114,8 @@ def test_a_shard_refuses_a_thousand_bad_messages_over_gloo_and_trains_as_without
     assert code == 0 and "relayed" in out, err[-3000:]
     assert sender.next_worker - 1 == BAD_MESSAGES // STEPS * STEPS
     assert torch.equal(fuzzed, clean)  # the same parameters, bit for bit
-    refused = dict(server.screen.refused)
-    assert sum(refused.values()) == expected["refused"] and server.tally.skipped == expected["skipped"]
+    refused = dict(server.validator.refused)
+    assert sum(refused.values()) == expected["refused"] and server.counters.skipped == expected["skipped"]
     assert len(refused) >= 8, refused
     assert server.version == STEPS and not server.fatal
     assert len(server._waiting) == 0 and len(server._held) == 0

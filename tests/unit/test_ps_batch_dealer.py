@@ -1,11 +1,11 @@
 """Shard 0's dealer of each epoch's batches, resumed from a checkpoint."""
 
-from paratrain.strategies.ps.protocol.dealer import Dealer
+from paratrain.strategies.ps.protocol.batch_dealer import BatchDealer
 from paratrain.strategies.ps.protocol.wire import NO_MORE_BATCHES
 
 
 def _saved(next_batch, num_batches):
-    dealer = Dealer(deals=True)
+    dealer = BatchDealer(deals=True)
     dealer.load_state_dict({"next_batch": next_batch, "num_batches": num_batches})
     return dealer
 

@@ -9,7 +9,7 @@ from typing import Any
 from paratrain.strategies.ps.protocol.wire import NO_MORE_BATCHES, NOT_ASSIGNED
 
 
-class Dealer:
+class BatchDealer:
     def __init__(self, deals: bool):
         self.deals = deals  # shard 0 alone keeps count
         self.next_batch: dict[int, int] = {}  # epoch -> the next batch to hand out
