@@ -10,7 +10,7 @@ setting always runs first on a machine whose speed drifts); a row is the median 
 repeats, with their lowest and highest. Steps per second are the run's steps over its
 epochs' training time (the saves made during the epochs included; the end's save and the
 evaluations not), and the run's whole time is the command's. cifar_cnn trains on digits at
-3x32x32 (``benchmarks/digits32.py``) with Adam, as in ``ft_recovery.py``, whose restarts save
+3x32x32 (``cluster_common.digits32``) with Adam, as in ``ft_recovery.py``, whose restarts save
 every 20 steps. Writes benchmarks/results/checkpoint_async.json and .md.
 """
 
@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cluster_common import RESULTS, record  # noqa: E402
-from processor import cpu_name  # noqa: E402
+from recorded_table import cpu_name  # noqa: E402
 
 MODELS = {
     "mlp": ["--model", "mlp"],
@@ -35,7 +35,7 @@ MODELS = {
         "--model",
         "cifar_cnn",
         "--dataset",
-        "benchmarks.digits32:load",
+        "benchmarks.cluster_common:digits32",
         "--optimizer",
         "adam",
         "--lr",

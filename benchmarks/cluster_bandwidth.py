@@ -5,7 +5,7 @@ only latency is queueing), for every codec.
 Each host has a fixed CPU share. For each link, model and codec, one run of `paratrain
 cluster run` records the time per epoch, the time to a test accuracy and the final
 accuracy (benchmarks/cluster_common.py says from when they count). The tutorial CNN runs
-on digits at CIFAR's shape (benchmarks/digits32.py: 1.7M parameters, 6.8 MB a step
+on digits at CIFAR's shape (cluster_common.digits32: 1.7M parameters, 6.8 MB a step
 uncompressed); the LSTM classifier on digits.
 
     sudo .venv/bin/python benchmarks/cluster_bandwidth.py [--links 100mbit,1gbit] [--codecs none,fp16,int8,topk,powersgd]
@@ -23,7 +23,7 @@ from cluster_common import RESULTS, cluster_train, record, seconds_to, shown
 
 # model -> (data set, training settings, target test accuracy)
 MODELS = {
-    "cifar_cnn": ("benchmarks.digits32:load", ["--optimizer", "adam", "--lr", "0.001"], 0.9),
+    "cifar_cnn": ("benchmarks.cluster_common:digits32", ["--optimizer", "adam", "--lr", "0.001"], 0.9),
     "lstm": ("digits", ["--optimizer", "adam", "--lr", "0.01"], 0.8),
 }
 

@@ -1,5 +1,6 @@
 """What the emulated-cluster benchmarks share: one `paratrain cluster run` of a training
-job, and the rates and times read from its metrics file.
+job, the rates and times read from its metrics file, and the CIFAR-shaped digits their CNN
+runs learn (``--dataset benchmarks.cluster_common:digits32``).
 
 Rates are taken from the end of the first epoch on: a host at a small CPU share takes
 many seconds to import torch, and the first step of every mode waits for the slowest
@@ -17,6 +18,9 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # its sibling, however this module was imported
+from recorded_table import small_json  # noqa: E402
 
 RESULTS = Path(__file__).resolve().parent / "results"
 SEEDS = 5  # draws of the hosts' quota phases per simulated setting
@@ -125,7 +129,7 @@ def shown(value: float | None) -> str:
 
 def record(out: Path, document: dict, lines: list[str]) -> None:
     """The results as JSON and a Markdown table beside it; the table to stdout."""
-    out.with_suffix(".json").write_text(json.dumps(document, indent=2) + "\n")
+    out.with_suffix(".json").write_text(small_json(document))
     out.with_suffix(".md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
 
@@ -178,3 +182,25 @@ def calibrate(rate_at: Callable[[float], float], target: float, low: float = 1e-
         middle = (low * high) ** 0.5
         low, high = (middle, high) if rate_at(middle) > target else (low, middle)
     return (low * high) ** 0.5
+
+
+def digits32():
+    """scikit-learn's digits at CIFAR-10's shape (3x32x32), for runs that need the tutorial
+    CNN's real compute per example on data that can be learned here (no data set can be
+    downloaded on the benchmark machine): each 8x8 image scaled up bilinearly and repeated
+    over three channels; the built-in digits split.
+
+        paratrain train --model cifar_cnn --dataset benchmarks.cluster_common:digits32
+    """
+    import torch.nn.functional as F  # torch only in the training process that loads it
+    from torch.utils.data import TensorDataset
+
+    from paratrain.data.datasets import load_digits
+
+    def upscaled(part: TensorDataset) -> TensorDataset:
+        images, labels = part.tensors
+        large = F.interpolate(images, size=(32, 32), mode="bilinear", align_corners=False)
+        return TensorDataset(large.expand(-1, 3, -1, -1).contiguous(), labels)
+
+    splits = load_digits()
+    return upscaled(splits.train), upscaled(splits.test)

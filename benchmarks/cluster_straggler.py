@@ -3,7 +3,7 @@
 Host 0 holds the parameter-server shard; hosts 1..4 the four workers, each with the same
 CPU share except the last, which has half of it: a machine that computes at half speed,
 not a sleeping process that hands its core to the others. The model is the tutorial CNN
-on digits at CIFAR's shape (benchmarks/digits32.py), so that a step is mostly compute, as
+on digits at CIFAR's shape (cluster_common.digits32), so that a step is mostly compute, as
 in the paper's Inception runs, and the optimizer is Adam (lr 0.001), with which all three
 modes learn it. Runs `paratrain cluster run`
 (root) for each mode, in interleaved rounds, and records the applied examples/s (the
@@ -76,7 +76,7 @@ def main() -> None:
     parser.add_argument("--ps-cpu", type=float, default=0.5, help="the shard's host's share")
     parser.add_argument("--slow", type=float, default=0.5, help="the slow host's share, relative to the others")
     parser.add_argument("--model", default="cifar_cnn")
-    parser.add_argument("--dataset", default="benchmarks.digits32:load")
+    parser.add_argument("--dataset", default="benchmarks.cluster_common:digits32")
     parser.add_argument("--out", default=str(RESULTS / "cluster_straggler"))
     args = parser.parse_args()
     runs: dict[str, list[dict]] = {mode: [] for mode in MODES}

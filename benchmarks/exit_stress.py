@@ -7,8 +7,7 @@ aborts at exit ("terminate called ...", SIGABRT) after training had finished.
 The per-step fault-tolerant strategies run as their docs say to run them under torchrun:
 a Lighthouse (torchft's), and one torchrun job per replica with its REPLICA_GROUP_ID and
 ``--lighthouse``. Runs go in a seeded random order over the strategies, so a strategy's
-runs meet different loads. Writes benchmarks/results/exit_stress.json and .md, and the
-table between the markers of docs/reliability.md; ``--more`` adds the new runs to the
+runs meet different loads. Writes benchmarks/results/exit_stress.json and .md; ``--more`` adds the new runs to the
 recorded ones (use another seed).
 """
 
@@ -25,12 +24,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from recorded_table import small_json
+
 from paratrain.comm.transport import free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
-DOC = ROOT / "docs" / "reliability.md"
-BEGIN, END = "<!-- exit-stress:begin -->", "<!-- exit-stress:end -->"
 RUN_TIMEOUT_S = 180
 ABORT = re.compile(r"terminate called|Aborted|SIGABRT|Signals\.SIGABRT|exitcode\s*:\s*-6")
 # name -> (flags of the script, processes per torchrun job, torchrun jobs)
@@ -173,14 +172,10 @@ def main() -> None:
         return
     RESULTS.mkdir(parents=True, exist_ok=True)
     record = {"seeds": seeds, "summary": summary, "runs": runs}
-    (RESULTS / "exit_stress.json").write_text(json.dumps(record, indent=1) + "\n")
+    (RESULTS / "exit_stress.json").write_text(small_json(record))
     (RESULTS / "exit_stress.md").write_text(
         f"# Exit stress\n\n`python benchmarks/exit_stress.py --runs N --seed S [--more]`, seeds {seeds}\n\n{text}\n"
     )
-    doc = DOC.read_text()
-    if BEGIN in doc and END in doc:
-        head, rest = doc.split(BEGIN, 1)
-        DOC.write_text(f"{head}{BEGIN}\n{text}\n{END}{rest.split(END, 1)[1]}")
 
 
 if __name__ == "__main__":

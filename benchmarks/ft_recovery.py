@@ -36,39 +36,51 @@ of the day (it drifts by up to 2x between days). `--add` adds the sets to the ro
 in `--out` with the same settings (medians over all their pairs): a row's 5 sets can be run
 on different days, each pair on one.
 
-The mlp trains on digits, cifar_cnn on digits at 3x32x32 (`benchmarks/digits32.py`); writes
+The mlp trains on digits, cifar_cnn on digits at 3x32x32 (`cluster_common.digits32`); writes
 benchmarks/results/ft_recovery.json and .md (and each pair's pace in 10 s windows there).
 """
 
 from __future__ import annotations
 
 import argparse
+import bisect
+import itertools
 import json
+import math
 import os
+import random
 import re
+import signal
 import statistics
 import subprocess
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cluster_common import RESULTS, record  # noqa: E402
-from ft_kills import kill_hosts, kill_repeatedly  # noqa: E402
-from ft_rows import pair, processor_lines, spread_words, throughput_line  # noqa: E402
-from ft_sets import PROBE, check_add, intervals_of, length_words, longer_for, merged, row_of  # noqa: E402
-from loss_cost import longest_pause  # noqa: E402
-from processor import cpu_name  # noqa: E402
+from recorded_table import cpu_name  # noqa: E402
 
 from paratrain.cpu_steal import cpu_times, stolen_share  # noqa: E402
+from paratrain.testing import run_processes  # noqa: E402
 
 MODELS = {
     # model flags, epochs, kill step, checkpoint every (the restart's baseline)
     "mlp": (["--model", "mlp"], 40, 130, 50),
     "cifar_cnn": (
-        ["--model", "cifar_cnn", "--dataset", "benchmarks.digits32:load", "--optimizer", "adam", "--lr", "0.001"],
+        [
+            "--model",
+            "cifar_cnn",
+            "--dataset",
+            "benchmarks.cluster_common:digits32",
+            "--optimizer",
+            "adam",
+            "--lr",
+            "0.001",
+        ],
         4,
         30,
         20,
@@ -86,6 +98,7 @@ STRATEGIES = {
     "fsdp-ft": ["--strategy", "fsdp-ft", "--workers", "4", "--shards-per-replica", "2", "--batch-size", "16"],
     "fsdp (restart)": ["--strategy", "fsdp", "--workers", "4", "--batch-size", "16"],
 }
+ROOT = Path(__file__).resolve().parents[1]
 STEP = re.compile(r"^(?:\[host\d+\] )?step (\d+),")
 # --cluster: each replica on an emulated host of its own, one spare host (paratrain cluster run)
 CLUSTER_CPU = 0.6
@@ -270,9 +283,6 @@ def throughput_kept(
         }
         for interval in intervals
     ]
-
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def tables(
@@ -472,6 +482,315 @@ def main() -> None:
     record(
         out, {"rows": rows, **document}, tables(rows, args.repeats, *intervals[0], length_words(document), args.cluster)
     )
+
+
+# --- Killing a run from outside while it trains: the choices seeded, the same in every run ---
+
+CGROUPS = Path("/sys/fs/cgroup/cpu")
+
+
+def kill_repeatedly(process: subprocess.Popen, every: float, kills: int) -> None:
+    """Every ``every`` s, ``kills`` times, a random process of the run (a kill due before the
+    launcher has started any waits for the first)."""
+    rng = random.Random(0)
+    for _ in range(kills):
+        time.sleep(every)
+        while not (replicas := run_processes(process.pid)) and process.poll() is None:
+            time.sleep(0.05)
+        if process.poll() is not None:
+            return
+        try:
+            os.kill(rng.choice(replicas), signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def kill_hosts(errors: list[tuple[float, str]], every: float, kills: int) -> None:
+    """Every ``every`` s, ``kills`` times, every process of the host of a random replica: its
+    machine dies, comes back and stands by."""
+    rng = random.Random(0)
+    for _ in range(kills):
+        time.sleep(every)
+        lines = [line for _, line in list(errors)]
+        made = next(
+            (m.group(1) for m in map(re.compile(r"paratrain cluster: cluster (\d+): ").search, lines) if m), None
+        )
+        if made is None:
+            return
+        hosts = sorted(CGROUPS.glob(f"paratrain-{made}-h*"), key=lambda g: int(g.name.rpartition("h")[2]))
+        where = {replica: replica for replica in range(len(hosts) - 1)}  # the last host: the spare
+        for moved in map(re.compile(r"replica (\d+) on host\d+ lost .* on host(\d+)").search, lines):
+            if moved:
+                where[int(moved.group(1))] = int(moved.group(2))
+        try:
+            pids = (hosts[where[rng.choice(sorted(where))]] / "cgroup.procs").read_text().split()
+        except (IndexError, OSError):  # the run is over: its hosts are gone
+            return
+        for pid in pids:
+            try:
+                os.kill(int(pid), signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+# --- What each loss cost a run, read from its own step log ---
+
+#: A launcher's line that says a replica (or, restarting, the run) was lost.
+LOSS = re.compile(r"was lost|restarting the run|paratrain cluster: replica")
+
+
+def loss_costs(steps: list[tuple[float, int]], losses: list[float], window: float = 10.0) -> list[float]:
+    """What each loss cost the run, in seconds, from its own step log (so not from two runs'
+    difference, which this machine's drift between runs blurs by several percent): the time
+    from the loss over the next ``window`` s (less where the next loss or the run's end comes
+    sooner), less the time the steps made meanwhile take at the run's pace of the 5 s before
+    the loss (after the previous loss's first ``window / 2`` s). A restart's redone steps count
+    as lost: progress is the highest step reached."""
+    costs = []
+    at = _progress(steps)
+    for k, lost in enumerate(losses):
+        end = min([lost + window, steps[-1][0], *(t - 0.3 for t in losses[k + 1 :])])
+        start = max(lost - 5.0, steps[0][0], *(t + window / 2 for t in losses[:k]))
+        if end - lost < 2.0 or lost - 0.3 - start < 2.0:  # too close to another loss or the run's ends
+            continue
+        pace = (at(lost - 0.3) - at(start)) / (lost - 0.3 - start)
+        if pace > 0:
+            costs.append((end - lost) - (at(end) - at(lost)) / pace)
+    return costs
+
+
+def longest_pause(after: list[tuple[float, int]], killed: float, until: float) -> float:
+    """The longest time the run logged no step from the kill on, up to its first step
+    ``until`` seconds after the kill (the replacement's first, or the restart's past the
+    kill): a survivor of a periodic strategy steps on alone at once and waits at the next
+    synchronization, and one under per-step quorums may wait again as the replacement
+    takes the live state, which the first step after the kill does not show."""
+    times = [killed, *(t for t, _ in after if t - killed <= until + 1e-9)]
+    return max(b - a for a, b in zip(times, times[1:]))
+
+
+def pace(steps: list[tuple[float, int]], width: float = 10.0) -> list[float]:
+    """The run's steps per second in each ``width`` s from its start (progress: the highest
+    step reached), to see where in a run its time went: around each loss, or spread over it."""
+    if not steps:
+        return []
+    at = _progress(steps)
+    return [(at((k + 1) * width) - at(k * width)) / width for k in range(math.ceil(steps[-1][0] / width))]
+
+
+def _progress(steps: list[tuple[float, int]]) -> Callable[[float], int]:
+    """The highest step a run's log (``(seconds, step)`` lines) had reached by a time: a
+    restart's redone steps are not progress."""
+    times = [t for t, _ in steps]
+    reached = list(itertools.accumulate((s for _, s in steps), max))
+
+    def at(t: float) -> int:
+        index = bisect.bisect_right(times, t)
+        return reached[index - 1] if index else 0
+
+    return at
+
+
+# --- A row of the tables: a pair of runs' numbers, a row's line ---
+
+
+def spread_words(row: dict, key: str) -> str:
+    """A recovery row's median of ``key`` and its range over the runs that measured it."""
+    values = [run[key] for run in row["runs"] if key in run]
+    return f"{row['median'][key]:.2f} ({min(values):.2f}-{max(values):.2f})"
+
+
+def stolen_words(runs: list[dict]) -> str:
+    """A row's median share stolen by a hypervisor in its undisturbed and disturbed runs; ``-``
+    for rows recorded before it was measured (or without /proc/stat)."""
+    shares = [
+        [r["steal"][k] for r in runs if r.get("steal", {}).get(k) is not None] for k in ("undisturbed", "disturbed")
+    ]
+    if not all(shares):
+        return "-"
+    return " / ".join(f"{statistics.median(values):.1%}" for values in shares)
+
+
+def processor_lines(rows: list[dict], every: float) -> list[str]:
+    """Where throughput rows' sets ran (each set's ``processor``, from recorded_table.cpu_name), for the
+    rows whose sets say, and in which order where recorded: a set's two runs share one
+    machine, a row's sets may not (``every``: the file's interval, for a row recorded before
+    rows carried theirs)."""
+    said = []
+    for row in rows:
+        runs = row.get("runs", [row])
+        named = [r["processor"] for r in runs if "processor" in r]
+        if not named:
+            continue
+        counts = ", ".join(f"{name} {named.count(name)}" for name in sorted(set(named)))
+        unnamed = f", {len(runs) - len(named)} not recorded" if len(named) < len(runs) else ""
+        first = [r for r in runs if "disturbed_first" in r]  # kept since --add could start either way
+        order = f", disturbed runs first in {sum(r['disturbed_first'] for r in first)} of {len(first)}" if first else ""
+        said.append(f"{row['model']} {row['strategy']} every {row.get('every', every):g} s: {counts}{unnamed}{order}")
+    if not said:
+        return []
+    return [
+        "",
+        "The sets' processors (model name and PyTorch's CPU capability; sets recorded before it was "
+        "kept: not recorded) and, where recorded, how many ran their disturbed runs first: " + "; ".join(said) + ".",
+    ]
+
+
+def cost_words(runs: list[dict]) -> str:
+    """A row's median cost of a loss, with its runs' range; ``-`` for rows recorded before it was measured."""
+    values = [r["loss_cost"] for r in runs if not math.isnan(r.get("loss_cost", math.nan))]
+    if not values:
+        return "-"
+    spread = f" ({min(values):.2f}-{max(values):.2f})" if len(values) > 1 else ""
+    return f"{statistics.median(values):.2f}{spread}"
+
+
+#: Seconds a window of a pair's recorded pace spans.
+PACE_WIDTH = 10.0
+
+
+def speed_words(runs: list[dict]) -> str:
+    """A row's median steps per second over its undisturbed and its disturbed runs' whole
+    commands, from the pace each pair recorded (its windows' steps add up to the run's);
+    ``-`` for rows recorded before it was."""
+    paced = [r for r in runs if "pace" in r]
+    if not paced:
+        return "-"
+    rates = [
+        statistics.median(sum(r["pace"][k]) * PACE_WIDTH / r[f"{k}_seconds"] for r in paced)
+        for k in ("undisturbed", "disturbed")
+    ]
+    return f"{rates[0]:.2f} / {rates[1]:.2f}"
+
+
+def pair(calm: dict, hit: dict) -> dict:
+    """What a disturbed run kept of the undisturbed one's speed, and what its losses cost."""
+    losses = [t for t, line in hit["errors"] if LOSS.search(line)]
+    costs = loss_costs(hit["steps"], losses)
+    return {
+        "undisturbed_seconds": calm["seconds"],
+        "disturbed_seconds": hit["seconds"],
+        "kept": calm["seconds"] / hit["seconds"],
+        "losses_reported": len(losses),
+        "loss_cost": statistics.median(costs) if costs else float("nan"),
+        "test_accuracy": hit["metrics"]["test_accuracy"],
+        "undisturbed_test_accuracy": calm["metrics"]["test_accuracy"],
+        # the share of the machine's CPU time a hypervisor gave to other machines in each run
+        "steal": {"undisturbed": calm["steal"], "disturbed": hit["steal"]},
+        # steps/s in each 10 s of each run, and the losses' moments: where the time went
+        "pace": {
+            "undisturbed": pace(calm["steps"], PACE_WIDTH),
+            "disturbed": pace(hit["steps"], PACE_WIDTH),
+            "losses_at": losses,
+        },
+    }
+
+
+def throughput_line(kept: dict) -> str:
+    """A throughput row: the medians of its pairs, what they kept and its range."""
+    runs = kept.get("runs", [kept])
+    spread = f" ({min(r['kept'] for r in runs):.0%}-{max(r['kept'] for r in runs):.0%})" if len(runs) > 1 else ""
+    return (
+        f"| {kept['model']} | {kept['strategy']} | {len(runs)} | {kept['undisturbed_seconds']:.1f} "
+        f"| {kept['disturbed_seconds']:.1f} | {kept['kept']:.0%}{spread} | {kept['losses_reported']:g} "
+        f"| {cost_words(runs)} | {kept['test_accuracy']:.3f} ({kept['undisturbed_test_accuracy']:.3f}) "
+        f"| {stolen_words(runs)} | {speed_words(runs)} |"
+    )
+
+
+# --- Throughput rows over sets of runs; runs sized to minutes on the day's speed ---
+
+#: The run that sizes a strategy's runs for ``--minutes``: this many times the model's epochs.
+PROBE = 8
+#: A pair's fields that say how it was run, not what it measured: never a row's median.
+SETTINGS = ("every", "kills", "longer")
+
+
+def intervals_of(parser: argparse.ArgumentParser, every: str, kills: str) -> list[tuple[float, int]]:
+    """``--every 30,10 --kills 9,27`` as (seconds between kills, kills) per interval; one
+    line and exit 2 (``parser.error``) where the counts differ."""
+    seconds, counts = every.split(","), kills.split(",")
+    if len(seconds) != len(counts):
+        parser.error(f"--every {every} and --kills {kills}: give one kill count per interval")
+    return list(zip(map(float, seconds), map(int, counts), strict=True))
+
+
+def longer_for(minutes: float, seconds: float, training_seconds: float) -> int:
+    """How many times the model's epochs make an undisturbed run of ``minutes``, from a run of
+    ``PROBE`` times them that took ``seconds``, ``training_seconds`` of it in the training
+    loop (the rest: starting the processes and the data, evaluation at the end)."""
+    if training_seconds <= 0 or seconds < training_seconds:
+        raise SystemExit(
+            f"--minutes: the sizing run's times make no sense ({seconds:.1f} s, training {training_seconds:.1f} s)"
+        )
+    start = seconds - training_seconds
+    return max(1, round((60 * minutes - start) * PROBE / training_seconds))
+
+
+def row_of(model: str, strategy: str, interval: tuple[float, int], runs: list[dict]) -> dict:
+    """The row of ``runs`` (pairs, each from a set of runs): the medians of their numbers."""
+    numbers = [k for k, v in runs[0].items() if isinstance(v, (int, float)) and k not in SETTINGS]
+    medians = {key: statistics.median(r[key] for r in runs) for key in numbers}
+    return {
+        "kind": "throughput",
+        "model": model,
+        "strategy": strategy,
+        **medians,
+        "every": interval[0],
+        "kills": interval[1],
+        "runs": runs,
+    }
+
+
+def settings(document: dict) -> tuple:
+    """What a record's runs must share with new ones for their rows to stand in one file:
+    the intervals and kills, and the length (minutes, else the epochs' multiple)."""
+    minutes = document.get("minutes")
+    return document.get("every"), document.get("kills"), minutes, None if minutes else document.get("longer", 3)
+
+
+def merged(rows: list[dict], earlier: dict | None, now: dict, add: bool) -> list[dict]:
+    """``rows`` with the rows of ``earlier`` (a record's document) of other models, strategies,
+    kinds or intervals; with ``add``, a throughput row recorded before for the same model,
+    strategy and interval takes in the new row's pairs (its medians made again), else the new
+    row replaces it. A record of other settings (``settings``) is replaced whole, or refused
+    with ``add`` (``check_add`` says so before any run)."""
+    if earlier is None:
+        return rows
+    if settings(earlier) != settings(now):
+        check_add(earlier, now, add)
+        return rows
+
+    single = earlier.get("every") if not isinstance(earlier.get("every"), list) else None
+
+    def key(row: dict) -> tuple:  # a row recorded before rows carried their interval: the file's one
+        return row["kind"], row["model"], row["strategy"], row.get("every", single)
+
+    before = {key(r): r for r in earlier["rows"]}
+    joined = []
+    for row in rows:
+        old = before.pop(key(row), None)
+        if add and old is not None and row["kind"] == "throughput":
+            row = row_of(row["model"], row["strategy"], (row["every"], row["kills"]), old["runs"] + row["runs"])
+        joined.append(row)
+    return list(before.values()) + joined
+
+
+def check_add(earlier: dict | None, now: dict, add: bool) -> None:
+    """``--add`` to a record of other settings (``settings``) stops with a line saying both."""
+    if add and earlier is not None and settings(earlier) != settings(now):
+        raise SystemExit(
+            f"--add: the record's runs had --every {earlier.get('every')} --kills {earlier.get('kills')} "
+            f"and {length_words(earlier)}, these {length_words(now)} with --every {now.get('every')} "
+            f"--kills {now.get('kills')}: add with the same settings"
+        )
+
+
+def length_words(document: dict) -> str:
+    """A record's run length, as its table headings say it."""
+    if document.get("minutes"):
+        return f"about {document['minutes']:g} minutes undisturbed"
+    return f"{document.get('longer', 3)}x the model's epochs"
 
 
 if __name__ == "__main__":

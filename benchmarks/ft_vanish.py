@@ -4,7 +4,7 @@ replica whose host is gone (its process stopped, its connections open, no heartb
     python benchmarks/ft_vanish.py [--runs 20] [--hold 4] [--seed S]
         [--strategies allreduce-ft,pipeline-ft]
 
-Each run is the `paratrain train` of benchmarks/ft_stress.py (3 replicas of the mlp on
+Each run is the `paratrain train` of paratrain/drills/replica_kills.py (3 replicas of the mlp on
 digits for `allreduce-ft`, 2 replicas of 2 stages for `pipeline-ft`; `--timeout 20`,
 `--max-restarts 1`). At a step drawn uniformly over the undisturbed run, one process of a
 replica drawn at random is stopped (SIGSTOP, from outside: the moment lands in a quorum,
@@ -13,8 +13,7 @@ the forward, the all-reduce or between steps alike); `--hold` seconds later it i
 survivors' pause (the longest time without a logged step in the 6 s after the stop: a stop
 after a step's all-reduce is felt at the next step's quorum), whether the run exits 0
 within its limit at the undisturbed accuracy (1 point), and how long after its last step
-it exits. Writes benchmarks/results/ft_vanish.json and .md, and the table between the
-markers of docs/reliability.md.
+it exits. Writes benchmarks/results/ft_vanish.json and .md.
 """
 
 from __future__ import annotations
@@ -31,12 +30,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.ft_stress import DOC, RESULTS, STRATEGIES, Replicas, Run, _step, undisturbed, verdict  # noqa: E402
 from benchmarks.recorded_table import record  # noqa: E402
+from paratrain.drills.replica_kills import STRATEGIES, Replicas, Run, last_step, undisturbed, verdict  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "benchmarks" / "results"
 
 
 def vanished_run(strategy: str, calm: dict, hold: float, rng: random.Random) -> dict:
-    _, num_replicas, per_replica = STRATEGIES[strategy]
+    _, num_replicas, per_replica, _ = STRATEGIES[strategy]
     step = rng.randint(1, max(calm["steps"] - 1, 1))
     limit = 3 * calm["seconds"] + 60
     with tempfile.TemporaryDirectory(prefix="ft-vanish-") as tmp:
@@ -45,10 +47,10 @@ def vanished_run(strategy: str, calm: dict, hold: float, rng: random.Random) -> 
         stop = None
         while run.process.poll() is None and run.now() < limit and stop is None:
             members = replicas.refresh()
-            if _step(run) >= step and len(members) == num_replicas:
+            if last_step(run) >= step and len(members) == num_replicas:
                 slot = rng.randrange(num_replicas)
                 pid = rng.choice(members[slot])
-                stop = {"kind": "vanish", "replica": slot, "at": run.now(), "step": _step(run)}
+                stop = {"kind": "vanish", "replica": slot, "at": run.now(), "step": last_step(run)}
                 os.kill(pid, signal.SIGSTOP)
                 time.sleep(hold)
                 replicas.kill(pid)  # SIGKILL ends a stopped process too
@@ -145,7 +147,7 @@ def main() -> None:
     args = parser.parse_args()
     print(f"ft vanish seed {args.seed}", flush=True)
     summary = {name: vanish(name, args.runs, args.hold, args.seed) for name in args.strategies.split(",")}
-    record(Path(args.out), summary, table(summary), DOC, "ft-vanish", args.out == str(RESULTS / "ft_vanish.json"))
+    record(Path(args.out), summary, table(summary))
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ restarts' checkpoints, the quorums of ``--fault-tolerant``) counts against it.
 
 A set of runs: the plain run, then for each interval between kills (``--every 30,10
 --kills 9,27``) ``X-ft`` and ``X (restart)`` killed from outside every so many seconds (a
-random replica process, the same choices in both: ft_kills.py), every second set in the
+random replica process, the same choices in both: ft_recovery.kill_repeatedly), every second set in the
 reverse order (counted over the record's sets with ``--add``, so that sets added on other
 days alternate too). Kept: the plain run's seconds over a disturbed run's, whole commands,
 the same epochs (sized by ``--minutes`` on the plain run, as ft_recovery.py's ``--minutes``).
@@ -29,10 +29,18 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from cluster_common import RESULTS, record  # noqa: E402
-from ft_recovery import MODELS, STRATEGIES, sized, train  # noqa: E402
-from ft_rows import pair, processor_lines, throughput_line  # noqa: E402
-from ft_sets import intervals_of, row_of  # noqa: E402
-from processor import cpu_name  # noqa: E402
+from ft_recovery import (  # noqa: E402
+    MODELS,
+    STRATEGIES,
+    intervals_of,
+    pair,
+    processor_lines,
+    row_of,
+    sized,
+    throughput_line,
+    train,
+)
+from recorded_table import cpu_name  # noqa: E402
 
 #: What a set of runs must share with the sets recorded before for ``--add``.
 SETTINGS = ("model", "strategy", "every", "kills", "minutes")

@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from processor import cpu_name  # noqa: E402
+from recorded_table import cpu_name  # noqa: E402
 from torch.utils.data import TensorDataset  # noqa: E402
 
 import paratrain  # noqa: E402

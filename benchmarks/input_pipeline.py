@@ -5,14 +5,17 @@ on digits (plain in-memory tensors).
     python benchmarks/input_pipeline.py [--steps 60] [--records 2000]
 
 One process, CPU; the CIFAR data is written in the binary format to a temporary folder
-(random pixels: only the cost of reading and distorting matters here).
+(random pixels: only the cost of reading and distorting matters here). Prints the table and
+writes it to ``--out`` (benchmarks/results/input_pipeline.md).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import tempfile
 import time
+from pathlib import Path
 
 import torch
 
@@ -48,6 +51,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--records", type=int, default=2000, help="CIFAR records per training file (5 files)")
+    parser.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "input_pipeline.md"))
     args = parser.parse_args()
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory() as tmp:
@@ -68,6 +72,7 @@ def main() -> None:
             ),
         ]
         print(f"{'data':48} {'prefetch':>8} {'examples/s':>11} {'wait s':>7} {'wall s':>7}")
+        rows = []
         for label, model, splits, dataset, batch in cases:
             for prefetch in (0, 2):
                 steps = args.steps if model == "cifar_cnn" else args.steps * 20
@@ -76,6 +81,20 @@ def main() -> None:
                     f"{label:48} {prefetch:>8} {result['examples/s']:>11.0f} {result['wait s']:>7.2f} "
                     f"{result['wall s']:>7.2f}"
                 )
+                rows.append(
+                    f"| {label} | {prefetch} | {result['examples/s']:.0f} | {result['wait s']:.2f} | {result['wall s']:.2f} |"
+                )
+    lines = [
+        "# Input pipeline: loader wait with and without the prefetch thread",
+        "",
+        f"`python benchmarks/input_pipeline.py --steps {args.steps} --records {args.records}` "
+        f"(one process, one thread per op, CPU; {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f}).",
+        "",
+        "| data | prefetch | examples/s | wait s | wall s |",
+        "| --- | ---: | ---: | ---: | ---: |",
+        *rows,
+    ]
+    Path(args.out).write_text("\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

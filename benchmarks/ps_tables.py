@@ -13,8 +13,7 @@ Every row is one `paratrain train` of the built-in DLRM on synthetic clicks (2 w
 2. a table larger than a worker: one table of 10 million rows of 64 floats (2.56 GB) on 2
    shards: examples/s and each process's peak resident memory (`max_rss_bytes`).
 
-Writes benchmarks/results/ps_tables.json and .md, and the table between the markers of
-docs/parameter_server.md.
+Writes benchmarks/results/ps_tables.json and .md.
 """
 
 from __future__ import annotations
@@ -32,7 +31,6 @@ sys.path.insert(0, str(ROOT))
 from benchmarks.recorded_table import record  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "ps_tables"
-DOC = ROOT / "docs" / "parameter_server.md"
 COMMON = [
     "--model",
     "dlrm",
@@ -123,9 +121,6 @@ def main() -> None:
         out,
         {"rows": rows, "big_rows": big, "examples": examples, "runs": runs},
         lines,
-        DOC,
-        "ps-tables",
-        not args.quick,
     )
 
 

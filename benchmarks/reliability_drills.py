@@ -5,8 +5,7 @@ Every drill runs a real multi-process run (Gloo on loopback) with a fault inject
 a worker stop answering), or
 damages the checkpoints a run resumes from, and records what happened: the exit code,
 the last line on stderr, the test accuracy, and what was lost. The table lands in
-``benchmarks/results/reliability.md`` (and ``.json``) and between the markers of
-``docs/reliability.md``.
+``benchmarks/results/reliability.md`` (and ``.json``).
 
     python benchmarks/reliability_drills.py            # about 5 minutes on 2 cores
 """
@@ -27,8 +26,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
-DOC = ROOT / "docs" / "reliability.md"
-BEGIN, END = "<!-- drills:begin -->", "<!-- drills:end -->"
 RUN = ["--workers", "2", "--epochs", "10", "--no-progress", "--log-every", "0", "--checkpoint-every", "20"]
 MODES = {
     "allreduce": ["--strategy", "allreduce"],
@@ -247,7 +244,6 @@ def markdown(rows: list[dict]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seed", type=int, default=0, help="seed of the random kill steps")
-    parser.add_argument("--no-doc", action="store_true", help="do not rewrite docs/reliability.md's table")
     args = parser.parse_args()
     rng = random.Random(args.seed)
     with tempfile.TemporaryDirectory() as tmp:
@@ -259,10 +255,6 @@ def main() -> None:
     (RESULTS / "reliability.json").write_text(json.dumps(rows, indent=2) + "\n")
     (RESULTS / "reliability.md").write_text(table)
     print(table)
-    if not args.no_doc and DOC.exists():
-        text = DOC.read_text()
-        start, end = text.index(BEGIN) + len(BEGIN), text.index(END)
-        DOC.write_text(text[:start] + "\n" + table + text[end:])
 
 
 if __name__ == "__main__":

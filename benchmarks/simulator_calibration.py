@@ -15,8 +15,7 @@ given by hand.
    that), with the flags that describe those hosts, against the real runs recorded there
    (benchmarks/results/cluster_validation.json: recorded at an earlier commit, not rerun).
 
-Writes benchmarks/results/simulator_calibration.json and .md, and the table between the
-markers of docs/simulator.md.
+Writes benchmarks/results/simulator_calibration.json and .md.
 """
 
 from __future__ import annotations
@@ -37,7 +36,6 @@ from benchmarks.recorded_table import record  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
-DOC = ROOT / "docs" / "simulator.md"
 SETTINGS = [("allreduce", 2), ("ps-sync", 2), ("ps-async", 2), ("allreduce", 3), ("ps-sync", 1), ("ps-async", 1)]
 ENV = {**os.environ, "PARATRAIN_THREADS_PER_WORKER": "1", "OMP_NUM_THREADS": "1"}
 
@@ -272,8 +270,7 @@ def main() -> None:
         ),
         *host_lines(hosts),
     ]
-    recorded = args.out == str(RESULTS / "simulator_calibration.json")
-    record(Path(args.out), document, lines, DOC, "simulator-calibration", recorded)
+    record(Path(args.out), document, lines)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ ranked on that cluster for real.
 
 For each model, once: ``paratrain simulate --calibrate FILE --model M`` on this machine's
 whole cores (no number given by hand). For each setting (hosts, CPU share, link, one slow
-host or none; the mlp on digits and cifar_cnn on benchmarks.digits32):
+host or none; the mlp on digits and cifar_cnn on cluster_common.digits32):
 
 1. ``paratrain simulate --recommend --hosts N --cpu X --link L [--host I:cpu=Y]
    --calibration FILE --target-accuracy A --epochs E --optimizer O``: every candidate's predicted
@@ -42,7 +42,8 @@ calibration, recorded with the setting: what a user does before asking about a c
 what keeps a setting's prediction and its real runs on the same machine when its speed
 drifts within a session (a whole record takes more than one; --combine then joins them).)
 
-Writes benchmarks/results/simulator_recommend.json and .md after every setting (a run cut
+Writes benchmarks/results/simulator_recommend.json (its small form, recommend_report.recorded_form)
+and .md after every setting (a run cut
 short keeps the settings it finished; ``--only`` runs some again into the same file). The
 settings, the verdicts and the report are recommend_report.py's; this file runs them.
 """
@@ -56,7 +57,18 @@ import time
 from pathlib import Path
 
 from cluster_common import RESULTS, cluster_train, paratrain
-from recommend_report import BATCH, MODELS, SETTINGS, combine, judge, report, seconds_to_recorded, setting_words
+from recommend_report import (
+    BATCH,
+    MODELS,
+    RECORDED_TARGETS,
+    SETTINGS,
+    combine,
+    judge,
+    report,
+    retimed,
+    seconds_to_recorded,
+    setting_words,
+)
 
 from paratrain.cpu_steal import cpu_times, stolen_share
 
@@ -166,7 +178,7 @@ def main() -> None:
         default="start",
         choices=("start", "training"),
         help="when the real runs' hosts begin at their CPU shares (paratrain cluster run --throttle-from; training: "
-        "start-up at the machine's speed, benchmarks/throttle_from.py compares the two)",
+        "start-up at the machine's speed)",
     )
     parser.add_argument("--only", help="comma-separated setting numbers (1-based) to run, into the same file")
     parser.add_argument("--out", default=str(RESULTS / "simulator_recommend"))
@@ -310,10 +322,12 @@ def repredict(recorded: dict, args: argparse.Namespace, out: Path, chosen: set[i
                 entry.pop("calibration", None)
             calibration = own or calibrated(setting[0], document, folder, args.across_hosts)
             prediction = predict(setting, calibration, args, folder)
+            recorded_target = entry.get("target", RECORDED_TARGETS[setting[0]])
             entry["target"] = target_of(setting[0], args)
             runs = {
                 row["candidate"]: [
-                    {**run, "seconds_to_target": seconds_to_recorded(run, entry["target"])} for run in row["passes"]
+                    {**run, "seconds_to_target": retimed(run, recorded_target, entry["target"])}
+                    for run in row["passes"]
                 ]
                 for row in entry["verdict"]["rows"]
             }

@@ -9,8 +9,7 @@ of warm-up, each a forward and a backward wave with a gradient of ones on the la
 outputs. Measured per stage: the step's wall time and the time its layer computed
 (``WavefrontStage.busy_seconds``); the bubble is 1 - busy / wall (mean over stages and
 steps), beside the formula's. One process computing both layers unsplit gives the time a
-step of the whole model takes on one core. Writes benchmarks/results/wavefront.json and .md
-and the table between the markers of docs/pipeline.md.
+step of the whole model takes on one core. Writes benchmarks/results/wavefront.json and .md.
 """
 
 from __future__ import annotations
@@ -34,7 +33,6 @@ from paratrain.parallel.wavefront import WavefrontStage, bubble, split_lstm  # n
 from paratrain.testing import run_distributed  # noqa: E402
 
 RESULTS = ROOT / "benchmarks" / "results" / "wavefront"
-DOC = ROOT / "docs" / "pipeline.md"
 STAGES = 2
 FEATURES = 64
 HIDDEN = 256
@@ -110,7 +108,7 @@ def main() -> None:
         "one_process_s": one,
         "rows": rows,
     }
-    record(out, document, lines, DOC, "wavefront", not args.quick)
+    record(out, document, lines)
 
 
 if __name__ == "__main__":

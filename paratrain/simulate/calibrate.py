@@ -9,7 +9,8 @@ model, and a micro-benchmark of the transport alone misses it (a one-value Gloo 
 are taken from real ``paratrain train`` runs of ``--model`` on ``--dataset`` (``--batch-size``),
 one thread a process, each process on a core of its own, about 400 steps each (at least 2
 epochs), with the prediction's ``--optimizer``, ``--lr``, ``--momentum`` and ``--weight-decay``
-(a model that diverges at the defaults is measured at the rate it trains with); 3 rounds of the three runs back to back,
+(a model that diverges at the defaults is measured at the rate it trains with); ``--calibrate-rounds`` rounds (3)
+of the runs back to back,
 each cost the median over the rounds (a shared machine's speed drifts between runs); the
 steps of the epochs past the first (their ``train_seconds``; an epoch's end apart). The file
 keeps each round's own costs too (``rounds``: a prediction's range, calibration.py) and the
@@ -172,16 +173,15 @@ RING = (["--strategy", "allreduce", "--workers", "2", "--no-shared-memory"], 2, 
 RING3 = (["--strategy", "allreduce", "--workers", "3", "--no-shared-memory"], 3, 3)
 PUSH = (["--strategy", "ps-sync", "--workers", "1"], 1, 2)
 
-#: Rounds of the four measuring runs (single, allreduce with 2 and 3 workers, ps-sync) and the
-#: host's link probe, back to back in each, so that the machine's drift hits all of them alike;
-#: each cost is its median over the rounds. (One probe is not enough: on a 2-core virtual
-#: machine, seven calibrations of the mlp probed once each found a bare all-reduce's CPU at
-#: 301-806 us, and six probes in a row found its time anywhere in 0.2-1.8 ms.)
-ROUNDS = 3
+# Each round (``--calibrate-rounds``, 3 by default) runs the four measuring runs (single,
+# allreduce with 2 and 3 workers, ps-sync) and the host's link probe back to back, so that the
+# machine's drift hits all of them alike; each cost is its median over the rounds. (One probe
+# is not enough on a shared machine: on a 2-core virtual machine, seven calibrations of the mlp
+# probed once each found a bare all-reduce's CPU at 301-806 us.)
 
 
 def _step_costs(args: Any, splits: Any, hosts: list[str]) -> list[tuple[float, ...]]:
-    """For each of ROUNDS rounds: seconds of a step of ``single`` (T1); of a ring step of
+    """For each of ``args.calibrate_rounds`` rounds: seconds of a step of ``single`` (T1); of a ring step of
     ``allreduce`` with 2 workers ((T2 - T1) / 2); the CPU-seconds a step of ``allreduce`` adds
     to T1's on a process, with 2 workers and with 3; of what ``ps-sync`` with 1 worker adds
     (Tp - T1); of an epoch's end in ``single``; the shard's CPU-seconds a push (its update
@@ -191,7 +191,7 @@ def _step_costs(args: Any, splits: Any, hosts: list[str]) -> list[tuple[float, .
     machine: it counts as 0 there."""
     rounds = []
     across = hosts if args.across_hosts else None
-    for _ in range(ROUNDS):
+    for _ in range(args.calibrate_rounds):
         single, single_cpu, end, _ = _step_s(args, splits, *SINGLE)
         ring, ring_cpu, _, _ = _step_s(args, splits, *RING, across)
         _, ring3_cpu, _, _ = _step_s(args, splits, *RING3, [] if across is not None else None)

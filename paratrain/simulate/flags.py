@@ -238,6 +238,14 @@ def add_flags(p: argparse.ArgumentParser) -> None:
         "(paratrain cluster: network namespaces on a bridge, a core each; root) instead of over loopback",
     )
     a(
+        "--calibrate-rounds",
+        type=int,
+        default=3,
+        metavar="N",
+        help="with --calibrate: rounds of the measuring runs, each cost the median over them (default 3: a shared "
+        "machine's speed drifts between runs; 1 on a quiet machine takes a third of the time)",
+    )
+    a(
         "--calibration",
         metavar="FILE.json",
         default=None,
