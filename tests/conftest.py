@@ -54,6 +54,22 @@ _INDEX = int(_WORKER[2:]) if _WORKER[2:].isdigit() else 0
 os.environ.setdefault("PARATRAIN_PORT_RANGE", f"{20000 + 2000 * _INDEX}-{21999 + 2000 * _INDEX}")
 
 
+#: The composition matrix: a case marked ``matrix`` shows for one more strategy or layout
+#: what another case of the suite shows already. The suite runs each parallelism alone and
+#: each pair once; ``PARATRAIN_MATRIX=full`` runs every case (benchmarks/matrix.py records it).
+FULL_MATRIX = os.environ.get("PARATRAIN_MATRIX") == "full"
+
+
+def pytest_collection_modifyitems(config, items):
+    """Leave the ``matrix`` cases to the full matrix (``PARATRAIN_MATRIX=full``)."""
+    if FULL_MATRIX:
+        return
+    matrix = [item for item in items if item.get_closest_marker("matrix") is not None]
+    if matrix:
+        config.hook.pytest_deselected(items=matrix)
+        items[:] = [item for item in items if item.get_closest_marker("matrix") is None]
+
+
 #: Variables that make ``paratrain train`` join a cluster (torchrun's, TF_CONFIG, a
 #: fault-tolerant replica's) instead of starting processes: such a command runs in a process
 #: of its own, as the cluster's other members do.

@@ -305,10 +305,11 @@ def test_ctrl_c_removes_every_host():
 
 
 @needs_hosts
-@pytest.mark.parametrize("spares", ["warm", "cold"])
+# the warm spare's hand-over in one process: tests/unit/test_warm_spare.py
+@pytest.mark.parametrize("spares", [pytest.param("warm", marks=pytest.mark.matrix), "cold"])
 def test_a_fault_tolerant_replica_whose_host_dies_goes_on_on_a_spare_host(tmp_path, spares):
     """allreduce-ft on 2 hosts and a spare: host 1 dies mid-run, and its replica goes on on
-    host 2 (warm: the standby waiting there takes its place; cold: a new job starts there)
+    host 2 (warm: the warm spare waiting there takes its place; cold: a new job starts there)
     and takes the live state, while host 0 goes on. Every step took the whole global batch,
     so the run is single's with it, up to the order of float sums."""
     out = tmp_path / "m.json"
@@ -340,7 +341,7 @@ def test_a_fault_tolerant_replica_whose_host_dies_goes_on_on_a_spare_host(tmp_pa
         timeout=400,
     )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    took = "the standby on host2 takes its place" if spares == "warm" else "its replacement starts on host2"
+    took = "the warm spare on host2 takes its place" if spares == "warm" else "its replacement starts on host2"
     assert f"replica 1 on host1 lost (killed); {took}" in result.stderr
     assert re.search(
         r"\[host2\] paratrain: worker 1 joined the run at step \d+ with a live peer's state", result.stdout
@@ -349,7 +350,7 @@ def test_a_fault_tolerant_replica_whose_host_dies_goes_on_on_a_spare_host(tmp_pa
     kill = int(re.search(r"fail host1 at step (\d+), ", result.stderr).group(1))
     # Under load a replica may miss a quorum and heal at the next, the last one included
     # (every step still takes the whole global batch): both replicas took part in a step
-    # after the kill (a warm standby may take its place in the very next quorum, so that the
+    # after the kill (a warm spare may take its place in the very next quorum, so that the
     # run is one span of 2), and the run reached its last step.
     assert kill >= 10 and spans[-1][1] == 176
     assert any(p == 2 and last > kill for _, last, p in spans), spans

@@ -59,7 +59,10 @@ def test_without_restarts_the_surviving_replica_finishes_alone(cli, tmp_path, re
     assert_same_run(metrics, reference)
 
 
-@pytest.mark.parametrize("asynchronous", [False, True], ids=["saved", "saved in the background"])
+# fsdp's background saves resumed: test_fsdp.py's sharded checkpoints [saved in the background]
+@pytest.mark.parametrize(
+    "asynchronous", [False, pytest.param(True, marks=pytest.mark.matrix)], ids=["saved", "saved in the background"]
+)
 def test_every_replica_lost_at_once_resumes_from_the_last_checkpoint(tmp_path, reference, asynchronous):
     """A power cut: both replicas (all four processes) die after step 50. The shards of the
     first replica of each quorum wrote a checkpoint every 20 steps, each its own part of the

@@ -87,7 +87,11 @@ def test_tf_config_cluster(tmp_path):
 
 @pytest.mark.parametrize(
     ("flags", "tasks", "workers"),
-    [(["--strategy", "allreduce"], 2, 2), (["--strategy", "ps-sync", "--ps-shards", "1"], 3, 2)],
+    [
+        (["--strategy", "allreduce"], 2, 2),
+        # the roles of a PS run's processes from their ranks: test_roles, and under a real SLURM test_real_slurm
+        pytest.param(["--strategy", "ps-sync", "--ps-shards", "1"], 3, 2, marks=pytest.mark.matrix),
+    ],
 )
 def test_the_tasks_of_an_srun_step_form_one_run(tmp_path, flags, tasks, workers):
     """What ``srun -n TASKS paratrain train ...`` gives each task (its variables, set here as

@@ -47,7 +47,10 @@ BATCHES = 1433 // 32  # digits' training batches of an epoch at batch 32, handed
 
 @pytest.mark.parametrize(
     ("mode", "joiner"),
-    [(["ps-async", "--ps-shards", "2"], 2), (["ps-backup", "--backup-workers", "1"], 3)],
+    [
+        (["ps-async", "--ps-shards", "2"], 2),
+        pytest.param(["ps-backup", "--backup-workers", "1"], 3, marks=pytest.mark.matrix),
+    ],
     ids=["async", "backup"],
 )
 def test_a_worker_joins_a_running_run(cli, tmp_path, mode, joiner):

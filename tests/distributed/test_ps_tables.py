@@ -114,10 +114,14 @@ def test_tables_under_adagrad_step_row_wise_and_the_rest_as_in_one_process():
 @pytest.mark.parametrize(
     "args",
     [
-        ["--strategy", "ps-async", "--stale-policy", "scale-lr"],
         ["--strategy", "ps-async", "--staleness-bound", "1", "--optimizer", "adamw", "--lr", "0.01"],
         ["--strategy", "ps-backup", "--backup-workers", "1", "--optimizer", "adagrad", "--lr", "0.1"],
-        ["--strategy", "ps-async", "--dense", "allreduce", "--stale-policy", "drop", "--max-staleness", "2"],
+        # rows' staleness policies in one process: tests/unit/test_table_parts.py; --dense allreduce: above
+        pytest.param(["--strategy", "ps-async", "--stale-policy", "scale-lr"], marks=pytest.mark.matrix),
+        pytest.param(
+            ["--strategy", "ps-async", "--dense", "allreduce", "--stale-policy", "drop", "--max-staleness", "2"],
+            marks=pytest.mark.matrix,
+        ),
     ],
 )
 def test_every_mode_trains_a_recommendation_model_with_its_tables_on_the_shards(cli, tmp_path, args):

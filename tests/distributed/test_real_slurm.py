@@ -50,6 +50,7 @@ def test_the_tasks_of_srun_form_one_run(slurm, tmp_path):
     assert metrics["workers"] == 2 and metrics["global_steps"] == 1433 // 64 and metrics["test_accuracy"] > 0.7
 
 
+@pytest.mark.matrix  # the suite runs the same script over three nodes (below)
 def test_the_batch_script_of_paratrain_slurm_runs_a_parameter_server_to_completed(slurm, tmp_path):
     """3 tasks: 1 shard and 2 workers, the job COMPLETED."""
     out = tmp_path / "m.json"

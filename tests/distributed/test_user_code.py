@@ -1,5 +1,5 @@
 """The user's own code under every strategy: a Dataset paratrain has never seen, a
-regression model with dict inputs, the README's scripts verbatim under torchrun and
+regression model with dict inputs, the README's script verbatim under torchrun,
 ``paratrain.launch``, and ``--model``/``--dataset`` references on the command line."""
 
 import json
@@ -141,14 +141,15 @@ def _readme_python(index):
 @pytest.mark.parametrize(
     "flags, processes",
     [
-        (["--strategy", "single"], 1),
         (["--strategy", "allreduce"], 2),
-        (["--strategy", "ps-sync"], 3),
-        (["--strategy", "ps-backup", "--backup-workers", "1"], 3),
         (["--strategy", "ps-async"], 3),
-        (["--strategy", "pipeline", "--stages", "2"], 2),
-        (["--strategy", "local-sgd", "--sync-every", "4"], 2),
-        (["--strategy", "fsdp"], 2),
+        # each process group's teardown at exit is in test_teardown_ends_the_groups_... too
+        pytest.param(["--strategy", "single"], 1, marks=pytest.mark.matrix),
+        pytest.param(["--strategy", "ps-sync"], 3, marks=pytest.mark.matrix),
+        pytest.param(["--strategy", "ps-backup", "--backup-workers", "1"], 3, marks=pytest.mark.matrix),
+        pytest.param(["--strategy", "pipeline", "--stages", "2"], 2, marks=pytest.mark.matrix),
+        pytest.param(["--strategy", "local-sgd", "--sync-every", "4"], 2, marks=pytest.mark.matrix),
+        pytest.param(["--strategy", "fsdp"], 2, marks=pytest.mark.matrix),
     ],
 )
 def test_the_readme_script_runs_under_torchrun_and_exits(tmp_path, flags, processes):
