@@ -175,7 +175,7 @@ class TrainConfig:
     log_every: int = option(50, "print the step log every this many steps (0: only per epoch)")
     progress: bool = option(True, "show a progress bar on the chief when writing to a terminal")
     checkpoint_dir: str | None = option(
-        None, "save checkpoints to this folder (ckpt-STEP/ with a manifest; see docs/reliability.md)"
+        None, "save checkpoints to this folder (ckpt-STEP/ with a manifest; see docs/checkpoints.md)"
     )
     checkpoint_every: int = option(500, "with --checkpoint-dir: save every this many steps (and at the end)")
     checkpoint_async: bool = option(

@@ -1,5 +1,5 @@
 """The checkpoints of one folder on disk: parts written atomically, a manifest that makes
-them one checkpoint, and reading them back checked (the format: docs/reliability.md)."""
+them one checkpoint, and reading them back checked (the format: docs/checkpoints.md)."""
 
 from __future__ import annotations
 

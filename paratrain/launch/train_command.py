@@ -77,7 +77,7 @@ def train_command(args: argparse.Namespace) -> int:
         # A fault-tolerant replica under torchrun keeps the quorum groups of its run, some
         # with a collective abandoned on a vanished peer whose Gloo thread never ends:
         # dropping such a group joins that thread, keeping it to the interpreter's end
-        # aborts the process after the run succeeded (docs/reliability.md, A clean exit).
+        # aborts the process after the run succeeded (docs/failures.md, A clean exit).
         # Its output written, it ends here, as the local launcher's replicas do.
         exit_now(0)
     return 0

@@ -399,7 +399,7 @@ def test_a_replica_added_to_a_running_torchrun_job_takes_the_live_state(tmp_path
 
 
 def test_the_documented_python_example_replaces_a_replica_and_both_return_the_whole_run(tmp_path):
-    text = (Path(__file__).resolve().parents[2] / "docs" / "reliability.md").read_text()
+    text = (Path(__file__).resolve().parents[2] / "docs" / "fault_tolerance.md").read_text()
     script = tmp_path / "ft_example.py"
     script.write_text(re.findall(r"```python\n(.*?)```", text, re.DOTALL)[0])
     # On the CPU: on an H200 one of the two results came back None (docs/gpu.md), not yet understood

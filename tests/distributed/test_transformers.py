@@ -292,17 +292,20 @@ def test_a_gpt2_with_dropout_resumes_exactly_from_the_command_line(cli, tmp_path
     "flags, processes",
     [
         (["--strategy", "fsdp"], 2),
-        (["--strategy", "ps-sync"], 3),
-        pytest.param(["--strategy", "pipeline"], 2, marks=TRACED_PIPELINE),
-        pytest.param(["--strategy", "tensor"], 2, marks=PACKED_TP),
+        # a GPT-2 under ps-sync, pipeline and tensor: test_transformers, test_pipeline_transformers, test_tensor_parallel
+        pytest.param(["--strategy", "ps-sync"], 3, marks=pytest.mark.matrix),
+        pytest.param(["--strategy", "pipeline"], 2, marks=[TRACED_PIPELINE, pytest.mark.matrix]),
+        pytest.param(["--strategy", "tensor"], 2, marks=[PACKED_TP, pytest.mark.matrix]),
     ],
 )
-def test_the_readme_gpt2_script_runs_under_torchrun(tmp_path, flags, processes):
-    """The README's transformers script, verbatim: every process exits 0 and the workers
-    learn to count on (from ln 64 = 4.16)."""
+def test_the_documented_gpt2_script_runs_under_torchrun(tmp_path, flags, processes):
+    """The transformers script of docs/user_code.md, verbatim: every process exits 0 and the
+    workers learn to count on (from ln 64 = 4.16)."""
     script = tmp_path / "gpt2.py"
-    blocks = re.findall(r"```python\n(.*?)```", (REPO / "README.md").read_text(), re.DOTALL)
-    script.write_text(next(block for block in blocks if "GPT2LMHeadModel" in block))
+    blocks = re.findall(r"```python\n(.*?)```", (REPO / "docs" / "user_code.md").read_text(), re.DOTALL)
+    scripts = [block for block in blocks if "GPT2LMHeadModel" in block and "strategy_from_flags" in block]
+    assert scripts, "docs/user_code.md gives no GPT-2 script that takes the strategy from its flags"
+    script.write_text(scripts[0])
     command = [
         sys.executable,
         "-m",
