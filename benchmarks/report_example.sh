@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The plots in the README (docs/img/): three short runs of the MLP on digits, from the
+# The plots of docs/command_line.md (docs/img/): three short runs of the MLP on digits, from the
 # recipes (allreduce, ps-sync, ps-async; 2 workers each, 5 epochs), then paratrain report.
 #
 #   bash benchmarks/report_example.sh [OUT_DIR]      # default docs/img

@@ -181,7 +181,7 @@ class TrainConfig:
     checkpoint_async: bool = option(
         False,
         "with --checkpoint-dir: each save copies the state in memory and writes it from a thread while training "
-        "goes on (the next save and the end wait for it); not with fsdp, tensor or a parameter server",
+        "goes on (the next save and the end wait for it); not with a parameter server",
     )
     keep: int = option(3, "with --checkpoint-dir: complete checkpoints kept (older ones are removed)")
     resume: bool = option(

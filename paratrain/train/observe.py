@@ -13,7 +13,7 @@ TensorBoard layout under ``--logdir D``:
 - ``D/rank-N/`` (every worker, N its worker index): this replica's timing per step:
   ``rank/step_seconds``, ``rank/bytes_sent_per_step``, ``rank/wait_seconds`` (blocked on
   other processes in the step), ``rank/staleness`` (of its last gradient, as it sees
-  it); per epoch ``rank/loader_wait_seconds`` and ``rank/wait_seconds``.
+  it); per epoch ``rank/loader_wait_seconds`` and ``rank/epoch_wait_seconds``.
 
 Per-step values are read from the strategy's host-side counters; the loss is one host
 sync per step, paid only with ``--logdir``.
