@@ -7,15 +7,10 @@
 
     results = run_distributed(check, 5, world_size=2)   # [rank 0's result, rank 1's result]
 
-The processes are started by the same elastic launcher as ``paratrain train --workers N``;
-a failure in any of them raises WorkerFailed instead of hanging the test.
-
-``run_processes`` finds the processes of a run under a launcher (to kill one from outside,
-as a machine or the OOM killer would), ``alive`` whether one still runs.
-
-``write_fashion_mnist``, ``write_cifar10`` and ``write_text_folders`` write small data
-sets in the real file formats (IDX, CIFAR-10 binary records, IMDB-style folders), so
-that tests and first tries of the examples need no download.
+The processes start through the same launcher as ``paratrain train --workers N``; a failure in any raises
+WorkerFailed instead of hanging the test. ``run_processes``/``alive`` find a run's processes (to kill one from
+outside); ``write_fashion_mnist``, ``write_cifar10`` and ``write_text_folders`` write small data sets in the
+real formats, so tests and examples need no download.
 """
 
 from __future__ import annotations

@@ -1,16 +1,11 @@
 """A real SLURM on this machine, for tests and for trying paratrain's SLURM support by hand.
 
-``LocalSlurm`` starts a munge daemon on a private socket (so that its key and daemons stay
-apart from any others), ``slurmctld`` and one ``slurmd`` for this host, all as root, in a
-folder of their own with ports of their own; ``stop()`` ends every daemon it started and
-removes the folder. Given an ``EmulatedCluster`` (paratrain/cluster/hosts.py), it starts
-one ``slurmd`` on each emulated host instead (in the host's network namespace and CPU
-cgroup, its hostname the node's name), and the controller on the hosts' bridge: a SLURM
-of several nodes whose jobs' tasks run on the emulated hosts. The nodes' names
-(``pt<id>host<i>``) resolve through entries in /etc/hosts that ``stop()`` removes, as a
-cluster's names resolve. Commands reach this SLURM through ``env()`` (``SLURM_CONF``). It needs
-Debian's ``slurm-wlm`` and ``munge`` packages (``scripts/install_slurm.sh``); ``missing()``
-says in one line what keeps it from starting here, or None.
+``LocalSlurm`` starts, as root, a munge daemon on a private socket, ``slurmctld`` and one ``slurmd``, in a folder
+and on ports of their own; given an ``EmulatedCluster`` (cluster/hosts.py) it starts one ``slurmd`` in each
+emulated host instead, so that jobs' tasks run on the hosts. Node names resolve through /etc/hosts entries.
+``stop()`` ends every daemon, removes the folder and the entries; ``env()`` gives ``SLURM_CONF``; ``missing()``
+says in one line what keeps it from starting here (it needs Debian's ``slurm-wlm`` and ``munge``:
+``scripts/install_slurm.sh``), or None.
 
     python -m paratrain.testing_slurm      # starts one, prints its SLURM_CONF, Ctrl-C ends it
 """

@@ -1,21 +1,12 @@
 """Timeline of a run: spans of every phase of every step, as a Chrome/Perfetto trace.
 
-Strategies and the loop mark their phases with ``with span("forward"):``. Without
-``--timeline`` the recorder is a no-op: ``span`` returns one shared null context, so
-the cost of an uninstrumented run is a global lookup and a call per phase (about
-0.35 us per ``with span(...)`` on a 2-core CPU VM, by ``timeit`` of an empty span: a
-thousandth of a digits step's 1 ms for its three spans).
-
-With ``--timeline FILE.json`` every process records its spans ("X" events of the
-chrome://tracing JSON format) on its own track (``pid`` = global rank), writes them to
-``FILE.json.parts/rank-N.json`` at the end, and the chief merges the parts into
-FILE.json. Timestamps are wall-clock microseconds (``time.time_ns`` at the start plus a
-monotonic ``perf_counter_ns`` offset), so tracks of processes on one machine line up
-exactly; across machines they line up as well as the machines' clocks (NTP) do.
-
-Tracks: thread ``compute`` (tid 0) for the step's phases, thread ``comm`` (tid 1) for
-communication that overlaps them (DDP's bucket all-reduces, timed by a comm hook), thread
-``io`` (tid 2) for checkpoints written off the training thread (``--checkpoint-async``).
+Strategies and the loop mark their phases with ``with span("forward"):``. Without ``--timeline`` the
+recorder is a no-op (``span`` returns one shared null context), so an uninstrumented run pays a lookup and a
+call per phase. With ``--timeline FILE.json`` every process records "X" events on its own track (``pid`` =
+global rank) into ``FILE.json.parts/rank-N.json`` and the chief merges them into FILE.json. Timestamps are
+wall-clock microseconds (a ``time.time_ns`` start plus a monotonic offset), so one machine's tracks line up
+exactly, several machines' as well as their clocks. Threads: ``compute`` (tid 0), ``comm`` (tid 1, DDP's
+bucket all-reduces), ``io`` (tid 2, ``--checkpoint-async``).
 """
 
 from __future__ import annotations

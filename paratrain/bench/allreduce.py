@@ -1,23 +1,11 @@
 """Step time of paratrain's ``allreduce`` strategy against a plain DistributedDataParallel loop.
 
-What it measures: the wall time per optimizer step of
-
-- paratrain: ``Trainer.fit`` (verbose=0, log_every=0) with ``AllReduceStrategy``, i.e.
-  what a user of the library gets, data batching and per-epoch loss reduction included;
-- raw DDP: a hand-written loop over a ``DistributedDataParallel`` model with default
-  settings (zero_grad(set_to_none=True), forward, CrossEntropyLoss, backward, step),
-  reading the same per-replica batches (same permutation, same slices) by hand,
-
-for each model on the built-in ``digits`` data, 2 worker processes on Gloo (loopback),
-SGD lr 0.05 momentum 0.9, the same initial weights on both sides. Each side first runs
-one untimed round; then ``rounds`` rounds alternate the two sides (the order flips
-every round, so drift and machine noise hit both). A round is ``epochs_per_round``
-whole epochs; rank 0 times it with ``time.perf_counter`` between two barriers. The
-reported step time is the median over rounds of round time / steps, and the ratio is
-paratrain / raw DDP (target: <= 1.05). Because a shared machine's speed drifts between
-rounds, the median of the per-round ratios (the two sides of a round ran back to back)
-is reported too; it is the steadier number. Both sides do the same steps on the same
-batches, so they end with the same weights; the largest difference is recorded.
+One side is ``Trainer.fit`` with ``AllReduceStrategy``, what a library user gets; the other a hand-written
+DDP loop reading the same per-replica batches, from the same initial weights, on the built-in ``digits``
+data with 2 Gloo processes. After an untimed round each, ``rounds`` rounds alternate the sides (order flipped
+each round), each of ``epochs_per_round`` epochs timed between barriers. It reports the median step time,
+the ratio paratrain / raw DDP (target <= 1.05), the median of per-round ratios (steadier on a drifting
+machine), and the largest weight difference at the end.
 """
 
 from __future__ import annotations

@@ -1,18 +1,10 @@
 """Gradient compression with allreduce: bytes per step, step time and accuracy per codec.
 
-Every (model, codec) pair trains on digits with the same seed and settings through
-``paratrain.train.job.run`` (the code path of ``paratrain train``), all of them inside one
-launch of ``workers`` processes. Reported per pair:
-
-- bytes/step: ``bytes_sent`` of the metrics file (what every rank handed to the
-  collectives, summed over ranks) divided by the global steps, and its ratio to the
-  uncompressed run's (the first PowerSGD steps are plain all-reduces, counted), and
-  the steady-state ratio from the codecs' formulas;
-- step time: the global batch over the training examples/second (evaluation excluded);
-- final test accuracy, and its difference from the uncompressed run in points.
-
-Targets (the issue): fp16/bf16 2.0x fewer bytes, int8 >= 3.9x, top-k at 1% >= 30x,
-PowerSGD rank 2 >= 30x on cifar_cnn.
+Every (model, codec) pair trains on digits with the same seed and settings through ``paratrain.train.job.run``,
+inside one launch of ``workers`` processes. Per pair: bytes/step (``bytes_sent`` over global steps) and its
+ratio to the uncompressed run's, measured and from the codecs' formulas; step time (global batch over
+training examples/s); final test accuracy and its difference in points. Targets: fp16/bf16 2.0x fewer bytes,
+int8 >= 3.9x, top-k at 1% >= 30x, PowerSGD rank 2 >= 30x on cifar_cnn.
 """
 
 from __future__ import annotations

@@ -1,24 +1,12 @@
 """What each mode costs per step, against the plain PyTorch loop it replaces.
 
-Two kinds of rows, each a real multi-process run on this machine (Gloo over loopback):
-
-- *Against PyTorch*: ``single`` against a hand-written loop, ``allreduce`` against a
-  ``DistributedDataParallel`` loop, ``fsdp`` against a ``fully_shard`` (FSDP2) loop and
-  ``local-sgd`` against a loop with PyTorch's ``PeriodicModelAverager``. Both sides run in
-  the same processes on the same batches from the same initial weights: one untimed round
-  each, then ``rounds`` rounds of one epoch that alternate the sides (the order flips
-  every round). A round is timed between barriers; the overhead is the median over
-  rounds of paratrain's time over the plain loop's, the two sides of a round having run
-  back to back on the same machine.
-- *Against another mode*: ``ps-sync`` and ``ps-async`` against ``allreduce`` (what the
-  parameter server's round trips cost), ``pipeline`` against ``single`` (what splitting
-  the model into stages costs on one machine). Each is a whole run (``paratrain.launch``,
-  as ``paratrain train`` starts it), ``repeats`` times alternating; a run's step time is
-  its global batch over its training throughput (evaluation and start-up excluded), both
-  at the same global batch.
-
-On a machine with fewer cores than processes, absolute numbers measure the scheduler as
-much as paratrain; the ratios, measured side by side, are the result.
+Two kinds of rows, each a real multi-process run on this machine (Gloo over loopback). *Against PyTorch*:
+``single``, ``allreduce``, ``fsdp`` and ``local-sgd`` against a hand-written loop, a DDP loop, an FSDP2 loop and
+PyTorch's ``PeriodicModelAverager``, run in the same processes on the same batches and weights, in rounds
+that alternate the sides; the overhead is the median over rounds of the ratio. *Against another mode*:
+``ps-sync`` and ``ps-async`` against ``allreduce``, ``pipeline`` against ``single``, whole runs alternating at the
+same global batch. With fewer cores than processes the absolute numbers measure the scheduler as much as
+paratrain; the side-by-side ratios are the result.
 """
 
 from __future__ import annotations

@@ -1,37 +1,12 @@
 """Pipeline bubble and activation memory: GPipe vs 1F1B, measured against the theory.
 
-What it measures, for ``stages`` S processes (Gloo, CPU, one thread each) running
-paratrain's ``pipeline`` strategy on a stack of ``layers`` Linear+ReLU blocks of width
-``width``, batch ``batch``, for each schedule and each micro-batch count M:
-
-- step time: the wall time of ``steps`` calls of ``strategy.train_step`` run back to
-  back, as in training, from a common start to a common end (a barrier on each side),
-  divided by ``steps``; two untimed steps before (shape exchange, warm-up). Every stage
-  of a pipeline has the same step time. Of ``repeats`` such windows, the one in which
-  the stages were least short of a core is reported (the highest lowest compute CPU
-  share across stages, see below), on every stage;
-- where a stage's step goes, timed around the schedule's own calls (PyTorch's
-  ``PipelineStage.forward_one_chunk`` and ``backward_one_chunk``, the loss on the last
-  stage, and the schedules' ``_wait_batch_p2p``, where they block on a neighbour's
-  activations or gradients, plus the wait in the closing barrier): forward, backward,
-  wait, and other (the rest of the step: the schedule's bookkeeping, splitting the batch,
-  scaling the gradients, the optimizer);
-- bubble (idle share of stage time) = wait / step time, per stage, against the
-  theoretical (S-1)/(M+S-1) of a pipeline of S equal stages with free communication
-  (GPipe, Huang et al. 2019). Fixed costs per micro-batch in the schedule's own code count
-  as "other", not as idle; the transfers themselves count as wait (they are on the
-  critical path);
-- CPU share of compute: the thread's CPU time inside the forward and backward calls over
-  their wall time. Below 1, the stage was runnable but had no core (other processes on a
-  shared machine): its compute took longer and its neighbour waited longer;
-- activation memory per stage: the peak bytes of tensors saved for backward (weights
-  excluded) alive at once during one step, counted with autograd's saved-tensor hooks,
-  and that peak in micro-batches' worth. GPipe keeps all M micro-batches' activations
-  until the backward passes start; 1F1B keeps at most S - stage of them. (PyTorch's
-  1F1B needs M >= S; smaller M runs GPipe only.)
-
-The defaults (8 blocks of width 1024, batch 256) make a micro-batch's compute large next
-to the fixed costs of a micro-batch, the regime the theory describes.
+For ``stages`` Gloo processes running the ``pipeline`` strategy on a stack of Linear+ReLU blocks, for each
+schedule and micro-batch count M, it reports the step time (the best of ``repeats`` windows of ``steps``
+steps), where a stage's step goes (forward, backward, wait, other; timed around the schedule's own calls),
+the bubble (wait / step time) against the theoretical (S-1)/(M+S-1) (GPipe, Huang et al. 2019), the CPU
+share of compute (below 1: the stage had no core), and the peak activation memory per stage (counted with
+autograd's saved-tensor hooks). PyTorch's 1F1B needs M >= S; smaller M runs GPipe only. The defaults make
+a micro-batch's compute large next to its fixed costs, the regime the theory describes.
 
 ``benchmarks/pipeline.py`` and ``paratrain bench --suites pipeline`` run it.
 """

@@ -1,20 +1,12 @@
 """Parameter-server training against all-reduce, and under a straggler.
 
-Each setting is a real multi-process run on this machine (Gloo over loopback,
-``paratrain.launch`` exactly as ``paratrain train`` starts it):
-
-1. ``scaling``: training throughput (examples/s, evaluation and start-up excluded) of
-   ``allreduce``, ``ps-sync``, ``ps-backup`` (one of the workers a backup) and ``ps-async``
-   for each model and worker count, and each mode's step time relative to ``allreduce``
-   (step time = global batch / throughput). Target: ps-sync <= 1.3x allreduce at 2.
-2. ``straggler``: one of N workers slowed ``factor`` times (``--straggler N-1:factor``);
-   throughput of ``ps-backup`` (N-1 + 1 backup) and ``ps-async`` relative to ``ps-sync``,
-   counting every gradient computed (``all``) and only the applied ones (``applied``).
-   Targets: backup >= 1.5x, async >= 1.6x.
-
-Each setting runs ``repeats`` times; the median is reported. On a machine with fewer
-cores than processes, absolute numbers measure the scheduler as much as paratrain; the
-ratios between modes run on the same machine are the result.
+Each setting is a real multi-process run on this machine, launched as ``paratrain train`` launches it, run
+``repeats`` times and reported as the median. ``scaling``: the throughput of ``allreduce``, ``ps-sync``,
+``ps-backup`` and ``ps-async`` for each model and worker count, and each mode's step time relative to
+``allreduce`` (target: ps-sync <= 1.3x at 2 workers). ``straggler``: one of N workers slowed ``factor`` times,
+the throughput of ``ps-backup`` and ``ps-async`` relative to ``ps-sync``, counting every gradient and only the
+applied ones (targets: backup >= 1.5x, async >= 1.6x). With fewer cores than processes the side-by-side
+ratios, not the absolute numbers, are the result.
 """
 
 from __future__ import annotations

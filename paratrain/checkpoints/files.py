@@ -1,18 +1,13 @@
-"""What every process's state writer shares: the run's checkpoint folder, how often it
-saves, the signature it writes and checks, and which checkpoint the run resumed from.
+"""What every process's state writer shares: the run's checkpoint folder, how often it saves, the signature it
+writes and checks, and which checkpoint the run resumed from.
 
-A state writer (``StateWriter``) is the part of checkpointing that depends on what a
-process holds: a training replica writes its part at steps (train/checkpoint.py), a
-parameter-server shard at the versions it publishes and a parameter-server worker the
-state of its codec beside them (strategies/ps/checkpoint.py). The ``Checkpoint``
-callback asks the strategy for its process's writer and calls it at the loop's events;
-the writers never call the loop.
-
-A write may go on in the background (``RunCheckpoints.in_background``): a parameter-server
-shard commits its checkpoints from a thread while it serves, and a training replica with
-``--checkpoint-async`` writes its part and commits from one, on a copy of its state taken
-at the step (``copy_state``), while it trains on. One write is under way at a time; the
-next save, and the end of training, wait for it and raise what it raised."""
+A ``StateWriter`` is the part of checkpointing that depends on what a process holds (a training replica:
+train/checkpoint.py; a PS shard or worker: strategies/ps/checkpoint.py); the ``Checkpoint`` callback calls it
+at the loop's events and writers never call the loop. A write may run in the background
+(``RunCheckpoints.in_background``: a PS shard always, a replica with ``--checkpoint-async`` on a ``copy_state``
+taken at the step). One write is under way at a time; the next save and the end of training wait for it
+and raise what it raised.
+"""
 
 from __future__ import annotations
 

@@ -1,24 +1,12 @@
-"""Emulated hosts on one Linux machine: a network namespace per host, joined by veth pairs
-to one bridge, each host's link shaped by a token bucket (``tc tbf``), and each host's
-processes in a CPU cgroup with a fixed share of the cores (CFS quota over a short period,
-so a share is smooth at the scale of a training step).
+"""Emulated hosts on one Linux machine: a network namespace per host, joined by veth pairs to one bridge, each
+host's link shaped by a token bucket (``tc tbf``), each host's processes in a CPU cgroup with a fixed share
+of the cores (CFS quota over a short period, so a share is smooth at a training step's scale).
 
-Addresses come from 198.18.0.0/15, the range reserved for benchmarking: host ``i`` of
-cluster ``c`` is ``198.18.c.(i+1)/24``. Names carry a per-cluster prefix
-(``pt<c>h<i>`` namespaces, ``pt<c>v<i>`` veths, ``pt<c>br`` bridge, ``paratrain-<c>-h<i>``
-cgroups); ``close()`` removes all of them, and ``leftovers()`` lists any that remain.
-
-Where the machine has cores enough for every host to have ceil(its share) of its own, each
-host's processes are pinned to them (``pin="auto"``; ``"always"`` pins where they do not
-fit too, host after host taking cores in turn and round again; ``"never"``). A host is then
-a small machine of its own: let loose over every core, its threads migrate and each
-wake-up crosses cores. Where hosts must share cores, pinning puts a host's every wake-up
-behind its neighbour's on one core: measured here, on 2 cores, pinning made allreduce on 4
-hosts 45% faster but cut ps-async to 40% of its rate (the shard sharing its core with a
-worker), so shared cores are left to the kernel unless asked (docs/cluster.md).
-
-Without netem (not in every kernel), latency comes only from queueing in the token
-bucket: a link has a rate, not a propagation delay.
+Host ``i`` of cluster ``c`` is ``198.18.c.(i+1)/24`` (the range reserved for benchmarking); every name carries
+a per-cluster prefix, ``close()`` removes them all and ``leftovers()`` lists any that remain. Hosts are pinned
+to cores of their own where they fit (``pin="auto"``; ``"always"``, ``"never"``); where hosts must share cores,
+pinning queues a host's wake-ups behind its neighbour's, so they are left to the kernel (docs/cluster.md).
+Without netem a link has a rate, not a propagation delay.
 """
 
 from __future__ import annotations

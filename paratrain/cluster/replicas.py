@@ -1,24 +1,12 @@
 """``paratrain cluster run`` of a fault-tolerant run, as on a cluster with spare machines.
 
-A run of ``allreduce-ft``, ``pipeline-ft``, ``fsdp-ft``, ``local-sgd-ft`` or ``diloco-ft``
-(or ``--strategy S --fault-tolerant``) runs one torchrun job per replica, each on a host of
-its own (``--procs-per-host``: a pipeline replica's stages, a sharded replica's shards),
-with ``REPLICA_GROUP_ID`` set: the multi-machine recipe of docs/fault_tolerance.md. The runner
-is the cluster's head node: the Lighthouse, the store where the first replicas wait for
-each other, and each one-process replica's group store listen on the hosts' bridge
-(``198.18.<c>.254``), out of every host's CPU share.
-
-The last ``--spares`` hosts stand by, each running a warm spare: the run's command, which
-imports and loads what the run needs and waits to be told which replica it replaces
-(session/warm_spare.py; ``--cold-spares``: nothing runs there until a replica is lost). When a
-replica's host dies (``--fail hostI``) or its job fails (a process of it killed), the
-replica goes on on an idle spare, as a scheduler would place it (its warm spare takes the
-replica's place, or a new job starts there), and takes the live state from a peer at its
-next quorum while the survivors go on: its start-up (torchrun, an import of torch) takes
-the spare's CPU, not theirs. A host whose job failed but which lives stands by again, behind the spares; a host
-that died does not come back. Once a replica has finished training, a lost one is not
-replaced (nobody would be left to take the state from). The run ends when every replica's
-job has; a job that exits 2 or 3 (bad input, a diverged model) ends it at once with its code.
+Each replica of a fault-tolerant run is one torchrun job on a host of its own, with ``REPLICA_GROUP_ID`` set
+(the multi-machine recipe of docs/fault_tolerance.md). The runner is the head node: the Lighthouse and the
+stores listen on the hosts' bridge (``198.18.<c>.254``), outside every host's CPU share. The last
+``--spares`` hosts stand by with a warm spare (session/warm_spare.py; ``--cold-spares``: nothing runs there).
+When a replica's host dies or its job fails, the replica goes on on an idle spare and takes the live state
+from a peer, so its start-up takes the spare's CPU, not the survivors'. A host that died does not come back;
+once a replica has finished, a lost one is not replaced. A job exiting 2 or 3 ends the run with its code.
 """
 
 from __future__ import annotations

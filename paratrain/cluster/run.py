@@ -1,37 +1,14 @@
 """``paratrain cluster run``: a real multi-host run on emulated hosts (``hosts.py``).
 
-Each host runs torchrun with ``--nnodes H --node-rank i`` and the rendezvous on host 0's
-address, exactly as on a real cluster; the command after ``--`` is ``paratrain ARGS`` (run
-as ``-m paratrain ARGS``) or ``python SCRIPT ARGS``. Global ranks follow the hosts: host
-``i`` holds ranks ``i*P .. i*P+P-1`` for ``P`` processes per host, so under a parameter
-server host 0 holds shard 0 (and the other shards when ``--ps-shards`` > 1 fits on it),
-and the workers follow.
-
-Every host's output streams to this terminal, each line prefixed with its host
-(``[host1] done: ...``), and to ``--logs`` (default: a temporary folder). Each host's CPU
-use is sampled from its cgroups through the run: ``usage.json`` in the same folder, and one
-line per host at the end (its CPU-seconds against its share, and how often its quota ran
-out: usage.py).
-
-Faults: ``--fail host2@30s`` kills every process of host 2 at 30 s (SIGKILL: the machine
-dies); ``--cut host1@20s`` takes host 1's link down (its processes run on, unreachable).
-A fault may be placed by the run's progress instead of the clock: ``--fail host2@step40``
-strikes once any process of the run has finished step 40 (a parameter-server shard: once
-it has published version 40). Each paratrain process records its step in a shared file
-(``PARATRAIN_PROGRESS``, the local launcher's beacon), so a step-placed fault lands after
-the group formed and mid-training however long start-up takes on a loaded machine; a
-script that does not train with paratrain's Trainer records no step. Everything is torn
-down on exit, on error and on Ctrl-C.
-
-Each host runs at its CPU share from the start; with ``--throttle-from training``, at the
-machine's speed until every process has finished a step (the progress file again), so that
-a short run on slow hosts does not take 1.4-1.7x as long importing torch at their share
-(benchmarks/results/throttle_from.md).
-
-A fault-tolerant run (``allreduce-ft`` ... ``diloco-ft``, or ``--fault-tolerant``) runs
-instead as on a cluster with spare machines: one torchrun job per replica on a host of its
-own, the Lighthouse on the runner, and a lost replica started again on one of the last
-``--spares`` hosts (replicas.py).
+Each host runs torchrun with ``--nnodes H --node-rank i`` and the rendezvous on host 0, exactly as on a real
+cluster; the command after ``--`` is ``paratrain ARGS`` or ``python SCRIPT ARGS``. Host ``i`` holds ranks
+``i*P .. i*P+P-1``, so under a parameter server host 0 holds the shards. Every host's output streams here
+prefixed with its host and to ``--logs``; each host's cgroup CPU use goes to ``usage.json`` (usage.py).
+Faults: ``--fail host2@30s`` kills a host's processes, ``--cut host1@20s`` takes its link down, and
+``@step40`` places a fault by progress (each process records its step in ``PARATRAIN_PROGRESS``) so it lands
+mid-training however slow start-up is. ``--throttle-from training`` runs hosts at full speed until every
+process has stepped. Everything is torn down on exit, error and Ctrl-C. Fault-tolerant runs go through
+replicas.py. See docs/cluster.md.
 """
 
 from __future__ import annotations

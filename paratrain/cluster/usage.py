@@ -1,18 +1,13 @@
-"""What each emulated host's CPU did during a run: CPU-seconds used, and how often its quota
-ran out (the kernel's own accounting of the host's cgroups, read every ``INTERVAL`` s).
+"""What each emulated host's CPU did during a run: CPU-seconds used, and how often its quota ran out (the
+kernel's accounting of the host's cgroups, read every ``INTERVAL`` s).
 
-A host whose quota runs out in most of its periods is CPU-bound (its share sets its
-speed); one that rarely runs out waits on others or on its link. The samples carry
-wall-clock times, so a benchmark can take a host's CPU within any window of the run
-(e.g. the steps of a ``--timeline``, whose ``origin_unix_us`` is wall-clock too).
-
-``paratrain cluster run`` writes ``usage.json`` to its ``--logs`` folder::
+A host whose quota runs out in most periods is CPU-bound; one that rarely does waits on others or its link.
+Samples carry wall-clock times, so a benchmark can take any window (a ``--timeline``'s ``origin_unix_us`` too).
+``paratrain cluster run`` writes ``usage.json`` to ``--logs`` and prints one line per host at the end::
 
     {"interval_s": 0.25, "period_s": 0.01,
      "hosts": [{"host": "host0", "cpu": 0.3,
                 "samples": [[unix_s, cpu_s, periods, throttled_periods, throttled_s], ...]}]}
-
-and prints one line per host when the run ends.
 """
 
 from __future__ import annotations

@@ -1,31 +1,15 @@
 """Gradient codecs: what a worker puts on the wire instead of its fp32 gradient.
 
-A codec is a transformation with explicit state, in the shape of PyTorch's DDP
-communication hooks::
+A codec is a transformation with explicit state, in the shape of PyTorch's DDP communication hooks::
 
     payload, ctx = codec.compress(gradient, key)   # payload: a tuple of tensors, sent
     gradient_hat = codec.decompress(payload, ctx)  # ctx: shape and dtype, never sent
 
-``key`` names the gradient stream (a parameter's name) so that stateful codecs keep
-one state per stream: error-feedback residuals, PowerSGD's warm-start ``Q``. The
-payload's shapes depend only on the input's shape and the codec's settings, so a
-receiver parses a peer's bytes with its own ``ctx`` and payload layout; what a
-worker sends is exactly ``payload_bytes(payload) == codec.wire_bytes(shape)``:
-values plus metadata (int8 scales, top-k indices), nothing else.
-
-Codecs know nothing of strategies: ``comm/hooks.py`` turns one into a DDP
-communication hook for ``allreduce``; a parameter-server worker can call
-``compress`` on push and the server ``decompress`` on receipt.
-
-| name | payload per tensor of n fp32 values | bytes vs 4n | unbiased |
-| --- | --- | --- | --- |
-| ``none`` | the tensor | 1x | yes |
-| ``fp16``, ``bf16`` | n 2-byte values | 2x | no (round to nearest) |
-| ``int8`` | n int8 codes + one fp32 scale per chunk of 256 | 4n / (n + 4 ceil(n/256)), ~3.94x | with ``stochastic_rounding`` |
-| ``topk`` | k = ceil(R n) values + k int32 indices, error feedback | 4n / 8k, ~50x at R = 1% | no |
-| ``powersgd`` | P (n x r) and Q (m x r) of the n x m matrix view, error feedback | nm / (r(n + m)) | no |
-
-The table CODECS in ``registry.py`` names the builders at the bottom of this file.
+``key`` names the gradient stream so stateful codecs (error feedback, PowerSGD's ``Q``) keep one state per
+stream. The payload's shapes depend only on the input's shape and the settings, so a receiver parses a
+peer's bytes with its own ``ctx``, and ``payload_bytes(payload) == codec.wire_bytes(shape)``. Codecs know
+nothing of strategies (``comm/hooks.py`` makes a DDP hook of one). ``registry.py``'s CODECS names the builders
+below; docs/compression.md compares their sizes.
 """
 
 from __future__ import annotations

@@ -1,26 +1,13 @@
 """Codecs as DDP communication hooks: what ``allreduce`` sends for each bucket of gradients.
 
-``make_hook(codec)`` picks, from a table, the hook that carries a codec:
+``make_hook(codec)`` picks the hook from a table: none for ``none`` (DDP's all-reduce), PyTorch's own for
+``fp16``, ``bf16`` and ``powersgd``, and ``AllGatherHook`` for ``int8``, ``topk`` and any other codec, whose
+payloads (per-chunk scales, per-rank indices) cannot be added. Every rank decodes the same bytes in rank
+order, so every rank computes bit-identical averaged gradients. ``bytes_sent`` counts exactly what this rank
+hands to the collectives (payload plus metadata), not the backend's own traffic (docs/compression.md).
 
-| codec | hook | collective per bucket | bytes this rank hands to it, per step |
-| --- | --- | --- | --- |
-| ``none`` | none: DDP's built-in all-reduce | all-reduce of fp32 | 4n |
-| ``fp16``, ``bf16`` | PyTorch's ``fp16_compress_hook``, ``bf16_compress_hook`` | all-reduce of the cast, divided by N first | 2n |
-| ``powersgd`` | PyTorch's ``powerSGD_hook`` (layer-wise, error feedback, warm start) | all-reduce of the Ps, then of the Qs; vectors raw | 4 sum_i r(n_i + m_i) |
-| ``int8``, ``topk``, any other codec | ``AllGatherHook`` | all-gather of the packed payloads; every rank decodes each and averages | sum_i ``codec.wire_bytes(shape_i)`` |
-
-Payloads of int8 (per-chunk scales) or top-k (different indices per rank) cannot be
-added, hence the all-gather. Every rank decodes the same bytes in rank order, so
-every rank computes bit-identical averaged gradients and replicas stay in sync.
-
-``bytes_sent`` counts exactly what this rank handed to the collectives (payload plus
-metadata). That is the convention of the uncompressed path; the backend's own traffic
-differs by algorithm: a ring all-reduce sends 2(N-1)/N times its input per rank, a
-ring all-gather (N-1) times, so the all-gather codecs lose ground as N grows
-(see docs/compression.md).
-
-Note: no ``from __future__ import annotations`` here; DDP checks that a hook's
-``bucket`` annotation *is* ``dist.GradBucket``, and a string is not.
+No ``from __future__ import annotations`` here: DDP checks that a hook's ``bucket`` annotation *is*
+``dist.GradBucket``, and a string is not.
 """
 
 import functools
@@ -147,17 +134,9 @@ class _BucketLayout:
 class PowerSGDHook(CommHook):
     """PyTorch's layer-wise ``powerSGD_hook`` (Vogels et al. 2019) on a ``PowerSGDState``.
 
-    It all-reduces P = MQ, orthogonalises it, all-reduces Q = M^T P, and decodes PQ^T;
-    Q is reused next step (warm start) and the local error is added to the next
-    gradient when the codec came wrapped in ErrorFeedback. The first ``start_iter``
-    steps are plain fp32 all-reduces: DDP rebuilds its buckets after step 1, and
-    PyTorch requires this so that its per-bucket state is made for the final buckets.
-
-    PyTorch keeps that state per bucket (one flat error, P and Q per bucket index).
-    Checkpoints hold it per parameter instead, and whenever a bucket's layout differs
-    from the one its state was made for (a resumed run's first step runs on DDP's
-    initial buckets, the next on rebuilt ones), the state is re-laid out by
-    parameter: a resumed run continues exactly where the saved one was.
+    The first ``start_iter`` steps are plain all-reduces (DDP rebuilds its buckets after step 1). PyTorch keeps
+    the state (error, P, Q) per bucket; checkpoints hold it per parameter, and it is re-laid out whenever the
+    buckets differ from those it was made for, so a resumed run continues exactly where the saved one was.
     """
 
     def __init__(self, codec: Codec, process_group: Any = None, start_iter: int = 2):

@@ -1,35 +1,14 @@
 """An all-reduce through shared memory, for the processes of a run that share one machine.
 
-Gloo all-reduces over TCP, also between two processes of one machine: on loopback an
-814 KB gradient (the MLP's) took 2.25 ms a step, twice the step's own computation, where
-TensorFlow's MirroredStrategy sums its towers' gradients in one process's memory. Here each
-process copies its gradient into its slot of a shared file in /dev/shm; after a barrier,
-each sums its share of the positions over every slot, in rank order; after a second barrier,
-each copies the sums back. Every process ends with the same values; with 2 processes they
-are those of Gloo's sum to the bit (a sum of two terms has one order).
-
-Used where every process of the group is on this machine: the same host name, boot and
-network namespace (the emulated hosts of ``paratrain cluster`` each have their own, and
-keep to their links). On x86-64 only: its stores become visible to the other processes in
-the order they were made, which the barriers below rely on (no fence is issued from Python).
-
-The barriers spin on one counter per process (a cache line each) and yield the processor
-while they wait, so that a process waiting on its peer gives the core to it. A peer that
-has exited or was killed is named within milliseconds (the waiting process looks at it in
-/proc every 5 ms, by the pid and start time it gave when the buffer was made), as a closed socket
-fails a Gloo collective at once: the launcher can then restart the run without waiting on
-the survivors. A peer that never comes but runs (hung) is named after ``timeout`` seconds.
-Hence one PID namespace too, beside one host.
-
-A process that registers a DDP communication hook of its own (DDP takes one) runs with
-``shared_memory=False`` (``--no-shared-memory``): its hook then sums over the process group.
-
-A fault-tolerant run makes one for each quorum's group (strategies/fault_tolerant/
-quorum_group.py), over torchft's Gloo group, which no ``dist.*`` call knows (``GroupGather``).
-A process that goes on to another quorum ``leave``s the old buffer, and a peer still waiting
-in it for that process is told so at its next look, as Gloo's aborted group fails its peers'
-collectives; ``watch`` adds a check of the caller's own to each look (a peer the run's
-Lighthouse no longer hears).
+Gloo all-reduces over TCP even on loopback, where a small model's gradient costs more than its step; here,
+as TensorFlow's MirroredStrategy sums in one process's memory, each process copies its gradient into its
+slot of a /dev/shm file, sums its share of the positions over every slot in rank order, and copies the sums
+back, between barriers. With 2 processes the result equals Gloo's sum to the bit. Used only where every
+process shares the host name, boot, network and PID namespace, and on x86-64 only (its stores are seen in
+order, which the barriers rely on). A dead peer is named within milliseconds (looked up in /proc), a hung
+one after ``timeout`` seconds. ``shared_memory=False`` (``--no-shared-memory``) for a process with its own DDP
+hook. Fault-tolerant runs make one per quorum (quorum_group.py); ``leave`` and ``watch`` let a peer that moved
+on, or that the Lighthouse no longer hears, fail the sum. docs/allreduce.md has more.
 """
 
 from __future__ import annotations

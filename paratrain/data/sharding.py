@@ -1,32 +1,14 @@
 """Per-replica batches: each replica reads its own disjoint slice of every global batch.
 
-Training order for epoch ``e`` is one permutation drawn from ``seed + e``. Global batch
-``s`` is ``perm[s*B*R : (s+1)*B*R]`` for ``R`` replicas of batch ``B``, and replica ``r``
-reads the ``r``-th block of ``B`` examples in it. So the union of the replicas' batches
-at step ``s`` is exactly the batch a single process with batch ``B*R`` reads at step
-``s``: this is what makes synchronous data parallelism equal to the single-device run
-(tests/distributed/test_allreduce_equivalence.py).
-
-In-memory tensor data sets are indexed directly (no per-example collation); any other
-map-style Dataset goes through a DataLoader with the same index lists (a DataLoader given
-as the data lends its dataset, ``collate_fn`` and ``num_workers``: paratrain picks the
-indices). Examples may be ``(inputs, targets)`` with inputs a tensor, a tuple or a dict of
-tensors (``data/batch.py``).
-
-Data that cannot be indexed (an IterableDataset, a DataLoader over one, a list or any
-re-iterable of ready ``(inputs, targets)`` batches) is read as a stream of batches in its
-own order: replica ``r`` of ``R`` takes batches ``r, r+R, r+2R, ...``; in training every
-replica takes ``len(stream) // R`` of them, so synchronous replicas stay in step (the
-stream needs ``len()`` for that when there is more than one replica); in evaluation, the
-last short round of batches is split among the replicas (``data/streams.py``).
-
-A data set may store its examples compactly (uint8 pixels) and carry a per-batch
-``batch_transform`` that turns a batch of stored inputs into model inputs: scaling,
-or the random distortions of the CIFAR-10 recipe (``paratrain/data/augment.py``). The
-transform draws its randomness from a generator seeded by (seed, epoch, rank, batch), so a
-run is reproducible. When a batch needs such work, or comes through a DataLoader, a
-background thread prepares the next batches while the step runs (``prefetch``), and
-``wait_seconds`` counts the time the consumer spent waiting for a batch anyway.
+Epoch ``e``'s order is one permutation drawn from ``seed + e``; global batch ``s`` is
+``perm[s*B*R : (s+1)*B*R]`` for ``R`` replicas of batch ``B``, and replica ``r`` reads its ``r``-th block of
+``B``. The replicas' union at step ``s`` is what one process with batch ``B*R`` reads, which makes synchronous
+data parallelism equal to the single-device run (tests/distributed/test_allreduce_equivalence.py).
+In-memory tensors are indexed directly; other map-style Datasets go through a DataLoader with the same
+indices. Data that cannot be indexed is a stream: replica ``r`` takes batches ``r, r+R, ...``, each the same
+count in training (``len()`` needed), the last round split in evaluation (``data/streams.py``). A
+``batch_transform`` is seeded by (seed, epoch, rank, batch), so runs are reproducible; a background thread
+prefetches batches that need work and ``wait_seconds`` counts the wait left. docs/data.md has more.
 """
 
 from __future__ import annotations

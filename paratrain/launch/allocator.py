@@ -1,22 +1,13 @@
 """Host memory: keep what CPU tensors free inside the process, for the next step's tensors.
 
-glibc's malloc serves each block above its mmap threshold (128 KiB at first, rising with
-use to at most 32 MiB) with a fresh mapping that it unmaps when the block is freed, and
-gives the heap's free top back to the system above its trim threshold. A training step
-allocates and frees the same activations and gradients every step, megabytes each: so the
-kernel maps them, zero-fills them page by page on first touch, and unmaps them again, every
-step. ``keep_freed_memory`` keeps them instead (``mallopt``), the way PyTorch's caching
-allocator keeps GPU memory: the heap's top is never given back, and no block is mapped
-apart (``M_MMAP_MAX`` 0), not even one above the 32 MiB that the mmap threshold cannot be
-raised past: an LSTM's one 95 MB block a step over 200 time steps at batch 64, or a conv net's
-activations at batch 256 (38 MB) would be mapped and faulted in again every step. The
-tutorial CNN's channels-last CPU step takes 0.84x the time on this machine, 77 ms against
-91 (benchmarks/results/step_options.md); the LSTM's and the large batches' figures are in
-benchmarks/results/host_memory.md. The price: the process's resident memory stays at its
-peak instead of shrinking between steps. (A thread other than the main one allocating a
-block larger than its arena's 64 MiB heap still gets a mapping of its own.)
-``--no-keep-host-memory`` (or ``CpuTuning(keep_host_memory=False)``) leaves malloc as it
-is; so do other C libraries (musl, macOS), where this does nothing.
+glibc's malloc maps each large block afresh and unmaps it when freed, and trims the heap's free top; a
+training step allocates and frees the same megabytes of activations and gradients every step, so the kernel
+maps, zero-fills and unmaps them every step. ``keep_freed_memory`` keeps them instead (``mallopt``: no trim,
+``M_MMAP_MAX`` 0), the way PyTorch's caching allocator keeps GPU memory (benchmarks/results/step_options.md
+measures it). The price: resident memory stays at its peak. A non-main thread's block larger than its
+arena's 64 MiB heap still gets a mapping of its own. ``--no-keep-host-memory`` (or
+``CpuTuning(keep_host_memory=False)``) leaves malloc as it is; with other C libraries (musl, macOS) this does
+nothing.
 """
 
 from __future__ import annotations

@@ -1,23 +1,13 @@
 """The machine's cores shared among every paratrain process on it, whichever run it belongs to.
 
-A run's default compute threads (threads.py) divide the cores among its own processes. Runs
-started side by side on one machine (a sweep, a queue of small jobs) would each take every
-core, and OpenMP's threads spin between parallel regions: three `single` runs of the mlp on
-2 cores each ran at 0.08 of one run alone (benchmarks/concurrent_runs.py). So each process
-that computes writes a line about itself to a folder every paratrain process on the machine
-reads (``$PARATRAIN_HOST_REGISTRY``, default ``/dev/shm/paratrain-processes``): its pid and
-start time, its cores (affinity), its compute threads, and whether they were chosen for it
-(``--threads-per-worker``: fixed) or are the default (a share).
-
-A process on the default takes ``(cores - fixed threads of the others on its cores) //
-(processes on the default on its cores, itself included)``, at least one; never fewer
-processes than its own run has on the machine (``LOCAL_WORLD_SIZE``: its peers may not be
-listed yet). It reads the folder again every ``CHECK_SECONDS`` on a thread of its own, and
-takes the new count between two steps (``apply``, on the compute thread: OpenMP's thread
-count is the calling thread's), so that a run started later, or one that ended, moves every
-other process's share. A process that died without removing its line (SIGKILL) is found by
-its pid and start time and its line removed. Where the folder cannot be written the process
-keeps the count it started with.
+Runs started side by side on one machine would each take every core, and OpenMP's spinning threads make
+that far slower than one run alone. So each computing process writes a line about itself (pid and start
+time, cores, compute threads, fixed by ``--threads-per-worker`` or a default share) to a folder every paratrain
+process reads (``$PARATRAIN_HOST_REGISTRY``, default ``/dev/shm/paratrain-processes``). A process on the
+default takes ``(cores - others' fixed threads) // (default processes on its cores)``, at least one and never
+counting fewer processes than its own run's ``LOCAL_WORLD_SIZE``. A thread rereads the folder every
+``CHECK_SECONDS``; the compute thread applies the new count between steps (``apply``: OpenMP's count is per
+thread). Lines of dead processes are removed; where the folder cannot be written the count stays.
 """
 
 from __future__ import annotations

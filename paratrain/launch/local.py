@@ -46,28 +46,15 @@ def launch(
 ) -> list[Any]:
     """Run ``fn(*args)`` on ``num_processes`` local processes; their return values by rank.
 
-    With ``strategy`` (made with ``workers=N``, and for a parameter server its shards and
-    backups, for a pipeline its stages), the processes are those it needs, and each runs
-    ``fn(*args)`` inside ``strategy.scope()``: a ``Trainer`` made there uses it, and so
-    does ``paratrain.current_strategy()``. On a parameter-server shard, ``Trainer.fit``
-    serves until the workers are done. Each process leaves the run when ``fn`` returns.
-
-    ``fn`` must be importable (a module-level function): each process starts as a spawned one
-    (on Linux forked from a fork server that has imported torch and paratrain).
-    When a process fails the others are stopped at once, so a failed run never hangs,
-    and the failure is raised as WorkerFailed naming the rank, its exit code or signal
-    and its error. Ranks in ``expendable`` may die without ending the run
-    (parameter-server workers in ps-async and ps-backup); their results are None. With
-    ``max_restarts`` a failed run starts again, up to that many times, and its processes
-    resume from the newest checkpoint in ``checkpoint_dir``. ``rank_names`` name ranks in
-    messages ("ps shard 0", "worker 1"). A ``topology`` gives the number of processes,
-    the names and the expendable ranks at once.
-
-    A topology whose replicas are replaced alone (``allreduce-ft``, ``pipeline-ft``) runs under
-    ``launch/replacing.py``: ``max_restarts`` replacements over the run, the others going on
-    while ``min_replicas`` are alive, a replica dropped after ``heartbeat_timeout`` seconds
-    of silence, the run stopped when no replica steps for ``timeout`` seconds (a
-    ``strategy`` gives its own).
+    With ``strategy`` the processes are those it needs, each running ``fn`` inside ``strategy.scope()`` (a
+    ``Trainer`` made there uses it; a parameter-server shard serves until the workers are done). ``fn`` must be
+    importable (processes are spawned). When a process fails the others are stopped at once and WorkerFailed
+    names the rank, its exit code or signal and its error; ranks in ``expendable`` may die without ending the
+    run (their results are None). ``max_restarts`` restarts a failed run from the newest checkpoint in
+    ``checkpoint_dir``; ``rank_names`` name ranks in messages; a ``topology`` gives the process count, names and
+    expendable ranks at once. Topologies whose replicas are replaced alone run under ``launch/replacing.py``,
+    where ``min_replicas`` must stay alive, a replica silent ``heartbeat_timeout`` seconds is dropped, and the
+    run stops when no replica steps for ``timeout`` seconds.
     """
     if strategy is not None:
         topology = strategy.planned_topology()

@@ -1,25 +1,12 @@
-"""The local launcher of runs whose replicas go on without a lost one (``allreduce-ft``,
-``pipeline-ft``): a Lighthouse in this process, one process per replica (a pipeline
-replica: one per stage, a process group of their own), and a lost replica replaced alone
-while the others keep training. A replica is lost and replaced as a unit: when one of its
-processes dies, its other processes are stopped.
+"""The local launcher of runs whose replicas go on without a lost one (``allreduce-ft``, ``pipeline-ft``): a
+Lighthouse in this process, one process per replica (per stage for a pipeline replica), and a lost replica
+replaced alone, as a unit, while the others keep training.
 
-- A replica that exits 0 is done; once one is done (or finishing: a process of it exited 0,
-  none failed), training is over: a replica lost then starts no replacement (it would find
-  nobody to take the state from) and fails nothing; one line says so, and the others
-  report the run (the chief's stand-ins, train/job.py).
-- Bad input or a diverged model (exit 2 or 3) ends the run as everywhere else.
-- A replica asked to leave (SIGTERM) finishes its step, says so, and is not replaced.
-- Any other loss (a signal, an error): one line names the replica and the step it had
-  reached; with restarts left (``--max-restarts``, counted over the run) a replacement
-  starts in its place (``TORCHELASTIC_RESTART_COUNT`` = its incarnation) and takes the
-  live state from a peer at its first quorum; without, the run goes on with the others
-  while at least ``min_replicas`` are alive, and fails naming who died otherwise.
-- No replica stepping for longer than ``timeout`` (a hung one): the run is stopped with
-  one line naming the replicas left.
-- Once a replica is done, a replica that is behind it and that the Lighthouse has not heard
-  for longer than its heartbeat timeout (stopped, or its host gone) is stopped at once; any
-  other gets ``timeout`` to finish too.
+Once a replica is done (exit 0) training is over and a lost replica is no longer replaced (nobody would have
+the state). Exit 2 or 3 ends the run as everywhere; a replica asked to leave (SIGTERM) is not replaced. Any
+other loss is named in one line and, with ``--max-restarts`` left (counted over the run), replaced by one
+that takes the live state at its first quorum; otherwise the run goes on while ``min_replicas`` are alive.
+No replica stepping for ``timeout`` seconds stops the run, naming the replicas left.
 """
 
 from __future__ import annotations

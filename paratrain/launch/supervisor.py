@@ -1,20 +1,12 @@
-"""The local launcher: starts a run's processes with torchrun's environment, watches
-them, and decides what a failure means.
+"""The local launcher: starts a run's processes with torchrun's environment, watches them, and decides what a
+failure means.
 
-- A process the run needs fails: every process is stopped at once (never a hang) and
-  the failure is raised, naming the process and its exit code or signal; a process
-  killed without a word (SIGKILL) is taken as the cause of its peers' failures.
-- An expendable process is lost (a worker in ps-async or ps-backup): one line says so and
-  the others finish; one that is stuck is stopped once the run is done. Lost before it
-  joined the process group (each process says so with a ``joined-<rank>`` file), it is
-  fatal like any other: the group cannot form without it.
-- With restarts left (``--max-restarts``): the whole group is started again
-  (``TORCHELASTIC_RESTART_COUNT`` tells its processes to resume from their checkpoint),
-  with one line saying who died, after which step, and how many steps are redone.
-
-Each process records the step it finished last in a shared file (``PARATRAIN_PROGRESS``,
-8 bytes a rank: ``train/faults.StepBeacon``), which is how the supervisor knows the
-steps of a process that was killed without a word.
+A needed process that fails stops every process at once (never a hang) and is raised, naming it and its
+exit code or signal; one killed without a word (SIGKILL) is taken as the cause of its peers' failures. An
+expendable process (a ps-async or ps-backup worker) lost after it joined the group (its ``joined-<rank>``
+file) costs one line and the others finish. With ``--max-restarts`` left the whole group starts again
+(``TORCHELASTIC_RESTART_COUNT`` makes it resume from its checkpoint), one line saying who died, after which
+step, and how many steps are redone; the steps come from ``PARATRAIN_PROGRESS`` (``train/faults.StepBeacon``).
 """
 
 from __future__ import annotations

@@ -1,17 +1,11 @@
-"""Pipeline parallelism across processes: one stage of a model per process,
-micro-batches flowing through the stages on ``torch.distributed.pipelining``.
+"""Pipeline parallelism across processes: one stage of a model per process, micro-batches flowing through the
+stages on ``torch.distributed.pipelining``.
 
-The split (which layers each stage holds) comes from ``split.py`` for an nn.Sequential and
-from ``traced.py`` (a cut of the traced graph) for any other model; the schedule is
-PyTorch's own: GPipe (all forwards, then all backwards: Huang et al. 2019) or 1F1B
-(one forward, one backward in the steady state: PipeDream-Flush, Narayanan et al.
-2021), which bounds the activations a stage keeps to about ``num_stages`` micro-batches
-instead of all of them. Both split a batch into equal micro-batches along dimension 0
-and scale the gradients by ``1 / num_microbatches``, so a step's gradients equal those
-of the whole batch with a mean loss.
-
-Evaluation runs a plain forward pass through the stages (``forward_only``): its batches
-vary in size, and the schedules fix their buffers' shapes at the first step.
+The split comes from ``split.py`` for an nn.Sequential and from ``traced.py`` for any other model; the schedule
+is PyTorch's: GPipe (Huang et al. 2019) or 1F1B (PipeDream-Flush, Narayanan et al. 2021), which keeps about
+``num_stages`` micro-batches of activations instead of all. Both scale gradients by ``1 / num_microbatches``,
+so a step's gradients equal the whole batch's with a mean loss. Evaluation runs a plain forward pass
+(``forward_only``): its batch sizes vary, and the schedules fix their buffers' shapes at the first step.
 """
 
 from __future__ import annotations

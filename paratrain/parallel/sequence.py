@@ -1,25 +1,13 @@
-"""Sequence parallelism: the activations between a transformer block's split layers held
-split by position (Megatron-LM's, Korthikanti et al. 2022), for ``--sequence-parallel``.
+"""Sequence parallelism: the activations between a transformer block's split layers held split by position
+(Megatron-LM's, Korthikanti et al. 2022), for ``--sequence-parallel``.
 
-Under tensor parallelism alone, every process of a replica holds the whole of the
-activations that its split layers do not produce split: the residual stream, the norms'
-inputs and outputs, the dropouts' masks. Split by position instead, each holds 1/T of
-them. The all-reduce after a row-wise layer becomes a reduce-scatter (each process keeps
-the sum for its positions) and a column-wise layer all-gathers its input first: the same
-bytes as the all-reduce, in two halves (parallel/tensor.py makes those transitions). What
-runs between them runs on each process's positions:
-
-- ``sequence``: a module that works position by position (a LayerNorm, an RMSNorm, a
-  dropout): it takes and gives each process's slice, dimension 1 of (batch, positions,
-  features); its parameters are replicated, and their gradients, each process's sum over
-  its own positions, are summed over the processes by DTensor;
-- ``split_sequence``: where the split starts: the module's whole output is cut, each
-  process keeping its positions (its gradient all-gathered backward), e.g. after the
-  embeddings, which need every position's id.
-
-A model whose modules take the sequence length from a tensor that is now split (a
-``view(batch, length, ...)`` of a whole projection) cannot run so; paratrain's gpt takes it
-from the projection itself.
+Under tensor parallelism alone every process holds the whole residual stream, norms and dropout masks; split
+by position each holds 1/T of them. A row-wise layer's all-reduce becomes a reduce-scatter and a column-wise
+layer all-gathers its input first: the same bytes in two halves (parallel/tensor.py makes the transitions).
+Styles: ``sequence`` for a module that works position by position (a norm, a dropout) on dimension 1 of
+(batch, positions, features), its replicated parameters' gradients summed by DTensor; ``split_sequence``
+where the split starts (after the embeddings). A model that takes the sequence length from a tensor now
+split (a ``view(batch, length, ...)``) cannot run so; paratrain's gpt takes it from the projection itself.
 """
 
 from __future__ import annotations

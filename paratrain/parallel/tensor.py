@@ -1,39 +1,16 @@
-"""Tensor parallelism: each layer a plan names is split over the processes of a mesh
-dimension, every process computing a slice of it (Megatron-LM's split, through DTensor).
+"""Tensor parallelism: each layer a plan names is split over the processes of a mesh dimension, every
+process computing a slice of it (Megatron-LM's split, through DTensor).
 
-A *plan* maps module names to styles; a ``*`` in a name stands for one part of it
-(``"transformer.h.*.mlp.c_fc"``):
+A *plan* maps module names (``*`` for one part of a name: ``"transformer.h.*.mlp.c_fc"``) to styles:
+``colwise`` splits a layer's outputs (``colwise:K`` for K packed projections, ``colwise_rep`` gathers them
+whole again), ``rowwise`` its inputs with one all-reduce of the partial outputs (the rows of an
+``nn.Embedding``), ``heads`` rescales an attention module's head counts, ``replicate`` keeps a module whole;
+transformers' names are accepted too. A block is split column-then-row, so it costs two all-reduces forward
+and two backward and the activations between stay split. Other parameters are replicated DTensors (one kind
+of tensor for optimizers and clipping); a tied parameter is split only where every holder splits it alike.
 
-- ``colwise``: the layer's outputs are split: each process holds a slice of the weight's
-  output features (and of the bias) and computes those outputs from the whole input;
-  ``colwise:K`` for K projections packed in one layer (a fused query-key-value: each
-  process holds its slice of each); ``colwise_rep`` (also ``colwise_gather_output``)
-  gathers the outputs whole again (an output layer scored whole; the model's output layer
-  keeps its logits split by vocabulary inside ``vocabulary.split_logits()``);
-- ``rowwise``: the layer's inputs are split (the outputs of a ``colwise`` layer before
-  it): each process holds a slice of the weight's input features, and the partial
-  outputs are summed by one all-reduce; on an ``nn.Embedding`` the rows (the vocabulary)
-  are split;
-- ``heads``: an attention module whose head counts are attributes
-  (``num_heads``, ``split_size``, ``embed_dim``: transformers' GPT-2) counts the heads
-  its process holds;
-- ``replicate``: the module stays whole (a plan that would split it otherwise).
-
-transformers' names are taken too (``embedding_rowwise``, ``colwise_gather_output``,
-``packed_colwise``: two packed projections).
-
-A block is thus split column-then-row (attention: query/key/value by columns, the output
-projection by rows; the MLP's first layer by columns, its second by rows): two
-all-reduces forward and two backward per block, and the activations in between stay
-split. Layers split are ``nn.Linear``, ``nn.Embedding`` and transformers' ``Conv1D``;
-every other parameter is replicated over the mesh, a DTensor too (so that optimizers and
-clipping see one kind of tensor), its module taking and giving plain tensors as before. A parameter tied between modules (an output layer and
-the input embedding) is split only where every module holding it splits it alike, and
-stays tied.
-
-A model's plan is, in order: the one given; a model's own ``_tp_plan`` (paratrain's
-``gpt``; a Hugging Face model's, which transformers makes from the ``base_model_tp_plan``
-of its config and its output layer's); the plans below for models that carry none (GPT-2).
+A model's plan is the one given, else the model's own ``_tp_plan`` (paratrain's ``gpt``; a Hugging Face
+model's ``base_model_tp_plan``), else the plans below (GPT-2). docs/tensor_parallel.md has more.
 """
 
 from __future__ import annotations

@@ -1,22 +1,13 @@
-"""Tensor parallelism inside pipeline stages: a plan written for the whole model applied to
-the stage a process holds, and a model traced into stages with the shapes its split layers
-give.
+"""Tensor parallelism inside pipeline stages: a plan written for the whole model applied to the stage a
+process holds, and a model traced into stages with the shapes its split layers give.
 
-The plan is matched once, on the whole model (tensor.py's ``planned``): a pattern that names
-no module of the model is refused there, and a stage is given the modules of it that it
-holds, by identity, under the names the stage holds them (an ``nn.Sequential``'s stage
-counts its layers from 0 again; a traced stage prefixes them with ``model.``). A stage that
-holds none of a pattern's modules simply splits nothing for it.
-
-A traced stage is a graph (``torch.export``, through ``torch.distributed.pipelining``) that
-keeps the shapes it was traced with, down to the width a view or a split of a fused
-projection takes: traced whole and then split, GPT-2's attention would cut its query, key
-and value at the whole width. So the model is traced as split: a copy of it whose split
-layers give the shapes a process's part of them gives (``split_shaped``: a column-wise
-layer's output narrowed to its slice, a row-wise layer fed its slice of the inputs) and
-whose ``heads`` modules count the heads of one process. In each stage of that trace the
-layers themselves are then put back in the place of those stand-ins (``put_layers``): the
-user's own layer modules, which the stage splits by DTensor as ``--strategy tensor`` does.
+The plan is matched once, on the whole model (tensor.py's ``planned``, which refuses a pattern that names
+no module); each stage gets the modules it holds, by identity, under its own names for them. A traced stage
+(``torch.export``) keeps the shapes it was traced with, so a model traced whole would cut GPT-2's fused
+query/key/value at the whole width. The model is therefore traced as split: a copy whose split layers give a
+process's shapes (``split_shaped``) and whose ``heads`` modules count one process's heads; in each traced stage
+the user's own layers then replace those stand-ins (``put_layers``), to be split by DTensor as
+``--strategy tensor`` does.
 """
 
 from __future__ import annotations

@@ -1,19 +1,12 @@
-"""Logits split by vocabulary, and the cross-entropy computed on them (Megatron-LM's and
-torchtitan's "loss parallel").
+"""Logits split by vocabulary, and the cross-entropy computed on them (Megatron-LM's and torchtitan's "loss
+parallel").
 
-A plan's output layer (``colwise_rep``, parallel/tensor.py) computes each process's slice
-of the vocabulary, ``(batch, positions, V/T)``; gathering the slices whole is an all-gather
-of the largest activation of a language model, and memory for the whole of it on every
-process. Inside ``split_logits()`` the output layer gives its slice instead, as a DTensor
-sharded on its last dimension, and ``F.cross_entropy`` of it runs under torch's
-``loss_parallel()``: each process's maximum and sum of exponentials over its slice,
-combined by two all-reduces of one value a position, and the target's logit from the
-process that holds it, a third. The backward pass sends nothing: each process's part of
-the gradient is its slice's softmax less the target's one-hot. The loss comes out a
-replicated DTensor; ``local`` makes it a plain tensor again for the loop.
-
-Outside the context (evaluation's metrics, ``predict``, a loss that is no cross-entropy, a
-loop of the user's own) the output layer gathers its logits whole, as without it.
+Gathering a language model's logits whole is an all-gather of its largest activation and memory for all of
+it on every process. Inside ``split_logits()`` the output layer (``colwise_rep``) gives its vocabulary slice as
+a DTensor sharded on its last dimension, and ``F.cross_entropy`` runs under torch's ``loss_parallel()``: three
+all-reduces of one value a position forward, nothing sent backward. The loss is a replicated DTensor;
+``local`` makes it a plain tensor for the loop. Outside the context (metrics, ``predict``, another loss, the
+user's own loop) the output layer gathers its logits whole.
 """
 
 from __future__ import annotations

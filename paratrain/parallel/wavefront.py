@@ -1,18 +1,11 @@
-"""A stacked RNN pipelined one layer per process over chunks of its sequence: the
-wavefront of the classic multi-GPU tutorials. Stage ``k`` holds layer ``k`` of an
-``nn.LSTM``; the sequence is cut into ``C`` chunks along time, and stage ``k`` computes
-chunk ``t`` while stage ``k + 1`` computes chunk ``t - 1``: in the first chunk's time one
-stage works, then two, until all ``S`` are busy. Each chunk's hidden and cell state carry
-over to the next chunk on the same stage, so the outputs are the unsplit LSTM's.
+"""A stacked RNN pipelined one layer per process over chunks of its sequence: the wavefront of the classic
+multi-GPU tutorials.
 
-The backward pass runs the same wave the other way: the last stage starts from the last
-chunk, and each stage hands the gradient of its input chunk to the stage below while it
-goes on with the chunk before, carrying the state's gradient back through time. The
-gradients are those of the unsplit LSTM (truncation is nowhere: every chunk's graph is
-kept until its backward).
-
-With equal chunks a stage is idle for ``S - 1`` of the ``C + S - 1`` chunk times of each
-pass: the bubble ``(S - 1) / (C + S - 1)``, measured per stage by ``busy_seconds``.
+Stage ``k`` holds layer ``k`` of an ``nn.LSTM``; the sequence is cut into ``C`` chunks and stage ``k`` computes
+chunk ``t`` while stage ``k + 1`` computes chunk ``t - 1``. States carry over between a stage's chunks and every
+chunk's graph is kept until its backward, which runs the same wave the other way, so outputs and gradients
+are the unsplit LSTM's (no truncation). With equal chunks each pass has the bubble ``(S - 1) / (C + S - 1)``,
+measured per stage by ``busy_seconds``.
 """
 
 from __future__ import annotations

@@ -1,23 +1,12 @@
 """Leaving a run so that no process group outlives it.
 
-Why this matters: every Gloo work remembers the Python thread-local state it was made in,
-and the Gloo worker thread that ran it drops it, which takes the GIL. Two things follow
-(both seen here, with gdb, in PyTorch 2.13):
-
-- a group destroyed while the GIL is held (its last reference dropped by a C++ holder such
-  as a DDP reducer, freed from Python) joins its worker threads while one of them waits for
-  the GIL: the process hangs;
-- a group alive when the interpreter finalizes (its last reference in a model the script
-  still holds, say) lets a worker thread reach for the GIL after finalization began; Python
-  ends that thread with a forced unwind, which meets a ``noexcept`` frame, and the process
-  aborts after training finished: "terminate called without an active exception".
-
-The one safe end for a group is its Python object's last reference going away before
-finalization: pybind frees a ``ProcessGroup`` with the GIL released, so its destructor
-waits for its worker threads, which finish their last work and exit. ``sever_groups``
-takes the groups out of everything the run wrapped (C++ holders first, while the Python
-objects still keep each group), and ``destroy_groups`` then lets the registry's
-references, the last ones, go.
+Every Gloo work remembers the Python thread-local state it was made in, and the worker thread that ran it
+takes the GIL to drop it. So a group destroyed while the GIL is held (freed from a C++ holder such as a DDP
+reducer) hangs joining its worker threads, and a group alive at interpreter finalization aborts the
+process ("terminate called without an active exception"). The one safe end is the Python object's last
+reference going away before finalization (pybind frees it with the GIL released): ``sever_groups`` takes the
+groups out of everything the run wrapped, C++ holders first, and ``destroy_groups`` then drops the registry's
+last references.
 """
 
 from __future__ import annotations

@@ -1,20 +1,12 @@
-"""A replica's watchdog: a wait that outlives every deadline under it ends the process
-with one line, instead of a run that neither finishes nor fails.
+"""A replica's watchdog: a wait that outlives every deadline under it ends the process with one line, instead
+of a run that neither finishes nor fails.
 
-Each wait of a fault-tolerant step has a deadline of its own: torchft's quorum and its
-should-commit call (``--timeout``), Gloo's collectives (the process group's timeout,
-``--timeout`` too), the state transfer to a replacement. A replica whose peer died learns it
-within that bound and does the step again in a new quorum. The watchdog is the backstop
-for a wait whose own deadline did not fire (a Gloo listener that ignores its timeout after
-its peer died, a call that was never answered): once one phase of a step has run for
-longer than ``bound`` seconds, it writes ``paratrain: worker W: the PHASE of step S did not
-end within B s (...); the replica exits`` to stderr and ends the process with exit code 1.
-The launcher then treats the replica as lost: a replacement joins (``--max-restarts``) or
-the others go on without it.
-
-The thread only reads a clock and a tuple; a phase costs two assignments. It ends the
-process with ``os._exit`` (standard output and error flushed first): the main thread is
-stuck in a native wait that a Python exception cannot interrupt.
+Each wait of a fault-tolerant step has a deadline of its own (torchft's quorum and commit, Gloo's
+collectives, the state transfer); the watchdog is the backstop for one that did not fire. Once a phase of a
+step has run longer than ``bound`` seconds, it writes ``paratrain: worker W: the PHASE of step S did not end
+within B s (...); the replica exits`` to stderr and exits with code 1, and the launcher treats the replica as
+lost. It ends the process with ``os._exit`` (output flushed first) because the main thread is stuck in a
+native wait that no Python exception interrupts. A phase costs two assignments.
 """
 
 from __future__ import annotations

@@ -1,65 +1,16 @@
-"""``paratrain simulate --calibrate FILE``: measure here what the simulator's cost model needs
-for the user's model, and write it down for later predictions (``--calibration FILE``,
-calibration.py reads it).
+"""``paratrain simulate --calibrate FILE``: measure on this machine the costs the simulator's model needs for
+the user's model, and write them for later predictions (``--calibration FILE``; calibration.py reads them).
 
-A distributed step costs far more than its bytes on the wire: the framework's work on each
-message (DDP's buckets, Gloo's threads, the shard's bookkeeping) is most of it on a small
-model, and a micro-benchmark of the transport alone misses it (a one-value Gloo all-reduce:
-0.06 ms; what a real 2-process all-reduce step adds to the mlp's: 1.5 ms). So the costs
-are taken from real ``paratrain train`` runs of ``--model`` on ``--dataset`` (``--batch-size``),
-one thread a process, each process on a core of its own, about 400 steps each (at least 2
-epochs), with the prediction's ``--optimizer``, ``--lr``, ``--momentum`` and ``--weight-decay``
-(a model that diverges at the defaults is measured at the rate it trains with); ``--calibrate-rounds`` rounds (3)
-of the runs back to back,
-each cost the median over the rounds (a shared machine's speed drifts between runs); the
-steps of the epochs past the first (their ``train_seconds``; an epoch's end apart). The file
-keeps each round's own costs too (``rounds``: a prediction's range, calibration.py) and the
-share of the machine's CPU time a hypervisor gave to other machines while the rounds ran
-(``measured.steal``, from /proc/stat; a cloud VM's neighbours, which move its speed):
-
-- ``compute_ms``: a step of ``single`` (T1): the forward and backward pass, the optimizer,
-  the batch and the step's bookkeeping, all a worker does besides communicating;
-- ``ring_step_us``: what a step of ``allreduce`` with 2 workers (T2) adds to T1, per step of
-  the ring (a 2-process ring has 2): (T2 - T1) / 2. Part of it is CPU, part waiting (Gloo's
-  threads handing the message over). The CPU a step of ``allreduce`` adds to one of
-  ``single`` (``cpu_seconds``, every thread of the process) is a fixed part, DDP's launch and
-  finish of the collective (``ring_fixed_cpu_us``), and a part per hop, what a message costs
-  its receiver on a node under a CPU quota (``message_cpu_us``): apart from a second ring of
-  3 workers (4 hops against 2: the difference is 2 hops' CPU);
-- ``ps_push_us``: what a step of ``ps-sync`` with 1 worker (Tp) adds to T1: the push, the
-  shard's work on it and its update, and the reply; and the CPU of each end apart, from the
-  same run: ``shard_push_cpu_us``, the shard's CPU-seconds while it served (every thread: the
-  links' readers, the reply) per push, less its update (``ps_update_us``); and
-  ``ps_worker_cpu_us``, what the worker's CPU a step adds to ``single``'s (its push and the
-  reply). Under a CPU quota they are what a push costs each end (on the mlp across two
-  emulated hosts, benchmarks/results/simulator_recommend_ps_cpu.json: 1.45 ms at the shard
-  and 1.04 ms at the worker, where a ring step's CPU, ``message_cpu_us``, is 1.06 ms);
-- ``epoch_end_ms``: what an epoch's end costs ``single``: the wall clock between two epochs'
-  ends less the second's steps (the test split's evaluation, the next epoch's start); the
-  steps' costs above count the epochs' steps alone (``train_seconds``);
-- ``ps_update_us``: the shard's optimizer step (``--optimizer``'s: Adam's costs about three
-  times SGD's) on the model's parameters as one flat tensor, measured alone;
-- ``codec_gbps``: ``--compression``'s encode plus decode of the model's gradient, in
-  gigabytes of dense gradient a second (0 for ``none``: nothing to code);
-- ``host_link_gbps``, ``host_step_us`` and ``host_step_cpu_us``: the rate, the fixed cost (a
-  ring step's) and its CPU of a Gloo all-reduce between two processes of this host
-  (link_probe.py): an epoch end's all-reduces of a few values, and the link of a
-  tensor-parallel replica whose processes share a machine. A step of ``allreduce`` costs
-  far more than that fixed cost (DDP's buckets and hooks: ``ring_step_us``); the activation
-  collectives of tensor parallelism are bare all-reduces;
-- ``tp_module_us`` (a model with a tensor plan: the gpt, GPT-2, a model carrying
-  ``_tp_plan``): what each split module adds to a real step of ``tensor`` split 2 ways (T2)
-  beyond the model's share of the compute and its collectives at the host link's rate and
-  fixed cost, per module: DTensor's dispatch of every op on a split tensor, and the
-  collectives' work beyond their bytes.
-
-With ``--across-hosts`` the runs that send messages (``allreduce`` and ``ps-sync``) run
-between two emulated hosts (``paratrain cluster run --hosts 2``: each process in a network
-namespace of its own on a bridge, a core each; the ring of 3 workers between three), so that
-a message crosses a network stack at both ends as between machines: on the mlp a ring step's
-CPU is about twice the loopback's.
-
-calibration.py turns them into the engine's parameters for the prediction at hand.
+A distributed step costs far more than its bytes on the wire (DDP's buckets, Gloo's threads, the shard's
+bookkeeping), so the costs come from real ``paratrain train`` runs of ``--model`` on ``--dataset`` with the
+prediction's optimizer flags, one thread a process on a core of its own. Each cost is the median over
+``--calibrate-rounds`` rounds run back to back (a shared machine's speed drifts); each round's own costs and
+the CPU steal during the rounds are kept too. The fields: ``compute_ms`` (a ``single`` step), ``ring_step_us``
+(what a 2-worker ``allreduce`` step adds, per ring step), ``ps_push_us`` (what a 1-worker ``ps-sync`` step
+adds) with the CPU at each end, ``epoch_end_ms``, ``ps_update_us`` (the shard's optimizer step),
+``codec_gbps``, the host link's rate and fixed cost, and ``tp_module_us`` (what each tensor-split module adds).
+``--across-hosts`` runs the runs that send messages between emulated hosts, so that a message crosses a
+network stack at both ends. docs/simulator.md explains how a prediction uses them.
 """
 
 from __future__ import annotations

@@ -1,20 +1,12 @@
 """The simulated cluster: workers (compute time, stragglers, failures), links, codecs.
 
-Everything here is a cost model with the arithmetic in the open; simulator.py turns it
-into step times. Units: seconds and bytes throughout (flags take ms, us, Gb/s, MB).
-
-| piece | model |
-| --- | --- |
-| compute | every worker needs ``compute_s`` per step (one local batch), times its straggler factor |
-| straggler ``none`` | factor 1 |
-| straggler ``lognormal:SIGMA`` | factor exp(SIGMA z - SIGMA^2/2), z ~ N(0, 1), drawn per worker per step (mean 1) |
-| straggler ``fixed:WORKER:FACTOR`` | that worker is always FACTOR times slower (a slow machine) |
-| straggler ``sleep:WORKER:FACTOR`` | after each step that worker sleeps FACTOR - 1 times the step's duration, as ``paratrain train --straggler WORKER:FACTOR`` does (host.py) |
-| failures ``failure_rate`` | per worker, Poisson with this rate per hour; a step in which a worker fails costs it ``recovery_s`` more |
-| link | every node (worker or ps shard) has one full-duplex link of ``bandwidth`` bytes/s and ``latency`` s per message (``ring_latency`` per ring all-reduce step, if given) |
-| codec | gradient bytes divided by the codec's ratio, plus an encode/decode time per step |
-| shard work | a ps shard spends ``ps_message_s`` on every push (decode, accumulate, reply) and ``ps_update_s`` on every update it applies, one message at a time |
-| host cores | ``host_cores`` set: every process runs on one host of that many cores and they share them (host.py) |
+Everything here is a cost model with the arithmetic in the open; simulator.py turns it into step times.
+Units: seconds and bytes throughout (flags take ms, us, Gb/s, MB). Every worker needs ``compute_s`` a step
+times its straggler factor (``lognormal:SIGMA`` of mean 1 per worker and step, ``fixed:W:F``, or ``sleep:W:F``
+as ``paratrain train --straggler``); failures are Poisson per worker (``failure_rate`` an hour, each costing
+``recovery_s``). Every node has one full-duplex link of ``bandwidth`` bytes/s and ``latency`` s a message; a
+codec divides the gradient's bytes and adds its coding time; a shard spends ``ps_message_s`` on each push and
+``ps_update_s`` on each update, one message at a time; ``host_cores`` shares one host's cores (host.py).
 """
 
 from __future__ import annotations

@@ -1,20 +1,11 @@
 """Processes that share one host's cores: an event-driven model of a single-machine run.
 
-``paratrain train --workers N`` starts every process (workers, parameter-server shards)
-on one machine. With more processes than cores they take turns, and what a step costs
-depends on who else wants a core at that moment; simulator.py's round models, in which
-every node has a machine of its own, cannot say that. Here every process is simulated
-event by event, with the same cost model (cluster.py: links, latency, codecs, ring
-all-reduce, the shard's work per message) plus:
-
-| piece | model |
-| --- | --- |
-| cores | ``host_cores`` C shared by processor sharing: while k processes want a core, each runs at min(1, C / k) of one (a fair scheduler, to first order; Kleinrock 1967), or at speedup(k) / k with a measured ``host_speedup`` curve; a process blocked in a receive or asleep wants none |
-| what wants a core | a worker's compute (its whole step apart from waiting: forward, backward, optimizer, the loop); a shard's work on each message and update |
-| shard | one message at a time, in arrival order (ShardServer's receiver thread), after the bytes have come through its link; the same rules as the real server (ps_policies.py): sync/backup hold a version's first N gradients and drop later ones, async applies each at once, with ``--staleness-bound`` |
-| straggler ``sleep:W:F`` | after each step worker W sleeps (F - 1) times the step's duration, like ``paratrain train --straggler W:F`` (train/faults.py): for allreduce the step ends with the all-reduce, for a parameter server with the push handed to the transport |
-
-``host_cores=None`` gives every process a core of its own; then this engine and
+With more processes than cores, what a step costs depends on who else wants a core at that moment, which
+simulator.py's rounds (a machine per node) cannot say. Here every process is simulated event by event with
+cluster.py's cost model, plus: ``host_cores`` C shared by processor sharing (each of k wanting processes runs
+at min(1, C/k), Kleinrock 1967, or a measured ``host_speedup`` curve); shards serving one message at a time in
+arrival order under the real server's rules (ps_policies.py); and ``sleep:W:F`` stragglers as
+``paratrain train --straggler W:F``. ``host_cores=None`` gives every process a core, and then this engine and
 simulator.py agree on the closed forms (tests/unit/test_simulator_host.py).
 """
 

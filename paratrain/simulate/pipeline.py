@@ -1,21 +1,12 @@
 """Pipelines and 3-D meshes in the simulator: ``--strategy pipeline --stages S [--tensor-parallel T]``.
 
-W processes make D = W/(S*T) replicas of S stages of T processes each (the (replica, stage,
-shard) mesh of ``paratrain train --strategy pipeline``, strategies/pipeline/). The model is
-cut where train cuts it (its layers balanced by parameters, or ``--split-points``), and what
-each stage computes, holds and sends is measured here on one local batch with the model
-whole (tensor_shape.measure_stages):
-
-| piece | model |
-| --- | --- |
-| a stage's micro-batch | ``compute_s`` x its share of the forward FLOPs / M, scaled as tensor.py scales a split model when T > 1; plus its activation collectives on 1/M of the batch and its split modules' fixed cost (tensor.py), for each micro-batch |
-| between stages | each micro-batch's activations sent to the next stage and their gradient sent back: one message each way on the cluster's link (``bandwidth``, ``latency``) |
-| the schedule | GPipe and 1F1B take the same time, ``sum_s u_s + (M - 1) max_s u_s`` for the per-micro-batch stage times u (the fill and drain of M + S - 1 slots when stages are balanced; 1F1B holds fewer activations, not less time) |
-| replicas | after the last micro-batch each process all-reduces its stage's part of the gradient over the D replicas on the cluster's link (strategies/pipeline: not overlapped); the slowest stage's all-reduce ends the step |
-| one process | W = 1 is one process of the whole model: ``compute_s``, nothing sent |
-
-Left out: a tied weight held by two stages has its gradient summed between them (one
-all-reduce of the tie over 2 processes); the first step's shape inference.
+W processes make D = W/(S*T) replicas of S stages of T processes. The model is cut where train cuts it, and
+each stage's compute, memory and messages are measured on one local batch (tensor_shape.measure_stages). A
+stage's micro-batch costs its share of ``compute_s`` / M (split as tensor.py when T > 1); activations and their
+gradients cross the cluster's link once each way per micro-batch. GPipe and 1F1B take the same time,
+``sum_s u_s + (M - 1) max_s u_s`` (1F1B holds fewer activations, not less time); the replicas' gradient
+all-reduce follows, not overlapped. Left out: a tied weight's sum between two stages, and the first step's
+shape inference.
 """
 
 from __future__ import annotations

@@ -1,23 +1,13 @@
-"""A node limited to a share of one core by a CPU quota: cgroup CPU bandwidth control, which is
-how Kubernetes enforces a pod's CPU limit and how ``paratrain cluster run --cpu`` makes its
-hosts.
+"""A node limited to a share of one core by a CPU quota: cgroup CPU bandwidth control, as Kubernetes enforces
+a pod's CPU limit and ``paratrain cluster run --cpu`` makes its hosts.
 
-The kernel gives the node's processes ``share x period`` CPU-seconds in every period. They
-run at a full core's speed until that is spent, then wait for the next period (they are
-throttled); unused quota does not carry over. So a node at 0.3 of a core with a 10 ms period
-does 3 ms of work at full speed, then nothing for 7 ms. A step's duration is not its work
-over the share: 1.8 ms of compute starting early in a period takes 1.8 ms, one that meets
-the end of the quota waits out the rest of the period. And every message that needs the
-receiver's CPU meets the same rule: in a ring all-reduce across N nodes, each hop waits
-whenever the next node is throttled, which makes a synchronous step slower with more nodes
-even when every link is idle. Each node's periods start at a phase of their own (its
-cgroup's period timer), drawn once per run.
-
-``ThrottledCore`` is one node's CPU for host.py's event loop: it runs the jobs given to it
-one at a time, in order, each at full speed within the quota. ``ThrottledNodes`` does the
-same arithmetic for many nodes at once, as arrays: a ring all-reduce's hop is one piece of
-work on every node, 2(N-1) hops a step, and node by node in Python that is what a
-simulation of hundreds of nodes spends its time on.
+The kernel gives a node ``share x period`` CPU-seconds each period: its processes run at full speed until
+that is spent, then wait for the next period; unused quota does not carry over. So a step's duration is not
+its work over the share, and every message that needs the receiver's CPU waits whenever the receiver is
+throttled, which slows a synchronous step with more nodes even over idle links. Each node's periods start
+at a phase of its own, drawn once per run. ``ThrottledCore`` is one node's CPU for host.py's event loop;
+``ThrottledNodes`` does the same arithmetic for many nodes at once as arrays, so that a simulation of
+hundreds of nodes is not spent in a Python loop over hops.
 """
 
 from __future__ import annotations

@@ -1,18 +1,12 @@
-"""``paratrain simulate --recommend``: the user's question, on a cluster described as
-``paratrain cluster run`` describes one (``--hosts``, ``--cpu``, ``--link``, ``--host
-I:cpu=X``): which strategy, with which key options, is fastest there.
+"""``paratrain simulate --recommend``: which strategy, with which key options, is fastest on a cluster
+described as ``paratrain cluster run`` describes one (``--hosts``, ``--cpu``, ``--link``, ``--host I:cpu=X``).
 
-Every candidate runs on the same hosts: ``allreduce`` and ``local-sgd`` (``--sync-every`` 4, 8
-and 16) on every host; the parameter servers with their shard on a host of its own and the
-others as workers (``ps-sync``, ``ps-backup`` with one backup worker, ``ps-async`` without
-and with a staleness bound of 2); ``fsdp`` where the hosts have whole cores (the quota
-engine does not model it). A host at a lower CPU share than the others is a slow worker
-(``fixed:W:F``, F the ratio of the shares); one at most. Hosts under a CPU share are
-simulated under its quota with ``paratrain cluster``'s 10 ms period.
-
-Candidates are ranked by examples/s among those that make the same updates as plain SGD
-(the ``allreduce``, ``fsdp`` and parameter-server ones), and with ``--target-accuracy`` or
-``--target-loss`` by simulated time to the target among all (target.py).
+Every candidate runs on the same hosts: ``allreduce``, ``local-sgd`` at several ``--sync-every``, the parameter
+servers with their shard on a host of its own, and ``fsdp`` where hosts have whole cores (the quota engine
+does not model it). One host at a lower CPU share is a slow worker; hosts under a share run under its quota
+with ``paratrain cluster``'s 10 ms period. Candidates are ranked by examples/s among those that make plain
+SGD's updates, or with ``--target-accuracy``/``--target-loss`` by simulated time to the target (target.py).
+See docs/simulator_recommend.md.
 """
 
 from __future__ import annotations

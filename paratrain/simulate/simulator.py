@@ -1,27 +1,14 @@
 """Discrete-event model of one training run on a simulated cluster.
 
-Synchronous strategies are rounds: every round is a function of the (steps, workers)
-matrix of compute times, so they are vectorised with numpy (a round ends at a max, or
-an order statistic, over workers). Only ``ps-async`` is a real event queue (a heap),
-because there every push changes what the next pull sees.
-
-| ``--strategy`` | one round / event |
-| --- | --- |
-| ``allreduce`` | slowest worker's backward fills 25 MiB buckets; each bucket is ring-all-reduced as soon as it is full and the link is free (DDP's overlap, Li et al. 2020) |
-| ``ps-sync`` | all N push to the P shards (FIFO at each shard's link), the shards average, all N pull |
-| ``ps-backup`` | N+K workers compute, the first N pushes make the update, K are dropped (Chen et al. 2016) |
-| ``ps-async`` | each push is applied on arrival; staleness = versions since its pull; ``--staleness-bound S`` holds a worker S steps ahead of the slowest (Ho et al. 2013) |
-| ``local-sgd`` | H local steps, then one ring all-reduce of the parameters (Lin et al. 2020) |
-| ``diloco`` | local-sgd's rounds plus the outer optimizer step; ``--fragments F``: 1/F of the model every H/F steps |
-| ``fsdp`` | per step: all-gather (forward), all-gather again (backward, when resharded) and reduce-scatter, each overlapped with its pass unit by unit but the first |
-| ``tensor`` | per step: each process's share of the compute, its activations' collectives inside the replica, then the replicas' gradient all-reduce (or fsdp over them): tensor.py |
-| ``pipeline`` | per step: M micro-batches through S stages (fill, steady state, drain), each stage split T ways as ``tensor``, then each stage's replicas all-reduce its gradient: pipeline.py |
-
-With ``host_cores`` set (every process on one machine, sharing its cores) or a
-``sleep:`` straggler, ``simulate`` runs host.py's event-driven engine instead.
-
-Every strategy can record a trace (``record=True``): which worker's gradient, computed on
-which version, is applied at what time; virtual.py trains a real model on it.
+Synchronous strategies are rounds, each a function of the (steps, workers) matrix of compute times, so they
+are vectorised with numpy (a round ends at a max, or an order statistic, over workers). Only ``ps-async`` is
+a real event queue (a heap), because there every push changes what the next pull sees (staleness; the
+``--staleness-bound`` as in Ho et al. 2013). ``allreduce`` overlaps the slowest worker's backward with ring
+all-reduces of 25 MiB buckets (DDP's overlap, Li et al. 2020); ``ps-backup`` keeps the first N of N+K pushes
+(Chen et al. 2016); the other rounds are described on their classes, tensor.py and pipeline.py. With
+``host_cores`` set (processes sharing one machine's cores) or a ``sleep:`` straggler, host.py's event-driven
+engine runs instead. ``record=True`` keeps a trace of which gradient, computed on which version, is applied
+when; virtual.py trains a real model on it. docs/simulator.md has more.
 """
 
 from __future__ import annotations

@@ -1,17 +1,11 @@
-"""``paratrain simulate --target-accuracy A`` (or ``--target-loss L``): which strategy reaches
-the target first on the simulated cluster.
+"""``paratrain simulate --target-accuracy A`` (or ``--target-loss L``): which strategy reaches the target first
+on the simulated cluster.
 
-Examples a second is not what a user chooses on: local SGD, DiLoCo and asynchronous updates
-make different progress per example. So each strategy trains the real model in this
-process on its simulated schedule (virtual.py's replay: the order, the staleness and the
-local steps the schedule produces), and its time to the target is the simulated time of the
-first epoch's end whose evaluation reaches it (a run evaluates at its epochs' ends, so that
-is when it reports the target: two strategies that reach it within one epoch report it at
-that epoch's end, and the faster one first), over ``--seeds`` seeds (the cluster's draws
-and the data order; the model's first parameters are the same). Strategies are ranked by the median, a
-seed that does not reach the target within ``--epochs`` counting as later than any that
-does: a strategy that reaches it in most seeds has a median time (2 of 3 seeds: the later
-of the two), one that misses it in half of them or more ranks after every one that does not.
+Examples a second is not what a user chooses on: local SGD, DiLoCo and asynchronous updates make different
+progress per example. So each strategy trains the real model on its simulated schedule (virtual.py), and its
+time to the target is the simulated time of the first epoch end whose evaluation reaches it. Over
+``--seeds`` seeds, strategies are ranked by the median time, a seed that misses the target within
+``--epochs`` counting as later than any that reaches it.
 """
 
 from __future__ import annotations

@@ -1,21 +1,12 @@
 """Tensor parallelism and meshes in the simulator: ``--strategy tensor --tensor-parallel T``.
 
-W processes make D = W/T replicas of T processes (the device mesh (replica, shard) of
-``paratrain train --strategy tensor``, strategies/tensor/). What a step costs comes from
-the user's model and its plan (parallel/tensor.py), measured here on one local batch in
-one process, the model whole:
-
-| piece | model |
-| --- | --- |
-| compute | a process computes ``compute_s`` x (1 - f + f/T), f the share of the forward pass's FLOPs in the modules the plan splits (their matrix products; an attention split by heads counts whole); the rest (norms, embeddings left whole, the loss) every process computes whole |
-| activations | every row-wise module's output all-reduced forward (its partial sums; a vocabulary-split embedding's too), every column-wise module's input gradient all-reduced backward (when its input needs one), a ``colwise_rep`` output all-gathered: ring collectives over the T processes, on the link between them (``tp_bandwidth``: one machine's, NVLink or PCIe on GPUs) with its own ring step latency (``tp_latency``, else the cluster's); not overlapped with compute (DTensor's collectives block) |
-| replicas | after the backward pass each process all-reduces its part of the gradient (the split parameters' 1/T and the whole ones) over the D replicas, on the cluster's link (strategies/tensor: one flat all-reduce, not overlapped); ``shard_replicas``: FSDP2 over the replicas instead (costs.py's fsdp step on that part) |
-| split modules | each adds ``module_s`` to a step (T > 1): DTensor's dispatch of its ops and the collectives' work beyond their bytes, which a calibration measures (calibrate.py's ``tp_module_us``) |
-| one process | W = 1 is one process of the whole model: ``compute_s``, nothing sent |
-
-A Megatron block thus costs two all-reduces of its activations forward and two backward;
-a model with separate query, key and value projections (Llama) three backward where a
-fused one (GPT-2's ``c_attn``) costs one: the hooks count what the plan gives.
+W processes make D = W/T replicas of T processes, as ``paratrain train --strategy tensor`` lays them out. The
+costs come from the user's model and plan, measured on one local batch: each process computes
+``compute_s x (1 - f + f/T)``, f the split modules' share of the forward FLOPs; the plan's activation
+collectives are ring collectives over T on ``tp_bandwidth``/``tp_latency``, not overlapped (DTensor's block);
+after the backward each process all-reduces its gradient part over D replicas (or FSDP2 with
+``shard_replicas``); each split module adds ``module_s`` (calibrate.py's ``tp_module_us``). The hooks count
+what the plan gives: a Megatron block costs two all-reduces forward and two backward; W = 1 sends nothing.
 """
 
 from __future__ import annotations

@@ -1,24 +1,12 @@
 """Virtual-cluster training: real training in one process on the schedule a simulation gives.
 
-The simulator's trace says, for every parameter update, whose gradients it applies,
-on which parameter version each was computed, and when (simulated time). Here the real
-model is trained in exactly that order: a ring of past parameter versions is kept (as
-deep as the largest staleness in the trace), and each gradient is computed on the
-version its worker pulled. So the accuracy of, say, ps-async with 64 workers and
-lognormal stragglers can be read against simulated wall time on a laptop.
-
-Data: one permutation of the training set per epoch (seeded), handed out b examples at
-a time in the order gradients are applied (dynamic sharding, as the parameter-server workers do);
-synchronous strategies drop the tail of an epoch that does not fill a whole round, as
-the real ones do, so virtual ps-sync equals one process with the global batch.
-Gradients that the server drops are not computed (they take no batch here).
-
-The optimizer is the run's (``paratrain train``'s ``--optimizer``: SGD with momentum, Adam,
-AdamW, Adagrad), the torch.optim class itself over the model's parameters as one flat vector
-(each of them works element by element, so a flat vector steps as the parameters do), applied
-where the real strategy applies it: on the server (ps-*, whose shards step the user's
-optimizer over flat pieces too), on every replica alike (allreduce), per replica, its state
-kept through the averaging (local-sgd).
+The simulator's trace says, for every update, whose gradients it applies, on which parameter version each
+was computed, and when. The real model is trained in exactly that order, each gradient computed on the
+version its worker pulled (a ring of past versions as deep as the trace's largest staleness), so accuracy
+can be read against simulated wall time on a laptop. Batches are handed out in the order gradients are
+applied (dynamic sharding, as the PS workers do); dropped gradients are not computed. The optimizer is the
+run's, stepping the parameters as one flat vector where the real strategy steps it (server, every replica,
+or per replica for local-sgd).
 """
 
 from __future__ import annotations

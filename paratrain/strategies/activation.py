@@ -1,18 +1,11 @@
-"""Activation checkpointing: a block keeps only its input for the backward pass and computes
-its forward pass again there, trading compute for the memory of its activations.
+"""Activation checkpointing: a block keeps only its input for the backward pass and computes its forward pass
+again there, trading compute for the memory of its activations.
 
-``--activation-checkpointing`` (the step recipe's ``activation_checkpointing``):
-
-- ``none``: every activation is kept (the default);
-- ``blocks``: every block is checkpointed;
-- ``every-K``: every K-th block (the first, the K+1-th, ...): about 1/K of the saving for
-  1/K of the recomputation.
-
-A model's blocks are the modules it names in ``_no_split_modules`` (a Hugging Face model's
-``GPT2Block`` or ``LlamaDecoderLayer``; the built-in gpt's ``GPTBlock``), else the children
-of an ``nn.Sequential`` root. Checkpointing is PyTorch's non-reentrant one, which restores
-the random-number state for the recomputation: with dropout too, gradients are those
-without checkpointing. State-dict keys stay the model's own.
+``--activation-checkpointing``: ``none`` (default), ``blocks`` (every block), or ``every-K`` (every K-th block:
+about 1/K of the saving for 1/K of the recomputation). A model's blocks are the modules it names in
+``_no_split_modules``, else the children of an ``nn.Sequential`` root. PyTorch's non-reentrant checkpointing
+restores the random state for the recomputation, so gradients equal those without it, dropout included;
+state-dict keys stay the model's own.
 """
 
 from __future__ import annotations

@@ -1,32 +1,14 @@
-"""``onednn_layers``: on the CPU, linear layers and 2-d convolutions train through oneDNN's
-fastest kernels where PyTorch's defaults take a slower one.
+"""``onednn_layers``: on the CPU, linear layers and 2-d convolutions train through oneDNN's fastest kernels
+where PyTorch's defaults take a slower one (``benchmarks/cpu_layers.py`` measures both).
 
-- ``nn.Linear`` (and transformers' ``Conv1D``, GPT-2's linear layers, whose weight is kept
-  as [in, out]): PyTorch multiplies float32 matrices with MKL, which keeps its fastest code
-  paths for Intel's processors. oneDNN (PyTorch's own ``mkldnn::_linear_pointwise``, which
-  inductor calls for linear layers) takes the processor's AVX-512 or AVX2 units on any x86
-  processor: on an AMD EPYC with AVX-512, one core multiplied [128, 2304] by [2304, 384] at
-  101 GFLOP/s through MKL and 222 through oneDNN (``benchmarks/cpu_layers.py``). So on an
-  x86-64 processor not made by Intel (``mkl_slow_here``), the forward pass and both
-  products of the backward pass go through oneDNN; on Intel's, MKL keeps them. A rule, not
-  a timing: every process of a run, and a run resumed, computes with the same kernels.
-- ``nn.Conv2d`` with a bias: oneDNN's weight-gradient kernel computes the bias gradient in
-  the same pass, and that pass is slower than the weight gradient alone followed by a sum
-  of the output gradient over its batch and positions: the plain conv net's first
-  convolution (3 input channels, batch 128, 24x24, channels-last) took 10.9 ms with its
-  bias and 8.1 ms apart, the sum included, on one core (``benchmarks/cpu_layers.py``; the
-  second, of 64 input channels, the same either way). The forward pass and the input gradient are
-  the ones PyTorch computes; the weight gradient is oneDNN's, bit for bit; only the bias
-  gradient's sum runs in another order.
-
-A module keeps its class, parameters and state-dict keys: its instance gets a ``forward``
-of its own (a ``functools.partial``, which pickles and copies with it), and a module that
-has one already (another library's) is left alone. Each call checks that it runs on the
-CPU in float32 outside autocast and ``torch.compile``, with plain parameters (no DTensor:
-tensor parallelism shards them), and otherwise computes as its class does. A backward pass
-that builds its own graph (``create_graph=True``) runs on differentiable operations.
-``CpuTuning(onednn_layers=False)`` or ``--no-onednn-layers`` keeps PyTorch's kernels;
-``True`` sends linear layers through oneDNN on any processor.
+MKL keeps its fastest paths for Intel processors, so on any other x86-64 (``mkl_slow_here``) ``nn.Linear`` (and
+transformers' ``Conv1D``) runs forward and backward through oneDNN: a rule, not a timing, so every process of
+a run and a resumed run compute with the same kernels. ``nn.Conv2d``'s bias gradient is summed apart, faster
+than oneDNN's fused pass (only its order differs). A module keeps its class, parameters and state-dict keys
+(its instance gets a picklable ``forward``; one that has its own is left alone), and computes as its class
+does outside float32 on the CPU, with DTensor parameters, or under autocast or ``torch.compile``.
+``CpuTuning(onednn_layers=False)`` (``--no-onednn-layers``) keeps PyTorch's kernels; ``True`` uses oneDNN on
+any processor.
 """
 
 from __future__ import annotations

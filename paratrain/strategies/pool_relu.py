@@ -1,22 +1,11 @@
-"""``pool_before_relu``: a ReLU followed by a max-pooling, in an ``nn.Sequential``, computes
-the pooling first.
+"""``pool_before_relu``: a ReLU followed by a max-pooling, in an ``nn.Sequential``, computes the pooling first.
 
-ReLU is monotone, so the maximum of ReLUs over a window is the ReLU of the maximum: the
-same values, with the ReLU on a quarter of the elements (a 2x2 or 3x3/2 pooling). The
-gradient is the same too: with the pooling first, the gradient goes to the window's
-largest input, through the ReLU's derivative there; with the ReLU first, to the window's
-largest ReLU output, which is that same input where it is positive, and zero (a ReLU
-derivative of zero) where the whole window is not. Ties resolve to the first position both
-ways. So a step is bit-for-bit the step of the model as written, only faster: a plain
-conv net's ReLUs and their gradients took a quarter of its CPU step (a profile on one
-core; benchmarks/tensorflow_mirrored.py's plain_cnn). The ReLU after the pooling runs in
-place (on the pooling's own output, which nothing else reads; a new module, so a ReLU the
-model uses elsewhere keeps its setting).
-
-Only ``nn.Sequential`` containers are rewritten (their order is their computation), and
-only pairs without hooks (a hook sees what its module computes, which would change).
-TensorFlow's graph optimizer makes rewrites of this kind on its own graphs;
-``CpuTuning(pool_before_relu=False)`` or ``--no-pool-before-relu`` keeps the model as written.
+ReLU is monotone, so the maximum of ReLUs over a window is the ReLU of the maximum, and the gradient reaches
+the same input (ties resolve to the first position both ways): a step is bit for bit the model's as written,
+with the ReLU on a quarter of the elements. The moved ReLU is a new in-place module, so a ReLU used elsewhere
+keeps its setting. Only ``nn.Sequential`` pairs without hooks are rewritten (their order is their
+computation; a hook would see a different value). ``CpuTuning(pool_before_relu=False)`` or
+``--no-pool-before-relu`` keeps the model as written.
 """
 
 from __future__ import annotations

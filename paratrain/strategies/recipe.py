@@ -1,27 +1,14 @@
-"""How one training step computes, the same under every strategy: numeric precision,
-gradient accumulation, clipping, memory format.
+"""How one training step computes, the same under every strategy: numeric precision, gradient accumulation,
+clipping, memory format.
 
-``StepRecipe`` is handed to ``strategy.prepare`` (the Trainer does it from its own
-arguments); each strategy's ``train_step`` runs its forward and backward passes through
-``forward_backward`` here and clips with its own notion of the global norm.
-
-- ``precision``: ``fp32``; ``bf16`` (autocast, on the CPU and on GPUs); ``fp16``
-  (autocast with a gradient scaler, which needs the optimizer where the gradient is made:
-  ``single`` and ``allreduce``).
-- ``accumulate``: one optimizer step per ``accumulate`` micro-batches. The loader reads
-  ``batch_size x accumulate`` examples per replica and step and the step runs them in
-  ``accumulate`` slices, each loss weighted by its share of the examples: the gradient is
-  that of the whole batch, as one batch ``accumulate`` times larger would give.
-- ``clip_grad_norm``: scale the gradient so its global norm (over the whole model, all
-  pipeline stages included) is at most this, as ``torch.nn.utils.clip_grad_norm_`` does.
-- ``channels_last``: 4-d parameters and inputs in NHWC memory order (conv nets).
-- ``activation_checkpointing``: ``none``, ``blocks`` or ``every-K``: blocks that recompute
-  their activations in the backward pass instead of keeping them (``activation.py``).
-- ``pool_before_relu``: a ReLU followed by a max-pooling in an ``nn.Sequential`` pools first
-  (the same values and gradients, a quarter of the ReLU's work: ``pool_relu.py``).
-- ``onednn_layers``: on the CPU, linear layers multiply through oneDNN where MKL runs a
-  slower path, and 2-d convolutions sum their bias gradient apart (``cpu_layers.py``); None:
-  linear layers so on x86 processors not Intel's, True: on any, False: PyTorch's kernels.
+``StepRecipe`` is handed to ``strategy.prepare``; each strategy's ``train_step`` runs its passes through
+``forward_backward`` here and clips with its own notion of the global norm. Its fields: ``precision``
+(``fp32``, ``bf16``, or ``fp16`` with a gradient scaler, which needs the optimizer where the gradient is
+made: ``single`` and ``allreduce``); ``accumulate`` (micro-batches per optimizer step, each loss weighted by
+its share, so the gradient is that of the whole batch); ``clip_grad_norm`` (over the whole model, all stages
+included); ``channels_last``; ``activation_checkpointing`` (``none``, ``blocks``, ``every-K``:
+``activation.py``); ``pool_before_relu`` (``pool_relu.py``); ``onednn_layers`` (None: on non-Intel x86,
+True: always, False: never; ``cpu_layers.py``).
 """
 
 from __future__ import annotations

@@ -1,20 +1,12 @@
 """Checkpoints: each process's part of a run's state, and a manifest that makes them one.
 
-A checkpoint is a folder ``DIR/ckpt-<step>/`` of parts, one per process that holds state
-of its own (``rank-0.pt``, ``rank-1.pt``, ...; a parameter-server run's ``shard-0.pt``,
-...), and ``manifest.json``, written last, naming every part with its size and SHA-256.
-A folder without a manifest, or whose parts do not match it, is incomplete: resuming
-skips it, and a later save removes it (paratrain/checkpoints/store.py).
-
-Which part each process writes is its strategy's topology's business
-(``Topology.checkpoint_part``, ``model_part``); how is its role's: the ``Checkpoint``
-callback asks the strategy for its process's state writer (``Strategy.state_writer``,
-checkpoints/files.py) and calls it at the loop's events. A training replica's writer is
-``ReplicaState`` (checkpoints/replica.py): under allreduce every rank saves its position, random generators
-and codec residuals, and rank 0 alone the (identical) model and optimizer; each pipeline
-stage saves its own stage. A parameter-server run's writers are in its folder
-(strategies/ps/checkpoint.py). The callback calls the strategy; the strategy never calls
-the checkpointer.
+A checkpoint is a folder ``DIR/ckpt-<step>/`` of parts, one per process that holds state of its own
+(``rank-<i>.pt``, a parameter-server run's ``shard-<i>.pt``), and ``manifest.json``, written last, naming every
+part with its size and SHA-256. A folder without a manifest, or whose parts do not match it, is incomplete:
+resuming skips it and a later save removes it (checkpoints/store.py). Which part a process writes is its
+topology's business (``Topology.checkpoint_part``); how, its role's: the ``Checkpoint`` callback asks the
+strategy for the process's state writer (``Strategy.state_writer``, checkpoints/files.py) and calls it at the
+loop's events. The callback calls the strategy; the strategy never calls the checkpointer.
 """
 
 from __future__ import annotations
@@ -49,19 +41,13 @@ def run_signature(strategy: Strategy, model_name: str) -> dict[str, Any]:
 
 
 class Checkpoint(Callback):
-    """Saves every ``every_steps`` steps and at the end of training; with ``resume``, first
-    restores the newest complete checkpoint in ``directory`` (if there is one) and the loop
-    goes on from there.
+    """Saves every ``every_steps`` steps and at the end of training; with ``resume``, first restores the newest
+    complete checkpoint in ``directory`` and the loop goes on from there.
 
-    Every process of the run takes part (give every process the same callback); each
-    writes its own part and the chief commits the checkpoint. The CIFAR-10 recipe's Saver
-    (every 1000 steps, the last 5 kept) is ``Checkpoint(dir, 1000, keep=5)``.
-
-    ``asynchronous``: each save copies the process's state (in host memory) and writes it
-    and commits from a thread while training goes on; the next save, a stop at a signal
-    and the end of training wait for it; fsdp's and tensor parallelism's sharded files are
-    written by DCP's ``async_save`` over a Gloo group of their own. Not for a parameter
-    server's shards (which commit in the background always).
+    Give every process the same callback: each writes its own part and the chief commits.
+    ``asynchronous`` copies the state to host memory and writes from a thread while training goes on (sharded
+    files through DCP's ``async_save``); the next save, a stop at a signal and the end wait for it. Not for a
+    parameter server's shards, which always commit in the background.
     """
 
     def __init__(

@@ -1,22 +1,9 @@
 """Observability callbacks: TensorBoard scalars (``--logdir``) and the timeline (``--timeline``).
 
-TensorBoard layout under ``--logdir D``:
-
-- ``D/`` (the chief): run-level scalars. Per step: ``step/loss`` (the replica-averaged
-  loss at the steps where the loop reduces it, every ``--log-every``; the chief's own
-  loss otherwise), ``step/learning_rate``, ``step/examples_per_second`` (global batch
-  over the chief's step time). Per epoch: ``epoch/train_loss``, ``epoch/test_loss``,
-  ``epoch/test_accuracy``, ``epoch/learning_rate``, ``epoch/examples_per_second``. At
-  the end, from the metrics document: ``run/bytes_sent``, ``run/bytes_per_step``,
-  ``run/staleness_mean``, ``run/staleness_max``, ``run/dropped_gradients``,
-  ``run/test_accuracy``.
-- ``D/rank-N/`` (every worker, N its worker index): this replica's timing per step:
-  ``rank/step_seconds``, ``rank/bytes_sent_per_step``, ``rank/wait_seconds`` (blocked on
-  other processes in the step), ``rank/staleness`` (of its last gradient, as it sees
-  it); per epoch ``rank/loader_wait_seconds`` and ``rank/epoch_wait_seconds``.
-
-Per-step values are read from the strategy's host-side counters; the loss is one host
-sync per step, paid only with ``--logdir``.
+Under ``--logdir D`` the chief writes run-level scalars to ``D/`` (``step/*``, ``epoch/*`` and, at the end,
+``run/*`` from the metrics document) and every worker its own timing to ``D/rank-N/`` (``rank/*``: step time,
+bytes, waits, staleness); docs/command_line.md lists the tags. Values come from the strategy's host-side
+counters; the loss costs one host sync per step, paid only with ``--logdir``.
 """
 
 from __future__ import annotations

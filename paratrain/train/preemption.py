@@ -1,21 +1,12 @@
-"""Stopping a run at a signal, with a checkpoint to go on from: SLURM's warning before a
-job's time limit (``sbatch --signal=USR1@90``) and a preemption's SIGTERM (SLURM, a
-Kubernetes eviction).
+"""Stopping a run at a signal, with a checkpoint to go on from: SLURM's warning before a job's time limit
+(``sbatch --signal=USR1@90``) and a preemption's SIGTERM (SLURM, a Kubernetes eviction).
 
-Each process of the run gets the signal at its own moment, some steps apart, so the run
-agrees on the step to stop at: at its checks every process adds what it was sent to one
-sum (an all-reduce of two numbers), and all stop after the same step once any was sent
-one; the checkpointer saves that step there, where the epoch stands, and the command exits
-with ``EXIT_STOPPED``. A run started again with ``--resume`` goes on from that
-step, mid-epoch if it was. The checks cost one small all-reduce each (225 µs between two
-processes here: 5% of a step of the digits mlp), so they come at a pace agreed at the
-``PACE_STEP``-th step of this start of the run: about one a second (``CHECK_SECONDS``),
-every step before. The steps are counted from where this start of the run began, so that a
-run resumed or restarted from a checkpoint agrees on its pace too.
-
-For the runs whose processes all train in step (single, allreduce, fsdp, local SGD,
-DiLoCo, pipelines). A parameter server's workers and the fault-tolerant replicas leave on
-SIGTERM one by one instead (session/leaving.py), and the others go on.
+Each process gets the signal at its own moment, so the run agrees on the step to stop at: at each check
+every process adds what it was sent to one small all-reduce, and all stop after the same step; that step is
+checkpointed (mid-epoch if so) and the command exits with ``EXIT_STOPPED``; ``--resume`` goes on from it.
+Checks cost an all-reduce each, so after the ``PACE_STEP``-th step they come about once every
+``CHECK_SECONDS``, at a pace every process agrees on. For runs whose processes all train in step;
+parameter-server workers and fault-tolerant replicas leave one by one instead (session/leaving.py).
 """
 
 from __future__ import annotations

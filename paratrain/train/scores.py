@@ -1,19 +1,12 @@
 """Losses and evaluation metrics by name, and the user's own.
 
-A loss is any callable ``(outputs, targets) -> scalar tensor`` (the batch's mean); a
-metric is any callable ``(outputs, targets) -> tensor`` giving the batch's mean value.
-``evaluate`` weights each batch's value by its examples and sums across replicas in one
-all-reduce, so a metric is the mean over every example of the evaluation data.
-
-Built in: the losses ``cross_entropy``, ``mse``, ``l1``, ``smooth_l1``, ``bce`` (with
-logits), ``nll``, and ``model``: the loss the model computes itself and returns (a Hugging
-Face model given ``labels``: ``outputs.loss``; a dict with ``"loss"``; a scalar tensor),
-the default where the batch is a dict of tensors alone; the metrics ``accuracy``,
-``top<k>_accuracy`` (``top5_accuracy``), ``mae`` (mean absolute error) and ``mse``.
-
-A loss marked ``loss_parallel = True`` is ``F.cross_entropy`` of the outputs, the classes
-last: under ``--strategy tensor`` it may be given the logits split by vocabulary (a DTensor),
-as ``cross_entropy`` is; any other loss, and every metric, gets them whole.
+A loss is any callable ``(outputs, targets) -> scalar tensor`` (the batch's mean); a metric any callable
+``(outputs, targets) -> tensor`` (the batch's mean value). ``evaluate`` weights each batch by its examples and
+sums across replicas in one all-reduce, so a metric is the mean over every evaluation example. ``model`` is
+the loss the model returns itself (``outputs.loss``, a dict's ``"loss"``, a scalar), the default for batches
+that are dicts of tensors; ``LOSSES`` and ``METRICS`` below name the rest. A loss marked ``loss_parallel = True`` is
+``F.cross_entropy`` with the classes last and may be given logits split by vocabulary under ``--strategy
+tensor``; any other loss, and every metric, gets them whole.
 """
 
 from __future__ import annotations

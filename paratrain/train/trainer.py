@@ -147,18 +147,13 @@ class Trainer:
         verbose: int = 1,
         log_every: int = 0,
     ) -> History:
-        """Train for ``epochs`` passes over ``train_data``; ``batch_size`` is per replica
-        (default: a DataLoader's own, else 32), and each optimizer step takes ``accumulate``
-        such batches.
+        """Train for ``epochs`` passes over ``train_data``; ``batch_size`` is per replica (default: a DataLoader's own,
+        else 32), and each optimizer step takes ``accumulate`` such batches.
 
-        ``train_data``: a map-style Dataset (examples ``(inputs, targets)``, inputs a tensor,
-        tuple or dict), an ``(inputs, targets)`` pair of tensors or arrays, a DataLoader (its
-        dataset, collate_fn and workers; paratrain picks the indices), or a re-iterable of
-        ready batches (``data/sharding.py``).
-
-        ``verbose``: 0 silent, 1 progress bar and one line per epoch (chief only).
-        ``log_every``: reduce the loss across replicas and print the step log every
-        this many steps (0: once per epoch). Divergence is detected at these points.
+        ``train_data``: a map-style Dataset, an ``(inputs, targets)`` pair of tensors or arrays, a DataLoader, or a
+        re-iterable of ready batches (``data/sharding.py``). ``verbose``: 0 silent, 1 progress and a line per epoch
+        (chief only). ``log_every``: reduce the loss across replicas and print every this many steps (0: once per
+        epoch); divergence is detected there.
         """
         strategy = self.strategy
         self._settle_metrics(train_data)

@@ -1,34 +1,17 @@
 """``local-sgd`` and ``diloco``: replicas train on their own and synchronize every H steps.
 
-Each replica holds the whole model and steps its own optimizer (the *inner* one, the run's
-``--optimizer``) on its own slice of every global batch, without communicating. Every
-``--sync-every H`` steps the replicas average the change of their parameters since the
-last synchronization and apply it to the model they share (the *anchor*) with an *outer*
-optimizer, then go on from the new anchor:
+Each replica steps its own (*inner*) optimizer on its slice of every global batch; every ``--sync-every H``
+steps the replicas average the change of their parameters and apply it to the shared *anchor*::
 
     delta_i = anchor - params_i                      (each replica's pseudo-gradient)
     anchor  = OuterSGD(anchor, mean_i delta_i)       (one collective per H steps)
     params_i = anchor
 
-- ``local-sgd`` (Lin et al. 2020, "Don't use large mini-batches, use local SGD"): the
-  outer step is plain averaging (outer SGD, lr 1, no momentum: anchor = mean of the
-  replicas' parameters). With H = 1 and plain SGD it is ``allreduce``. Post-local SGD:
-  ``--local-after S`` steps of gradient all-reduce first, local steps after.
-- ``diloco`` (Douillard et al. 2023, "DiLoCo: Distributed Low-Communication Training of
-  Language Models"): the outer step is Nesterov SGD (``--outer-lr 0.7``, ``--outer-momentum
-  0.9``, the paper's); the inner optimizer is the run's (the paper's is AdamW:
-  ``--optimizer adamw``). ``--fragments F`` synchronizes the parameters in F fragments in
-  turn, one every H/F steps, each still every H steps (Streaming DiLoCo, Douillard et al.
-  2025): the traffic of one synchronization is spread over the round.
-
-Either sends a delta, not a gradient, through the run's codec (``--compression``: fp16 and
-bf16 add payloads in an all-reduce; int8, topk and powersgd all-gather and decode, see
-``comm/average.py``): bytes per step are the model's (or less, coded) divided by H.
-
-Replicas differ between synchronizations, so each checkpoint holds every replica's own
-model and optimizer (``rank-<i>.pt``), and evaluation scores the shared model (the anchor).
-Training ends with a plain average of whatever changed since the last synchronization
-(no outer step on a part of a round): the model a run returns and saves last is one model.
+``local-sgd`` (Lin et al. 2020) averages plainly (outer SGD, lr 1); ``diloco`` (Douillard et al. 2023) takes a
+Nesterov outer step, ``--fragments F`` syncing 1/F of the model every H/F steps (Streaming DiLoCo). Deltas go
+through the run's codec (``comm/average.py``). Checkpoints hold every replica's model (``rank-<i>.pt``);
+evaluation scores the anchor, and training ends with a plain average so that a run returns one model.
+See docs/local_sgd.md and docs/diloco.md.
 """
 
 from __future__ import annotations

@@ -1,38 +1,14 @@
-"""``local-sgd-ft`` and ``diloco-ft`` (``--strategy local-sgd|diloco --fault-tolerant``): local
-SGD and DiLoCo that keep training through a lost replica.
+"""``local-sgd-ft`` and ``diloco-ft`` (``--strategy local-sgd|diloco --fault-tolerant``): local SGD and DiLoCo
+that keep training through a lost replica.
 
-Each replica is one process and its own replica group of torchft, as in ``allreduce-ft``,
-but it meets the others only to synchronize: its steps between synchronizations are its
-own (``local-sgd``'s and ``diloco``'s inner steps), and every ``--sync-every H`` steps (one
-fragment every H/F with ``--fragments F``) the replicas alive form a quorum and average
-their deltas from the shared model (the anchor, ``averaging/anchors.py``) over it, then
-step the anchor with the outer optimizer. So a lost replica misses synchronizations and
-costs nothing between them: the survivors go on alone at their next one.
-
-- **The round's examples.** Every replica reads the whole global batch of each step and
-  trains on its part of it (the ``p``-th of ``P`` near-equal slices), ``P`` and ``p`` being
-  the last synchronization's quorum. A replica lost in a round takes its part of the
-  round's examples with it; at the next synchronization the survivors split the global
-  batch among themselves.
-- **The mean is by examples.** Each participant's delta is weighted by the share of the
-  round's examples it trained on (``1/P`` each when none was lost), and the weighted sum is
-  divided by the weights' sum: a replica lost in the round counts for nothing, and one that
-  joined at this synchronization (it trained nothing of the round) neither. Without a
-  loss, this is the plain strategy's mean (tested: the run equals ``local-sgd``/``diloco``).
-- **A synchronization that did not commit** (a peer died in it) is done again with the new
-  quorum, from the same deltas: the survivors' local steps are never thrown away.
-- **A replacement joins at a synchronization.** In the quorum it takes a live peer's state:
-  the anchor and outer optimizer, the inner optimizer, the loop's position (after the
-  peer's step) and the run's record; its parameters are the anchor, it adds a zero-weight
-  delta to that synchronization and trains from the next step on. A replica left out of a
-  synchronization (stalled past the Lighthouse's join timeout) heals the same way at the
-  next, and its loop moves to its peers' position.
-- **Checkpoints** (``--checkpoint-dir``): the first replica of the last synchronization's
-  quorum writes its state (its own parameters and the anchor), as ``allreduce-ft`` does;
-  when every replica is lost at once, the replacements resume from it.
-
-``--local-after`` (post-local SGD's all-reduce steps) and codecs that do not add up
-(int8, topk, powersgd) are refused: a synchronization is one all-reduce over the quorum.
+Each replica is one process and its own torchft replica group, and meets the others only to synchronize:
+every ``--sync-every H`` steps the live replicas form a quorum, average their deltas from the anchor
+(``averaging/anchors.py``) weighted by the share of the round's examples each trained on, and step the
+anchor with the outer optimizer. A lost replica thus costs nothing between synchronizations, and without a
+loss the run equals ``local-sgd``/``diloco`` (tested). A synchronization that did not commit is redone with
+the new quorum from the same deltas; a replacement takes a live peer's state at a synchronization.
+``--local-after`` and codecs that do not add up (int8, topk, powersgd) are refused: a synchronization is one
+all-reduce over the quorum. docs/fault_tolerance.md has more.
 """
 
 from __future__ import annotations

@@ -1,18 +1,9 @@
 """Evaluation of a fault-tolerant run, split over the quorum.
 
-The replicas that committed the last step (its quorum) are at the same place of the loop
-and hold the same model, so each evaluates its part of the data (the ``p``-th of ``P``
-near-equal blocks, ``P`` and ``p`` being that quorum) and the parts' sums are added over
-the quorum, as a step's gradient is: with 2 replicas, each scores half the examples.
-
-A member of that quorum can be gone by then (lost after the step, or, between local SGD's
-synchronizations, since the last one). The sum then fails (torchft's Manager records the
-error; the next step's quorum forgets it) or misses that member's examples, and every
-process of this replica agrees to score every example itself instead: the answer is the
-same, only later. A replica whose quorum is formed but not yet used (it healed from a peer
-whose next step it joins) never sums with that quorum: its peers are in that step's
-all-reduce, not in an evaluation. It scores every example itself too, as does a process
-outside training (no quorum yet, or the session stopped).
+The replicas that committed the last step hold the same model, so each evaluates its ``p``-th of ``P`` blocks
+of the data and the sums are added over that quorum, as a step's gradient is. When a member is gone by then
+(the sum fails or misses its examples), or the quorum was formed but not yet used (a replica that just
+healed), or there is no quorum, the process scores every example itself: the same answer, only later.
 """
 
 from __future__ import annotations

@@ -1,35 +1,14 @@
-"""``fsdp-ft`` (``--strategy fsdp --fault-tolerant``): sharded replicas that keep training
-through a lost replica (HSDP: FSDP2 inside a replica, fault-tolerant data parallelism across
-replicas, as torchft's fault-tolerant HSDP).
+"""``fsdp-ft`` (``--strategy fsdp --fault-tolerant``): sharded replicas that keep training through a lost replica
+(HSDP: FSDP2 inside a replica, fault-tolerant data parallelism across replicas, as torchft's).
 
-Each replica is ``--shards-per-replica K`` processes, a process group of their own, over
-which FSDP2 shards the model (each holds 1/K of every parameter, gradient and optimizer
-state; the all-gathers and reduce-scatters stay inside the replica). Across replicas, each
-replica is one torchft replica group of K ranks (``pipeline-ft``'s design): before every
-step the replica's first shard takes the quorum from the Lighthouse and every shard learns
-it; shard ``k``'s gradient is summed with shard ``k`` of the other replicas in the quorum,
-and the replica's shards commit a step together or not at all. A replica drops out as a
-unit (the launcher stops its other processes); a replacement is a whole new replica whose
-every shard takes its parameters' and optimizer state's part from the same shard of a
-live replica.
-
-The global batch stays ``batch-size x workers`` (``--workers`` counts processes, as in
-``fsdp``) whoever is alive: participant ``p`` of ``P`` takes the ``p``-th of ``P`` near-equal
-slices of it, and its shard ``k`` the ``k``-th of ``K`` of that. Each shard's loss is scaled
-by its slice's share of the replica's part before the backward pass, so the reduce-scatter's
-mean over the K shards is the part's exact mean gradient; the part's gradient is weighted by
-its share of the global batch before the sum over the quorum. Without a loss it is ``fsdp``
-on ``workers`` processes (tested).
-
-With ``--checkpoint-dir``, the shards of the quorum's first replica write the run's
-checkpoint while the other replicas go on: the model and optimizer as ``fsdp`` writes them
-(``model/``, through DCP, each shard its part; a collective of that replica's shards), and
-each shard its position and session (``shard-<k>``); with ``--checkpoint-async``, from
-DCP's thread, over a save group of the replica's shards made the first time it writes. It resumes on any layout: another
-number of shards per replica or of replicas (DCP reshards on load; where the global batch
-changed with ``--workers``, the epoch goes on after the examples already read). A shard
-does not leave on SIGTERM (it cannot leave alone: the signal ends it,
-and its replica is replaced or dropped).
+Each replica is ``--shards-per-replica K`` processes over which FSDP2 shards the model, its collectives staying
+inside the replica; across replicas it is one torchft replica group of K ranks (``pipeline-ft``'s design):
+shard ``k``'s gradient is summed with shard ``k`` of the other replicas in the quorum, and the shards commit
+together or not at all. A replica drops out and is replaced as a unit, each new shard taking its state from
+the same shard of a live replica. The global batch stays ``batch-size x workers`` whoever is alive, each
+loss scaled by its slice's share, so without a loss it is ``fsdp`` (tested). The quorum's first replica
+writes checkpoints through DCP (``--checkpoint-async`` too), which resume on any layout. A shard does not
+leave on SIGTERM alone: its replica is replaced or dropped.
 """
 
 from __future__ import annotations

@@ -1,21 +1,11 @@
 """Peers that vanished: a member of this replica's quorum that the Lighthouse no longer hears.
 
-A Gloo collective waits on its peers' sockets. A peer killed on a live host closes them, and
-the survivors' collective fails at once; a peer whose host vanished (power lost, the network
-cut, the process stopped) closes nothing, and the collective would wait out its whole
-timeout (``--timeout``), though the Lighthouse stops hearing the peer's heartbeats at once
-and leaves it out of the next quorum after ``--replica-heartbeat-timeout``. A survivor whose
-collective has waited longer than that asks the Lighthouse how long ago it heard each member
-of the collective's quorum; one not heard for longer than the heartbeat timeout is gone, and
-the survivor abandons the collective (the step is not committed) and forms the next quorum
-without it, as the Lighthouse will. Tested against a real Lighthouse and a stopped replica
-(tests/distributed/test_vanished_peer.py).
-
-The members are the quorum's replica ids as torchft's Manager receives them (its client's
-``_quorum`` answer, recorded here); their ages are the heartbeat list of the Lighthouse's
-``/status`` page. Both are torchft 0.2.0's, pinned in pyproject.toml; a test reads a real
-Lighthouse's page, so that a change of its form fails there. A Lighthouse that does not
-answer gives no verdict: the collective then waits for its own timeout, as before.
+A peer killed on a live host closes its sockets and the collective fails at once; a peer whose host vanished
+closes nothing, and the collective would wait out its whole ``--timeout``. So a survivor whose collective has
+waited longer than ``--replica-heartbeat-timeout`` asks the Lighthouse when it last heard each member; one not
+heard for longer is gone, and the collective is abandoned (the step not committed). Members and ages come
+from torchft 0.2.0's quorum answer and Lighthouse ``/status`` page (pinned in pyproject.toml; a test reads a
+real page). A Lighthouse that does not answer gives no verdict: the collective waits its own timeout.
 """
 
 from __future__ import annotations

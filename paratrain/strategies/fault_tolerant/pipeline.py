@@ -1,24 +1,12 @@
 """``pipeline-ft``: pipeline replicas that keep training through a lost replica.
 
-Each replica is one pipeline: ``--stages S`` processes, a process group of their own
-(the stages pass activations and gradients in it, as in ``pipeline``). Across replicas,
-each replica is one replica group of torchft (``allreduce-ft``'s design, with S ranks per
-group): before every step the replica's first stage takes the quorum from the
-Lighthouse and every stage of the replica learns it; each stage's gradient is summed
-with the same stage of the other replicas in that quorum, and all stages of a replica
-commit the step or none does.
-
-A replica drops out as a unit: when one of its processes dies, the launcher stops the
-others (``launch/replacing.py``), the quorum goes on without the replica at the next step,
-and a replacement (``--max-restarts``) is a whole new pipeline whose every stage takes its
-state from the same stage of a live replica.
-
-The global batch stays ``batch_size x replicas`` whoever is alive, as in ``allreduce-ft``,
-in whole micro-batches: the global batch is ``replicas x micro-batches`` micro-batches
-of ``batch_size / --microbatches`` examples, and participant ``p`` of ``P`` runs its
-pipeline over the ``p``-th of ``P`` near-equal runs of them (a stage's receive buffers
-have the micro-batch's shape, which never changes; the number of micro-batches does,
-and each count has its schedule). Each part's gradient is weighted by its share.
+Each replica is one pipeline of ``--stages S`` processes with a process group of their own, and one torchft
+replica group of S ranks (``allreduce-ft``'s design): the first stage takes the quorum and every stage learns
+it, each stage's gradient is summed with the same stage of the other replicas, and a replica's stages commit
+together or not at all. A replica drops out and is replaced as a unit (``launch/replacing.py``), each new
+stage taking its state from the same stage of a live replica. The global batch stays ``batch_size x
+replicas`` whoever is alive, in whole micro-batches: participant ``p`` of ``P`` runs the ``p``-th of ``P`` runs of
+them (a stage's buffers keep the micro-batch's shape; the count changes, each with its schedule).
 """
 
 from __future__ import annotations

@@ -1,32 +1,14 @@
-"""The gradient group of a quorum: torchft's reconfigurable Gloo group, whose rendezvous
-has a deadline of its own, shorter than its collectives'.
+"""The gradient group of a quorum: torchft's reconfigurable Gloo group, whose rendezvous has a deadline of its
+own, shorter than its collectives'.
 
-torchft forms a new Gloo group for each new quorum, in the quorum's store (hosted by its
-first member), and gives the connection to that store, the group's rendezvous and its
-collectives one and the same timeout (``--timeout``). A member lost between the quorum
-and the rendezvous (killed while its replacement took the live state, say) then held every
-other member for the whole ``--timeout``: its store refused connections, or its address
-never came, and the survivors waited it out before they could form a quorum without it
-(found by benchmarks/ft_stress.py: 20 s stalls with ``--timeout 20``). Every member
-configures the group as soon as the Lighthouse hands out the quorum, so a rendezvous that
-takes longer than the Lighthouse takes to drop a silent member (``--replica-heartbeat-timeout``)
-plus a few seconds of a loaded machine has lost a member: it fails there, the step is not
-committed, and the next quorum forms without the lost one. The collectives keep the whole
-``--timeout``.
-
-A collective on a peer that vanished without closing its connections would also wait the
-whole ``--timeout``: ``sum_in_quorum`` waits for it while asking the Lighthouse whether a
-member is gone (peers.py), and abandons it when one is. The group of an abandoned
-collective is kept until that collective ends on its own: dropping it would join the Gloo
-thread that waits in it.
-
-Where every member of a quorum runs on this machine, the group also makes a shared-memory
-buffer for the quorum (comm/shared_memory.py), over the Gloo group just formed, and the
-quorum's sums go through it instead of loopback TCP: on the MLP a Gloo all-reduce is most of
-a fault-tolerant step, and a new Gloo group's first seconds are slower than its later ones,
-which each loss of a replica brings. The buffer fails a sum as the Gloo group would: a member
-gone (killed, exited) at once, one that went on to another quorum (it ``leave``s the buffer
-when it configures the next group) at once, one the Lighthouse no longer hears as above.
+torchft gives the group's store connection, rendezvous and collectives one timeout (``--timeout``), so a
+member lost between the quorum and the rendezvous held every survivor for all of it. Here the rendezvous
+fails after the Lighthouse's ``--replica-heartbeat-timeout`` plus a few seconds: the step is not committed and
+the next quorum forms without the lost member; the collectives keep the whole ``--timeout``.
+``sum_in_quorum`` also abandons a collective once the Lighthouse says a member is gone (peers.py); the
+abandoned group is kept until its collective ends (dropping it would join the Gloo thread waiting in it).
+Where every member runs on this machine, the quorum's sums go through a shared-memory buffer
+(comm/shared_memory.py) instead of loopback TCP, which fails a sum as the Gloo group would.
 """
 
 from __future__ import annotations

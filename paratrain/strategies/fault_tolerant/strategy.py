@@ -1,32 +1,16 @@
 """``allreduce-ft``: synchronous data parallelism that keeps training through a lost replica.
 
-Each replica is its own process and its own replica group of torchft (``torchft.Manager``):
-before every step the replicas alive form a quorum through a Lighthouse, and the step's
-gradient is summed over that quorum only. A replica killed at any moment is dropped (at
-once when it dies inside the all-reduce, after ``--replica-heartbeat-timeout`` otherwise)
-and the survivors go on at the next step; none of them restarts. A replacement (local
-``--max-restarts``, or a new ``torchrun`` node) rejoins at its first quorum by fetching
-the model, the optimizer and the loop's position from a live peer over HTTP
-(``comm/live_state.py``): no checkpoint is read.
-
-The global batch does not change when replicas are lost: every replica reads the whole
-global batch of the step (``batch_size x workers`` examples, the same as ``allreduce``)
-and, once the quorum is known, computes the gradient of its own part of it, the
-``p``-th of ``P`` near-equal slices for participant ``p`` of ``P``. Each part's gradient is
-weighted by its share of the global batch before the sum, so every committed step is
-exactly one step of the global batch's mean loss whoever took part: with ``P`` replicas
-left, each computes ``N/P`` times its usual share. A step that did not commit (a peer
-died during it) is done again with the same batch, so no example is lost or seen twice,
-and the learning-rate schedule follows committed steps.
-
-Why torchft and not c10d alone: the per-step quorum (who is alive, agreed by all), the
-heal (who is behind, who sends it the state) and the reconfiguration of the gradient
-group after each membership change are what torchft's Lighthouse and Manager do and
-are tested for; paratrain adds what they leave to the user (global-batch semantics,
-a reduction that never raises out of ``backward()``, safe loading of a peer's state,
-the launcher that replaces only the dead). With ``--checkpoint-dir``, the first replica of
-the quorum also writes checkpoints, from which the replacements resume when every replica
-was lost at once (checkpoint.py). See docs/fault_tolerance.md.
+Each replica is its own process and its own torchft replica group: before every step the live replicas form
+a quorum through a Lighthouse, and the gradient is summed over that quorum only. A dead replica is dropped
+(at once inside the all-reduce, after ``--replica-heartbeat-timeout`` otherwise) and the survivors go on; a
+replacement rejoins by fetching the model, optimizer and loop position from a live peer
+(``comm/live_state.py``), no checkpoint read. Every committed step is exactly one step of the global batch
+(``batch_size x workers``) whoever took part: each participant computes its share's gradient, weighted by
+that share; a step that did not commit is redone with the same batch. torchft gives the quorum, the heal and
+the group's reconfiguration; paratrain adds the global-batch semantics, a reduction that never raises out of
+``backward()``, safe loading of a peer's state and a launcher that replaces only the dead. With
+``--checkpoint-dir`` the quorum's first replica writes checkpoints (checkpoint.py). See
+docs/fault_tolerance.md.
 """
 
 from __future__ import annotations

@@ -1,31 +1,13 @@
-"""``fsdp``: fully sharded data parallelism (ZeRO-3), with PyTorch's FSDP2
-(``torch.distributed.fsdp.fully_shard``).
+"""``fsdp``: fully sharded data parallelism (ZeRO-3) with PyTorch's FSDP2 (``fully_shard``).
 
-Every replica holds 1/N of each parameter, of its gradient and of the optimizer state.
-Before a layer's forward (and again before its backward) the replicas all-gather its
-parameters; after the backward its gradient is reduce-scattered, so each replica keeps the
-mean gradient of its own shard and steps its optimizer on that shard alone. Numerically it
-is ``allreduce``: one step of the global batch. What it saves is memory: parameters,
-gradients and optimizer state take about 1/N per process, plus the largest layer gathered.
-
-- ``--reshard-after-forward`` (default, ZeRO-3): a layer's gathered parameters are freed
-  after its forward and gathered again for its backward. ``--no-reshard-after-forward``
-  keeps them from forward to backward (ZeRO-2-like memory for the parameters in flight,
-  one all-gather fewer per layer and step).
-- A model that names its blocks (``_no_split_modules``, as Hugging Face models do) is
-  sharded block by block; any other model, each module that holds parameters of its own
-  is one FSDP unit (one all-gather); the root module the last. A parameter shared across
-  units (tied embeddings) stays with the root.
-- ``--compression fp16`` / ``bf16``: gradients are reduce-scattered in that type
-  (FSDP2's ``MixedPrecisionPolicy(reduce_dtype=...)``). int8, topk and powersgd are not
-  taken: a reduce-scatter adds payloads element by element, which their per-chunk scales,
-  indices and low-rank factors do not allow; carrying them would mean all-gathering every
-  replica's whole coded gradient, the memory fsdp exists to save.
-
-Checkpoints are sharded: every process writes its own shard of the model and optimizer
-through ``torch.distributed.checkpoint`` (``model/`` in the checkpoint folder, each file in
-the manifest), so no process ever holds the whole state; a checkpoint resumes on any
-number of processes (DCP reshards on load), with the data position carried over.
+Every replica holds 1/N of each parameter, gradient and optimizer state; a layer's parameters are
+all-gathered for its forward and backward and its gradient reduce-scattered. Numerically it is ``allreduce``;
+what it saves is memory. A model that names its blocks (``_no_split_modules``) is sharded block by block,
+any other by each module holding parameters, the root last (it keeps shared parameters).
+``--no-reshard-after-forward`` keeps gathered parameters until the backward. Only ``--compression fp16`` /
+``bf16`` are taken (as the reduce dtype): a reduce-scatter adds payloads element by element, which int8, topk
+and powersgd do not allow. Checkpoints are sharded through ``torch.distributed.checkpoint`` (``model/``), so no
+process holds the whole state, and resume on any number of processes. See docs/fsdp.md.
 """
 
 from __future__ import annotations

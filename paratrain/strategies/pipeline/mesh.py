@@ -1,19 +1,12 @@
-"""3-D parallelism: tensor parallelism inside the stages of a pipeline, over data-parallel
-replicas (torchtitan's PP x TP x DP), composed into ``pipeline`` by ``--tensor-parallel T``.
+"""3-D parallelism: tensor parallelism inside the stages of a pipeline, over data-parallel replicas
+(torchtitan's PP x TP x DP), composed into ``pipeline`` by ``--tensor-parallel T``.
 
-W processes make a device mesh (dp, pp, tp) of W/(S*T) replicas of S stages of T
-processes; global rank ``(replica * S + stage) * T + shard`` (topology.py): the T processes
-of one stage are neighbours, where the fastest links are (the GPUs of one machine), since
-they talk at every split layer. Each stage's module is split over its "tp" group by the
-plan of ``--strategy tensor`` (parallel/tensor.py), matched once on the whole model and
-applied to the modules the stage holds (parallel/tensor_stages.py); a model traced into
-stages is traced with its split shapes. The plan's row-wise layers give whole outputs, so
-what leaves a stage is a whole tensor: the pipeline's sends go between the processes of the
-same shard of consecutive stages (a "pp" group), each carrying the whole activation, and
-the last stage gathers its logits whole for the loss. After the backward passes a tied
-parameter's gradient (the embedding and the output layer) is summed between the processes
-of the same shard on the stages that hold it (gradients.py), and each (stage, shard)
-averages its part of the gradients over the replicas (a "dp" group).
+W processes make a (dp, pp, tp) mesh of W/(S*T) replicas of S stages of T processes, global rank ``(replica *
+S + stage) * T + shard`` (topology.py): a stage's T processes are neighbours, on the fastest links, since they
+talk at every split layer. Each stage is split by the ``tensor`` plan (parallel/tensor_stages.py). Row-wise
+layers give whole outputs, so the pipeline's sends carry whole activations between the same shard of
+consecutive stages (a "pp" group). After the backward a tied parameter's gradient is summed between the
+stages holding it (gradients.py), and each (stage, shard) averages its part over the replicas (a "dp" group).
 """
 
 from __future__ import annotations

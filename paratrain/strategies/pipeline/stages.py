@@ -1,18 +1,10 @@
-"""How a pipeline process makes its stage of the user's model, and what a stage takes of a
-batch.
+"""How a pipeline process makes its stage of the user's model, and what a stage takes of a batch.
 
-Two kinds of model: an ``nn.Sequential`` is cut into consecutive layers (parallel/split.py:
-by parameters, by measured time or at layer indices), and the stage holds the user's own
-layers. Any other model (a Hugging Face transformer, a user's ``nn.Module``) is traced on the
-first batch's first micro-batch and cut before named modules (parallel/traced.py: by default
-its repeated blocks shared out by parameters); the stage is a piece of that graph, which
-keeps the shapes it was traced with, so every batch is fed in micro-batches of that shape.
-
-Stage 0 is fed a tensor batch's inputs, or a dict batch's tensors but its ``labels`` (in the
-order of the batch's keys, by name; an ``attention_mask`` of ones, which masks nothing, is
-left out). The last stage scores a tensor batch's outputs against its targets with the
-run's loss, and a dict batch's logits against its ``labels`` with the model's own loss
-function (a Hugging Face model's ``loss_function``: what ``model(**batch).loss`` computes).
+An ``nn.Sequential`` is cut into consecutive layers (parallel/split.py) and the stage holds the user's own
+layers; any other model is traced on the first micro-batch and cut before named modules (parallel/traced.py),
+and since the traced graph keeps its shapes, every batch is fed in micro-batches of that shape. Stage 0 is fed
+a tensor batch's inputs or a dict batch's tensors but ``labels`` (an all-ones ``attention_mask`` left out); the
+last stage scores with the run's loss, or for a dict batch with the model's own ``loss_function``.
 """
 
 from __future__ import annotations

@@ -1,19 +1,12 @@
-"""``pipeline``: the layers of one model split into stages, one stage per process;
-micro-batches flow through them (GPipe or 1F1B, from ``torch.distributed.pipelining``).
+"""``pipeline``: the layers of one model split into stages, one stage per process; micro-batches flow through
+them (GPipe or 1F1B, from ``torch.distributed.pipelining``).
 
-With ``--stages S`` and ``--workers N`` (N a multiple of S; the default 1 means one
-pipeline), the run has N processes in N/S pipeline replicas; global rank
-``replica * S + stage``. Every rank of a replica reads the same batch: stage 0 feeds
-the inputs, the last stage computes the loss. Replicas read different slices of the
-global batch, as in ``allreduce``, and after each step the gradients of each stage are
-averaged across replicas with one all-reduce in that stage's process group (one group
-per stage), so S stages x R replicas of batch b equals one process with batch R*b.
-
-The loss and the logits live on the last stage. Reductions for metrics count each replica
-once: the last stage speaks for its replica, the others add zeros. The chief is the last
-stage of replica 0 (topology.py); every stage runs its part of an evaluation's forward pass.
-The checks of the options and the model are checks.py's.
-``tensor_parallel`` T > 1 splits each stage over T processes (3-D: mesh.py).
+``--stages S`` and ``--workers N`` (a multiple of S) make N/S pipeline replicas, global rank ``replica * S +
+stage``. A replica's ranks read the same batch (stage 0 feeds it, the last stage computes the loss); replicas
+read different slices and each stage averages its gradients over them in its own group, so S stages x R
+replicas of batch b equal one process with batch R*b. Metrics count each replica once (the last stage speaks
+for it); the chief is the last stage of replica 0 (topology.py). Option checks are checks.py's;
+``tensor_parallel`` T > 1 splits each stage over T processes (mesh.py). See docs/pipeline.md.
 """
 
 from __future__ import annotations

@@ -1,15 +1,7 @@
 """Parameter-server training (``ps-sync``, ``ps-backup``, ``ps-async``).
 
-- modes.py: the modes, their options (PSConfig) and who is who (PSTopology);
-- strategy.py: ParameterServerStrategy, which joins the run, composes the process's role
-  and runs the step (compute, then push and pull) with the run's policies;
-- worker.py: PSWorker, a worker's side of the wire (its flat buffers, buffers.py; what it
-  asks the shards; the run's statistics, statistics.py);
-- host.py: ShardHost, a shard's server role, which builds and runs a ShardServer;
-- protocol/: how a worker and a shard talk: wire.py (the message header and reply, packed
-  and read in one place), links.py (a link between a shard and one worker), client.py
-  (ShardClient, the worker's side), server.py (ShardServer, one shard's parameters,
-  optimizer and serving threads);
-- policies.py: update rules and stale-gradient policies; layout.py: the split of the
-  parameters over the shards.
+Start with strategy.py (ParameterServerStrategy: joins the run, composes the process's role, runs the step)
+and modes.py (the modes, PSConfig, PSTopology); worker.py and host.py are the two roles; protocol/ is how a
+worker and a shard talk (wire.py packs every message); policies.py holds the update rules. See
+docs/parameter_server.md.
 """

@@ -1,28 +1,13 @@
 """Workers that join a running ps-async or ps-backup run (``--join HOST:PORT``).
 
-A Gloo process group cannot grow, so a joining worker is no rank of the run's. It meets
-the run in its store (the rendezvous store at HOST:PORT, where the run's workers meet):
-
-1. shard 0 publishes the run under ``RUN_KEY`` (its store prefix and message tags, mode,
-   shards, workers, parameter count, whether it admits joiners); the joiner checks its
-   own configuration against it, and that it holds a join token (session/join_token.py);
-2. the joiner takes a candidate number (``candidates``) and posts ``candidate/<c>`` with the
-   version of the shards' protocol it speaks (wire.py's ``MAGIC``: a Gloo link cannot refuse
-   a message longer than the buffer the shard posted for it, Gloo ends the receiving process,
-   so a joiner of another version is refused before any link exists); each shard's
-   ``JoinAdmitter`` (a thread) asks it a fresh challenge (``challenge/c<c>/<shard>``),
-   the joiner answers with its proof under the token (``answer/...``), and the admitter says
-   ``ok`` or ``refused`` (``verdict/...``). A refused joiner exits with one line (exit 2);
-   nothing of the run waits for it or moves;
-3. proven to every shard, the joiner takes the next worker number (``joins``: the first
-   joiner of a run of N workers is worker N) and posts ``join/<k>`` naming its candidate;
-   an admitter admits only a candidate it has seen prove the token. It makes a two-process
-   Gloo group with the joiner (links.PairLink); the shard serves it as any other worker,
-   and shard 0 tells it where the run stands (``joined/<worker>``: version and epoch);
-4. the joiner's first pull brings the current parameters; shard 0 hands it batches of
-   the current epoch as to everyone else. It beats, pushes and says done as the others.
-
-A run that has finished admits no more joiners (``closed``): a late joiner is told so.
+A Gloo process group cannot grow, so a joiner is no rank of the run's: it meets the run in the rendezvous
+store at HOST:PORT. Shard 0 publishes the run under ``RUN_KEY``, which the joiner checks its configuration
+against. The joiner then posts a candidate with its protocol version (wire.py's ``MAGIC``: a Gloo link cannot
+refuse a message longer than the posted buffer, so another version is refused before any link exists), and
+each shard's ``JoinAdmitter`` thread challenges it for a proof under the join token (session/join_token.py).
+A refused joiner exits with one line (exit 2) and nothing of the run waits for it. Proven to every shard, it
+takes the next worker number and each shard makes a two-process Gloo group with it (links.PairLink); from
+its first pull on it is served as any other worker. A finished run (``closed``) admits no more joiners.
 """
 
 from __future__ import annotations

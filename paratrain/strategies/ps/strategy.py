@@ -1,17 +1,11 @@
 """``ps-sync``, ``ps-backup``, ``ps-async``: parameter-server training.
 
-Ranks ``0..P-1`` are parameter-server shards (``--ps-shards P``), the rest are workers;
-worker 0 is the chief. Each step a worker pulls the parameters from every shard,
-computes gradients on its own slice of the global batch, and pushes each shard its
-slice of the gradient; the shard's update rule (policies.py) decides what happens
-to it. Transport is c10d point-to-point over Gloo (parameter-server state lives in host
-memory, as in the classic design); the control plane (heartbeats, final statistics) is
-a TCPStore.
-
-Every process of a run makes the same ParameterServerStrategy, which joins the run
-(membership.py) and composes its role: a ShardHost on a shard (host.py), a PSWorker on a
-worker (worker.py). The step and the run's policies are this class's; the per-mode facts
-(update rule, lost workers, batches) come from modes.MODES, option checks from checks.py.
+Ranks ``0..P-1`` are shards (``--ps-shards P``), the rest workers, worker 0 the chief. Each step a worker pulls
+the parameters from every shard, computes gradients on its slice of the global batch and pushes each shard
+its slice; the shard's update rule (policies.py) decides what happens to it. Transport is c10d
+point-to-point over Gloo (PS state lives in host memory, as in the classic design), the control plane a
+TCPStore. Every process makes the same ParameterServerStrategy, which joins the run (membership.py) and
+composes its role (ShardHost, host.py; PSWorker, worker.py); per-mode facts come from modes.MODES.
 """
 
 from __future__ import annotations

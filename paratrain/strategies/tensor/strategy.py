@@ -1,24 +1,13 @@
-"""``tensor``: tensor parallelism, each layer split over ``--tensor-parallel T`` processes
-(the tutorials' "vertical" split of a layer across devices; Megatron-LM's, through
-DTensor: paratrain/parallel/tensor.py says how a plan splits a model).
+"""``tensor``: tensor parallelism, each layer split over ``--tensor-parallel T`` processes (Megatron-LM's split
+through DTensor; parallel/tensor.py says how a plan splits a model).
 
-The T processes of a replica compute one step together: each holds 1/T of every split
-weight (and of its gradient and optimizer state), the activations between a block's
-column-split and row-split layers stay split, and a block costs two all-reduces of its
-activations forward and two backward. ``--workers W`` processes make W/T data-parallel
-replicas, on a device mesh (replica, shard) whose shard dimension holds neighbouring
-ranks; after the backward pass each process sums its part of the gradient over the
-replicas (one all-reduce, in the replica dimension), so a step is one step of the global
-batch, as under allreduce.
-
-``loss_parallel`` (on by default, as torchtitan): where the plan's output layer gathers
-its logits (``colwise_rep``) and the loss is a cross-entropy, each process keeps its slice
-of the vocabulary and the loss is computed on the slices (parallel/vocabulary.py; which
-losses: loss.py): no all-gather of the (batch, positions, vocabulary) logits, and no whole
-copy of them on each process.
-
-Checkpoints go through ``torch.distributed.checkpoint`` (strategies/sharded_files.py):
-each process writes its part of the model and optimizer.
+The T processes of a replica compute one step together, each holding 1/T of every split weight, gradient
+and optimizer state; a block costs two all-reduces of its activations forward and two backward. ``--workers
+W`` makes W/T data-parallel replicas on a (replica, shard) mesh whose shard dimension holds neighbouring
+ranks; gradients are all-reduced over replicas, so a step is one step of the global batch. ``loss_parallel``
+(on by default, as torchtitan) computes a cross-entropy on each process's vocabulary slice
+(parallel/vocabulary.py), with no all-gather of the logits. Checkpoints go through
+``torch.distributed.checkpoint`` (strategies/sharded_files.py). See docs/tensor_parallel.md.
 """
 
 from __future__ import annotations

@@ -1,18 +1,11 @@
 """One parameter-server shard: holds a slice of the parameters and its optimizer, and serves.
 
-Three threads share the shard's state under one lock:
-
-- the receiver takes headers from any worker in arrival order (``recv(src=None)``),
-  then that worker's payload, and handles each message at once (no hand-off, so a
-  round trip costs one wake-up);
-- the monitor watches the workers' heartbeats in the TCPStore; a worker that stops
-  beating is lost: in ps-sync that ends the run with an error naming it, otherwise the
-  run goes on without it;
-- the main thread waits until every worker is done or lost, publishes the shard's
-  statistics, and returns when the chief says the run is over.
-
-Gloo any-source receives keep working when a peer dies (only sends to the dead peer
-fail), which is what lets a shard outlive a worker.
+Three threads share the shard's state under one lock: the receiver takes headers from any worker in
+arrival order (``recv(src=None)``) and handles each message at once (a round trip costs one wake-up); the
+monitor watches the workers' heartbeats in the TCPStore (a lost worker ends a ps-sync run, naming it; other
+modes go on); the main thread waits until every worker is done or lost, publishes the shard's statistics and
+returns when the chief says the run is over. Gloo's any-source receives keep working when a peer dies,
+which is what lets a shard outlive a worker.
 """
 
 from __future__ import annotations

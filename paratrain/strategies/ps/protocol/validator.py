@@ -1,19 +1,12 @@
-"""What a parameter-server shard lets in: every message is validated before anything is
-allocated for it or applied, and one that is refused changes nothing but a count.
+"""What a parameter-server shard lets in: every message is validated before anything is allocated for it or
+applied, and one that is refused changes nothing but a count.
 
-``Header.read`` (wire.py) refuses what no sender of this protocol writes (another program
-or version, a field out of its range, a message cut short); ``MessageValidator.check`` then
-refuses what no worker of this run may send now: a sender that is no worker of it, a
-shutdown from anyone but the chief, a table section longer than the shard's rows allow, a
-push computed on a version the shard has not published, a pull for a version beyond any in
-flight, a second request before the reply to the first, a second push to the same
-synchronous round, a batch request outside the run's epochs. A payload that does not decode
-is refused by the shard as it decodes it, into its scratch buffer.
-
-A refusal is counted by its reason (``rejected_messages`` in the metrics) and said once
-per reason. Its sender is then judged: a joiner is dropped (the others go on, as without
-it), a worker the run started with is a broken rank (the run ends, naming it), and a sender
-that is no worker of the run is only counted.
+``Header.read`` (wire.py) refuses what no sender of this protocol writes; ``MessageValidator.check`` then
+refuses what no worker of this run may send now (an unknown sender, a shutdown not from the chief, an
+oversized section, a version not published or not in flight, a request before its reply, a second push to a
+synchronous round, a batch outside the run's epochs); a payload that does not decode is refused as the shard
+decodes it. Refusals are counted by reason (``rejected_messages``) and said once per reason; then a joiner is
+dropped, a worker the run started with ends the run as a broken rank, and a stranger is only counted.
 """
 
 from __future__ import annotations

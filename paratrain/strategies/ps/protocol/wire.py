@@ -1,28 +1,14 @@
-"""What travels between a worker and a parameter-server shard, packed and read in this
-one place for both sides.
+"""What travels between a worker and a parameter-server shard, packed and read in this one place for both sides.
 
-A message to a shard is one byte tensor: a ``Header`` (``HEADER_SIZE`` float32 fields),
-then, for a push, the shard's slice of the gradient compressed by the run's codec (always
-the codec's full payload size), then a trailer (``TRAILER_BYTES``). A run with tables on
-the shards (tables/) sends a row request (``ROWS``) before its forward pass, and each push
-carries the rows' gradients: both as a *section*, a second message on ``TAG_SECTION`` whose
-length the header states (``extra``), which the shard receives from that worker once the
-header passed its validation (tables/sections.py). One message a step (a
-push that also asks for the next parameters) means one wake-up of the shard a step; Gloo
-moves a message only once the receiver has posted its buffer, so fewer messages is most of
-the latency. The rare control messages (pull, done, shutdown) carry no payload; a late
-push, or one whose gradient is not finite, is its header alone (with its trailer).
-
-Every message starts with ``MAGIC`` (the protocol and its version: a message from another
-program, or from another version of this one, is refused as such) and a random nonce that
-its trailer repeats at the end: a message cut short leaves the receive buffer's old bytes
-where the trailer should be, which never hold this nonce (receivers blank the mark and
-the nonce before each receive: ``blank``). ``Header.read`` refuses
-any field out of its range (``Malformed``), so a shard never acts on one.
-
-A reply is two messages: ``REPLY_HEADER_SIZE`` float64 fields (the shard's version and,
-from shard 0 when asked, the worker's next batch of the epoch), then the shard's
-parameters in the pull dtype.
+A message to a shard is one byte tensor: a ``Header`` (``HEADER_SIZE`` float32 fields), for a push the shard's
+slice of the gradient coded by the run's codec (always the codec's full payload size), then a trailer
+(``TRAILER_BYTES``). Table rows (tables/) travel as a *section*, a second message on ``TAG_SECTION`` whose
+length the header states. One message a step, a push that also asks for the next parameters, because Gloo
+moves a message only once the receiver has posted its buffer, so fewer messages is most of the latency.
+Every message starts with ``MAGIC`` (protocol and version: another program or version is refused) and a
+random nonce that the trailer repeats, so a message cut short is detected (receivers ``blank`` the mark
+first); ``Header.read`` refuses any field out of range (``Malformed``). A reply is ``REPLY_HEADER_SIZE``
+float64 fields (version, and the worker's next batch when asked), then the parameters in the pull dtype.
 """
 
 from __future__ import annotations

@@ -1,23 +1,11 @@
 """How a shard steps its table rows: lazily, only the rows a gradient touched.
 
-A dense optimizer would move every row each step (momentum, weight decay, Adam's moments
-all act on untouched rows too), which is what makes a table too large to train. Each kind
-here keeps its state per row and updates a row only when a gradient reaches it, as
-TensorFlow's sparse optimizers and TorchRec's fused ones do:
-
-| kind | update of a touched row ``w`` with gradient ``g`` | state per row |
-| --- | --- | --- |
-| ``sgd`` | ``w -= lr * (g + wd w)``; with momentum ``b = m b + (1 - d) g``, ``w -= lr b`` (``g + m b`` with Nesterov) | ``b`` (momentum only) |
-| ``adagrad`` | row-wise: ``s += mean(g**2)``, ``w -= lr g / (sqrt(s) + eps)`` | one float |
-| ``lazy-adam`` | Adam's moments of touched rows, bias-corrected by the table's step count (``torch.optim.SparseAdam``) | two rows |
-
-Under AdamW (decoupled weight decay) every kind decays the touched rows' weights,
-``w *= 1 - lr wd``, before its step; under the others weight decay is added to the gradient.
-
-With plain SGD (no momentum, no weight decay) a touched row moves exactly as under the
-dense optimizer and an untouched one not at all: a table trains exactly as in one process.
-The kind follows the user's optimizer (SGD, Adagrad, Adam, AdamW) unless
-``--table-optimizer`` names one; its hyper-parameters are those of the table's group.
+A dense optimizer moves every row each step (momentum, weight decay, Adam's moments), which is what makes a
+table too large to train; each kind here keeps its state per row and updates a row only when a gradient
+reaches it, as TensorFlow's sparse optimizers and TorchRec's fused ones do: ``sgd`` (lazy momentum),
+``adagrad`` (row-wise, one float a row), ``lazy-adam`` (``torch.optim.SparseAdam``'s rule). Under AdamW the
+touched rows decay first; under the others weight decay joins the gradient. With plain SGD a table trains
+exactly as in one process. The kind follows the user's optimizer unless ``--table-optimizer`` names one.
 """
 
 from __future__ import annotations
