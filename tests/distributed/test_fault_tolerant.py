@@ -16,6 +16,7 @@ import pytest
 
 from paratrain.comm.transport import free_port
 from paratrain.strategies.fault_tolerant.config import FTConfig
+from paratrain.strategies.fault_tolerant.peers import heartbeat_ages
 from tests.conftest import as_formed
 
 pytest.importorskip("torchft")
@@ -282,16 +283,24 @@ def test_a_replica_asked_to_leave_finishes_its_step_and_the_others_go_on(cli, tm
     _same_run(metrics, json.loads((tmp_path / "s.json").read_text()))
 
 
-JOIN_RUN = ["--epochs", "4", *RUN[2:]]
+LONG_RUN = ["--epochs", "8", *RUN[2:]]
 
 
 @pytest.fixture(scope="module")
-def join_reference(tmp_path_factory):
-    """``single`` with the global batch of 2 replicas over 4 epochs."""
-    return _single(tmp_path_factory.mktemp("single"), JOIN_RUN)
+def long_reference(tmp_path_factory):
+    """``single`` with the global batch of 2 replicas over 8 epochs."""
+    return _single(tmp_path_factory.mktemp("single"), LONG_RUN)
 
 
-def test_a_replica_added_to_a_running_torchrun_job_takes_the_live_state(tmp_path, join_reference):
+def _heard(port):
+    """Whether the Lighthouse on ``port`` hears a replica (False while it is not up yet)."""
+    try:
+        return bool(heartbeat_ages(f"http://127.0.0.1:{port}"))
+    except OSError:
+        return False
+
+
+def test_a_replica_added_to_a_running_torchrun_job_takes_the_live_state(tmp_path, long_reference):
     """The multi-machine recipe on one machine: the user's Lighthouse, one torchrun job per
     replica, and a third replica started while the two others train."""
     port = free_port()
@@ -299,11 +308,11 @@ def test_a_replica_added_to_a_running_torchrun_job_takes_the_live_state(tmp_path
         [
             shutil.which("torchft_lighthouse") or str(Path(sys.executable).parent / "torchft_lighthouse"),
             "--min_replicas",
-            "2",
+            "1",
             "--quorum_tick_ms",
             "50",
             "--join_timeout_ms",
-            "3000",
+            "1000",
             "--heartbeat_timeout_ms",
             "2000",
             "--bind",
@@ -334,7 +343,7 @@ def test_a_replica_added_to_a_running_torchrun_job_takes_the_live_state(tmp_path
             "2",
             "--lighthouse",
             f"http://127.0.0.1:{port}",
-            *JOIN_RUN,
+            *LONG_RUN,
             "--metrics-out",
             str(tmp_path / f"m{replica}.json"),
             *extra,
@@ -342,21 +351,22 @@ def test_a_replica_added_to_a_running_torchrun_job_takes_the_live_state(tmp_path
         env = {**os.environ, "REPLICA_GROUP_ID": str(replica)}
         return subprocess.Popen(command, stderr=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
 
-    # The Lighthouse forms no quorum of fewer than 2 replicas: the first two train from step 1
-    # together, whichever starts first (with 1, the first trained alone at its own pace until
-    # the other came, under load for hundreds of steps). Replica 1's steps take twelve times as
-    # long (it sleeps; the others wait for it, at no CPU cost): 4 epochs (356 steps) last ~45 s
-    # on an idle machine. The third (torchrun, an import of torch, a quorum) joined ~30 steps
-    # after it started both idle (~3 s) and beside three busy loops (~6 s: the straggler's
-    # sleep, a multiple of its step, grows with load too), and takes up to ~20 s under the
-    # suite's load, ~120 steps there. With 4x, and once with 8x in a clean-clone CI run, the
-    # run was over before the third started. The straggler's sleep (11 steps' time, ~0.15 s
-    # idle, ~0.4 s loaded) stays well under the Lighthouse's 3 s join timeout, so it is not left
-    # out of the quorums (left out of the last one, it would wait for a second replica that has
-    # finished). Replica 0 prints the step log; the third starts once the job is past its first
-    # logged step (20 of 356).
-    jobs = [job(0, "--progress", "--log-every", "20"), job(1, "--straggler", "1:12")]
+    # Replica 1's steps take twelve times as long (it sleeps; the others wait for it, at no
+    # CPU cost), over 8 epochs (712 steps): under the suite's load, time for a third to start,
+    # which takes torchrun, an import of torch and a quorum, up to ~20 s there. With 4x, and
+    # once with 8x in a clean-clone CI run, the run was over before the third started, and it
+    # trained alone from step 0. The straggler's sleep (11 steps' time, ~0.25 s) stays well
+    # under the Lighthouse's 1 s join timeout, so it is not left out of the quorums. Replica 0
+    # prints the step log; the third starts once the job is past its first logged step (20 of
+    # 712). The straggler starts first and replica 0 once the Lighthouse hears it: replica 0
+    # alone would train at its own pace, and under load it once finished the whole run
+    # before the straggler's torchrun had started.
+    jobs = [job(1, "--straggler", "1:12")]
     try:
+        deadline = time.monotonic() + 120
+        while not _heard(port) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        jobs.insert(0, job(0, "--progress", "--log-every", "20"))
         seen = []
         for line in jobs[0].stdout:
             seen.append(line)
@@ -376,16 +386,16 @@ def test_a_replica_added_to_a_running_torchrun_job_takes_the_live_state(tmp_path
     # Each job's metrics file, written where its replica ended the run first in its quorum
     # (the chief): the run of one process. Its record has steps that replicas took together;
     # which ones is not asserted: a replica that lags (the straggler, under load, past the
-    # Lighthouse's join timeout) is left out of quorums, as it should be, and heals at the next
-    # (with a Lighthouse of --min_replicas 1, the straggler's first quorum once came after
-    # replica 0's first 102 steps, and three never stepped together).
+    # Lighthouse's join timeout) is left out of quorums and takes steps alone, as it should
+    # (once, under the suite's load, the straggler's first quorum came after replica 0's
+    # first 102 steps, and three never stepped together).
     written = [tmp_path / f"m{replica}.json" for replica in range(3) if (tmp_path / f"m{replica}.json").exists()]
     assert written
     for path in written:
         metrics = json.loads(path.read_text())
         counts = [span[2] for span in metrics["participants"]["per_step"]]
         assert max(counts) >= 2 and set(counts) <= {1, 2, 3}, (path.name, metrics["participants"])
-        _same_run(metrics, join_reference)
+        _same_run(metrics, long_reference)
 
 
 def test_the_documented_python_example_replaces_a_replica_and_both_return_the_whole_run(tmp_path):

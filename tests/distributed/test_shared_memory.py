@@ -210,8 +210,10 @@ def test_a_fault_tolerant_run_sums_through_shared_memory_as_over_gloo(cli, tmp_p
     group, no loss), 2 replicas' sums Gloo's to the bit; --no-shared-memory keeps Gloo."""
     flags = ("--fault-tolerant",)
     shared, gloo = _run(cli, tmp_path, 2, *flags), _run(cli, tmp_path, 2, *flags, "--no-shared-memory")
-    assert shared["quorum_sums_via"] == {"shared memory": 1, "gloo": 0}
-    assert gloo["quorum_sums_via"] == {"shared memory": 0, "gloo": 1}
+    # groups formed: one without a loss, more where a loaded machine delays a heartbeat past the
+    # deadline and the quorum forms again; every one of them sums the same way
+    assert shared["quorum_sums_via"]["shared memory"] >= 1 and shared["quorum_sums_via"]["gloo"] == 0
+    assert gloo["quorum_sums_via"]["shared memory"] == 0 and gloo["quorum_sums_via"]["gloo"] >= 1
     assert shared["test_loss"] == gloo["test_loss"]
 
 
