@@ -213,7 +213,7 @@ def apply(args: argparse.Namespace) -> list[str]:
         + f"): {', '.join(taken)}"
     )
     rounds = calibration.get("rounds", [])
-    if rounds:
+    if len(rounds) > 1:
         compute = [r["compute_ms"] for r in rounds]
         line += f"; {len(rounds)} rounds, compute {min(compute):.3g}-{max(compute):.3g} ms a step"
     if (measured.get("steal") or 0.0) >= STEAL_SAID:

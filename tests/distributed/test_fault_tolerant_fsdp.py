@@ -49,6 +49,7 @@ def test_a_killed_shard_takes_its_replica_out_and_a_whole_new_replica_rejoins_li
     assert_same_run(metrics, reference)
 
 
+@pytest.mark.matrix  # a survivor finishing alone: test_fault_tolerant.py's, and a killed shard's replica below
 def test_without_restarts_the_surviving_replica_finishes_alone(cli, tmp_path, reference):
     out = tmp_path / "m.json"
     result = cli("train", *FT, *RUN, "--fail", "1@40", "--metrics-out", str(out))  # both shards of replica 1

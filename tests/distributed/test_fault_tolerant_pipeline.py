@@ -39,6 +39,7 @@ def test_a_killed_stage_takes_its_replica_out_and_a_whole_new_pipeline_rejoins_l
     assert_same_run(metrics, reference)
 
 
+@pytest.mark.matrix  # the survivor's report of the run: test_fault_tolerant.py's chief lost after the last step
 def test_a_chief_lost_after_the_last_step_leaves_the_survivor_to_report_the_run(cli, tmp_path, reference):
     """Replica 0 holds the chief (its last stage); lost once the last step is committed, before
     it wrote the run's results, the survivor's view of the run is reported: exit 0, the

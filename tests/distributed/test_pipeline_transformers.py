@@ -173,6 +173,7 @@ def test_a_gpt2_under_pipeline_ft_equals_one_process():
 
 
 @TRACED_PIPELINE
+@pytest.mark.matrix  # a pipeline replica replaced: test_fault_tolerant_pipeline.py; a GPT-2 under pipeline-ft: above
 def test_a_gpt2_pipeline_replica_lost_mid_run_is_replaced_and_the_run_learns(cli, tmp_path):
     """Replica 1's stages are killed after step 4 of 96: the survivor goes on, a replacement
     pair of stages traces the model at its first batch, takes each stage's state from the

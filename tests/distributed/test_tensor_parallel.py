@@ -312,10 +312,12 @@ def test_options_of_tensor_parallelism_are_refused_by_other_strategies(cli):
             ["--workers", "2", "--tensor-parallel", "2", "--batch-size", "8"],
             [],
         ),
-        (
+        # background saves resumed: test_fsdp.py's sharded checkpoints [saved in the background]
+        pytest.param(
             ["--workers", "2", "--tensor-parallel", "2", "--batch-size", "8"],
             ["--workers", "1", "--tensor-parallel", "1", "--batch-size", "8"],
             ["--checkpoint-async", "--checkpoint-every", "3"],
+            marks=pytest.mark.matrix,
         ),
     ],
     ids=["2-way-then-whole", "2x2-mesh-then-2-way", "2-way-saved-in-the-background-then-whole"],

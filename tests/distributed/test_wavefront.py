@@ -117,7 +117,8 @@ def _history(cli, tmp_path, name, *flags):
     return json.loads(out.read_text())
 
 
-@pytest.mark.parametrize("stages, chunks", [(2, 4), (3, 8)])
+# three stages and every chunking against the unsplit LSTM in one process: above
+@pytest.mark.parametrize("stages, chunks", [(2, 4), pytest.param(3, 8, marks=pytest.mark.matrix)])
 def test_the_wavefront_schedule_trains_a_stacked_lstm_as_one_process_does(cli, tmp_path, stages, chunks):
     """``--strategy pipeline --schedule wavefront``: the built-in LSTM classifier with one
     layer a stage, each row of the digits (8 time steps) in ``chunks`` chunks; every epoch's

@@ -58,8 +58,8 @@ def _rate(result):
 
 def test_calibrate_measures_every_cost_here_and_predicts_with_them(cli, tmp_path):
     path = tmp_path / "cal.json"
-    # two rounds: each cost is their median, and each round's own costs are kept
-    flags = ["--calibrate-rounds", "2", "--optimizer", "adamw", "--lr", "0.001"]
+    # one round of real runs; how rounds combine: the test below, with fake runs
+    flags = ["--calibrate-rounds", "1", "--optimizer", "adamw", "--lr", "0.001"]
     result = cli("simulate", "--calibrate", str(path), *flags, *PREDICT)
     assert result.returncode == 0, result.stderr[-2000:]
     calibration = json.loads(path.read_text())
@@ -92,18 +92,61 @@ def test_calibrate_measures_every_cost_here_and_predicts_with_them(cli, tmp_path
     assert costs["epoch_end_ms"] < 44 * costs["compute_ms"]
     assert f"paratrain: calibration {path} (measured on " in result.stdout
     assert f"compute {costs['compute_ms']:.3g} ms a step" in result.stdout
-    # each round's own costs are kept, the file's costs their medians; and what a hypervisor took
-    rounds = calibration["rounds"]
-    # a ring's fixed CPU and the host's link, probed in every round: files before them lack them
-    measured = {*ROUND_COSTS, "ring_fixed_cpu_us", "host_link_gbps", "host_step_us", "host_step_cpu_us"}
-    assert len(rounds) == 2 and all(set(r) == measured for r in rounds)
+    # the round's own costs are kept; a ring's fixed CPU and the host's link are probed in it
+    (only,) = calibration["rounds"]
+    assert set(only) == MEASURED
     assert costs["ring_fixed_cpu_us"] >= 0
-    for name in measured:
-        assert costs[name] == pytest.approx(statistics.median(r[name] for r in rounds)), name
-    compute = [r["compute_ms"] for r in rounds]
-    assert f"2 rounds, compute {min(compute):.3g}-{max(compute):.3g} ms a step" in result.stdout
+    assert "rounds, compute" not in result.stdout  # one round: no spread to tell
     steal = calibration["measured"]["steal"]
     assert steal is None or 0 <= steal < 1
+
+
+#: What each round of a calibration keeps (files from before the ring's fixed CPU and the
+#: host's link were probed lack them).
+MEASURED = {*ROUND_COSTS, "ring_fixed_cpu_us", "host_link_gbps", "host_step_us", "host_step_cpu_us"}
+
+
+def test_each_cost_is_the_median_of_its_rounds_and_each_round_is_kept(cli, tmp_path, monkeypatch):
+    """Three rounds of fake measuring runs (no process started), whose steps slow down 1, 2 and
+    6 ms and whose links differ (a mean would differ from the median in each): the file's
+    costs are the medians over the rounds,
+    the derived costs (a hop's CPU, a ring's fixed part) come from each round's own runs, and
+    the line says how far the rounds' compute spread."""
+    from paratrain.simulate import calibrate
+
+    calls = []
+
+    def fake_step(args, splits, flags, workers, processes, across=None):
+        # (step s, first process's CPU s a step, epoch end s, shard CPU s a push) of one run
+        run = len(calls) % 4  # single, ring of 2, ring of 3, ps-sync, in that order each round
+        slow = (1, 2, 6)[len(calls) // 4]  # ms each step of the round's runs takes more
+        calls.append(flags[1])
+        seconds = [0.010, 0.012, 0.013, 0.011][run] + slow * 1e-3
+        cpu = [0.009, 0.010, 0.0105, 0.0095][run] + slow * 1e-3
+        return seconds, cpu, 0.004, 0.0002 if run == 3 else 0.0
+
+    links = iter([(9.0, 120.0, 80.0), (20.0, 100.0, 70.0), (6.0, 190.0, 90.0)])
+    monkeypatch.setattr(calibrate, "_step_s", fake_step)
+    monkeypatch.setattr(calibrate, "host_link", lambda: next(links))
+    path = tmp_path / "cal.json"
+    result = cli("simulate", "--calibrate", str(path), "--calibrate-rounds", "3", *PREDICT)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert calls == ["single", "allreduce", "allreduce", "ps-sync"] * 3
+    calibration = json.loads(path.read_text())
+    rounds = calibration["rounds"]
+    assert len(rounds) == 3 and all(set(r) == MEASURED for r in rounds)
+    assert [r["compute_ms"] for r in rounds] == pytest.approx([11.0, 12.0, 16.0])
+    # a ring step: half of what 2 workers add to single's step; a hop's CPU: F + 2H for 2
+    # workers (1 ms), F + 4H for 3 (1.5 ms), so H = 0.25 ms and F = 0.5 ms in every round
+    assert all(r["ring_step_us"] == pytest.approx(1000.0) for r in rounds)
+    assert all(r["message_cpu_us"] == pytest.approx(250.0) for r in rounds)
+    assert all(r["ring_fixed_cpu_us"] == pytest.approx(500.0) for r in rounds)
+    costs = calibration["costs"]
+    for name in MEASURED:
+        assert costs[name] == pytest.approx(statistics.median(r[name] for r in rounds)), name
+    assert (costs["host_link_gbps"], costs["host_step_us"], costs["host_step_cpu_us"]) == (9.0, 120.0, 80.0)
+    assert costs["compute_ms"] == pytest.approx(12.0)
+    assert "3 rounds, compute 11-16 ms a step" in result.stdout
 
 
 def test_the_measuring_runs_train_at_the_given_rate_and_a_failed_one_is_one_line(cli, tmp_path):
