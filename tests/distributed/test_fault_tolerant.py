@@ -124,6 +124,7 @@ def test_the_chief_s_replacement_reports_the_whole_run(cli, tmp_path, reference)
     _same_run(metrics, reference)
 
 
+@pytest.mark.matrix  # the record and the redo in one process: tests/unit/test_ft_step.py; this fault: 16-bit wire
 def test_without_restarts_the_survivor_finishes_alone(cli, tmp_path, reference):
     metrics, stderr = _train(cli, tmp_path, "alone", "--strategy", "allreduce-ft", "--workers", "2", "--fail", "1@40")
     assert "paratrain: worker 1 was lost (killed by SIGKILL) after step 40; the run goes on with 1 replica" in stderr
