@@ -143,8 +143,9 @@ def test_every_mode_trains_a_recommendation_model_with_its_tables_on_the_shards(
         "all",
         "--batch-size",
         "32",
+        # 1 epoch (150 to 300 steps): the test accuracy is 0.86 after it in both modes, 0.88 after 3
         "--epochs",
-        "3",
+        "1",
         "--momentum",
         "0",
         "--lr",
@@ -230,7 +231,7 @@ def test_bad_table_flags_are_one_line_exit_2(cli, args, words):
 
 
 def test_tables_resume_to_the_bit_and_on_another_number_of_shards(cli, tmp_path):
-    """ps-sync with tables stopped after 2 epochs and resumed to 4 is the run never stopped
+    """ps-sync with tables stopped after 1 epoch and resumed to 2 is the run never stopped
     (every epoch's test loss, to the bit); read by 2 shards with range sharding instead of
     1, every row goes to the shard that holds it now, and the run is again the same; as it
     is where 2 shards sharded the rows by ``mod`` and 2 read them by ``range`` (the same
@@ -266,14 +267,14 @@ def test_tables_resume_to_the_bit_and_on_another_number_of_shards(cli, tmp_path)
         assert result.returncode == 0, result.stderr[-3000:]
         return json.loads(out.read_text()), result
 
-    whole, _ = run("whole", "--epochs", "4")
-    run("first", "--epochs", "2", "--checkpoint-dir", str(tmp_path / "c"))
+    whole, _ = run("whole", "--epochs", "2")
+    run("first", "--epochs", "1", "--checkpoint-dir", str(tmp_path / "c"))
     shutil.copytree(tmp_path / "c", tmp_path / "d")
-    resumed, _ = run("resumed", "--epochs", "4", "--checkpoint-dir", str(tmp_path / "c"), "--resume")
+    resumed, _ = run("resumed", "--epochs", "2", "--checkpoint-dir", str(tmp_path / "c"), "--resume")
     resharded, result = run(
         "resharded",
         "--epochs",
-        "4",
+        "2",
         "--checkpoint-dir",
         str(tmp_path / "d"),
         "--resume",
@@ -283,11 +284,11 @@ def test_tables_resume_to_the_bit_and_on_another_number_of_shards(cli, tmp_path)
         "range",
     )
     assert "resharded" in result.stdout
-    run("first-2", "--epochs", "2", "--checkpoint-dir", str(tmp_path / "e"), "--ps-shards", "2")
+    run("first-2", "--epochs", "1", "--checkpoint-dir", str(tmp_path / "e"), "--ps-shards", "2")
     rows_moved, result = run(
         "rows-moved",
         "--epochs",
-        "4",
+        "2",
         "--checkpoint-dir",
         str(tmp_path / "e"),
         "--resume",
@@ -300,9 +301,9 @@ def test_tables_resume_to_the_bit_and_on_another_number_of_shards(cli, tmp_path)
         result.stdout
     )
     for run_ in (resumed, resharded, rows_moved):
-        assert run_["resumed_from_step"] == 40
+        assert run_["resumed_from_step"] == 20
         ran = len(run_["history"])
-        assert ran == 2 and [e["test_loss"] for e in run_["history"]] == [e["test_loss"] for e in whole["history"][-2:]]
+        assert ran == 1 and [e["test_loss"] for e in run_["history"]] == [e["test_loss"] for e in whole["history"][-1:]]
 
 
 def test_a_table_larger_than_a_worker_trains_without_any_worker_holding_it(cli, tmp_path):
