@@ -102,13 +102,13 @@ class TableShard:
             ids, g = grads.ids[t], grads.grads[t]
             staleness = self.clocks[t][ids] - grads.clocks[t]
             self.row_staleness.update(staleness.tolist())
-            factors = None
-            if policy is not None and len(ids):
-                factors = torch.tensor([_factor(policy, s) for s in staleness.tolist()], dtype=torch.float32)
-                keep = factors > 0
-                self.rows_dropped += int((~keep).sum())
-                ids, g, factors = ids[keep], g[keep], factors[keep]
-            merged.append((ids, g, factors))
+            if policy is None or not len(ids):
+                merged.append((ids, g, None))
+                continue
+            factors = torch.tensor([_factor(policy, s) for s in staleness.tolist()], dtype=torch.float32)
+            keep = factors > 0
+            self.rows_dropped += int((~keep).sum())
+            merged.append((ids[keep], g[keep], factors[keep]))
         self.step_all(merged, lr_scale)
 
     def step_all(
