@@ -150,7 +150,7 @@ def rounds_of(args: argparse.Namespace) -> list[argparse.Namespace]:
     """The prediction's flags once for each round of its calibration's measuring runs, each
     with that round's costs where the calibration gave them (``apply`` first): the same
     prediction on the machine as each round found it. None (an empty list) for a prediction
-    without a calibration, or with one from before the rounds were kept."""
+    without a calibration, or with one of a single round or from before the rounds were kept."""
     rounds = []
     for costs in getattr(args, "calibration_rounds", []):
         engine = _engine(costs, args.cpu_share is not None)
@@ -190,8 +190,9 @@ def apply(args: argparse.Namespace) -> list[str]:
         elif name not in QUOTA_ONLY or quota:
             setattr(args, name, value)
             args.calibrated.append(name)
-    # each round's costs, for the prediction's range (rounds_of)
-    args.calibration_rounds = [{**costs, **r} for r in calibration.get("rounds", [])]
+    # each round's costs, for the prediction's range (rounds_of); one round has no range
+    rounds = calibration.get("rounds", [])
+    args.calibration_rounds = [{**costs, **r} for r in rounds] if len(rounds) > 1 else []
     args.codec_gbps = costs["codec_gbps"]
     for name, flag, attribute in (
         ("host_link_gbps", "--tp-bandwidth-gbps", "tp_bandwidth_gbps"),
@@ -212,7 +213,6 @@ def apply(args: argparse.Namespace) -> list[str]:
         + (f"; messages between 2 emulated hosts, {measured['across_hosts']}" if measured.get("across_hosts") else "")
         + f"): {', '.join(taken)}"
     )
-    rounds = calibration.get("rounds", [])
     if len(rounds) > 1:
         compute = [r["compute_ms"] for r in rounds]
         line += f"; {len(rounds)} rounds, compute {min(compute):.3g}-{max(compute):.3g} ms a step"

@@ -123,8 +123,10 @@ def check_arguments(args: argparse.Namespace) -> tuple[list[str], list[int]]:
     _check_meshes(args, strategies, targeted)
     if args.calibrate and args.calibration:
         raise ConfigError("--calibrate FILE measures and predicts with FILE; --calibration reads one: give one")
-    if args.calibrate_rounds != 3 and not args.calibrate:
+    if args.calibrate_rounds is not None and not args.calibrate:
         raise ConfigError("--calibrate-rounds is how many rounds --calibrate FILE measures; give --calibrate FILE too")
+    if args.calibrate_rounds is None:
+        args.calibrate_rounds = 3
     if args.calibrate_rounds < 1:
         raise ConfigError(f"--calibrate-rounds must be a whole number of at least 1, got {args.calibrate_rounds}")
     if args.across_hosts and not args.calibrate:

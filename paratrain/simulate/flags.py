@@ -240,7 +240,7 @@ def add_flags(p: argparse.ArgumentParser) -> None:
     a(
         "--calibrate-rounds",
         type=int,
-        default=3,
+        default=None,
         metavar="N",
         help="with --calibrate: rounds of the measuring runs, each cost the median over them (default 3: a shared "
         "machine's speed drifts between runs; 1 on a quiet machine takes a third of the time)",

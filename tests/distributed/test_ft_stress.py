@@ -26,7 +26,8 @@ SEED = drill_seed()
     ],
 )
 def test_kills_of_the_first_replica_and_of_a_replacement_never_hang_and_cost_no_accuracy(strategy, request):
-    print(f"ft stress seed {SEED}: repeat with {SEED_VARIABLE}={SEED} pytest '{request.node.nodeid}'")
+    matrix = "PARATRAIN_MATRIX=full " if request.node.get_closest_marker("matrix") else ""  # else deselected
+    print(f"ft stress seed {SEED}: repeat with {matrix}{SEED_VARIABLE}={SEED} pytest '{request.node.nodeid}'")
     calm = undisturbed(strategy)
     rng = random.Random(f"{SEED}-{strategy}")
     row = stressed_run(strategy, calm, 3, rng)

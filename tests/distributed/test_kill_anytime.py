@@ -25,6 +25,7 @@ SEED = drill_seed()
     ],
 )
 def test_a_kill_at_a_random_moment_never_hangs(strategy, request):
-    print(f"kill drill seed {SEED}: repeat with {SEED_VARIABLE}={SEED} pytest '{request.node.nodeid}'")
+    matrix = "PARATRAIN_MATRIX=full " if request.node.get_closest_marker("matrix") else ""  # else deselected
+    print(f"kill drill seed {SEED}: repeat with {matrix}{SEED_VARIABLE}={SEED} pytest '{request.node.nodeid}'")
     rows = run_drills(strategy, 1, SEED, length=8.0)
     assert rows[0]["ok"], f"{rows[0]}\n{rows[0].get('stderr_tail', '')}"

@@ -255,6 +255,8 @@ os._exit(0)
 """
 
 
+# bad messages over a real Gloo link: test_ps_validator_gloo.py; a lost joiner: above
+@pytest.mark.matrix
 def test_a_joiner_that_sends_a_malformed_message_over_gloo_is_dropped_and_the_run_goes_on(tmp_path):
     """A process that joins with the token and sends the shard bytes of no protocol over its
     Gloo link: the shard refuses them (counted), drops it as a lost worker, and the run
