@@ -102,6 +102,29 @@ if not _SUBPROCESS:
     _process.PRELOAD.extend(name for name in PRELOAD_FOR_TESTS if name not in _process.PRELOAD)
 
 
+def torchrun_on_loopback(processes: int, *target: str) -> list[str]:
+    """The command that starts ``processes`` processes of ``target`` (a script and its
+    arguments, or ``-m`` and a module's) under torchrun, as one node on loopback at a free port."""
+    from paratrain.comm.transport import free_port
+
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "1",
+        "--nproc-per-node",
+        str(processes),
+        "--master-addr",
+        "127.0.0.1",
+        "--master-port",
+        str(free_port()),
+        "--local-addr",
+        "127.0.0.1",
+        *target,
+    ]
+
+
 def run_cli(
     *args: str, env: dict | None = None, timeout: float = 240, cwd: Path | None = None
 ) -> subprocess.CompletedProcess:

@@ -20,6 +20,7 @@ from paratrain.errors import ConfigError, WorkerFailed
 from paratrain.launch import replacing, supervisor
 from paratrain.launch.local import launch
 from paratrain.testing import alive, descendants, run_processes
+from tests.conftest import torchrun_on_loopback
 
 pytestmark = pytest.mark.distributed
 
@@ -28,26 +29,7 @@ TRAIN = ["train", "--strategy", "allreduce", "--epochs", "2", "--no-progress"]
 
 def test_torchrun_runs_the_same_command(tmp_path):
     out = tmp_path / "m.json"
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nnodes",
-        "1",
-        "--nproc-per-node",
-        "2",
-        "--master-addr",
-        "127.0.0.1",
-        "--master-port",
-        str(free_port()),
-        "--local-addr",
-        "127.0.0.1",
-        "-m",
-        "paratrain",
-        *TRAIN,
-        "--metrics-out",
-        str(out),
-    ]
+    command = torchrun_on_loopback(2, "-m", "paratrain", *TRAIN, "--metrics-out", str(out))
     result = subprocess.run(command, capture_output=True, text=True, timeout=240)
     assert result.returncode == 0, result.stderr[-3000:]
     metrics = json.loads(out.read_text())

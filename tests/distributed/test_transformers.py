@@ -7,16 +7,14 @@ import json
 import math
 import re
 import subprocess
-import sys
 
 import pytest
 import torch
 
 import paratrain
-from paratrain.comm.transport import free_port
 from paratrain.strategies.base import current_strategy
 from paratrain.testing import flat_parameters, relative_difference, run_distributed
-from tests.conftest import PACKED_TP, REPO, TRACED_PIPELINE
+from tests.conftest import PACKED_TP, REPO, TRACED_PIPELINE, torchrun_on_loopback
 
 pytestmark = pytest.mark.distributed
 transformers = pytest.importorskip("transformers")
@@ -306,23 +304,7 @@ def test_the_documented_gpt2_script_runs_under_torchrun(tmp_path, flags, process
     scripts = [block for block in blocks if "GPT2LMHeadModel" in block and "strategy_from_flags" in block]
     assert scripts, "docs/user_code.md gives no GPT-2 script that takes the strategy from its flags"
     script.write_text(scripts[0])
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nnodes",
-        "1",
-        "--nproc-per-node",
-        str(processes),
-        "--master-addr",
-        "127.0.0.1",
-        "--master-port",
-        str(free_port()),
-        "--local-addr",
-        "127.0.0.1",
-        str(script),
-        *flags,
-    ]
+    command = torchrun_on_loopback(processes, str(script), *flags)
     result = subprocess.run(command, capture_output=True, text=True, timeout=240, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     losses = [float(x) for x in re.findall(r"last epoch's loss \[([0-9.]+)\]", result.stdout)]

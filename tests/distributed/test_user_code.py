@@ -13,10 +13,10 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 import paratrain
-from paratrain.comm.transport import free_port
 from paratrain.data.datasets import load_digits
 from paratrain.models import build_model
 from paratrain.testing import flat_parameters, relative_difference
+from tests.conftest import torchrun_on_loopback
 
 pytestmark = pytest.mark.distributed
 
@@ -157,23 +157,7 @@ def test_the_readme_script_runs_under_torchrun_and_exits(tmp_path, flags, proces
     shard waiting out the 60 s timeout) well within the limit here."""
     script = tmp_path / "script.py"
     script.write_text(_readme_python(0))
-    command = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--nnodes",
-        "1",
-        "--nproc-per-node",
-        str(processes),
-        "--master-addr",
-        "127.0.0.1",
-        "--master-port",
-        str(free_port()),
-        "--local-addr",
-        "127.0.0.1",
-        str(script),
-        *flags,
-    ]
+    command = torchrun_on_loopback(processes, str(script), *flags)
     result = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
     reports = re.findall(r"\{'loss': [^}]*\}", result.stdout)  # one per process, lines may interleave
